@@ -1,0 +1,66 @@
+#pragma once
+/// @file
+/// @brief The typed exceptions of idem. Expected outcomes are values (Disposition); these are
+/// for misuse and for infrastructure failures, which the handler turns into `failed`.
+
+#include <stdexcept>
+#include <string>
+
+#include "idem/config.hpp"
+
+IDEM_BEGIN_NAMESPACE
+
+/// @brief Base of every exception idem throws.
+class error : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
+/// @brief The library was used in a way that cannot work (a policy that would re-run effects,
+/// an empty key part, a second commit). The message says what to change.
+class usage_error : public error {
+  public:
+    using error::error;
+};
+
+/// @brief Base of infrastructure failures: the store could not do what was asked. The handler
+/// reports `failed` (no ack), so the broker redelivers.
+class store_error : public error {
+  public:
+    using error::error;
+};
+
+/// @brief The store cannot be reached or refused the operation (I/O error, closed connection).
+class store_unavailable : public store_error {
+  public:
+    using store_error::store_error;
+};
+
+/// @brief The store did not answer in time (lock or busy timeout). Ambiguous on commit: the
+/// claim may exist, so a redelivery will find it as a duplicate or claim it anew.
+class store_timeout : public store_error {
+  public:
+    using store_error::store_error;
+};
+
+/// @brief The commit was refused; nothing the transaction wrote is visible.
+class commit_failed : public store_error {
+  public:
+    using store_error::store_error;
+};
+
+/// @brief Thrown by a store's fault injection (see MemoryStore::inject).
+class injected_fault : public store_unavailable {
+  public:
+    using store_unavailable::store_unavailable;
+};
+
+/// @brief Thrown by an effect that finds the message itself unusable (a body that does not parse,
+/// a field out of range). Retrying cannot help, so the handler dead-letters the message with this
+/// reason and its payload, and acks it: nothing is lost and the queue is not blocked.
+class malformed_message : public error {
+  public:
+    using error::error;
+};
+
+IDEM_END_NAMESPACE

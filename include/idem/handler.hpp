@@ -1,0 +1,263 @@
+#pragma once
+/// @file
+/// @brief IdempotentHandler: wraps a user's effect so each message has its effect exactly once.
+
+#include <exception>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "idem/config.hpp"
+#include "idem/delivery.hpp"
+#include "idem/error.hpp"
+#include "idem/observer.hpp"
+#include "idem/outcome.hpp"
+#include "idem/policy.hpp"
+#include "idem/store.hpp"
+
+IDEM_BEGIN_NAMESPACE
+
+namespace detail {
+
+template <class, class = void>
+struct has_adl_payload : std::false_type {};
+template <class B>
+struct has_adl_payload<B, std::void_t<decltype(idem_payload(std::declval<const B&>()))>>
+    : std::true_type {};
+
+/// The bytes a dead letter keeps of a body: the body itself when it is text or bytes, or what
+/// the user's `idem_payload(const Body&)` (found by ADL) returns for a typed message.
+template <class Body>
+std::string payload_of(const Body& body) {
+    if constexpr (std::is_convertible_v<const Body&, std::string_view>) {
+        return std::string(std::string_view(body));
+    } else if constexpr (has_adl_payload<Body>::value) {
+        return std::string(idem_payload(body));
+    } else if constexpr (std::is_same_v<Body, std::vector<char>> ||
+                         std::is_same_v<Body, std::vector<unsigned char>>) {
+        return std::string(body.begin(), body.end());
+    } else {
+        return std::string();
+    }
+}
+
+template <class Effect, class Tx, class Body>
+inline constexpr bool effect_takes_delivery_v =
+    std::is_invocable_v<Effect&, Tx&, const Body&, const Delivery&>;
+
+template <class Effect, class Tx, class Body>
+inline constexpr bool effect_fits_v =
+    effect_takes_delivery_v<Effect, Tx, Body> || std::is_invocable_v<Effect&, Tx&, const Body&>;
+
+template <class Effect, class Tx, class Body>
+auto invoke_effect(Effect& effect, Tx& tx, const Body& body, const Delivery& delivery) {
+    if constexpr (effect_takes_delivery_v<Effect, Tx, Body>) {
+        return effect(tx, body, delivery);
+    } else {
+        return effect(tx, body);
+    }
+}
+
+template <class Effect, class Tx, class Body>
+using effect_result_t =
+    decltype(invoke_effect(std::declval<Effect&>(), std::declval<Tx&>(),
+                           std::declval<const Body&>(), std::declval<const Delivery&>()));
+
+template <class Effect, class Tx, class Body>
+constexpr bool check_effect() {
+    constexpr bool fits = effect_fits_v<Effect, Tx, Body>;
+    static_assert(fits,
+                  "idem: the effect must be callable as effect(Transaction&, const Body&) or "
+                  "effect(Transaction&, const Body&, const idem::Delivery&), where Transaction "
+                  "is the store's transaction type and Body the type passed to handle()");
+    if constexpr (fits) {
+        using R = effect_result_t<Effect, Tx, Body>;
+        static_assert(std::is_void_v<R> || std::is_convertible_v<R, EffectResult>,
+                      "idem: the effect must return void or idem::EffectResult");
+    }
+    return true;
+}
+
+}  // namespace detail
+
+/// @brief Wraps a user's effect with a claim stored in the same transaction as the work, the
+/// delivery-count poison check and outcome recording. See docs/contract.md for the table.
+///
+/// @code
+/// auto capture = idem::make_handler(store, idem::Policy{"capture-payment"},
+///     [&](auto& tx, const CapturePayment& m) { ... tx.execute("INSERT ...", ...); });
+/// auto outcome = capture.handle(idem::Delivery{msg.id(), msg.delivery_count()}, message);
+/// if (idem::should_ack(outcome)) consumer.ack(msg);
+/// @endcode
+///
+/// handle() never throws for an ordinary failure: infrastructure errors and exceptions from the
+/// effect become Disposition::failed (nothing acked, nothing stored). It may be called from
+/// several threads when the store and the effect are thread-safe.
+template <class Store, class Effect>
+class IdempotentHandler {
+    static_assert(detail::check_store<Store>(), "idem: Store does not fit (see above)");
+
+  public:
+    using Transaction = std::remove_reference_t<detail::transaction_t<Store>>;
+
+    IdempotentHandler(Store& store, Policy policy, Effect effect, Observer* observer = nullptr)
+        : store_(store),
+          policy_(std::move(policy)),
+          effect_(std::move(effect)),
+          observer_(observer) {}
+
+    /// @brief Handles one delivery; the returned Outcome says whether to ack (should_ack()).
+    template <class Body>
+    Outcome handle(const Delivery& delivery, const Body& body) {
+        static_assert(detail::check_effect<Effect, Transaction, Body>(),
+                      "idem: effect does not fit (see above)");
+        Outcome outcome = decide(delivery, body);
+        counters_.count(delivery, outcome.disposition);
+        if (observer_ != nullptr) {
+            try {
+                observer_->on_outcome(policy_.scope(), delivery, outcome);
+            } catch (...) {  // observing must never change an outcome
+            }
+        }
+        return outcome;
+    }
+
+    [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
+    [[nodiscard]] Counters counters() const noexcept { return counters_.snapshot(); }
+    [[nodiscard]] Store& store() noexcept { return store_; }
+
+  private:
+    template <class Body>
+    Outcome decide(const Delivery& delivery, const Body& body) {
+        if (auto reason = malformed_reason(delivery)) {
+            return park_malformed_delivery(delivery, body, std::move(*reason));
+        }
+        const std::string& scope = policy_.scope();
+        const std::string& id = delivery.message_id;
+        try {
+            Transaction tx = store_.begin();
+            const ClaimResult claim = tx.claim(scope, id);
+            if (claim.status == ClaimStatus::duplicate) {
+                return {Disposition::duplicate, fmt::format("already {} by an earlier delivery",
+                                                            to_string(claim.recorded))};
+            }
+            if (claim.status == ClaimStatus::in_progress) {
+                return {Disposition::in_progress, "another worker holds the claim"};
+            }
+            // Duplicate detection came first: a processed message whose acks kept failing is a
+            // duplicate, never a dead letter.
+            const std::uint32_t attempts = claim.attempts.value_or(delivery.delivery_count.value());
+            if (attempts >= policy_.max_deliveries()) {
+                std::string reason = fmt::format(
+                    "poison: attempt {} reached max_deliveries {}; dead-lettered without running "
+                    "the effect",
+                    attempts, policy_.max_deliveries());
+                return park(tx, delivery, body, std::move(reason));
+            }
+
+            tx.savepoint();
+            EffectResult result = EffectResult::applied();
+            try {
+                if constexpr (std::is_void_v<detail::effect_result_t<Effect, Transaction, Body>>) {
+                    detail::invoke_effect(effect_, tx, body, delivery);
+                } else {
+                    result = detail::invoke_effect(effect_, tx, body, delivery);
+                }
+            } catch (const malformed_message& e) {
+                tx.rollback_to_savepoint();
+                return park(tx, delivery, body, fmt::format("malformed message: {}", e.what()));
+            } catch (const store_error&) {
+                throw;
+            } catch (const std::exception& e) {
+                return {Disposition::failed, fmt::format("effect threw: {}", e.what())};
+            } catch (...) {
+                return {Disposition::failed, "effect threw a non-standard exception"};
+            }
+
+            switch (result.kind()) {
+                case EffectResult::Kind::applied:
+                    tx.release_savepoint();
+                    tx.record_outcome(scope, id, Disposition::processed, {});
+                    tx.commit();
+                    return {Disposition::processed, {}};
+                case EffectResult::Kind::rejected:
+                    // The refusal is final: keep the claim (so redeliveries are duplicates) but
+                    // none of the effect's writes.
+                    tx.rollback_to_savepoint();
+                    tx.record_outcome(scope, id, Disposition::rejected, result.reason());
+                    tx.commit();
+                    return {Disposition::rejected, result.reason()};
+                case EffectResult::Kind::deferred:
+                    return {Disposition::deferred, result.reason()};  // tx rolls back
+            }
+            return {Disposition::failed, "unknown effect result"};
+        } catch (const commit_failed& e) {
+            return {Disposition::failed, fmt::format("commit failed: {}", e.what())};
+        } catch (const store_error& e) {
+            return {Disposition::failed, fmt::format("store error: {}", e.what())};
+        } catch (const std::exception& e) {
+            return {Disposition::failed, fmt::format("error: {}", e.what())};
+        } catch (...) {
+            return {Disposition::failed, "non-standard exception"};
+        }
+    }
+
+    /// Claim row (dead_lettered) and dead-letter entry in one commit; the effect never runs.
+    template <class Body>
+    Outcome park(Transaction& tx, const Delivery& delivery, const Body& body, std::string reason) {
+        tx.record_outcome(policy_.scope(), delivery.message_id, Disposition::dead_lettered, reason);
+        tx.dead_letter(make_dead_letter(delivery, body, reason));
+        tx.commit();
+        return {Disposition::dead_lettered, std::move(reason)};
+    }
+
+    /// A delivery with no usable id cannot be claimed; it is parked with its reason so nothing
+    /// is lost. If even that fails the outcome is failed (no ack) and the broker keeps it.
+    template <class Body>
+    Outcome park_malformed_delivery(const Delivery& delivery, const Body& body,
+                                    std::string reason) {
+        try {
+            Transaction tx = store_.begin();
+            tx.dead_letter(make_dead_letter(delivery, body, reason));
+            tx.commit();
+            return {Disposition::dead_lettered, std::move(reason)};
+        } catch (const std::exception& e) {
+            return {
+                Disposition::failed,
+                fmt::format("{}; and the dead letter could not be stored: {}", reason, e.what())};
+        }
+    }
+
+    template <class Body>
+    DeadLetter make_dead_letter(const Delivery& delivery, const Body& body,
+                                const std::string& reason) const {
+        DeadLetter letter;
+        letter.scope = policy_.scope();
+        letter.message_id = delivery.message_id;
+        letter.delivery_count = delivery.delivery_count.value();
+        letter.reason = reason;
+        letter.payload = detail::payload_of(body);
+        return letter;
+    }
+
+    Store& store_;
+    Policy policy_;
+    Effect effect_;
+    Observer* observer_;
+    detail::AtomicCounters counters_;
+};
+
+/// @brief Builds an IdempotentHandler, deducing the store and effect types.
+template <class Store, class Effect>
+IdempotentHandler<Store, std::decay_t<Effect>> make_handler(Store& store, Policy policy,
+                                                            Effect&& effect,
+                                                            Observer* observer = nullptr) {
+    return IdempotentHandler<Store, std::decay_t<Effect>>(store, std::move(policy),
+                                                          std::forward<Effect>(effect), observer);
+}
+
+IDEM_END_NAMESPACE

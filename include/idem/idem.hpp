@@ -1,0 +1,15 @@
+#pragma once
+/// @file
+/// @brief Umbrella header of the idem core (standard library and fmt only). Stores live under
+/// idem/store/ and are included separately.
+
+#include "idem/config.hpp"
+#include "idem/delivery.hpp"
+#include "idem/error.hpp"
+#include "idem/handler.hpp"
+#include "idem/key.hpp"
+#include "idem/observer.hpp"
+#include "idem/outcome.hpp"
+#include "idem/policy.hpp"
+#include "idem/state_machine.hpp"
+#include "idem/store.hpp"

@@ -1,0 +1,139 @@
+#pragma once
+/// @file
+/// @brief Observability: per-scope counters and an observer hook that sees every outcome.
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "idem/config.hpp"
+#include "idem/delivery.hpp"
+#include "idem/outcome.hpp"
+
+IDEM_BEGIN_NAMESPACE
+
+/// @brief A snapshot of one scope's counters.
+///
+/// `duplicates` rising is healthy (redeliveries absorbed); alarm on a redelivery rate over 1 %
+/// (redeliveries / deliveries) and on dead_lettered > 0.
+struct Counters {
+    std::uint64_t deliveries = 0;
+    std::uint64_t redeliveries = 0;  ///< deliveries whose broker count was > 1
+    std::uint64_t processed = 0;
+    std::uint64_t duplicates = 0;
+    std::uint64_t dead_lettered = 0;
+    std::uint64_t rejected = 0;
+    std::uint64_t deferred = 0;
+    std::uint64_t in_progress = 0;
+    std::uint64_t failed = 0;
+};
+
+/// @brief Receives every outcome with its reason. Called on the handling thread after the
+/// outcome is final (after the commit); must be thread-safe if the handler is shared.
+/// Exceptions it throws are swallowed: observing must never change an outcome.
+class Observer {
+  public:
+    virtual ~Observer() = default;
+    virtual void on_outcome(std::string_view scope, const Delivery& delivery,
+                            const Outcome& outcome) = 0;
+};
+
+namespace detail {
+
+/// Lock-free counters kept by each handler.
+class AtomicCounters {
+  public:
+    void count(const Delivery& delivery, Disposition disposition) noexcept {
+        deliveries_.fetch_add(1, std::memory_order_relaxed);
+        if (delivery.delivery_count.value() > 1) {
+            redeliveries_.fetch_add(1, std::memory_order_relaxed);
+        }
+        slot(disposition).fetch_add(1, std::memory_order_relaxed);
+    }
+
+    [[nodiscard]] Counters snapshot() const noexcept {
+        Counters c;
+        c.deliveries = deliveries_.load(std::memory_order_relaxed);
+        c.redeliveries = redeliveries_.load(std::memory_order_relaxed);
+        c.processed = by_disposition_[index(Disposition::processed)].load();
+        c.duplicates = by_disposition_[index(Disposition::duplicate)].load();
+        c.dead_lettered = by_disposition_[index(Disposition::dead_lettered)].load();
+        c.rejected = by_disposition_[index(Disposition::rejected)].load();
+        c.deferred = by_disposition_[index(Disposition::deferred)].load();
+        c.in_progress = by_disposition_[index(Disposition::in_progress)].load();
+        c.failed = by_disposition_[index(Disposition::failed)].load();
+        return c;
+    }
+
+  private:
+    static constexpr std::size_t index(Disposition d) noexcept {
+        return static_cast<std::size_t>(d);
+    }
+    std::atomic<std::uint64_t>& slot(Disposition d) noexcept { return by_disposition_[index(d)]; }
+
+    std::atomic<std::uint64_t> deliveries_{0};
+    std::atomic<std::uint64_t> redeliveries_{0};
+    std::atomic<std::uint64_t> by_disposition_[7] = {};
+};
+
+inline void add(Counters& into, const Delivery& delivery, Disposition disposition) noexcept {
+    ++into.deliveries;
+    if (delivery.delivery_count.value() > 1) ++into.redeliveries;
+    switch (disposition) {
+        case Disposition::processed:
+            ++into.processed;
+            break;
+        case Disposition::duplicate:
+            ++into.duplicates;
+            break;
+        case Disposition::dead_lettered:
+            ++into.dead_lettered;
+            break;
+        case Disposition::rejected:
+            ++into.rejected;
+            break;
+        case Disposition::deferred:
+            ++into.deferred;
+            break;
+        case Disposition::in_progress:
+            ++into.in_progress;
+            break;
+        case Disposition::failed:
+            ++into.failed;
+            break;
+    }
+}
+
+}  // namespace detail
+
+/// @brief An observer that keeps counters per scope, for several handlers at once.
+class CountingObserver final : public Observer {
+  public:
+    void on_outcome(std::string_view scope, const Delivery& delivery,
+                    const Outcome& outcome) override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        detail::add(by_scope_[std::string(scope)], delivery, outcome.disposition);
+    }
+
+    /// Counters of one scope (all zero for a scope never seen).
+    [[nodiscard]] Counters counters(std::string_view scope) const {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = by_scope_.find(std::string(scope));
+        return it == by_scope_.end() ? Counters{} : it->second;
+    }
+
+    /// Counters of every scope seen, by name.
+    [[nodiscard]] std::map<std::string, Counters> all() const {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return by_scope_;
+    }
+
+  private:
+    mutable std::mutex mutex_;
+    std::map<std::string, Counters> by_scope_;
+};
+
+IDEM_END_NAMESPACE

@@ -1,0 +1,92 @@
+#pragma once
+/// @file
+/// @brief Policy: what a handler's claims are scoped to, and the limits that keep them safe.
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "idem/config.hpp"
+#include "idem/error.hpp"
+
+IDEM_BEGIN_NAMESPACE
+
+using days = std::chrono::duration<std::int64_t, std::ratio<86400>>;
+
+/// @brief The tunable numbers of a Policy. Defaults are the field notes': 5 deliveries, claims
+/// kept 14 days against a broker that redelivers for 7.
+///
+/// @code
+/// idem::PolicyOptions options;            // C++20: idem::Policy{"capture", {.max_deliveries = 3}}
+/// options.max_deliveries = 3;
+/// idem::Policy policy{"capture-payment", options};
+/// @endcode
+struct PolicyOptions {
+    /// A delivery whose broker count reaches this is dead-lettered without running the effect.
+    std::uint32_t max_deliveries = 5;
+    /// How long a claim is kept; purge() removes older ones.
+    std::chrono::seconds retention = days(14);
+    /// The longest time the broker may still redeliver a message after first delivering it.
+    std::chrono::seconds redelivery_window = days(7);
+};
+
+/// Longest scope accepted; a scope is a handler name, not data.
+inline constexpr std::size_t max_scope_bytes = 128;
+
+/// @brief The scope of a handler's claims and its limits, validated at construction.
+///
+/// @throws usage_error when the scope is empty or too long, max_deliveries is 0, or the
+/// retention is not longer than the redelivery window (a late redelivery would find its claim
+/// purged and run the effect again).
+class Policy {
+  public:
+    explicit Policy(std::string scope, PolicyOptions options = {})
+        : scope_(std::move(scope)), options_(options) {
+        if (scope_.empty()) {
+            throw usage_error(
+                "idem::Policy: the scope is empty; name the handler (e.g. \"capture-payment\") "
+                "so its claims do not collide with another handler's");
+        }
+        if (scope_.size() > max_scope_bytes) {
+            throw usage_error(fmt::format("idem::Policy: the scope is {} bytes, the limit is {}",
+                                          scope_.size(), max_scope_bytes));
+        }
+        if (options_.max_deliveries == 0) {
+            throw usage_error(fmt::format(
+                "idem::Policy(\"{}\"): max_deliveries is 0, so no delivery could ever run; use "
+                "at least 1 (default 5)",
+                scope_));
+        }
+        if (options_.redelivery_window.count() <= 0) {
+            throw usage_error(fmt::format(
+                "idem::Policy(\"{}\"): redelivery_window must be positive (the broker's longest "
+                "redelivery delay, e.g. 7 days)",
+                scope_));
+        }
+        if (options_.retention <= options_.redelivery_window) {
+            throw usage_error(fmt::format(
+                "idem::Policy(\"{}\"): retention ({}s) must be longer than the broker's "
+                "redelivery window ({}s): a redelivery arriving after its claim was purged would "
+                "run the effect again. Raise retention (e.g. 14 days against a 7-day window) or "
+                "set redelivery_window to the broker's real maximum.",
+                scope_, options_.retention.count(), options_.redelivery_window.count()));
+        }
+    }
+
+    [[nodiscard]] const std::string& scope() const noexcept { return scope_; }
+    [[nodiscard]] std::uint32_t max_deliveries() const noexcept { return options_.max_deliveries; }
+    [[nodiscard]] std::chrono::seconds retention() const noexcept { return options_.retention; }
+    [[nodiscard]] std::chrono::seconds redelivery_window() const noexcept {
+        return options_.redelivery_window;
+    }
+    [[nodiscard]] const PolicyOptions& options() const noexcept { return options_; }
+
+  private:
+    std::string scope_;
+    PolicyOptions options_;
+};
+
+IDEM_END_NAMESPACE

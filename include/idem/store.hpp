@@ -1,0 +1,171 @@
+#pragma once
+/// @file
+/// @brief The Store concept: the values a store exchanges with the handler, and the checks that
+/// give a readable compile error when a type does not fit.
+///
+/// A store provides:
+/// @code
+/// Transaction begin();                              // move-only RAII; rolls back unless committed
+/// std::size_t purge(std::chrono::system_clock::duration older_than);
+/// std::optional<ClaimRecord> find_claim(std::string_view scope, std::string_view id);
+/// std::vector<DeadLetter> dead_letters();
+/// @endcode
+/// and its Transaction provides:
+/// @code
+/// ClaimResult claim(std::string_view scope, std::string_view id);
+/// void record_outcome(std::string_view scope, std::string_view id, Disposition, std::string_view
+/// reason); void dead_letter(const DeadLetter&); void savepoint(); void rollback_to_savepoint();
+/// void release_savepoint(); void commit();                                    // throws
+/// store_error / commit_failed
+/// @endcode
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "idem/config.hpp"
+#include "idem/outcome.hpp"
+
+IDEM_BEGIN_NAMESPACE
+
+/// @brief The time source a store stamps claims with; replaceable in tests of retention.
+using Clock = std::function<std::chrono::system_clock::time_point()>;
+
+/// @brief Answer of Transaction::claim().
+enum class ClaimStatus {
+    claimed,      ///< this transaction now owns the id
+    duplicate,    ///< a finished run already recorded an outcome for it
+    in_progress,  ///< another live worker holds it (lease stores, lock timeouts)
+};
+
+struct ClaimResult {
+    ClaimStatus status = ClaimStatus::claimed;
+    /// For a duplicate: the outcome the earlier run recorded.
+    Disposition recorded = Disposition::processed;
+    /// Stores that keep a claim across attempts (leases) count the times the effect started,
+    /// this one included; the poison check then uses it instead of the broker's count.
+    std::optional<std::uint32_t> attempts{};
+};
+
+/// @brief A stored claim, for inspection and tests.
+struct ClaimRecord {
+    std::string scope;
+    std::string message_id;
+    Disposition disposition = Disposition::processed;
+    std::string reason;
+    std::chrono::system_clock::time_point claimed_at{};
+};
+
+/// @brief A parked message: what it was, why it was parked, and its payload, so nothing is lost.
+struct DeadLetter {
+    std::string scope;
+    std::string message_id;
+    std::uint32_t delivery_count = 0;
+    std::string reason;
+    std::string payload;
+    std::chrono::system_clock::time_point created_at{};
+};
+
+namespace detail {
+
+template <class T>
+using transaction_t = decltype(std::declval<T&>().begin());
+
+template <class, class = void>
+struct has_begin : std::false_type {};
+template <class S>
+struct has_begin<S, std::void_t<transaction_t<S>>> : std::true_type {};
+
+template <class, class = void>
+struct has_claim : std::false_type {};
+template <class T>
+struct has_claim<
+    T, std::void_t<decltype(std::declval<T&>().claim(std::string_view{}, std::string_view{}))>>
+    : std::is_convertible<
+          decltype(std::declval<T&>().claim(std::string_view{}, std::string_view{})), ClaimResult> {
+};
+
+template <class, class = void>
+struct has_record_outcome : std::false_type {};
+template <class T>
+struct has_record_outcome<
+    T, std::void_t<decltype(std::declval<T&>().record_outcome(
+           std::string_view{}, std::string_view{}, Disposition{}, std::string_view{}))>>
+    : std::true_type {};
+
+template <class, class = void>
+struct has_dead_letter : std::false_type {};
+template <class T>
+struct has_dead_letter<
+    T, std::void_t<decltype(std::declval<T&>().dead_letter(std::declval<const DeadLetter&>()))>>
+    : std::true_type {};
+
+template <class, class = void>
+struct has_savepoints : std::false_type {};
+template <class T>
+struct has_savepoints<T, std::void_t<decltype(std::declval<T&>().savepoint()),
+                                     decltype(std::declval<T&>().rollback_to_savepoint()),
+                                     decltype(std::declval<T&>().release_savepoint())>>
+    : std::true_type {};
+
+template <class, class = void>
+struct has_commit : std::false_type {};
+template <class T>
+struct has_commit<T, std::void_t<decltype(std::declval<T&>().commit())>> : std::true_type {};
+
+template <class S, bool = has_begin<S>::value>
+struct transaction_of {
+    using type = void;
+};
+template <class S>
+struct transaction_of<S, true> {
+    using type = std::remove_reference_t<transaction_t<S>>;
+};
+
+/// Each check names what is missing, so a misfit store fails with one readable line.
+template <class S>
+constexpr bool check_store() {
+    using Tx = typename transaction_of<S>::type;
+    static_assert(has_begin<S>::value,
+                  "idem: Store must provide begin() returning a transaction object");
+    static_assert(std::is_void_v<Tx> || std::is_move_constructible_v<Tx>,
+                  "idem: Store's transaction type must be move-constructible (RAII guard)");
+    static_assert(std::is_void_v<Tx> || has_claim<Tx>::value,
+                  "idem: Store's transaction must provide claim(std::string_view scope, "
+                  "std::string_view id) returning idem::ClaimResult");
+    static_assert(std::is_void_v<Tx> || has_record_outcome<Tx>::value,
+                  "idem: Store's transaction must provide record_outcome(scope, id, "
+                  "idem::Disposition, std::string_view reason)");
+    static_assert(std::is_void_v<Tx> || has_dead_letter<Tx>::value,
+                  "idem: Store's transaction must provide dead_letter(const idem::DeadLetter&)");
+    static_assert(std::is_void_v<Tx> || has_savepoints<Tx>::value,
+                  "idem: Store's transaction must provide savepoint(), rollback_to_savepoint() "
+                  "and release_savepoint()");
+    static_assert(std::is_void_v<Tx> || has_commit<Tx>::value,
+                  "idem: Store's transaction must provide commit()");
+    return true;
+}
+
+template <class S>
+inline constexpr bool is_store_v =
+    has_begin<S>::value&& has_claim<typename transaction_of<S>::type>::value&&
+        has_record_outcome<typename transaction_of<S>::type>::value&&
+            has_dead_letter<typename transaction_of<S>::type>::value&&
+                has_savepoints<typename transaction_of<S>::type>::value&&
+                    has_commit<typename transaction_of<S>::type>::value;
+
+}  // namespace detail
+
+#if IDEM_HAS_CONCEPTS
+/// @brief C++20 concept for a store usable by IdempotentHandler.
+template <class S>
+concept IdempotencyStore = detail::is_store_v<S>;
+#endif
+
+IDEM_END_NAMESPACE

@@ -1,0 +1,365 @@
+#pragma once
+/// @file
+/// @brief MemoryStore: a transactional in-process store for users' unit tests, with fault
+/// injection so failure paths can be tested. Not durable; one process.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "idem/config.hpp"
+#include "idem/error.hpp"
+#include "idem/outcome.hpp"
+#include "idem/store.hpp"
+
+IDEM_BEGIN_NAMESPACE
+
+/// @brief Store operations MemoryStore::inject() can make fail.
+enum class Fault {
+    begin,   ///< begin() throws injected_fault (store unreachable)
+    claim,   ///< claim() throws injected_fault
+    commit,  ///< commit() rolls back and throws commit_failed
+};
+
+struct MemoryStoreOptions {
+    /// Time source for claimed_at (empty: system clock); set it to test retention.
+    Clock clock;
+};
+
+/// @brief In-memory store: transactions really roll back, and are serialised by one mutex (like
+/// SQLite's BEGIN IMMEDIATE), so it is thread-safe. The effect writes to simple collections
+/// through the transaction (put/get/erase/count) and those writes commit or roll back with the
+/// claim.
+///
+/// @code
+/// idem::MemoryStore store;
+/// store.inject(idem::Fault::commit);   // the next commit fails
+/// @endcode
+class MemoryStore {
+    using ClaimKey = std::pair<std::string, std::string>;
+    using Collection = std::map<std::string, std::string, std::less<>>;
+
+    /// One entry of the undo log; rollback replays them backwards.
+    struct Undo {
+        enum class Kind { claim_inserted, claim_changed, dead_letter_added, value_changed };
+        Kind kind;
+        ClaimKey claim_key;
+        ClaimRecord previous_claim;
+        std::string collection;
+        std::string key;
+        std::optional<std::string> previous_value;
+    };
+
+  public:
+    explicit MemoryStore(MemoryStoreOptions options = {}) : options_(std::move(options)) {}
+    MemoryStore(const MemoryStore&) = delete;
+    MemoryStore& operator=(const MemoryStore&) = delete;
+
+    /// @brief A serialised transaction; rolls back in its destructor unless committed.
+    class Transaction {
+      public:
+        Transaction(Transaction&& other) noexcept
+            : store_(std::exchange(other.store_, nullptr)),
+              lock_(std::move(other.lock_)),
+              undo_(std::move(other.undo_)),
+              savepoints_(std::move(other.savepoints_)) {}
+        Transaction& operator=(Transaction&&) = delete;
+        Transaction(const Transaction&) = delete;
+        Transaction& operator=(const Transaction&) = delete;
+        ~Transaction() { rollback(); }
+
+        ClaimResult claim(std::string_view scope, std::string_view id) {
+            active();
+            store_->take_fault(Fault::claim);
+            ClaimKey key{std::string(scope), std::string(id)};
+            auto it = store_->claims_.find(key);
+            if (it != store_->claims_.end()) {
+                return ClaimResult{ClaimStatus::duplicate, it->second.disposition, std::nullopt};
+            }
+            ClaimRecord record;
+            record.scope = key.first;
+            record.message_id = key.second;
+            record.disposition = Disposition::in_progress;
+            record.claimed_at = store_->now();
+            store_->claims_.emplace(key, std::move(record));
+            undo_.push_back(Undo{Undo::Kind::claim_inserted, std::move(key), {}, {}, {}, {}});
+            return ClaimResult{};
+        }
+
+        void record_outcome(std::string_view scope, std::string_view id, Disposition disposition,
+                            std::string_view reason) {
+            active();
+            ClaimKey key{std::string(scope), std::string(id)};
+            auto it = store_->claims_.find(key);
+            if (it == store_->claims_.end()) return;
+            undo_.push_back(Undo{Undo::Kind::claim_changed, key, it->second, {}, {}, {}});
+            it->second.disposition = disposition;
+            it->second.reason = std::string(reason);
+        }
+
+        void dead_letter(const DeadLetter& letter) {
+            active();
+            DeadLetter stored = letter;
+            if (stored.created_at == std::chrono::system_clock::time_point{}) {
+                stored.created_at = store_->now();
+            }
+            store_->dead_letters_.push_back(std::move(stored));
+            undo_.push_back(Undo{Undo::Kind::dead_letter_added, {}, {}, {}, {}, {}});
+        }
+
+        void savepoint() {
+            active();
+            savepoints_.push_back(undo_.size());
+        }
+        void rollback_to_savepoint() {
+            active();
+            if (savepoints_.empty())
+                throw usage_error("idem::MemoryStore: no savepoint to roll back to");
+            undo_to(savepoints_.back());
+            savepoints_.pop_back();
+        }
+        void release_savepoint() {
+            active();
+            if (savepoints_.empty())
+                throw usage_error("idem::MemoryStore: no savepoint to release");
+            savepoints_.pop_back();
+        }
+
+        /// @throws commit_failed when a commit fault was injected (everything is rolled back).
+        void commit() {
+            active();
+            if (store_->fault_pending(Fault::commit)) {
+                rollback();
+                throw commit_failed("idem::MemoryStore: injected commit failure");
+            }
+            undo_.clear();
+            savepoints_.clear();
+            finish();
+        }
+
+        /// Undoes everything; a no-op after commit or rollback. Never throws.
+        void rollback() noexcept {
+            if (store_ == nullptr) return;
+            undo_to(0);
+            finish();
+        }
+
+        // --- the effect's own data, committed or rolled back with the claim ---
+
+        /// Sets collection[key] = value.
+        void put(std::string_view collection, std::string_view key, std::string_view value) {
+            active();
+            auto& values = store_->collections_[std::string(collection)];
+            auto it = values.find(key);
+            std::optional<std::string> previous;
+            if (it != values.end()) {
+                previous = it->second;
+                it->second = std::string(value);
+            } else {
+                values.emplace(std::string(key), std::string(value));
+            }
+            undo_.push_back(Undo{Undo::Kind::value_changed,
+                                 {},
+                                 {},
+                                 std::string(collection),
+                                 std::string(key),
+                                 std::move(previous)});
+        }
+        /// Removes collection[key] if present; returns whether it was.
+        bool erase(std::string_view collection, std::string_view key) {
+            active();
+            auto& values = store_->collections_[std::string(collection)];
+            auto it = values.find(key);
+            if (it == values.end()) return false;
+            undo_.push_back(Undo{Undo::Kind::value_changed,
+                                 {},
+                                 {},
+                                 std::string(collection),
+                                 std::string(key),
+                                 it->second});
+            values.erase(it);
+            return true;
+        }
+        [[nodiscard]] std::optional<std::string> get(std::string_view collection,
+                                                     std::string_view key) const {
+            active();
+            return store_->get_locked(collection, key);
+        }
+        [[nodiscard]] std::size_t count(std::string_view collection) const {
+            active();
+            return store_->count_locked(collection);
+        }
+
+      private:
+        friend class MemoryStore;
+        Transaction(MemoryStore& store, std::unique_lock<std::mutex> lock)
+            : store_(&store), lock_(std::move(lock)) {}
+
+        void active() const {
+            if (store_ == nullptr) {
+                throw usage_error(
+                    "idem::MemoryStore: the transaction is already committed or rolled back");
+            }
+        }
+
+        void undo_to(std::size_t mark) noexcept {
+            while (undo_.size() > mark) {
+                Undo& u = undo_.back();
+                switch (u.kind) {
+                    case Undo::Kind::claim_inserted:
+                        store_->claims_.erase(u.claim_key);
+                        break;
+                    case Undo::Kind::claim_changed:
+                        store_->claims_[u.claim_key] = std::move(u.previous_claim);
+                        break;
+                    case Undo::Kind::dead_letter_added:
+                        store_->dead_letters_.pop_back();
+                        break;
+                    case Undo::Kind::value_changed: {
+                        auto& values = store_->collections_[u.collection];
+                        if (u.previous_value) {
+                            values[u.key] = std::move(*u.previous_value);
+                        } else {
+                            values.erase(u.key);
+                        }
+                        break;
+                    }
+                }
+                undo_.pop_back();
+            }
+        }
+
+        void finish() noexcept {
+            store_->owner_.store(std::thread::id{}, std::memory_order_relaxed);
+            store_ = nullptr;
+            lock_ = {};
+        }
+
+        MemoryStore* store_;
+        std::unique_lock<std::mutex> lock_;
+        std::vector<Undo> undo_;
+        std::vector<std::size_t> savepoints_;
+    };
+
+    /// @brief Starts a transaction; blocks while another thread holds one.
+    /// @throws usage_error when this thread already holds a transaction on this store (a nested
+    /// begin() would deadlock); injected_fault when a begin fault was injected.
+    Transaction begin() {
+        if (owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
+            throw usage_error(
+                "idem::MemoryStore: begin() while this thread already holds a transaction on "
+                "this store (nested handle() inside an effect?)");
+        }
+        std::unique_lock<std::mutex> lock(mutex_);
+        owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+        Transaction tx(*this, std::move(lock));
+        take_fault(Fault::begin);  // tx's destructor releases the lock if this throws
+        return tx;
+    }
+
+    /// @brief Makes the next `times` operations of this kind fail (see Fault).
+    void inject(Fault fault, int times = 1) {
+        std::lock_guard<std::mutex> lock(fault_mutex_);
+        faults_[static_cast<std::size_t>(fault)] += times;
+    }
+
+    /// @brief Deletes claims older than `older_than`; returns how many. Dead letters stay.
+    std::size_t purge(std::chrono::system_clock::duration older_than) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        const auto cutoff = now() - older_than;
+        std::size_t removed = 0;
+        for (auto it = claims_.begin(); it != claims_.end();) {
+            if (it->second.claimed_at < cutoff) {
+                it = claims_.erase(it);
+                ++removed;
+            } else {
+                ++it;
+            }
+        }
+        return removed;
+    }
+
+    [[nodiscard]] std::optional<ClaimRecord> find_claim(std::string_view scope,
+                                                        std::string_view id) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = claims_.find(ClaimKey{std::string(scope), std::string(id)});
+        if (it == claims_.end()) return std::nullopt;
+        return it->second;
+    }
+
+    [[nodiscard]] std::vector<DeadLetter> dead_letters() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return dead_letters_;
+    }
+
+    [[nodiscard]] std::size_t claim_count() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return claims_.size();
+    }
+
+    /// Committed value of collection[key].
+    [[nodiscard]] std::optional<std::string> get(std::string_view collection,
+                                                 std::string_view key) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return get_locked(collection, key);
+    }
+
+    /// Committed number of entries in a collection.
+    [[nodiscard]] std::size_t count(std::string_view collection) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return count_locked(collection);
+    }
+
+  private:
+    std::chrono::system_clock::time_point now() const {
+        return options_.clock ? options_.clock() : std::chrono::system_clock::now();
+    }
+
+    bool fault_pending(Fault fault) {
+        std::lock_guard<std::mutex> lock(fault_mutex_);
+        int& left = faults_[static_cast<std::size_t>(fault)];
+        if (left <= 0) return false;
+        --left;
+        return true;
+    }
+
+    void take_fault(Fault fault) {
+        if (fault_pending(fault)) {
+            throw injected_fault(fault == Fault::begin
+                                     ? "idem::MemoryStore: injected failure in begin()"
+                                     : "idem::MemoryStore: injected failure in claim()");
+        }
+    }
+
+    std::optional<std::string> get_locked(std::string_view collection, std::string_view key) const {
+        auto c = collections_.find(collection);
+        if (c == collections_.end()) return std::nullopt;
+        auto it = c->second.find(key);
+        if (it == c->second.end()) return std::nullopt;
+        return it->second;
+    }
+
+    std::size_t count_locked(std::string_view collection) const {
+        auto c = collections_.find(collection);
+        return c == collections_.end() ? 0 : c->second.size();
+    }
+
+    MemoryStoreOptions options_;
+    std::mutex mutex_;
+    std::atomic<std::thread::id> owner_{};
+    std::map<ClaimKey, ClaimRecord> claims_;
+    std::vector<DeadLetter> dead_letters_;
+    std::map<std::string, Collection, std::less<>> collections_;
+    std::mutex fault_mutex_;
+    int faults_[3] = {0, 0, 0};
+};
+
+IDEM_END_NAMESPACE
