@@ -1,0 +1,84 @@
+# cmake -P driver for the consumer tests registered in tests/CMakeLists.txt.
+#
+# CONSUMER_MODE:
+#   find_package       install IDEM_BUILD_DIR into a fresh prefix, then build and run
+#                      tests/consumer against it with find_package(idem ... COMPONENTS sqlite)
+#   add_subdirectory   build and run tests/consumer with add_subdirectory(IDEM_SOURCE_DIR)
+#   unknown_component  install, then check find_package(idem COMPONENTS <unknown>) fails cleanly
+# Inputs (-D): IDEM_SOURCE_DIR IDEM_BUILD_DIR CONSUMER_SOURCE_DIR CONSUMER_WORK_DIR
+#   CONSUMER_GENERATOR CONSUMER_MAKE_PROGRAM CONSUMER_CXX_COMPILER CONSUMER_CXX_STANDARD
+#   CONSUMER_CXX_FLAGS CONSUMER_BUILD_TYPE
+cmake_minimum_required(VERSION 3.18)
+
+foreach(var IN ITEMS IDEM_SOURCE_DIR IDEM_BUILD_DIR CONSUMER_SOURCE_DIR CONSUMER_WORK_DIR
+                     CONSUMER_MODE CONSUMER_GENERATOR CONSUMER_CXX_COMPILER)
+    if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
+        message(FATAL_ERROR "IdemRunConsumerTest: -D${var}=... is required")
+    endif()
+endforeach()
+
+function(run_step what)
+    message(STATUS "[consumer:${CONSUMER_MODE}] ${what}: ${ARGN}")
+    execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+    if(NOT rc EQUAL 0)
+        message(FATAL_ERROR "[consumer:${CONSUMER_MODE}] ${what} failed (${rc}):\n${out}")
+    endif()
+    set(step_output "${out}" PARENT_SCOPE)
+endfunction()
+
+set(prefix "${CONSUMER_WORK_DIR}/prefix")
+set(build "${CONSUMER_WORK_DIR}/build")
+file(REMOVE_RECURSE "${CONSUMER_WORK_DIR}")
+file(MAKE_DIRECTORY "${CONSUMER_WORK_DIR}")
+
+set(configure_args -G "${CONSUMER_GENERATOR}" "-DCMAKE_CXX_COMPILER=${CONSUMER_CXX_COMPILER}")
+if(CONSUMER_MAKE_PROGRAM)
+    list(APPEND configure_args "-DCMAKE_MAKE_PROGRAM=${CONSUMER_MAKE_PROGRAM}")
+endif()
+if(CONSUMER_CXX_STANDARD)
+    list(APPEND configure_args "-DCMAKE_CXX_STANDARD=${CONSUMER_CXX_STANDARD}")
+endif()
+if(CONSUMER_CXX_FLAGS)
+    list(APPEND configure_args "-DCMAKE_CXX_FLAGS=${CONSUMER_CXX_FLAGS}")
+endif()
+if(CONSUMER_BUILD_TYPE)
+    list(APPEND configure_args "-DCMAKE_BUILD_TYPE=${CONSUMER_BUILD_TYPE}")
+endif()
+
+if(CONSUMER_MODE STREQUAL "find_package" OR CONSUMER_MODE STREQUAL "unknown_component")
+    set(install_args --install "${IDEM_BUILD_DIR}" --prefix "${prefix}")
+    if(CONSUMER_BUILD_TYPE)
+        list(APPEND install_args --config "${CONSUMER_BUILD_TYPE}")
+    endif()
+    run_step("install" "${CMAKE_COMMAND}" ${install_args})
+    foreach(installed IN ITEMS include/idem/config.hpp include/idem/error.hpp)
+        if(NOT EXISTS "${prefix}/${installed}")
+            message(FATAL_ERROR "install did not produce ${prefix}/${installed}")
+        endif()
+    endforeach()
+    list(APPEND configure_args "-DCMAKE_PREFIX_PATH=${prefix}")
+elseif(CONSUMER_MODE STREQUAL "add_subdirectory")
+    list(APPEND configure_args -DIDEM_CONSUMER_USE_SUBDIRECTORY=ON
+                               "-DIDEM_SOURCE_DIR=${IDEM_SOURCE_DIR}")
+else()
+    message(FATAL_ERROR "unknown CONSUMER_MODE '${CONSUMER_MODE}'")
+endif()
+
+if(CONSUMER_MODE STREQUAL "unknown_component")
+    # Non-REQUIRED find_package of an unknown component: must give idem_FOUND FALSE + a message.
+    list(APPEND configure_args -DIDEM_CONSUMER_EXPECT_UNKNOWN_COMPONENT=ON)
+    run_step("configure" "${CMAKE_COMMAND}" ${configure_args} -S "${CONSUMER_SOURCE_DIR}" -B "${build}")
+    if(NOT step_output MATCHES "idem-consumer: unknown component refused: [^\n]*unknown component 'no_such_component'")
+        message(FATAL_ERROR "expected idem to refuse the unknown component; output:\n${step_output}")
+    endif()
+    message(STATUS "[consumer:${CONSUMER_MODE}] refused as expected")
+    return()
+endif()
+
+run_step("configure" "${CMAKE_COMMAND}" ${configure_args} -S "${CONSUMER_SOURCE_DIR}" -B "${build}")
+run_step("build" "${CMAKE_COMMAND}" --build "${build}")
+run_step("run" "${build}/idem_consumer")
+message(STATUS "[consumer:${CONSUMER_MODE}] output: ${step_output}")
+if(NOT step_output MATCHES "idem-consumer ok")
+    message(FATAL_ERROR "the consumer did not report success:\n${step_output}")
+endif()
