@@ -71,7 +71,7 @@ TEST(Disposition, OnlyDurableOutcomesAck) {
 }
 
 class MemoryHandler : public ::testing::Test {
-protected:
+  protected:
     idem::MemoryStore store;
     int runs = 0;
     auto counting_handler(idem::Observer* observer = nullptr) {
@@ -111,7 +111,7 @@ TEST_F(MemoryHandler, CommitFailureRollsBackTheEffectsWrites) {
     store.inject(idem::Fault::commit);
     auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("o-1"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
-    EXPECT_EQ(runs, 1);  // the effect ran ...
+    EXPECT_EQ(runs, 1);                      // the effect ran ...
     EXPECT_EQ(store.count("captures"), 0u);  // ... and its write is gone with the claim
     EXPECT_EQ(store.claim_count(), 0u);
     EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("o-1")).disposition,
@@ -223,13 +223,13 @@ struct CapturePayment {
 };
 // A typed message tells dead letters how to keep its bytes.
 std::string idem_payload(const CapturePayment& m) {
-    return "{\"order_id\":" + std::to_string(m.order_id) + ",\"amount\":" +
-           std::to_string(m.amount) + "}";
+    return "{\"order_id\":" + std::to_string(m.order_id) +
+           ",\"amount\":" + std::to_string(m.amount) + "}";
 }
 
 TEST_F(MemoryHandler, TypedMessagesKeepTheirPayloadInDeadLetters) {
-    auto handler = idem::make_handler(store, idem::Policy{"capture"},
-                                      [](auto&, const CapturePayment&) {});
+    auto handler =
+        idem::make_handler(store, idem::Policy{"capture"}, [](auto&, const CapturePayment&) {});
     auto outcome = handler.handle(Delivery{"m-1", 5}, CapturePayment{8814, 1250});
     EXPECT_EQ(outcome.disposition, Disposition::dead_lettered);
     ASSERT_EQ(store.dead_letters().size(), 1u);
@@ -237,8 +237,8 @@ TEST_F(MemoryHandler, TypedMessagesKeepTheirPayloadInDeadLetters) {
 }
 
 TEST_F(MemoryHandler, NonStandardExceptionIsFailed) {
-    auto handler = idem::make_handler(store, idem::Policy{"x"},
-                                      [](auto&, const std::string&) { throw 42; });
+    auto handler =
+        idem::make_handler(store, idem::Policy{"x"}, [](auto&, const std::string&) { throw 42; });
     auto outcome = handler.handle(Delivery{"m", 1}, std::string("o"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_EQ(store.claim_count(), 0u);
@@ -246,13 +246,13 @@ TEST_F(MemoryHandler, NonStandardExceptionIsFailed) {
 
 TEST_F(MemoryHandler, NestedHandleOnTheSameStoreIsAFailureNotADeadlock) {
     auto inner = counting_handler();
-    auto outer = idem::make_handler(store, idem::Policy{"outer"},
-                                    [&](auto&, const std::string& body) {
-                                        auto o = inner.handle(Delivery{"inner", 1}, body);
-                                        if (o.disposition == Disposition::failed) {
-                                            throw std::runtime_error(o.reason);
-                                        }
-                                    });
+    auto outer =
+        idem::make_handler(store, idem::Policy{"outer"}, [&](auto&, const std::string& body) {
+            auto o = inner.handle(Delivery{"inner", 1}, body);
+            if (o.disposition == Disposition::failed) {
+                throw std::runtime_error(o.reason);
+            }
+        });
     auto outcome = outer.handle(Delivery{"m", 1}, std::string("o"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_NE(outcome.reason.find("nested"), std::string::npos) << outcome.reason;

@@ -10,7 +10,7 @@
 namespace idem_test {
 
 class FakeGateway {
-public:
+  public:
     struct Charge {
         std::string reference;
         long amount = 0;
@@ -37,7 +37,7 @@ public:
         return charges_.size();
     }
 
-private:
+  private:
     mutable std::mutex mutex_;
     std::size_t requests_ = 0;
     std::map<std::string, Charge> charges_;

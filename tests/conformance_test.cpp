@@ -1,0 +1,340 @@
+// The store conformance suite: one typed test body that every store must pass. It drives each
+// store through the handler's contract table and through the Store concept directly.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/idem.hpp"
+#include "support/store_envs.hpp"
+
+namespace {
+
+using idem::Delivery;
+using idem::Disposition;
+using namespace std::chrono_literals;
+
+template <class Env>
+class StoreConformance : public ::testing::Test {
+  protected:
+    Env env;
+    typename Env::Store& store() { return *env.store; }
+
+    /// A handler whose effect writes one row keyed by the body through the claim's transaction.
+    auto writer(std::string scope = "conformance", idem::PolicyOptions options = {}) {
+        return idem::make_handler(
+            store(), idem::Policy{std::move(scope), options},
+            [](auto& tx, const std::string& body) { Env::write_effect(tx, body); });
+    }
+};
+
+using Stores = ::testing::Types<idem_test::MemoryEnv, idem_test::SqliteEnv>;
+struct StoreNames {
+    template <class T>
+    static std::string GetName(int) {
+        return T::name;
+    }
+};
+TYPED_TEST_SUITE(StoreConformance, Stores, StoreNames);
+
+TYPED_TEST(StoreConformance, NewIdIsProcessedAndAcked) {
+    auto handler = this->writer();
+    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("row-1"));
+    EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+    EXPECT_TRUE(idem::should_ack(outcome));
+    EXPECT_EQ(this->env.effect_rows(), 1u);
+    auto claim = this->store().find_claim("conformance", "m-1");
+    ASSERT_TRUE(claim.has_value());
+    EXPECT_EQ(claim->disposition, Disposition::processed);
+    EXPECT_EQ(claim->claimed_at, this->env.now);
+}
+
+TYPED_TEST(StoreConformance, RedeliveryIsDuplicateAndEffectRunsOnce) {
+    auto handler = this->writer();
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("row")).disposition,
+              Disposition::processed);
+    for (std::uint32_t count = 2; count <= 4; ++count) {
+        auto outcome = handler.handle(Delivery{"m-1", count}, std::string("row"));
+        EXPECT_EQ(outcome.disposition, Disposition::duplicate);
+        EXPECT_TRUE(idem::should_ack(outcome));
+        EXPECT_NE(outcome.reason.find("processed"), std::string::npos) << outcome.reason;
+    }
+    EXPECT_EQ(this->env.effect_rows(), 1u);
+}
+
+TYPED_TEST(StoreConformance, ClaimsAreScopedPerHandler) {
+    auto capture = this->writer("capture");
+    auto notify = this->writer("notify");
+    EXPECT_EQ(capture.handle(Delivery{"m-1", 1}, std::string("a")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(notify.handle(Delivery{"m-1", 1}, std::string("b")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(this->env.effect_rows(), 2u);
+}
+
+TYPED_TEST(StoreConformance, PoisonLimitDeadLettersWithoutRunningTheEffect) {
+    auto handler = this->writer();
+    auto outcome = handler.handle(Delivery{"m-poison", 5}, std::string("payload-bytes"));
+    EXPECT_EQ(outcome.disposition, Disposition::dead_lettered);
+    EXPECT_TRUE(idem::should_ack(outcome));
+    EXPECT_NE(outcome.reason.find("max_deliveries"), std::string::npos) << outcome.reason;
+    EXPECT_EQ(this->env.effect_rows(), 0u);
+    auto letters = this->store().dead_letters();
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_EQ(letters[0].message_id, "m-poison");
+    EXPECT_EQ(letters[0].scope, "conformance");
+    EXPECT_EQ(letters[0].delivery_count, 5u);
+    EXPECT_EQ(letters[0].payload, "payload-bytes");
+    EXPECT_EQ(letters[0].reason, outcome.reason);
+    auto claim = this->store().find_claim("conformance", "m-poison");
+    ASSERT_TRUE(claim.has_value());
+    EXPECT_EQ(claim->disposition, Disposition::dead_lettered);
+    // Parked for good: a further redelivery is a duplicate, not a second dead letter.
+    EXPECT_EQ(handler.handle(Delivery{"m-poison", 6}, std::string("x")).disposition,
+              Disposition::duplicate);
+    EXPECT_EQ(this->store().dead_letters().size(), 1u);
+}
+
+TYPED_TEST(StoreConformance, BelowThePoisonLimitTheEffectRuns) {
+    auto handler = this->writer();
+    EXPECT_EQ(handler.handle(Delivery{"m-4", 4}, std::string("r")).disposition,
+              Disposition::processed);
+}
+
+TYPED_TEST(StoreConformance, DuplicateDetectionComesBeforeThePoisonCheck) {
+    auto handler = this->writer();
+    EXPECT_EQ(handler.handle(Delivery{"m-acked-late", 1}, std::string("r")).disposition,
+              Disposition::processed);
+    // Its acks kept failing: the broker's count climbed past the limit.
+    auto outcome = handler.handle(Delivery{"m-acked-late", 7}, std::string("r"));
+    EXPECT_EQ(outcome.disposition, Disposition::duplicate);
+    EXPECT_TRUE(this->store().dead_letters().empty());
+}
+
+TYPED_TEST(StoreConformance, ThrowingEffectLeavesNothingAndIsNotAcked) {
+    int calls = 0;
+    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
+                                      [&](auto& tx, const std::string& body) {
+                                          TypeParam::write_effect(tx, body);
+                                          if (++calls == 1) throw std::runtime_error("gateway 503");
+                                      });
+    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("row"));
+    EXPECT_EQ(outcome.disposition, Disposition::failed);
+    EXPECT_FALSE(idem::should_ack(outcome));
+    EXPECT_NE(outcome.reason.find("gateway 503"), std::string::npos);
+    EXPECT_EQ(this->env.effect_rows(), 0u);
+    EXPECT_FALSE(this->store().find_claim("conformance", "m-1").has_value());
+    // The redelivery does the work once.
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("row")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(this->env.effect_rows(), 1u);
+}
+
+TYPED_TEST(StoreConformance, FailedCommitLeavesNothingAndIsNotAcked) {
+    bool sabotage = true;
+    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
+                                      [&](auto& tx, const std::string& body) {
+                                          TypeParam::write_effect(tx, body);
+                                          if (sabotage) this->env.make_commit_fail(tx);
+                                      });
+    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("row"));
+    EXPECT_EQ(outcome.disposition, Disposition::failed);
+    EXPECT_NE(outcome.reason.find("commit failed"), std::string::npos) << outcome.reason;
+    EXPECT_EQ(this->env.effect_rows(), 0u);
+    EXPECT_FALSE(this->store().find_claim("conformance", "m-1").has_value());
+    sabotage = false;
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("row")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(this->env.effect_rows(), 1u);
+}
+
+TYPED_TEST(StoreConformance, RejectedKeepsTheClaimButNotTheEffectsWrites) {
+    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
+                                      [](auto& tx, const std::string& body) {
+                                          TypeParam::write_effect(tx, body);
+                                          return idem::EffectResult::rejected("stale event");
+                                      });
+    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("row"));
+    EXPECT_EQ(outcome.disposition, Disposition::rejected);
+    EXPECT_TRUE(idem::should_ack(outcome));
+    EXPECT_EQ(outcome.reason, "stale event");
+    EXPECT_EQ(this->env.effect_rows(), 0u);
+    auto claim = this->store().find_claim("conformance", "m-1");
+    ASSERT_TRUE(claim.has_value());
+    EXPECT_EQ(claim->disposition, Disposition::rejected);
+    EXPECT_EQ(claim->reason, "stale event");
+    auto again = handler.handle(Delivery{"m-1", 2}, std::string("row"));
+    EXPECT_EQ(again.disposition, Disposition::duplicate);
+    EXPECT_NE(again.reason.find("rejected"), std::string::npos) << again.reason;
+}
+
+TYPED_TEST(StoreConformance, DeferredStoresNothingAndIsNotAcked) {
+    bool early = true;
+    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
+                                      [&](auto& tx, const std::string& body) {
+                                          TypeParam::write_effect(tx, body);
+                                          return early ? idem::EffectResult::deferred("too early")
+                                                       : idem::EffectResult::applied();
+                                      });
+    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("row"));
+    EXPECT_EQ(outcome.disposition, Disposition::deferred);
+    EXPECT_FALSE(idem::should_ack(outcome));
+    EXPECT_EQ(this->env.effect_rows(), 0u);
+    EXPECT_FALSE(this->store().find_claim("conformance", "m-1").has_value());
+    early = false;
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("row")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(this->env.effect_rows(), 1u);
+}
+
+TYPED_TEST(StoreConformance, MalformedMessageIsDeadLetteredWithItsPayload) {
+    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
+                                      [](auto& tx, const std::string& body) {
+                                          TypeParam::write_effect(tx, body);
+                                          throw idem::malformed_message("amount is not a number");
+                                      });
+    auto outcome = handler.handle(Delivery{"m-bad", 1}, std::string("{\"amount\":\"ten\"}"));
+    EXPECT_EQ(outcome.disposition, Disposition::dead_lettered);
+    EXPECT_NE(outcome.reason.find("amount is not a number"), std::string::npos);
+    EXPECT_EQ(this->env.effect_rows(), 0u);
+    auto letters = this->store().dead_letters();
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_EQ(letters[0].payload, "{\"amount\":\"ten\"}");
+}
+
+TYPED_TEST(StoreConformance, MalformedDeliveriesAreDeadLetteredNeverCrash) {
+    auto handler = this->writer();
+    const std::string long_id(513, 'x');
+    struct Case {
+        Delivery delivery;
+        const char* reason_part;
+    };
+    std::vector<Case> cases = {{Delivery{"", 1}, "empty message id"},
+                               {Delivery{long_id, 1}, "513 bytes"},
+                               {Delivery{"m-zero", 0}, "delivery count 0"}};
+    for (const auto& c : cases) {
+        auto outcome = handler.handle(c.delivery, std::string("body-of-") + c.reason_part);
+        EXPECT_EQ(outcome.disposition, Disposition::dead_lettered) << c.reason_part;
+        EXPECT_TRUE(idem::should_ack(outcome));
+        EXPECT_NE(outcome.reason.find(c.reason_part), std::string::npos) << outcome.reason;
+    }
+    EXPECT_EQ(this->env.effect_rows(), 0u);
+    auto letters = this->store().dead_letters();
+    ASSERT_EQ(letters.size(), cases.size());
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        EXPECT_EQ(letters[i].message_id, cases[i].delivery.message_id);  // nothing lost
+        EXPECT_EQ(letters[i].payload, std::string("body-of-") + cases[i].reason_part);
+    }
+    // The longest legal id is fine.
+    EXPECT_EQ(handler.handle(Delivery{std::string(512, 'y'), 1}, std::string("r")).disposition,
+              Disposition::processed);
+}
+
+TYPED_TEST(StoreConformance, HostileIdsRoundTripExactly) {
+    auto handler = this->writer();
+    const std::vector<std::string> ids = {
+        "'); DROP TABLE idem_claims; --", std::string("nul\0inside", 10), std::string("\0", 1),
+        "quote\"double\"and'single'",     "\xff\xfe invalid utf-8 \xc3",  "{hash}tag with spaces",
+        std::string(512, '\''),
+    };
+    for (const auto& id : ids) {
+        auto outcome = handler.handle(Delivery{id, 1}, id);
+        EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+    }
+    for (const auto& id : ids) {
+        EXPECT_EQ(handler.handle(Delivery{id, 2}, id).disposition, Disposition::duplicate);
+        auto claim = this->store().find_claim("conformance", id);
+        ASSERT_TRUE(claim.has_value());
+        EXPECT_EQ(claim->message_id, id);
+        EXPECT_TRUE(this->env.has_effect(id));
+    }
+    // "nul" and "nul\0inside" are different ids.
+    EXPECT_FALSE(this->store().find_claim("conformance", "nul").has_value());
+    EXPECT_EQ(this->env.effect_rows(), ids.size());
+}
+
+TYPED_TEST(StoreConformance, TransactionRollsBackWhenDroppedAndSavepointsNest) {
+    {
+        auto tx = this->store().begin();
+        EXPECT_EQ(tx.claim("s", "dropped").status, idem::ClaimStatus::claimed);
+        TypeParam::write_effect(tx, "dropped");
+    }  // destructor: rollback
+    EXPECT_FALSE(this->store().find_claim("s", "dropped").has_value());
+    EXPECT_EQ(this->env.effect_rows(), 0u);
+    {
+        auto tx = this->store().begin();
+        EXPECT_EQ(tx.claim("s", "kept").status, idem::ClaimStatus::claimed);
+        tx.savepoint();
+        TypeParam::write_effect(tx, "undone");
+        tx.rollback_to_savepoint();
+        tx.savepoint();
+        TypeParam::write_effect(tx, "kept");
+        tx.release_savepoint();
+        tx.record_outcome("s", "kept", Disposition::processed, "");
+        tx.commit();
+    }
+    EXPECT_TRUE(this->store().find_claim("s", "kept").has_value());
+    EXPECT_TRUE(this->env.has_effect("kept"));
+    EXPECT_FALSE(this->env.has_effect("undone"));
+}
+
+TYPED_TEST(StoreConformance, ClaimInsideOneTransactionSeesItsOwnClaimAsDuplicate) {
+    auto tx = this->store().begin();
+    EXPECT_EQ(tx.claim("s", "id").status, idem::ClaimStatus::claimed);
+    EXPECT_EQ(tx.claim("s", "id").status, idem::ClaimStatus::duplicate);
+}
+
+TYPED_TEST(StoreConformance, PurgeRemovesOnlyClaimsOlderThanTheRetention) {
+    auto handler = this->writer();
+    auto poison = this->writer();
+    ASSERT_EQ(handler.handle(Delivery{"old", 1}, std::string("a")).disposition,
+              Disposition::processed);
+    ASSERT_EQ(poison.handle(Delivery{"old-poison", 9}, std::string("p")).disposition,
+              Disposition::dead_lettered);
+    this->env.now += idem::days(10);
+    ASSERT_EQ(handler.handle(Delivery{"young", 1}, std::string("b")).disposition,
+              Disposition::processed);
+    this->env.now += idem::days(5);  // "old" is 15 days old, "young" 5 days
+
+    const auto retention = handler.policy().retention();  // 14 days
+    EXPECT_EQ(this->store().purge(retention), 2u);        // "old" and "old-poison"
+    EXPECT_FALSE(this->store().find_claim("conformance", "old").has_value());
+    EXPECT_TRUE(this->store().find_claim("conformance", "young").has_value());
+    EXPECT_EQ(this->store().dead_letters().size(), 1u);  // dead letters are for humans: kept
+    EXPECT_EQ(this->store().purge(retention), 0u);
+    // Exactly at the boundary nothing goes: only strictly older claims are purged.
+    this->env.now += idem::days(9);
+    EXPECT_EQ(this->store().purge(retention), 0u);
+    this->env.now += std::chrono::milliseconds(1);
+    EXPECT_EQ(this->store().purge(retention), 1u);
+}
+
+TYPED_TEST(StoreConformance, ConcurrentThreadsApplyEachEffectOnce) {
+    auto handler = this->writer();
+    constexpr int kThreads = 4;
+    constexpr int kIds = 100;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&] {
+            for (int i = 0; i < kIds; ++i) {
+                auto id = "m-" + std::to_string(i);
+                auto outcome = handler.handle(Delivery{id, 1}, id);
+                ASSERT_TRUE(outcome.disposition == Disposition::processed ||
+                            outcome.disposition == Disposition::duplicate)
+                    << outcome.reason;
+            }
+        });
+    }
+    for (auto& t : threads)
+        t.join();
+    EXPECT_EQ(this->env.effect_rows(), static_cast<std::size_t>(kIds));
+    auto counters = handler.counters();
+    EXPECT_EQ(counters.processed, static_cast<std::uint64_t>(kIds));
+    EXPECT_EQ(counters.duplicates, static_cast<std::uint64_t>(kIds * (kThreads - 1)));
+}
+
+}  // namespace

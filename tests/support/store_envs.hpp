@@ -1,0 +1,112 @@
+#pragma once
+// One environment per store for the typed conformance suite: how to build the store on a
+// controllable clock, how an effect writes a row through the claim's transaction, how to count
+// committed rows, and how to make the next commit really fail.
+
+#include <sqlite3.h>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "idem/store/memory.hpp"
+#include "idem/store/sqlite.hpp"
+#include "temp_dir.hpp"
+
+namespace idem_test {
+
+using time_point = std::chrono::system_clock::time_point;
+
+inline time_point test_epoch() {
+    return time_point{} + std::chrono::hours(24 * 365 * 50);
+}
+
+struct MemoryEnv {
+    using Store = idem::MemoryStore;
+    static constexpr const char* name = "memory";
+
+    time_point now = test_epoch();
+    std::unique_ptr<Store> store;
+
+    MemoryEnv() {
+        idem::MemoryStoreOptions options;
+        options.clock = [this] { return now; };
+        store = std::make_unique<Store>(options);
+    }
+
+    template <class Tx>
+    static void write_effect(Tx& tx, const std::string& key) {
+        tx.put("effects", key, "applied");
+    }
+    template <class Tx>
+    void make_commit_fail(Tx&) {
+        store->inject(idem::Fault::commit);
+    }
+    std::size_t effect_rows() { return store->count("effects"); }
+    bool has_effect(const std::string& key) { return store->get("effects", key).has_value(); }
+};
+
+/// Runs one query returning a single integer on a connection (test-side reads only).
+inline long long sqlite_count(sqlite3* db, const char* sql, const std::string* blob = nullptr) {
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr) != SQLITE_OK) {
+        throw std::runtime_error(sqlite3_errmsg(db));
+    }
+    if (blob != nullptr) {
+        sqlite3_bind_blob(stmt, 1, blob->data(), static_cast<int>(blob->size()), SQLITE_TRANSIENT);
+    }
+    long long value = -1;
+    if (sqlite3_step(stmt) == SQLITE_ROW) value = sqlite3_column_int64(stmt, 0);
+    sqlite3_finalize(stmt);
+    return value;
+}
+
+inline void sqlite_exec(sqlite3* db, const char* sql) {
+    char* message = nullptr;
+    if (sqlite3_exec(db, sql, nullptr, nullptr, &message) != SQLITE_OK) {
+        std::string text = message ? message : "unknown";
+        sqlite3_free(message);
+        throw std::runtime_error(text);
+    }
+}
+
+struct SqliteEnv {
+    using Store = idem::SqliteStore;
+    static constexpr const char* name = "sqlite";
+
+    TempDir dir;
+    time_point now = test_epoch();
+    std::unique_ptr<Store> store;
+
+    SqliteEnv() {
+        idem::SqliteOptions options;
+        options.clock = [this] { return now; };
+        store = std::make_unique<Store>(dir.file("idem.db"), options);
+        sqlite_exec(store->db(),
+                    "PRAGMA foreign_keys=ON;"
+                    "CREATE TABLE effects(k BLOB NOT NULL);"
+                    "CREATE TABLE parents(id INTEGER PRIMARY KEY);"
+                    "CREATE TABLE children(parent_id INTEGER REFERENCES parents(id) "
+                    "  DEFERRABLE INITIALLY DEFERRED);");
+    }
+
+    template <class Tx>
+    static void write_effect(Tx& tx, const std::string& key) {
+        tx.execute("INSERT INTO effects(k) VALUES (?)", idem::Blob{key});
+    }
+    /// A deferred foreign-key violation: SQLite only refuses it at COMMIT, a real commit failure.
+    template <class Tx>
+    void make_commit_fail(Tx& tx) {
+        tx.execute("INSERT INTO children(parent_id) VALUES (?)", 424242);
+    }
+    std::size_t effect_rows() {
+        return static_cast<std::size_t>(sqlite_count(store->db(), "SELECT count(*) FROM effects"));
+    }
+    bool has_effect(const std::string& key) {
+        return sqlite_count(store->db(), "SELECT count(*) FROM effects WHERE k = ?", &key) > 0;
+    }
+};
+
+}  // namespace idem_test
