@@ -33,6 +33,16 @@ class StoreConformance : public ::testing::Test {
 };
 
 using Stores = ::testing::Types<idem_test::MemoryEnv, idem_test::SqliteEnv>;
+
+// Both stores fit the Store concept: the C++17 trait, and the C++20 concept where available.
+static_assert(idem::detail::is_store_v<idem::MemoryStore>);
+static_assert(idem::detail::is_store_v<idem::SqliteStore>);
+static_assert(!idem::detail::is_store_v<int>);
+#if IDEM_HAS_CONCEPTS
+static_assert(idem::IdempotencyStore<idem::MemoryStore>);
+static_assert(idem::IdempotencyStore<idem::SqliteStore>);
+static_assert(!idem::IdempotencyStore<std::string>);
+#endif
 struct StoreNames {
     template <class T>
     static std::string GetName(int) {
