@@ -127,6 +127,15 @@ void exec(sqlite3* db, const char* sql) {
     }
 }
 
+/// A scratch directory for the demo's database when --db is not given, removed at exit.
+struct ScratchDir {
+    std::filesystem::path path;
+    ~ScratchDir() {
+        std::error_code ignored;
+        if (!path.empty()) std::filesystem::remove_all(path, ignored);
+    }
+};
+
 struct Message {
     std::string id;
     CapturePayment body;
@@ -138,13 +147,13 @@ struct Message {
 int main(int argc, char** argv) try {
     const Options options = parse(argc, argv);
     std::string db_path = options.db;
-    std::filesystem::path temp_dir;
+    ScratchDir scratch;  // declared before the store, so it is removed after the store closes
     if (db_path.empty()) {
         std::string pattern =
             (std::filesystem::temp_directory_path() / "idem-demo-XXXXXX").string();
         if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-        temp_dir = pattern;
-        db_path = (temp_dir / "shop.db").string();
+        scratch.path = pattern;
+        db_path = (scratch.path / "shop.db").string();
     }
 
     idem::SqliteStore store(db_path);  // the consumer's own database; idem adds its tables
@@ -273,10 +282,6 @@ int main(int argc, char** argv) try {
         options.naive ? "naive" : "idem", options.seed, options.messages, delivered,
         delivered - options.messages, captures, gateway.requests(), gateway.charges().size(),
         divergences, dead_lettered);
-    if (!temp_dir.empty()) {
-        std::error_code ignored;
-        std::filesystem::remove_all(temp_dir, ignored);
-    }
     return divergences == 0 ? 0 : 1;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "payment_capture: %s\n", e.what());
