@@ -51,6 +51,16 @@ TEST(Policy, EmptyScopeAndZeroDeliveriesAreRefused) {
     EXPECT_THROW(idem::Policy("x", options), idem::usage_error);
 }
 
+TEST(Policy, GatewayKeyLifetimeMustBePositive) {
+    idem::PolicyOptions options;
+    options.gateway_key_lifetime = std::chrono::seconds(0);
+    EXPECT_THROW(idem::Policy("x", options), idem::usage_error);
+    options.gateway_key_lifetime = std::chrono::hours(24);
+    EXPECT_EQ(idem::Policy("x", options).gateway_key_lifetime(),
+              std::optional<std::chrono::seconds>(std::chrono::hours(24)));
+    EXPECT_FALSE(idem::Policy("x").gateway_key_lifetime().has_value());
+}
+
 TEST(Disposition, OnlyDurableOutcomesAck) {
     EXPECT_TRUE(idem::should_ack(Disposition::processed));
     EXPECT_TRUE(idem::should_ack(Disposition::duplicate));
@@ -202,6 +212,17 @@ TEST_F(MemoryHandler, CountersPerScope) {
     EXPECT_EQ(metrics.counters("refund").deliveries, 1u);
     EXPECT_EQ(metrics.all().size(), 2u);
     EXPECT_EQ(metrics.counters("never").deliveries, 0u);
+}
+
+TEST_F(MemoryHandler, DeferredCarriesTheEffectsRetryDelay) {
+    auto handler = idem::make_handler(store, idem::Policy{"x"}, [](auto&, const std::string&) {
+        return idem::EffectResult::deferred("waiting for the capture", std::chrono::seconds(30));
+    });
+    auto outcome = handler.handle(Delivery{"m", 1}, std::string("o"));
+    EXPECT_EQ(outcome.disposition, Disposition::deferred);
+    EXPECT_EQ(outcome.retry_after,
+              std::optional<std::chrono::milliseconds>(std::chrono::seconds(30)));
+    EXPECT_EQ(outcome.reason, "waiting for the capture");
 }
 
 TEST_F(MemoryHandler, EffectMayTakeTheDelivery) {

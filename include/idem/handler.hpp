@@ -2,7 +2,9 @@
 /// @file
 /// @brief IdempotentHandler: wraps a user's effect so each message has its effect exactly once.
 
+#include <chrono>
 #include <exception>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -67,6 +69,76 @@ using effect_result_t =
     decltype(invoke_effect(std::declval<Effect&>(), std::declval<Tx&>(),
                            std::declval<const Body&>(), std::declval<const Delivery&>()));
 
+/// Runs an effect and turns a void return into EffectResult::applied().
+template <class Effect, class Tx, class Body>
+EffectResult run_effect(Effect& effect, Tx& tx, const Body& body, const Delivery& delivery) {
+    if constexpr (std::is_void_v<effect_result_t<Effect, Tx, Body>>) {
+        invoke_effect(effect, tx, body, delivery);
+        return EffectResult::applied();
+    } else {
+        return invoke_effect(effect, tx, body, delivery);
+    }
+}
+
+// Effect wrappers (with_fingerprint, reconcile_expired, without_overlapping) expose inner();
+// the handler looks through the chain for the capabilities it needs.
+template <class E, class = void>
+struct has_inner : std::false_type {};
+template <class E>
+struct has_inner<E, std::void_t<decltype(std::declval<E&>().inner())>> : std::true_type {};
+
+template <class E, class Body, class = void>
+struct has_fingerprint : std::false_type {};
+template <class E, class Body>
+struct has_fingerprint<
+    E, Body, std::void_t<decltype(std::declval<E&>().fingerprint(std::declval<const Body&>()))>>
+    : std::true_type {};
+
+template <class E, class Body>
+constexpr bool chain_has_fingerprint() {
+    if constexpr (has_fingerprint<E, Body>::value) {
+        return true;
+    } else if constexpr (has_inner<E>::value) {
+        return chain_has_fingerprint<std::remove_reference_t<decltype(std::declval<E&>().inner())>,
+                                     Body>();
+    } else {
+        return false;
+    }
+}
+
+/// The fingerprint of the body's stable part, from the first wrapper in the chain that has one.
+template <class E, class Body>
+std::string chain_fingerprint(E& effect, const Body& body) {
+    if constexpr (has_fingerprint<E, Body>::value) {
+        return effect.fingerprint(body);
+    } else {
+        return chain_fingerprint(effect.inner(), body);
+    }
+}
+
+template <class E, class Tx, class Body, class = void>
+struct has_reconcile : std::false_type {};
+template <class E, class Tx, class Body>
+struct has_reconcile<
+    E, Tx, Body,
+    std::void_t<decltype(std::declval<E&>().reconcile(
+        std::declval<Tx&>(), std::declval<const Body&>(), std::declval<const Delivery&>()))>>
+    : std::true_type {};
+
+/// The reconcile callback's answer for a message too old for its gateway key, if the chain has
+/// one.
+template <class E, class Tx, class Body>
+std::optional<EffectResult> chain_reconcile(E& effect, Tx& tx, const Body& body,
+                                            const Delivery& delivery) {
+    if constexpr (has_reconcile<E, Tx, Body>::value) {
+        return EffectResult(effect.reconcile(tx, body, delivery));
+    } else if constexpr (has_inner<E>::value) {
+        return chain_reconcile(effect.inner(), tx, body, delivery);
+    } else {
+        return std::nullopt;
+    }
+}
+
 template <class Effect, class Tx, class Body>
 constexpr bool check_effect() {
     constexpr bool fits = effect_fits_v<Effect, Tx, Body>;
@@ -130,6 +202,10 @@ class IdempotentHandler {
     [[nodiscard]] Counters counters() const noexcept { return counters_.snapshot(); }
     [[nodiscard]] Store& store() noexcept { return store_; }
 
+    /// @brief Replaces the clock used to age messages against Policy::gateway_key_lifetime
+    /// (tests); empty means the system clock.
+    void set_clock(Clock clock) { clock_ = std::move(clock); }
+
   private:
     template <class Body>
     Outcome decide(const Delivery& delivery, const Body& body) {
@@ -140,8 +216,28 @@ class IdempotentHandler {
         const std::string& id = delivery.message_id;
         try {
             Transaction tx = store_.begin();
-            const ClaimResult claim = tx.claim(scope, id);
+            ClaimResult claim;
+            std::string fingerprint;
+            if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
+                fingerprint = detail::chain_fingerprint(effect_, body);
+                claim = tx.claim(scope, id, fingerprint);
+            } else {
+                claim = tx.claim(scope, id);
+            }
             if (claim.status == ClaimStatus::duplicate) {
+                if (!fingerprint.empty() && !claim.fingerprint.empty() &&
+                    claim.fingerprint != fingerprint) {
+                    // Not a redelivery: the producer reused an id for another message. Acking it
+                    // as a duplicate would silently drop that message.
+                    tx.dead_letter(
+                        make_dead_letter(delivery, body,
+                                         "id reused with a different payload (fingerprint differs "
+                                         "from the first delivery's)"));
+                    tx.commit();
+                    return {Disposition::dead_lettered,
+                            "id reused with a different payload (fingerprint differs from the "
+                            "first delivery's)"};
+                }
                 return {Disposition::duplicate, fmt::format("already {} by an earlier delivery",
                                                             to_string(claim.recorded))};
             }
@@ -162,10 +258,15 @@ class IdempotentHandler {
             tx.savepoint();
             EffectResult result = EffectResult::applied();
             try {
-                if constexpr (std::is_void_v<detail::effect_result_t<Effect, Transaction, Body>>) {
-                    detail::invoke_effect(effect_, tx, body, delivery);
+                if (auto too_old = older_than_gateway_keys(delivery)) {
+                    auto reconciled = detail::chain_reconcile(effect_, tx, body, delivery);
+                    if (!reconciled) {
+                        tx.rollback_to_savepoint();
+                        return park(tx, delivery, body, std::move(*too_old));
+                    }
+                    result = std::move(*reconciled);
                 } else {
-                    result = detail::invoke_effect(effect_, tx, body, delivery);
+                    result = detail::run_effect(effect_, tx, body, delivery);
                 }
             } catch (const malformed_message& e) {
                 tx.rollback_to_savepoint();
@@ -191,8 +292,8 @@ class IdempotentHandler {
                     tx.record_outcome(scope, id, Disposition::rejected, result.reason());
                     tx.commit();
                     return {Disposition::rejected, result.reason()};
-                case EffectResult::Kind::deferred:
-                    return {Disposition::deferred, result.reason()};  // tx rolls back
+                case EffectResult::Kind::deferred:  // tx rolls back: nothing stored
+                    return {Disposition::deferred, result.reason(), result.retry_after()};
             }
             return {Disposition::failed, "unknown effect result"};
         } catch (const commit_failed& e) {
@@ -204,6 +305,22 @@ class IdempotentHandler {
         } catch (...) {
             return {Disposition::failed, "non-standard exception"};
         }
+    }
+
+    /// Why the message must not reach a gateway whose keys have expired, if it must not.
+    std::optional<std::string> older_than_gateway_keys(const Delivery& delivery) const {
+        const auto lifetime = policy_.gateway_key_lifetime();
+        if (!lifetime || !delivery.enqueued_at) return std::nullopt;
+        const auto now = clock_ ? clock_() : std::chrono::system_clock::now();
+        const auto age = now - *delivery.enqueued_at;
+        if (age <= *lifetime) return std::nullopt;
+        using std::chrono::duration_cast;
+        using minutes = std::chrono::minutes;
+        return fmt::format(
+            "message enqueued {} min ago, older than the gateway's idempotency-key lifetime ({} "
+            "min): the key no longer protects a retry, so it is not sent blindly; reconcile it "
+            "with the gateway by hand",
+            duration_cast<minutes>(age).count(), duration_cast<minutes>(*lifetime).count());
     }
 
     /// Claim row (dead_lettered) and dead-letter entry in one commit; the effect never runs.
@@ -248,6 +365,7 @@ class IdempotentHandler {
     Policy policy_;
     Effect effect_;
     Observer* observer_;
+    Clock clock_;
     detail::AtomicCounters counters_;
 };
 

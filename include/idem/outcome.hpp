@@ -3,6 +3,8 @@
 /// @brief What happened to a delivery (Disposition, Outcome) and what an effect may answer
 /// (EffectResult).
 
+#include <chrono>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -82,6 +84,9 @@ enum class Disposition {
 struct Outcome {
     Disposition disposition = Disposition::failed;
     std::string reason;
+    /// For a deferred outcome: how long the consumer should wait before the message comes back
+    /// (e.g. the visibility timeout to set, or the delay of a requeue), when the effect says.
+    std::optional<std::chrono::milliseconds> retry_after{};
 };
 
 [[nodiscard]] constexpr bool should_ack(const Outcome& outcome) noexcept {
@@ -104,17 +109,25 @@ class EffectResult {
     }
     /// The event came early (its predecessor has not arrived). Not acked; nothing is stored,
     /// the broker redelivers and the delivery-count limit bounds the wait.
-    [[nodiscard]] static EffectResult deferred(std::string reason) {
-        return EffectResult(Kind::deferred, std::move(reason));
+    [[nodiscard]] static EffectResult deferred(
+        std::string reason, std::optional<std::chrono::milliseconds> retry_after = std::nullopt) {
+        EffectResult result(Kind::deferred, std::move(reason));
+        result.retry_after_ = retry_after;
+        return result;
     }
 
     [[nodiscard]] Kind kind() const noexcept { return kind_; }
     [[nodiscard]] const std::string& reason() const noexcept { return reason_; }
+    /// For deferred: the delay the effect asks for before the next delivery, if any.
+    [[nodiscard]] std::optional<std::chrono::milliseconds> retry_after() const noexcept {
+        return retry_after_;
+    }
 
   private:
     EffectResult(Kind kind, std::string reason) : kind_(kind), reason_(std::move(reason)) {}
     Kind kind_;
     std::string reason_;
+    std::optional<std::chrono::milliseconds> retry_after_{};
 };
 
 IDEM_END_NAMESPACE

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -31,6 +32,11 @@ struct PolicyOptions {
     std::chrono::seconds retention = days(14);
     /// The longest time the broker may still redeliver a message after first delivering it.
     std::chrono::seconds redelivery_window = days(7);
+    /// How long the gateway remembers an idempotency key (24 h is common), if the effect calls
+    /// one. A message enqueued longer ago than this is not sent blindly: the key no longer
+    /// protects it, so it is dead-lettered for reconciliation (or given to the effect's
+    /// reconcile callback, see reconcile.hpp). Needs Delivery::enqueued_at.
+    std::optional<std::chrono::seconds> gateway_key_lifetime{};
 };
 
 /// Longest scope accepted; a scope is a handler name, not data.
@@ -66,6 +72,12 @@ class Policy {
                 "redelivery delay, e.g. 7 days)",
                 scope_));
         }
+        if (options_.gateway_key_lifetime && options_.gateway_key_lifetime->count() <= 0) {
+            throw usage_error(fmt::format(
+                "idem::Policy(\"{}\"): gateway_key_lifetime must be positive (e.g. 24 hours) or "
+                "left unset",
+                scope_));
+        }
         if (options_.retention <= options_.redelivery_window) {
             throw usage_error(fmt::format(
                 "idem::Policy(\"{}\"): retention ({}s) must be longer than the broker's "
@@ -81,6 +93,9 @@ class Policy {
     [[nodiscard]] std::chrono::seconds retention() const noexcept { return options_.retention; }
     [[nodiscard]] std::chrono::seconds redelivery_window() const noexcept {
         return options_.redelivery_window;
+    }
+    [[nodiscard]] std::optional<std::chrono::seconds> gateway_key_lifetime() const noexcept {
+        return options_.gateway_key_lifetime;
     }
     [[nodiscard]] const PolicyOptions& options() const noexcept { return options_; }
 

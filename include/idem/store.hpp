@@ -5,18 +5,42 @@
 ///
 /// A store provides:
 /// @code
-/// Transaction begin();                              // move-only RAII; rolls back unless committed
+/// Transaction begin();             // move-only RAII; rolls back unless committed
 /// std::size_t purge(std::chrono::system_clock::duration older_than);
 /// std::optional<ClaimRecord> find_claim(std::string_view scope, std::string_view id);
 /// std::vector<DeadLetter> dead_letters();
 /// @endcode
 /// and its Transaction provides:
 /// @code
-/// ClaimResult claim(std::string_view scope, std::string_view id);
-/// void record_outcome(std::string_view scope, std::string_view id, Disposition, std::string_view
-/// reason); void dead_letter(const DeadLetter&); void savepoint(); void rollback_to_savepoint();
-/// void release_savepoint(); void commit();                                    // throws
-/// store_error / commit_failed
+/// // fingerprint: stored with a new claim, returned with a duplicate
+/// ClaimResult claim(std::string_view scope, std::string_view id,
+///                   std::string_view fingerprint = {});
+/// void record_outcome(std::string_view scope, std::string_view id, Disposition,
+///                     std::string_view reason);
+/// void dead_letter(const DeadLetter&);
+/// void savepoint();
+/// void rollback_to_savepoint();
+/// void release_savepoint();
+/// void commit();                   // throws store_error / commit_failed
+/// @endcode
+///
+/// Optional capabilities, used only by the features that need them:
+/// @code
+/// // overlap lock (without_overlapping): held until the transaction ends;
+/// // false when another holder has it
+/// bool Transaction::try_lock(std::string_view key, std::chrono::milliseconds expire_after);
+/// // a lock held outside any transaction (a long batch job, another system)
+/// bool Store::hold_lock(std::string_view key, std::string_view owner,
+///                       std::chrono::milliseconds expire_after);
+/// bool Store::release_lock(std::string_view key, std::string_view owner);
+/// // transactional outbox (outbox.hpp)
+/// bool Transaction::add_outbox(const OutboxIntent&);  // false: key already there
+/// std::vector<OutboxRow> Store::lease_outbox(std::size_t limit,
+///                                            std::chrono::milliseconds lease);
+/// void Store::mark_outbox_sent(std::int64_t id);
+/// void Store::mark_outbox_failed(std::int64_t id, std::string_view error,
+///                                std::chrono::system_clock::time_point retry_at, bool park);
+/// std::vector<OutboxRow> Store::outbox_rows();        // inspection, oldest first
 /// @endcode
 
 #include <chrono>
@@ -48,6 +72,8 @@ struct ClaimResult {
     ClaimStatus status = ClaimStatus::claimed;
     /// For a duplicate: the outcome the earlier run recorded.
     Disposition recorded = Disposition::processed;
+    /// For a duplicate: the payload fingerprint stored with the first claim (empty if none).
+    std::string fingerprint{};
     /// Stores that keep a claim across attempts (leases) count the times the effect started,
     /// this one included; the poison check then uses it instead of the broker's count.
     std::optional<std::uint32_t> attempts{};
@@ -60,6 +86,30 @@ struct ClaimRecord {
     Disposition disposition = Disposition::processed;
     std::string reason;
     std::chrono::system_clock::time_point claimed_at{};
+    /// Fingerprint of the payload's stable part, when the handler computes one.
+    std::string fingerprint{};
+};
+
+/// @brief An effect that leaves the database, written in the claim's transaction and shipped
+/// later by a Relay with its idempotency key (see outbox.hpp).
+struct OutboxIntent {
+    std::string destination;      ///< where the relay sends it (a rail, a queue, a topic)
+    std::string idempotency_key;  ///< unique; the receiver dedupes on it
+    std::string payload;
+};
+
+/// @brief A stored outbox intent with its delivery state.
+struct OutboxRow {
+    std::int64_t id = 0;  ///< insertion order: the relay ships in this order
+    std::string destination;
+    std::string idempotency_key;
+    std::string payload;
+    std::chrono::system_clock::time_point created_at{};
+    std::optional<std::chrono::system_clock::time_point> sent_at{};
+    std::uint32_t attempts = 0;  ///< failed sends so far
+    std::string last_error;
+    std::chrono::system_clock::time_point next_attempt_at{};
+    bool parked = false;  ///< gave up after too many failures; a human looks at it
 };
 
 /// @brief A parked message: what it was, why it was parked, and its payload, so nothing is lost.

@@ -9,11 +9,14 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "idem/config.hpp"
 #include "idem/error.hpp"
@@ -47,9 +50,24 @@ class MemoryStore {
     using ClaimKey = std::pair<std::string, std::string>;
     using Collection = std::map<std::string, std::string, std::less<>>;
 
+    struct HeldLock {
+        std::string owner;
+        std::chrono::system_clock::time_point expires_at;
+    };
+    struct OutboxEntry {
+        OutboxRow row;
+        std::optional<std::chrono::system_clock::time_point> lease_until;
+    };
+
     /// One entry of the undo log; rollback replays them backwards.
     struct Undo {
-        enum class Kind { claim_inserted, claim_changed, dead_letter_added, value_changed };
+        enum class Kind {
+            claim_inserted,
+            claim_changed,
+            dead_letter_added,
+            value_changed,
+            outbox_added
+        };
         Kind kind;
         ClaimKey claim_key;
         ClaimRecord previous_claim;
@@ -76,19 +94,25 @@ class MemoryStore {
         Transaction& operator=(const Transaction&) = delete;
         ~Transaction() { rollback(); }
 
-        ClaimResult claim(std::string_view scope, std::string_view id) {
+        ClaimResult claim(std::string_view scope, std::string_view id,
+                          std::string_view fingerprint = {}) {
             active();
             store_->take_fault(Fault::claim);
             ClaimKey key{std::string(scope), std::string(id)};
             auto it = store_->claims_.find(key);
             if (it != store_->claims_.end()) {
-                return ClaimResult{ClaimStatus::duplicate, it->second.disposition, std::nullopt};
+                ClaimResult duplicate;
+                duplicate.status = ClaimStatus::duplicate;
+                duplicate.recorded = it->second.disposition;
+                duplicate.fingerprint = it->second.fingerprint;
+                return duplicate;
             }
             ClaimRecord record;
             record.scope = key.first;
             record.message_id = key.second;
             record.disposition = Disposition::in_progress;
             record.claimed_at = store_->now();
+            record.fingerprint = std::string(fingerprint);
             store_->claims_.emplace(key, std::move(record));
             undo_.push_back(Undo{Undo::Kind::claim_inserted, std::move(key), {}, {}, {}, {}});
             return ClaimResult{};
@@ -150,6 +174,31 @@ class MemoryStore {
             if (store_ == nullptr) return;
             undo_to(0);
             finish();
+        }
+
+        /// @brief Overlap lock for the rest of this transaction. Transactions on one MemoryStore
+        /// never overlap, so only a lock held with MemoryStore::hold_lock() (another job, another
+        /// system) can refuse it.
+        bool try_lock(std::string_view key, std::chrono::milliseconds /*expire_after*/) {
+            active();
+            return !store_->lock_held_by_other(key, {});
+        }
+
+        /// @brief Adds an outbox intent; false when its idempotency key is already there.
+        bool add_outbox(const OutboxIntent& intent) {
+            active();
+            if (store_->outbox_keys_.count(intent.idempotency_key) != 0) return false;
+            OutboxRow row;
+            row.id = ++store_->outbox_sequence_;
+            row.destination = intent.destination;
+            row.idempotency_key = intent.idempotency_key;
+            row.payload = intent.payload;
+            row.created_at = store_->now();
+            row.next_attempt_at = row.created_at;
+            store_->outbox_keys_.insert(row.idempotency_key);
+            store_->outbox_.push_back(OutboxEntry{std::move(row), {}});
+            undo_.push_back(Undo{Undo::Kind::outbox_added, {}, {}, {}, {}, {}});
+            return true;
         }
 
         // --- the effect's own data, committed or rolled back with the claim ---
@@ -222,6 +271,10 @@ class MemoryStore {
                         break;
                     case Undo::Kind::dead_letter_added:
                         store_->dead_letters_.pop_back();
+                        break;
+                    case Undo::Kind::outbox_added:
+                        store_->outbox_keys_.erase(store_->outbox_.back().row.idempotency_key);
+                        store_->outbox_.pop_back();
                         break;
                     case Undo::Kind::value_changed: {
                         auto& values = store_->collections_[u.collection];
@@ -300,6 +353,71 @@ class MemoryStore {
         return dead_letters_;
     }
 
+    /// @brief Takes (or renews) a lock held outside any transaction, by `owner`, until
+    /// `expire_after` passes or release_lock(); false when another owner holds it.
+    bool hold_lock(std::string_view key, std::string_view owner,
+                   std::chrono::milliseconds expire_after) {
+        if (owner.empty()) throw usage_error("idem::MemoryStore: hold_lock(): empty owner");
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (lock_held_by_other(key, owner)) return false;
+        held_locks_[std::string(key)] = HeldLock{std::string(owner), now() + expire_after};
+        return true;
+    }
+
+    /// @brief Releases a lock taken with hold_lock(); false when `owner` does not hold it.
+    bool release_lock(std::string_view key, std::string_view owner) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = held_locks_.find(key);
+        if (it == held_locks_.end() || it->second.owner != owner) return false;
+        held_locks_.erase(it);
+        return true;
+    }
+
+    /// @brief Leases up to `limit` unsent, unparked intents that are due, oldest first; a leased
+    /// intent is not handed out again until the lease passes or it is marked.
+    std::vector<OutboxRow> lease_outbox(std::size_t limit, std::chrono::milliseconds lease) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        const auto at = now();
+        std::vector<OutboxRow> rows;
+        for (auto& entry : outbox_) {
+            if (rows.size() >= limit) break;
+            const OutboxRow& row = entry.row;
+            if (row.sent_at || row.parked || row.next_attempt_at > at) continue;
+            if (entry.lease_until && *entry.lease_until > at) continue;
+            entry.lease_until = at + lease;
+            rows.push_back(row);
+        }
+        return rows;
+    }
+
+    void mark_outbox_sent(std::int64_t id) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        OutboxEntry& entry = outbox_entry(id);
+        entry.row.sent_at = now();
+        entry.lease_until.reset();
+    }
+
+    void mark_outbox_failed(std::int64_t id, std::string_view error,
+                            std::chrono::system_clock::time_point retry_at, bool park) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        OutboxEntry& entry = outbox_entry(id);
+        ++entry.row.attempts;
+        entry.row.last_error = std::string(error);
+        entry.row.next_attempt_at = retry_at;
+        entry.row.parked = park;
+        entry.lease_until.reset();
+    }
+
+    /// Every committed outbox intent, oldest first.
+    [[nodiscard]] std::vector<OutboxRow> outbox_rows() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        std::vector<OutboxRow> rows;
+        rows.reserve(outbox_.size());
+        for (const auto& entry : outbox_)
+            rows.push_back(entry.row);
+        return rows;
+    }
+
     [[nodiscard]] std::size_t claim_count() {
         std::lock_guard<std::mutex> lock(mutex_);
         return claims_.size();
@@ -347,6 +465,20 @@ class MemoryStore {
         return it->second;
     }
 
+    /// Caller holds mutex_ (or a transaction, which holds it).
+    bool lock_held_by_other(std::string_view key, std::string_view owner) const {
+        auto it = held_locks_.find(key);
+        if (it == held_locks_.end()) return false;
+        return it->second.owner != owner && it->second.expires_at > now();
+    }
+
+    OutboxEntry& outbox_entry(std::int64_t id) {
+        for (auto& entry : outbox_) {
+            if (entry.row.id == id) return entry;
+        }
+        throw usage_error(fmt::format("idem::MemoryStore: no outbox intent with id {}", id));
+    }
+
     std::size_t count_locked(std::string_view collection) const {
         auto c = collections_.find(collection);
         return c == collections_.end() ? 0 : c->second.size();
@@ -360,6 +492,10 @@ class MemoryStore {
     std::map<std::string, Collection, std::less<>> collections_;
     std::mutex fault_mutex_;
     int faults_[3] = {0, 0, 0};
+    std::map<std::string, HeldLock, std::less<>> held_locks_;
+    std::vector<OutboxEntry> outbox_;
+    std::set<std::string> outbox_keys_;
+    std::int64_t outbox_sequence_ = 0;
 };
 
 IDEM_END_NAMESPACE

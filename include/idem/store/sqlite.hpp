@@ -14,11 +14,19 @@
 /// @endcode
 ///
 /// Schema (created and versioned by the store in `idem_schema`; PRAGMA user_version is left to
-/// the application): `idem_claims(scope BLOB, message_id BLOB, claimed_at INTEGER unix ms,
-/// outcome TEXT, reason TEXT, PRIMARY KEY(scope, message_id)) WITHOUT ROWID` with an index on
-/// claimed_at, and `idem_dead_letters(id, scope, message_id, delivery_count, reason, payload,
-/// created_at)`. Scopes, ids and payloads are stored as BLOBs: compare them with a bound BLOB
-/// (`idem::Blob{id}`) or `CAST(? AS BLOB)` when querying by hand.
+/// the application; every time is unix ms from the store's clock):
+/// - `idem_claims(scope BLOB, message_id BLOB, claimed_at INTEGER, outcome TEXT, reason TEXT,
+///   fingerprint BLOB, PRIMARY KEY(scope, message_id)) WITHOUT ROWID`, indexed on claimed_at;
+/// - `idem_dead_letters(id, scope, message_id, delivery_count, reason, payload, created_at)`;
+/// - `idem_locks(lock_key BLOB PRIMARY KEY, owner BLOB, expires_at INTEGER) WITHOUT ROWID`: the
+///   locks taken with hold_lock();
+/// - `idem_outbox(id INTEGER PRIMARY KEY AUTOINCREMENT, destination TEXT, idempotency_key BLOB
+///   UNIQUE, payload BLOB, created_at, sent_at, attempts, last_error TEXT, next_attempt_at,
+///   lease_until, parked)`, with a partial index on the unsent rows for lease_outbox().
+///
+/// Scopes, ids, keys and payloads are stored as BLOBs: compare them with a bound BLOB
+/// (`idem::Blob{id}`) or `CAST(? AS BLOB)` when querying by hand. lease_outbox() needs SQLite
+/// 3.35 or later (`UPDATE … RETURNING`).
 ///
 /// Thread safety: one SqliteStore may be shared by threads. Every operation (begin() up to the
 /// end of its Transaction, purge(), find_claim(), ...) holds the store's mutex, so they run one
@@ -29,6 +37,7 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -50,6 +59,7 @@
 
 #include <fmt/format.h>
 
+#include "idem/blob.hpp"
 #include "idem/config.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
@@ -70,12 +80,6 @@ struct SqliteOptions {
     std::optional<Synchronous> synchronous{};
     /// Time source for claimed_at / created_at / purge(); empty = system_clock::now.
     Clock clock{};
-};
-
-/// @brief Marks a parameter of execute()/query_*() to be bound as a BLOB (binary-safe bytes)
-/// instead of TEXT.
-struct Blob {
-    std::string_view bytes;
 };
 
 namespace detail {
@@ -267,6 +271,30 @@ class SqliteStore {
     /// @brief Every dead letter, oldest first.
     [[nodiscard]] std::vector<DeadLetter> dead_letters();
 
+    /// @brief Takes (or renews) the lock on @p key for @p owner until clock() + @p expire_after
+    /// or release_lock(), in its own short transaction; a lock held in idem_locks refuses
+    /// Transaction::try_lock() of every handler on this file.
+    /// @return false when another owner holds the lock and it has not expired.
+    bool hold_lock(std::string_view key, std::string_view owner,
+                   std::chrono::milliseconds expire_after);
+    /// @brief Releases a lock taken with hold_lock(); false when @p owner does not hold it.
+    bool release_lock(std::string_view key, std::string_view owner);
+
+    /// @brief Leases up to @p limit unsent, unparked intents that are due (next_attempt_at <=
+    /// clock()) and not leased, oldest (lowest id) first, until clock() + @p lease: one
+    /// `BEGIN IMMEDIATE` transaction, so relays in other threads or processes never get a row
+    /// while its lease is live.
+    std::vector<OutboxRow> lease_outbox(std::size_t limit, std::chrono::milliseconds lease);
+    /// @brief Marks an intent sent (sent_at = clock()) and ends its lease.
+    /// @throws usage_error when no intent has this id.
+    void mark_outbox_sent(std::int64_t id);
+    /// @brief Records a failed send: attempts + 1, last_error, next_attempt_at = @p retry_at,
+    /// parked = @p park; ends its lease. @throws usage_error when no intent has this id.
+    void mark_outbox_failed(std::int64_t id, std::string_view error,
+                            std::chrono::system_clock::time_point retry_at, bool park);
+    /// @brief Every committed outbox intent, oldest first.
+    [[nodiscard]] std::vector<OutboxRow> outbox_rows();
+
     /// @brief The connection (owned or borrowed). See the thread-safety note above.
     [[nodiscard]] sqlite3* db() const noexcept { return db_; }
 
@@ -298,6 +326,14 @@ class SqliteStore {
         purge_batch,
         find_one_claim,
         all_dead_letters,
+        lock_live,
+        lock_hold,
+        lock_release,
+        outbox_insert,
+        outbox_lease,
+        outbox_sent,
+        outbox_failed,
+        outbox_all,
         own_count,
     };
 
@@ -308,18 +344,36 @@ class SqliteStore {
         "SAVEPOINT idem_effect",
         "ROLLBACK TO idem_effect",
         "RELEASE idem_effect",
-        "INSERT OR IGNORE INTO idem_claims(scope, message_id, claimed_at, outcome, reason) "
-        "VALUES (?1, ?2, ?3, 'claimed', '')",
-        "SELECT outcome FROM idem_claims WHERE scope = ?1 AND message_id = ?2",
+        "INSERT OR IGNORE INTO idem_claims(scope, message_id, claimed_at, outcome, reason, "
+        "fingerprint) VALUES (?1, ?2, ?3, 'claimed', '', ?4)",
+        "SELECT outcome, fingerprint FROM idem_claims WHERE scope = ?1 AND message_id = ?2",
         "UPDATE idem_claims SET outcome = ?3, reason = ?4 WHERE scope = ?1 AND message_id = ?2",
         "INSERT INTO idem_dead_letters(scope, message_id, delivery_count, reason, payload, "
         "created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         "DELETE FROM idem_claims WHERE (scope, message_id) IN (SELECT scope, message_id FROM "
         "idem_claims WHERE claimed_at < ?1 LIMIT ?2)",
-        "SELECT scope, message_id, claimed_at, outcome, reason FROM idem_claims "
+        "SELECT scope, message_id, claimed_at, outcome, reason, fingerprint FROM idem_claims "
         "WHERE scope = ?1 AND message_id = ?2",
         "SELECT scope, message_id, delivery_count, reason, payload, created_at "
         "FROM idem_dead_letters ORDER BY id",
+        "SELECT 1 FROM idem_locks WHERE lock_key = ?1 AND expires_at > ?2",
+        "INSERT INTO idem_locks(lock_key, owner, expires_at) VALUES (?1, ?2, ?3) "
+        "ON CONFLICT(lock_key) DO UPDATE SET owner = excluded.owner, "
+        "expires_at = excluded.expires_at "
+        "WHERE idem_locks.owner = excluded.owner OR idem_locks.expires_at <= ?4",
+        "DELETE FROM idem_locks WHERE lock_key = ?1 AND owner = ?2",
+        "INSERT INTO idem_outbox(destination, idempotency_key, payload, created_at, "
+        "next_attempt_at) VALUES (?1, ?2, ?3, ?4, ?4) ON CONFLICT(idempotency_key) DO NOTHING",
+        "UPDATE idem_outbox SET lease_until = ?1 WHERE id IN (SELECT id FROM idem_outbox "
+        "WHERE sent_at IS NULL AND parked = 0 AND next_attempt_at <= ?2 "
+        "AND (lease_until IS NULL OR lease_until <= ?2) ORDER BY id LIMIT ?3) "
+        "RETURNING id, destination, idempotency_key, payload, created_at, sent_at, attempts, "
+        "last_error, next_attempt_at, parked",
+        "UPDATE idem_outbox SET sent_at = ?2, lease_until = NULL WHERE id = ?1",
+        "UPDATE idem_outbox SET attempts = attempts + 1, last_error = ?2, next_attempt_at = ?3, "
+        "parked = ?4, lease_until = NULL WHERE id = ?1",
+        "SELECT id, destination, idempotency_key, payload, created_at, sent_at, attempts, "
+        "last_error, next_attempt_at, parked FROM idem_outbox ORDER BY id",
     }};
 
     static constexpr std::int64_t purge_batch_rows = 5000;
@@ -376,6 +430,9 @@ class SqliteStore {
     [[nodiscard]] std::chrono::system_clock::time_point now() const {
         return clock_ ? clock_() : std::chrono::system_clock::now();
     }
+
+    /// Reads the columns of the outbox statements (id ... parked) from the current row.
+    [[nodiscard]] static OutboxRow read_outbox_row(sqlite3_stmt* stmt);
 
     [[noreturn]] void fail(int rc, std::string_view what, Kind kind, std::string_view sql = {});
     sqlite3_stmt* own(Own which);
@@ -435,9 +492,11 @@ class SqliteStore::Transaction {
     ~Transaction() { end_noexcept(); }
 
     /// @brief `INSERT OR IGNORE` the claim (outcome 'claimed', visible to others only after
-    /// commit). @return claimed, or duplicate with the outcome a finished run recorded
-    /// (`recorded` is in_progress when this same transaction claimed the id before).
-    ClaimResult claim(std::string_view scope, std::string_view id);
+    /// commit) with its payload @p fingerprint. @return claimed, or duplicate with the outcome a
+    /// finished run recorded (`recorded` is in_progress when this same transaction claimed the
+    /// id before) and the fingerprint stored with the first claim.
+    ClaimResult claim(std::string_view scope, std::string_view id,
+                      std::string_view fingerprint = {});
     /// @brief Stores the outcome and reason on the claim; does nothing if there is no claim row.
     void record_outcome(std::string_view scope, std::string_view id, Disposition disposition,
                         std::string_view reason);
@@ -449,6 +508,15 @@ class SqliteStore::Transaction {
     void rollback_to_savepoint();
     /// @brief Keeps everything since the latest savepoint() and removes it.
     void release_savepoint();
+    /// @brief Overlap lock on @p key for the rest of this transaction. Inside `BEGIN IMMEDIATE`
+    /// this connection is the only writer until the transaction ends, so the write lock is the
+    /// overlap lock: only an unexpired lock taken with SqliteStore::hold_lock() (a transaction
+    /// never owns one) refuses it. @p expire_after is not needed: the lock ends with the
+    /// transaction, also when its process dies.
+    bool try_lock(std::string_view key, std::chrono::milliseconds expire_after);
+    /// @brief Adds an outbox intent (created_at = next_attempt_at = clock()) that commits or rolls
+    /// back with this transaction. @return false when its idempotency key is already there.
+    bool add_outbox(const OutboxIntent& intent);
     /// @brief `COMMIT`. @throws commit_failed (with SQLite's message) after rolling back when
     /// SQLite refuses the commit: nothing the transaction wrote is visible. usage_error when
     /// called twice.
@@ -594,10 +662,22 @@ inline void SqliteStore::setup(const SqliteOptions& options) {
     const auto ms = options.busy_timeout.count();
     sqlite3_busy_timeout(db_, ms <= 0 ? 0 : ms >= INT_MAX ? INT_MAX : static_cast<int>(ms));
     if (options.wal) {
-        // Answers the resulting mode: 'wal', or 'memory' for an in-memory database.
-        (void)first_value<std::string>(
-            Kind::idem, false, "PRAGMA journal_mode=WAL",
-            [](sqlite3_stmt* s) { return detail::sqlite_store::column_string(s, 0); });
+        // Switching to WAL needs an exclusive lock, and SQLite may answer SQLITE_BUSY at once
+        // instead of calling the busy handler (another connection opening the same fresh file):
+        // retry until the busy timeout has passed.
+        const auto deadline = std::chrono::steady_clock::now() + options.busy_timeout;
+        for (;;) {
+            try {
+                // Answers the resulting mode: 'wal', or 'memory' for an in-memory database.
+                (void)first_value<std::string>(
+                    Kind::idem, false, "PRAGMA journal_mode=WAL",
+                    [](sqlite3_stmt* s) { return detail::sqlite_store::column_string(s, 0); });
+                break;
+            } catch (const store_timeout&) {
+                if (std::chrono::steady_clock::now() >= deadline) throw;
+                std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            }
+        }
     }
     if (options.synchronous) {
         // A PRAGMA takes no parameters; the text comes from this fixed set, never from a value.
@@ -664,6 +744,7 @@ inline void SqliteStore::ensure_schema() {
                          "scope BLOB NOT NULL, message_id BLOB NOT NULL, "
                          "claimed_at INTEGER NOT NULL, outcome TEXT NOT NULL, "
                          "reason TEXT NOT NULL DEFAULT '', "
+                         "fingerprint BLOB NOT NULL DEFAULT x'', "
                          "PRIMARY KEY(scope, message_id)) WITHOUT ROWID");
             execute_impl(Kind::idem, false,
                          "CREATE INDEX IF NOT EXISTS idem_claims_claimed_at "
@@ -673,6 +754,23 @@ inline void SqliteStore::ensure_schema() {
                          "id INTEGER PRIMARY KEY, scope BLOB NOT NULL, message_id BLOB NOT NULL, "
                          "delivery_count INTEGER NOT NULL, reason TEXT NOT NULL, "
                          "payload BLOB NOT NULL, created_at INTEGER NOT NULL)");
+            execute_impl(Kind::idem, false,
+                         "CREATE TABLE IF NOT EXISTS idem_locks("
+                         "lock_key BLOB PRIMARY KEY, owner BLOB NOT NULL, "
+                         "expires_at INTEGER NOT NULL) WITHOUT ROWID");
+            execute_impl(Kind::idem, false,
+                         "CREATE TABLE IF NOT EXISTS idem_outbox("
+                         "id INTEGER PRIMARY KEY AUTOINCREMENT, destination TEXT NOT NULL, "
+                         "idempotency_key BLOB NOT NULL UNIQUE, payload BLOB NOT NULL, "
+                         "created_at INTEGER NOT NULL, sent_at INTEGER, "
+                         "attempts INTEGER NOT NULL DEFAULT 0, "
+                         "last_error TEXT NOT NULL DEFAULT '', "
+                         "next_attempt_at INTEGER NOT NULL, lease_until INTEGER, "
+                         "parked INTEGER NOT NULL DEFAULT 0)");
+            // The relay's query: unsent, unparked, due, in id order.
+            execute_impl(Kind::idem, false,
+                         "CREATE INDEX IF NOT EXISTS idem_outbox_due "
+                         "ON idem_outbox(parked, next_attempt_at, id) WHERE sent_at IS NULL");
             execute_impl(Kind::idem, false, "DELETE FROM idem_schema");
             execute_impl(Kind::idem, false, "INSERT INTO idem_schema(version) VALUES (?1)",
                          schema_version);
@@ -918,6 +1016,7 @@ inline std::optional<ClaimRecord> SqliteStore::find_claim(std::string_view scope
     found.claimed_at = detail::sqlite_store::from_unix_ms(sqlite3_column_int64(stmt, 2));
     const std::string outcome = column_string(stmt, 3);
     found.reason = column_string(stmt, 4);
+    found.fingerprint = column_string(stmt, 5);
     if (outcome == "claimed") {
         found.disposition = Disposition::in_progress;  // claimed, no outcome recorded yet
     } else if (!from_string(outcome, found.disposition)) {
@@ -950,6 +1049,105 @@ inline std::vector<DeadLetter> SqliteStore::dead_letters() {
     }
     if (rc != SQLITE_DONE) fail(rc, "dead_letters", Kind::idem);
     return letters;
+}
+
+inline bool SqliteStore::hold_lock(std::string_view key, std::string_view owner,
+                                   std::chrono::milliseconds expire_after) {
+    if (owner.empty()) throw usage_error("idem sqlite: hold_lock(): the owner must not be empty");
+    Transaction tx = begin();
+    const std::int64_t at = detail::sqlite_store::to_unix_ms(now());
+    const std::int64_t expires = at + expire_after.count();
+    // Inserts a free lock; takes over an expired one or renews our own; leaves another owner's
+    // live lock alone (the DO UPDATE's WHERE is false: no change).
+    const bool taken = step_own(lock_hold, "hold_lock", Blob{key}, Blob{owner}, expires, at) == 1;
+    tx.commit();
+    return taken;
+}
+
+inline bool SqliteStore::release_lock(std::string_view key, std::string_view owner) {
+    Transaction tx = begin();
+    const bool released = step_own(lock_release, "release_lock", Blob{key}, Blob{owner}) == 1;
+    tx.commit();
+    return released;
+}
+
+inline OutboxRow SqliteStore::read_outbox_row(sqlite3_stmt* stmt) {
+    using detail::sqlite_store::column_string;
+    using detail::sqlite_store::from_unix_ms;
+    OutboxRow row;
+    row.id = sqlite3_column_int64(stmt, 0);
+    row.destination = column_string(stmt, 1);
+    row.idempotency_key = column_string(stmt, 2);
+    row.payload = column_string(stmt, 3);
+    row.created_at = from_unix_ms(sqlite3_column_int64(stmt, 4));
+    if (sqlite3_column_type(stmt, 5) != SQLITE_NULL) {
+        row.sent_at = from_unix_ms(sqlite3_column_int64(stmt, 5));
+    }
+    const std::int64_t attempts = sqlite3_column_int64(stmt, 6);
+    row.attempts = attempts < 0 ? 0
+                   : attempts > std::numeric_limits<std::uint32_t>::max()
+                       ? std::numeric_limits<std::uint32_t>::max()
+                       : static_cast<std::uint32_t>(attempts);
+    row.last_error = column_string(stmt, 7);
+    row.next_attempt_at = from_unix_ms(sqlite3_column_int64(stmt, 8));
+    row.parked = sqlite3_column_int64(stmt, 9) != 0;
+    return row;
+}
+
+inline std::vector<OutboxRow> SqliteStore::lease_outbox(std::size_t limit,
+                                                        std::chrono::milliseconds lease) {
+    std::vector<OutboxRow> rows;
+    if (limit == 0) return rows;
+    const auto max_rows = static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max());
+    const auto rows_wanted = static_cast<std::int64_t>(limit < max_rows ? limit : max_rows);
+    Transaction tx = begin();
+    const std::int64_t at = detail::sqlite_store::to_unix_ms(now());
+    {
+        sqlite3_stmt* stmt = own(outbox_lease);
+        detail::sqlite_store::StatementUse use(stmt, false);
+        bind_all(stmt, own_sql[outbox_lease], Kind::idem, at + lease.count(), at, rows_wanted);
+        int rc = SQLITE_ROW;
+        while ((rc = sqlite3_step(stmt)) == SQLITE_ROW)
+            rows.push_back(read_outbox_row(stmt));
+        if (rc != SQLITE_DONE) fail(rc, "lease_outbox", Kind::idem);
+    }  // reset before COMMIT
+    tx.commit();
+    // The order of RETURNING rows is unspecified.
+    std::sort(rows.begin(), rows.end(),
+              [](const OutboxRow& a, const OutboxRow& b) { return a.id < b.id; });
+    return rows;
+}
+
+inline void SqliteStore::mark_outbox_sent(std::int64_t id) {
+    Transaction tx = begin();
+    const std::int64_t at = detail::sqlite_store::to_unix_ms(now());
+    if (step_own(outbox_sent, "mark_outbox_sent", id, at) != 1) {
+        throw usage_error(fmt::format("idem sqlite: no outbox intent with id {}", id));
+    }
+    tx.commit();
+}
+
+inline void SqliteStore::mark_outbox_failed(std::int64_t id, std::string_view error,
+                                            std::chrono::system_clock::time_point retry_at,
+                                            bool park) {
+    Transaction tx = begin();
+    if (step_own(outbox_failed, "mark_outbox_failed", id, error,
+                 detail::sqlite_store::to_unix_ms(retry_at), park) != 1) {
+        throw usage_error(fmt::format("idem sqlite: no outbox intent with id {}", id));
+    }
+    tx.commit();
+}
+
+inline std::vector<OutboxRow> SqliteStore::outbox_rows() {
+    Lock lock(*this, "outbox_rows()");
+    sqlite3_stmt* stmt = own(outbox_all);
+    detail::sqlite_store::StatementUse use(stmt, false);
+    std::vector<OutboxRow> rows;
+    int rc = SQLITE_ROW;
+    while ((rc = sqlite3_step(stmt)) == SQLITE_ROW)
+        rows.push_back(read_outbox_row(stmt));
+    if (rc != SQLITE_DONE) fail(rc, "outbox_rows", Kind::idem);
+    return rows;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1005,11 +1203,12 @@ inline void SqliteStore::Transaction::end_noexcept() noexcept {
     }
 }
 
-inline ClaimResult SqliteStore::Transaction::claim(std::string_view scope, std::string_view id) {
+inline ClaimResult SqliteStore::Transaction::claim(std::string_view scope, std::string_view id,
+                                                   std::string_view fingerprint) {
     SqliteStore& store = open("claim()");
     const std::int64_t now = detail::sqlite_store::to_unix_ms(store.now());
     ClaimResult result;
-    if (store.step_own(claim_insert, "claim", Blob{scope}, Blob{id}, now) == 1) {
+    if (store.step_own(claim_insert, "claim", Blob{scope}, Blob{id}, now, Blob{fingerprint}) == 1) {
         result.status = ClaimStatus::claimed;
         return result;
     }
@@ -1026,6 +1225,7 @@ inline ClaimResult SqliteStore::Transaction::claim(std::string_view scope, std::
     }
     if (rc != SQLITE_ROW) store.fail(rc, "claim (reading the recorded outcome)", Kind::idem);
     const std::string outcome = detail::sqlite_store::column_string(stmt, 0);
+    result.fingerprint = detail::sqlite_store::column_string(stmt, 1);
     result.status = ClaimStatus::duplicate;
     if (outcome == "claimed") {
         // Claimed earlier in this same transaction: its first claim will commit with the outcome.
@@ -1053,6 +1253,26 @@ inline void SqliteStore::Transaction::dead_letter(const DeadLetter& letter) {
     store.step_own(dead_letter_insert, "dead_letter", Blob{letter.scope}, Blob{letter.message_id},
                    static_cast<std::int64_t>(letter.delivery_count), letter.reason,
                    Blob{letter.payload}, detail::sqlite_store::to_unix_ms(created));
+}
+
+inline bool SqliteStore::Transaction::try_lock(std::string_view key,
+                                               std::chrono::milliseconds /*expire_after*/) {
+    SqliteStore& store = open("try_lock()");
+    const std::int64_t at = detail::sqlite_store::to_unix_ms(store.now());
+    sqlite3_stmt* stmt = store.own(lock_live);
+    detail::sqlite_store::StatementUse use(stmt, false);
+    store.bind_all(stmt, own_sql[lock_live], Kind::idem, Blob{key}, at);
+    const int rc = sqlite3_step(stmt);
+    if (rc == SQLITE_ROW) return false;  // held with hold_lock() and not expired
+    if (rc != SQLITE_DONE) store.fail(rc, "try_lock", Kind::idem);
+    return true;
+}
+
+inline bool SqliteStore::Transaction::add_outbox(const OutboxIntent& intent) {
+    SqliteStore& store = open("add_outbox()");
+    const std::int64_t at = detail::sqlite_store::to_unix_ms(store.now());
+    return store.step_own(outbox_insert, "add_outbox", intent.destination,
+                          Blob{intent.idempotency_key}, Blob{intent.payload}, at) == 1;
 }
 
 inline void SqliteStore::Transaction::savepoint() {
