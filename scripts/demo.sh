@@ -22,6 +22,7 @@ fi
         -DCMAKE_CXX_COMPILER=g++ \
         -DIDEM_BUILD_TESTS=OFF \
         -DIDEM_BUILD_EXAMPLES=ON \
+        -DIDEM_WITH_POSTGRES=OFF \
         -DIDEM_WERROR=OFF
     cmake --build build/demo -j 2 --target payment_capture
 } >&2

@@ -20,6 +20,8 @@ IDEM_DEB_PACKAGES=(
     libsqlite3-dev
     clang-format        # clang-format 14: the pinned formatter of the format check
     util-linux          # setarch (TSan runs with ASLR off on high-entropy kernels)
+    postgresql          # PostgreSQL server (initdb, postgres): tests start their own cluster
+    libpq-dev           # libpq, the PostgreSQL store's client library (pg_config)
 )
 
 check_only=0

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "idem/idem.hpp"
+#include "support/postgres_env.hpp"
+#include "support/require_postgres.hpp"
 #include "support/store_envs.hpp"
 
 namespace {
@@ -24,6 +26,11 @@ class StoreConformance : public ::testing::Test {
     Env env;
     typename Env::Store& store() { return *env.store; }
 
+    void SetUp() override {
+        // A real server or nothing: skipped outside CI, a failure in CI (CI=true).
+        if constexpr (std::is_same_v<Env, idem_test::PostgresEnv>) IDEM_REQUIRE_POSTGRES();
+    }
+
     /// A handler whose effect writes one row keyed by the body through the claim's transaction.
     auto writer(std::string scope = "conformance", idem::PolicyOptions options = {}) {
         return idem::make_handler(
@@ -32,15 +39,17 @@ class StoreConformance : public ::testing::Test {
     }
 };
 
-using Stores = ::testing::Types<idem_test::MemoryEnv, idem_test::SqliteEnv>;
+using Stores = ::testing::Types<idem_test::MemoryEnv, idem_test::SqliteEnv, idem_test::PostgresEnv>;
 
 // Both stores fit the Store concept: the C++17 trait, and the C++20 concept where available.
 static_assert(idem::detail::is_store_v<idem::MemoryStore>);
 static_assert(idem::detail::is_store_v<idem::SqliteStore>);
+static_assert(idem::detail::is_store_v<idem::PostgresStore>);
 static_assert(!idem::detail::is_store_v<int>);
 #if IDEM_HAS_CONCEPTS
 static_assert(idem::IdempotencyStore<idem::MemoryStore>);
 static_assert(idem::IdempotencyStore<idem::SqliteStore>);
+static_assert(idem::IdempotencyStore<idem::PostgresStore>);
 static_assert(!idem::IdempotencyStore<std::string>);
 #endif
 struct StoreNames {
@@ -345,6 +354,184 @@ TYPED_TEST(StoreConformance, ConcurrentThreadsApplyEachEffectOnce) {
     auto counters = handler.counters();
     EXPECT_EQ(counters.processed, static_cast<std::uint64_t>(kIds));
     EXPECT_EQ(counters.duplicates, static_cast<std::uint64_t>(kIds * (kThreads - 1)));
+}
+
+}  // namespace
+
+// ---- capabilities added for the outbox issue: fingerprints, key lifetime, overlap lock ----
+
+namespace {
+
+struct Order {
+    std::string id;
+    long amount = 0;
+    std::string sent_at;  // set by the producer on each send: not part of the fingerprint
+};
+std::string idem_payload(const Order& o) {
+    return o.id + ":" + std::to_string(o.amount);
+}
+
+TYPED_TEST(StoreConformance, ReusedIdWithAnotherPayloadIsDeadLetteredNotAcked) {
+    int runs = 0;
+    auto handler = idem::make_handler(
+        this->store(), idem::Policy{"orders"},
+        idem::with_fingerprint([](const Order& o) { return o.id + "|" + std::to_string(o.amount); },
+                               [&](auto& tx, const Order& o) {
+                                   ++runs;
+                                   TypeParam::write_effect(tx, o.id);
+                               }));
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, Order{"o-1", 100, "10:00"}).disposition,
+              Disposition::processed);
+    // A redelivery: same stable part (the send time differs, it is not fingerprinted).
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, Order{"o-1", 100, "10:05"}).disposition,
+              Disposition::duplicate);
+    // The producer reused the id for another order.
+    auto reused = handler.handle(Delivery{"m-1", 1}, Order{"o-2", 999, "11:00"});
+    EXPECT_EQ(reused.disposition, Disposition::dead_lettered);
+    EXPECT_TRUE(idem::should_ack(reused));
+    EXPECT_NE(reused.reason.find("id reused with a different payload"), std::string::npos);
+    EXPECT_EQ(runs, 1);
+    auto letters = this->store().dead_letters();
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_EQ(letters[0].payload, "o-2:999");  // the reused message is kept, not lost
+    auto claim = this->store().find_claim("orders", "m-1");
+    ASSERT_TRUE(claim.has_value());
+    EXPECT_EQ(claim->disposition, Disposition::processed);
+    EXPECT_EQ(claim->fingerprint.size(), 64u);  // SHA-256 hex of the stable part
+}
+
+TYPED_TEST(StoreConformance, ClaimWithoutFingerprintCannotBeComparedSoItIsADuplicate) {
+    auto plain =
+        idem::make_handler(this->store(), idem::Policy{"orders"}, [](auto&, const Order&) {});
+    auto fingerprinted = idem::make_handler(
+        this->store(), idem::Policy{"orders"},
+        idem::with_fingerprint([](const Order& o) { return o.id; }, [](auto&, const Order&) {}));
+    EXPECT_EQ(plain.handle(Delivery{"m-1", 1}, Order{"o-1", 1, ""}).disposition,
+              Disposition::processed);
+    EXPECT_EQ(fingerprinted.handle(Delivery{"m-1", 2}, Order{"o-2", 1, ""}).disposition,
+              Disposition::duplicate);
+}
+
+idem::Policy with_key_lifetime(std::chrono::seconds lifetime) {
+    idem::PolicyOptions options;
+    options.gateway_key_lifetime = lifetime;
+    return idem::Policy{"capture", options};
+}
+
+TYPED_TEST(StoreConformance, MessageOlderThanTheGatewayKeyLifetimeIsNotSentBlindly) {
+    int gateway_calls = 0;
+    auto handler = idem::make_handler(this->store(), with_key_lifetime(std::chrono::hours(24)),
+                                      [&](auto& tx, const std::string& body) {
+                                          ++gateway_calls;
+                                          TypeParam::write_effect(tx, body);
+                                      });
+    handler.set_clock([this] { return this->env.now; });
+    const auto now = this->env.now;
+    auto old = handler.handle(Delivery{"m-old", 2, now - std::chrono::hours(25)}, std::string("a"));
+    EXPECT_EQ(old.disposition, Disposition::dead_lettered);
+    EXPECT_TRUE(idem::should_ack(old));
+    EXPECT_NE(old.reason.find("idempotency-key lifetime"), std::string::npos) << old.reason;
+    EXPECT_EQ(gateway_calls, 0);
+    EXPECT_EQ(this->env.effect_rows(), 0u);
+    ASSERT_EQ(this->store().dead_letters().size(), 1u);
+    EXPECT_EQ(this->store().dead_letters()[0].payload, "a");
+
+    auto young =
+        handler.handle(Delivery{"m-young", 1, now - std::chrono::hours(23)}, std::string("b"));
+    EXPECT_EQ(young.disposition, Disposition::processed);
+    auto unknown_age = handler.handle(Delivery{"m-no-time", 1}, std::string("c"));
+    EXPECT_EQ(unknown_age.disposition, Disposition::processed);  // no enqueue time: cannot age it
+    // A processed message stays a duplicate however old its redelivery.
+    this->env.now += std::chrono::hours(48);
+    handler.set_clock([this] { return this->env.now; });
+    EXPECT_EQ(handler.handle(Delivery{"m-young", 2, now - std::chrono::hours(23)}, std::string("b"))
+                  .disposition,
+              Disposition::duplicate);
+    EXPECT_EQ(gateway_calls, 2);
+}
+
+TYPED_TEST(StoreConformance, ReconcileCallbackTakesMessagesOlderThanTheKeyLifetime) {
+    int gateway_calls = 0, reconciled = 0;
+    auto handler = idem::make_handler(
+        this->store(), with_key_lifetime(std::chrono::hours(24)),
+        idem::reconcile_expired(
+            [&](auto&, const std::string&) { ++gateway_calls; },
+            [&](auto& tx, const std::string& body) {
+                ++reconciled;  // e.g. look the charge up by order id and record what it says
+                TypeParam::write_effect(tx, "reconciled-" + body);
+            }));
+    handler.set_clock([this] { return this->env.now; });
+    auto outcome =
+        handler.handle(Delivery{"m-old", 3, this->env.now - idem::days(3)}, std::string("a"));
+    EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+    EXPECT_EQ(reconciled, 1);
+    EXPECT_EQ(gateway_calls, 0);
+    EXPECT_TRUE(this->env.has_effect("reconciled-a"));
+    EXPECT_TRUE(this->store().dead_letters().empty());
+}
+
+TYPED_TEST(StoreConformance, OverlapLockDefersWhileAnotherJobHoldsTheEntity) {
+    int runs = 0;
+    auto refund = idem::make_handler(
+        this->store(), idem::Policy{"refund"},
+        idem::without_overlapping([](const Order& o) { return idem::key("invoice", o.id); },
+                                  idem::OverlapOptions{},
+                                  [&](auto& tx, const Order& o) {
+                                      ++runs;
+                                      TypeParam::write_effect(tx, o.id);
+                                  }));
+    ASSERT_TRUE(this->store().hold_lock("invoice-42", "nightly-batch", std::chrono::minutes(10)));
+    EXPECT_FALSE(this->store().hold_lock("invoice-42", "other-job", std::chrono::minutes(10)));
+
+    auto blocked = refund.handle(Delivery{"m-1", 1}, Order{"42", 5, ""});
+    EXPECT_EQ(blocked.disposition, Disposition::deferred);
+    EXPECT_FALSE(idem::should_ack(blocked));
+    ASSERT_TRUE(blocked.retry_after.has_value());
+    EXPECT_EQ(*blocked.retry_after, std::chrono::seconds(15));
+    EXPECT_NE(blocked.reason.find("invoice-42"), std::string::npos) << blocked.reason;
+    EXPECT_EQ(runs, 0);
+    EXPECT_FALSE(this->store().find_claim("refund", "m-1").has_value());
+    // Another invoice is not blocked.
+    EXPECT_EQ(refund.handle(Delivery{"m-2", 1}, Order{"43", 5, ""}).disposition,
+              Disposition::processed);
+
+    EXPECT_FALSE(this->store().release_lock("invoice-42", "other-job"));
+    EXPECT_TRUE(this->store().release_lock("invoice-42", "nightly-batch"));
+    EXPECT_EQ(refund.handle(Delivery{"m-1", 2}, Order{"42", 5, ""}).disposition,
+              Disposition::processed);
+    EXPECT_EQ(runs, 2);
+}
+
+TYPED_TEST(StoreConformance, OverlapLockExpiresWhenItsHolderDies) {
+    auto job = idem::make_handler(
+        this->store(), idem::Policy{"capture"},
+        idem::without_overlapping(
+            [](const Order& o) { return o.id; }, idem::OverlapOptions{},
+            [](auto& tx, const Order& o) { TypeParam::write_effect(tx, o.id); }));
+    ASSERT_TRUE(this->store().hold_lock("42", "crashed-worker", std::chrono::minutes(3)));
+    EXPECT_EQ(job.handle(Delivery{"m-1", 1}, Order{"42", 1, ""}).disposition,
+              Disposition::deferred);
+    this->env.now += std::chrono::minutes(3) + std::chrono::milliseconds(1);
+    EXPECT_EQ(job.handle(Delivery{"m-1", 2}, Order{"42", 1, ""}).disposition,
+              Disposition::processed);
+    // The expired lock can be taken by a new owner.
+    EXPECT_TRUE(this->store().hold_lock("42", "new-owner", std::chrono::minutes(3)));
+}
+
+TYPED_TEST(StoreConformance, OverlapLockCanDropTheBlockedCopy) {
+    idem::OverlapOptions drop;
+    drop.on_contention = idem::OnContention::drop;
+    auto job = idem::make_handler(
+        this->store(), idem::Policy{"reindex"},
+        idem::without_overlapping(
+            [](const Order& o) { return o.id; }, drop,
+            [](auto& tx, const Order& o) { TypeParam::write_effect(tx, o.id); }));
+    ASSERT_TRUE(this->store().hold_lock("7", "first-copy", std::chrono::minutes(1)));
+    auto dropped = job.handle(Delivery{"m-1", 1}, Order{"7", 1, ""});
+    EXPECT_EQ(dropped.disposition, Disposition::rejected);
+    EXPECT_TRUE(idem::should_ack(dropped));
+    EXPECT_NE(dropped.reason.find("dropped"), std::string::npos);
+    EXPECT_EQ(this->env.effect_rows(), 0u);
 }
 
 }  // namespace

@@ -1,0 +1,77 @@
+#pragma once
+// The PostgreSQL environment of the typed conformance suite (see store_envs.hpp for the others):
+// a fresh database per environment on the process's shared test server, the store on a
+// controllable clock, an effects table written through the claim's transaction, and a commit
+// that really fails (a deferred foreign-key violation PostgreSQL refuses only at COMMIT).
+//
+// Without PostgreSQL server binaries the constructor starts nothing and leaves `store` null
+// (`needs_postgres` tells the fixture to call IDEM_REQUIRE_POSTGRES() in SetUp(), which skips
+// the test, or fails it under CI=true).
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "idem/blob.hpp"
+#include "idem/store/postgres.hpp"
+#include "postgres_server.hpp"
+#include "store_envs.hpp"
+
+namespace idem_test {
+
+struct PostgresEnv {
+    using Store = idem::PostgresStore;
+    static constexpr const char* name = "postgres";
+    static constexpr bool needs_postgres = true;
+
+    std::string database;
+    time_point now = test_epoch();
+    std::unique_ptr<Store> store;
+
+    PostgresEnv() {
+        if (!PostgresServer::available()) return;
+        auto& server = shared_postgres();
+        database = server.fresh_database();
+        server.exec(
+            "CREATE TABLE effects(k BYTEA NOT NULL);"
+            "CREATE TABLE parents(id INTEGER PRIMARY KEY);"
+            "CREATE TABLE children(parent_id INTEGER REFERENCES parents(id) "
+            "  DEFERRABLE INITIALLY DEFERRED);",
+            database);
+        idem::PostgresOptions options;
+        options.clock = [this] { return now; };
+        store = std::make_unique<Store>(server.conninfo(database), options);
+    }
+    PostgresEnv(const PostgresEnv&) = delete;
+    PostgresEnv& operator=(const PostgresEnv&) = delete;
+    ~PostgresEnv() {
+        store.reset();  // closes its connection before the database goes
+        if (database.empty()) return;
+        try {
+            shared_postgres().exec("DROP DATABASE IF EXISTS " + database + " WITH (FORCE)",
+                                   "postgres");
+        } catch (...) {  // a leftover database dies with the test server
+        }
+    }
+
+    template <class Tx>
+    static void write_effect(Tx& tx, const std::string& key) {
+        tx.execute("INSERT INTO effects(k) VALUES ($1)", idem::Blob{key});
+    }
+    /// A deferred foreign-key violation: PostgreSQL only refuses it at COMMIT.
+    template <class Tx>
+    void make_commit_fail(Tx& tx) {
+        tx.execute("INSERT INTO children(parent_id) VALUES ($1)", 424242);
+    }
+    std::size_t effect_rows() {
+        return static_cast<std::size_t>(
+            store->query_int("SELECT count(*) FROM effects").value_or(-1));
+    }
+    bool has_effect(const std::string& key) {
+        return store->query_int("SELECT count(*) FROM effects WHERE k = $1", idem::Blob{key})
+                   .value_or(0) > 0;
+    }
+};
+
+}  // namespace idem_test

@@ -1,0 +1,817 @@
+#pragma once
+// A throwaway PostgreSQL cluster for tests: initdb into a fresh temp dir, a postmaster on a free
+// 127.0.0.1 port, a database `idem_test`, superuser `idem` with trust auth. Test-only; no gtest
+// here (see require_postgres.hpp for IDEM_REQUIRE_POSTGRES()).
+//
+//   auto& pg = idem_test::shared_postgres();          // one per test process, started lazily
+//   PGconn* c = pg.connect();  ...  PQfinish(c);       // or pg.exec("CREATE TABLE ...")
+//   idem_test::PostgresServer own;                     // an independent cluster (crash tests)
+//   own.kill9(); own.start();                          // crash + recovery, same port and data
+//
+// How it runs:
+// - initdb and postgres refuse to run as root. As root they run as the `postgres` system user
+//   (fork + setgid/setuid, the temp dir chowned to it); otherwise as the current user.
+// - The postmaster is a direct child of the test process (its own process group, a minimal
+//   environment, no inherited descriptors); stdout/stderr go to <dir>/server.log.
+// - Ready means: postmaster.pid says "ready" (as `pg_ctl -w` checks) and a libpq connection to
+//   our own data directory works (so a port collision with another cluster cannot fool us).
+// - A port taken between the probe and the postmaster's bind is retried on a new port.
+// - A watchdog (`/bin/sh`, its own session) holds one end of a socketpair: if the test process
+//   dies without running destructors (crash, abort, SIGKILL, ctest timeout), it stops the
+//   postmaster and removes the temp dir. Normal exits never need it.
+// Not thread-safe for concurrent start/stop/kill9; conninfo()/connect()/exec() are.
+
+#include <fcntl.h>
+#include <grp.h>
+#include <libpq-fe.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace idem_test {
+
+/// unique_ptr deleter for PGconn (`PgConnection c{server.connect()};`).
+struct PgConnCloser {
+    void operator()(PGconn* conn) const noexcept { PQfinish(conn); }
+};
+using PgConnection = std::unique_ptr<PGconn, PgConnCloser>;
+
+namespace pg_detail {
+
+inline bool is_executable(const std::filesystem::path& p) {
+    return ::access(p.c_str(), X_OK) == 0 && std::filesystem::is_regular_file(p);
+}
+
+inline bool has_server_binaries(const std::filesystem::path& dir) {
+    return is_executable(dir / "initdb") && is_executable(dir / "postgres");
+}
+
+inline std::string trim(std::string s) {
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' '))
+        s.pop_back();
+    return s;
+}
+
+inline std::string read_text(const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::ostringstream out;
+    out << in.rdbuf();
+    return out.str();
+}
+
+inline std::string tail(const std::string& text, std::size_t max_chars = 2000) {
+    return text.size() <= max_chars ? text : "..." + text.substr(text.size() - max_chars);
+}
+
+struct BinDirResult {
+    std::filesystem::path dir;  // empty when not found
+    std::string why;            // reason when not found
+};
+
+/// IDEM_TEST_PG_BINDIR, else `pg_config --bindir`, else the newest /usr/lib/postgresql/*/bin.
+inline BinDirResult find_bindir() {
+    std::vector<std::string> tried;
+    if (const char* env = std::getenv("IDEM_TEST_PG_BINDIR"); env != nullptr && *env != '\0') {
+        if (has_server_binaries(env)) return {env, {}};
+        return {{}, std::string("IDEM_TEST_PG_BINDIR=") + env + " has no initdb/postgres"};
+    }
+    if (FILE* pipe = ::popen("pg_config --bindir 2>/dev/null", "r"); pipe != nullptr) {
+        std::string out;
+        char buf[512];
+        while (std::fgets(buf, sizeof buf, pipe) != nullptr)
+            out += buf;
+        ::pclose(pipe);
+        out = trim(out);
+        if (!out.empty()) {
+            if (has_server_binaries(out)) return {out, {}};
+            tried.push_back(out + " (from pg_config --bindir)");
+        }
+    }
+    std::vector<std::pair<int, std::filesystem::path>> candidates;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/usr/lib/postgresql", ec)) {
+        const std::string name = entry.path().filename().string();
+        int version = 0;
+        try {
+            version = std::stoi(name);
+        } catch (const std::exception&) {
+            continue;
+        }
+        candidates.emplace_back(version, entry.path() / "bin");
+    }
+    std::sort(candidates.rbegin(), candidates.rend());
+    for (const auto& [version, dir] : candidates) {
+        if (has_server_binaries(dir)) return {dir, {}};
+        tried.push_back(dir.string());
+    }
+    tried.push_back("/usr/lib/postgresql/*/bin");
+    std::string why = "PostgreSQL server binaries (initdb, postgres) not found; looked in:";
+    for (const auto& t : tried)
+        why += " " + t;
+    why += ". Install them with scripts/deps.sh (Debian: postgresql libpq-dev)";
+    return {{}, why};
+}
+
+inline const BinDirResult& bindir() {
+    static const BinDirResult result = find_bindir();
+    return result;
+}
+
+/// Who runs initdb/postgres: the `postgres` user when we are root, else ourselves.
+struct RunAs {
+    bool switch_user = false;
+    uid_t uid = 0;
+    gid_t gid = 0;
+    std::string why;  // non-empty: impossible
+};
+
+inline RunAs run_as() {
+    RunAs r;
+    if (::geteuid() != 0) return r;
+    const char* name = std::getenv("IDEM_TEST_PG_USER");
+    if (name == nullptr || *name == '\0') name = "postgres";
+    std::vector<char> buf(16384);
+    passwd pw{};
+    passwd* found = nullptr;
+    if (::getpwnam_r(name, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+        r.why = std::string("running as root, and initdb/postgres refuse root, but there is no '") +
+                name + "' user to run them as (Debian's postgresql package creates it)";
+        return r;
+    }
+    if (pw.pw_uid == 0) {
+        r.why = std::string("user '") + name + "' is root; initdb/postgres refuse root";
+        return r;
+    }
+    r.switch_user = true;
+    r.uid = pw.pw_uid;
+    r.gid = pw.pw_gid;
+    return r;
+}
+
+struct Spawn {
+    std::vector<std::string> argv;  // argv[0] is the executable's full path
+    std::vector<std::string> env;   // the whole environment
+    std::filesystem::path cwd;
+    int stdin_fd = -1;            // -1: /dev/null
+    int out_fd = -1;              // stdout and stderr; -1: /dev/null
+    const RunAs* user = nullptr;  // switch to it if switch_user
+    bool new_process_group = false;
+    bool new_session = false;
+};
+
+[[noreturn]] inline void child_fail(const char* what) noexcept {
+    // Async-signal-safe only: no strerror, no allocation.
+    char digits[16];
+    int n = 0;
+    for (int e = errno; n < 15 && (n == 0 || e > 0); e /= 10)
+        digits[n++] = static_cast<char>('0' + e % 10);
+    char text[16];
+    for (int i = 0; i < n; ++i)
+        text[i] = digits[n - 1 - i];
+    (void)!::write(2, "idem postgres_server: ", 22);
+    (void)!::write(2, what, std::strlen(what));
+    (void)!::write(2, " failed, errno ", 15);
+    (void)!::write(2, text, static_cast<std::size_t>(n));
+    (void)!::write(2, "\n", 1);
+    ::_exit(127);
+}
+
+/// fork + exec. Everything the child touches is prepared before fork (only async-signal-safe
+/// calls between fork and exec: the test process may have threads).
+inline pid_t spawn(const Spawn& s) {
+    std::vector<char*> argv;
+    for (const auto& a : s.argv)
+        argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    std::vector<char*> envp;
+    for (const auto& e : s.env)
+        envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+    const std::string cwd = s.cwd.string();
+    const bool switch_user = s.user != nullptr && s.user->switch_user;
+    const uid_t uid = switch_user ? s.user->uid : 0;
+    const gid_t gid = switch_user ? s.user->gid : 0;
+    const int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull < 0) throw std::system_error(errno, std::generic_category(), "open /dev/null");
+    const int in_fd = s.stdin_fd >= 0 ? s.stdin_fd : devnull;
+    const int out_fd = s.out_fd >= 0 ? s.out_fd : devnull;
+    sigset_t empty;
+    sigemptyset(&empty);
+
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        const int err = errno;
+        ::close(devnull);
+        throw std::system_error(err, std::generic_category(), "fork");
+    }
+    if (pid == 0) {
+        if (s.new_session) {
+            if (::setsid() < 0) child_fail("setsid");
+        } else if (s.new_process_group) {
+            if (::setpgid(0, 0) < 0) child_fail("setpgid");
+        }
+        if (::dup2(in_fd, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(out_fd, 2) < 0) {
+            child_fail("dup2");
+        }
+        // Close everything else (the test's sockets, files, libpq connections).
+        if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
+            for (int fd = 3; fd < 65536; ++fd)
+                ::close(fd);
+        }
+        ::sigprocmask(SIG_SETMASK, &empty, nullptr);
+        for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGCHLD, SIGUSR1, SIGUSR2}) {
+            ::signal(sig, SIG_DFL);
+        }
+        if (switch_user) {
+            if (::setgroups(1, &gid) != 0) child_fail("setgroups");
+            if (::setgid(gid) != 0) child_fail("setgid");
+            if (::setuid(uid) != 0) child_fail("setuid");
+        }
+        if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) child_fail("chdir");
+        ::execve(argv[0], argv.data(), envp.data());
+        child_fail(argv[0]);
+    }
+    ::close(devnull);
+    return pid;
+}
+
+/// waitpid with a deadline. Returns the wait status, or nullopt on timeout (child still there).
+inline std::optional<int> wait_for(pid_t pid, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+        int status = 0;
+        const pid_t r = ::waitpid(pid, &status, WNOHANG);
+        if (r == pid) return status;
+        if (r < 0 && errno != EINTR) return -1;  // not our child (anymore): treat as gone
+        if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+}
+
+/// A process is gone when it does not exist or is a zombie (PID 1 may not reap orphans).
+inline bool process_gone(pid_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    if (!stat) return true;
+    std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const auto close_paren = content.rfind(')');
+    if (close_paren == std::string::npos || close_paren + 2 >= content.size()) return true;
+    const char state = content[close_paren + 2];
+    return state == 'Z' || state == 'X';
+}
+
+/// The children of pid, from /proc (postgres backends are their own session leaders, so a
+/// process-group kill does not reach them).
+inline std::vector<pid_t> children_of(pid_t parent) {
+    std::vector<pid_t> out;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+        std::ifstream stat(entry.path() / "stat");
+        std::string content((std::istreambuf_iterator<char>(stat)),
+                            std::istreambuf_iterator<char>());
+        const auto close_paren = content.rfind(')');
+        if (close_paren == std::string::npos) continue;
+        std::istringstream rest(content.substr(close_paren + 2));
+        char state = 0;
+        long ppid = 0;
+        rest >> state >> ppid;
+        if (ppid == parent) out.push_back(static_cast<pid_t>(std::stol(name)));
+    }
+    return out;
+}
+
+/// Binds port 0 on 127.0.0.1 and returns the port the kernel chose (then releases it).
+inline int probe_free_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::system_error(errno, std::generic_category(), "socket");
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof addr;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+        const int err = errno;
+        ::close(fd);
+        throw std::system_error(err, std::generic_category(), "probing a free port");
+    }
+    ::close(fd);
+    return ntohs(addr.sin_port);
+}
+
+/// Whether the user postgres runs as can reach dir (every ancestor searchable by others).
+inline bool reachable(const std::filesystem::path& dir, bool switch_user) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec)) return false;
+    if (!switch_user) return ::access(dir.c_str(), W_OK | X_OK) == 0;
+    for (auto p = std::filesystem::absolute(dir, ec); !p.empty(); p = p.parent_path()) {
+        struct stat st {};
+        if (::stat(p.c_str(), &st) != 0 || (st.st_mode & S_IXOTH) == 0) return false;
+        if (p == p.root_path()) break;
+    }
+    return true;
+}
+
+/// Where the cluster's temp dir goes: IDEM_TEST_PG_TMPDIR if set; else /dev/shm when it is a
+/// tmpfs with at least 1 GiB free (initdb and cp are I/O-bound: ~0.7 s there against 1.5-2 s on
+/// a busy ext4 /tmp; Docker's default 64 MB /dev/shm is skipped); else TMPDIR; else /tmp.
+inline std::filesystem::path temp_base(bool switch_user) {
+    if (const char* env = std::getenv("IDEM_TEST_PG_TMPDIR"); env != nullptr && *env != '\0') {
+        return env;
+    }
+    struct statfs fs {};
+    constexpr long tmpfs_magic = 0x01021994;
+    if (::statfs("/dev/shm", &fs) == 0 && static_cast<long>(fs.f_type) == tmpfs_magic &&
+        static_cast<unsigned long long>(fs.f_bavail) *
+                static_cast<unsigned long long>(fs.f_bsize) >=
+            (1ULL << 30) &&
+        reachable("/dev/shm", switch_user)) {
+        return "/dev/shm";
+    }
+    std::error_code ec;
+    std::filesystem::path base = std::filesystem::temp_directory_path(ec);
+    if (!ec && reachable(base, switch_user)) return base;
+    return "/tmp";
+}
+
+}  // namespace pg_detail
+
+class PostgresServer {
+  public:
+    enum class StopMode { fast, immediate };
+
+    /// Whether initdb/postgres exist (and, as root, a user to run them as). Cheap; cached.
+    static bool available(std::string* why = nullptr) {
+        const auto& bin = pg_detail::bindir();
+        if (bin.dir.empty()) {
+            if (why != nullptr) *why = bin.why;
+            return false;
+        }
+        const auto user = pg_detail::run_as();
+        if (!user.why.empty()) {
+            if (why != nullptr) *why = user.why;
+            return false;
+        }
+        return true;
+    }
+
+    /// initdb + start + CREATE DATABASE idem_test. Throws std::runtime_error with the log's tail.
+    PostgresServer() {
+        std::string why;
+        if (!available(&why)) throw std::runtime_error("PostgresServer: " + why);
+        bindir_ = pg_detail::bindir().dir;
+        user_ = pg_detail::run_as();
+        std::string pattern = (pg_detail::temp_base(user_.switch_user) / "idem-pg-XXXXXX").string();
+        if (::mkdtemp(pattern.data()) == nullptr) {
+            throw std::system_error(errno, std::generic_category(), "mkdtemp " + pattern);
+        }
+        dir_ = pattern;
+        try {
+            if (user_.switch_user && ::chown(dir_.c_str(), user_.uid, user_.gid) != 0) {
+                throw std::system_error(errno, std::generic_category(), "chown " + dir_.string());
+            }
+            start_watchdog();
+            initdb();
+            start_on_free_port();
+            exec("CREATE DATABASE idem_test", "postgres");
+        } catch (...) {
+            cleanup();
+            throw;
+        }
+    }
+
+    PostgresServer(const PostgresServer&) = delete;
+    PostgresServer& operator=(const PostgresServer&) = delete;
+
+    /// Immediate shutdown (like `pg_ctl stop -m immediate`), then the temp dir is removed.
+    ~PostgresServer() { cleanup(); }
+
+    [[nodiscard]] int port() const { return port_; }
+    [[nodiscard]] bool running() const { return pid_ > 0; }
+    [[nodiscard]] pid_t postmaster_pid() const { return pid_; }
+    [[nodiscard]] const std::filesystem::path& dir() const { return dir_; }
+    [[nodiscard]] std::filesystem::path data_dir() const { return dir_ / "data"; }
+    [[nodiscard]] std::filesystem::path log_file() const { return dir_ / "server.log"; }
+    [[nodiscard]] std::string log_tail(std::size_t max_chars = 4000) const {
+        return pg_detail::tail(pg_detail::read_text(log_file()), max_chars);
+    }
+
+    [[nodiscard]] std::string conninfo(const std::string& dbname = "idem_test") const {
+        return "host=127.0.0.1 port=" + std::to_string(port_) + " user=idem dbname=" + dbname;
+    }
+
+    /// A new connection (the caller PQfinish'es it, or wraps it in PgConnection). Throws.
+    [[nodiscard]] PGconn* connect(const std::string& dbname = "idem_test") const {
+        PGconn* conn = PQconnectdb(conninfo(dbname).c_str());
+        if (PQstatus(conn) != CONNECTION_OK) {
+            std::string msg = pg_detail::trim(PQerrorMessage(conn));
+            PQfinish(conn);
+            throw std::runtime_error("PostgresServer: connect(" + conninfo(dbname) + "): " + msg);
+        }
+        PQsetNoticeProcessor(
+            conn, [](void*, const char*) {}, nullptr);
+        return conn;
+    }
+
+    /// Runs SQL (one or more statements) on a fresh connection; throws with the server message.
+    void exec(const std::string& sql, const std::string& dbname = "idem_test") const {
+        PgConnection conn{connect(dbname)};
+        PGresult* res = PQexec(conn.get(), sql.c_str());
+        const auto status = PQresultStatus(res);
+        if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+            std::string msg = pg_detail::trim(PQerrorMessage(conn.get()));
+            PQclear(res);
+            throw std::runtime_error("PostgresServer: " + msg + " (SQL: " + sql + ")");
+        }
+        PQclear(res);
+    }
+
+    /// First column of the first row as text (NULL -> nullopt); throws on error or no row.
+    [[nodiscard]] std::optional<std::string> query_value(
+        const std::string& sql, const std::string& dbname = "idem_test") const {
+        PgConnection conn{connect(dbname)};
+        PGresult* res = PQexec(conn.get(), sql.c_str());
+        if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) < 1 || PQnfields(res) < 1) {
+            std::string msg = PQresultStatus(res) == PGRES_TUPLES_OK
+                                  ? std::string("no row")
+                                  : pg_detail::trim(PQerrorMessage(conn.get()));
+            PQclear(res);
+            throw std::runtime_error("PostgresServer: " + msg + " (SQL: " + sql + ")");
+        }
+        std::optional<std::string> value;
+        if (PQgetisnull(res, 0, 0) == 0) value = PQgetvalue(res, 0, 0);
+        PQclear(res);
+        return value;
+    }
+
+    /// CREATE DATABASE with a new unique name (idem_t1, idem_t2, ...); returns the name.
+    std::string fresh_database() {
+        static std::atomic<int> counter{0};
+        std::string name = "idem_t" + std::to_string(++counter);
+        exec("DROP DATABASE IF EXISTS " + name, "postgres");
+        exec("CREATE DATABASE " + name, "postgres");
+        return name;
+    }
+
+    /// Clean shutdown (fast: SIGINT, checkpoint; immediate: SIGQUIT). No-op when stopped.
+    void stop(StopMode mode = StopMode::fast) {
+        if (pid_ <= 0) return;
+        const pid_t pid = pid_;
+        ::kill(pid, mode == StopMode::fast ? SIGINT : SIGQUIT);
+        tell_watchdog(0);
+        pid_ = -1;
+        if (!pg_detail::wait_for(pid, std::chrono::seconds(60))) {
+            hard_kill(pid);
+            throw std::runtime_error(
+                "PostgresServer: postmaster did not stop within 60 s; killed. " + log_tail());
+        }
+    }
+
+    /// Starts again on the same port and data dir (after stop() or kill9(); crash recovery runs
+    /// after kill9). Retries for a few seconds if someone else holds the port meanwhile.
+    void start() {
+        if (pid_ > 0) return;
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        for (;;) {
+            bool port_busy = false;
+            if (launch(port_, &port_busy)) return;
+            if (!port_busy || std::chrono::steady_clock::now() >= deadline) {
+                throw std::runtime_error("PostgresServer: restart on port " +
+                                         std::to_string(port_) + " failed: " + log_tail());
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+    }
+
+    /// A crash: SIGKILL the postmaster and every process it forked (a lone SIGKILL of the
+    /// postmaster would let backends finish in-flight work), and wait until all are gone so
+    /// start() can reuse the data dir. Clients see their connections drop.
+    void kill9() {
+        if (pid_ <= 0) return;
+        const pid_t pid = pid_;
+        pid_ = -1;
+        tell_watchdog(0);
+        hard_kill(pid);
+    }
+
+  private:
+    std::filesystem::path bindir_;
+    pg_detail::RunAs user_;
+    std::filesystem::path dir_;
+    int port_ = 0;
+    pid_t pid_ = -1;
+    int watchdog_fd_ = -1;
+    pid_t watchdog_pid_ = -1;
+    pid_t owner_ = ::getpid();  // a fork()ed child (death test) must not tear down our server
+
+    std::vector<std::string> child_env() const {
+        std::vector<std::string> env{"PATH=/usr/bin:/bin", "LC_ALL=C", "LANG=C", "TZ=UTC",
+                                     "HOME=" + dir_.string()};
+        return env;
+    }
+
+    int open_log(const char* name) const {
+        const auto path = dir_ / name;
+        const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd < 0)
+            throw std::system_error(errno, std::generic_category(), "open " + path.string());
+        return fd;
+    }
+
+    void initdb() {
+        const int log = open_log("initdb.log");
+        pg_detail::Spawn s;
+        s.argv = {(bindir_ / "initdb").string(),
+                  "-D",
+                  data_dir().string(),
+                  "-U",
+                  "idem",
+                  "--auth=trust",
+                  "--no-sync",
+                  "--encoding=UTF8",
+                  "--locale=C"};
+        s.env = child_env();
+        s.cwd = dir_;
+        s.out_fd = log;
+        s.user = &user_;
+        pid_t pid = -1;
+        try {
+            pid = pg_detail::spawn(s);
+        } catch (...) {
+            ::close(log);
+            throw;
+        }
+        ::close(log);
+        const auto status = pg_detail::wait_for(pid, std::chrono::seconds(120));
+        if (!status) {
+            ::kill(pid, SIGKILL);
+            pg_detail::wait_for(pid, std::chrono::seconds(5));
+        }
+        if (!status || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+            throw std::runtime_error("PostgresServer: initdb failed: " +
+                                     pg_detail::tail(pg_detail::read_text(dir_ / "initdb.log")));
+        }
+    }
+
+    void start_on_free_port() {
+        for (int attempt = 1;; ++attempt) {
+            const int port = pg_detail::probe_free_port();
+            bool port_busy = false;
+            if (launch(port, &port_busy)) return;
+            if (!port_busy || attempt >= 20) {
+                throw std::runtime_error("PostgresServer: postgres did not start: " + log_tail());
+            }
+        }
+    }
+
+    /// Starts the postmaster on `port` and waits until it is ready. false + *port_busy when the
+    /// port was taken; throws on other failures.
+    bool launch(int port, bool* port_busy) {
+        *port_busy = false;
+        const auto log_offset = log_size();
+        const int log = open_log("server.log");
+        pg_detail::Spawn s;
+        s.argv = {(bindir_ / "postgres").string(),
+                  "-D",
+                  data_dir().string(),
+                  "-p",
+                  std::to_string(port),
+                  "-c",
+                  "listen_addresses=127.0.0.1",
+                  "-c",
+                  "unix_socket_directories=",
+                  "-c",
+                  "fsync=off",
+                  "-c",
+                  "full_page_writes=off",
+                  "-c",
+                  "shared_buffers=16MB",
+                  "-c",
+                  "max_connections=50",
+                  "-c",
+                  "huge_pages=off",
+                  "-c",
+                  "autovacuum=off",
+                  "-c",
+                  "max_wal_size=256MB"};
+        s.env = child_env();
+        s.cwd = dir_;
+        s.out_fd = log;
+        s.user = &user_;
+        s.new_process_group = true;
+        pid_t pid = -1;
+        try {
+            pid = pg_detail::spawn(s);
+        } catch (...) {
+            ::close(log);
+            throw;
+        }
+        ::close(log);
+        tell_watchdog(pid);
+
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        for (;;) {
+            int status = 0;
+            const pid_t r = ::waitpid(pid, &status, WNOHANG);
+            if (r == pid) {
+                tell_watchdog(0);
+                const std::string whole = pg_detail::read_text(log_file());
+                const std::string log_text = whole.substr(std::min(log_offset, whole.size()));
+                if (log_text.find("could not bind") != std::string::npos ||
+                    log_text.find("Address already in use") != std::string::npos ||
+                    log_text.find("could not create any TCP/IP sockets") != std::string::npos) {
+                    *port_busy = true;
+                    return false;
+                }
+                throw std::runtime_error("PostgresServer: postgres exited during startup: " +
+                                         pg_detail::tail(log_text));
+            }
+            if (postmaster_ready(pid)) break;
+            if (std::chrono::steady_clock::now() >= deadline) {
+                tell_watchdog(0);
+                hard_kill(pid);
+                throw std::runtime_error("PostgresServer: postgres not ready within 60 s: " +
+                                         log_tail());
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        pid_ = pid;
+        port_ = port;
+        // The port answers; make sure it is our cluster, not another one that won the port.
+        try {
+            const auto data = query_value("SHOW data_directory", "postgres");
+            std::error_code ec;
+            if (!data || !std::filesystem::equivalent(*data, data_dir(), ec)) {
+                throw std::runtime_error("port " + std::to_string(port) +
+                                         " is served by another cluster (" + data.value_or("?") +
+                                         ")");
+            }
+        } catch (...) {
+            kill9();
+            throw;
+        }
+        return true;
+    }
+
+    /// postmaster.pid's status line (line 8) says "ready" and names our pid.
+    bool postmaster_ready(pid_t pid) const {
+        std::ifstream in(data_dir() / "postmaster.pid");
+        if (!in) return false;
+        std::vector<std::string> lines;
+        for (std::string line; std::getline(in, line);)
+            lines.push_back(line);
+        if (lines.size() < 8) return false;
+        if (pg_detail::trim(lines[0]) != std::to_string(pid)) return false;
+        return lines[7].rfind("ready", 0) == 0;
+    }
+
+    std::size_t log_size() const {
+        std::error_code ec;
+        const auto size = std::filesystem::file_size(log_file(), ec);
+        return ec ? 0 : static_cast<std::size_t>(size);
+    }
+
+    /// SIGSTOP the postmaster (no new children), SIGKILL it and its children, wait for all.
+    static void hard_kill(pid_t pid) noexcept {
+        try {
+            ::kill(pid, SIGSTOP);
+            const auto children = pg_detail::children_of(pid);
+            ::kill(pid, SIGKILL);
+            for (pid_t child : children)
+                ::kill(child, SIGKILL);
+            pg_detail::wait_for(pid, std::chrono::seconds(10));
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+            for (pid_t child : children) {
+                while (!pg_detail::process_gone(child) &&
+                       std::chrono::steady_clock::now() < deadline) {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                }
+            }
+        } catch (...) {
+        }
+    }
+
+    /// The watchdog: cleans up if this process dies without running our destructor.
+    void start_watchdog() {
+        int fds[2];
+        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+            throw std::system_error(errno, std::generic_category(), "socketpair");
+        }
+        static const char* const script =
+            "trap '' HUP INT QUIT TERM PIPE USR1 USR2\n"
+            "pid=0\n"
+            "while IFS= read -r line; do pid=$line; done\n"
+            "case $pid in ''|*[!0-9]*) pid=0 ;; esac\n"
+            "if [ \"$pid\" -gt 0 ]; then\n"
+            "  kill -QUIT \"$pid\" 2>/dev/null\n"
+            "  i=0\n"
+            "  alive() {\n"  // a zombie is dead: PID 1 may not reap orphans
+            "    st=; read -r st < /proc/$pid/stat 2>/dev/null || return 1\n"
+            "    st=${st##*') '}\n"
+            "    case $st in Z*|X*|'') return 1 ;; esac\n"
+            "  }\n"
+            "  while alive && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done\n"
+            "  kill -KILL \"$pid\" 2>/dev/null\n"
+            "fi\n"
+            "rm -rf -- \"$1\"\n";
+        pg_detail::Spawn s;
+        s.argv = {"/bin/sh", "-c", script, "idem-pg-watchdog", dir_.string()};
+        s.env = {"PATH=/usr/bin:/bin", "LC_ALL=C"};
+        s.cwd = "/";
+        s.stdin_fd = fds[1];
+        s.new_session = true;
+        try {
+            watchdog_pid_ = pg_detail::spawn(s);
+        } catch (...) {
+            ::close(fds[0]);
+            ::close(fds[1]);
+            throw;
+        }
+        ::close(fds[1]);
+        watchdog_fd_ = fds[0];
+    }
+
+    void tell_watchdog(pid_t pid) noexcept {
+        if (watchdog_fd_ < 0) return;
+        const std::string line = std::to_string(pid) + "\n";
+        (void)!::send(watchdog_fd_, line.data(), line.size(), MSG_NOSIGNAL);
+    }
+
+    void cleanup() noexcept {
+        if (::getpid() != owner_) {  // in a fork()ed copy of the owner: touch nothing shared
+            if (watchdog_fd_ >= 0) ::close(watchdog_fd_);
+            watchdog_fd_ = -1;
+            return;
+        }
+        if (pid_ > 0) {
+            const pid_t pid = pid_;
+            pid_ = -1;
+            ::kill(pid, SIGQUIT);
+            tell_watchdog(0);
+            if (!pg_detail::wait_for(pid, std::chrono::seconds(10))) hard_kill(pid);
+        }
+        if (!dir_.empty()) {
+            std::error_code ec;
+            std::filesystem::remove_all(dir_, ec);
+        }
+        if (watchdog_fd_ >= 0) {
+            ::close(watchdog_fd_);
+            watchdog_fd_ = -1;
+        }
+        if (watchdog_pid_ > 0) {
+            if (!pg_detail::wait_for(watchdog_pid_, std::chrono::seconds(5))) {
+                ::kill(watchdog_pid_, SIGKILL);
+                pg_detail::wait_for(watchdog_pid_, std::chrono::seconds(1));
+            }
+            watchdog_pid_ = -1;
+        }
+    }
+};
+
+/// One server per test process, started on first use (thread-safe), stopped and removed at exit
+/// by a static destructor (and by the watchdog if the process dies abnormally). A failed start is
+/// remembered: later calls throw the same reason at once instead of running initdb again. Tests
+/// that stop or crash a server should use their own PostgresServer, not this one.
+inline PostgresServer& shared_postgres() {
+    static std::string failure;
+    static const std::unique_ptr<PostgresServer> server = []() -> std::unique_ptr<PostgresServer> {
+        try {
+            return std::make_unique<PostgresServer>();
+        } catch (const std::exception& e) {
+            failure = e.what();
+            return nullptr;
+        }
+    }();
+    if (!server) throw std::runtime_error("shared PostgreSQL server did not start: " + failure);
+    return *server;
+}
+
+}  // namespace idem_test
