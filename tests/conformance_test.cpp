@@ -319,17 +319,81 @@ TYPED_TEST(StoreConformance, PurgeRemovesOnlyClaimsOlderThanTheRetention) {
               Disposition::processed);
     this->env.now += idem::days(5);  // "old" is 15 days old, "young" 5 days
 
-    const auto retention = handler.policy().retention();  // 14 days
-    EXPECT_EQ(this->store().purge(retention), 2u);        // "old" and "old-poison"
+    const auto retention = handler.policy().retention();   // 14 days
+    EXPECT_EQ(this->store().purge(retention).claims, 2u);  // "old" and "old-poison"
     EXPECT_FALSE(this->store().find_claim("conformance", "old").has_value());
     EXPECT_TRUE(this->store().find_claim("conformance", "young").has_value());
     EXPECT_EQ(this->store().dead_letters().size(), 1u);  // dead letters are for humans: kept
-    EXPECT_EQ(this->store().purge(retention), 0u);
+    EXPECT_EQ(this->store().purge(retention).claims, 0u);
     // Exactly at the boundary nothing goes: only strictly older claims are purged.
     this->env.now += idem::days(9);
-    EXPECT_EQ(this->store().purge(retention), 0u);
+    EXPECT_EQ(this->store().purge(retention).claims, 0u);
     this->env.now += std::chrono::milliseconds(1);
-    EXPECT_EQ(this->store().purge(retention), 1u);
+    EXPECT_EQ(this->store().purge(retention).claims, 1u);
+}
+
+TYPED_TEST(StoreConformance, PurgeRemovesSentIntentsOlderThanTheRetentionAndExpiredLocks) {
+    using std::chrono::milliseconds;
+    auto& store = this->store();
+    const auto t0 = this->env.now;
+    auto handler = this->writer();
+    ASSERT_EQ(handler.handle(Delivery{"old", 1}, std::string("a")).disposition,
+              Disposition::processed);
+    {
+        auto tx = store.begin();
+        ASSERT_TRUE(tx.add_outbox(idem::OutboxIntent{"rail", "wire-sent", "s"}));
+        ASSERT_TRUE(tx.add_outbox(idem::OutboxIntent{"rail", "wire-unsent", "u"}));
+        ASSERT_TRUE(tx.add_outbox(idem::OutboxIntent{"rail", "wire-parked", "p"}));
+        tx.commit();
+    }
+    // At t0 the first intent is sent and the third parked; the second is never leased.
+    const auto leased = store.lease_outbox(1, milliseconds(30'000));
+    ASSERT_EQ(leased.size(), 1u);
+    ASSERT_EQ(leased[0].idempotency_key, "wire-sent");
+    store.mark_outbox_sent(leased[0].id);
+    const auto rows = store.outbox_rows();
+    ASSERT_EQ(rows.size(), 3u);
+    ASSERT_EQ(rows[2].idempotency_key, "wire-parked");
+    store.mark_outbox_failed(rows[2].id, "rail says no", t0, true);
+    ASSERT_TRUE(store.hold_lock("invoice-1", "batch", std::chrono::minutes(1)));
+
+    const auto retention = handler.policy().retention();  // 14 days
+    // At t0 + 1 min the lock's expires_at is now, not before it: kept.
+    this->env.now = t0 + std::chrono::minutes(1);
+    auto early = store.purge(retention);
+    EXPECT_EQ(early.claims, 0u);
+    EXPECT_EQ(early.sent_intents, 0u);
+    EXPECT_EQ(early.expired_locks, 0u);
+
+    this->env.now = t0 + std::chrono::minutes(1) + milliseconds(1);
+    ASSERT_TRUE(store.hold_lock("invoice-2", "live-job", idem::days(30)));
+    auto expired = store.purge(retention);
+    EXPECT_EQ(expired.claims, 0u);
+    EXPECT_EQ(expired.sent_intents, 0u);   // sent 1 min ago: far younger than the retention
+    EXPECT_EQ(expired.expired_locks, 1u);  // "invoice-1", whatever the retention
+    EXPECT_EQ(store.outbox_rows().size(), 3u);
+
+    this->env.now = t0 + idem::days(15);
+    auto later = store.purge(retention);
+    EXPECT_EQ(later.claims, 1u);
+    EXPECT_EQ(later.sent_intents, 1u);
+    EXPECT_EQ(later.expired_locks, 0u);
+    const auto kept = store.outbox_rows();
+    ASSERT_EQ(kept.size(), 2u);
+    EXPECT_EQ(kept[0].idempotency_key, "wire-unsent");
+    EXPECT_FALSE(kept[0].sent_at.has_value());
+    EXPECT_EQ(kept[1].idempotency_key, "wire-parked");
+    EXPECT_TRUE(kept[1].parked);
+    // The live lock survived both purges: another owner is still refused.
+    EXPECT_FALSE(store.hold_lock("invoice-2", "other-job", std::chrono::minutes(1)));
+    EXPECT_TRUE(store.release_lock("invoice-2", "live-job"));
+    // The purged lock's key is free; the unsent intent is still leased to a relay.
+    EXPECT_TRUE(store.hold_lock("invoice-1", "next-batch", std::chrono::minutes(1)));
+    const auto due = store.lease_outbox(10, milliseconds(30'000));
+    ASSERT_EQ(due.size(), 1u);
+    EXPECT_EQ(due[0].idempotency_key, "wire-unsent");
+    const auto again = store.purge(retention);
+    EXPECT_EQ(again.claims + again.sent_intents + again.expired_locks, 0u);
 }
 
 TYPED_TEST(StoreConformance, ConcurrentThreadsApplyEachEffectOnce) {

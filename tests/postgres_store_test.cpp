@@ -517,18 +517,36 @@ TEST_F(PostgresStoreTest, PurgeDeletesClaimsOlderThanTheRetentionOnTheInjectedCl
     advance(std::chrono::hours(24 * 10));
     ASSERT_EQ(handler.handle(Delivery{"young", 1}, std::string("young")).disposition,
               Disposition::processed);
-    advance(std::chrono::hours(24 * 4));                   // old: 14 days, young: 4 days
-    EXPECT_EQ(s->purge(std::chrono::hours(24 * 14)), 0u);  // exactly 14 days: kept
+    advance(std::chrono::hours(24 * 4));                          // old: 14 days, young: 4 days
+    EXPECT_EQ(s->purge(std::chrono::hours(24 * 14)).claims, 0u);  // exactly 14 days: kept
     advance(1ms);
-    EXPECT_EQ(s->purge(std::chrono::hours(24 * 14)), 1u);
+    EXPECT_EQ(s->purge(std::chrono::hours(24 * 14)).claims, 1u);
     EXPECT_FALSE(s->find_claim("capture", "old").has_value());
     EXPECT_TRUE(s->find_claim("capture", "young").has_value());
     EXPECT_THROW(s->purge(-std::chrono::hours(1)), idem::usage_error);
-    // Many batches.
+    // Many batches: claims, sent intents (an unsent and a parked one stay), expired locks (a
+    // live one stays).
     exec(
         "INSERT INTO idem_claims(scope, message_id, claimed_at, outcome) SELECT 'bulk', "
         "int4send(g), 0, 'processed' FROM generate_series(1, 12000) g");
-    EXPECT_EQ(s->purge(std::chrono::hours(1)), 12001u);  // and "young"
+    exec(
+        "INSERT INTO idem_outbox(destination, idempotency_key, payload, created_at, sent_at, "
+        "next_attempt_at) SELECT 'rail', int4send(g), '', 0, 0, 0 FROM generate_series(1, 12000) "
+        "g");
+    exec(
+        "INSERT INTO idem_outbox(destination, idempotency_key, payload, created_at, "
+        "next_attempt_at, parked) VALUES ('rail', 'unsent', '', 0, 0, false), "
+        "('rail', 'parked', '', 0, 0, true)");
+    exec(
+        "INSERT INTO idem_locks(lock_key, owner, expires_at) SELECT int4send(g), 'o', 0 "
+        "FROM generate_series(1, 12000) g");
+    ASSERT_TRUE(s->hold_lock("live", "o", std::chrono::hours(1)));
+    const idem::PurgeResult purged = s->purge(std::chrono::hours(1));
+    EXPECT_EQ(purged.claims, 12001u);  // and "young"
+    EXPECT_EQ(purged.sent_intents, 12000u);
+    EXPECT_EQ(purged.expired_locks, 12000u);
+    EXPECT_EQ(s->query_int("SELECT count(*) FROM idem_outbox"), 2);
+    EXPECT_EQ(s->query_int("SELECT count(*) FROM idem_locks"), 1);
 }
 
 // ---- overlap lock ------------------------------------------------------------------------

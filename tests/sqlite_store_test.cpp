@@ -111,11 +111,12 @@ void claim_and_commit(SqliteStore& store, std::string_view scope, std::string_vi
 TEST_F(SqliteStoreTest, CreatesVersionedSchemaAndReopens) {
     {
         SqliteStore store{file()};
-        EXPECT_EQ(store.query_int("SELECT count(*) FROM sqlite_master WHERE name IN "
-                                  "('idem_schema', 'idem_claims', 'idem_dead_letters', "
-                                  "'idem_claims_claimed_at', 'idem_locks', 'idem_outbox', "
-                                  "'idem_outbox_due')"),
-                  7);
+        EXPECT_EQ(
+            store.query_int("SELECT count(*) FROM sqlite_master WHERE name IN "
+                            "('idem_schema', 'idem_claims', 'idem_dead_letters', "
+                            "'idem_claims_claimed_at', 'idem_locks', 'idem_outbox', "
+                            "'idem_outbox_due', 'idem_outbox_sent', 'idem_locks_expires_at')"),
+            9);
         EXPECT_EQ(store.query_int("SELECT count(*) FROM pragma_table_info('idem_claims') "
                                   "WHERE name = 'fingerprint'"),
                   1);
@@ -912,13 +913,13 @@ TEST_F(SqliteStoreTest, PurgeDeletesOnlyClaimsOlderThanTheRetention) {
     claim_and_commit(store, "s", "recent");
 
     now_ = t0 + 24h * 15;
-    EXPECT_EQ(store.purge(24h * 14), 1u);
+    EXPECT_EQ(store.purge(24h * 14).claims, 1u);
     EXPECT_FALSE(store.find_claim("s", "old").has_value());
     ASSERT_TRUE(store.find_claim("s", "recent").has_value());
     EXPECT_EQ(store.find_claim("s", "recent")->claimed_at, t0 + 24h * 10);
     ASSERT_EQ(store.dead_letters().size(), 1u);
     EXPECT_EQ(store.dead_letters()[0].created_at, t0);
-    EXPECT_EQ(store.purge(24h * 14), 0u);
+    EXPECT_EQ(store.purge(24h * 14).claims, 0u);
     EXPECT_THROW((void)store.purge(-1h), idem::usage_error);
 }
 
@@ -930,9 +931,33 @@ TEST_F(SqliteStoreTest, PurgeWorksInBatches) {
             tx.claim("s", std::to_string(i));
         tx.commit();
     }
+    // 12,000 sent intents, one unsent and one parked; 12,000 expired locks and a live one.
+    const std::int64_t at_t0 =
+        std::chrono::duration_cast<std::chrono::milliseconds>(t0.time_since_epoch()).count();
+    store.execute(
+        "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 12000) "
+        "INSERT INTO idem_outbox(destination, idempotency_key, payload, created_at, sent_at, "
+        "next_attempt_at) SELECT 'rail', CAST('k' || n AS BLOB), x'', ?1, ?1, ?1 FROM g",
+        at_t0);
+    store.execute(
+        "INSERT INTO idem_outbox(destination, idempotency_key, payload, created_at, "
+        "next_attempt_at, parked) VALUES ('rail', CAST('unsent' AS BLOB), x'', ?1, ?1, 0), "
+        "('rail', CAST('parked' AS BLOB), x'', ?1, ?1, 1)",
+        at_t0);
+    store.execute(
+        "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 12000) "
+        "INSERT INTO idem_locks(lock_key, owner, expires_at) "
+        "SELECT CAST('lock' || n AS BLOB), CAST('o' AS BLOB), ?1 FROM g",
+        at_t0);
+    ASSERT_TRUE(store.hold_lock("live", "o", 48h));
     now_ = t0 + 24h;
-    EXPECT_EQ(store.purge(1h), 12'000u);
+    const idem::PurgeResult purged = store.purge(1h);
+    EXPECT_EQ(purged.claims, 12'000u);
+    EXPECT_EQ(purged.sent_intents, 12'000u);
+    EXPECT_EQ(purged.expired_locks, 12'000u);
     EXPECT_EQ(store.query_int("SELECT count(*) FROM idem_claims"), 0);
+    EXPECT_EQ(store.query_int("SELECT count(*) FROM idem_outbox"), 2);
+    EXPECT_EQ(store.query_int("SELECT count(*) FROM idem_locks"), 1);
 }
 
 TEST_F(SqliteStoreTest, BorrowedConnectionIsUsedAndNotClosed) {

@@ -6,7 +6,9 @@
 /// A store provides:
 /// @code
 /// Transaction begin();             // move-only RAII; rolls back unless committed
-/// std::size_t purge(std::chrono::system_clock::duration older_than);
+/// // deletes what is older than clock() - older_than (claims, sent outbox intents) and the
+/// // expired held locks; dead letters, unsent and parked intents stay
+/// PurgeResult purge(std::chrono::system_clock::duration older_than);
 /// std::optional<ClaimRecord> find_claim(std::string_view scope, std::string_view id);
 /// std::vector<DeadLetter> dead_letters();
 /// @endcode
@@ -44,6 +46,7 @@
 /// @endcode
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -110,6 +113,14 @@ struct OutboxRow {
     std::string last_error;
     std::chrono::system_clock::time_point next_attempt_at{};
     bool parked = false;  ///< gave up after too many failures; a human looks at it
+};
+
+/// @brief Answer of Store::purge(older_than): what it deleted. Dead letters, unsent intents and
+/// parked intents are never purged: they wait for a relay or a human.
+struct PurgeResult {
+    std::size_t claims = 0;         ///< claims whose claimed_at is before the cutoff
+    std::size_t sent_intents = 0;   ///< outbox intents sent before the cutoff
+    std::size_t expired_locks = 0;  ///< locks held with hold_lock() that have expired
 };
 
 /// @brief A parked message: what it was, why it was parked, and its payload, so nothing is lost.

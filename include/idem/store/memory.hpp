@@ -3,6 +3,7 @@
 /// @brief MemoryStore: a transactional in-process store for users' unit tests, with fault
 /// injection so failure paths can be tested. Not durable; one process.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -324,20 +325,43 @@ class MemoryStore {
         faults_[static_cast<std::size_t>(fault)] += times;
     }
 
-    /// @brief Deletes claims older than `older_than`; returns how many. Dead letters stay.
-    std::size_t purge(std::chrono::system_clock::duration older_than) {
+    /// @brief Deletes claims and sent outbox intents older than clock() - @p older_than, and the
+    /// held locks that have expired. Dead letters, unsent and parked intents stay.
+    PurgeResult purge(std::chrono::system_clock::duration older_than) {
+        if (older_than.count() < 0) {
+            throw usage_error("idem::MemoryStore: purge() needs a non-negative age");
+        }
         std::lock_guard<std::mutex> lock(mutex_);
-        const auto cutoff = now() - older_than;
-        std::size_t removed = 0;
+        const auto at = now();
+        const auto cutoff = at - older_than;
+        PurgeResult result;
         for (auto it = claims_.begin(); it != claims_.end();) {
             if (it->second.claimed_at < cutoff) {
                 it = claims_.erase(it);
-                ++removed;
+                ++result.claims;
             } else {
                 ++it;
             }
         }
-        return removed;
+        // No transaction is open (we hold its mutex), so no undo entry points into outbox_.
+        const auto sent_before_cutoff = [&](const OutboxEntry& entry) {
+            return entry.row.sent_at && *entry.row.sent_at < cutoff && !entry.row.parked;
+        };
+        for (const auto& entry : outbox_) {
+            if (sent_before_cutoff(entry)) outbox_keys_.erase(entry.row.idempotency_key);
+        }
+        const auto kept = std::remove_if(outbox_.begin(), outbox_.end(), sent_before_cutoff);
+        result.sent_intents = static_cast<std::size_t>(outbox_.end() - kept);
+        outbox_.erase(kept, outbox_.end());
+        for (auto it = held_locks_.begin(); it != held_locks_.end();) {
+            if (it->second.expires_at < at) {
+                it = held_locks_.erase(it);
+                ++result.expired_locks;
+            } else {
+                ++it;
+            }
+        }
+        return result;
     }
 
     [[nodiscard]] std::optional<ClaimRecord> find_claim(std::string_view scope,

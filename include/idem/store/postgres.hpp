@@ -512,10 +512,13 @@ class PostgresStore {
     /// already in a transaction or this thread already holds a transaction of this store.
     [[nodiscard]] Transaction begin();
 
-    /// @brief Deletes claims whose claimed_at is older than clock() - @p older_than, in batches
-    /// of 5,000 (each its own statement, skipping rows a live transaction holds). Dead letters
-    /// are kept. @return the number of claims deleted.
-    std::size_t purge(std::chrono::system_clock::duration older_than);
+    /// @brief Deletes claims whose claimed_at is older than clock() - @p older_than, outbox
+    /// intents sent before that cutoff, and locks held with hold_lock() that have expired
+    /// (expires_at before clock()), in batches of 5,000 (each its own statement, skipping rows a
+    /// live transaction holds). Dead letters, unsent and parked intents are kept.
+    /// @return how many claims, sent intents and expired locks were deleted.
+    /// @throws usage_error when @p older_than is negative.
+    PurgeResult purge(std::chrono::system_clock::duration older_than);
 
     /// @brief The committed claim of (scope, id), if any.
     [[nodiscard]] std::optional<ClaimRecord> find_claim(std::string_view scope,
@@ -579,6 +582,8 @@ class PostgresStore {
         record_update,
         dead_letter_insert,
         purge_batch,
+        purge_outbox_batch,
+        purge_locks_batch,
         find_one_claim,
         all_dead_letters,
         lock_advisory,
@@ -673,6 +678,10 @@ class PostgresStore {
     [[noreturn]] void connection_lost(std::string_view what);
 
     static OutboxRow read_outbox_row(const PGresult* result, int row);
+
+    /// Runs a purge statement ($1 = the bound, $2 = the batch size) until a batch deletes fewer
+    /// rows than the batch size; each batch is its own statement. Returns the total.
+    std::size_t purge_in_batches(Own which, std::string_view what, std::int64_t before);
 
     PGconn* conn_ = nullptr;
     bool owned_ = false;
@@ -964,6 +973,13 @@ inline void PostgresStore::build_statements() {
     own_[purge_batch].sql = "DELETE FROM " + claims +
                             " WHERE (scope, message_id) IN (SELECT scope, message_id FROM " +
                             claims + " WHERE claimed_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)";
+    own_[purge_outbox_batch].sql = "DELETE FROM " + outbox + " WHERE id IN (SELECT id FROM " +
+                                   outbox +
+                                   " WHERE sent_at < $1 AND NOT parked LIMIT $2 "
+                                   "FOR UPDATE SKIP LOCKED)";
+    own_[purge_locks_batch].sql = "DELETE FROM " + locks +
+                                  " WHERE lock_key IN (SELECT lock_key FROM " + locks +
+                                  " WHERE expires_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)";
     own_[find_one_claim].sql =
         "SELECT scope, message_id, claimed_at, outcome, reason, fingerprint FROM " + claims +
         " WHERE scope = $1 AND message_id = $2";
@@ -1164,6 +1180,11 @@ inline void PostgresStore::ensure_schema() {
             // The relay's query: unsent, unparked rows in id order.
             exec("CREATE INDEX IF NOT EXISTS idem_outbox_unsent ON " + s +
                  "idem_outbox(id) WHERE sent_at IS NULL AND NOT parked");
+            // purge(): sent intents by age, held locks by expiry.
+            exec("CREATE INDEX IF NOT EXISTS idem_outbox_sent ON " + s +
+                 "idem_outbox(sent_at) WHERE sent_at IS NOT NULL");
+            exec("CREATE INDEX IF NOT EXISTS idem_locks_expires_at ON " + s +
+                 "idem_locks(expires_at)");
             exec("DELETE FROM " + version_table);
             run(adhoc("INSERT INTO " + version_table + "(version) VALUES ($1)",
                       "creating the idem schema", schema_version));
@@ -1548,17 +1569,28 @@ inline PostgresStore::Transaction PostgresStore::begin() {
     return Transaction(*this, std::move(lock));
 }
 
-inline std::size_t PostgresStore::purge(std::chrono::system_clock::duration older_than) {
+inline PurgeResult PostgresStore::purge(std::chrono::system_clock::duration older_than) {
     if (older_than.count() < 0) {
         throw usage_error("idem postgres: purge() needs a non-negative age");
     }
     Lock lock(*this, "purge()");
+    const std::int64_t at = now_ms();
     const std::int64_t cutoff =
-        now_ms() - std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count();
+        at - std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count();
+    PurgeResult result;
+    result.claims = purge_in_batches(purge_batch, "purge (claims)", cutoff);
+    result.sent_intents =
+        purge_in_batches(purge_outbox_batch, "purge (sent outbox intents)", cutoff);
+    result.expired_locks = purge_in_batches(purge_locks_batch, "purge (expired locks)", at);
+    return result;
+}
+
+inline std::size_t PostgresStore::purge_in_batches(Own which, std::string_view what,
+                                                   std::int64_t before) {
     std::size_t total = 0;
     for (;;) {
         ready("purge()");
-        Result result = run(own(purge_batch, "purge", cutoff, purge_batch_rows));
+        Result result = run(own(which, what, before, purge_batch_rows));
         const std::int64_t deleted = detail::postgres_store::affected_rows(result.get());
         total += static_cast<std::size_t>(deleted);
         if (deleted < purge_batch_rows) return total;

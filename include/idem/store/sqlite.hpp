@@ -259,10 +259,13 @@ class SqliteStore {
     /// a transaction or this thread already holds a transaction of this store.
     [[nodiscard]] Transaction begin();
 
-    /// @brief Deletes claims whose claimed_at is older than clock() - @p older_than, in short
-    /// batches (each its own transaction) so handlers are not held up. Dead letters are kept.
-    /// @return the number of claims deleted.
-    std::size_t purge(std::chrono::system_clock::duration older_than);
+    /// @brief Deletes claims whose claimed_at is older than clock() - @p older_than, outbox
+    /// intents sent before that cutoff, and locks held with hold_lock() that have expired
+    /// (expires_at before clock()), in short batches (each its own transaction) so handlers are
+    /// not held up. Dead letters, unsent and parked intents are kept.
+    /// @return how many claims, sent intents and expired locks were deleted.
+    /// @throws usage_error when @p older_than is negative.
+    PurgeResult purge(std::chrono::system_clock::duration older_than);
 
     /// @brief The committed claim of (scope, id), if any.
     [[nodiscard]] std::optional<ClaimRecord> find_claim(std::string_view scope,
@@ -324,6 +327,8 @@ class SqliteStore {
         record_update,
         dead_letter_insert,
         purge_batch,
+        purge_outbox_batch,
+        purge_locks_batch,
         find_one_claim,
         all_dead_letters,
         lock_live,
@@ -352,6 +357,10 @@ class SqliteStore {
         "created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         "DELETE FROM idem_claims WHERE (scope, message_id) IN (SELECT scope, message_id FROM "
         "idem_claims WHERE claimed_at < ?1 LIMIT ?2)",
+        "DELETE FROM idem_outbox WHERE id IN (SELECT id FROM idem_outbox "
+        "WHERE sent_at < ?1 AND parked = 0 LIMIT ?2)",
+        "DELETE FROM idem_locks WHERE lock_key IN (SELECT lock_key FROM idem_locks "
+        "WHERE expires_at < ?1 LIMIT ?2)",
         "SELECT scope, message_id, claimed_at, outcome, reason, fingerprint FROM idem_claims "
         "WHERE scope = ?1 AND message_id = ?2",
         "SELECT scope, message_id, delivery_count, reason, payload, created_at "
@@ -433,6 +442,10 @@ class SqliteStore {
 
     /// Reads the columns of the outbox statements (id ... parked) from the current row.
     [[nodiscard]] static OutboxRow read_outbox_row(sqlite3_stmt* stmt);
+
+    /// Runs a purge statement (?1 = the bound, ?2 = the batch size) in batches, each its own
+    /// transaction, until a batch deletes fewer rows than the batch size; returns the total.
+    std::size_t purge_in_batches(Own which, std::string_view what, std::int64_t before);
 
     [[noreturn]] void fail(int rc, std::string_view what, Kind kind, std::string_view sql = {});
     sqlite3_stmt* own(Own which);
@@ -771,6 +784,13 @@ inline void SqliteStore::ensure_schema() {
             execute_impl(Kind::idem, false,
                          "CREATE INDEX IF NOT EXISTS idem_outbox_due "
                          "ON idem_outbox(parked, next_attempt_at, id) WHERE sent_at IS NULL");
+            // purge(): sent intents by age, held locks by expiry.
+            execute_impl(Kind::idem, false,
+                         "CREATE INDEX IF NOT EXISTS idem_outbox_sent "
+                         "ON idem_outbox(sent_at) WHERE sent_at IS NOT NULL");
+            execute_impl(Kind::idem, false,
+                         "CREATE INDEX IF NOT EXISTS idem_locks_expires_at "
+                         "ON idem_locks(expires_at)");
             execute_impl(Kind::idem, false, "DELETE FROM idem_schema");
             execute_impl(Kind::idem, false, "INSERT INTO idem_schema(version) VALUES (?1)",
                          schema_version);
@@ -983,17 +1003,27 @@ inline SqliteStore::Transaction SqliteStore::begin() {
     return Transaction(*this, std::move(lock));
 }
 
-inline std::size_t SqliteStore::purge(std::chrono::system_clock::duration older_than) {
+inline PurgeResult SqliteStore::purge(std::chrono::system_clock::duration older_than) {
     if (older_than.count() < 0) {
         throw usage_error("idem sqlite: purge() needs a non-negative age");
     }
+    const std::int64_t at = detail::sqlite_store::to_unix_ms(now());
     const std::int64_t cutoff =
-        detail::sqlite_store::to_unix_ms(now()) -
-        std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count();
+        at - std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count();
+    PurgeResult result;
+    result.claims = purge_in_batches(purge_batch, "purge (claims)", cutoff);
+    result.sent_intents =
+        purge_in_batches(purge_outbox_batch, "purge (sent outbox intents)", cutoff);
+    result.expired_locks = purge_in_batches(purge_locks_batch, "purge (expired locks)", at);
+    return result;
+}
+
+inline std::size_t SqliteStore::purge_in_batches(Own which, std::string_view what,
+                                                 std::int64_t before) {
     std::size_t total = 0;
     for (;;) {
         Transaction tx = begin();
-        const int deleted = step_own(purge_batch, "purge", cutoff, purge_batch_rows);
+        const int deleted = step_own(which, what, before, purge_batch_rows);
         tx.commit();
         total += static_cast<std::size_t>(deleted);
         if (deleted < purge_batch_rows) return total;
