@@ -229,14 +229,12 @@ class IdempotentHandler {
                     claim.fingerprint != fingerprint) {
                     // Not a redelivery: the producer reused an id for another message. Acking it
                     // as a duplicate would silently drop that message.
-                    tx.dead_letter(
-                        make_dead_letter(delivery, body,
-                                         "id reused with a different payload (fingerprint differs "
-                                         "from the first delivery's)"));
+                    std::string reason =
+                        "id reused with a different payload (fingerprint differs from the first "
+                        "delivery's)";
+                    tx.dead_letter(make_dead_letter(delivery, body, reason));
                     tx.commit();
-                    return {Disposition::dead_lettered,
-                            "id reused with a different payload (fingerprint differs from the "
-                            "first delivery's)"};
+                    return {Disposition::dead_lettered, std::move(reason)};
                 }
                 return {Disposition::duplicate, fmt::format("already {} by an earlier delivery",
                                                             to_string(claim.recorded))};
