@@ -3,15 +3,12 @@
 
 #include <gtest/gtest.h>
 
-#include <signal.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
+#include <functional>
 #include <string>
 
 #include "idem/idem.hpp"
 #include "idem/store/sqlite.hpp"
+#include "support/kill_at_window.hpp"
 #include "support/store_envs.hpp"
 #include "support/temp_dir.hpp"
 
@@ -52,45 +49,19 @@ class CrashWindow : public ::testing::TestWithParam<Window> {
         return idem_test::sqlite_count(store.db(), "SELECT count(*) FROM captures");
     }
 
-    /// Forks a worker that handles one delivery and tells us (through a pipe) when it reached
-    /// `window`; it then waits to be killed. Returns once the worker is dead from SIGKILL.
+    /// A worker process handles one delivery and is killed with SIGKILL at `window`.
     void run_worker_and_kill_it(Window window) {
-        int ready[2];
-        ASSERT_EQ(pipe(ready), 0);
-        const pid_t pid = fork();
-        ASSERT_GE(pid, 0);
-        if (pid == 0) {
-            close(ready[0]);
-            auto signal_parent_and_wait = [&] {
-                const char byte = 'x';
-                if (write(ready[1], &byte, 1) != 1) _exit(2);
-                for (;;)
-                    pause();
-            };
+        ASSERT_TRUE(idem_test::kill_at_window([&](const std::function<void()>& reached) {
             idem::SqliteStore store(path);  // the worker's own connection
             auto handler = idem::make_handler(
                 store, idem::Policy{"capture"}, [&](auto& tx, const std::string& order) {
-                    if (window == Window::effect_started) {
-                        signal_parent_and_wait();
-                    }
+                    if (window == Window::effect_started) reached();
                     tx.execute("INSERT INTO captures(order_id) VALUES (?)", order);
-                    if (window == Window::after_effect_writes) {
-                        signal_parent_and_wait();
-                    }
+                    if (window == Window::after_effect_writes) reached();
                 });
             auto outcome = handler.handle(Delivery{"msg-1", 1}, std::string("8814"));
-            if (outcome.disposition == Disposition::processed) signal_parent_and_wait();
-            _exit(3);
-        }
-        close(ready[1]);
-        char byte = 0;
-        ASSERT_EQ(read(ready[0], &byte, 1), 1) << "the worker died before reaching its window";
-        close(ready[0]);
-        ASSERT_EQ(kill(pid, SIGKILL), 0);
-        int status = 0;
-        ASSERT_EQ(waitpid(pid, &status, 0), pid);
-        ASSERT_TRUE(WIFSIGNALED(status));
-        ASSERT_EQ(WTERMSIG(status), SIGKILL);
+            if (outcome.disposition == Disposition::processed) reached();
+        }));
     }
 };
 

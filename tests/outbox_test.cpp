@@ -6,15 +6,12 @@
 
 #include <gtest/gtest.h>
 
-#include <signal.h>
 #include <sqlite3.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,6 +25,7 @@
 #include "idem/outbox.hpp"
 #include "idem/store/memory.hpp"
 #include "idem/store/sqlite.hpp"
+#include "support/kill_at_window.hpp"
 #include "support/postgres_env.hpp"
 #include "support/require_postgres.hpp"
 #include "support/store_envs.hpp"
@@ -653,44 +651,21 @@ TEST(OutboxSqliteCrash, RelayKilledBetweenSendAndMarkResendsWithTheSameKey) {
         ReceiverDb create(receiver_path);
     }  // nothing of SQLite is open across fork()
 
-    int ready[2];
-    ASSERT_EQ(pipe(ready), 0);
-    const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-        close(ready[0]);
-        try {
-            idem::SqliteStore store(path);  // the relay process's own connection
-            ReceiverDb receiver(receiver_path);
-            idem::RelayOptions options;
-            options.lease = 60s;
-            idem::Relay relay(
-                store,
-                [&](const OutboxRow& row) {
-                    receiver.receive(row);  // the rail has it
-                    if (row.idempotency_key == "wire-pay-2") {
-                        const char byte = 'x';
-                        if (write(ready[1], &byte, 1) != 1) _exit(2);
-                        for (;;)
-                            pause();  // killed here: sent, not marked
-                    }
-                },
-                options);
-            relay.run_once();
-        } catch (...) {
-            _exit(4);
-        }
-        _exit(3);
-    }
-    close(ready[1]);
-    char byte = 0;
-    ASSERT_EQ(read(ready[0], &byte, 1), 1) << "the relay died before sending wire-pay-2";
-    close(ready[0]);
-    ASSERT_EQ(kill(pid, SIGKILL), 0);
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFSIGNALED(status));
-    ASSERT_EQ(WTERMSIG(status), SIGKILL);
+    // The relay process is killed after the rail got wire-pay-2 and before it was marked sent.
+    ASSERT_TRUE(idem_test::kill_at_window([&](const std::function<void()>& reached) {
+        idem::SqliteStore store(path);  // the relay process's own connection
+        ReceiverDb receiver(receiver_path);
+        idem::RelayOptions options;
+        options.lease = 60s;
+        idem::Relay relay(
+            store,
+            [&](const OutboxRow& row) {
+                receiver.receive(row);  // the rail has it
+                if (row.idempotency_key == "wire-pay-2") reached();
+            },
+            options);
+        relay.run_once();
+    }));
 
     ReceiverDb receiver(receiver_path);
     auto sender = [&](const OutboxRow& row) { receiver.receive(row); };
