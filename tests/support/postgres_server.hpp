@@ -262,6 +262,20 @@ inline pid_t spawn(const Spawn& s) {
     return pid;
 }
 
+/// spawn(), then closes @p fd (a file the child inherited, e.g. its log) in this process,
+/// whether the spawn worked or not.
+inline pid_t spawn_handing_over(const Spawn& s, int fd) {
+    pid_t pid = -1;
+    try {
+        pid = spawn(s);
+    } catch (...) {
+        ::close(fd);
+        throw;
+    }
+    ::close(fd);
+    return pid;
+}
+
 /// waitpid with a deadline. Returns the wait status, or nullopt on timeout (child still there).
 inline std::optional<int> wait_for(pid_t pid, std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -562,14 +576,7 @@ class PostgresServer {
         s.cwd = dir_;
         s.out_fd = log;
         s.user = &user_;
-        pid_t pid = -1;
-        try {
-            pid = pg_detail::spawn(s);
-        } catch (...) {
-            ::close(log);
-            throw;
-        }
-        ::close(log);
+        const pid_t pid = pg_detail::spawn_handing_over(s, log);
         const auto status = pg_detail::wait_for(pid, std::chrono::seconds(120));
         if (!status) {
             ::kill(pid, SIGKILL);
@@ -627,14 +634,7 @@ class PostgresServer {
         s.out_fd = log;
         s.user = &user_;
         s.new_process_group = true;
-        pid_t pid = -1;
-        try {
-            pid = pg_detail::spawn(s);
-        } catch (...) {
-            ::close(log);
-            throw;
-        }
-        ::close(log);
+        const pid_t pid = pg_detail::spawn_handing_over(s, log);
         tell_watchdog(pid);
 
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
