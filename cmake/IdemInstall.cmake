@@ -28,6 +28,11 @@ foreach(component IN LISTS IDEM_INSTALLED_COMPONENTS)
     install(FILES "${PROJECT_SOURCE_DIR}/cmake/idem-${component}-dependencies.cmake"
             DESTINATION "${IDEM_INSTALL_CMAKEDIR}")
 endforeach()
+# idem-redis-dependencies.cmake builds idem::hiredis with this helper.
+if("redis" IN_LIST IDEM_INSTALLED_COMPONENTS)
+    install(FILES "${PROJECT_SOURCE_DIR}/cmake/IdemFindHiredis.cmake"
+            DESTINATION "${IDEM_INSTALL_CMAKEDIR}")
+endif()
 
 configure_package_config_file(
     "${PROJECT_SOURCE_DIR}/cmake/idemConfig.cmake.in"

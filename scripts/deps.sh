@@ -22,6 +22,8 @@ IDEM_DEB_PACKAGES=(
     util-linux          # setarch (TSan runs with ASLR off on high-entropy kernels)
     postgresql          # PostgreSQL server (initdb, postgres): tests start their own cluster
     libpq-dev           # libpq, the PostgreSQL store's client library (pg_config)
+    redis-server        # Redis server: tests start their own (AOF, appendfsync always)
+    libhiredis-dev      # hiredis, the Redis store's client library
 )
 
 check_only=0

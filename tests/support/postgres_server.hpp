@@ -16,22 +16,14 @@
 // - Ready means: postmaster.pid says "ready" (as `pg_ctl -w` checks) and a libpq connection to
 //   our own data directory works (so a port collision with another cluster cannot fool us).
 // - A port taken between the probe and the postmaster's bind is retried on a new port.
-// - A watchdog (`/bin/sh`, its own session) holds one end of a socketpair: if the test process
-//   dies without running destructors (crash, abort, SIGKILL, ctest timeout), it stops the
-//   postmaster and removes the temp dir. Normal exits never need it.
+// - A Watchdog (process.hpp): if the test process dies without running destructors (crash,
+//   abort, SIGKILL, ctest timeout), it stops the postmaster and removes the temp dir.
 // Not thread-safe for concurrent start/stop/kill9; conninfo()/connect()/exec() are.
 
 #include <fcntl.h>
-#include <grp.h>
 #include <libpq-fe.h>
-#include <netinet/in.h>
 #include <pwd.h>
 #include <signal.h>
-#include <stdlib.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/statfs.h>
-#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,11 +33,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -54,6 +46,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "process.hpp"
 
 namespace idem_test {
 
@@ -65,29 +59,10 @@ using PgConnection = std::unique_ptr<PGconn, PgConnCloser>;
 
 namespace pg_detail {
 
-inline bool is_executable(const std::filesystem::path& p) {
-    return ::access(p.c_str(), X_OK) == 0 && std::filesystem::is_regular_file(p);
-}
+using ::idem_test::process_gone;  // older spelling, still used by postgres_server_test.cpp
 
 inline bool has_server_binaries(const std::filesystem::path& dir) {
     return is_executable(dir / "initdb") && is_executable(dir / "postgres");
-}
-
-inline std::string trim(std::string s) {
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' '))
-        s.pop_back();
-    return s;
-}
-
-inline std::string read_text(const std::filesystem::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::ostringstream out;
-    out << in.rdbuf();
-    return out.str();
-}
-
-inline std::string tail(const std::string& text, std::size_t max_chars = 2000) {
-    return text.size() <= max_chars ? text : "..." + text.substr(text.size() - max_chars);
 }
 
 struct BinDirResult {
@@ -145,13 +120,6 @@ inline const BinDirResult& bindir() {
 }
 
 /// Who runs initdb/postgres: the `postgres` user when we are root, else ourselves.
-struct RunAs {
-    bool switch_user = false;
-    uid_t uid = 0;
-    gid_t gid = 0;
-    std::string why;  // non-empty: impossible
-};
-
 inline RunAs run_as() {
     RunAs r;
     if (::geteuid() != 0) return r;
@@ -175,131 +143,6 @@ inline RunAs run_as() {
     return r;
 }
 
-struct Spawn {
-    std::vector<std::string> argv;  // argv[0] is the executable's full path
-    std::vector<std::string> env;   // the whole environment
-    std::filesystem::path cwd;
-    int stdin_fd = -1;            // -1: /dev/null
-    int out_fd = -1;              // stdout and stderr; -1: /dev/null
-    const RunAs* user = nullptr;  // switch to it if switch_user
-    bool new_process_group = false;
-    bool new_session = false;
-};
-
-[[noreturn]] inline void child_fail(const char* what) noexcept {
-    // Async-signal-safe only: no strerror, no allocation.
-    char digits[16];
-    int n = 0;
-    for (int e = errno; n < 15 && (n == 0 || e > 0); e /= 10)
-        digits[n++] = static_cast<char>('0' + e % 10);
-    char text[16];
-    for (int i = 0; i < n; ++i)
-        text[i] = digits[n - 1 - i];
-    (void)!::write(2, "idem postgres_server: ", 22);
-    (void)!::write(2, what, std::strlen(what));
-    (void)!::write(2, " failed, errno ", 15);
-    (void)!::write(2, text, static_cast<std::size_t>(n));
-    (void)!::write(2, "\n", 1);
-    ::_exit(127);
-}
-
-/// fork + exec. Everything the child touches is prepared before fork (only async-signal-safe
-/// calls between fork and exec: the test process may have threads).
-inline pid_t spawn(const Spawn& s) {
-    std::vector<char*> argv;
-    for (const auto& a : s.argv)
-        argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    std::vector<char*> envp;
-    for (const auto& e : s.env)
-        envp.push_back(const_cast<char*>(e.c_str()));
-    envp.push_back(nullptr);
-    const std::string cwd = s.cwd.string();
-    const bool switch_user = s.user != nullptr && s.user->switch_user;
-    const uid_t uid = switch_user ? s.user->uid : 0;
-    const gid_t gid = switch_user ? s.user->gid : 0;
-    const int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (devnull < 0) throw std::system_error(errno, std::generic_category(), "open /dev/null");
-    const int in_fd = s.stdin_fd >= 0 ? s.stdin_fd : devnull;
-    const int out_fd = s.out_fd >= 0 ? s.out_fd : devnull;
-    sigset_t empty;
-    sigemptyset(&empty);
-
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-        const int err = errno;
-        ::close(devnull);
-        throw std::system_error(err, std::generic_category(), "fork");
-    }
-    if (pid == 0) {
-        if (s.new_session) {
-            if (::setsid() < 0) child_fail("setsid");
-        } else if (s.new_process_group) {
-            if (::setpgid(0, 0) < 0) child_fail("setpgid");
-        }
-        if (::dup2(in_fd, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(out_fd, 2) < 0) {
-            child_fail("dup2");
-        }
-        // Close everything else (the test's sockets, files, libpq connections).
-        if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
-            for (int fd = 3; fd < 65536; ++fd)
-                ::close(fd);
-        }
-        ::sigprocmask(SIG_SETMASK, &empty, nullptr);
-        for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGCHLD, SIGUSR1, SIGUSR2}) {
-            ::signal(sig, SIG_DFL);
-        }
-        if (switch_user) {
-            if (::setgroups(1, &gid) != 0) child_fail("setgroups");
-            if (::setgid(gid) != 0) child_fail("setgid");
-            if (::setuid(uid) != 0) child_fail("setuid");
-        }
-        if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) child_fail("chdir");
-        ::execve(argv[0], argv.data(), envp.data());
-        child_fail(argv[0]);
-    }
-    ::close(devnull);
-    return pid;
-}
-
-/// spawn(), then closes @p fd (a file the child inherited, e.g. its log) in this process,
-/// whether the spawn worked or not.
-inline pid_t spawn_handing_over(const Spawn& s, int fd) {
-    pid_t pid = -1;
-    try {
-        pid = spawn(s);
-    } catch (...) {
-        ::close(fd);
-        throw;
-    }
-    ::close(fd);
-    return pid;
-}
-
-/// waitpid with a deadline. Returns the wait status, or nullopt on timeout (child still there).
-inline std::optional<int> wait_for(pid_t pid, std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-        int status = 0;
-        const pid_t r = ::waitpid(pid, &status, WNOHANG);
-        if (r == pid) return status;
-        if (r < 0 && errno != EINTR) return -1;  // not our child (anymore): treat as gone
-        if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-}
-
-/// A process is gone when it does not exist or is a zombie (PID 1 may not reap orphans).
-inline bool process_gone(pid_t pid) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    if (!stat) return true;
-    std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    const auto close_paren = content.rfind(')');
-    if (close_paren == std::string::npos || close_paren + 2 >= content.size()) return true;
-    const char state = content[close_paren + 2];
-    return state == 'Z' || state == 'X';
-}
-
 /// The children of pid, from /proc (postgres backends are their own session leaders, so a
 /// process-group kill does not reach them).
 inline std::vector<pid_t> children_of(pid_t parent) {
@@ -320,60 +163,6 @@ inline std::vector<pid_t> children_of(pid_t parent) {
         if (ppid == parent) out.push_back(static_cast<pid_t>(std::stol(name)));
     }
     return out;
-}
-
-/// Binds port 0 on 127.0.0.1 and returns the port the kernel chose (then releases it).
-inline int probe_free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) throw std::system_error(errno, std::generic_category(), "socket");
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    socklen_t len = sizeof addr;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-        const int err = errno;
-        ::close(fd);
-        throw std::system_error(err, std::generic_category(), "probing a free port");
-    }
-    ::close(fd);
-    return ntohs(addr.sin_port);
-}
-
-/// Whether the user postgres runs as can reach dir (every ancestor searchable by others).
-inline bool reachable(const std::filesystem::path& dir, bool switch_user) {
-    std::error_code ec;
-    if (!std::filesystem::is_directory(dir, ec)) return false;
-    if (!switch_user) return ::access(dir.c_str(), W_OK | X_OK) == 0;
-    for (auto p = std::filesystem::absolute(dir, ec); !p.empty(); p = p.parent_path()) {
-        struct stat st {};
-        if (::stat(p.c_str(), &st) != 0 || (st.st_mode & S_IXOTH) == 0) return false;
-        if (p == p.root_path()) break;
-    }
-    return true;
-}
-
-/// Where the cluster's temp dir goes: IDEM_TEST_PG_TMPDIR if set; else /dev/shm when it is a
-/// tmpfs with at least 1 GiB free (initdb and cp are I/O-bound: ~0.7 s there against 1.5-2 s on
-/// a busy ext4 /tmp; Docker's default 64 MB /dev/shm is skipped); else TMPDIR; else /tmp.
-inline std::filesystem::path temp_base(bool switch_user) {
-    if (const char* env = std::getenv("IDEM_TEST_PG_TMPDIR"); env != nullptr && *env != '\0') {
-        return env;
-    }
-    struct statfs fs {};
-    constexpr long tmpfs_magic = 0x01021994;
-    if (::statfs("/dev/shm", &fs) == 0 && static_cast<long>(fs.f_type) == tmpfs_magic &&
-        static_cast<unsigned long long>(fs.f_bavail) *
-                static_cast<unsigned long long>(fs.f_bsize) >=
-            (1ULL << 30) &&
-        reachable("/dev/shm", switch_user)) {
-        return "/dev/shm";
-    }
-    std::error_code ec;
-    std::filesystem::path base = std::filesystem::temp_directory_path(ec);
-    if (!ec && reachable(base, switch_user)) return base;
-    return "/tmp";
 }
 
 }  // namespace pg_detail
@@ -403,16 +192,12 @@ class PostgresServer {
         if (!available(&why)) throw std::runtime_error("PostgresServer: " + why);
         bindir_ = pg_detail::bindir().dir;
         user_ = pg_detail::run_as();
-        std::string pattern = (pg_detail::temp_base(user_.switch_user) / "idem-pg-XXXXXX").string();
-        if (::mkdtemp(pattern.data()) == nullptr) {
-            throw std::system_error(errno, std::generic_category(), "mkdtemp " + pattern);
-        }
-        dir_ = pattern;
+        dir_ = make_temp_dir("IDEM_TEST_PG_TMPDIR", "idem-pg-", user_.switch_user);
         try {
             if (user_.switch_user && ::chown(dir_.c_str(), user_.uid, user_.gid) != 0) {
                 throw std::system_error(errno, std::generic_category(), "chown " + dir_.string());
             }
-            start_watchdog();
+            watchdog_.start(dir_, "QUIT");  // postgres: SIGQUIT is an immediate shutdown
             initdb();
             start_on_free_port();
             exec("CREATE DATABASE idem_test", "postgres");
@@ -435,7 +220,7 @@ class PostgresServer {
     [[nodiscard]] std::filesystem::path data_dir() const { return dir_ / "data"; }
     [[nodiscard]] std::filesystem::path log_file() const { return dir_ / "server.log"; }
     [[nodiscard]] std::string log_tail(std::size_t max_chars = 4000) const {
-        return pg_detail::tail(pg_detail::read_text(log_file()), max_chars);
+        return tail(read_text(log_file()), max_chars);
     }
 
     [[nodiscard]] std::string conninfo(const std::string& dbname = "idem_test") const {
@@ -446,7 +231,7 @@ class PostgresServer {
     [[nodiscard]] PGconn* connect(const std::string& dbname = "idem_test") const {
         PGconn* conn = PQconnectdb(conninfo(dbname).c_str());
         if (PQstatus(conn) != CONNECTION_OK) {
-            std::string msg = pg_detail::trim(PQerrorMessage(conn));
+            std::string msg = trim(PQerrorMessage(conn));
             PQfinish(conn);
             throw std::runtime_error("PostgresServer: connect(" + conninfo(dbname) + "): " + msg);
         }
@@ -461,7 +246,7 @@ class PostgresServer {
         PGresult* res = PQexec(conn.get(), sql.c_str());
         const auto status = PQresultStatus(res);
         if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
-            std::string msg = pg_detail::trim(PQerrorMessage(conn.get()));
+            std::string msg = trim(PQerrorMessage(conn.get()));
             PQclear(res);
             throw std::runtime_error("PostgresServer: " + msg + " (SQL: " + sql + ")");
         }
@@ -476,7 +261,7 @@ class PostgresServer {
         if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) < 1 || PQnfields(res) < 1) {
             std::string msg = PQresultStatus(res) == PGRES_TUPLES_OK
                                   ? std::string("no row")
-                                  : pg_detail::trim(PQerrorMessage(conn.get()));
+                                  : trim(PQerrorMessage(conn.get()));
             PQclear(res);
             throw std::runtime_error("PostgresServer: " + msg + " (SQL: " + sql + ")");
         }
@@ -500,9 +285,9 @@ class PostgresServer {
         if (pid_ <= 0) return;
         const pid_t pid = pid_;
         ::kill(pid, mode == StopMode::fast ? SIGINT : SIGQUIT);
-        tell_watchdog(0);
+        watchdog_.watch(0);
         pid_ = -1;
-        if (!pg_detail::wait_for(pid, std::chrono::seconds(60))) {
+        if (!wait_for(pid, std::chrono::seconds(60))) {
             hard_kill(pid);
             throw std::runtime_error(
                 "PostgresServer: postmaster did not stop within 60 s; killed. " + log_tail());
@@ -532,18 +317,17 @@ class PostgresServer {
         if (pid_ <= 0) return;
         const pid_t pid = pid_;
         pid_ = -1;
-        tell_watchdog(0);
+        watchdog_.watch(0);
         hard_kill(pid);
     }
 
   private:
     std::filesystem::path bindir_;
-    pg_detail::RunAs user_;
+    RunAs user_;
     std::filesystem::path dir_;
     int port_ = 0;
     pid_t pid_ = -1;
-    int watchdog_fd_ = -1;
-    pid_t watchdog_pid_ = -1;
+    Watchdog watchdog_;
     pid_t owner_ = ::getpid();  // a fork()ed child (death test) must not tear down our server
 
     std::vector<std::string> child_env() const {
@@ -562,7 +346,7 @@ class PostgresServer {
 
     void initdb() {
         const int log = open_log("initdb.log");
-        pg_detail::Spawn s;
+        Spawn s;
         s.argv = {(bindir_ / "initdb").string(),
                   "-D",
                   data_dir().string(),
@@ -576,21 +360,21 @@ class PostgresServer {
         s.cwd = dir_;
         s.out_fd = log;
         s.user = &user_;
-        const pid_t pid = pg_detail::spawn_handing_over(s, log);
-        const auto status = pg_detail::wait_for(pid, std::chrono::seconds(120));
+        const pid_t pid = spawn_handing_over(s, log);
+        const auto status = wait_for(pid, std::chrono::seconds(120));
         if (!status) {
             ::kill(pid, SIGKILL);
-            pg_detail::wait_for(pid, std::chrono::seconds(5));
+            wait_for(pid, std::chrono::seconds(5));
         }
         if (!status || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
             throw std::runtime_error("PostgresServer: initdb failed: " +
-                                     pg_detail::tail(pg_detail::read_text(dir_ / "initdb.log")));
+                                     tail(read_text(dir_ / "initdb.log")));
         }
     }
 
     void start_on_free_port() {
         for (int attempt = 1;; ++attempt) {
-            const int port = pg_detail::probe_free_port();
+            const int port = probe_free_port();
             bool port_busy = false;
             if (launch(port, &port_busy)) return;
             if (!port_busy || attempt >= 20) {
@@ -605,7 +389,7 @@ class PostgresServer {
         *port_busy = false;
         const auto log_offset = log_size();
         const int log = open_log("server.log");
-        pg_detail::Spawn s;
+        Spawn s;
         s.argv = {(bindir_ / "postgres").string(),
                   "-D",
                   data_dir().string(),
@@ -634,16 +418,16 @@ class PostgresServer {
         s.out_fd = log;
         s.user = &user_;
         s.new_process_group = true;
-        const pid_t pid = pg_detail::spawn_handing_over(s, log);
-        tell_watchdog(pid);
+        const pid_t pid = spawn_handing_over(s, log);
+        watchdog_.watch(pid);
 
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
         for (;;) {
             int status = 0;
             const pid_t r = ::waitpid(pid, &status, WNOHANG);
             if (r == pid) {
-                tell_watchdog(0);
-                const std::string whole = pg_detail::read_text(log_file());
+                watchdog_.watch(0);
+                const std::string whole = read_text(log_file());
                 const std::string log_text = whole.substr(std::min(log_offset, whole.size()));
                 if (log_text.find("could not bind") != std::string::npos ||
                     log_text.find("Address already in use") != std::string::npos ||
@@ -652,11 +436,11 @@ class PostgresServer {
                     return false;
                 }
                 throw std::runtime_error("PostgresServer: postgres exited during startup: " +
-                                         pg_detail::tail(log_text));
+                                         tail(log_text));
             }
             if (postmaster_ready(pid)) break;
             if (std::chrono::steady_clock::now() >= deadline) {
-                tell_watchdog(0);
+                watchdog_.watch(0);
                 hard_kill(pid);
                 throw std::runtime_error("PostgresServer: postgres not ready within 60 s: " +
                                          log_tail());
@@ -689,7 +473,7 @@ class PostgresServer {
         for (std::string line; std::getline(in, line);)
             lines.push_back(line);
         if (lines.size() < 8) return false;
-        if (pg_detail::trim(lines[0]) != std::to_string(pid)) return false;
+        if (trim(lines[0]) != std::to_string(pid)) return false;
         return lines[7].rfind("ready", 0) == 0;
     }
 
@@ -707,11 +491,10 @@ class PostgresServer {
             ::kill(pid, SIGKILL);
             for (pid_t child : children)
                 ::kill(child, SIGKILL);
-            pg_detail::wait_for(pid, std::chrono::seconds(10));
+            wait_for(pid, std::chrono::seconds(10));
             const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
             for (pid_t child : children) {
-                while (!pg_detail::process_gone(child) &&
-                       std::chrono::steady_clock::now() < deadline) {
+                while (!process_gone(child) && std::chrono::steady_clock::now() < deadline) {
                     std::this_thread::sleep_for(std::chrono::milliseconds(2));
                 }
             }
@@ -719,80 +502,23 @@ class PostgresServer {
         }
     }
 
-    /// The watchdog: cleans up if this process dies without running our destructor.
-    void start_watchdog() {
-        int fds[2];
-        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-            throw std::system_error(errno, std::generic_category(), "socketpair");
-        }
-        static const char* const script =
-            "trap '' HUP INT QUIT TERM PIPE USR1 USR2\n"
-            "pid=0\n"
-            "while IFS= read -r line; do pid=$line; done\n"
-            "case $pid in ''|*[!0-9]*) pid=0 ;; esac\n"
-            "if [ \"$pid\" -gt 0 ]; then\n"
-            "  kill -QUIT \"$pid\" 2>/dev/null\n"
-            "  i=0\n"
-            "  alive() {\n"  // a zombie is dead: PID 1 may not reap orphans
-            "    st=; read -r st < /proc/$pid/stat 2>/dev/null || return 1\n"
-            "    st=${st##*') '}\n"
-            "    case $st in Z*|X*|'') return 1 ;; esac\n"
-            "  }\n"
-            "  while alive && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done\n"
-            "  kill -KILL \"$pid\" 2>/dev/null\n"
-            "fi\n"
-            "rm -rf -- \"$1\"\n";
-        pg_detail::Spawn s;
-        s.argv = {"/bin/sh", "-c", script, "idem-pg-watchdog", dir_.string()};
-        s.env = {"PATH=/usr/bin:/bin", "LC_ALL=C"};
-        s.cwd = "/";
-        s.stdin_fd = fds[1];
-        s.new_session = true;
-        try {
-            watchdog_pid_ = pg_detail::spawn(s);
-        } catch (...) {
-            ::close(fds[0]);
-            ::close(fds[1]);
-            throw;
-        }
-        ::close(fds[1]);
-        watchdog_fd_ = fds[0];
-    }
-
-    void tell_watchdog(pid_t pid) noexcept {
-        if (watchdog_fd_ < 0) return;
-        const std::string line = std::to_string(pid) + "\n";
-        (void)!::send(watchdog_fd_, line.data(), line.size(), MSG_NOSIGNAL);
-    }
-
     void cleanup() noexcept {
         if (::getpid() != owner_) {  // in a fork()ed copy of the owner: touch nothing shared
-            if (watchdog_fd_ >= 0) ::close(watchdog_fd_);
-            watchdog_fd_ = -1;
+            watchdog_.abandon();
             return;
         }
         if (pid_ > 0) {
             const pid_t pid = pid_;
             pid_ = -1;
             ::kill(pid, SIGQUIT);
-            tell_watchdog(0);
-            if (!pg_detail::wait_for(pid, std::chrono::seconds(10))) hard_kill(pid);
+            watchdog_.watch(0);
+            if (!wait_for(pid, std::chrono::seconds(10))) hard_kill(pid);
         }
         if (!dir_.empty()) {
             std::error_code ec;
             std::filesystem::remove_all(dir_, ec);
         }
-        if (watchdog_fd_ >= 0) {
-            ::close(watchdog_fd_);
-            watchdog_fd_ = -1;
-        }
-        if (watchdog_pid_ > 0) {
-            if (!pg_detail::wait_for(watchdog_pid_, std::chrono::seconds(5))) {
-                ::kill(watchdog_pid_, SIGKILL);
-                pg_detail::wait_for(watchdog_pid_, std::chrono::seconds(1));
-            }
-            watchdog_pid_ = -1;
-        }
+        watchdog_.stop();
     }
 };
 

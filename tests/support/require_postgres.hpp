@@ -5,25 +5,10 @@
 
 #include <gtest/gtest.h>
 
-#include <cctype>
-#include <cstdlib>
 #include <string>
 
 #include "postgres_server.hpp"
-
-namespace idem_test {
-
-/// CI=true (any case) or CI=1.
-inline bool running_in_ci() {
-    const char* ci = std::getenv("CI");
-    if (ci == nullptr) return false;
-    std::string value = ci;
-    for (auto& c : value)
-        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return value == "true" || value == "1";
-}
-
-}  // namespace idem_test
+#include "process.hpp"  // running_in_ci()
 
 #define IDEM_REQUIRE_POSTGRES()                                                               \
     do {                                                                                      \

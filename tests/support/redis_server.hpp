@@ -1,0 +1,489 @@
+#pragma once
+// A throwaway redis-server for tests: a free 127.0.0.1 port, a fresh temp data dir (/dev/shm when
+// roomy), AOF with `appendfsync always` (every acknowledged write survives kill -9), no RDB
+// snapshots. Test-only; no gtest here (see require_redis.hpp for IDEM_REQUIRE_REDIS()).
+//
+//   auto& redis = idem_test::shared_redis();           // one per test process, started lazily
+//   idem_test::RedisClient c = redis.client();          // or RedisClient{redis.host(), port}
+//   c.exec({"SET", key, value});  c.str({"GET", key});  // binary-safe arguments and replies
+//   idem_test::RedisServer own;                         // an independent server (crash tests)
+//   own.kill9(); own.start();                           // crash + AOF replay, same port and data
+//
+// How it runs:
+// - redis-server is a direct child of the test process (its own process group, a minimal
+//   environment, no inherited descriptors), configured on its command line; its log and its
+//   stdout/stderr go to <dir>/redis.log.
+// - Ready means: PING answers PONG and `CONFIG GET dir` names our data dir (so a port collision
+//   with another server cannot fool us). A port taken between the probe and the bind is retried
+//   on a new port (on the same port by start()).
+// - A Watchdog (process.hpp) stops the server and removes the dir if the test process dies
+//   without running destructors.
+// Not thread-safe for concurrent start/stop/kill9; a RedisClient belongs to one thread at a time.
+
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "process.hpp"
+
+namespace idem_test {
+
+/// A minimal synchronous client for tests (hiredis). Connects on first use; a connection the
+/// server closed while it was idle (a stop, kill9 or restart in between) is replaced before the
+/// next command is sent. A command whose connection breaks in flight throws and is never retried
+/// (it may or may not have run). Every call throws std::runtime_error on a connection failure or
+/// an error reply.
+class RedisClient {
+  public:
+    RedisClient(std::string host, int port,
+                std::chrono::milliseconds timeout = std::chrono::seconds(5))
+        : host_(std::move(host)), port_(port), timeout_(timeout) {}
+
+    /// An integer reply (or a string reply holding an integer, as GET of a counter); nil ->
+    /// nullopt.
+    std::optional<long long> integer(const std::vector<std::string>& args) {
+        const Reply reply = command(args);
+        switch (reply->type) {
+            case REDIS_REPLY_INTEGER:
+                return reply->integer;
+            case REDIS_REPLY_NIL:
+                return std::nullopt;
+            case REDIS_REPLY_STRING:
+            case REDIS_REPLY_STATUS: {
+                const std::string text(reply->str, reply->len);
+                std::size_t used = 0;
+                long long value = 0;
+                try {
+                    value = std::stoll(text, &used);
+                } catch (const std::exception&) {
+                    used = 0;
+                }
+                if (used == text.size() && used > 0) return value;
+                throw std::runtime_error("RedisClient: " + args.front() +
+                                         " replied a non-integer string: " + text);
+            }
+            default:
+                throw unexpected(args, reply.get());
+        }
+    }
+
+    /// A bulk or status string (an integer reply as its decimal text); nil -> nullopt.
+    std::optional<std::string> str(const std::vector<std::string>& args) {
+        const Reply reply = command(args);
+        if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
+        if (auto text = scalar(reply.get())) return text;
+        throw unexpected(args, reply.get());
+    }
+
+    /// A flat array of strings (integers as decimal text, nil elements as nullopt); a nil reply
+    /// is an empty vector.
+    std::vector<std::optional<std::string>> array(const std::vector<std::string>& args) {
+        const Reply reply = command(args);
+        std::vector<std::optional<std::string>> out;
+        if (reply->type == REDIS_REPLY_NIL) return out;
+        if (reply->type != REDIS_REPLY_ARRAY) throw unexpected(args, reply.get());
+        for (std::size_t i = 0; i < reply->elements; ++i) {
+            const redisReply* element = reply->element[i];
+            if (element->type == REDIS_REPLY_NIL) {
+                out.emplace_back();
+            } else if (auto text = scalar(element)) {
+                out.push_back(std::move(text));
+            } else {
+                throw unexpected(args, element);
+            }
+        }
+        return out;
+    }
+
+    /// Any reply but an error.
+    void exec(const std::vector<std::string>& args) { (void)command(args); }
+
+    [[nodiscard]] bool connected() const { return ctx_ != nullptr; }
+    void disconnect() noexcept { ctx_.reset(); }
+
+  private:
+    struct ContextFree {
+        void operator()(redisContext* c) const noexcept { redisFree(c); }
+    };
+    struct ReplyFree {
+        void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+    };
+    using Reply = std::unique_ptr<redisReply, ReplyFree>;
+
+    std::string host_;
+    int port_;
+    std::chrono::milliseconds timeout_;
+    std::unique_ptr<redisContext, ContextFree> ctx_;
+
+    std::string where() const { return host_ + ":" + std::to_string(port_); }
+
+    void connect() {
+        timeval tv{};
+        tv.tv_sec = static_cast<time_t>(timeout_.count() / 1000);
+        tv.tv_usec = static_cast<suseconds_t>((timeout_.count() % 1000) * 1000);
+        std::unique_ptr<redisContext, ContextFree> ctx{
+            redisConnectWithTimeout(host_.c_str(), port_, tv)};
+        if (!ctx) throw std::runtime_error("RedisClient: connect " + where() + ": out of memory");
+        if (ctx->err != 0) {
+            throw std::runtime_error("RedisClient: connect " + where() + ": " + ctx->errstr);
+        }
+        // Without a command timeout a stopped (SIGSTOP) server would hang the test forever.
+        if (redisSetTimeout(ctx.get(), tv) != REDIS_OK) {
+            throw std::runtime_error("RedisClient: set timeout on " + where() + ": " + ctx->errstr);
+        }
+        ctx_ = std::move(ctx);
+    }
+
+    /// One round trip; error replies and I/O failures throw (an I/O failure also drops the
+    /// connection, so the next call reconnects).
+    Reply command(const std::vector<std::string>& args) {
+        if (args.empty()) throw std::invalid_argument("RedisClient: empty command");
+        if (ctx_ && closed_by_peer()) ctx_.reset();
+        if (!ctx_) connect();
+        std::vector<const char*> argv;
+        std::vector<std::size_t> lengths;
+        for (const auto& a : args) {
+            argv.push_back(a.data());
+            lengths.push_back(a.size());
+        }
+        Reply reply{static_cast<redisReply*>(redisCommandArgv(
+            ctx_.get(), static_cast<int>(argv.size()), argv.data(), lengths.data()))};
+        if (!reply) {
+            const std::string why = ctx_->err != 0 ? ctx_->errstr : "no reply";
+            ctx_.reset();
+            throw std::runtime_error("RedisClient: " + args.front() + " on " + where() + ": " +
+                                     why);
+        }
+        if (reply->type == REDIS_REPLY_ERROR) {
+            throw std::runtime_error("RedisClient: " + args.front() + ": " +
+                                     std::string(reply->str, reply->len));
+        }
+        return reply;
+    }
+
+    /// EOF or a reset pending on the idle socket: nothing was sent yet, so reconnecting is safe.
+    bool closed_by_peer() const {
+        char byte = 0;
+        const ssize_t n = ::recv(ctx_->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0) return true;
+        return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+    }
+
+    static std::optional<std::string> scalar(const redisReply* r) {
+        if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) {
+            return std::string(r->str, r->len);
+        }
+        if (r->type == REDIS_REPLY_INTEGER) return std::to_string(r->integer);
+        return std::nullopt;
+    }
+
+    static std::runtime_error unexpected(const std::vector<std::string>& args,
+                                         const redisReply* r) {
+        return std::runtime_error("RedisClient: " + args.front() + ": unexpected reply type " +
+                                  std::to_string(r->type));
+    }
+};
+
+namespace redis_detail {
+
+struct Binary {
+    std::filesystem::path path;  // empty when not found
+    std::string why;             // reason when not found
+};
+
+/// IDEM_TEST_REDIS_SERVER (a full path), else redis-server in PATH, /usr/bin, /usr/sbin,
+/// /usr/local/bin.
+inline Binary find_redis_server() {
+    if (const char* env = std::getenv("IDEM_TEST_REDIS_SERVER"); env != nullptr && *env != '\0') {
+        if (is_executable(env)) return {env, {}};
+        return {{}, std::string("IDEM_TEST_REDIS_SERVER=") + env + " is not an executable file"};
+    }
+    std::vector<std::string> dirs;
+    if (const char* path = std::getenv("PATH"); path != nullptr) {
+        std::string list = path;
+        for (std::size_t start = 0; start <= list.size();) {
+            const std::size_t end = std::min(list.find(':', start), list.size());
+            if (end > start) dirs.push_back(list.substr(start, end - start));
+            start = end + 1;
+        }
+    }
+    for (const char* dir : {"/usr/bin", "/usr/sbin", "/usr/local/bin"})
+        dirs.emplace_back(dir);
+    std::string looked;
+    for (const auto& dir : dirs) {
+        const auto candidate = std::filesystem::path(dir) / "redis-server";
+        if (is_executable(candidate)) return {candidate, {}};
+        looked += " " + dir;
+    }
+    return {{},
+            "redis-server not found; looked in:" + looked +
+                ". Install it with scripts/deps.sh (Debian: redis-server)"};
+}
+
+}  // namespace redis_detail
+
+class RedisServer {
+  public:
+    /// Whether a redis-server binary exists; @p why says where it looked when not.
+    static bool available(std::string* why = nullptr) {
+        const auto found = redis_detail::find_redis_server();
+        if (found.path.empty() && why != nullptr) *why = found.why;
+        return !found.path.empty();
+    }
+
+    /// Starts redis-server and waits until it answers. Throws std::runtime_error with the log's
+    /// tail.
+    RedisServer() {
+        const auto found = redis_detail::find_redis_server();
+        if (found.path.empty()) throw std::runtime_error("RedisServer: " + found.why);
+        binary_ = found.path;
+        dir_ = make_temp_dir("IDEM_TEST_REDIS_TMPDIR", "idem-redis-");
+        try {
+            watchdog_.start(dir_, "TERM");
+            start_on_free_port();
+        } catch (...) {
+            cleanup();
+            throw;
+        }
+    }
+
+    RedisServer(const RedisServer&) = delete;
+    RedisServer& operator=(const RedisServer&) = delete;
+
+    /// SIGTERM (SIGKILL after 5 s), then the data dir is removed. Never throws.
+    ~RedisServer() { cleanup(); }
+
+    [[nodiscard]] std::string host() const { return "127.0.0.1"; }
+    [[nodiscard]] int port() const { return port_; }
+    [[nodiscard]] pid_t pid() const { return pid_; }
+    [[nodiscard]] bool running() const { return pid_ > 0; }
+    [[nodiscard]] const std::filesystem::path& dir() const { return dir_; }
+    [[nodiscard]] std::filesystem::path log_file() const { return dir_ / "redis.log"; }
+    [[nodiscard]] std::string log_tail(std::size_t max_chars = 4000) const {
+        return tail(read_text(log_file()), max_chars);
+    }
+
+    /// A new client for this server (it connects on first use).
+    [[nodiscard]] RedisClient client() const { return RedisClient{host(), port_}; }
+
+    /// FLUSHALL: every key of every database is gone (and the AOF says so).
+    void flushall() { client().exec({"FLUSHALL"}); }
+
+    /// Graceful shutdown (SIGTERM: the AOF is flushed). No-op when stopped.
+    void stop() {
+        if (pid_ <= 0) return;
+        const pid_t pid = pid_;
+        pid_ = -1;
+        ::kill(pid, SIGTERM);
+        watchdog_.watch(0);
+        if (!wait_for(pid, std::chrono::seconds(30))) {
+            hard_kill(pid);
+            throw std::runtime_error("RedisServer: did not stop within 30 s; killed. " +
+                                     log_tail());
+        }
+    }
+
+    /// A crash: SIGKILL the server (and any fork()ed AOF-rewrite child: the whole process
+    /// group) and reap it. Acknowledged writes are in the AOF (appendfsync always).
+    void kill9() {
+        if (pid_ <= 0) return;
+        const pid_t pid = pid_;
+        pid_ = -1;
+        watchdog_.watch(0);
+        hard_kill(pid);
+    }
+
+    /// Starts again on the same port and data dir (after stop() or kill9()): the AOF is
+    /// replayed. Retries for a few seconds if someone else holds the port meanwhile.
+    void start() {
+        if (pid_ > 0) return;
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        for (;;) {
+            bool port_busy = false;
+            if (launch(port_, &port_busy)) return;
+            if (!port_busy || std::chrono::steady_clock::now() >= deadline) {
+                throw std::runtime_error("RedisServer: restart on port " + std::to_string(port_) +
+                                         " failed: " + log_tail());
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+    }
+
+  private:
+    std::filesystem::path binary_;
+    std::filesystem::path dir_;
+    int port_ = 0;
+    pid_t pid_ = -1;
+    Watchdog watchdog_;
+    pid_t owner_ = ::getpid();  // a fork()ed child (death test) must not tear down our server
+
+    void start_on_free_port() {
+        for (int attempt = 1;; ++attempt) {
+            const int port = probe_free_port();
+            bool port_busy = false;
+            if (launch(port, &port_busy)) return;
+            if (!port_busy || attempt >= 20) {
+                throw std::runtime_error("RedisServer: redis-server did not start: " + log_tail());
+            }
+        }
+    }
+
+    std::size_t log_size() const {
+        std::error_code ec;
+        const auto size = std::filesystem::file_size(log_file(), ec);
+        return ec ? 0 : static_cast<std::size_t>(size);
+    }
+
+    /// Starts redis-server on `port` and waits (10 s) until it answers. false + *port_busy when
+    /// the port was taken; throws on other failures.
+    bool launch(int port, bool* port_busy) {
+        *port_busy = false;
+        const auto log_offset = log_size();
+        const auto log_path = log_file();
+        const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (log < 0) {
+            throw std::system_error(errno, std::generic_category(), "open " + log_path.string());
+        }
+        Spawn s;
+        s.argv = {binary_.string(),
+                  "--port",
+                  std::to_string(port),
+                  "--bind",
+                  "127.0.0.1",
+                  "--protected-mode",
+                  "no",
+                  "--dir",
+                  dir_.string(),
+                  "--appendonly",
+                  "yes",
+                  "--appendfsync",
+                  "always",
+                  "--save",
+                  "",
+                  "--daemonize",
+                  "no",
+                  "--logfile",
+                  log_path.string()};
+        s.env = {"PATH=/usr/bin:/bin", "LC_ALL=C", "HOME=" + dir_.string()};
+        s.cwd = dir_;
+        s.out_fd = log;  // what redis says before it opens --logfile (bad options)
+        s.new_process_group = true;
+        const pid_t pid = spawn_handing_over(s, log);
+        watchdog_.watch(pid);
+
+        RedisClient probe{host(), port, std::chrono::milliseconds(500)};
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        for (;;) {
+            int status = 0;
+            const pid_t r = ::waitpid(pid, &status, WNOHANG);
+            if (r == pid) {
+                watchdog_.watch(0);
+                const std::string whole = read_text(log_path);
+                const std::string log_text = whole.substr(std::min(log_offset, whole.size()));
+                if (log_text.find("Address already in use") != std::string::npos) {
+                    *port_busy = true;
+                    return false;
+                }
+                throw std::runtime_error("RedisServer: redis-server exited during startup: " +
+                                         tail(log_text));
+            }
+            if (answers_as_ours(probe)) break;
+            if (std::chrono::steady_clock::now() >= deadline) {
+                watchdog_.watch(0);
+                hard_kill(pid);
+                throw std::runtime_error("RedisServer: redis-server not ready within 10 s: " +
+                                         log_tail());
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        pid_ = pid;
+        port_ = port;
+        return true;
+    }
+
+    /// PONG (not -LOADING while the AOF is replayed) from a server whose dir is ours.
+    bool answers_as_ours(RedisClient& probe) const {
+        try {
+            if (probe.str({"PING"}) != "PONG") return false;
+            const auto dir = probe.array({"CONFIG", "GET", "dir"});
+            std::error_code ec;
+            return dir.size() == 2 && dir[1] && std::filesystem::equivalent(*dir[1], dir_, ec);
+        } catch (const std::exception&) {
+            probe.disconnect();
+            return false;
+        }
+    }
+
+    /// SIGKILL the process group (the server and any fork()ed child) and reap the server.
+    static void hard_kill(pid_t pid) noexcept {
+        ::kill(-pid, SIGKILL);
+        ::kill(pid, SIGKILL);
+        try {
+            wait_for(pid, std::chrono::seconds(10));
+        } catch (...) {
+        }
+    }
+
+    void cleanup() noexcept {
+        if (::getpid() != owner_) {  // in a fork()ed copy of the owner: touch nothing shared
+            watchdog_.abandon();
+            return;
+        }
+        if (pid_ > 0) {
+            const pid_t pid = pid_;
+            pid_ = -1;
+            ::kill(pid, SIGTERM);
+            watchdog_.watch(0);
+            bool stopped = false;
+            try {
+                stopped = wait_for(pid, std::chrono::seconds(5)).has_value();
+            } catch (...) {
+            }
+            if (!stopped) hard_kill(pid);
+        }
+        if (!dir_.empty()) {
+            std::error_code ec;
+            std::filesystem::remove_all(dir_, ec);
+        }
+        watchdog_.stop();
+    }
+};
+
+/// One server per test process, started on first use (thread-safe), stopped and removed at exit
+/// by a static destructor (and by the watchdog if the process dies abnormally). A failed start is
+/// remembered: later calls throw the same reason at once. Tests that stop or crash a server
+/// should use their own RedisServer, not this one.
+inline RedisServer& shared_redis() {
+    static std::string failure;
+    static const std::unique_ptr<RedisServer> server = []() -> std::unique_ptr<RedisServer> {
+        try {
+            return std::make_unique<RedisServer>();
+        } catch (const std::exception& e) {
+            failure = e.what();
+            return nullptr;
+        }
+    }();
+    if (!server) throw std::runtime_error("shared Redis server did not start: " + failure);
+    return *server;
+}
+
+}  // namespace idem_test
