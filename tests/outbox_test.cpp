@@ -513,6 +513,57 @@ TYPED_TEST(Outbox, RunLoopShipsUntilStoppedAndSurvivesStoreErrors) {
     EXPECT_NE(relay.last_store_error().find("lease_outbox"), std::string::npos);
 }
 
+TYPED_TEST(Outbox, PurgeRemovesSentIntentsOlderThanTheRetentionAndKeepsTheRest) {
+    using std::chrono::milliseconds;
+    auto& store = this->store();
+    const auto t0 = this->env.now;
+    auto handler = idem::make_handler(
+        store, idem::Policy{"ledger"},
+        [](auto& tx, const std::string& body) { TypeParam::write_effect(tx, body); });
+    ASSERT_EQ(handler.handle(Delivery{"old", 1}, std::string("a")).disposition,
+              Disposition::processed);
+    {
+        auto tx = store.begin();
+        ASSERT_TRUE(tx.add_outbox(idem::OutboxIntent{"rail", "wire-sent", "s"}));
+        ASSERT_TRUE(tx.add_outbox(idem::OutboxIntent{"rail", "wire-unsent", "u"}));
+        ASSERT_TRUE(tx.add_outbox(idem::OutboxIntent{"rail", "wire-parked", "p"}));
+        tx.commit();
+    }
+    // At t0 the first intent is sent and the third parked; the second is never leased.
+    const auto leased = store.lease_outbox(1, milliseconds(30'000));
+    ASSERT_EQ(leased.size(), 1u);
+    ASSERT_EQ(leased[0].idempotency_key, "wire-sent");
+    store.mark_outbox_sent(leased[0].id);
+    const auto rows = store.outbox_rows();
+    ASSERT_EQ(rows.size(), 3u);
+    ASSERT_EQ(rows[2].idempotency_key, "wire-parked");
+    store.mark_outbox_failed(rows[2].id, "rail says no", t0, true);
+
+    const auto retention = handler.policy().retention();  // 14 days
+    this->env.now = t0 + std::chrono::minutes(1);
+    auto early = store.purge(retention);
+    EXPECT_EQ(early.claims, 0u);
+    EXPECT_EQ(early.sent_intents, 0u);  // sent 1 min ago: far younger than the retention
+    EXPECT_EQ(store.outbox_rows().size(), 3u);
+
+    this->env.now = t0 + idem::days(15);
+    auto later = store.purge(retention);
+    EXPECT_EQ(later.claims, 1u);
+    EXPECT_EQ(later.sent_intents, 1u);
+    const auto kept = store.outbox_rows();
+    ASSERT_EQ(kept.size(), 2u);
+    EXPECT_EQ(kept[0].idempotency_key, "wire-unsent");
+    EXPECT_FALSE(kept[0].sent_at.has_value());
+    EXPECT_EQ(kept[1].idempotency_key, "wire-parked");
+    EXPECT_TRUE(kept[1].parked);
+    // The unsent intent is still leased to a relay.
+    const auto due = store.lease_outbox(10, milliseconds(30'000));
+    ASSERT_EQ(due.size(), 1u);
+    EXPECT_EQ(due[0].idempotency_key, "wire-unsent");
+    const auto again = store.purge(retention);
+    EXPECT_EQ(again.claims + again.sent_intents + again.expired_locks, 0u);
+}
+
 TYPED_TEST(Outbox, OptionsThatCannotWorkAreRefused) {
     auto sender = [](const OutboxRow&) {};
     auto with = [&](auto change) {

@@ -180,7 +180,11 @@ class IdempotentHandler {
         : store_(store),
           policy_(std::move(policy)),
           effect_(std::move(effect)),
-          observer_(observer) {}
+          observer_(observer) {
+        if constexpr (detail::has_default_lease<Store>::value) {
+            policy_.check_lease_fits(effective_lease());
+        }
+    }
 
     /// @brief Handles one delivery; the returned Outcome says whether to ack (should_ack()).
     template <class Body>
@@ -202,6 +206,13 @@ class IdempotentHandler {
     [[nodiscard]] Counters counters() const noexcept { return counters_.snapshot(); }
     [[nodiscard]] Store& store() noexcept { return store_; }
 
+    /// @brief The lease this handler's claims are held for, on a lease store (Redis): the
+    /// policy's, or the store's default.
+    template <class S = Store, class = std::enable_if_t<detail::has_default_lease<S>::value>>
+    [[nodiscard]] std::chrono::milliseconds effective_lease() const {
+        return policy_.lease().value_or(store_.default_lease());
+    }
+
     /// @brief Replaces the clock used to age messages against Policy::gateway_key_lifetime
     /// (tests); empty means the system clock.
     void set_clock(Clock clock) { clock_ = std::move(clock); }
@@ -216,6 +227,9 @@ class IdempotentHandler {
         const std::string& id = delivery.message_id;
         try {
             Transaction tx = store_.begin();
+            if constexpr (detail::has_set_terms<Transaction>::value) {
+                tx.set_terms(ClaimTerms{policy_.lease(), policy_.retention()});
+            }
             ClaimResult claim;
             std::string fingerprint;
             if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {

@@ -37,6 +37,14 @@ struct PolicyOptions {
     /// protects it, so it is dead-lettered for reconciliation (or given to the effect's
     /// reconcile callback, see reconcile.hpp). Needs Delivery::enqueued_at.
     std::optional<std::chrono::seconds> gateway_key_lifetime{};
+    /// Lease stores (Redis): how long a claim is held before another worker may take it over
+    /// (a crashed holder's message waits this long). Unset: the store's default lease.
+    std::optional<std::chrono::milliseconds> lease{};
+    /// The broker's visibility timeout: how long an unacked message stays with its consumer
+    /// before it is redelivered (Redis Streams' XAUTOCLAIM min-idle, SQS's VisibilityTimeout).
+    /// When set, a lease longer than it is refused. Choose it above the handler's p99 and the
+    /// lease equal to it or just under (docs/redis.md).
+    std::optional<std::chrono::milliseconds> visibility_timeout{};
 };
 
 /// Longest scope accepted; a scope is a handler name, not data.
@@ -78,6 +86,19 @@ class Policy {
                 "left unset",
                 scope_));
         }
+        if (options_.lease && options_.lease->count() <= 0) {
+            throw usage_error(fmt::format(
+                "idem::Policy(\"{}\"): lease must be positive (e.g. the broker's visibility "
+                "timeout) or left unset",
+                scope_));
+        }
+        if (options_.visibility_timeout && options_.visibility_timeout->count() <= 0) {
+            throw usage_error(fmt::format(
+                "idem::Policy(\"{}\"): visibility_timeout must be positive or left unset", scope_));
+        }
+        if (options_.lease && options_.visibility_timeout) {
+            check_lease_fits(*options_.lease);
+        }
         if (options_.retention <= options_.redelivery_window) {
             throw usage_error(fmt::format(
                 "idem::Policy(\"{}\"): retention ({}s) must be longer than the broker's "
@@ -97,7 +118,27 @@ class Policy {
     [[nodiscard]] std::optional<std::chrono::seconds> gateway_key_lifetime() const noexcept {
         return options_.gateway_key_lifetime;
     }
+    [[nodiscard]] std::optional<std::chrono::milliseconds> lease() const noexcept {
+        return options_.lease;
+    }
+    [[nodiscard]] std::optional<std::chrono::milliseconds> visibility_timeout() const noexcept {
+        return options_.visibility_timeout;
+    }
     [[nodiscard]] const PolicyOptions& options() const noexcept { return options_; }
+
+    /// @brief Refuses a lease longer than the broker's visibility timeout, when one is set.
+    /// Called with the policy's own lease, and by lease stores and consumers with the lease they
+    /// will really use.
+    /// @throws usage_error naming both durations.
+    void check_lease_fits(std::chrono::milliseconds lease) const {
+        if (!options_.visibility_timeout || lease <= *options_.visibility_timeout) return;
+        throw usage_error(fmt::format(
+            "idem::Policy(\"{}\"): the lease ({} ms) is longer than the broker's visibility "
+            "timeout ({} ms): a worker that dies holding the lease would block its message across "
+            "redeliveries. Make the visibility timeout longer than the handler's p99 and the "
+            "lease equal to it or just under.",
+            scope_, lease.count(), options_.visibility_timeout->count()));
+    }
 
   private:
     std::string scope_;

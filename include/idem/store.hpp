@@ -43,6 +43,10 @@
 /// void Store::mark_outbox_failed(std::int64_t id, std::string_view error,
 ///                                std::chrono::system_clock::time_point retry_at, bool park);
 /// std::vector<OutboxRow> Store::outbox_rows();        // inspection, oldest first
+/// // lease stores (Redis): the handler passes its policy's lease and retention to each
+/// // transaction before claiming, and checks the store's default lease against the policy
+/// void Transaction::set_terms(const ClaimTerms&);
+/// std::chrono::milliseconds Store::default_lease() const;
 /// @endcode
 
 #include <chrono>
@@ -80,6 +84,16 @@ struct ClaimResult {
     /// Stores that keep a claim across attempts (leases) count the times the effect started,
     /// this one included; the poison check then uses it instead of the broker's count.
     std::optional<std::uint32_t> attempts{};
+};
+
+/// @brief What a handler's policy asks of the claims it makes, for stores that hold claims as
+/// leases and expire them themselves (Redis).
+struct ClaimTerms {
+    /// How long the claim is held before another worker may take it over; unset: the store's
+    /// default.
+    std::optional<std::chrono::milliseconds> lease{};
+    /// How long a finished claim is kept.
+    std::chrono::seconds retention{};
 };
 
 /// @brief A stored claim, for inspection and tests.
@@ -179,6 +193,19 @@ template <class, class = void>
 struct has_commit : std::false_type {};
 template <class T>
 struct has_commit<T, std::void_t<decltype(std::declval<T&>().commit())>> : std::true_type {};
+
+template <class, class = void>
+struct has_set_terms : std::false_type {};
+template <class T>
+struct has_set_terms<
+    T, std::void_t<decltype(std::declval<T&>().set_terms(std::declval<const ClaimTerms&>()))>>
+    : std::true_type {};
+
+template <class, class = void>
+struct has_default_lease : std::false_type {};
+template <class T>
+struct has_default_lease<T, std::void_t<decltype(std::declval<const T&>().default_lease())>>
+    : std::true_type {};
 
 template <class S, bool = has_begin<S>::value>
 struct transaction_of {

@@ -5,12 +5,15 @@
 
 #include <idem/idem.hpp>
 #include <idem/store/postgres.hpp>
+#include <idem/store/redis.hpp>
 #include <idem/store/sqlite.hpp>
 
 int main() {
     static_assert(IDEM_VERSION_MAJOR == 0 && IDEM_VERSION_MINOR == 1, "unexpected idem version");
-    // The postgres component links and its store fits (no server is needed to check that).
+    // The postgres and redis components link and its store fits (no server is needed to check
+    // that).
     static_assert(idem::detail::is_store_v<idem::PostgresStore>, "PostgresStore must fit");
+    static_assert(idem::detail::is_store_v<idem::RedisStore>, "RedisStore must fit");
     idem::SqliteStore store(":memory:");
     int runs = 0;
     auto handler = idem::make_handler(store, idem::Policy{"consumer-check"},

@@ -1,0 +1,622 @@
+// RedisStore beyond the conformance suite: leases (live → in_progress, expired → taken over),
+// fenced completion (a lost lease writes nothing and is not acked), the poison limit counting
+// attempts that started rather than redeliveries, the fourth field note's refund race against a
+// Stripe-like gateway, Redis-side writes committing with the claim (and what happens when one
+// fails), keys that share a Cluster slot, hostile ids and payloads, and a redis-server killed
+// and restarted in the middle of 1,000 messages. Every test runs against a real redis-server.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/idem.hpp"
+#include "idem/store/redis.hpp"
+#include "support/redis_env.hpp"
+#include "support/redis_server.hpp"
+#include "support/require_redis.hpp"
+
+namespace {
+
+using idem::ClaimStatus;
+using idem::Delivery;
+using idem::Disposition;
+using namespace std::chrono_literals;
+
+class RedisStoreTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        IDEM_REQUIRE_REDIS();
+        env_ = std::make_unique<idem_test::RedisEnv>();
+    }
+    idem::RedisStore& store() { return *env_->store; }
+    idem_test::RedisClient& client() { return *env_->client; }
+    idem_test::time_point& now() { return env_->now; }
+    /// A second store on the same server and clock: another worker process.
+    std::unique_ptr<idem::RedisStore> other_worker() {
+        idem::RedisOptions options;
+        options.clock = [this] { return env_->now; };
+        return std::make_unique<idem::RedisStore>(store().endpoint(), options);
+    }
+
+    std::unique_ptr<idem_test::RedisEnv> env_;
+};
+
+// ---- leases --------------------------------------------------------------------------------
+
+TEST_F(RedisStoreTest, LiveLeaseIsInProgressAndAnExpiredOneIsTakenOverWithANewToken) {
+    auto b = other_worker();
+    auto a_tx = store().begin();
+    a_tx.set_terms(idem::ClaimTerms{30s, idem::days(14)});
+    auto first = a_tx.claim("refund", "m-1");
+    ASSERT_EQ(first.status, ClaimStatus::claimed);
+    EXPECT_EQ(first.attempts, 1u);
+
+    {
+        auto b_tx = b->begin();
+        b_tx.set_terms(idem::ClaimTerms{30s, idem::days(14)});
+        auto held = b_tx.claim("refund", "m-1");
+        EXPECT_EQ(held.status, ClaimStatus::in_progress);
+        EXPECT_EQ(held.attempts, 1u);  // finding a live lease is not an attempt
+    }
+    EXPECT_EQ(store().attempts("refund", "m-1"), 1u);
+    auto record = store().find_claim("refund", "m-1");
+    ASSERT_TRUE(record.has_value());
+    EXPECT_EQ(record->disposition, Disposition::in_progress);
+
+    now() += 30s;  // exactly at the expiry the lease is over
+    auto b_tx = b->begin();
+    b_tx.set_terms(idem::ClaimTerms{30s, idem::days(14)});
+    auto taken = b_tx.claim("refund", "m-1");
+    EXPECT_EQ(taken.status, ClaimStatus::claimed);
+    EXPECT_EQ(taken.attempts, 2u);
+    EXPECT_NE(b_tx.token(), a_tx.token());
+    EXPECT_EQ(client().str({"HGET", store().claim_key("refund", "m-1"), "token"}), b_tx.token());
+}
+
+TEST_F(RedisStoreTest, CompletionIsFencedALostLeaseWritesNothing) {
+    auto b = other_worker();
+    auto a_tx = store().begin();
+    ASSERT_EQ(a_tx.claim("refund", "m-1").status, ClaimStatus::claimed);
+    a_tx.write("INCR", "refunds:m-1");
+    a_tx.record_outcome("refund", "m-1", Disposition::processed, "");
+
+    now() += store().default_lease() + 1ms;  // A is slower than its lease
+    auto b_tx = b->begin();
+    ASSERT_EQ(b_tx.claim("refund", "m-1").status, ClaimStatus::claimed);
+
+    try {
+        a_tx.commit();
+        FAIL() << "A's commit must fail: B holds the claim";
+    } catch (const idem::commit_failed& e) {
+        EXPECT_NE(std::string(e.what()).find("lease lost"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(client().str({"GET", "refunds:m-1"}).has_value());  // A's write is not there
+    // B's lease is untouched by A's failure and B completes.
+    b_tx.write("INCR", "refunds:m-1");
+    b_tx.record_outcome("refund", "m-1", Disposition::processed, "");
+    b_tx.commit();
+    EXPECT_EQ(client().str({"GET", "refunds:m-1"}), "1");
+    EXPECT_EQ(store().find_claim("refund", "m-1")->disposition, Disposition::processed);
+}
+
+TEST_F(RedisStoreTest, ALostLeaseIsAFailureForTheHandlerNeverAnAck) {
+    auto b = other_worker();
+    auto handler =
+        idem::make_handler(store(), idem::Policy{"refund"}, [&](auto& tx, const std::string& body) {
+            tx.write("SADD", "refunded", body);
+            // While A works, its lease runs out and B takes over.
+            now() += store().default_lease() + 1ms;
+            auto b_tx = b->begin();
+            ASSERT_EQ(b_tx.claim("refund", "m-1").status, ClaimStatus::claimed);
+            b_tx.record_outcome("refund", "m-1", Disposition::processed, "");
+            b_tx.commit();
+        });
+    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("order-7"));
+    EXPECT_EQ(outcome.disposition, Disposition::failed);
+    EXPECT_FALSE(idem::should_ack(outcome));
+    EXPECT_NE(outcome.reason.find("lease lost"), std::string::npos) << outcome.reason;
+    EXPECT_EQ(client().integer({"SCARD", "refunded"}), 0);
+}
+
+TEST_F(RedisStoreTest, RollbackFreesOnlyItsOwnLeaseAndKeepsTheAttemptCount) {
+    auto b = other_worker();
+    {
+        auto a_tx = store().begin();
+        ASSERT_EQ(a_tx.claim("s", "m-1").status, ClaimStatus::claimed);
+        now() += store().default_lease() + 1ms;
+        auto b_tx = b->begin();
+        ASSERT_EQ(b_tx.claim("s", "m-1").status, ClaimStatus::claimed);
+        a_tx.rollback();  // A's effect threw: it must not free B's lease
+        EXPECT_EQ(store().find_claim("s", "m-1")->disposition, Disposition::in_progress);
+        EXPECT_EQ(client().str({"HGET", store().claim_key("s", "m-1"), "token"}), b_tx.token());
+    }  // B's transaction ends without commit: its lease is freed
+    EXPECT_FALSE(store().find_claim("s", "m-1").has_value());
+    EXPECT_EQ(store().attempts("s", "m-1"), 2u);
+    auto c_tx = store().begin();
+    auto third = c_tx.claim("s", "m-1");
+    EXPECT_EQ(third.status, ClaimStatus::claimed);
+    EXPECT_EQ(third.attempts, 3u);
+}
+
+// ---- the poison limit on a lease store -------------------------------------------------------
+
+TEST_F(RedisStoreTest, SlowButAliveHolderIsNotDeadLetteredByRedeliveries) {
+    // The broker redelivers while A still works (its count climbs past max_deliveries); each
+    // redelivery finds A's live lease: in_progress, not acked, and not an attempt.
+    idem::PolicyOptions options;
+    options.max_deliveries = 3;
+    int runs = 0;
+    std::vector<Disposition> meanwhile;
+    auto b = other_worker();
+    auto b_handler = idem::make_handler(
+        *b, idem::Policy{"capture", options},
+        [&](auto& tx, const std::string& body) { tx.write("SADD", "captured", body); });
+    auto a_handler = idem::make_handler(
+        store(), idem::Policy{"capture", options}, [&](auto& tx, const std::string& body) {
+            ++runs;
+            for (std::uint32_t count = 2; count <= 7; ++count) {
+                meanwhile.push_back(b_handler.handle(Delivery{"m-1", count}, body).disposition);
+            }
+            tx.write("SADD", "captured", body);
+        });
+    auto outcome = a_handler.handle(Delivery{"m-1", 1}, std::string("order-1"));
+    EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+    EXPECT_EQ(meanwhile, std::vector<Disposition>(6, Disposition::in_progress));
+    EXPECT_EQ(runs, 1);
+    EXPECT_TRUE(store().dead_letters().empty());
+    EXPECT_EQ(store().attempts("capture", "m-1"), 1u);
+    // The next redelivery, count 8, is a duplicate: acked, never parked.
+    EXPECT_EQ(b_handler.handle(Delivery{"m-1", 8}, std::string("order-1")).disposition,
+              Disposition::duplicate);
+    EXPECT_EQ(client().integer({"SCARD", "captured"}), 1);
+}
+
+TEST_F(RedisStoreTest, ACrashedHolderCountsOneAttemptNotItsRedeliveries) {
+    idem::PolicyOptions options;
+    options.max_deliveries = 3;
+    auto handler = idem::make_handler(
+        store(), idem::Policy{"capture", options},
+        [&](auto& tx, const std::string& body) { tx.write("SADD", "captured", body); });
+    {
+        // A worker claimed and died (its transaction never ends; the lease just expires).
+        auto crashed = other_worker();
+        auto tx = crashed->begin();
+        ASSERT_EQ(tx.claim("capture", "m-1").status, ClaimStatus::claimed);
+        for (std::uint32_t count = 2; count <= 5; ++count) {
+            EXPECT_EQ(handler.handle(Delivery{"m-1", count}, std::string("o")).disposition,
+                      Disposition::in_progress);
+        }
+        now() += store().default_lease();
+        auto outcome = handler.handle(Delivery{"m-1", 6}, std::string("o"));
+        EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+        tx.rollback();  // what the dead worker can no longer do changes nothing now
+    }
+    EXPECT_EQ(store().attempts("capture", "m-1"), 2u);
+    EXPECT_TRUE(store().dead_letters().empty());
+}
+
+TEST_F(RedisStoreTest, PolicyRefusesALeaseLongerThanTheVisibilityTimeout) {
+    idem::PolicyOptions options;
+    options.visibility_timeout = 30s;
+    options.lease = 45s;
+    EXPECT_THROW(idem::Policy("capture", options), idem::usage_error);
+    try {
+        idem::Policy("capture", options);
+    } catch (const idem::usage_error& e) {
+        EXPECT_NE(std::string(e.what()).find("visibility timeout"), std::string::npos);
+    }
+    options.lease = 30s;  // equal is fine
+    EXPECT_NO_THROW(idem::Policy("capture", options));
+
+    // No lease in the policy: the store's default (30 s) is checked against a 10 s timeout.
+    idem::PolicyOptions short_timeout;
+    short_timeout.visibility_timeout = 10s;
+    auto effect = [](auto&, const std::string&) {};
+    EXPECT_THROW(idem::make_handler(store(), idem::Policy{"capture", short_timeout}, effect),
+                 idem::usage_error);
+    short_timeout.lease = 9s;
+    auto handler = idem::make_handler(store(), idem::Policy{"capture", short_timeout}, effect);
+    EXPECT_EQ(handler.effective_lease(), 9s);
+}
+
+TEST_F(RedisStoreTest, TheHandlersLeaseIsTheOneStored) {
+    idem::PolicyOptions options;
+    options.lease = 5s;
+    auto handler = idem::make_handler(
+        store(), idem::Policy{"capture", options}, [&](auto& tx, const std::string&) {
+            auto until = client().str({"HGET", store().claim_key("capture", "m-1"), "lease_until"});
+            ASSERT_TRUE(until.has_value());
+            EXPECT_EQ(std::stoll(*until), idem::detail::to_ms(now() + 5s));
+            tx.write("SET", "ran", "1");
+        });
+    ASSERT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("x")).disposition,
+              Disposition::processed);
+    // The finished record expires after the policy's retention.
+    auto ttl = client().integer({"PTTL", store().claim_key("capture", "m-1")});
+    ASSERT_TRUE(ttl.has_value());
+    EXPECT_GT(*ttl, std::chrono::duration_cast<std::chrono::milliseconds>(idem::days(13)).count());
+}
+
+// ---- the fourth field note's race ------------------------------------------------------------
+
+/// A Stripe-like refund API: a new key makes one refund and returns its reference; the same key
+/// returns the first result; a request whose key is still in flight is refused.
+class RefundProcessor {
+  public:
+    struct InFlight : std::runtime_error {
+        using std::runtime_error::runtime_error;
+    };
+
+    std::string refund(const std::string& key, std::chrono::milliseconds takes) {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            ++requests_;
+            if (auto done = results_.find(key); done != results_.end()) return done->second;
+            if (!in_flight_.insert(key).second) {
+                throw InFlight("409: a request with idempotency key " + key + " is in flight");
+            }
+        }
+        std::this_thread::sleep_for(takes);
+        std::lock_guard<std::mutex> lock(mutex_);
+        in_flight_.erase(key);
+        std::string reference = "re_" + std::to_string(results_.size() + 1);
+        results_.emplace(key, reference);
+        return reference;
+    }
+    std::size_t refunds() const {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return results_.size();
+    }
+    std::size_t requests() const {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return requests_;
+    }
+
+  private:
+    mutable std::mutex mutex_;
+    std::set<std::string> in_flight_;
+    std::map<std::string, std::string> results_;
+    std::size_t requests_ = 0;
+};
+
+TEST_F(RedisStoreTest, SlowInstanceRacingASecondOneRefundsExactlyOnce) {
+    // Real time here: the server's clock, a 300 ms lease equal to the visibility timeout.
+    idem::RedisOptions options;
+    options.lease = 300ms;
+    idem::RedisStore a_store(store().endpoint(), options);
+    idem::RedisStore b_store(store().endpoint(), options);
+    idem::PolicyOptions policy;
+    policy.visibility_timeout = 300ms;
+    RefundProcessor processor;
+
+    auto refund_effect = [&processor](std::chrono::milliseconds takes) {
+        return [&processor, takes](auto& tx, const std::string& order) {
+            std::string reference = processor.refund(idem::key("refund", "shop-1", order), takes);
+            tx.write("HSET", "refunds", order, reference);
+        };
+    };
+    auto a = idem::make_handler(a_store, idem::Policy{"refund-once", policy}, refund_effect(900ms));
+    auto b = idem::make_handler(b_store, idem::Policy{"refund-once", policy}, refund_effect(0ms));
+
+    std::mutex m;
+    std::condition_variable cv;
+    bool a_started = false;
+    idem::Outcome a_outcome;
+    std::thread instance_a([&] {
+        {
+            std::lock_guard<std::mutex> lock(m);
+            a_started = true;
+        }
+        cv.notify_all();
+        a_outcome = a.handle(Delivery{"m-1", 1}, std::string("order-9"));
+    });
+    {
+        std::unique_lock<std::mutex> lock(m);
+        cv.wait(lock, [&] { return a_started; });
+    }
+    // The visibility timeout passes: the broker gives the message to B, whose claim finds A's
+    // lease expired and takes it over. The processor refuses B: A's request is in flight.
+    idem::Outcome b_outcome;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    do {
+        std::this_thread::sleep_for(350ms);
+        b_outcome = b.handle(Delivery{"m-1", 2}, std::string("order-9"));
+    } while (b_outcome.disposition == Disposition::in_progress &&
+             std::chrono::steady_clock::now() < deadline);
+    EXPECT_EQ(b_outcome.disposition, Disposition::failed) << b_outcome.reason;
+    EXPECT_NE(b_outcome.reason.find("in flight"), std::string::npos) << b_outcome.reason;
+    EXPECT_FALSE(idem::should_ack(b_outcome));
+    instance_a.join();
+    // A's refund went through at the processor, but its completion is fenced off.
+    EXPECT_EQ(a_outcome.disposition, Disposition::failed) << a_outcome.reason;
+    EXPECT_NE(a_outcome.reason.find("lease lost"), std::string::npos) << a_outcome.reason;
+    EXPECT_FALSE(idem::should_ack(a_outcome));
+    EXPECT_FALSE(client().integer({"HLEN", "refunds"}).value_or(0) > 0);
+
+    // The next redelivery gets the first result back from the processor and records it.
+    auto c = b.handle(Delivery{"m-1", 3}, std::string("order-9"));
+    EXPECT_EQ(c.disposition, Disposition::processed) << c.reason;
+    EXPECT_EQ(b.handle(Delivery{"m-1", 4}, std::string("order-9")).disposition,
+              Disposition::duplicate);
+    EXPECT_EQ(processor.refunds(), 1u);
+    EXPECT_EQ(processor.requests(), 3u);
+    EXPECT_EQ(client().str({"HGET", "refunds", "order-9"}), "re_1");
+}
+
+// ---- Redis-side writes commit with the claim --------------------------------------------------
+
+TEST_F(RedisStoreTest, WritesOfADeferredOrThrowingEffectAreNeverApplied) {
+    bool fail = true;
+    auto handler =
+        idem::make_handler(store(), idem::Policy{"ledger"}, [&](auto& tx, const std::string& body) {
+            tx.write("HINCRBY", "balance", body, 100);
+            if (fail) throw std::runtime_error("downstream 503");
+        });
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("acct-1")).disposition,
+              Disposition::failed);
+    EXPECT_FALSE(client().str({"HGET", "balance", "acct-1"}).has_value());
+    fail = false;
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("acct-1")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 3}, std::string("acct-1")).disposition,
+              Disposition::duplicate);
+    EXPECT_EQ(client().str({"HGET", "balance", "acct-1"}), "100");
+}
+
+TEST_F(RedisStoreTest, AWriteFailingFirstInTheCommitAppliesNothingAndReleasesTheClaim) {
+    client().exec({"SET", "not-a-hash", "text"});
+    bool sabotage = true;
+    auto handler =
+        idem::make_handler(store(), idem::Policy{"ledger"}, [&](auto& tx, const std::string&) {
+            tx.write("HSET", sabotage ? "not-a-hash" : "a-hash", "f", "v");
+            tx.write("INCR", "counter");
+        });
+    auto failed = handler.handle(Delivery{"m-1", 1}, std::string("x"));
+    EXPECT_EQ(failed.disposition, Disposition::failed);
+    EXPECT_NE(failed.reason.find("WRONGTYPE"), std::string::npos) << failed.reason;
+    EXPECT_FALSE(client().str({"GET", "counter"}).has_value());
+    EXPECT_FALSE(store().find_claim("ledger", "m-1").has_value());
+    sabotage = false;
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("x")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(client().str({"GET", "counter"}), "1");
+}
+
+TEST_F(RedisStoreTest, AWriteFailingAfterOthersWereAppliedParksTheClaimSoTheyAreNotRepeated) {
+    // Redis cannot roll back the INCR that ran before the failing command: the claim is parked
+    // (a dead letter says why), and a redelivery is a duplicate instead of a second INCR.
+    client().exec({"SET", "not-a-hash", "text"});
+    auto handler =
+        idem::make_handler(store(), idem::Policy{"ledger"}, [&](auto& tx, const std::string&) {
+            tx.write("INCR", "counter");
+            tx.write("HSET", "not-a-hash", "f", "v");
+        });
+    auto failed = handler.handle(Delivery{"m-1", 1}, std::string("x"));
+    EXPECT_EQ(failed.disposition, Disposition::failed);
+    EXPECT_NE(failed.reason.find("cannot roll back"), std::string::npos) << failed.reason;
+    EXPECT_EQ(client().str({"GET", "counter"}), "1");
+    auto record = store().find_claim("ledger", "m-1");
+    ASSERT_TRUE(record.has_value());
+    EXPECT_EQ(record->disposition, Disposition::dead_lettered);
+    auto letters = store().dead_letters();
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_EQ(letters[0].message_id, "m-1");
+    EXPECT_NE(letters[0].reason.find("WRONGTYPE"), std::string::npos) << letters[0].reason;
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("x")).disposition,
+              Disposition::duplicate);
+    EXPECT_EQ(client().str({"GET", "counter"}), "1");
+}
+
+TEST_F(RedisStoreTest, AckOnCommitIsPartOfTheTransaction) {
+    client().exec({"XGROUP", "CREATE", "orders", "workers", "$", "MKSTREAM"});
+    auto entry = client().str({"XADD", "orders", "*", "order", "1"});
+    ASSERT_TRUE(entry.has_value());
+    auto run = [&](std::vector<std::string> command) {
+        return store().with_connection(
+            [&](idem::RedisConnection& c) { return c.checked(command, command[0]); });
+    };
+    run({"XREADGROUP", "GROUP", "workers", "w1", "COUNT", "1", "STREAMS", "orders", ">"});
+    auto pending = [&] { return run({"XPENDING", "orders", "workers"}).elements.at(0).integer; };
+    ASSERT_EQ(pending(), 1);
+    {
+        auto tx = store().begin();
+        ASSERT_EQ(tx.claim("s", "m-1").status, ClaimStatus::claimed);
+        tx.ack_on_commit("orders", "workers", *entry);
+    }  // rolled back: not acked
+    EXPECT_EQ(pending(), 1);
+    auto tx = store().begin();
+    ASSERT_EQ(tx.claim("s", "m-1").status, ClaimStatus::claimed);
+    tx.ack_on_commit("orders", "workers", *entry);
+    tx.record_outcome("s", "m-1", Disposition::processed, "");
+    tx.commit();
+    EXPECT_EQ(pending(), 0);
+}
+
+// ---- keys, hostile ids and payloads ----------------------------------------------------------
+
+/// Redis Cluster's key slot: CRC16/XMODEM of the hash tag (or the whole key), mod 16384.
+unsigned key_slot(const std::string& key) {
+    std::string hashed = key;
+    auto open = key.find('{');
+    if (open != std::string::npos) {
+        auto close = key.find('}', open + 1);
+        if (close != std::string::npos && close != open + 1)
+            hashed = key.substr(open + 1, close - open - 1);
+    }
+    unsigned crc = 0;
+    for (unsigned char c : hashed) {
+        crc ^= static_cast<unsigned>(c) << 8;
+        for (int i = 0; i < 8; ++i)
+            crc = (crc & 0x8000) ? ((crc << 1) ^ 0x1021) : (crc << 1);
+        crc &= 0xFFFF;
+    }
+    return crc % 16384;
+}
+
+TEST_F(RedisStoreTest, OneClaimsKeysShareAClusterSlotWhateverTheIdHolds) {
+    ASSERT_EQ(key_slot("123456789"), 0x31C3u % 16384);  // the CRC16 check value
+    const std::vector<std::string> ids = {"plain", "a}b", "{x}", "}",
+                                          "{",     "%7D", "a:b", std::string("nul\0id", 6)};
+    for (const auto& id : ids) {
+        EXPECT_EQ(key_slot(store().claim_key("capture", id)),
+                  key_slot(store().dead_letter_key("capture", id)))
+            << id;
+    }
+    // Escaping keeps different (scope, id) pairs apart.
+    EXPECT_NE(store().claim_key("a:b", "c"), store().claim_key("a", "b:c"));
+    EXPECT_NE(store().claim_key("s", "a}b"), store().claim_key("s", "a%7Db"));
+    EXPECT_NE(store().claim_key("s", "}"), store().claim_key("s", "%7D"));
+}
+
+TEST_F(RedisStoreTest, HostileIdsAndPayloadsRoundTripIntact) {
+    const std::vector<std::string> ids = {"with space",
+                                          "quote\"s and 'single'",
+                                          "{braces}",
+                                          "}{",
+                                          std::string("n\0l", 3),
+                                          "%25%7D",
+                                          "a:b:c",
+                                          "\xff\xfe binary",
+                                          "*?[glob]\\",
+                                          "emoji \xf0\x9f\x92\xb3"};
+    const std::string payload = std::string("payload\0with nul", 16) + "\r\n\"{}\xff";
+    idem::PolicyOptions park_at_once;
+    park_at_once.max_deliveries = 1;
+    auto writer = idem::make_handler(
+        store(), idem::Policy{"scope:with{odd}chars"},
+        [](auto& tx, const std::string& body) { tx.write("SADD", "seen", body); });
+    auto parker = idem::make_handler(store(), idem::Policy{"park", park_at_once},
+                                     [](auto&, const std::string&) {});
+    for (const auto& id : ids) {
+        EXPECT_EQ(writer.handle(Delivery{id, 1}, id + payload).disposition, Disposition::processed)
+            << id;
+        EXPECT_EQ(writer.handle(Delivery{id, 2}, id + payload).disposition, Disposition::duplicate)
+            << id;
+        auto record = store().find_claim("scope:with{odd}chars", id);
+        ASSERT_TRUE(record.has_value()) << id;
+        EXPECT_EQ(record->message_id, id);
+        EXPECT_EQ(parker.handle(Delivery{id, 1}, id + payload).disposition,
+                  Disposition::dead_lettered);
+        EXPECT_EQ(client().integer({"SISMEMBER", "seen", id + payload}), 1) << id;
+    }
+    EXPECT_EQ(client().integer({"SCARD", "seen"}), static_cast<long long>(ids.size()));
+    auto letters = store().dead_letters();
+    ASSERT_EQ(letters.size(), ids.size());
+    std::set<std::string> got_ids;
+    for (const auto& letter : letters) {
+        got_ids.insert(letter.message_id);
+        EXPECT_EQ(letter.payload, letter.message_id + payload);
+        EXPECT_EQ(letter.scope, "park");
+    }
+    EXPECT_EQ(got_ids, std::set<std::string>(ids.begin(), ids.end()));
+}
+
+// ---- connection loss ---------------------------------------------------------------------------
+
+/// Its own server: these tests kill it.
+class RedisRestartTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        IDEM_REQUIRE_REDIS();
+        server_ = std::make_unique<idem_test::RedisServer>();
+    }
+    std::unique_ptr<idem_test::RedisServer> server_;
+};
+
+TEST_F(RedisRestartTest, AnUnreachableServerIsAFailureAndTheStoreReconnects) {
+    idem::RedisEndpoint endpoint = idem_test::redis_endpoint(*server_);
+    endpoint.connect_timeout = 500ms;
+    endpoint.command_timeout = 1s;
+    idem::RedisStore store(endpoint);
+    auto handler = idem::make_handler(
+        store, idem::Policy{"s"}, [](auto& tx, const std::string& b) { tx.write("SADD", "x", b); });
+    ASSERT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("1")).disposition,
+              Disposition::processed);
+    server_->kill9();
+    auto down = handler.handle(Delivery{"m-2", 1}, std::string("2"));
+    EXPECT_EQ(down.disposition, Disposition::failed);
+    EXPECT_FALSE(idem::should_ack(down));
+    EXPECT_NE(down.reason.find("store error"), std::string::npos) << down.reason;
+    server_->start();
+    EXPECT_EQ(handler.handle(Delivery{"m-2", 2}, std::string("2")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("1")).disposition,
+              Disposition::duplicate);  // the AOF kept the first claim
+}
+
+TEST_F(RedisRestartTest, KilledAndRestartedMidRunOfAThousandLosesNothingAndAppliesNothingTwice) {
+    constexpr int kMessages = 1000;
+    idem::RedisEndpoint endpoint = idem_test::redis_endpoint(*server_);
+    endpoint.connect_timeout = 500ms;
+    endpoint.command_timeout = 2s;
+    idem::RedisOptions options;
+    options.lease = 500ms;  // leases orphaned by the kill expire quickly
+    idem::RedisStore store(endpoint, options);
+    auto handler =
+        idem::make_handler(store, idem::Policy{"capture"}, [](auto& tx, const std::string& order) {
+            tx.write("HINCRBY", "applied", order, 1);
+            tx.write("SADD", "orders", order);
+        });
+
+    // The broker: unacked messages come back (with a higher count) until they are acked.
+    std::vector<std::uint32_t> deliveries(kMessages, 0);
+    std::vector<int> pending;
+    for (int i = 0; i < kMessages; ++i)
+        pending.push_back(i);
+    std::atomic<int> handled{0};
+    std::atomic<bool> killed{false};
+    std::thread chaos([&] {
+        // In the middle of the run, at a moment the handlers do not choose.
+        while (handled.load() < kMessages / 2)
+            std::this_thread::yield();
+        server_->kill9();
+        killed = true;
+        std::this_thread::sleep_for(300ms);
+        server_->start();
+    });
+    int failed = 0;
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (!pending.empty() && std::chrono::steady_clock::now() < deadline) {
+        std::vector<int> next;
+        for (int i : pending) {
+            const std::string id = "order-" + std::to_string(i);
+            auto outcome = handler.handle(Delivery{id, ++deliveries[i]}, id);
+            ++handled;
+            if (idem::should_ack(outcome)) {
+                EXPECT_TRUE(outcome.disposition == Disposition::processed ||
+                            outcome.disposition == Disposition::duplicate)
+                    << id << ": " << outcome.reason;
+            } else {
+                ++failed;
+                next.push_back(i);
+            }
+        }
+        pending = std::move(next);
+        if (!pending.empty()) std::this_thread::sleep_for(50ms);
+    }
+    chaos.join();
+    ASSERT_TRUE(killed);
+    EXPECT_TRUE(pending.empty()) << pending.size() << " messages never acked";
+    EXPECT_GT(failed, 0) << "the kill happened after the run: it proved nothing";
+
+    idem_test::RedisClient check(server_->host(), server_->port());
+    EXPECT_EQ(check.integer({"SCARD", "orders"}), kMessages);
+    EXPECT_EQ(check.integer({"HLEN", "applied"}), kMessages);
+    for (int i = 0; i < kMessages; ++i) {
+        const std::string id = "order-" + std::to_string(i);
+        EXPECT_EQ(check.str({"HGET", "applied", id}), "1") << id << " applied more than once";
+    }
+    EXPECT_TRUE(store.dead_letters().empty());
+}
+
+}  // namespace

@@ -1,0 +1,69 @@
+#pragma once
+// The Redis environment of the typed conformance suite (see store_envs.hpp for the others): the
+// process's test redis-server, emptied for each environment, the store on a controllable clock,
+// an effects set written through the claim's transaction (queued, applied by the commit), and a
+// commit that really fails: the lease is lost behind the transaction's back.
+//
+// Without redis-server the constructor starts nothing and leaves `store` null (the fixture calls
+// IDEM_REQUIRE_REDIS() in SetUp(), which skips the test, or fails it under CI=true).
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "idem/store/redis.hpp"
+#include "redis_server.hpp"
+#include "store_envs.hpp"
+
+namespace idem_test {
+
+inline idem::RedisEndpoint redis_endpoint(const RedisServer& server) {
+    idem::RedisEndpoint endpoint;
+    endpoint.host = server.host();
+    endpoint.port = server.port();
+    return endpoint;
+}
+
+struct RedisEnv {
+    using Store = idem::RedisStore;
+    static constexpr const char* name = "redis";
+    static constexpr const char* effects_key = "conformance:effects";
+
+    time_point now = test_epoch();
+    std::unique_ptr<Store> store;
+    std::unique_ptr<RedisClient> client;
+
+    RedisEnv() {
+        if (!RedisServer::available()) return;
+        auto& server = shared_redis();
+        server.flushall();
+        idem::RedisOptions options;
+        options.clock = [this] { return now; };
+        store = std::make_unique<Store>(redis_endpoint(server), options);
+        client = std::make_unique<RedisClient>(server.host(), server.port());
+    }
+
+    template <class Tx>
+    static void write_effect(Tx& tx, const std::string& key) {
+        tx.write("SADD", effects_key, key);
+    }
+    /// Another worker took the expired lease over and gave it up (its effect threw): this
+    /// transaction's token no longer holds the claim, so its commit must write nothing.
+    template <class Tx>
+    void make_commit_fail(Tx&) {
+        for (const auto& key : client->array({"KEYS", store->options().key_prefix + "c{*"})) {
+            if (!key) continue;
+            client->exec({"HSET", *key, "state", "free"});
+            client->exec({"HDEL", *key, "token", "lease_until"});
+        }
+    }
+    std::size_t effect_rows() {
+        return static_cast<std::size_t>(client->integer({"SCARD", effects_key}).value_or(0));
+    }
+    bool has_effect(const std::string& key) {
+        return client->integer({"SISMEMBER", effects_key, key}).value_or(0) == 1;
+    }
+};
+
+}  // namespace idem_test
