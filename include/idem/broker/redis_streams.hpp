@@ -1,0 +1,680 @@
+#pragma once
+/// @file
+/// @brief StreamConsumer: reads a Redis Stream through a consumer group and hands each entry to a
+/// handler as an idem::Delivery with the broker's true delivery count, acking only what the
+/// outcome says to ack. Link idem::redis.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "idem/config.hpp"
+#include "idem/delivery.hpp"
+#include "idem/error.hpp"
+#include "idem/handler.hpp"
+#include "idem/outcome.hpp"
+#include "idem/store.hpp"
+#include "idem/store/redis.hpp"
+
+IDEM_BEGIN_NAMESPACE
+
+/// @brief One entry of a stream, as read. Binary-safe: names and values are bytes.
+struct StreamEntry {
+    std::string stream;
+    std::string id;  ///< the entry id, "<ms>-<seq>"
+    std::vector<std::pair<std::string, std::string>> fields;
+
+    /// @brief The value of the first field named @p name (a stream entry may repeat a name).
+    [[nodiscard]] std::optional<std::string_view> field(std::string_view name) const {
+        for (const auto& [key, value] : fields) {
+            if (key == name) return std::string_view(value);
+        }
+        return std::nullopt;
+    }
+};
+
+namespace detail {
+
+/// A JSON string of raw bytes: every byte outside printable ASCII is \u00XX, so the text is
+/// plain ASCII (safe in logs and text columns) and maps back to exactly the original bytes.
+inline void append_json_bytes(std::string& out, std::string_view bytes) {
+    static constexpr char hex[] = "0123456789abcdef";
+    out += '"';
+    for (char ch : bytes) {
+        const auto c = static_cast<unsigned char>(ch);
+        switch (c) {
+            case '"':
+                out += "\\\"";
+                break;
+            case '\\':
+                out += "\\\\";
+                break;
+            case '\n':
+                out += "\\n";
+                break;
+            case '\r':
+                out += "\\r";
+                break;
+            case '\t':
+                out += "\\t";
+                break;
+            default:
+                if (c < 0x20 || c >= 0x7F) {
+                    out += "\\u00";
+                    out += hex[c >> 4];
+                    out += hex[c & 0x0F];
+                } else {
+                    out += ch;
+                }
+        }
+    }
+    out += '"';
+}
+
+}  // namespace detail
+
+/// @brief The bytes a dead letter keeps of a stream entry (found by ADL by the handler): its
+/// fields as a JSON array of [name, value] pairs, in order, e.g. `[["order","8814"]]`. An array
+/// rather than an object because a stream entry may repeat a name; bytes outside printable ASCII
+/// are escaped as \u00XX (one per byte), so the encoding is unambiguous and readable.
+[[nodiscard]] inline std::string idem_payload(const StreamEntry& entry) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < entry.fields.size(); ++i) {
+        if (i != 0) out += ',';
+        out += '[';
+        detail::append_json_bytes(out, entry.fields[i].first);
+        out += ',';
+        detail::append_json_bytes(out, entry.fields[i].second);
+        out += ']';
+    }
+    out += ']';
+    return out;
+}
+
+/// @brief Where a StreamConsumer reads and how it paces itself.
+struct StreamConsumerOptions {
+    std::string stream;    ///< the stream key
+    std::string group;     ///< the consumer group
+    std::string consumer;  ///< this consumer's name in the group, unique per running instance
+    /// Where dead-lettered entries go, with their fields. Empty: stream + ":dead-letters". On a
+    /// Redis Cluster give both the same hash tag (a stream named "{orders}" does by default).
+    std::string dead_letter_stream{};
+    /// Empty: the entry id is the message id. Otherwise the value of this field (a producer's
+    /// business id, so a message sent twice is claimed once); an entry without it gets an empty
+    /// id, which an IdempotentHandler dead-letters as malformed.
+    std::string id_field{};
+    /// Entries reclaimed, and entries read, per poll.
+    std::size_t batch_size = 16;
+    /// How long XREADGROUP waits for new entries when nothing was reclaimed; also how long
+    /// run() may take to notice request_stop(). Must be shorter than the endpoint's
+    /// command_timeout.
+    std::chrono::milliseconds block{1000};
+    /// An entry pending this long without an ack is taken over (XAUTOCLAIM min-idle-time) and
+    /// delivered again. Keep it above the handler's p99; a lease store's lease must not exceed it.
+    std::chrono::milliseconds visibility_timeout{30000};
+    /// Create the group (at id 0, with the stream) when it does not exist.
+    bool create_group = true;
+    /// Told about each error run() recovers from (connection lost, an error reply) before it
+    /// backs off and retries; for logs. Exceptions it throws are ignored. Empty: only counted.
+    std::function<void(const std::exception&)> on_error{};
+};
+
+/// @brief What a StreamConsumer has done so far (a snapshot).
+struct StreamConsumerStats {
+    std::size_t read = 0;             ///< new entries read (XREADGROUP)
+    std::size_t reclaimed = 0;        ///< stuck entries taken over and delivered again (XAUTOCLAIM)
+    std::size_t acked = 0;            ///< entries acked, by the consumer or in the commit
+    std::size_t dead_lettered = 0;    ///< of those, moved to the dead-letter stream
+    std::size_t not_acked = 0;        ///< left pending: failed, deferred or in_progress
+    std::size_t acked_in_commit = 0;  ///< acked by the store's commit itself (RedisStore)
+    std::size_t connection_errors = 0;  ///< Redis unreachable or timed out
+};
+
+namespace detail {
+
+// KEYS[1] dead-letter stream, KEYS[2] stream. ARGV: group, entry id, then the XADD field/value
+// pairs. A script rather than MULTI/EXEC: EXEC still runs the XACK when the XADD fails at run
+// time (a dead-letter key of another type), which would ack an entry that was never parked.
+// Here a failing XADD raises before the XACK, so nothing is acked.
+inline constexpr const char* stream_dead_letter_ack_source = R"(
+redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+return redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
+)";
+
+inline const RedisScript& stream_dead_letter_ack_script() {
+    static const RedisScript script{"stream dead letter", stream_dead_letter_ack_source};
+    return script;
+}
+
+/// The millisecond part of an entry id ("1700000000000-0"), or nothing if it is not one.
+inline std::optional<std::int64_t> stream_id_ms(std::string_view id) {
+    const std::size_t dash = id.find('-');
+    const std::string_view ms = id.substr(0, dash);
+    if (ms.empty() || ms.size() > 18) return std::nullopt;
+    std::int64_t value = 0;
+    for (char c : ms) {
+        if (c < '0' || c > '9') return std::nullopt;
+        value = value * 10 + (c - '0');
+    }
+    return value;
+}
+
+/// Orders entry ids numerically ("9-0" < "10-0"), as Redis does.
+inline bool stream_id_less(std::string_view a, std::string_view b) {
+    auto split = [](std::string_view id) {
+        const std::size_t dash = id.find('-');
+        const std::string_view ms = id.substr(0, dash);
+        const std::string_view seq =
+            dash == std::string_view::npos ? std::string_view() : id.substr(dash + 1);
+        return std::make_pair(ms, seq);
+    };
+    auto less = [](std::string_view x, std::string_view y) {
+        return x.size() != y.size() ? x.size() < y.size() : x < y;
+    };
+    const auto [ams, aseq] = split(a);
+    const auto [bms, bseq] = split(b);
+    if (ams != bms) return less(ams, bms);
+    return less(aseq, bseq);
+}
+
+/// An entry of an XREADGROUP / XAUTOCLAIM reply: [id, [name, value, ...]]. Nothing for an entry
+/// deleted from the stream (nil, or an id with nil fields).
+inline std::optional<StreamEntry> parse_stream_entry(const RedisReply& reply,
+                                                     const std::string& stream) {
+    if (!reply.is_array() || reply.elements.size() < 2 || !reply.elements[1].is_array()) {
+        return std::nullopt;
+    }
+    StreamEntry entry;
+    entry.stream = stream;
+    entry.id = reply.elements[0].str;
+    const auto& fields = reply.elements[1].elements;
+    entry.fields.reserve(fields.size() / 2);
+    for (std::size_t i = 0; i + 1 < fields.size(); i += 2)
+        entry.fields.emplace_back(fields[i].str, fields[i + 1].str);
+    return entry;
+}
+
+}  // namespace detail
+
+/// @brief Reads a Redis Stream through a consumer group and hands each entry to a handler as an
+/// idem::Delivery, so the handler's claim, poison limit and outcome decide the ack.
+///
+/// Each poll_once() first takes over entries left pending longer than the visibility timeout
+/// (XAUTOCLAIM; their true delivery count from XPENDING), then reads new ones (XREADGROUP;
+/// delivery count 1). After the handler: an acking outcome is XACKed (a dead letter is first added
+/// to the dead-letter stream with its reason and fields, atomically with the ack); failed, deferred
+/// and in_progress stay pending and come back after the visibility timeout. A handler that throws
+/// counts as failed. Nothing is acked whose outcome is unknown.
+///
+/// Built from an IdempotentHandler on a RedisStore of the same server and database, the ack
+/// (and the dead-letter stream entry) is part of the handler's commit: a Redis-only effect, its
+/// claim and its ack commit together.
+///
+/// @code
+/// idem::RedisStore store{endpoint};           // default lease 30 s = the visibility timeout
+/// auto handler = idem::make_handler(store, idem::Policy{"capture"},
+///     [&](auto& tx, const idem::StreamEntry& e) { tx.write("INCR", "captures"); });
+/// idem::StreamConsumer consumer{endpoint, {"orders", "capture", "worker-1"}, handler};
+/// std::thread worker([&] { consumer.run(); });   // ... consumer.request_stop(); worker.join();
+/// @endcode
+///
+/// poll_once() and run() belong to one thread at a time; request_stop(), stop_requested() and
+/// stats() may be called from any thread (request_stop() also from a signal handler).
+class StreamConsumer {
+  public:
+    /// The handler of the plain form: the outcome decides the ack.
+    using Handler = std::function<Outcome(const Delivery&, const StreamEntry&)>;
+
+    /// @brief A consumer calling @p handler for each entry.
+    /// @throws usage_error for an invalid option (the message says which and why).
+    StreamConsumer(RedisEndpoint endpoint, StreamConsumerOptions options, Handler handler)
+        : StreamConsumer(Private{}, std::move(endpoint), std::move(options),
+                         plain(std::move(handler)), {}, false) {}
+
+    /// @brief A consumer calling @p handler.handle(delivery, entry); its effect takes
+    /// `const StreamEntry&` as the body. @p handler must outlive the consumer.
+    ///
+    /// On a lease store the handler's lease must not be longer than the visibility timeout (a
+    /// dead holder's lease would outlast the redelivery). On a RedisStore of the same server and
+    /// database the ack is part of the handler's commit.
+    /// @throws usage_error for an invalid option or a lease longer than the visibility timeout.
+    template <class Store, class Effect>
+    StreamConsumer(RedisEndpoint endpoint, StreamConsumerOptions options,
+                   IdempotentHandler<Store, Effect>& handler)
+        // `endpoint` is copied, not moved: acks_in_commit_of() reads it in the same call.
+        : StreamConsumer(Private{}, endpoint, std::move(options), idempotent(handler),
+                         handler.policy().scope(), acks_in_commit_of(handler, endpoint)) {
+        if constexpr (detail::has_default_lease<Store>::value) {
+            const std::chrono::milliseconds lease = handler.effective_lease();
+            if (lease > options_.visibility_timeout) {
+                throw usage_error(fmt::format(
+                    "idem::StreamConsumer(\"{}\", group \"{}\"): the handler \"{}\" holds its "
+                    "claims for {} ms, longer than the visibility_timeout ({} ms): a worker that "
+                    "dies holding the lease would block its message across redeliveries. Make the "
+                    "visibility timeout longer than the handler's p99 and the lease (PolicyOptions"
+                    "::lease or RedisOptions::lease) equal to it or just under.",
+                    options_.stream, options_.group, scope_, lease.count(),
+                    options_.visibility_timeout.count()));
+            }
+        }
+    }
+
+    StreamConsumer(const StreamConsumer&) = delete;
+    StreamConsumer& operator=(const StreamConsumer&) = delete;
+    ~StreamConsumer() = default;
+
+    /// @brief One cycle: take over stuck entries, read new ones (waiting up to `block` only when
+    /// nothing was taken over), hand each to the handler and ack what its outcome says. Returns
+    /// how many entries were handled. After request_stop() it returns 0 without reading, and
+    /// stops between entries: those read but not handled stay pending (taken over later).
+    /// @throws store_unavailable / store_timeout when Redis is unreachable (counted in
+    /// stats().connection_errors; the next call reconnects), store_error for an error reply.
+    std::size_t poll_once() {
+        if (stop_requested()) return 0;
+        try {
+            return poll();
+        } catch (const store_unavailable&) {
+            connection_errors_.fetch_add(1, std::memory_order_relaxed);
+            throw;
+        } catch (const store_timeout&) {
+            connection_errors_.fetch_add(1, std::memory_order_relaxed);
+            throw;
+        }
+    }
+
+    /// @brief Polls until request_stop(). Store errors (a lost connection, a restarted server)
+    /// are retried after a bounded backoff (50 ms doubling to 1 s), never thrown. Returns within
+    /// about `block` of the stop, once the entry in hand is finished.
+    void run() {
+        std::chrono::milliseconds backoff = min_backoff;
+        while (!stop_requested()) {
+            try {
+                poll_once();
+                backoff = min_backoff;
+            } catch (const store_error& e) {
+                report(e);
+                sleep_unless_stopped(backoff);
+                backoff = std::min(backoff * 2, max_backoff);
+            }
+        }
+    }
+
+    /// @brief Asks run() to return. Lock-free: safe from another thread or a signal handler.
+    void request_stop() noexcept { stop_.store(true, std::memory_order_release); }
+    [[nodiscard]] bool stop_requested() const noexcept {
+        return stop_.load(std::memory_order_acquire);
+    }
+
+    [[nodiscard]] StreamConsumerStats stats() const noexcept {
+        StreamConsumerStats s;
+        s.read = read_.load(std::memory_order_relaxed);
+        s.reclaimed = reclaimed_.load(std::memory_order_relaxed);
+        s.acked = acked_.load(std::memory_order_relaxed);
+        s.dead_lettered = dead_lettered_.load(std::memory_order_relaxed);
+        s.not_acked = not_acked_.load(std::memory_order_relaxed);
+        s.acked_in_commit = acked_in_commit_.load(std::memory_order_relaxed);
+        s.connection_errors = connection_errors_.load(std::memory_order_relaxed);
+        return s;
+    }
+
+    /// @brief The options in use (dead_letter_stream filled in).
+    [[nodiscard]] const StreamConsumerOptions& options() const noexcept { return options_; }
+    [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return connection_.endpoint(); }
+    /// @brief True when the handler's commit acks the entry (a RedisStore on this database).
+    [[nodiscard]] bool acks_in_commit() const noexcept { return acks_in_commit_; }
+
+  private:
+    static_assert(std::atomic<bool>::is_always_lock_free,
+                  "idem: request_stop() needs a lock-free std::atomic<bool> (signal handlers)");
+
+    static constexpr std::chrono::milliseconds min_backoff{50};
+    static constexpr std::chrono::milliseconds max_backoff{1000};
+
+    struct Private {};
+    /// Calls the handler; a non-null StreamAck asks it to ack in its commit.
+    using Dispatch = std::function<Outcome(const Delivery&, const StreamEntry&, StreamAck*)>;
+
+    struct Item {
+        StreamEntry entry;
+        std::uint32_t delivery_count;
+    };
+
+    StreamConsumer(Private, RedisEndpoint endpoint, StreamConsumerOptions options,
+                   Dispatch dispatch, std::string scope, bool acks_in_commit)
+        : options_(validated(std::move(options), endpoint)),
+          connection_(std::move(endpoint)),
+          dispatch_(std::move(dispatch)),
+          scope_(std::move(scope)),
+          acks_in_commit_(acks_in_commit) {}
+
+    static Dispatch plain(Handler handler) {
+        if (!handler) throw usage_error("idem::StreamConsumer: the handler is empty");
+        return [handler = std::move(handler)](const Delivery& delivery, const StreamEntry& entry,
+                                              StreamAck*) { return handler(delivery, entry); };
+    }
+
+    template <class Store, class Effect>
+    static Dispatch idempotent(IdempotentHandler<Store, Effect>& handler) {
+        return [&handler](const Delivery& delivery, const StreamEntry& entry,
+                          [[maybe_unused]] StreamAck* ack) -> Outcome {
+            if constexpr (std::is_same_v<Store, RedisStore>) {
+                if (ack != nullptr) {
+                    RedisStore::AckWithNextCommit in_commit(handler.store(), *ack);
+                    return handler.handle(delivery, entry);
+                }
+            }
+            return handler.handle(delivery, entry);
+        };
+    }
+
+    template <class Store, class Effect>
+    static bool acks_in_commit_of(IdempotentHandler<Store, Effect>& handler,
+                                  const RedisEndpoint& endpoint) {
+        if constexpr (std::is_same_v<Store, RedisStore>) {
+            return handler.store().endpoint().same_database(endpoint);
+        } else {
+            return false;
+        }
+    }
+
+    static StreamConsumerOptions validated(StreamConsumerOptions options,
+                                           const RedisEndpoint& endpoint) {
+        auto refuse = [&](std::string_view why) {
+            throw usage_error(fmt::format("idem::StreamConsumer(\"{}\"): {}", options.stream, why));
+        };
+        if (options.stream.empty()) refuse("options.stream is empty; name the stream to read");
+        if (options.group.empty()) {
+            refuse("options.group is empty; name the consumer group (one per kind of handler)");
+        }
+        if (options.consumer.empty()) {
+            refuse(
+                "options.consumer is empty; name this consumer, unique per running instance (e.g. "
+                "host and pid), so the group knows who holds what");
+        }
+        if (options.batch_size == 0) refuse("batch_size is 0; read at least 1 entry per poll");
+        if (options.block.count() <= 0) {
+            refuse(
+                "block must be positive (e.g. 1000 ms); 0 would make XREADGROUP wait forever and "
+                "run() could not stop");
+        }
+        if (options.block >= endpoint.command_timeout) {
+            refuse(fmt::format(
+                "block ({} ms) must be shorter than the endpoint's command_timeout ({} ms), or "
+                "every empty read would time out",
+                options.block.count(), endpoint.command_timeout.count()));
+        }
+        if (options.visibility_timeout.count() <= 0) {
+            refuse(
+                "visibility_timeout must be positive: choose it above the handler's p99 (e.g. "
+                "30000 ms)");
+        }
+        if (options.dead_letter_stream.empty()) {
+            options.dead_letter_stream = options.stream + ":dead-letters";
+        }
+        if (options.dead_letter_stream == options.stream) {
+            refuse(
+                "dead_letter_stream is the stream itself; dead letters would be read again as new "
+                "messages");
+        }
+        return options;
+    }
+
+    std::size_t poll() {
+        ensure_group();
+        std::vector<Item> batch;
+        reclaim(batch);
+        read_new(batch, /*block=*/batch.empty());
+        std::size_t handled = 0;
+        for (const Item& item : batch) {
+            if (stop_requested()) break;  // the rest stays pending and is taken over later
+            handle(item);
+            ++handled;
+        }
+        return handled;
+    }
+
+    void ensure_group() {
+        if (group_ready_ || !options_.create_group) return;
+        RedisReply reply = connection_.command(
+            {"XGROUP", "CREATE", options_.stream, options_.group, "0", "MKSTREAM"});
+        if (reply.is_error() && reply.str.rfind("BUSYGROUP", 0) != 0) {
+            throw store_error(
+                fmt::format("idem::StreamConsumer: XGROUP CREATE {} {} failed on {}: {}",
+                            options_.stream, options_.group, endpoint().describe(), reply.str));
+        }
+        group_ready_ = true;
+    }
+
+    /// Takes over entries idle past the visibility timeout, with their true delivery counts.
+    void reclaim(std::vector<Item>& batch) {
+        RedisReply reply =
+            checked({"XAUTOCLAIM", options_.stream, options_.group, options_.consumer,
+                     std::to_string(options_.visibility_timeout.count()), cursor_, "COUNT",
+                     std::to_string(options_.batch_size)},
+                    "XAUTOCLAIM");
+        if (!reply.is_array() || reply.elements.size() < 2 || !reply.elements[1].is_array()) {
+            throw store_error("idem::StreamConsumer: XAUTOCLAIM: unexpected reply");
+        }
+        cursor_ = reply.elements[0].str.empty() ? std::string("0-0") : reply.elements[0].str;
+        std::vector<StreamEntry> entries;
+        std::vector<std::string> deleted;
+        for (const RedisReply& element : reply.elements[1].elements) {
+            if (auto entry = detail::parse_stream_entry(element, options_.stream)) {
+                entries.push_back(std::move(*entry));
+            } else if (element.is_array() && !element.elements.empty()) {
+                deleted.push_back(element.elements[0].str);
+            }
+        }
+        if (!deleted.empty()) {
+            // Deleted from the stream (XDEL, trimming): nothing left to deliver. Redis 7 drops
+            // them from the pending list itself; Redis 6.2 returns them with nil fields.
+            std::vector<std::string> ack{"XACK", options_.stream, options_.group};
+            ack.insert(ack.end(), deleted.begin(), deleted.end());
+            checked(ack, "XACK");
+        }
+        if (entries.empty()) return;
+        const auto counts = delivery_counts(entries);
+        for (StreamEntry& entry : entries) {
+            auto found = counts.find(entry.id);
+            if (found == counts.end()) continue;  // no longer pending for us: acked meanwhile
+            reclaimed_.fetch_add(1, std::memory_order_relaxed);
+            batch.push_back(Item{std::move(entry), found->second});
+        }
+    }
+
+    /// Entry id → times delivered (this time included), from XPENDING's extended form for this
+    /// consumer: one round trip unless it holds many other pending entries in the same range.
+    std::unordered_map<std::string, std::uint32_t> delivery_counts(
+        const std::vector<StreamEntry>& entries) {
+        std::unordered_map<std::string, std::uint32_t> wanted;
+        std::string first = entries.front().id;
+        std::string last = entries.front().id;
+        for (const auto& entry : entries) {
+            wanted.emplace(entry.id, 0);
+            if (detail::stream_id_less(entry.id, first)) first = entry.id;
+            if (detail::stream_id_less(last, entry.id)) last = entry.id;
+        }
+        std::unordered_map<std::string, std::uint32_t> counts;
+        const std::size_t page = std::max<std::size_t>(entries.size() * 2, 32);
+        std::string start = first;
+        while (counts.size() < wanted.size()) {
+            RedisReply reply = checked({"XPENDING", options_.stream, options_.group, start, last,
+                                        std::to_string(page), options_.consumer},
+                                       "XPENDING");
+            if (!reply.is_array())
+                throw store_error("idem::StreamConsumer: XPENDING: unexpected reply");
+            for (const RedisReply& row : reply.elements) {
+                if (!row.is_array() || row.elements.size() < 4) continue;
+                const std::string& id = row.elements[0].str;
+                if (wanted.count(id) != 0) {
+                    counts[id] = static_cast<std::uint32_t>(row.elements[3].integer);
+                }
+            }
+            if (reply.elements.size() < page || reply.elements.empty()) break;
+            start = "(" + reply.elements.back().elements[0].str;
+        }
+        return counts;
+    }
+
+    void read_new(std::vector<Item>& batch, bool block) {
+        std::vector<std::string> command{"XREADGROUP",   "GROUP",
+                                         options_.group, options_.consumer,
+                                         "COUNT",        std::to_string(options_.batch_size)};
+        if (block) {
+            command.emplace_back("BLOCK");
+            command.push_back(std::to_string(options_.block.count()));
+        }
+        command.insert(command.end(), {"STREAMS", options_.stream, ">"});
+        RedisReply reply = checked(command, "XREADGROUP");
+        if (reply.is_nil() || !reply.is_array()) return;  // nothing new within the block time
+        for (const RedisReply& stream : reply.elements) {
+            if (!stream.is_array() || stream.elements.size() < 2) continue;
+            for (const RedisReply& element : stream.elements[1].elements) {
+                if (auto entry = detail::parse_stream_entry(element, options_.stream)) {
+                    read_.fetch_add(1, std::memory_order_relaxed);
+                    batch.push_back(Item{std::move(*entry), 1});
+                }
+            }
+        }
+    }
+
+    void handle(const Item& item) {
+        const StreamEntry& entry = item.entry;
+        Delivery delivery;
+        if (options_.id_field.empty()) {
+            delivery.message_id = entry.id;
+        } else if (auto value = entry.field(options_.id_field)) {
+            delivery.message_id = std::string(*value);
+        }  // else empty: the handler dead-letters it as malformed
+        delivery.delivery_count = item.delivery_count;
+        if (auto ms = detail::stream_id_ms(entry.id)) {
+            delivery.enqueued_at = std::chrono::system_clock::time_point{} +
+                                   std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                       std::chrono::milliseconds(*ms));
+        }
+
+        std::optional<StreamAck> ack;
+        if (acks_in_commit_) {
+            ack.emplace();
+            ack->stream = options_.stream;
+            ack->group = options_.group;
+            ack->entry_id = entry.id;
+            ack->dead_letter_stream = options_.dead_letter_stream;
+            ack->fields = entry.fields;
+            ack->delivery_count = item.delivery_count;
+        }
+        Outcome outcome;
+        try {
+            outcome = dispatch_(delivery, entry, ack ? &*ack : nullptr);
+        } catch (const std::exception& e) {
+            outcome = Outcome{Disposition::failed, fmt::format("handler threw: {}", e.what())};
+        } catch (...) {
+            outcome = Outcome{Disposition::failed, "handler threw a non-standard exception"};
+        }
+
+        if (ack && ack->acked) {  // the commit acked it (and parked it, if it was a dead letter)
+            acked_in_commit_.fetch_add(1, std::memory_order_relaxed);
+            acked_.fetch_add(1, std::memory_order_relaxed);
+            if (outcome.disposition == Disposition::dead_lettered) {
+                dead_lettered_.fetch_add(1, std::memory_order_relaxed);
+            }
+            return;
+        }
+        if (!should_ack(outcome)) {  // stays pending; the visibility timeout brings it back
+            not_acked_.fetch_add(1, std::memory_order_relaxed);
+            return;
+        }
+        if (outcome.disposition == Disposition::dead_lettered) {
+            dead_letter_and_ack(entry, delivery, outcome.reason);
+            dead_lettered_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+            checked({"XACK", options_.stream, options_.group, entry.id}, "XACK");
+        }
+        acked_.fetch_add(1, std::memory_order_relaxed);
+    }
+
+    /// Adds the entry to the dead-letter stream and acks it, atomically: either both or neither.
+    void dead_letter_and_ack(const StreamEntry& entry, const Delivery& delivery,
+                             const std::string& reason) {
+        std::vector<std::string> xadd = detail::stream_dead_letter_command(
+            options_.dead_letter_stream, entry.id, entry.fields, reason, scope_,
+            delivery.message_id, delivery.delivery_count.value());
+        // XADD <key> * <fields...> → ARGV: group, entry id, <fields...>
+        std::vector<std::string> args{options_.group, entry.id};
+        args.insert(args.end(), std::make_move_iterator(xadd.begin() + 3),
+                    std::make_move_iterator(xadd.end()));
+        RedisReply reply = connection_.eval(detail::stream_dead_letter_ack_script(),
+                                            {options_.dead_letter_stream, options_.stream}, args);
+        if (reply.is_error()) {
+            throw store_error(fmt::format(
+                "idem::StreamConsumer: moving entry {} of {} to {} failed on {} (not acked): {}",
+                entry.id, options_.stream, options_.dead_letter_stream, endpoint().describe(),
+                reply.str));
+        }
+    }
+
+    RedisReply checked(const std::vector<std::string>& command, std::string_view what) {
+        RedisReply reply = connection_.command(command);
+        if (!reply.is_error()) return reply;
+        if (reply.str.rfind("NOGROUP", 0) == 0) {
+            group_ready_ = false;  // e.g. a server restarted without persistence: create it again
+            throw store_error(fmt::format(
+                "idem::StreamConsumer: {} on {}: {} ({})", what, endpoint().describe(), reply.str,
+                options_.create_group
+                    ? "the group will be created again on the next poll"
+                    : "create it with XGROUP CREATE, or set StreamConsumerOptions::create_group"));
+        }
+        throw store_error(fmt::format("idem::StreamConsumer: {} failed on {}: {}", what,
+                                      endpoint().describe(), reply.str));
+    }
+
+    void report(const std::exception& e) noexcept {
+        if (!options_.on_error) return;
+        try {
+            options_.on_error(e);
+        } catch (...) {  // reporting must never stop the loop
+        }
+    }
+
+    void sleep_unless_stopped(std::chrono::milliseconds duration) const {
+        const auto until = std::chrono::steady_clock::now() + duration;
+        while (!stop_requested()) {
+            const auto now = std::chrono::steady_clock::now();
+            if (now >= until) return;
+            std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+                until - now, std::chrono::milliseconds(20)));
+        }
+    }
+
+    StreamConsumerOptions options_;
+    RedisConnection connection_;
+    Dispatch dispatch_;
+    std::string scope_;  ///< the handler's policy scope, for dead letters; empty for a plain one
+    bool acks_in_commit_;
+    bool group_ready_ = false;
+    std::string cursor_ = "0-0";  ///< XAUTOCLAIM resumes where the last poll stopped
+    std::atomic<bool> stop_{false};
+    std::atomic<std::size_t> read_{0};
+    std::atomic<std::size_t> reclaimed_{0};
+    std::atomic<std::size_t> acked_{0};
+    std::atomic<std::size_t> dead_lettered_{0};
+    std::atomic<std::size_t> not_acked_{0};
+    std::atomic<std::size_t> acked_in_commit_{0};
+    std::atomic<std::size_t> connection_errors_{0};
+};
+
+IDEM_END_NAMESPACE
