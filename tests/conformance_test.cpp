@@ -412,6 +412,94 @@ TYPED_TEST(StoreConformance, ConcurrentThreadsApplyEachEffectOnce) {
     EXPECT_EQ(counters.duplicates, static_cast<std::uint64_t>(kIds * (kThreads - 1)));
 }
 
+TYPED_TEST(StoreConformance, BatchCommitsTogetherAndAFailingMessageRollsBackAlone) {
+    auto seed = this->writer("batch");
+    ASSERT_EQ(seed.handle(Delivery{"m-done", 1}, std::string("done")).disposition,
+              Disposition::processed);
+    idem::PolicyOptions options;
+    options.max_deliveries = 3;
+    int runs = 0;
+    auto handler = idem::make_handler(this->store(), idem::Policy{"batch", options},
+                                      [&](auto& tx, const std::string& body) {
+                                          ++runs;
+                                          TypeParam::write_effect(tx, body);
+                                          if (body == "throws")
+                                              throw std::runtime_error("gateway 503");
+                                          if (body == "defers")
+                                              return idem::EffectResult::deferred("too early");
+                                          if (body == "rejects")
+                                              return idem::EffectResult::rejected("stale");
+                                          if (body == "malformed")
+                                              throw idem::malformed_message("no amount");
+                                          return idem::EffectResult::applied();
+                                      });
+    const std::vector<Delivery> deliveries = {
+        Delivery{"m-1", 1},     Delivery{"m-done", 2},   Delivery{"m-throw", 1},
+        Delivery{"m-defer", 1}, Delivery{"m-reject", 1}, Delivery{"", 1},
+        Delivery{"m-bad", 1},   Delivery{"m-2", 1},      Delivery{"m-1", 2}};
+    const std::vector<std::string> bodies = {"ok-1",  "done",      "throws", "defers", "rejects",
+                                             "no-id", "malformed", "ok-2",   "ok-1"};
+    auto outcomes = handler.handle_batch(deliveries, bodies);
+    ASSERT_EQ(outcomes.size(), deliveries.size());
+    const std::vector<Disposition> expected = {
+        Disposition::processed,     Disposition::duplicate, Disposition::failed,
+        Disposition::deferred,      Disposition::rejected,  Disposition::dead_lettered,
+        Disposition::dead_lettered, Disposition::processed, Disposition::duplicate};
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+        EXPECT_EQ(outcomes[i].disposition, expected[i]) << i << ": " << outcomes[i].reason;
+    }
+    EXPECT_EQ(runs, 6);  // m-done and the second m-1 are duplicates; "" never reaches the effect
+    // Committed together: the two processed rows and the seed's; nothing of the others.
+    EXPECT_EQ(this->env.effect_rows(), 3u);
+    EXPECT_TRUE(this->env.has_effect("ok-1"));
+    EXPECT_TRUE(this->env.has_effect("ok-2"));
+    EXPECT_FALSE(this->store().find_claim("batch", "m-throw").has_value());
+    EXPECT_FALSE(this->store().find_claim("batch", "m-defer").has_value());
+    EXPECT_EQ(this->store().find_claim("batch", "m-reject")->disposition, Disposition::rejected);
+    EXPECT_EQ(this->store().find_claim("batch", "m-bad")->disposition, Disposition::dead_lettered);
+    EXPECT_EQ(this->store().dead_letters().size(), 2u);
+    // The failed and deferred messages come back and run once.
+    auto again = handler.handle_batch(std::vector<Delivery>{{"m-throw", 2}, {"m-defer", 2}},
+                                      std::vector<std::string>{"ok-3", "ok-4"});
+    EXPECT_EQ(again[0].disposition, Disposition::processed) << again[0].reason;
+    EXPECT_EQ(again[1].disposition, Disposition::processed) << again[1].reason;
+    EXPECT_EQ(this->env.effect_rows(), 5u);
+    EXPECT_EQ(handler.counters().processed, 4u);
+}
+
+TYPED_TEST(StoreConformance, BatchWhoseCommitFailsAcksNothing) {
+    bool sabotage = true;
+    auto handler = idem::make_handler(this->store(), idem::Policy{"batch"},
+                                      [&](auto& tx, const std::string& body) {
+                                          TypeParam::write_effect(tx, body);
+                                          if (sabotage && body == "b") {
+                                              this->env.make_commit_fail(tx);
+                                          }
+                                      });
+    const std::vector<Delivery> deliveries = {{"m-1", 1}, {"m-2", 1}, {"m-1", 1}};
+    const std::vector<std::string> bodies = {"a", "b", "a"};
+    auto outcomes = handler.handle_batch(deliveries, bodies);
+    for (const auto& outcome : outcomes) {
+        EXPECT_EQ(outcome.disposition, Disposition::failed) << outcome.reason;
+        EXPECT_FALSE(idem::should_ack(outcome));
+    }
+    EXPECT_EQ(this->env.effect_rows(), 0u);
+    EXPECT_FALSE(this->store().find_claim("batch", "m-1").has_value());
+    sabotage = false;
+    outcomes = handler.handle_batch(deliveries, bodies);
+    EXPECT_EQ(outcomes[0].disposition, Disposition::processed);
+    EXPECT_EQ(outcomes[1].disposition, Disposition::processed);
+    EXPECT_EQ(outcomes[2].disposition, Disposition::duplicate);
+    EXPECT_EQ(this->env.effect_rows(), 2u);
+}
+
+TYPED_TEST(StoreConformance, EmptyBatchAndMismatchedSizes) {
+    auto handler = this->writer();
+    EXPECT_TRUE(handler.handle_batch(std::vector<Delivery>{}, std::vector<std::string>{}).empty());
+    EXPECT_THROW(handler.handle_batch(std::vector<Delivery>{{"m", 1}}, std::vector<std::string>{}),
+                 idem::usage_error);
+}
+
 }  // namespace
 
 // ---- capabilities added for the outbox issue: fingerprints, key lifetime, overlap lock ----

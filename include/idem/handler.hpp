@@ -192,14 +192,30 @@ class IdempotentHandler {
         static_assert(detail::check_effect<Effect, Transaction, Body>(),
                       "idem: effect does not fit (see above)");
         Outcome outcome = decide(delivery, body);
-        counters_.count(delivery, outcome.disposition);
-        if (observer_ != nullptr) {
-            try {
-                observer_->on_outcome(policy_.scope(), delivery, outcome);
-            } catch (...) {  // observing must never change an outcome
-            }
-        }
+        report(delivery, outcome);
         return outcome;
+    }
+
+    /// @brief Handles many deliveries in ONE store transaction: each message in its own
+    /// savepoint, so one that fails or defers rolls back alone while the others commit together.
+    /// Returns one Outcome per delivery, in order; ack (should_ack) only after this returns —
+    /// the batch is committed by then. If the commit fails, every outcome that needed it is
+    /// `failed`.
+    template <class Body>
+    std::vector<Outcome> handle_batch(const std::vector<Delivery>& deliveries,
+                                      const std::vector<Body>& bodies) {
+        static_assert(detail::check_effect<Effect, Transaction, Body>(),
+                      "idem: effect does not fit (see above)");
+        if (deliveries.size() != bodies.size()) {
+            throw usage_error(
+                fmt::format("idem::IdempotentHandler::handle_batch: {} deliveries but {} bodies",
+                            deliveries.size(), bodies.size()));
+        }
+        std::vector<Outcome> outcomes =
+            decide_batch(deliveries.data(), bodies.data(), deliveries.size());
+        for (std::size_t i = 0; i < outcomes.size(); ++i)
+            report(deliveries[i], outcomes[i]);
+        return outcomes;
     }
 
     [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
@@ -218,105 +234,208 @@ class IdempotentHandler {
     void set_clock(Clock clock) { clock_ = std::move(clock); }
 
   private:
+    void report(const Delivery& delivery, const Outcome& outcome) noexcept {
+        counters_.count(delivery, outcome.disposition);
+        if (observer_ != nullptr) {
+            try {
+                observer_->on_outcome(policy_.scope(), delivery, outcome);
+            } catch (...) {  // observing must never change an outcome
+            }
+        }
+    }
+
     template <class Body>
     Outcome decide(const Delivery& delivery, const Body& body) {
         if (auto reason = malformed_reason(delivery)) {
             return park_malformed_delivery(delivery, body, std::move(*reason));
         }
-        const std::string& scope = policy_.scope();
-        const std::string& id = delivery.message_id;
         try {
-            Transaction tx = store_.begin();
-            if constexpr (detail::has_set_terms<Transaction>::value) {
-                tx.set_terms(ClaimTerms{policy_.lease(), policy_.retention()});
-            }
-            ClaimResult claim;
-            std::string fingerprint;
-            if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
-                fingerprint = detail::chain_fingerprint(effect_, body);
-                claim = tx.claim(scope, id, fingerprint);
-            } else {
-                claim = tx.claim(scope, id);
-            }
-            if (claim.status == ClaimStatus::duplicate) {
-                if (!fingerprint.empty() && !claim.fingerprint.empty() &&
-                    claim.fingerprint != fingerprint) {
-                    // Not a redelivery: the producer reused an id for another message. Acking it
-                    // as a duplicate would silently drop that message.
-                    std::string reason =
-                        "id reused with a different payload (fingerprint differs from the first "
-                        "delivery's)";
-                    tx.dead_letter(make_dead_letter(delivery, body, reason));
-                    tx.commit();
-                    return {Disposition::dead_lettered, std::move(reason)};
-                }
-                return {Disposition::duplicate, fmt::format("already {} by an earlier delivery",
-                                                            to_string(claim.recorded))};
-            }
-            if (claim.status == ClaimStatus::in_progress) {
-                return {Disposition::in_progress, "another worker holds the claim"};
-            }
-            // Duplicate detection came first: a processed message whose acks kept failing is a
-            // duplicate, never a dead letter.
-            const std::uint32_t attempts = claim.attempts.value_or(delivery.delivery_count.value());
-            if (attempts >= policy_.max_deliveries()) {
-                std::string reason = fmt::format(
-                    "poison: attempt {} reached max_deliveries {}; dead-lettered without running "
-                    "the effect",
-                    attempts, policy_.max_deliveries());
-                return park(tx, delivery, body, std::move(reason));
-            }
-
-            tx.savepoint();
-            EffectResult result = EffectResult::applied();
-            try {
-                if (auto too_old = older_than_gateway_keys(delivery)) {
-                    auto reconciled = detail::chain_reconcile(effect_, tx, body, delivery);
-                    if (!reconciled) {
-                        tx.rollback_to_savepoint();
-                        return park(tx, delivery, body, std::move(*too_old));
-                    }
-                    result = std::move(*reconciled);
-                } else {
-                    result = detail::run_effect(effect_, tx, body, delivery);
-                }
-            } catch (const malformed_message& e) {
-                tx.rollback_to_savepoint();
-                return park(tx, delivery, body, fmt::format("malformed message: {}", e.what()));
-            } catch (const store_error&) {
-                throw;
-            } catch (const std::exception& e) {
-                return {Disposition::failed, fmt::format("effect threw: {}", e.what())};
-            } catch (...) {
-                return {Disposition::failed, "effect threw a non-standard exception"};
-            }
-
-            switch (result.kind()) {
-                case EffectResult::Kind::applied:
-                    tx.release_savepoint();
-                    tx.record_outcome(scope, id, Disposition::processed, {});
-                    tx.commit();
-                    return {Disposition::processed, {}};
-                case EffectResult::Kind::rejected:
-                    // The refusal is final: keep the claim (so redeliveries are duplicates) but
-                    // none of the effect's writes.
-                    tx.rollback_to_savepoint();
-                    tx.record_outcome(scope, id, Disposition::rejected, result.reason());
-                    tx.commit();
-                    return {Disposition::rejected, result.reason()};
-                case EffectResult::Kind::deferred:  // tx rolls back: nothing stored
-                    return {Disposition::deferred, result.reason(), result.retry_after()};
-            }
-            return {Disposition::failed, "unknown effect result"};
-        } catch (const commit_failed& e) {
-            return {Disposition::failed, fmt::format("commit failed: {}", e.what())};
-        } catch (const store_error& e) {
-            return {Disposition::failed, fmt::format("store error: {}", e.what())};
+            Transaction tx = begin_transaction();
+            Outcome outcome = process(tx, delivery, body, /*in_batch=*/false);
+            if (writes_something(outcome.disposition)) tx.commit();
+            return outcome;  // otherwise tx rolls back: nothing stored
         } catch (const std::exception& e) {
-            return {Disposition::failed, fmt::format("error: {}", e.what())};
+            return failure(e);
         } catch (...) {
             return {Disposition::failed, "non-standard exception"};
         }
+    }
+
+    template <class Body>
+    std::vector<Outcome> decide_batch(const Delivery* deliveries, const Body* bodies,
+                                      std::size_t count) {
+        std::vector<Outcome> outcomes(count);
+        if (count == 0) return outcomes;
+        try {
+            Transaction tx = begin_transaction();
+            for (std::size_t i = 0; i < count; ++i) {
+                if (auto reason = malformed_reason(deliveries[i])) {
+                    tx.dead_letter(make_dead_letter(deliveries[i], bodies[i], *reason));
+                    outcomes[i] = {Disposition::dead_lettered, std::move(*reason)};
+                } else {
+                    outcomes[i] = process(tx, deliveries[i], bodies[i], /*in_batch=*/true);
+                }
+            }
+            bool any_write = false;
+            for (const auto& outcome : outcomes)
+                any_write = any_write || writes_something(outcome.disposition);
+            if (any_write) tx.commit();
+        } catch (const std::exception& e) {
+            // Nothing of this batch committed, so nothing is acked. Duplicates too: one may be a
+            // second copy of an id this very batch claimed.
+            const Outcome failed = failure(e);
+            for (auto& outcome : outcomes) {
+                if (outcome.disposition != Disposition::in_progress &&
+                    outcome.disposition != Disposition::deferred) {
+                    outcome = {Disposition::failed, "batch: " + failed.reason};
+                }
+            }
+        }
+        return outcomes;
+    }
+
+    Transaction begin_transaction() {
+        Transaction tx = store_.begin();
+        if constexpr (detail::has_set_terms<Transaction>::value) {
+            tx.set_terms(ClaimTerms{policy_.lease(), policy_.retention()});
+        }
+        return tx;
+    }
+
+    /// Outcomes stored by the commit: the claim with its outcome (and a dead letter).
+    static bool writes_something(Disposition d) noexcept {
+        return d == Disposition::processed || d == Disposition::rejected ||
+               d == Disposition::dead_lettered;
+    }
+
+    static Outcome failure(const std::exception& error) {
+        if (dynamic_cast<const commit_failed*>(&error) != nullptr) {
+            return {Disposition::failed, fmt::format("commit failed: {}", error.what())};
+        }
+        if (dynamic_cast<const store_error*>(&error) != nullptr) {
+            return {Disposition::failed, fmt::format("store error: {}", error.what())};
+        }
+        return {Disposition::failed, fmt::format("error: {}", error.what())};
+    }
+
+    /// One message inside @p tx: claim, duplicate and poison checks, the effect, its outcome
+    /// recorded (not committed). In a batch the message sits in its own savepoint, so a message
+    /// that fails or defers leaves nothing (not even its claim) while the others commit; alone,
+    /// the caller's commit or rollback does that.
+    template <class Body>
+    Outcome process(Transaction& tx, const Delivery& delivery, const Body& body, bool in_batch) {
+        const std::string& scope = policy_.scope();
+        const std::string& id = delivery.message_id;
+        if (in_batch) tx.savepoint();
+        auto keep_message = [&] {
+            if (in_batch) tx.release_savepoint();
+        };
+        auto drop_message = [&] {
+            if (in_batch) tx.rollback_to_savepoint();
+        };
+
+        ClaimResult claim;
+        std::string fingerprint;
+        if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
+            fingerprint = detail::chain_fingerprint(effect_, body);
+            claim = tx.claim(scope, id, fingerprint);
+        } else {
+            claim = tx.claim(scope, id);
+        }
+        if (claim.status == ClaimStatus::duplicate) {
+            if (!fingerprint.empty() && !claim.fingerprint.empty() &&
+                claim.fingerprint != fingerprint) {
+                // Not a redelivery: the producer reused an id for another message. Acking it as
+                // a duplicate would silently drop that message.
+                std::string reason =
+                    "id reused with a different payload (fingerprint differs from the first "
+                    "delivery's)";
+                tx.dead_letter(make_dead_letter(delivery, body, reason));
+                keep_message();
+                return {Disposition::dead_lettered, std::move(reason)};
+            }
+            keep_message();
+            return {Disposition::duplicate,
+                    fmt::format("already {} by an earlier delivery", to_string(claim.recorded))};
+        }
+        if (claim.status == ClaimStatus::in_progress) {
+            drop_message();
+            return {Disposition::in_progress, "another worker holds the claim"};
+        }
+        // Duplicate detection came first: a processed message whose acks kept failing is a
+        // duplicate, never a dead letter.
+        const std::uint32_t attempts = claim.attempts.value_or(delivery.delivery_count.value());
+        if (attempts >= policy_.max_deliveries()) {
+            std::string reason = fmt::format(
+                "poison: attempt {} reached max_deliveries {}; dead-lettered without running the "
+                "effect",
+                attempts, policy_.max_deliveries());
+            park(tx, delivery, body, reason);
+            keep_message();
+            return {Disposition::dead_lettered, std::move(reason)};
+        }
+
+        tx.savepoint();
+        EffectResult result = EffectResult::applied();
+        try {
+            if (auto too_old = older_than_gateway_keys(delivery)) {
+                auto reconciled = detail::chain_reconcile(effect_, tx, body, delivery);
+                if (!reconciled) {
+                    tx.rollback_to_savepoint();
+                    park(tx, delivery, body, *too_old);
+                    keep_message();
+                    return {Disposition::dead_lettered, std::move(*too_old)};
+                }
+                result = std::move(*reconciled);
+            } else {
+                result = detail::run_effect(effect_, tx, body, delivery);
+            }
+        } catch (const malformed_message& e) {
+            tx.rollback_to_savepoint();
+            std::string reason = fmt::format("malformed message: {}", e.what());
+            park(tx, delivery, body, reason);
+            keep_message();
+            return {Disposition::dead_lettered, std::move(reason)};
+        } catch (const store_error& e) {
+            if (!in_batch) throw;
+            // The message's own savepoints also recover a transaction a failed statement
+            // aborted (PostgreSQL); if even that fails, the whole batch fails.
+            tx.rollback_to_savepoint();
+            drop_message();
+            return {Disposition::failed, fmt::format("store error: {}", e.what())};
+        } catch (const std::exception& e) {
+            if (in_batch) {
+                tx.rollback_to_savepoint();
+                drop_message();
+            }
+            return {Disposition::failed, fmt::format("effect threw: {}", e.what())};
+        } catch (...) {
+            if (in_batch) {
+                tx.rollback_to_savepoint();
+                drop_message();
+            }
+            return {Disposition::failed, "effect threw a non-standard exception"};
+        }
+
+        switch (result.kind()) {
+            case EffectResult::Kind::applied:
+                tx.release_savepoint();
+                tx.record_outcome(scope, id, Disposition::processed, {});
+                keep_message();
+                return {Disposition::processed, {}};
+            case EffectResult::Kind::rejected:
+                // The refusal is final: keep the claim (so redeliveries are duplicates) but none
+                // of the effect's writes.
+                tx.rollback_to_savepoint();
+                tx.record_outcome(scope, id, Disposition::rejected, result.reason());
+                keep_message();
+                return {Disposition::rejected, result.reason()};
+            case EffectResult::Kind::deferred:  // nothing stored, not even the claim
+                tx.rollback_to_savepoint();
+                drop_message();
+                return {Disposition::deferred, result.reason(), result.retry_after()};
+        }
+        return {Disposition::failed, "unknown effect result"};
     }
 
     /// Why the message must not reach a gateway whose keys have expired, if it must not.
@@ -335,13 +454,13 @@ class IdempotentHandler {
             duration_cast<minutes>(age).count(), duration_cast<minutes>(*lifetime).count());
     }
 
-    /// Claim row (dead_lettered) and dead-letter entry in one commit; the effect never runs.
+    /// Claim row (dead_lettered) and dead-letter entry, committed with the transaction; the
+    /// effect never runs.
     template <class Body>
-    Outcome park(Transaction& tx, const Delivery& delivery, const Body& body, std::string reason) {
+    void park(Transaction& tx, const Delivery& delivery, const Body& body,
+              const std::string& reason) {
         tx.record_outcome(policy_.scope(), delivery.message_id, Disposition::dead_lettered, reason);
         tx.dead_letter(make_dead_letter(delivery, body, reason));
-        tx.commit();
-        return {Disposition::dead_lettered, std::move(reason)};
     }
 
     /// A delivery with no usable id cannot be claimed; it is parked with its reason so nothing

@@ -842,15 +842,29 @@ class RedisStore::Transaction {
 
     void savepoint() {
         active();
-        savepoints_.push_back(Mark{commands_.size(), letters_.size()});
+        savepoints_.push_back(Mark{commands_.size(), letters_.size(), claims_.size()});
     }
+    /// @brief Drops the writes and dead letters queued since the latest savepoint, and frees the
+    /// leases claimed since then (one round trip, only if there are any): a batch message that
+    /// failed leaves nothing, not even its claim.
     void rollback_to_savepoint() {
         active();
         if (savepoints_.empty())
             throw usage_error("idem::RedisStore: no savepoint to roll back to");
-        commands_.resize(savepoints_.back().commands);
-        letters_.resize(savepoints_.back().letters);
+        const Mark mark = savepoints_.back();
         savepoints_.pop_back();
+        commands_.resize(mark.commands);
+        letters_.resize(mark.letters);
+        if (claims_.size() > mark.claims) {
+            std::vector<std::string> keys;
+            for (std::size_t i = mark.claims; i < claims_.size(); ++i)
+                keys.push_back(claims_[i].key);
+            claims_.resize(mark.claims);
+            RedisReply reply = store_->with_connection([&](RedisConnection& c) {
+                return c.eval(detail::redis_release_script(), keys, {token_});
+            });
+            store_->check_script(reply, "release");
+        }
     }
     void release_savepoint() {
         active();
@@ -997,6 +1011,7 @@ class RedisStore::Transaction {
     struct Mark {
         std::size_t commands;
         std::size_t letters;
+        std::size_t claims;
     };
 
     explicit Transaction(RedisStore& store)
