@@ -442,6 +442,58 @@ TEST_F(RedisStoreTest, AckOnCommitIsPartOfTheTransaction) {
     EXPECT_EQ(pending(), 0);
 }
 
+// ---- round trips ------------------------------------------------------------------------------
+
+TEST_F(RedisStoreTest, OneMessageCostsTwoRoundTripsAndABatchOfAHundredCostsTwo) {
+    auto handler = idem::make_handler(
+        store(), idem::Policy{"capture"},
+        [](auto& tx, const std::string& order) { tx.write("HSET", "captures", order, "ch"); });
+    // Warm up: connect and load the scripts once.
+    ASSERT_EQ(handler.handle(Delivery{"warm", 1}, std::string("w")).disposition,
+              Disposition::processed);
+    auto before = store().round_trips();
+    ASSERT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("o-1")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(store().round_trips() - before, 2u);  // claim, commit
+
+    std::vector<Delivery> deliveries;
+    std::vector<std::string> bodies;
+    for (int i = 0; i < 100; ++i) {
+        deliveries.push_back(Delivery{"b-" + std::to_string(i), 1});
+        bodies.push_back("o-" + std::to_string(i));
+    }
+    before = store().round_trips();
+    auto outcomes = handler.handle_batch(deliveries, bodies);
+    EXPECT_EQ(store().round_trips() - before, 2u);  // 100 claims pipelined, one commit
+    for (const auto& outcome : outcomes)
+        EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+    EXPECT_EQ(client().integer({"HLEN", "captures"}), 101);
+    // Redelivered as a batch: 100 duplicates, one round trip, no commit.
+    before = store().round_trips();
+    outcomes = handler.handle_batch(deliveries, bodies);
+    EXPECT_EQ(store().round_trips() - before, 1u);
+    for (const auto& outcome : outcomes)
+        EXPECT_EQ(outcome.disposition, Disposition::duplicate);
+}
+
+TEST_F(RedisStoreTest, AFailedMessageOfAPipelinedBatchGivesItsLeaseBack) {
+    auto handler = idem::make_handler(store(), idem::Policy{"capture"},
+                                      [](auto& tx, const std::string& order) {
+                                          tx.write("SADD", "captured", order);
+                                          if (order == "bad") throw std::runtime_error("503");
+                                      });
+    auto outcomes = handler.handle_batch(std::vector<Delivery>{{"m-1", 1}, {"m-2", 1}, {"m-3", 1}},
+                                         std::vector<std::string>{"a", "bad", "c"});
+    EXPECT_EQ(outcomes[0].disposition, Disposition::processed);
+    EXPECT_EQ(outcomes[1].disposition, Disposition::failed);
+    EXPECT_EQ(outcomes[2].disposition, Disposition::processed);
+    EXPECT_FALSE(store().find_claim("capture", "m-2").has_value());  // freed, not left leased
+    EXPECT_EQ(store().attempts("capture", "m-2"), 1u);
+    EXPECT_EQ(client().integer({"SCARD", "captured"}), 2);
+    EXPECT_EQ(handler.handle(Delivery{"m-2", 2}, std::string("b")).disposition,
+              Disposition::processed);
+}
+
 // ---- keys, hostile ids and payloads ----------------------------------------------------------
 
 /// Redis Cluster's key slot: CRC16/XMODEM of the hash tag (or the whole key), mod 16384.

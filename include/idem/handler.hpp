@@ -268,12 +268,18 @@ class IdempotentHandler {
         if (count == 0) return outcomes;
         try {
             Transaction tx = begin_transaction();
+            // Stores that can claim many ids in one round trip (Redis) do so up front.
+            std::vector<ClaimResult> claims;
+            if constexpr (detail::has_claim_many<Transaction>::value) {
+                claims = claim_all(tx, deliveries, bodies, count);
+            }
             for (std::size_t i = 0; i < count; ++i) {
                 if (auto reason = malformed_reason(deliveries[i])) {
                     tx.dead_letter(make_dead_letter(deliveries[i], bodies[i], *reason));
                     outcomes[i] = {Disposition::dead_lettered, std::move(*reason)};
                 } else {
-                    outcomes[i] = process(tx, deliveries[i], bodies[i], /*in_batch=*/true);
+                    outcomes[i] = process(tx, deliveries[i], bodies[i], /*in_batch=*/true,
+                                          claims.empty() ? nullptr : &claims[i]);
                 }
             }
             bool any_write = false;
@@ -292,6 +298,29 @@ class IdempotentHandler {
             }
         }
         return outcomes;
+    }
+
+    /// One claim per delivery with a usable id, in one call; malformed ones get a placeholder
+    /// (they never reach process()).
+    template <class Body>
+    std::vector<ClaimResult> claim_all(Transaction& tx, const Delivery* deliveries,
+                                       const Body* bodies, std::size_t count) {
+        std::vector<std::string_view> ids;
+        std::vector<std::string> fingerprints;
+        std::vector<std::size_t> index;
+        for (std::size_t i = 0; i < count; ++i) {
+            if (malformed_reason(deliveries[i])) continue;
+            ids.push_back(deliveries[i].message_id);
+            index.push_back(i);
+            if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
+                fingerprints.push_back(detail::chain_fingerprint(effect_, bodies[i]));
+            }
+        }
+        std::vector<ClaimResult> claimed = tx.claim_many(policy_.scope(), ids, fingerprints);
+        std::vector<ClaimResult> all(count);
+        for (std::size_t k = 0; k < index.size(); ++k)
+            all[index[k]] = std::move(claimed[k]);
+        return all;
     }
 
     Transaction begin_transaction() {
@@ -323,7 +352,8 @@ class IdempotentHandler {
     /// that fails or defers leaves nothing (not even its claim) while the others commit; alone,
     /// the caller's commit or rollback does that.
     template <class Body>
-    Outcome process(Transaction& tx, const Delivery& delivery, const Body& body, bool in_batch) {
+    Outcome process(Transaction& tx, const Delivery& delivery, const Body& body, bool in_batch,
+                    const ClaimResult* claimed_before = nullptr) {
         const std::string& scope = policy_.scope();
         const std::string& id = delivery.message_id;
         if (in_batch) tx.savepoint();
@@ -331,13 +361,24 @@ class IdempotentHandler {
             if (in_batch) tx.release_savepoint();
         };
         auto drop_message = [&] {
-            if (in_batch) tx.rollback_to_savepoint();
+            if (!in_batch) return;
+            tx.rollback_to_savepoint();
+            if constexpr (detail::has_claim_many<Transaction>::value) {
+                // Claimed before the savepoint: give the claim back explicitly.
+                if (claimed_before != nullptr && claimed_before->status == ClaimStatus::claimed) {
+                    tx.unclaim(scope, id);
+                }
+            }
         };
 
         ClaimResult claim;
         std::string fingerprint;
         if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
             fingerprint = detail::chain_fingerprint(effect_, body);
+        }
+        if (claimed_before != nullptr) {
+            claim = *claimed_before;
+        } else if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
             claim = tx.claim(scope, id, fingerprint);
         } else {
             claim = tx.claim(scope, id);

@@ -47,6 +47,11 @@
 /// // transaction before claiming, and checks the store's default lease against the policy
 /// void Transaction::set_terms(const ClaimTerms&);
 /// std::chrono::milliseconds Store::default_lease() const;
+/// // stores with costly round trips: handle_batch claims the batch in one call, and gives a
+/// // failed message's claim back with unclaim() (its savepoint does not cover the claim)
+/// std::vector<ClaimResult> Transaction::claim_many(scope, const std::vector<std::string_view>&
+///                                                  ids, const std::vector<std::string>& fps);
+/// void Transaction::unclaim(scope, id);
 /// @endcode
 
 #include <chrono>
@@ -205,6 +210,16 @@ template <class, class = void>
 struct has_default_lease : std::false_type {};
 template <class T>
 struct has_default_lease<T, std::void_t<decltype(std::declval<const T&>().default_lease())>>
+    : std::true_type {};
+
+template <class, class = void>
+struct has_claim_many : std::false_type {};
+template <class T>
+struct has_claim_many<
+    T, std::void_t<decltype(std::declval<T&>().claim_many(
+                       std::string_view{}, std::declval<const std::vector<std::string_view>&>(),
+                       std::declval<const std::vector<std::string>&>())),
+                   decltype(std::declval<T&>().unclaim(std::string_view{}, std::string_view{}))>>
     : std::true_type {};
 
 template <class S, bool = has_begin<S>::value>

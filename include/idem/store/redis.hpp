@@ -6,6 +6,7 @@
 /// idem::redis. See docs/redis.md.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -134,7 +135,7 @@ return {'claimed', state or '', r[6] or ARGV[5], num(attempts)}
 // KEYS: per claim its record and its dead-letter stream, then one stream per extra dead letter.
 // ARGV: now, retention_ms, n_claims, {token, outcome, reason} * n_claims, n_letters,
 // {scope, id, delivery_count, reason, payload, created_at} * n_letters, n_commands,
-// {argc, args...} * n_commands.
+// {argc, args...} * n_commands, token; then KEYS ends with leases to free (unclaimed).
 // Every lease is checked before anything is written: a lost lease writes nothing.
 inline const std::string& redis_complete_source() {
     static const std::string source = std::string(redis_now_lua) + R"(
@@ -196,6 +197,14 @@ for c = 1, n_claims do
              'finished_at', num(now))
   redis.call('HDEL', key, 'token', 'lease_until')
   redis.call('PEXPIRE', key, ARGV[2])
+end
+-- Leases given back without completion (batch messages that failed): freed if still ours.
+for k = 2 * n_claims + n_letters + 1, #KEYS do
+  local r = redis.call('HMGET', KEYS[k], 'state', 'token')
+  if r[1] == 'leased' and r[2] == ARGV[i] then
+    redis.call('HSET', KEYS[k], 'state', 'free')
+    redis.call('HDEL', KEYS[k], 'token', 'lease_until')
+  end
 end
 return {'ok'}
 )";
@@ -597,9 +606,20 @@ class RedisStore {
         struct Return {
             RedisStore* store;
             std::unique_ptr<RedisConnection>& connection;
-            ~Return() { store->give_back(std::move(connection)); }
-        } give_back{this, connection};
+            std::size_t before;
+            ~Return() {
+                store->round_trips_.fetch_add(connection->round_trips() - before,
+                                              std::memory_order_relaxed);
+                store->give_back(std::move(connection));
+            }
+        } give_back{this, connection, connection->round_trips()};
         return fn(*connection);
+    }
+
+    /// @brief Request/reply exchanges with Redis so far, over all pooled connections (a
+    /// pipeline counts once): the cost tests and benchmarks check.
+    [[nodiscard]] std::size_t round_trips() const noexcept {
+        return round_trips_.load(std::memory_order_relaxed);
     }
 
     /// @brief Milliseconds since the epoch on the store's clock (the server's by default).
@@ -725,6 +745,7 @@ class RedisStore {
     RedisOptions options_;
     std::mutex pool_mutex_;
     std::vector<std::unique_ptr<RedisConnection>> idle_;
+    std::atomic<std::size_t> round_trips_{0};
 };
 
 /// @brief One handler run's claims and queued writes; frees its leases in its destructor unless
@@ -741,6 +762,7 @@ class RedisStore::Transaction {
           commands_(std::move(other.commands_)),
           savepoints_(std::move(other.savepoints_)),
           locks_(std::move(other.locks_)),
+          released_(std::move(other.released_)),
           ack_(std::exchange(other.ack_, nullptr)) {}
     Transaction& operator=(Transaction&&) = delete;
     Transaction(const Transaction&) = delete;
@@ -759,40 +781,72 @@ class RedisStore::Transaction {
     ClaimResult claim(std::string_view scope, std::string_view id,
                       std::string_view fingerprint = {}) {
         active();
-        for (const auto& held : claims_) {
-            if (held.scope == scope && held.id == id) {
-                ClaimResult own;
-                own.status = ClaimStatus::duplicate;
-                own.recorded = Disposition::in_progress;
-                own.fingerprint = held.fingerprint;
-                return own;
+        if (auto own = own_claim(scope, id)) return *own;
+        Claim held{std::string(scope),
+                   std::string(id),
+                   store_->claim_key(scope, id),
+                   std::string(fingerprint),
+                   {},
+                   {}};
+        RedisReply reply = store_->with_connection([&](RedisConnection& c) {
+            return c.eval(detail::redis_claim_script(), {held.key}, claim_args(held));
+        });
+        return take(std::move(held), reply);
+    }
+
+    /// @brief Claims many ids of one scope in ONE round trip (pipelined scripts); results in
+    /// order. An id repeated in @p ids is a duplicate of its first copy. @p fingerprints is
+    /// empty or one per id. Used by IdempotentHandler::handle_batch.
+    std::vector<ClaimResult> claim_many(std::string_view scope,
+                                        const std::vector<std::string_view>& ids,
+                                        const std::vector<std::string>& fingerprints = {}) {
+        active();
+        if (!fingerprints.empty() && fingerprints.size() != ids.size()) {
+            throw usage_error("idem::RedisStore: claim_many() needs one fingerprint per id");
+        }
+        std::vector<Claim> held;
+        std::vector<std::vector<std::string>> keys;
+        std::vector<std::vector<std::string>> args;
+        held.reserve(ids.size());
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+            held.push_back(Claim{std::string(scope),
+                                 std::string(ids[i]),
+                                 store_->claim_key(scope, ids[i]),
+                                 fingerprints.empty() ? std::string() : fingerprints[i],
+                                 {},
+                                 {}});
+            keys.push_back({held.back().key});
+            args.push_back(claim_args(held.back()));
+        }
+        std::vector<RedisReply> replies = store_->with_connection([&](RedisConnection& c) {
+            return c.eval_many(detail::redis_claim_script(), keys, args);
+        });
+        std::vector<ClaimResult> results;
+        results.reserve(ids.size());
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+            // The script saw an earlier copy in this pipeline as our own lease: a duplicate.
+            if (auto own = own_claim(scope, ids[i])) {
+                results.push_back(*own);
+                continue;
+            }
+            results.push_back(take(std::move(held[i]), replies[i]));
+        }
+        return results;
+    }
+
+    /// @brief Gives back a claim this transaction holds without completing it (a batch message
+    /// that failed): its lease is freed by the commit, or by the rollback.
+    void unclaim(std::string_view scope, std::string_view id) {
+        active();
+        for (auto it = claims_.begin(); it != claims_.end(); ++it) {
+            if (it->scope == scope && it->id == id) {
+                released_.push_back(it->key);
+                claims_.erase(it);
+                for (auto& mark : savepoints_)
+                    mark.claims = std::min(mark.claims, claims_.size());
+                return;
             }
         }
-        Claim held{std::string(scope), std::string(id), store_->claim_key(scope, id), {}, {}, {}};
-        RedisReply reply = store_->with_connection([&](RedisConnection& c) {
-            return c.eval(detail::redis_claim_script(), {held.key},
-                          {token_, std::to_string(lease_.count()), std::to_string(retention_ms()),
-                           store_->now_arg(), std::string(fingerprint), held.scope, held.id});
-        });
-        store_->check_script(reply, "claim");
-        if (!reply.is_array() || reply.elements.size() != 4) {
-            throw store_error("idem: Redis claim script: unexpected reply");
-        }
-        const std::string& status = reply.elements[0].str;
-        ClaimResult result;
-        result.fingerprint = reply.elements[2].str;
-        result.attempts = static_cast<std::uint32_t>(detail::parse_int(reply.elements[3].str));
-        if (status == "duplicate") {
-            result.status = ClaimStatus::duplicate;
-            result.recorded = disposition_from(reply.elements[1].str);
-        } else if (status == "in_progress") {
-            result.status = ClaimStatus::in_progress;
-        } else {
-            result.status = ClaimStatus::claimed;
-            held.fingerprint = std::string(fingerprint);
-            claims_.push_back(std::move(held));
-        }
-        return result;
     }
 
     void record_outcome(std::string_view scope, std::string_view id, Disposition disposition,
@@ -936,6 +990,8 @@ class RedisStore::Transaction {
             args.push_back(std::to_string(command.size()));
             args.insert(args.end(), command.begin(), command.end());
         }
+        args.push_back(token_);
+        keys.insert(keys.end(), released_.begin(), released_.end());
 
         RedisReply reply = store_->with_connection([&](RedisConnection& c) {
             return c.eval(detail::redis_complete_script(), keys, args);
@@ -945,6 +1001,7 @@ class RedisStore::Transaction {
         if (status == "ok") {
             if (ack_ != nullptr) ack_->acked = true;
             claims_.clear();  // done: nothing left to release
+            released_.clear();
             finish();
             return;
         }
@@ -980,8 +1037,8 @@ class RedisStore::Transaction {
     void rollback() noexcept {
         if (store_ == nullptr) return;
         try {
-            if (!claims_.empty()) {
-                std::vector<std::string> keys;
+            if (!claims_.empty() || !released_.empty()) {
+                std::vector<std::string> keys = released_;
                 for (const auto& held : claims_)
                     keys.push_back(held.key);
                 store_->with_connection([&](RedisConnection& c) {
@@ -1014,6 +1071,51 @@ class RedisStore::Transaction {
         std::size_t claims;
     };
 
+    std::optional<ClaimResult> own_claim(std::string_view scope, std::string_view id) const {
+        for (const auto& held : claims_) {
+            if (held.scope == scope && held.id == id) {
+                ClaimResult own;
+                own.status = ClaimStatus::duplicate;
+                own.recorded = Disposition::in_progress;
+                own.fingerprint = held.fingerprint;
+                return own;
+            }
+        }
+        return std::nullopt;
+    }
+
+    std::vector<std::string> claim_args(const Claim& held) const {
+        return {token_,
+                std::to_string(lease_.count()),
+                std::to_string(retention_ms()),
+                store_->now_arg(),
+                held.fingerprint,
+                held.scope,
+                held.id};
+    }
+
+    /// Reads the claim script's answer; a claimed id joins this transaction's leases.
+    ClaimResult take(Claim held, const RedisReply& reply) {
+        store_->check_script(reply, "claim");
+        if (!reply.is_array() || reply.elements.size() != 4) {
+            throw store_error("idem: Redis claim script: unexpected reply");
+        }
+        const std::string& status = reply.elements[0].str;
+        ClaimResult result;
+        result.fingerprint = reply.elements[2].str;
+        result.attempts = static_cast<std::uint32_t>(detail::parse_int(reply.elements[3].str));
+        if (status == "duplicate") {
+            result.status = ClaimStatus::duplicate;
+            result.recorded = disposition_from(reply.elements[1].str);
+        } else if (status == "in_progress") {
+            result.status = ClaimStatus::in_progress;
+        } else {
+            result.status = ClaimStatus::claimed;
+            claims_.push_back(std::move(held));
+        }
+        return result;
+    }
+
     explicit Transaction(RedisStore& store)
         : store_(&store),
           token_(detail::new_lease_token()),
@@ -1042,6 +1144,7 @@ class RedisStore::Transaction {
             }
         }
         claims_.clear();
+        released_.clear();
         locks_.clear();
     }
 
@@ -1054,6 +1157,7 @@ class RedisStore::Transaction {
     std::vector<std::vector<std::string>> commands_;
     std::vector<Mark> savepoints_;
     std::vector<std::string> locks_;
+    std::vector<std::string> released_;  ///< keys of unclaim()ed leases, freed at the end
     StreamAck* ack_ = nullptr;
 };
 

@@ -153,6 +153,8 @@ class RedisConnection {
     [[nodiscard]] bool connected() const noexcept { return context_ != nullptr; }
     /// How many times this connection (re)connected; a test sees reconnects with it.
     [[nodiscard]] std::size_t connects() const noexcept { return connects_; }
+    /// Request/reply exchanges so far (a pipeline is one; connecting and loading a script count).
+    [[nodiscard]] std::size_t round_trips() const noexcept { return round_trips_; }
 
     /// @brief Sends one command and reads its reply; an error reply is returned, not thrown.
     /// @throws store_unavailable (cannot connect, connection lost) or store_timeout.
@@ -173,6 +175,7 @@ class RedisConnection {
     /// @brief Sends every command, then reads every reply: one round trip for all of them.
     std::vector<RedisReply> pipeline(const std::vector<std::vector<std::string>>& commands) {
         ensure_connected();
+        ++round_trips_;
         for (const auto& args : commands)
             append(args);
         std::vector<RedisReply> replies;
@@ -202,6 +205,37 @@ class RedisConnection {
         return reply;
     }
 
+    /// @brief Runs one script many times in one round trip (pipelined EVALSHA), loading it first
+    /// if this connection has not yet; a server that lost its script cache gets it again and
+    /// the calls are repeated once. Replies in order; error replies are returned.
+    std::vector<RedisReply> eval_many(const RedisScript& script,
+                                      const std::vector<std::vector<std::string>>& keys,
+                                      const std::vector<std::vector<std::string>>& args) {
+        std::vector<std::vector<std::string>> commands(keys.size());
+        auto build = [&](const std::string& sha) {
+            for (std::size_t i = 0; i < keys.size(); ++i) {
+                auto& command = commands[i];
+                command.clear();
+                command.reserve(3 + keys[i].size() + args[i].size());
+                command.emplace_back("EVALSHA");
+                command.push_back(sha);
+                command.push_back(std::to_string(keys[i].size()));
+                command.insert(command.end(), keys[i].begin(), keys[i].end());
+                command.insert(command.end(), args[i].begin(), args[i].end());
+            }
+        };
+        build(sha_of(script));
+        std::vector<RedisReply> replies = pipeline(commands);
+        // A restarted server has no scripts: every reply is NOSCRIPT, nothing ran.
+        if (!replies.empty() && replies.front().is_error() &&
+            replies.front().str.rfind("NOSCRIPT", 0) == 0) {
+            shas_.erase(script.source);
+            build(sha_of(script));
+            replies = pipeline(commands);
+        }
+        return replies;
+    }
+
     /// @brief Drops the connection (the next call reconnects). Never throws.
     void disconnect() noexcept {
         context_.reset();
@@ -218,6 +252,7 @@ class RedisConnection {
 
     RedisReply command_once(const std::vector<std::string>& args) {
         ensure_connected();
+        ++round_trips_;
         append(args);
         return read_reply();
     }
@@ -250,6 +285,7 @@ class RedisConnection {
         redisSetTimeout(context.get(), detail::to_timeval(endpoint_.command_timeout));
         context_ = std::move(context);
         ++connects_;
+        ++round_trips_;  // the TCP handshake
         try {
             if (!endpoint_.password.empty()) {
                 std::vector<std::string> auth{"AUTH"};
@@ -265,6 +301,7 @@ class RedisConnection {
     }
 
     void expect_ok(const std::vector<std::string>& args, const char* what) {
+        ++round_trips_;
         append(args);
         RedisReply reply = read_reply();
         if (reply.is_error()) {
@@ -318,6 +355,7 @@ class RedisConnection {
     std::vector<const char*> argv_;
     std::vector<std::size_t> lengths_;
     std::size_t connects_ = 0;
+    std::size_t round_trips_ = 0;
 };
 
 IDEM_END_NAMESPACE
