@@ -3,12 +3,11 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <string>
 
 #include "idem/idem.hpp"
 #include "idem/store/sqlite.hpp"
-#include "support/kill_at_window.hpp"
+#include "idem/testing/crash.hpp"
 #include "support/store_envs.hpp"
 #include "support/temp_dir.hpp"
 
@@ -16,24 +15,7 @@ namespace {
 
 using idem::Delivery;
 using idem::Disposition;
-
-enum class Window {
-    effect_started,       // claimed, effect running, nothing written yet
-    after_effect_writes,  // claim and effect rows written, not committed
-    after_commit_no_ack,  // committed; killed before the consumer could ack
-};
-
-std::string window_name(const ::testing::TestParamInfo<Window>& info) {
-    switch (info.param) {
-        case Window::effect_started:
-            return "EffectStarted";
-        case Window::after_effect_writes:
-            return "AfterEffectWrites";
-        case Window::after_commit_no_ack:
-            return "AfterCommitBeforeAck";
-    }
-    return "unknown";
-}
+using idem::testing::Window;
 
 class CrashWindow : public ::testing::TestWithParam<Window> {
   protected:
@@ -49,19 +31,25 @@ class CrashWindow : public ::testing::TestWithParam<Window> {
         return idem_test::sqlite_count(store.db(), "SELECT count(*) FROM captures");
     }
 
-    /// A worker process handles one delivery and is killed with SIGKILL at `window`.
+    /// A worker process handles one delivery and is killed with SIGKILL at `window`:
+    /// after_claim (claimed, effect running, nothing written yet), before_commit (claim and
+    /// effect rows written, not committed), after_commit_before_ack (committed; killed before
+    /// the consumer could ack).
     void run_worker_and_kill_it(Window window) {
-        ASSERT_TRUE(idem_test::kill_at_window([&](const std::function<void()>& reached) {
+        const auto crash = idem::testing::run_and_kill_at(window, [&] {
             idem::SqliteStore store(path);  // the worker's own connection
             auto handler = idem::make_handler(
                 store, idem::Policy{"capture"}, [&](auto& tx, const std::string& order) {
-                    if (window == Window::effect_started) reached();
+                    idem::testing::crash_point(Window::after_claim);
                     tx.execute("INSERT INTO captures(order_id) VALUES (?)", order);
-                    if (window == Window::after_effect_writes) reached();
+                    idem::testing::crash_point(Window::before_commit);
                 });
             auto outcome = handler.handle(Delivery{"msg-1", 1}, std::string("8814"));
-            if (outcome.disposition == Disposition::processed) reached();
-        }));
+            if (outcome.disposition == Disposition::processed) {
+                idem::testing::crash_point(Window::after_commit_before_ack);
+            }
+        });
+        ASSERT_TRUE(crash.killed_at_window) << crash.message;
     }
 };
 
@@ -70,7 +58,7 @@ TEST_P(CrashWindow, KillNineChangesNothingAndTheRedeliveryWorksOnce) {
     run_worker_and_kill_it(window);
 
     idem::SqliteStore store(path);  // a restarted worker
-    const bool committed = window == Window::after_commit_no_ack;
+    const bool committed = window == Window::after_commit_before_ack;
     EXPECT_EQ(store.find_claim("capture", "msg-1").has_value(), committed);
     EXPECT_EQ(captures(store), committed ? 1 : 0);
 
@@ -93,8 +81,10 @@ TEST_P(CrashWindow, KillNineChangesNothingAndTheRedeliveryWorksOnce) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sqlite, CrashWindow,
-                         ::testing::Values(Window::effect_started, Window::after_effect_writes,
-                                           Window::after_commit_no_ack),
-                         window_name);
+                         ::testing::Values(Window::after_claim, Window::before_commit,
+                                           Window::after_commit_before_ack),
+                         [](const ::testing::TestParamInfo<Window>& info) {
+                             return std::string(idem::testing::to_string(info.param));
+                         });
 
 }  // namespace

@@ -25,7 +25,7 @@
 #include "idem/outbox.hpp"
 #include "idem/store/memory.hpp"
 #include "idem/store/sqlite.hpp"
-#include "support/kill_at_window.hpp"
+#include "idem/testing/crash.hpp"
 #include "support/postgres_env.hpp"
 #include "support/require_postgres.hpp"
 #include "support/store_envs.hpp"
@@ -702,21 +702,28 @@ TEST(OutboxSqliteCrash, RelayKilledBetweenSendAndMarkResendsWithTheSameKey) {
         ReceiverDb create(receiver_path);
     }  // nothing of SQLite is open across fork()
 
-    // The relay process is killed after the rail got wire-pay-2 and before it was marked sent.
-    ASSERT_TRUE(idem_test::kill_at_window([&](const std::function<void()>& reached) {
-        idem::SqliteStore store(path);  // the relay process's own connection
-        ReceiverDb receiver(receiver_path);
-        idem::RelayOptions options;
-        options.lease = 60s;
-        idem::Relay relay(
-            store,
-            [&](const OutboxRow& row) {
-                receiver.receive(row);  // the rail has it
-                if (row.idempotency_key == "wire-pay-2") reached();
-            },
-            options);
-        relay.run_once();
-    }));
+    // The relay process is killed after the rail got its second intent (wire-pay-2) and before
+    // it was marked sent.
+    idem::testing::CrashOptions second_send;
+    second_send.hit = 2;
+    const auto crash = idem::testing::run_and_kill_at(
+        "relay_after_send",
+        [&] {
+            idem::SqliteStore store(path);  // the relay process's own connection
+            ReceiverDb receiver(receiver_path);
+            idem::RelayOptions options;
+            options.lease = 60s;
+            idem::Relay relay(
+                store,
+                [&](const OutboxRow& row) {
+                    receiver.receive(row);  // the rail has it
+                    idem::testing::crash_point("relay_after_send");
+                },
+                options);
+            relay.run_once();
+        },
+        second_send);
+    ASSERT_TRUE(crash.killed_at_window) << crash.message;
 
     ReceiverDb receiver(receiver_path);
     auto sender = [&](const OutboxRow& row) { receiver.receive(row); };
