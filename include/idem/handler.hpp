@@ -356,15 +356,16 @@ class IdempotentHandler {
                     const ClaimResult* claimed_before = nullptr) {
         const std::string& scope = policy_.scope();
         const std::string& id = delivery.message_id;
-        if (in_batch) tx.savepoint();
+        // In a batch the message needs a savepoint of its own around its claim, unless the
+        // claim was made up front (claim_many): then a failure gives it back with unclaim().
+        const bool own_savepoint = in_batch && claimed_before == nullptr;
+        if (own_savepoint) tx.savepoint();
         auto keep_message = [&] {
-            if (in_batch) tx.release_savepoint();
+            if (own_savepoint) tx.release_savepoint();
         };
         auto drop_message = [&] {
-            if (!in_batch) return;
-            tx.rollback_to_savepoint();
+            if (own_savepoint) tx.rollback_to_savepoint();
             if constexpr (detail::has_claim_many<Transaction>::value) {
-                // Claimed before the savepoint: give the claim back explicitly.
                 if (claimed_before != nullptr && claimed_before->status == ClaimStatus::claimed) {
                     tx.unclaim(scope, id);
                 }

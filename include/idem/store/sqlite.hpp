@@ -325,6 +325,7 @@ class SqliteStore {
         claim_insert,
         claim_outcome,
         record_update,
+        claim_delete,
         dead_letter_insert,
         purge_batch,
         purge_outbox_batch,
@@ -350,9 +351,10 @@ class SqliteStore {
         "ROLLBACK TO idem_effect",
         "RELEASE idem_effect",
         "INSERT OR IGNORE INTO idem_claims(scope, message_id, claimed_at, outcome, reason, "
-        "fingerprint) VALUES (?1, ?2, ?3, 'claimed', '', ?4)",
+        "fingerprint) VALUES (?1, ?2, ?3, 'processed', '', ?4)",
         "SELECT outcome, fingerprint FROM idem_claims WHERE scope = ?1 AND message_id = ?2",
         "UPDATE idem_claims SET outcome = ?3, reason = ?4 WHERE scope = ?1 AND message_id = ?2",
+        "DELETE FROM idem_claims WHERE scope = ?1 AND message_id = ?2",
         "INSERT INTO idem_dead_letters(scope, message_id, delivery_count, reason, payload, "
         "created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         "DELETE FROM idem_claims WHERE (scope, message_id) IN (SELECT scope, message_id FROM "
@@ -471,6 +473,10 @@ class SqliteStore {
     std::atomic<std::thread::id> owner_{};
     std::array<sqlite3_stmt*, own_count> own_{};
     std::unordered_map<std::string_view, std::unique_ptr<Cached>> cache_;
+    /// claim_many()'s multi-row INSERT … RETURNING, one per row count (1..claim_rows_max).
+    static constexpr std::size_t claim_rows_max = 64;
+    std::array<std::unique_ptr<Cached>, claim_rows_max + 1> claim_rows_{};
+    sqlite3_stmt* claim_rows_statement(std::size_t rows);
     bool tx_open_ = false;  // a Transaction of this store is running
     std::string tx_error_;  // first SQLite failure inside it (explains an automatic rollback)
     bool rollback_pending_ = false;  // our ROLLBACK failed: the connection is still in our tx
@@ -488,7 +494,9 @@ class SqliteStore::Transaction {
         : store_(std::exchange(other.store_, nullptr)),
           lock_(std::move(other.lock_)),
           state_(std::exchange(other.state_, State::rolled_back)),
-          savepoints_(std::exchange(other.savepoints_, 0)) {}
+          savepoints_(std::exchange(other.savepoints_, 0)),
+          own_claims_(std::move(other.own_claims_)),
+          claim_marks_(std::move(other.claim_marks_)) {}
     Transaction& operator=(Transaction&& other) noexcept {
         if (this != &other) {
             end_noexcept();
@@ -496,6 +504,8 @@ class SqliteStore::Transaction {
             lock_ = std::move(other.lock_);
             state_ = std::exchange(other.state_, State::rolled_back);
             savepoints_ = std::exchange(other.savepoints_, 0);
+            own_claims_ = std::move(other.own_claims_);
+            claim_marks_ = std::move(other.claim_marks_);
         }
         return *this;
     }
@@ -510,6 +520,15 @@ class SqliteStore::Transaction {
     /// id before) and the fingerprint stored with the first claim.
     ClaimResult claim(std::string_view scope, std::string_view id,
                       std::string_view fingerprint = {});
+    /// @brief Claims many ids of one scope with multi-row `INSERT OR IGNORE … RETURNING` (64
+    /// rows a statement); results in order, as claim() would give them one by one. Used by
+    /// IdempotentHandler::handle_batch. @p fingerprints is empty or one per id.
+    std::vector<ClaimResult> claim_many(std::string_view scope,
+                                        const std::vector<std::string_view>& ids,
+                                        const std::vector<std::string>& fingerprints = {});
+    /// @brief Deletes a claim this transaction made (a batch message that failed: its savepoint
+    /// came after the claim).
+    void unclaim(std::string_view scope, std::string_view id);
     /// @brief Stores the outcome and reason on the claim; does nothing if there is no claim row.
     void record_outcome(std::string_view scope, std::string_view id, Disposition disposition,
                         std::string_view reason);
@@ -580,10 +599,24 @@ class SqliteStore::Transaction {
     void finish(State state) noexcept;
     void end_noexcept() noexcept;
 
+    /// A claim row this transaction inserted. Its row says 'processed' from the start, so the
+    /// common outcome costs no UPDATE; commit() marks the ones that never got an outcome.
+    struct OwnClaim {
+        std::string scope;
+        std::string id;
+        std::string fingerprint;
+        int recorded_depth = -1;  ///< savepoint depth at which its outcome was recorded; -1: not
+    };
+    OwnClaim* own_claim(std::string_view scope, std::string_view id) noexcept;
+    static ClaimResult own_duplicate(const OwnClaim& claim);
+
     SqliteStore* store_ = nullptr;
     Lock lock_;
     State state_ = State::rolled_back;
     int savepoints_ = 0;
+    std::vector<OwnClaim> own_claims_;
+    std::size_t own_claim_hint_ = 0;
+    std::vector<std::size_t> claim_marks_;  ///< own_claims_.size() at each open savepoint
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -644,6 +677,8 @@ inline void SqliteStore::close_noexcept() noexcept {
         stmt = nullptr;
     }
     cache_.clear();
+    for (auto& statement : claim_rows_)
+        statement.reset();
     if (owned_) sqlite3_close_v2(db_);
     db_ = nullptr;
 }
@@ -1219,6 +1254,9 @@ inline SqliteStore& SqliteStore::Transaction::open(std::string_view what, bool c
 inline void SqliteStore::Transaction::finish(State state) noexcept {
     state_ = state;
     savepoints_ = 0;
+    own_claim_hint_ = 0;
+    own_claims_.clear();
+    claim_marks_.clear();
     if (store_ != nullptr) {
         store_->tx_open_ = false;
         store_->tx_error_.clear();
@@ -1233,17 +1271,43 @@ inline void SqliteStore::Transaction::end_noexcept() noexcept {
     }
 }
 
+inline SqliteStore::Transaction::OwnClaim* SqliteStore::Transaction::own_claim(
+    std::string_view scope, std::string_view id) noexcept {
+    // A batch records its outcomes in claim order: try the one after the last found first.
+    const std::size_t n = own_claims_.size();
+    for (std::size_t k = 0; k < n; ++k) {
+        const std::size_t i = (own_claim_hint_ + k) % n;
+        OwnClaim& claim = own_claims_[i];
+        if (claim.id == id && claim.scope == scope) {
+            own_claim_hint_ = i + 1;
+            return &claim;
+        }
+    }
+    return nullptr;
+}
+
+inline ClaimResult SqliteStore::Transaction::own_duplicate(const OwnClaim& claim) {
+    // Claimed earlier in this same transaction: its first claim will commit with the outcome.
+    ClaimResult result;
+    result.status = ClaimStatus::duplicate;
+    result.recorded = Disposition::in_progress;
+    result.fingerprint = claim.fingerprint;
+    return result;
+}
+
 inline ClaimResult SqliteStore::Transaction::claim(std::string_view scope, std::string_view id,
                                                    std::string_view fingerprint) {
     SqliteStore& store = open("claim()");
+    if (const OwnClaim* own = own_claim(scope, id)) return own_duplicate(*own);
     const std::int64_t now = detail::sqlite_store::to_unix_ms(store.now());
     ClaimResult result;
     if (store.step_own(claim_insert, "claim", Blob{scope}, Blob{id}, now, Blob{fingerprint}) == 1) {
+        own_claims_.push_back(
+            OwnClaim{std::string(scope), std::string(id), std::string(fingerprint), -1});
         result.status = ClaimStatus::claimed;
         return result;
     }
-    // The row exists. Its outcome is never 'claimed' for another transaction: a claim becomes
-    // visible only with the commit that records its outcome.
+    // The row exists and was committed by another transaction.
     sqlite3_stmt* stmt = store.own(claim_outcome);
     detail::sqlite_store::StatementUse use(stmt, false);
     store.bind_all(stmt, own_sql[claim_outcome], Kind::idem, Blob{scope}, Blob{id});
@@ -1258,7 +1322,7 @@ inline ClaimResult SqliteStore::Transaction::claim(std::string_view scope, std::
     result.fingerprint = detail::sqlite_store::column_string(stmt, 1);
     result.status = ClaimStatus::duplicate;
     if (outcome == "claimed") {
-        // Claimed earlier in this same transaction: its first claim will commit with the outcome.
+        // Committed without an outcome (a transaction used without a handler).
         result.recorded = Disposition::in_progress;
     } else if (!from_string(outcome, result.recorded)) {
         throw store_error(
@@ -1267,12 +1331,114 @@ inline ClaimResult SqliteStore::Transaction::claim(std::string_view scope, std::
     return result;
 }
 
+inline sqlite3_stmt* SqliteStore::claim_rows_statement(std::size_t rows) {
+    auto& slot = claim_rows_.at(rows);
+    if (slot) return slot->stmt;
+    std::string sql =
+        "INSERT OR IGNORE INTO idem_claims(scope, message_id, claimed_at, outcome, reason, "
+        "fingerprint) VALUES ";
+    for (std::size_t i = 0; i < rows; ++i) {
+        sql += fmt::format("{}(?1, ?{}, ?2, 'processed', '', ?{})", i == 0 ? "" : ", ", 3 + 2 * i,
+                           4 + 2 * i);
+    }
+    sql += " RETURNING message_id";
+    auto entry = std::make_unique<Cached>();
+    entry->sql = std::move(sql);
+    const int rc = sqlite3_prepare_v3(db_, entry->sql.c_str(), static_cast<int>(entry->sql.size()),
+                                      SQLITE_PREPARE_PERSISTENT, &entry->stmt, nullptr);
+    if (rc != SQLITE_OK) fail(rc, "preparing claim_many", Kind::idem);
+    slot = std::move(entry);
+    return slot->stmt;
+}
+
+inline std::vector<ClaimResult> SqliteStore::Transaction::claim_many(
+    std::string_view scope, const std::vector<std::string_view>& ids,
+    const std::vector<std::string>& fingerprints) {
+    namespace sq = detail::sqlite_store;
+    SqliteStore& store = open("claim_many()");
+    if (!fingerprints.empty() && fingerprints.size() != ids.size()) {
+        throw usage_error("idem sqlite: claim_many() needs one fingerprint per id");
+    }
+    auto fingerprint = [&](std::size_t i) {
+        return fingerprints.empty() ? std::string_view() : std::string_view(fingerprints[i]);
+    };
+    const std::int64_t now = sq::to_unix_ms(store.now());
+    std::vector<ClaimResult> results(ids.size());
+    std::vector<bool> decided(ids.size(), false);
+    const std::size_t claimed_before_call = own_claims_.size();
+    std::vector<std::string> inserted;  // copies: a column's bytes die with the next step
+    for (std::size_t start = 0; start < ids.size(); start += claim_rows_max) {
+        const std::size_t rows = std::min(claim_rows_max, ids.size() - start);
+        sqlite3_stmt* stmt = store.claim_rows_statement(rows);
+        sq::StatementUse use(stmt, false);
+        int rc = sq::bind_value(stmt, 1, Blob{scope});
+        if (rc == SQLITE_OK) rc = sq::bind_value(stmt, 2, now);
+        for (std::size_t i = 0; i < rows && rc == SQLITE_OK; ++i) {
+            rc = sq::bind_value(stmt, static_cast<int>(3 + 2 * i), Blob{ids[start + i]});
+            if (rc == SQLITE_OK)
+                rc =
+                    sq::bind_value(stmt, static_cast<int>(4 + 2 * i), Blob{fingerprint(start + i)});
+        }
+        if (rc != SQLITE_OK) store.fail(rc, "claim_many (binding)", Kind::idem);
+        inserted.clear();
+        while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+            const auto* bytes = static_cast<const char*>(sqlite3_column_blob(stmt, 0));
+            inserted.emplace_back(bytes == nullptr ? "" : bytes,
+                                  static_cast<std::size_t>(sqlite3_column_bytes(stmt, 0)));
+        }
+        if (rc != SQLITE_DONE) store.fail(rc, "claim_many", Kind::idem);
+        // Each inserted id is claimed by its first copy in this chunk; later copies, and ids
+        // claimed earlier in this transaction, are its own duplicates.
+        std::unordered_map<std::string_view, bool> fresh;  // inserted id → its claim handed out
+        fresh.reserve(inserted.size());
+        for (const auto& id : inserted)
+            fresh.emplace(id, false);
+        for (std::size_t i = start; i < start + rows; ++i) {
+            auto found = fresh.find(ids[i]);
+            if (found != fresh.end() && !found->second) {
+                found->second = true;
+                own_claims_.push_back(OwnClaim{std::string(scope), std::string(ids[i]),
+                                               std::string(fingerprint(i)), -1});
+                results[i].status = ClaimStatus::claimed;
+                decided[i] = true;
+            } else if (found != fresh.end() || claimed_before_call > 0) {
+                if (const OwnClaim* own = own_claim(scope, ids[i])) {
+                    results[i] = own_duplicate(*own);
+                    decided[i] = true;
+                }
+            }
+        }
+    }
+    // The rest were committed before: read their outcome like claim() does.
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (!decided[i]) results[i] = claim(scope, ids[i], fingerprint(i));
+    }
+    return results;
+}
+
+inline void SqliteStore::Transaction::unclaim(std::string_view scope, std::string_view id) {
+    SqliteStore& store = open("unclaim()");
+    for (auto it = own_claims_.begin(); it != own_claims_.end(); ++it) {
+        if (it->scope == scope && it->id == id) {
+            store.step_own(claim_delete, "unclaim", Blob{scope}, Blob{id});
+            own_claims_.erase(it);
+            for (auto& mark : claim_marks_)
+                mark = std::min(mark, own_claims_.size());
+            return;
+        }
+    }
+}
+
 inline void SqliteStore::Transaction::record_outcome(std::string_view scope, std::string_view id,
                                                      Disposition disposition,
                                                      std::string_view reason) {
-    open("record_outcome()")
-        .step_own(record_update, "record_outcome", Blob{scope}, Blob{id}, to_string(disposition),
-                  reason);
+    SqliteStore& store = open("record_outcome()");
+    OwnClaim* own = own_claim(scope, id);
+    if (own != nullptr) own->recorded_depth = savepoints_;
+    // Our own row already says 'processed' (and no reason): nothing to write.
+    if (own != nullptr && disposition == Disposition::processed && reason.empty()) return;
+    store.step_own(record_update, "record_outcome", Blob{scope}, Blob{id}, to_string(disposition),
+                   reason);
 }
 
 inline void SqliteStore::Transaction::dead_letter(const DeadLetter& letter) {
@@ -1307,6 +1473,7 @@ inline bool SqliteStore::Transaction::add_outbox(const OutboxIntent& intent) {
 
 inline void SqliteStore::Transaction::savepoint() {
     open("savepoint()").step_own(savepoint_effect, "savepoint");
+    claim_marks_.push_back(own_claims_.size());
     ++savepoints_;
 }
 
@@ -1317,6 +1484,12 @@ inline void SqliteStore::Transaction::rollback_to_savepoint() {
     }
     store.step_own(rollback_to_effect, "rollback_to_savepoint");
     store.step_own(release_effect, "rollback_to_savepoint (release)");
+    // Claims made since the savepoint are gone; outcomes recorded since are undone.
+    own_claims_.resize(std::min(own_claims_.size(), claim_marks_.back()));
+    claim_marks_.pop_back();
+    for (auto& claim : own_claims_) {
+        if (claim.recorded_depth >= savepoints_) claim.recorded_depth = -1;
+    }
     --savepoints_;
 }
 
@@ -1326,11 +1499,23 @@ inline void SqliteStore::Transaction::release_savepoint() {
         throw usage_error("idem sqlite: release_savepoint() without an open savepoint()");
     }
     store.step_own(release_effect, "release_savepoint");
+    claim_marks_.pop_back();
+    for (auto& claim : own_claims_) {
+        if (claim.recorded_depth == savepoints_) --claim.recorded_depth;
+    }
     --savepoints_;
 }
 
 inline void SqliteStore::Transaction::commit() {
     SqliteStore& store = open("commit()", true);
+    // A claim nobody recorded an outcome for is stored as claimed, not as the provisional
+    // 'processed' its row was inserted with.
+    for (const auto& claim : own_claims_) {
+        if (claim.recorded_depth < 0) {
+            store.step_own(record_update, "commit", Blob{claim.scope}, Blob{claim.id}, "claimed",
+                           "");
+        }
+    }
     sqlite3_stmt* stmt = store.own(commit_tx);
     const int rc = sqlite3_step(stmt);
     if (rc == SQLITE_DONE) {
