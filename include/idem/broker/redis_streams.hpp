@@ -117,7 +117,8 @@ struct StreamConsumerOptions {
     /// business id, so a message sent twice is claimed once); an entry without it gets an empty
     /// id, which an IdempotentHandler dead-letters as malformed.
     std::string id_field{};
-    /// Entries reclaimed, and entries read, per poll.
+    /// Entries reclaimed, and entries read, per poll (with handle_in_batches: at most this many
+    /// in all, the reclaimed ones first).
     std::size_t batch_size = 16;
     /// How long XREADGROUP waits for new entries when nothing was reclaimed; also how long
     /// run() may take to notice request_stop(). Must be shorter than the endpoint's
@@ -128,6 +129,15 @@ struct StreamConsumerOptions {
     std::chrono::milliseconds visibility_timeout{30000};
     /// Create the group (at id 0, with the stream) when it does not exist.
     bool create_group = true;
+    /// Handle each poll's entries (taken over and new, up to batch_size) together: an
+    /// IdempotentHandler gets them in ONE handle_batch() call (one store transaction, each
+    /// message in its own savepoint), then every entry to ack is acked in ONE round trip (one
+    /// XACK, pipelined with the dead-letter scripts); on a RedisStore of this database the
+    /// commit itself acks the entries it completes. A plain handler is still called per entry,
+    /// with its acks batched the same way. The lease and the visibility timeout must then cover
+    /// a whole batch, and a stop waits for the batch in hand. Off by default: one entry at a
+    /// time keeps each ack as early as possible and the failure unit small.
+    bool handle_in_batches = false;
     /// Told about each error run() recovers from (connection lost, an error reply) before it
     /// backs off and retries; for logs. Exceptions it throws are ignored. Empty: only counted.
     std::function<void(const std::exception&)> on_error{};
@@ -224,6 +234,10 @@ inline std::optional<StreamEntry> parse_stream_entry(const RedisReply& reply,
 /// (and the dead-letter stream entry) is part of the handler's commit: a Redis-only effect, its
 /// claim and its ack commit together.
 ///
+/// With StreamConsumerOptions::handle_in_batches each poll's entries go to the handler together
+/// (IdempotentHandler::handle_batch: one transaction) and are acked in one round trip, or in the
+/// batch's commit on a RedisStore of the same database.
+///
 /// @code
 /// idem::RedisStore store{endpoint};           // default lease 30 s = the visibility timeout
 /// auto handler = idem::make_handler(store, idem::Policy{"capture"},
@@ -243,10 +257,11 @@ class StreamConsumer {
     /// @throws usage_error for an invalid option (the message says which and why).
     StreamConsumer(RedisEndpoint endpoint, StreamConsumerOptions options, Handler handler)
         : StreamConsumer(Private{}, std::move(endpoint), std::move(options),
-                         plain(std::move(handler)), {}, false) {}
+                         plain(std::move(handler)), BatchDispatch{}, {}, false) {}
 
-    /// @brief A consumer calling @p handler.handle(delivery, entry); its effect takes
-    /// `const StreamEntry&` as the body. @p handler must outlive the consumer.
+    /// @brief A consumer calling @p handler.handle(delivery, entry) — or, with
+    /// handle_in_batches, handler.handle_batch(deliveries, entries) once per poll; its effect
+    /// takes `const StreamEntry&` as the body. @p handler must outlive the consumer.
     ///
     /// On a lease store the handler's lease must not be longer than the visibility timeout (a
     /// dead holder's lease would outlast the redelivery). On a RedisStore of the same server and
@@ -257,7 +272,8 @@ class StreamConsumer {
                    IdempotentHandler<Store, Effect>& handler)
         // `endpoint` is copied, not moved: acks_in_commit_of() reads it in the same call.
         : StreamConsumer(Private{}, endpoint, std::move(options), idempotent(handler),
-                         handler.policy().scope(), acks_in_commit_of(handler, endpoint)) {
+                         idempotent_batch(handler), handler.policy().scope(),
+                         acks_in_commit_of(handler, endpoint)) {
         if constexpr (detail::has_default_lease<Store>::value) {
             const std::chrono::milliseconds lease = handler.effective_lease();
             if (lease > options_.visibility_timeout) {
@@ -280,7 +296,9 @@ class StreamConsumer {
     /// @brief One cycle: take over stuck entries, read new ones (waiting up to `block` only when
     /// nothing was taken over), hand each to the handler and ack what its outcome says. Returns
     /// how many entries were handled. After request_stop() it returns 0 without reading, and
-    /// stops between entries: those read but not handled stay pending (taken over later).
+    /// stops between entries: those read but not handled stay pending (taken over later). With
+    /// handle_in_batches the entries go to the handler together and are acked in one round trip;
+    /// a stop before the batch leaves it all pending.
     /// @throws store_unavailable / store_timeout when Redis is unreachable (counted in
     /// stats().connection_errors; the next call reconnects), store_error for an error reply.
     std::size_t poll_once() {
@@ -347,6 +365,9 @@ class StreamConsumer {
     struct Private {};
     /// Calls the handler; a non-null StreamAck asks it to ack in its commit.
     using Dispatch = std::function<Outcome(const Delivery&, const StreamEntry&, StreamAck*)>;
+    /// Calls handle_batch; non-null StreamAcks (one per entry) ask its commit to ack them.
+    using BatchDispatch = std::function<std::vector<Outcome>(
+        const std::vector<Delivery>&, const std::vector<StreamEntry>&, std::vector<StreamAck>*)>;
 
     struct Item {
         StreamEntry entry;
@@ -354,10 +375,12 @@ class StreamConsumer {
     };
 
     StreamConsumer(Private, RedisEndpoint endpoint, StreamConsumerOptions options,
-                   Dispatch dispatch, std::string scope, bool acks_in_commit)
+                   Dispatch dispatch, BatchDispatch batch_dispatch, std::string scope,
+                   bool acks_in_commit)
         : options_(validated(std::move(options), endpoint)),
           connection_(std::move(endpoint)),
           dispatch_(std::move(dispatch)),
+          batch_dispatch_(std::move(batch_dispatch)),
           scope_(std::move(scope)),
           acks_in_commit_(acks_in_commit) {}
 
@@ -378,6 +401,21 @@ class StreamConsumer {
                 }
             }
             return handler.handle(delivery, entry);
+        };
+    }
+
+    template <class Store, class Effect>
+    static BatchDispatch idempotent_batch(IdempotentHandler<Store, Effect>& handler) {
+        return [&handler](const std::vector<Delivery>& deliveries,
+                          const std::vector<StreamEntry>& entries,
+                          [[maybe_unused]] std::vector<StreamAck>* acks) {
+            if constexpr (std::is_same_v<Store, RedisStore>) {
+                if (acks != nullptr) {
+                    RedisStore::AckWithNextCommit in_commit(handler.store(), *acks);
+                    return handler.handle_batch(deliveries, entries);
+                }
+            }
+            return handler.handle_batch(deliveries, entries);
         };
     }
 
@@ -437,7 +475,13 @@ class StreamConsumer {
         ensure_group();
         std::vector<Item> batch;
         reclaim(batch);
-        read_new(batch, /*block=*/batch.empty());
+        if (options_.handle_in_batches) {  // at most batch_size in all, taken over ones first
+            if (batch.size() < options_.batch_size) {
+                read_new(batch, options_.batch_size - batch.size(), /*block=*/batch.empty());
+            }
+            return handle_all(std::move(batch));
+        }
+        read_new(batch, options_.batch_size, /*block=*/batch.empty());
         std::size_t handled = 0;
         for (const Item& item : batch) {
             if (stop_requested()) break;  // the rest stays pending and is taken over later
@@ -530,10 +574,9 @@ class StreamConsumer {
         return counts;
     }
 
-    void read_new(std::vector<Item>& batch, bool block) {
-        std::vector<std::string> command{"XREADGROUP",   "GROUP",
-                                         options_.group, options_.consumer,
-                                         "COUNT",        std::to_string(options_.batch_size)};
+    void read_new(std::vector<Item>& batch, std::size_t count, bool block) {
+        std::vector<std::string> command{"XREADGROUP",      "GROUP", options_.group,
+                                         options_.consumer, "COUNT", std::to_string(count)};
         if (block) {
             command.emplace_back("BLOCK");
             command.push_back(std::to_string(options_.block.count()));
@@ -552,39 +595,53 @@ class StreamConsumer {
         }
     }
 
-    void handle(const Item& item) {
-        const StreamEntry& entry = item.entry;
+    Delivery delivery_of(const StreamEntry& entry, std::uint32_t delivery_count) const {
         Delivery delivery;
         if (options_.id_field.empty()) {
             delivery.message_id = entry.id;
         } else if (auto value = entry.field(options_.id_field)) {
             delivery.message_id = std::string(*value);
         }  // else empty: the handler dead-letters it as malformed
-        delivery.delivery_count = item.delivery_count;
+        delivery.delivery_count = delivery_count;
         if (auto ms = detail::stream_id_ms(entry.id)) {
             delivery.enqueued_at = std::chrono::system_clock::time_point{} +
                                    std::chrono::duration_cast<std::chrono::system_clock::duration>(
                                        std::chrono::milliseconds(*ms));
         }
+        return delivery;
+    }
 
-        std::optional<StreamAck> ack;
-        if (acks_in_commit_) {
-            ack.emplace();
-            ack->stream = options_.stream;
-            ack->group = options_.group;
-            ack->entry_id = entry.id;
-            ack->dead_letter_stream = options_.dead_letter_stream;
-            ack->fields = entry.fields;
-            ack->delivery_count = item.delivery_count;
-        }
-        Outcome outcome;
+    /// What the store's commit needs to ack the entry (and park it, if dead-lettered).
+    StreamAck stream_ack_of(const StreamEntry& entry, const Delivery& delivery) const {
+        StreamAck ack;
+        ack.stream = options_.stream;
+        ack.group = options_.group;
+        ack.entry_id = entry.id;
+        ack.dead_letter_stream = options_.dead_letter_stream;
+        ack.fields = entry.fields;
+        ack.delivery_count = delivery.delivery_count.value();
+        ack.scope = scope_;
+        ack.message_id = delivery.message_id;
+        return ack;
+    }
+
+    /// The handler's outcome; one that throws counts as failed.
+    Outcome call(const Delivery& delivery, const StreamEntry& entry, StreamAck* ack) {
         try {
-            outcome = dispatch_(delivery, entry, ack ? &*ack : nullptr);
+            return dispatch_(delivery, entry, ack);
         } catch (const std::exception& e) {
-            outcome = Outcome{Disposition::failed, fmt::format("handler threw: {}", e.what())};
+            return Outcome{Disposition::failed, fmt::format("handler threw: {}", e.what())};
         } catch (...) {
-            outcome = Outcome{Disposition::failed, "handler threw a non-standard exception"};
+            return Outcome{Disposition::failed, "handler threw a non-standard exception"};
         }
+    }
+
+    void handle(const Item& item) {
+        const StreamEntry& entry = item.entry;
+        const Delivery delivery = delivery_of(entry, item.delivery_count);
+        std::optional<StreamAck> ack;
+        if (acks_in_commit_) ack.emplace(stream_ack_of(entry, delivery));
+        const Outcome outcome = call(delivery, entry, ack ? &*ack : nullptr);
 
         if (ack && ack->acked) {  // the commit acked it (and parked it, if it was a dead letter)
             acked_in_commit_.fetch_add(1, std::memory_order_relaxed);
@@ -605,6 +662,116 @@ class StreamConsumer {
             checked({"XACK", options_.stream, options_.group, entry.id}, "XACK");
         }
         acked_.fetch_add(1, std::memory_order_relaxed);
+    }
+
+    /// Batch mode: the whole poll to the handler at once, then one round trip for the acks the
+    /// commit did not already do. Returns how many entries were handled.
+    std::size_t handle_all(std::vector<Item> batch) {
+        if (batch.empty() || stop_requested()) return 0;  // a stop leaves the batch pending
+        std::vector<Delivery> deliveries;
+        std::vector<StreamEntry> entries;
+        deliveries.reserve(batch.size());
+        entries.reserve(batch.size());
+        for (Item& item : batch) {
+            deliveries.push_back(delivery_of(item.entry, item.delivery_count));
+            entries.push_back(std::move(item.entry));
+        }
+        std::vector<StreamAck> acks;
+        if (acks_in_commit_) {
+            acks.reserve(entries.size());
+            for (std::size_t i = 0; i < entries.size(); ++i)
+                acks.push_back(stream_ack_of(entries[i], deliveries[i]));
+        }
+
+        std::vector<Outcome> outcomes;
+        if (batch_dispatch_) {
+            try {
+                outcomes = batch_dispatch_(deliveries, entries, acks_in_commit_ ? &acks : nullptr);
+                if (outcomes.size() != entries.size()) {
+                    throw store_error(
+                        fmt::format("handle_batch returned {} outcomes for {} entries",
+                                    outcomes.size(), entries.size()));
+                }
+            } catch (const std::exception& e) {
+                outcomes.assign(
+                    entries.size(),
+                    Outcome{Disposition::failed, fmt::format("batch handler threw: {}", e.what())});
+            } catch (...) {
+                outcomes.assign(
+                    entries.size(),
+                    Outcome{Disposition::failed, "batch handler threw a non-standard exception"});
+            }
+        } else {  // a plain handler: one call per entry, the acks batched below
+            for (std::size_t i = 0; i < entries.size(); ++i) {
+                if (i != 0 && stop_requested()) break;  // the rest stays pending
+                outcomes.push_back(call(deliveries[i], entries[i], nullptr));
+            }
+        }
+        ack_all(entries, deliveries, outcomes, acks);
+        return outcomes.size();
+    }
+
+    /// Acks what the outcomes say in one round trip: one XACK for the ordinary acks, pipelined
+    /// with one dead-letter script per dead letter (the ones the commit did not ack already).
+    void ack_all(const std::vector<StreamEntry>& entries, const std::vector<Delivery>& deliveries,
+                 const std::vector<Outcome>& outcomes, const std::vector<StreamAck>& acks) {
+        std::vector<std::vector<std::string>> commands;
+        std::vector<std::string> xack{"XACK", options_.stream, options_.group};
+        std::size_t plain_acks = 0;
+        for (std::size_t i = 0; i < outcomes.size(); ++i) {
+            const Outcome& outcome = outcomes[i];
+            const bool dead_lettered = outcome.disposition == Disposition::dead_lettered;
+            if (!acks.empty() && acks[i].acked) {  // the commit acked (and parked) it
+                acked_in_commit_.fetch_add(1, std::memory_order_relaxed);
+                acked_.fetch_add(1, std::memory_order_relaxed);
+                if (dead_lettered) dead_lettered_.fetch_add(1, std::memory_order_relaxed);
+            } else if (!should_ack(outcome)) {
+                not_acked_.fetch_add(1, std::memory_order_relaxed);
+            } else if (dead_lettered) {
+                commands.push_back(dead_letter_eval(entries[i], deliveries[i], outcome.reason));
+            } else {
+                xack.push_back(entries[i].id);
+                ++plain_acks;
+            }
+        }
+        if (plain_acks != 0) commands.insert(commands.begin(), std::move(xack));
+        if (commands.empty()) return;
+
+        const std::vector<RedisReply> replies = connection_.pipeline(commands);
+        std::optional<store_error> error;
+        for (std::size_t k = 0; k < replies.size(); ++k) {
+            const bool is_xack = plain_acks != 0 && k == 0;
+            if (replies[k].is_error()) {
+                if (!error) {
+                    error.emplace(
+                        reply_error(replies[k], is_xack ? "XACK" : "dead letter (not acked)"));
+                }
+            } else if (is_xack) {
+                acked_.fetch_add(plain_acks, std::memory_order_relaxed);
+            } else {
+                acked_.fetch_add(1, std::memory_order_relaxed);
+                dead_lettered_.fetch_add(1, std::memory_order_relaxed);
+            }
+        }
+        if (error) throw *error;
+    }
+
+    /// The dead-letter script as one command of a pipeline (EVAL: no script cache to miss).
+    std::vector<std::string> dead_letter_eval(const StreamEntry& entry, const Delivery& delivery,
+                                              const std::string& reason) const {
+        std::vector<std::string> xadd = detail::stream_dead_letter_command(
+            options_.dead_letter_stream, entry.id, entry.fields, reason, scope_,
+            delivery.message_id, delivery.delivery_count.value());
+        std::vector<std::string> command{"EVAL",
+                                         detail::stream_dead_letter_ack_source,
+                                         "2",
+                                         options_.dead_letter_stream,
+                                         options_.stream,
+                                         options_.group,
+                                         entry.id};
+        command.insert(command.end(), std::make_move_iterator(xadd.begin() + 3),
+                       std::make_move_iterator(xadd.end()));
+        return command;
     }
 
     /// Adds the entry to the dead-letter stream and acks it, atomically: either both or neither.
@@ -630,16 +797,21 @@ class StreamConsumer {
     RedisReply checked(const std::vector<std::string>& command, std::string_view what) {
         RedisReply reply = connection_.command(command);
         if (!reply.is_error()) return reply;
+        throw reply_error(reply, what);
+    }
+
+    /// The store_error for an error reply to @p what; NOGROUP also has the group created again.
+    store_error reply_error(const RedisReply& reply, std::string_view what) {
         if (reply.str.rfind("NOGROUP", 0) == 0) {
             group_ready_ = false;  // e.g. a server restarted without persistence: create it again
-            throw store_error(fmt::format(
+            return store_error(fmt::format(
                 "idem::StreamConsumer: {} on {}: {} ({})", what, endpoint().describe(), reply.str,
                 options_.create_group
                     ? "the group will be created again on the next poll"
                     : "create it with XGROUP CREATE, or set StreamConsumerOptions::create_group"));
         }
-        throw store_error(fmt::format("idem::StreamConsumer: {} failed on {}: {}", what,
-                                      endpoint().describe(), reply.str));
+        return store_error(fmt::format("idem::StreamConsumer: {} failed on {}: {}", what,
+                                       endpoint().describe(), reply.str));
     }
 
     void report(const std::exception& e) noexcept {
@@ -663,6 +835,7 @@ class StreamConsumer {
     StreamConsumerOptions options_;
     RedisConnection connection_;
     Dispatch dispatch_;
+    BatchDispatch batch_dispatch_;  ///< empty for a plain handler
     std::string scope_;  ///< the handler's policy scope, for dead letters; empty for a plain one
     bool acks_in_commit_;
     bool group_ready_ = false;

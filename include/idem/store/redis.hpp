@@ -57,6 +57,11 @@ struct StreamAck {
     std::vector<std::pair<std::string, std::string>> fields{};
     std::uint32_t delivery_count = 0;
     bool acked = false;  ///< set when a commit included the XACK
+    /// The claim this entry is delivered as: the handler's policy scope and the message id (the
+    /// entry id, or the id field's value). A batch commit matches its claims and dead letters to
+    /// the entries by these; a single ack does not need them.
+    std::string scope{};
+    std::string message_id{};
 };
 
 namespace detail {
@@ -444,7 +449,17 @@ class RedisStore {
     class AckWithNextCommit {
       public:
         AckWithNextCommit(RedisStore& store, StreamAck& ack) noexcept {
-            pending() = Pending{&store, &ack};
+            pending() = Pending{&store, &ack, nullptr};
+        }
+        /// @brief A batch (IdempotentHandler::handle_batch): the commit acks each entry of
+        /// @p acks whose message it completes — matched by StreamAck::scope and message_id to a
+        /// claim it marks processed, rejected or dead_lettered (an id's first entry: later
+        /// entries of the same id are its duplicates), or else to a dead letter it stores (one
+        /// per entry, in order) — and adds the dead-lettered ones to their dead-letter stream.
+        /// Entries it does not complete (failed, deferred, in_progress, duplicate) are left to
+        /// the caller; `acked` is set on exactly those the commit acked.
+        AckWithNextCommit(RedisStore& store, std::vector<StreamAck>& acks) noexcept {
+            pending() = Pending{&store, nullptr, &acks};
         }
         ~AckWithNextCommit() { pending() = Pending{}; }
         AckWithNextCommit(const AckWithNextCommit&) = delete;
@@ -633,18 +648,20 @@ class RedisStore {
     struct Pending {
         RedisStore* store = nullptr;
         StreamAck* ack = nullptr;
+        std::vector<StreamAck>* acks = nullptr;
     };
     static Pending& pending() noexcept {
         thread_local Pending value;
         return value;
     }
 
-    StreamAck* take_pending_ack() noexcept {
+    Pending take_pending_acks() noexcept {
         Pending& p = pending();
-        if (p.store != this || p.ack == nullptr) return nullptr;
-        StreamAck* ack = p.ack;
-        p.ack = nullptr;  // one transaction takes it
-        return ack;
+        if (p.store != this) return Pending{};
+        Pending taken = p;
+        p.ack = nullptr;  // one transaction takes them
+        p.acks = nullptr;
+        return taken;
     }
 
     static Disposition disposition_from(const std::string& text) {
@@ -763,7 +780,8 @@ class RedisStore::Transaction {
           savepoints_(std::move(other.savepoints_)),
           locks_(std::move(other.locks_)),
           released_(std::move(other.released_)),
-          ack_(std::exchange(other.ack_, nullptr)) {}
+          ack_(std::exchange(other.ack_, nullptr)),
+          acks_(std::exchange(other.acks_, nullptr)) {}
     Transaction& operator=(Transaction&&) = delete;
     Transaction(const Transaction&) = delete;
     Transaction& operator=(const Transaction&) = delete;
@@ -985,6 +1003,8 @@ class RedisStore::Transaction {
             }
             commands.push_back({"XACK", ack_->stream, ack_->group, ack_->entry_id});
         }
+        const std::vector<StreamAck*> batch_acked =
+            acks_ != nullptr ? batch_ack_commands(commands) : std::vector<StreamAck*>{};
         args.push_back(std::to_string(commands.size()));
         for (const auto& command : commands) {
             args.push_back(std::to_string(command.size()));
@@ -1000,6 +1020,8 @@ class RedisStore::Transaction {
         const std::string status = reply.elements.empty() ? std::string() : reply.elements[0].str;
         if (status == "ok") {
             if (ack_ != nullptr) ack_->acked = true;
+            for (StreamAck* acked : batch_acked)
+                acked->acked = true;
             claims_.clear();  // done: nothing left to release
             released_.clear();
             finish();
@@ -1116,12 +1138,70 @@ class RedisStore::Transaction {
         return result;
     }
 
-    explicit Transaction(RedisStore& store)
+    explicit Transaction(RedisStore& store) : Transaction(store, store.take_pending_acks()) {}
+    Transaction(RedisStore& store, Pending pending)
         : store_(&store),
           token_(detail::new_lease_token()),
           lease_(store.options_.lease),
           retention_(store.options_.retention),
-          ack_(store.take_pending_ack()) {}
+          ack_(pending.ack),
+          acks_(pending.acks) {}
+
+    /// A batch's acks: appends, after the queued writes, the dead-letter stream entries and then
+    /// the XACKs of the entries this commit completes, and returns those entries. For each
+    /// (scope, message id): a claim with a final outcome is the id's first entry's (claims go to
+    /// an id's first copy; later copies are its duplicates, acked by the caller); without a
+    /// claim, dead letters pair with the entries in order when there is exactly one per entry
+    /// (a malformed entry, an id reused with another payload). Anything else is left alone.
+    std::vector<StreamAck*> batch_ack_commands(std::vector<std::vector<std::string>>& commands) {
+        std::vector<StreamAck*> acked;
+        std::vector<std::vector<std::string>> xacks;
+        std::vector<bool> grouped(acks_->size(), false);
+        for (std::size_t i = 0; i < acks_->size(); ++i) {
+            if (grouped[i]) continue;
+            const std::string& scope = (*acks_)[i].scope;
+            const std::string& id = (*acks_)[i].message_id;
+            std::vector<StreamAck*> copies;
+            for (std::size_t j = i; j < acks_->size(); ++j) {
+                if ((*acks_)[j].scope == scope && (*acks_)[j].message_id == id) {
+                    grouped[j] = true;
+                    copies.push_back(&(*acks_)[j]);
+                }
+            }
+            std::vector<const DeadLetter*> letters;
+            for (const auto& letter : letters_) {
+                if (letter.scope == scope && letter.message_id == id) letters.push_back(&letter);
+            }
+            auto add = [&](StreamAck& ack, const std::string* dead_letter_reason) {
+                if (dead_letter_reason != nullptr && !ack.dead_letter_stream.empty()) {
+                    commands.push_back(detail::stream_dead_letter_command(
+                        ack.dead_letter_stream, ack.entry_id, ack.fields, *dead_letter_reason,
+                        ack.scope, ack.message_id, ack.delivery_count));
+                }
+                xacks.push_back({"XACK", ack.stream, ack.group, ack.entry_id});
+                acked.push_back(&ack);
+            };
+            auto claim = std::find_if(claims_.begin(), claims_.end(), [&](const Claim& held) {
+                return held.scope == scope && held.id == id;
+            });
+            if (claim != claims_.end()) {
+                Disposition outcome = Disposition::in_progress;
+                if (claim->outcome.empty() || !from_string(claim->outcome, outcome)) continue;
+                if (outcome == Disposition::dead_lettered) {
+                    add(*copies.front(), &claim->reason);
+                } else if (outcome == Disposition::processed || outcome == Disposition::rejected) {
+                    add(*copies.front(), nullptr);
+                }
+            } else if (!letters.empty() && letters.size() == copies.size()) {
+                for (std::size_t k = 0; k < copies.size(); ++k)
+                    add(*copies[k], &letters[k]->reason);
+            }
+        }
+        // Dead-letter entries before any XACK: one that fails leaves every entry pending.
+        commands.insert(commands.end(), std::make_move_iterator(xacks.begin()),
+                        std::make_move_iterator(xacks.end()));
+        return acked;
+    }
 
     void active() const {
         if (store_ == nullptr)
@@ -1159,6 +1239,7 @@ class RedisStore::Transaction {
     std::vector<std::string> locks_;
     std::vector<std::string> released_;  ///< keys of unclaim()ed leases, freed at the end
     StreamAck* ack_ = nullptr;
+    std::vector<StreamAck>* acks_ = nullptr;  ///< a batch's entries (AckWithNextCommit)
 };
 
 inline RedisStore::Transaction RedisStore::begin() {
