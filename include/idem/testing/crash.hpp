@@ -23,7 +23,7 @@
 /// @endcode
 ///
 /// POSIX only (fork, waitpid, mmap). Not included by any other idem header: include it in your
-/// tests. Fork rules (see docs/testing-kit.md):
+/// tests. Fork rules (see docs/testing.md):
 /// - call run_and_kill_at() before the test creates threads (only the forking thread exists in
 ///   the child, so a lock another thread held stays locked there forever);
 /// - a database connection (`sqlite3*`, `PGconn*`, a Redis connection) must never be used on

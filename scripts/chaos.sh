@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds and runs the chaos run (tests/chaos, docs/testing.md): capture messages over a real Redis
+# stream, worker processes killed with SIGKILL mid-handler and restarted, a gateway with
+# idempotency keys; every order must end with exactly one capture and one charge. Arguments go to
+# idem_chaos, e.g.
+#   ./scripts/chaos.sh --store redis --messages 2000
+#   ./scripts/chaos.sh --store postgres --workers 6 --seed 7
+#   ./scripts/chaos.sh --naive            # the negative control: divergences > 0, exit status 1
+#   ./scripts/chaos.sh --help
+# Installs missing Debian packages first (scripts/deps.sh). Build output goes to stderr, so stdout
+# is the run's own output (its last line is one JSON object); the exit status is the run's.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+./scripts/deps.sh >&2
+
+# Release, in its own build directory. IDEM_WERROR=OFF: a compiler's new warning must not keep
+# anyone from running it (scripts/test.sh keeps -Werror and runs the 500-message chaos tests).
+{
+    cmake -S . -B build/chaos -G Ninja \
+        -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_CXX_COMPILER=g++ \
+        -DIDEM_BUILD_TESTS=ON \
+        -DIDEM_BUILD_EXAMPLES=OFF \
+        -DIDEM_WERROR=OFF
+    cmake --build build/chaos -j 2 --target idem_chaos
+} >&2
+
+exec build/chaos/tests/chaos/idem_chaos "$@"

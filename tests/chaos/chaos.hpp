@@ -1,0 +1,88 @@
+#pragma once
+// idem_chaos: the first field note's chaos run, for real. Shared by the driver (driver.cpp: starts
+// the servers, produces the messages, kills and restarts workers, verifies) and the workers
+// (worker.cpp: StreamConsumer + IdempotentHandler, killing themselves at the crash windows).
+// The fake payment gateway lives in the same redis-server as Lua scripts (gateway.hpp).
+// See docs/testing.md.
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include <sys/types.h>
+
+namespace chaos {
+
+enum class StoreKind { sqlite, postgres, redis };
+
+inline const char* to_string(StoreKind kind) {
+    switch (kind) {
+        case StoreKind::sqlite:
+            return "sqlite";
+        case StoreKind::postgres:
+            return "postgres";
+        case StoreKind::redis:
+            return "redis";
+    }
+    return "?";
+}
+
+/// The named crash windows: where a worker may kill itself (raise(SIGKILL)).
+enum Window : int {
+    after_claim,              ///< the effect has started: the claim is taken, nothing done yet
+    after_external_call,      ///< the gateway charged; nothing recorded locally
+    before_commit,            ///< the capture is written in the transaction, not committed
+    after_commit_before_ack,  ///< committed; the broker has not heard the ack
+    window_count
+};
+
+inline constexpr const char* window_names[window_count] = {
+    "after_claim", "after_external_call", "before_commit", "after_commit_before_ack"};
+
+struct Options {
+    // What the command line sets (both modes; see usage in main.cpp).
+    StoreKind store = StoreKind::sqlite;
+    long messages = 2000;
+    int workers = 4;
+    std::uint64_t seed = 1;
+    bool naive = false;
+    double kill_rate = 0.02;                       ///< per window, per delivery
+    std::chrono::milliseconds kill_interval{250};  ///< mean time between driver kills; 0: none
+    std::chrono::milliseconds visibility{400};     ///< XAUTOCLAIM min-idle; the Redis lease
+    std::chrono::milliseconds latency{3};          ///< a gateway request takes 0..latency
+    std::chrono::milliseconds inflight{2000};      ///< a dead worker's request holds its key
+    std::uint32_t max_deliveries = 10;
+    std::chrono::seconds timeout{300};  ///< give up waiting for the stream to drain
+
+    // Worker mode only (set by the driver).
+    bool worker = false;
+    int redis_port = 0;
+    std::string db;  ///< the SQLite file or the PostgreSQL conninfo
+    int slot = 0;
+    int incarnation = 0;
+    pid_t parent = 0;
+};
+
+// Keys in the run's redis-server. The harness's own keys start with "chaos:", the gateway's with
+// "gw:", the RedisStore's with "idem:".
+inline constexpr const char* stream_key = "chaos:payments";
+inline constexpr const char* dead_letter_stream_key = "chaos:payments:dead-letters";
+inline constexpr const char* group_name = "capture-workers";
+inline constexpr const char* scope_name = "capture-payment";
+inline constexpr const char* delivered_key = "chaos:delivered";     ///< INCR per delivery
+inline constexpr const char* outcomes_key = "chaos:outcomes";       ///< hash: disposition → count
+inline constexpr const char* self_kills_key = "chaos:self-kills";   ///< hash: window → count
+inline constexpr const char* counts_key = "chaos:delivery-counts";  ///< hash: count → deliveries
+inline std::string redis_captures_key(long order) {
+    return "chaos:captures:" + std::to_string(order);
+}
+
+/// The amount of an order (any stable function; the demo's).
+inline long amount_of(long order) {
+    return 1000 + order % 997;
+}
+
+int run_driver(const Options& options);
+int run_worker(const Options& options);
+
+}  // namespace chaos

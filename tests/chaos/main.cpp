@@ -1,0 +1,163 @@
+// idem_chaos: workers killed with SIGKILL mid-handler over a real Redis stream; every order must
+// end with exactly one capture and one charge. See docs/testing.md and chaos.hpp.
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <stdexcept>
+#include <string>
+
+#include "chaos.hpp"
+
+namespace {
+
+constexpr const char* usage =
+    "usage: idem_chaos [--store sqlite|postgres|redis] [--messages N] [--workers K] [--seed S]\n"
+    "                  [--naive] [--kill-rate P] [--kill-interval-ms MS] [--visibility-ms MS]\n"
+    "                  [--latency-ms MS] [--inflight-ms MS] [--max-deliveries N] [--timeout S]\n"
+    "\n"
+    "  --store           the idem store the workers use (default sqlite); redis-server always "
+    "runs\n"
+    "                    (stream, gateway), PostgreSQL only for --store postgres\n"
+    "  --messages        capture messages, order ids 1..N (default 2000)\n"
+    "  --workers         worker processes (default 4)\n"
+    "  --seed            seeds the driver's kills and each worker's self-kills (default 1)\n"
+    "  --naive           the handler as first written (no claim, a fresh gateway key per\n"
+    "                    attempt): the negative control, which must report divergences > 0\n"
+    "  --kill-rate       probability that a worker kills itself at each crash window of each\n"
+    "                    delivery (default 0.02)\n"
+    "  --kill-interval-ms  mean time between the driver's SIGKILLs of a random worker (default\n"
+    "                    250; 0: none)\n"
+    "  --visibility-ms   the stream's visibility timeout, and the Redis store's lease (default "
+    "400)\n"
+    "  --latency-ms      a gateway request takes 0..MS (default 3)\n"
+    "  --inflight-ms     how long a request whose worker died keeps its key in flight (default\n"
+    "                    2000)\n"
+    "  --max-deliveries  the handler's poison limit (default 10, see docs/testing.md)\n"
+    "  --timeout         seconds to wait for the stream to drain (default 300)\n"
+    "\n"
+    "The last stdout line is one JSON object. Exit status: 0 when every order has exactly one\n"
+    "capture and one charge and they agree, nothing is pending or dead-lettered, redeliveries are\n"
+    "at least 5% of the messages and a worker was killed; 1 otherwise; 2 when the harness failed;\n"
+    "77 when a server is missing (outside CI).\n";
+
+long number(const std::string& option, const std::string& text, long min, long max) {
+    std::size_t used = 0;
+    long value = 0;
+    try {
+        value = std::stol(text, &used, 10);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != text.size() || text.empty() || value < min || value > max) {
+        throw std::invalid_argument(option + " wants a number from " + std::to_string(min) +
+                                    " to " + std::to_string(max) + ", not '" + text + "'");
+    }
+    return value;
+}
+
+chaos::Options parse(int argc, char** argv) {
+    using std::chrono::milliseconds;
+    chaos::Options o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
+            return argv[++i];
+        };
+        if (arg == "--store") {
+            const std::string store = value();
+            if (store == "sqlite") {
+                o.store = chaos::StoreKind::sqlite;
+            } else if (store == "postgres") {
+                o.store = chaos::StoreKind::postgres;
+            } else if (store == "redis") {
+                o.store = chaos::StoreKind::redis;
+            } else {
+                throw std::invalid_argument("--store is sqlite, postgres or redis, not '" + store +
+                                            "'");
+            }
+        } else if (arg == "--messages") {
+            o.messages = number(arg, value(), 1, 10'000'000);
+        } else if (arg == "--workers") {
+            o.workers = static_cast<int>(number(arg, value(), 1, 64));
+        } else if (arg == "--seed") {
+            const std::string text = value();
+            std::size_t used = 0;
+            try {
+                o.seed = std::stoull(text, &used, 10);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used == 0 || used != text.size() || text[0] == '-') {
+                throw std::invalid_argument("--seed wants a non-negative integer, not '" + text +
+                                            "'");
+            }
+        } else if (arg == "--naive") {
+            o.naive = true;
+        } else if (arg == "--kill-rate") {
+            const std::string text = value();
+            std::size_t used = 0;
+            try {
+                o.kill_rate = std::stod(text, &used);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used == 0 || used != text.size() || !(o.kill_rate >= 0.0 && o.kill_rate <= 0.5)) {
+                throw std::invalid_argument("--kill-rate wants a probability from 0 to 0.5, not '" +
+                                            text + "'");
+            }
+        } else if (arg == "--kill-interval-ms") {
+            o.kill_interval = milliseconds(number(arg, value(), 0, 3'600'000));
+        } else if (arg == "--visibility-ms") {
+            o.visibility = milliseconds(number(arg, value(), 50, 3'600'000));
+        } else if (arg == "--latency-ms") {
+            o.latency = milliseconds(number(arg, value(), 0, 60'000));
+        } else if (arg == "--inflight-ms") {
+            o.inflight = milliseconds(number(arg, value(), 1, 3'600'000));
+        } else if (arg == "--max-deliveries") {
+            o.max_deliveries = static_cast<std::uint32_t>(number(arg, value(), 1, 1000));
+        } else if (arg == "--timeout") {
+            o.timeout = std::chrono::seconds(number(arg, value(), 1, 86'400));
+        } else if (arg == "--worker") {  // internal: the driver starts its workers this way
+            o.worker = true;
+        } else if (arg == "--redis-port") {
+            o.redis_port = static_cast<int>(number(arg, value(), 1, 65535));
+        } else if (arg == "--db") {
+            o.db = value();
+        } else if (arg == "--slot") {
+            o.slot = static_cast<int>(number(arg, value(), 0, 64));
+        } else if (arg == "--incarnation") {
+            o.incarnation = static_cast<int>(number(arg, value(), 0, 1'000'000'000));
+        } else if (arg == "--parent") {
+            o.parent = static_cast<pid_t>(number(arg, value(), 1, 1L << 30));
+        } else if (arg == "--help" || arg == "-h") {
+            std::fputs(usage, stdout);
+            std::exit(0);
+        } else {
+            throw std::invalid_argument("unknown option " + arg + " (try --help)");
+        }
+    }
+    if (o.worker && (o.redis_port == 0 || o.parent == 0)) {
+        throw std::invalid_argument("--worker is started by the driver, with its arguments");
+    }
+    return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    chaos::Options options;
+    try {
+        options = parse(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "idem_chaos: %s\n", e.what());
+        return 2;
+    }
+    try {
+        return options.worker ? chaos::run_worker(options) : chaos::run_driver(options);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "idem_chaos%s: %s\n", options.worker ? " worker" : "", e.what());
+        return 2;
+    }
+}

@@ -1,0 +1,276 @@
+// idem_chaos --worker: one worker process. A StreamConsumer reads the payments stream; each entry
+// goes to the handler under test (an IdempotentHandler whose effect charges the gateway with
+// key("capture", order) and records the capture in the claim's transaction), and the worker kills
+// itself with SIGKILL, with a seeded probability, at each named crash window.
+//
+// To put your own handler through the same run, replace CaptureEffect (and record_capture) below
+// and the verification in driver.cpp (captures_by_order); everything else stays.
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "chaos.hpp"
+#include "gateway.hpp"
+#include "idem/broker/redis_streams.hpp"
+#include "idem/idem.hpp"
+#include "idem/store/postgres.hpp"
+#include "idem/store/redis.hpp"
+#include "idem/store/sqlite.hpp"
+
+namespace chaos {
+namespace {
+
+std::atomic<idem::StreamConsumer*> running_consumer{nullptr};
+volatile sig_atomic_t stopping = 0;
+
+extern "C" void on_sigterm(int) {
+    stopping = 1;
+    if (idem::StreamConsumer* consumer = running_consumer.load()) consumer->request_stop();
+}
+
+/// Kills this process at a crash window with the run's probability; counts the kill first (in
+/// Redis, so the driver can say where the workers died).
+class CrashWindows {
+  public:
+    CrashWindows(double rate, std::mt19937_64& random, idem::RedisConnection& redis)
+        : rate_(rate), random_(random), redis_(redis) {}
+
+    void maybe_die(Window window) {
+        if (stopping != 0 || rate_ <= 0.0) return;
+        if (std::uniform_real_distribution<double>(0.0, 1.0)(random_) >= rate_) return;
+        try {
+            redis_.command({"HINCRBY", self_kills_key, window_names[window], "1"});
+        } catch (...) {  // dying matters more than counting
+        }
+        ::raise(SIGKILL);
+    }
+
+  private:
+    double rate_;
+    std::mt19937_64& random_;
+    idem::RedisConnection& redis_;
+};
+
+struct Capture {
+    long order_id = 0;
+    long amount = 0;
+};
+
+long number_field(const idem::StreamEntry& entry, const char* name) {
+    const auto value = entry.field(name);
+    if (!value || value->empty()) {
+        throw idem::malformed_message(fmt::format("entry {} has no {}", entry.id, name));
+    }
+    long n = 0;
+    for (char c : *value) {
+        if (c < '0' || c > '9') {
+            throw idem::malformed_message(
+                fmt::format("entry {}: {} is not a number", entry.id, name));
+        }
+        n = n * 10 + (c - '0');
+    }
+    return n;
+}
+
+Capture parse_capture(const idem::StreamEntry& entry) {
+    return Capture{number_field(entry, "order_id"), number_field(entry, "amount")};
+}
+
+// The capture row, written through the claim's transaction. A plain table or list: no unique
+// constraint, so the verification SEES a second capture instead of a constraint hiding it.
+void record_capture(idem::SqliteStore::Transaction& tx, long order, const std::string& reference) {
+    tx.execute("INSERT INTO captures(order_id, gateway_reference) VALUES (?, ?)", order, reference);
+}
+void record_capture(idem::PostgresStore::Transaction& tx, long order,
+                    const std::string& reference) {
+    tx.execute("INSERT INTO captures(order_id, gateway_reference) VALUES ($1, $2)", order,
+               reference);
+}
+void record_capture(idem::RedisStore::Transaction& tx, long order, const std::string& reference) {
+    tx.write("RPUSH", redis_captures_key(order), reference);  // applied by the commit script
+}
+
+// ---------------------------------------------------------------------------------------------
+// The handler under test: the field note's capture, as a user writes it with idem.
+struct CaptureEffect {
+    GatewayClient* gateway;
+    CrashWindows* windows;
+
+    template <class Tx>
+    void operator()(Tx& tx, const idem::StreamEntry& entry) const {
+        const Capture capture = parse_capture(entry);
+        windows->maybe_die(after_claim);
+        const std::string reference = gateway->capture(idem::key("capture", capture.order_id),
+                                                       capture.order_id, capture.amount);
+        windows->maybe_die(after_external_call);
+        record_capture(tx, capture.order_id, reference);
+        windows->maybe_die(before_commit);
+    }
+};
+
+// The negative control (--naive): the handler as first written. No claim, a fresh gateway key on
+// every attempt ("the original bug with an extra API parameter"), the capture committed on its own.
+template <class Store>
+idem::Outcome naive_capture(Store& store, idem::RedisConnection& redis, GatewayClient& gateway,
+                            CrashWindows& windows, std::mt19937_64& random,
+                            const idem::StreamEntry& entry) {
+    const Capture capture = parse_capture(entry);
+    windows.maybe_die(after_claim);
+    const std::string fresh_key = fmt::format("capture-{}-{:016x}", capture.order_id, random());
+    const std::string reference = gateway.capture(fresh_key, capture.order_id, capture.amount);
+    windows.maybe_die(after_external_call);
+    windows.maybe_die(before_commit);
+    if constexpr (std::is_same_v<Store, idem::SqliteStore>) {
+        store.execute("INSERT INTO captures(order_id, gateway_reference) VALUES (?, ?)",
+                      capture.order_id, reference);
+    } else if constexpr (std::is_same_v<Store, idem::PostgresStore>) {
+        store.execute("INSERT INTO captures(order_id, gateway_reference) VALUES ($1, $2)",
+                      capture.order_id, reference);
+    } else {
+        redis.checked({"RPUSH", redis_captures_key(capture.order_id), reference}, "RPUSH");
+    }
+    return {idem::Disposition::processed, {}};
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// A store constructor may meet a database busy with a killed worker's recovery: retry a while.
+template <class Make>
+auto with_retries(const char* what, Make make) -> decltype(make()) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (;;) {
+        try {
+            return make();
+        } catch (const idem::store_error& e) {
+            if (std::chrono::steady_clock::now() >= deadline) {
+                throw std::runtime_error(fmt::format("{}: {}", what, e.what()));
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+    }
+}
+
+template <class Store>
+int consume(Store& store, const Options& options, const idem::RedisEndpoint& endpoint,
+            std::mt19937_64& random) {
+    idem::RedisConnection redis{endpoint};  // the gateway and the harness's counters
+    GatewayClient gateway{redis, options.latency, options.inflight, random};
+    CrashWindows windows{options.kill_rate, random, redis};
+
+    idem::PolicyOptions policy_options;
+    policy_options.max_deliveries = options.max_deliveries;
+    policy_options.visibility_timeout = options.visibility;
+    if constexpr (std::is_same_v<Store, idem::RedisStore>) {
+        policy_options.lease = options.visibility;  // the lease equals the visibility timeout
+    }
+    auto handler = idem::make_handler(store, idem::Policy{scope_name, policy_options},
+                                      CaptureEffect{&gateway, &windows});
+
+    idem::StreamConsumerOptions consumer_options;
+    consumer_options.stream = stream_key;
+    consumer_options.group = group_name;
+    consumer_options.consumer = fmt::format("worker-{}-{}", options.slot, ::getpid());
+    consumer_options.dead_letter_stream = dead_letter_stream_key;
+    // One entry at a time: a killed worker's unhandled batch would otherwise be redelivered with
+    // raised delivery counts although it never reached the handler.
+    consumer_options.batch_size = 1;
+    consumer_options.block = std::chrono::milliseconds(100);
+    consumer_options.visibility_timeout = options.visibility;
+    int errors_reported = 0;
+    consumer_options.on_error = [&](const std::exception& e) {
+        if (++errors_reported <= 3) std::fprintf(stderr, "idem_chaos worker: %s\n", e.what());
+    };
+
+    // The plain std::function form, wrapping the handler, so the worker can die between the
+    // handler's commit and the consumer's XACK (with the handler form and a RedisStore, the ack
+    // would be part of the commit and that window would not exist).
+    idem::StreamConsumer consumer{
+        endpoint, consumer_options,
+        [&](const idem::Delivery& delivery, const idem::StreamEntry& entry) {
+            for (const idem::RedisReply& reply :
+                 redis.pipeline({{"INCR", delivered_key},
+                                 {"HINCRBY", counts_key,
+                                  std::to_string(delivery.delivery_count.value()), "1"}})) {
+                if (reply.is_error()) throw std::runtime_error("counting: " + reply.str);
+            }
+            const idem::Outcome outcome =
+                options.naive ? naive_capture(store, redis, gateway, windows, random, entry)
+                              : handler.handle(delivery, entry);
+            try {
+                redis.command({"HINCRBY", outcomes_key,
+                               std::string(idem::to_string(outcome.disposition)), "1"});
+            } catch (const idem::error&) {  // a lost count must not turn a commit into a failure
+            }
+            if (idem::should_ack(outcome)) windows.maybe_die(after_commit_before_ack);
+            return outcome;
+        }};
+    running_consumer.store(&consumer);
+    if (stopping != 0) consumer.request_stop();
+    consumer.run();
+    running_consumer.store(nullptr);
+    return 0;
+}
+
+}  // namespace
+
+int run_worker(const Options& options) {
+    // Die with the driver (a ctest timeout kills it with SIGKILL): no orphan keeps polling.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != options.parent) return 3;
+
+    struct sigaction action {};
+    action.sa_handler = on_sigterm;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGTERM, &action, nullptr);
+
+    std::seed_seq seed{
+        static_cast<std::uint32_t>(options.seed), static_cast<std::uint32_t>(options.seed >> 32),
+        static_cast<std::uint32_t>(options.slot), static_cast<std::uint32_t>(options.incarnation)};
+    std::mt19937_64 random(seed);
+
+    idem::RedisEndpoint endpoint;
+    endpoint.host = "127.0.0.1";
+    endpoint.port = options.redis_port;
+
+    try {
+        switch (options.store) {
+            case StoreKind::sqlite: {
+                auto store = with_retries(
+                    "SqliteStore", [&] { return std::make_unique<idem::SqliteStore>(options.db); });
+                return consume(*store, options, endpoint, random);
+            }
+            case StoreKind::postgres: {
+                auto store = with_retries("PostgresStore", [&] {
+                    return std::make_unique<idem::PostgresStore>(options.db);
+                });
+                return consume(*store, options, endpoint, random);
+            }
+            case StoreKind::redis: {
+                idem::RedisStore store{endpoint};
+                return consume(store, options, endpoint, random);
+            }
+        }
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "idem_chaos worker %d: %s\n", options.slot, e.what());
+        return 2;
+    }
+    return 2;
+}
+
+}  // namespace chaos
