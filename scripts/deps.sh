@@ -24,6 +24,7 @@ IDEM_DEB_PACKAGES=(
     libpq-dev           # libpq, the PostgreSQL store's client library (pg_config)
     redis-server        # Redis server: tests start their own (AOF, appendfsync always)
     libhiredis-dev      # hiredis, the Redis store's client library
+    libbenchmark-dev    # Google Benchmark: bench/ (scripts/bench.sh)
 )
 
 check_only=0

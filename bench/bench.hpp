@@ -1,0 +1,295 @@
+#pragma once
+// Shared pieces of idem_bench (scripts/bench.sh): options, JSON lines, CPU pinning, the servers
+// (the test fixtures of tests/support, started on loopback in temp dirs), the Google Benchmark
+// runner that alternates the idem and raw twin of a case, and the raw SQLite / libpq / hiredis
+// clients that issue the same writes by hand.
+
+#include <hiredis/hiredis.h>
+#include <libpq-fe.h>
+#include <sched.h>
+#include <sqlite3.h>
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "idem/delivery.hpp"
+#include "idem/store/redis_connection.hpp"
+#include "support/postgres_server.hpp"
+#include "support/redis_server.hpp"
+
+namespace idem_bench {
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+struct Config {
+    bool quick = false;
+    int rounds = 7;         ///< idem/raw pairs per case; the median of each side is reported
+    double min_time = 0.5;  ///< seconds per Google Benchmark run (one sample)
+    std::size_t e2e_messages = 4000;     ///< stream entries per end-to-end sample
+    std::size_t e2e_pg_messages = 2000;  ///< the same, for the PostgreSQL end-to-end case
+    std::size_t rss_messages = 1'000'000;
+    std::size_t rss_every = 100'000;
+    bool pin = true;  ///< pin client and servers to `cpu` for the round-trip cases
+    int cpu = 0;
+    std::optional<std::regex> filter;  ///< bench names to run (std::regex_search)
+    std::string filter_text;
+    std::filesystem::path sqlite_dir;  ///< where the SQLite files go (a fresh temp dir)
+};
+
+Config& config();
+/// Whether the case @p name passes --filter.
+bool selected(const std::string& name);
+
+// ---------------------------------------------------------------------------------------------
+// Output: one JSON object per line on stdout
+
+class Json {
+  public:
+    Json& str(std::string_view key, std::string_view value);
+    Json& num(std::string_view key, double value, int decimals = 1);
+    Json& integer(std::string_view key, long long value);
+    Json& boolean(std::string_view key, bool value);
+    Json& null(std::string_view key);
+    Json& nums(std::string_view key, const std::vector<double>& values, int decimals = 1);
+    Json& ints(std::string_view key, const std::vector<long long>& values);
+    /// A bool, or null when it cannot be decided (e.g. the case it compares with was filtered).
+    Json& maybe(std::string_view key, std::optional<bool> value);
+    [[nodiscard]] std::string text() const { return "{" + body_ + "}"; }
+
+  private:
+    void key(std::string_view k);
+    std::string body_;
+};
+
+void emit(const Json& line);
+/// A progress note on stderr (stdout carries only the JSON lines).
+void note(const std::string& text);
+
+double median(std::vector<double> values);
+/// The median of the per-round ratios idem[i] / raw[i]: each pair ran back to back, so a machine
+/// that slows down for a while (a neighbour's build) moves both; steadier than the ratio of the
+/// two medians when the samples are bimodal.
+double paired_ratio(const std::vector<double>& idem, const std::vector<double>& raw);
+
+// ---------------------------------------------------------------------------------------------
+// CPU pinning. On a 2-vCPU VM a request/reply between two processes on different CPUs pays for
+// waking an idle CPU on every round trip; both ends on one CPU do not (issue 6).
+
+/// Pins the calling thread to config().cpu while alive (if config().pin and @p wanted); servers
+/// started meanwhile inherit the mask, exactly as `taskset -c <cpu> redis-server` would.
+class PinScope {
+  public:
+    explicit PinScope(bool wanted = true);
+    ~PinScope();
+    PinScope(const PinScope&) = delete;
+    PinScope& operator=(const PinScope&) = delete;
+    [[nodiscard]] bool active() const noexcept { return active_; }
+
+  private:
+    bool active_ = false;
+    cpu_set_t previous_{};
+};
+
+/// Cpus_allowed_list of one task (/proc/<pid>/status), e.g. "0" or "0-1".
+std::string cpus_allowed(pid_t pid);
+/// The distinct Cpus_allowed_list values of every thread of @p pid, joined with " " ("0").
+std::string process_cpus(pid_t pid);
+/// The calling thread's Cpus_allowed_list.
+std::string own_cpus();
+
+/// Adds pinned_cpu (null when unpinned), client_cpus and server_cpus (read back, not assumed).
+void add_pinning(Json& line, bool pinned, pid_t server_pid);
+
+// ---------------------------------------------------------------------------------------------
+// Servers (started on first use, pinned when pinning is on; stopped at exit)
+
+idem_test::RedisServer& redis_server();
+idem::RedisEndpoint redis_endpoint();
+idem_test::PostgresServer& postgres_server();
+
+/// Resident set size of this process in KiB (/proc/self/statm).
+long long rss_kb();
+
+/// CPU time a task (a process' main thread, or a thread id) has run, in ns
+/// (/proc/<pid>/schedstat): the server side of a round trip, measured around a sample.
+std::uint64_t task_cpu_ns(pid_t pid);
+/// CPU time of the calling thread, in ns.
+std::uint64_t thread_cpu_ns();
+
+// ---------------------------------------------------------------------------------------------
+// Google Benchmark runs, alternated
+
+/// One Google Benchmark run (one sample). The benchmark function sets the counters "msgs" (the
+/// messages it handled) and optionally "round_trips".
+struct Sample {
+    double msgs_per_s = 0;
+    double ns_per_msg = 0;
+    double round_trips_per_msg = -1;    ///< < 0: not counted
+    double client_cpu_ns_per_msg = 0;   ///< this thread's CPU time (Google Benchmark's cpu time)
+    double server_cpu_ns_per_msg = -1;  ///< the server task's CPU time; < 0: not measured
+    std::string error;                  ///< non-empty: the run failed (SkipWithError)
+};
+
+struct Alternated {
+    std::vector<Sample> idem;
+    std::vector<Sample> raw;
+    std::string error;  ///< the first error of either side
+    [[nodiscard]] double idem_rate() const;
+    [[nodiscard]] double raw_rate() const;
+    [[nodiscard]] double idem_ns() const;
+    [[nodiscard]] double raw_ns() const;
+    [[nodiscard]] std::vector<double> idem_rates() const;
+    [[nodiscard]] std::vector<double> raw_rates() const;
+};
+
+/// Runs the registered Google Benchmarks @p idem_name and @p raw_name config().rounds times each,
+/// alternating (ABBA: idem first in even rounds, raw first in odd ones).
+Alternated alternate(const std::string& idem_name, const std::string& raw_name);
+
+/// Adds bench/store/batch, the idem and raw medians, their samples and the ratio.
+void add_rates(Json& line, const std::string& bench, const std::string& store, int batch,
+               const Alternated& result);
+
+// ---------------------------------------------------------------------------------------------
+// Raw twins: the same rows written by hand
+
+/// The effect row every SQL case writes (idem and raw alike).
+struct Order {
+    std::string order_id;
+    std::int64_t amount = 0;
+};
+
+std::int64_t now_ms();
+
+constexpr int batch_size = 100;
+constexpr const char* scope = "bench";
+
+inline std::string message_id(std::uint64_t n) {
+    return "m" + std::to_string(n);
+}
+
+/// Fills @p deliveries and @p bodies with the next batch_size messages (ids m<seq+1>...).
+inline void next_batch(std::uint64_t& seq, std::vector<idem::Delivery>& deliveries,
+                       std::vector<Order>& bodies) {
+    deliveries.clear();
+    bodies.clear();
+    for (int i = 0; i < batch_size; ++i) {
+        std::string id = message_id(++seq);
+        bodies.push_back(Order{id, static_cast<std::int64_t>(seq)});
+        deliveries.push_back(idem::Delivery{std::move(id), 1});
+    }
+}
+
+/// One SQLite connection with the same settings as the idem store (WAL, synchronous=NORMAL), a
+/// claims table shaped like idem_claims and an effects table, and prepared statements.
+class RawSqlite {
+  public:
+    explicit RawSqlite(const std::filesystem::path& file);
+    ~RawSqlite();
+    RawSqlite(const RawSqlite&) = delete;
+    RawSqlite& operator=(const RawSqlite&) = delete;
+
+    void begin();  ///< BEGIN IMMEDIATE
+    void commit();
+    void insert_claim(std::string_view scope, std::string_view id);
+    void insert_effect(std::string_view order_id, std::int64_t amount);
+    [[nodiscard]] long long count(const char* table);
+
+  private:
+    void step(sqlite3_stmt* stmt, const char* what);
+    sqlite3* db_ = nullptr;
+    sqlite3_stmt* begin_ = nullptr;
+    sqlite3_stmt* commit_ = nullptr;
+    sqlite3_stmt* claim_ = nullptr;
+    sqlite3_stmt* effect_ = nullptr;
+};
+
+/// The effects table of the SQLite stores (idem side): the same shape as the raw one.
+void create_sqlite_effects(sqlite3* db, const char* table);
+
+/// One libpq connection: BEGIN, INSERT claim, INSERT effect, COMMIT as separate statements (one
+/// round trip each), prepared once.
+class RawPostgres {
+  public:
+    /// @p effects_table is created if missing, shaped like the idem side's.
+    RawPostgres(const std::string& conninfo, const std::string& effects_table);
+    ~RawPostgres();
+    RawPostgres(const RawPostgres&) = delete;
+    RawPostgres& operator=(const RawPostgres&) = delete;
+
+    void begin();
+    void commit();
+    void insert_claim(std::string_view scope, std::string_view id);
+    void insert_effect(std::string_view order_id, std::int64_t amount);
+    [[nodiscard]] std::uint64_t round_trips() const noexcept { return round_trips_; }
+    [[nodiscard]] PGconn* conn() const noexcept { return conn_; }
+
+    /// The raw transaction plus one or more of the statements idem's transaction has (for the
+    /// postgres_statement_costs diagnostic), each still its own round trip.
+    struct Extras {
+        bool set_local = false;  ///< SET LOCAL lock_timeout after BEGIN
+        bool claim_cte = false;  ///< idem's claim statement (INSERT ... RETURNING in a CTE)
+        bool savepoint = false;  ///< SAVEPOINT / RELEASE around the effect
+        bool update = false;     ///< claim inserted 'claimed', UPDATE to the outcome before COMMIT
+    };
+    void message(const Extras& extras, std::string_view scope, std::string_view id,
+                 std::int64_t amount);
+    void simple(const char* sql);
+
+  private:
+    void prepared(const char* name, int count, const char* const* values, const int* lengths,
+                  const int* formats);
+    PGconn* conn_ = nullptr;
+    std::uint64_t round_trips_ = 0;
+};
+
+/// Runs SQL (setup) on a fresh connection; throws with the server's message.
+void pg_exec(const std::string& conninfo, const std::string& sql);
+
+/// A plain hiredis connection for the raw Redis twins and for filling streams.
+class RawRedis {
+  public:
+    RawRedis(const std::string& host, int port);
+    ~RawRedis();
+    RawRedis(const RawRedis&) = delete;
+    RawRedis& operator=(const RawRedis&) = delete;
+
+    /// One command, one round trip; throws on an error reply. The caller frees nothing.
+    std::unique_ptr<redisReply, void (*)(void*)> command(const std::vector<std::string>& args);
+    /// Sends every command, then reads every reply: one round trip. Throws on an error reply.
+    void pipeline(const std::vector<std::vector<std::string>>& commands);
+    /// SET key value NX; true when set.
+    bool set_nx(const std::string& key);
+    /// @p keys.size() SET NX pipelined; returns how many were set.
+    std::size_t set_nx_pipelined(const std::vector<std::string>& keys);
+    [[nodiscard]] redisContext* context() const noexcept { return ctx_; }
+
+  private:
+    redisContext* ctx_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The cases
+
+void run_memory_cases();
+void run_sqlite_cases();
+void run_postgres_cases();
+void run_redis_cases();
+void run_e2e_cases();
+void run_rss_case();
+
+/// --profile NAME: the idem side of one case, N messages, in a function callgrind can isolate
+/// (valgrind --tool=callgrind --toggle-collect='*profiled_loop*').
+int run_profile(const std::string& name, std::size_t messages);
+
+}  // namespace idem_bench
