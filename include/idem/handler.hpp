@@ -250,15 +250,53 @@ class IdempotentHandler {
             return park_malformed_delivery(delivery, body, std::move(*reason));
         }
         try {
-            Transaction tx = begin_transaction();
-            Outcome outcome = process(tx, delivery, body, /*in_batch=*/false);
-            if (writes_something(outcome.disposition)) tx.commit();
-            return outcome;  // otherwise tx rolls back: nothing stored
+            bool again_without_effect = false;
+            Outcome outcome;
+            {
+                Transaction tx = begin_transaction();
+                outcome =
+                    process(tx, delivery, body, /*in_batch=*/false, nullptr, &again_without_effect);
+                if (!again_without_effect) {
+                    if (writes_something(outcome.disposition)) tx.commit();
+                    return outcome;  // otherwise tx rolls back: nothing stored
+                }
+            }  // rolled back: the effect's writes are gone, the claim with them
+            return record_without_effect(delivery, body, std::move(outcome));
         } catch (const std::exception& e) {
             return failure(e);
         } catch (...) {
             return {Disposition::failed, "non-standard exception"};
         }
+    }
+
+    /// The rare outcomes that keep the claim but none of the effect's writes (rejected, or parked
+    /// as malformed), on a store whose savepoints cost a statement each: the first transaction
+    /// rolled back, this one claims again and records the outcome the effect gave.
+    template <class Body>
+    Outcome record_without_effect(const Delivery& delivery, const Body& body, Outcome outcome) {
+        Transaction tx = begin_transaction();
+        ClaimResult claim;
+        if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
+            claim = tx.claim(policy_.scope(), delivery.message_id,
+                             detail::chain_fingerprint(effect_, body));
+        } else {
+            claim = tx.claim(policy_.scope(), delivery.message_id);
+        }
+        if (claim.status == ClaimStatus::duplicate) {  // another worker finished it meanwhile
+            return {Disposition::duplicate,
+                    fmt::format("already {} by an earlier delivery", to_string(claim.recorded))};
+        }
+        if (claim.status == ClaimStatus::in_progress) {
+            return {Disposition::in_progress, "another worker holds the claim"};
+        }
+        if (outcome.disposition == Disposition::dead_lettered) {
+            park(tx, delivery, body, outcome.reason);
+        } else {
+            tx.record_outcome(policy_.scope(), delivery.message_id, outcome.disposition,
+                              outcome.reason);
+        }
+        tx.commit();
+        return outcome;
     }
 
     template <class Body>
@@ -353,7 +391,8 @@ class IdempotentHandler {
     /// the caller's commit or rollback does that.
     template <class Body>
     Outcome process(Transaction& tx, const Delivery& delivery, const Body& body, bool in_batch,
-                    const ClaimResult* claimed_before = nullptr) {
+                    const ClaimResult* claimed_before = nullptr,
+                    bool* again_without_effect = nullptr) {
         const std::string& scope = policy_.scope();
         const std::string& id = delivery.message_id;
         // In a batch the message needs a savepoint of its own around its claim, unless the
@@ -417,13 +456,39 @@ class IdempotentHandler {
             return {Disposition::dead_lettered, std::move(reason)};
         }
 
-        tx.savepoint();
+        // The effect's savepoint lets a rejected or malformed message keep its claim but drop
+        // the effect's writes. Alone, on a store where a savepoint costs statements (SQLite,
+        // PostgreSQL), the common path goes without one: those rare outcomes roll the whole
+        // transaction back and record themselves in a second one (record_without_effect).
+        const bool effect_savepoint = in_batch || detail::cheap_savepoints<Transaction>::value ||
+                                      again_without_effect == nullptr;
+        auto undo_effect = [&] {
+            if (effect_savepoint) tx.rollback_to_savepoint();
+        };
+        // Rejected or parked without the effect's writes: here, or in a second transaction.
+        auto settle_without_effect = [&](Disposition disposition, std::string reason) -> Outcome {
+            if (!effect_savepoint) {
+                *again_without_effect = true;
+                return {disposition, std::move(reason)};
+            }
+            tx.rollback_to_savepoint();
+            if (disposition == Disposition::dead_lettered) {
+                park(tx, delivery, body, reason);
+            } else {
+                tx.record_outcome(scope, id, disposition, reason);
+            }
+            keep_message();
+            return {disposition, std::move(reason)};
+        };
+
+        if (effect_savepoint) tx.savepoint();
         EffectResult result = EffectResult::applied();
         try {
             if (auto too_old = older_than_gateway_keys(delivery)) {
                 auto reconciled = detail::chain_reconcile(effect_, tx, body, delivery);
                 if (!reconciled) {
-                    tx.rollback_to_savepoint();
+                    // Nothing ran since the claim: park in this transaction.
+                    undo_effect();
                     park(tx, delivery, body, *too_old);
                     keep_message();
                     return {Disposition::dead_lettered, std::move(*too_old)};
@@ -433,11 +498,8 @@ class IdempotentHandler {
                 result = detail::run_effect(effect_, tx, body, delivery);
             }
         } catch (const malformed_message& e) {
-            tx.rollback_to_savepoint();
-            std::string reason = fmt::format("malformed message: {}", e.what());
-            park(tx, delivery, body, reason);
-            keep_message();
-            return {Disposition::dead_lettered, std::move(reason)};
+            return settle_without_effect(Disposition::dead_lettered,
+                                         fmt::format("malformed message: {}", e.what()));
         } catch (const store_error& e) {
             if (!in_batch) throw;
             // The message's own savepoints also recover a transaction a failed statement
@@ -461,19 +523,16 @@ class IdempotentHandler {
 
         switch (result.kind()) {
             case EffectResult::Kind::applied:
-                tx.release_savepoint();
+                if (effect_savepoint) tx.release_savepoint();
                 tx.record_outcome(scope, id, Disposition::processed, {});
                 keep_message();
                 return {Disposition::processed, {}};
             case EffectResult::Kind::rejected:
                 // The refusal is final: keep the claim (so redeliveries are duplicates) but none
                 // of the effect's writes.
-                tx.rollback_to_savepoint();
-                tx.record_outcome(scope, id, Disposition::rejected, result.reason());
-                keep_message();
-                return {Disposition::rejected, result.reason()};
+                return settle_without_effect(Disposition::rejected, result.reason());
             case EffectResult::Kind::deferred:  // nothing stored, not even the claim
-                tx.rollback_to_savepoint();
+                undo_effect();
                 drop_message();
                 return {Disposition::deferred, result.reason(), result.retry_after()};
         }

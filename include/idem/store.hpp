@@ -222,6 +222,15 @@ struct has_claim_many<
                    decltype(std::declval<T&>().unclaim(std::string_view{}, std::string_view{}))>>
     : std::true_type {};
 
+/// A transaction whose savepoints cost no statement (memory, Redis: undo logs and queued writes)
+/// says `static constexpr bool cheap_savepoints = true;` (the default when it says nothing).
+/// SQL stores say false: the handler then runs a single message's effect without a savepoint.
+template <class T, class = void>
+struct cheap_savepoints : std::true_type {};
+template <class T>
+struct cheap_savepoints<T, std::void_t<decltype(T::cheap_savepoints)>>
+    : std::bool_constant<T::cheap_savepoints> {};
+
 template <class S, bool = has_begin<S>::value>
 struct transaction_of {
     using type = void;

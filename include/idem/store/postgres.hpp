@@ -721,6 +721,9 @@ class PostgresStore {
 /// and must end on the thread that began it.
 class PostgresStore::Transaction {
   public:
+    /// Each savepoint is a statement: the handler avoids them on its common path.
+    static constexpr bool cheap_savepoints = false;
+
     Transaction(Transaction&& other) noexcept
         : store_(std::exchange(other.store_, nullptr)),
           lock_(std::move(other.lock_)),

@@ -490,6 +490,9 @@ class SqliteStore {
 /// included). It must not outlive its store, and must end on the thread that began it.
 class SqliteStore::Transaction {
   public:
+    /// Each savepoint is a statement: the handler avoids them on its common path.
+    static constexpr bool cheap_savepoints = false;
+
     Transaction(Transaction&& other) noexcept
         : store_(std::exchange(other.store_, nullptr)),
           lock_(std::move(other.lock_)),
