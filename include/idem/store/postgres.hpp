@@ -89,6 +89,7 @@
 
 #include "idem/blob.hpp"
 #include "idem/config.hpp"
+#include "idem/detail/own_claims.hpp"
 #include "idem/detail/sha256.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
@@ -693,6 +694,7 @@ class PostgresStore {
     unsigned store_number_ = 0;
     std::string begin_sql_ = "BEGIN";
     std::string set_timeout_sql_;
+    int session_timeout_pid_ = 0;  ///< backend whose session has our lock_timeout (owned only)
     std::string commit_sql_ = "COMMIT";
     std::string savepoint_sql_ = "SAVEPOINT idem_effect";
     std::string rollback_to_sql_ = "ROLLBACK TO SAVEPOINT idem_effect";
@@ -728,7 +730,8 @@ class PostgresStore::Transaction {
         : store_(std::exchange(other.store_, nullptr)),
           lock_(std::move(other.lock_)),
           state_(std::exchange(other.state_, State::rolled_back)),
-          savepoints_(std::exchange(other.savepoints_, 0)) {}
+          savepoints_(std::exchange(other.savepoints_, 0)),
+          own_claims_(std::move(other.own_claims_)) {}
     Transaction& operator=(Transaction&& other) noexcept {
         if (this != &other) {
             end_noexcept();
@@ -736,6 +739,7 @@ class PostgresStore::Transaction {
             lock_ = std::move(other.lock_);
             state_ = std::exchange(other.state_, State::rolled_back);
             savepoints_ = std::exchange(other.savepoints_, 0);
+            own_claims_ = std::move(other.own_claims_);
         }
         return *this;
     }
@@ -862,6 +866,7 @@ class PostgresStore::Transaction {
     Lock lock_;
     State state_ = State::rolled_back;
     int savepoints_ = 0;
+    detail::OwnClaims own_claims_;  ///< inserted as 'processed': see own_claims.hpp
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -960,7 +965,7 @@ inline void PostgresStore::build_statements() {
         // committed while this statement waited is not in its snapshot: claim() asks again.
         "WITH ins AS (INSERT INTO " + claims +
         " AS c(scope, message_id, claimed_at, outcome, reason, fingerprint) "
-        "VALUES ($1, $2, $3, 'claimed', '', $4) ON CONFLICT (scope, message_id) DO NOTHING "
+        "VALUES ($1, $2, $3, 'processed', '', $4) ON CONFLICT (scope, message_id) DO NOTHING "
         "RETURNING 1) "
         "SELECT true, NULL::text, NULL::bytea FROM ins UNION ALL "
         "SELECT false, c.outcome, c.fingerprint FROM " +
@@ -1564,8 +1569,20 @@ inline PostgresStore::Transaction PostgresStore::begin() {
     Lock lock(*this, "begin()");
     ready("begin()");
     queued_.clear();
-    queued_.push_back(control(begin_sql_, "begin"));
-    queued_.push_back(control(set_timeout_sql_, "begin (SET LOCAL lock_timeout)"));
+    if (owned_) {
+        // Our own session: set the lock timeout once per session (a reconnect is a new one),
+        // not in every transaction.
+        if (session_timeout_pid_ != PQbackendPID(conn_)) {
+            run(control(fmt::format("SET lock_timeout = {}", lock_timeout_.count()),
+                        "begin (SET lock_timeout)"));
+            session_timeout_pid_ = PQbackendPID(conn_);
+        }
+        queued_.push_back(control(begin_sql_, "begin"));
+    } else {
+        // A borrowed session keeps its own setting outside our transactions.
+        queued_.push_back(control(begin_sql_, "begin"));
+        queued_.push_back(control(set_timeout_sql_, "begin (SET LOCAL lock_timeout)"));
+    }
     tx_open_ = true;
     tx_begun_ = false;
     tx_error_.clear();
@@ -1775,6 +1792,7 @@ inline void PostgresStore::Transaction::check_still_open(std::string_view what) 
 inline void PostgresStore::Transaction::finish(State state) noexcept {
     state_ = state;
     savepoints_ = 0;
+    own_claims_.clear();
     if (store_ != nullptr) {
         store_->tx_open_ = false;
         store_->tx_begun_ = false;
@@ -1795,6 +1813,7 @@ inline ClaimResult PostgresStore::Transaction::claim(std::string_view scope, std
                                                      std::string_view fingerprint) {
     namespace pg = detail::postgres_store;
     PostgresStore& store = open("claim()");
+    if (const auto* own = own_claims_.find(scope, id)) return detail::OwnClaims::duplicate_of(*own);
     ClaimResult result;
     // Rarely more than one pass: only when the row we waited for vanished again (purge).
     for (int attempt = 0; attempt < 3; ++attempt) {
@@ -1832,6 +1851,7 @@ inline ClaimResult PostgresStore::Transaction::claim(std::string_view scope, std
             return result;
         }
         if (pg::binary_bool(row, 0, 0)) {
+            own_claims_.add(scope, id, fingerprint);
             result.status = ClaimStatus::claimed;
             return result;
         }
@@ -1855,6 +1875,8 @@ inline void PostgresStore::Transaction::record_outcome(std::string_view scope, s
                                                        Disposition disposition,
                                                        std::string_view reason) {
     PostgresStore& store = open("record_outcome()");
+    // Our own row already says 'processed' (and no reason): nothing to write.
+    if (own_claims_.record(scope, id, disposition, reason, savepoints_)) return;
     store.queued_.push_back(store.own(record_update, "record_outcome", Blob{scope}, Blob{id},
                                       to_string(disposition),
                                       detail::postgres_store::valid_utf8(reason)));
@@ -1875,6 +1897,7 @@ inline void PostgresStore::Transaction::dead_letter(const DeadLetter& letter) {
 inline void PostgresStore::Transaction::savepoint() {
     PostgresStore& store = open("savepoint()");
     store.queued_.push_back(store.control(store.savepoint_sql_, "savepoint", true));
+    own_claims_.savepoint();
     ++savepoints_;
 }
 
@@ -1889,6 +1912,7 @@ inline void PostgresStore::Transaction::rollback_to_savepoint() {
         store.queued_.push_back(store.control(store.rollback_to_sql_, "rollback_to_savepoint"));
         store.queued_.push_back(store.control(store.release_sql_, "rollback_to_savepoint"));
     }
+    own_claims_.rollback_to_savepoint(savepoints_);
     --savepoints_;
 }
 
@@ -1902,6 +1926,7 @@ inline void PostgresStore::Transaction::release_savepoint() {
     } else {
         store.queued_.push_back(store.control(store.release_sql_, "release_savepoint"));
     }
+    own_claims_.release_savepoint(savepoints_);
     --savepoints_;
 }
 
@@ -1951,6 +1976,14 @@ inline PGconn* PostgresStore::Transaction::conn() {
 inline void PostgresStore::Transaction::commit() {
     namespace pg = detail::postgres_store;
     PostgresStore& store = open("commit()", true);
+    // A claim nobody recorded an outcome for is stored as claimed, not as the provisional
+    // 'processed' its row was inserted with (queued: no extra round trip).
+    for (const auto& claim : own_claims_.claims()) {
+        if (claim.recorded_depth < 0) {
+            store.queued_.push_back(store.own(record_update, "commit", Blob{claim.scope},
+                                              Blob{claim.id}, "claimed", ""));
+        }
+    }
     const bool writes = std::any_of(store.queued_.begin(), store.queued_.end(),
                                     [](const Command& command) { return !command.control; });
     if (!store.tx_begun_ && !writes) {

@@ -61,6 +61,7 @@
 
 #include "idem/blob.hpp"
 #include "idem/config.hpp"
+#include "idem/detail/own_claims.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/store.hpp"
@@ -498,8 +499,7 @@ class SqliteStore::Transaction {
           lock_(std::move(other.lock_)),
           state_(std::exchange(other.state_, State::rolled_back)),
           savepoints_(std::exchange(other.savepoints_, 0)),
-          own_claims_(std::move(other.own_claims_)),
-          claim_marks_(std::move(other.claim_marks_)) {}
+          own_claims_(std::move(other.own_claims_)) {}
     Transaction& operator=(Transaction&& other) noexcept {
         if (this != &other) {
             end_noexcept();
@@ -508,7 +508,6 @@ class SqliteStore::Transaction {
             state_ = std::exchange(other.state_, State::rolled_back);
             savepoints_ = std::exchange(other.savepoints_, 0);
             own_claims_ = std::move(other.own_claims_);
-            claim_marks_ = std::move(other.claim_marks_);
         }
         return *this;
     }
@@ -602,24 +601,11 @@ class SqliteStore::Transaction {
     void finish(State state) noexcept;
     void end_noexcept() noexcept;
 
-    /// A claim row this transaction inserted. Its row says 'processed' from the start, so the
-    /// common outcome costs no UPDATE; commit() marks the ones that never got an outcome.
-    struct OwnClaim {
-        std::string scope;
-        std::string id;
-        std::string fingerprint;
-        int recorded_depth = -1;  ///< savepoint depth at which its outcome was recorded; -1: not
-    };
-    OwnClaim* own_claim(std::string_view scope, std::string_view id) noexcept;
-    static ClaimResult own_duplicate(const OwnClaim& claim);
-
     SqliteStore* store_ = nullptr;
     Lock lock_;
     State state_ = State::rolled_back;
     int savepoints_ = 0;
-    std::vector<OwnClaim> own_claims_;
-    std::size_t own_claim_hint_ = 0;
-    std::vector<std::size_t> claim_marks_;  ///< own_claims_.size() at each open savepoint
+    detail::OwnClaims own_claims_;  ///< inserted as 'processed': see own_claims.hpp
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1257,9 +1243,7 @@ inline SqliteStore& SqliteStore::Transaction::open(std::string_view what, bool c
 inline void SqliteStore::Transaction::finish(State state) noexcept {
     state_ = state;
     savepoints_ = 0;
-    own_claim_hint_ = 0;
     own_claims_.clear();
-    claim_marks_.clear();
     if (store_ != nullptr) {
         store_->tx_open_ = false;
         store_->tx_error_.clear();
@@ -1274,39 +1258,14 @@ inline void SqliteStore::Transaction::end_noexcept() noexcept {
     }
 }
 
-inline SqliteStore::Transaction::OwnClaim* SqliteStore::Transaction::own_claim(
-    std::string_view scope, std::string_view id) noexcept {
-    // A batch records its outcomes in claim order: try the one after the last found first.
-    const std::size_t n = own_claims_.size();
-    for (std::size_t k = 0; k < n; ++k) {
-        const std::size_t i = (own_claim_hint_ + k) % n;
-        OwnClaim& claim = own_claims_[i];
-        if (claim.id == id && claim.scope == scope) {
-            own_claim_hint_ = i + 1;
-            return &claim;
-        }
-    }
-    return nullptr;
-}
-
-inline ClaimResult SqliteStore::Transaction::own_duplicate(const OwnClaim& claim) {
-    // Claimed earlier in this same transaction: its first claim will commit with the outcome.
-    ClaimResult result;
-    result.status = ClaimStatus::duplicate;
-    result.recorded = Disposition::in_progress;
-    result.fingerprint = claim.fingerprint;
-    return result;
-}
-
 inline ClaimResult SqliteStore::Transaction::claim(std::string_view scope, std::string_view id,
                                                    std::string_view fingerprint) {
     SqliteStore& store = open("claim()");
-    if (const OwnClaim* own = own_claim(scope, id)) return own_duplicate(*own);
+    if (const auto* own = own_claims_.find(scope, id)) return detail::OwnClaims::duplicate_of(*own);
     const std::int64_t now = detail::sqlite_store::to_unix_ms(store.now());
     ClaimResult result;
     if (store.step_own(claim_insert, "claim", Blob{scope}, Blob{id}, now, Blob{fingerprint}) == 1) {
-        own_claims_.push_back(
-            OwnClaim{std::string(scope), std::string(id), std::string(fingerprint), -1});
+        own_claims_.add(scope, id, fingerprint);
         result.status = ClaimStatus::claimed;
         return result;
     }
@@ -1400,13 +1359,12 @@ inline std::vector<ClaimResult> SqliteStore::Transaction::claim_many(
             auto found = fresh.find(ids[i]);
             if (found != fresh.end() && !found->second) {
                 found->second = true;
-                own_claims_.push_back(OwnClaim{std::string(scope), std::string(ids[i]),
-                                               std::string(fingerprint(i)), -1});
+                own_claims_.add(scope, ids[i], fingerprint(i));
                 results[i].status = ClaimStatus::claimed;
                 decided[i] = true;
             } else if (found != fresh.end() || claimed_before_call > 0) {
-                if (const OwnClaim* own = own_claim(scope, ids[i])) {
-                    results[i] = own_duplicate(*own);
+                if (const auto* own = own_claims_.find(scope, ids[i])) {
+                    results[i] = detail::OwnClaims::duplicate_of(*own);
                     decided[i] = true;
                 }
             }
@@ -1421,14 +1379,8 @@ inline std::vector<ClaimResult> SqliteStore::Transaction::claim_many(
 
 inline void SqliteStore::Transaction::unclaim(std::string_view scope, std::string_view id) {
     SqliteStore& store = open("unclaim()");
-    for (auto it = own_claims_.begin(); it != own_claims_.end(); ++it) {
-        if (it->scope == scope && it->id == id) {
-            store.step_own(claim_delete, "unclaim", Blob{scope}, Blob{id});
-            own_claims_.erase(it);
-            for (auto& mark : claim_marks_)
-                mark = std::min(mark, own_claims_.size());
-            return;
-        }
+    if (own_claims_.remove(scope, id)) {
+        store.step_own(claim_delete, "unclaim", Blob{scope}, Blob{id});
     }
 }
 
@@ -1436,10 +1388,8 @@ inline void SqliteStore::Transaction::record_outcome(std::string_view scope, std
                                                      Disposition disposition,
                                                      std::string_view reason) {
     SqliteStore& store = open("record_outcome()");
-    OwnClaim* own = own_claim(scope, id);
-    if (own != nullptr) own->recorded_depth = savepoints_;
     // Our own row already says 'processed' (and no reason): nothing to write.
-    if (own != nullptr && disposition == Disposition::processed && reason.empty()) return;
+    if (own_claims_.record(scope, id, disposition, reason, savepoints_)) return;
     store.step_own(record_update, "record_outcome", Blob{scope}, Blob{id}, to_string(disposition),
                    reason);
 }
@@ -1476,7 +1426,7 @@ inline bool SqliteStore::Transaction::add_outbox(const OutboxIntent& intent) {
 
 inline void SqliteStore::Transaction::savepoint() {
     open("savepoint()").step_own(savepoint_effect, "savepoint");
-    claim_marks_.push_back(own_claims_.size());
+    own_claims_.savepoint();
     ++savepoints_;
 }
 
@@ -1487,12 +1437,7 @@ inline void SqliteStore::Transaction::rollback_to_savepoint() {
     }
     store.step_own(rollback_to_effect, "rollback_to_savepoint");
     store.step_own(release_effect, "rollback_to_savepoint (release)");
-    // Claims made since the savepoint are gone; outcomes recorded since are undone.
-    own_claims_.resize(std::min(own_claims_.size(), claim_marks_.back()));
-    claim_marks_.pop_back();
-    for (auto& claim : own_claims_) {
-        if (claim.recorded_depth >= savepoints_) claim.recorded_depth = -1;
-    }
+    own_claims_.rollback_to_savepoint(savepoints_);
     --savepoints_;
 }
 
@@ -1502,10 +1447,7 @@ inline void SqliteStore::Transaction::release_savepoint() {
         throw usage_error("idem sqlite: release_savepoint() without an open savepoint()");
     }
     store.step_own(release_effect, "release_savepoint");
-    claim_marks_.pop_back();
-    for (auto& claim : own_claims_) {
-        if (claim.recorded_depth == savepoints_) --claim.recorded_depth;
-    }
+    own_claims_.release_savepoint(savepoints_);
     --savepoints_;
 }
 
@@ -1513,7 +1455,7 @@ inline void SqliteStore::Transaction::commit() {
     SqliteStore& store = open("commit()", true);
     // A claim nobody recorded an outcome for is stored as claimed, not as the provisional
     // 'processed' its row was inserted with.
-    for (const auto& claim : own_claims_) {
+    for (const auto& claim : own_claims_.claims()) {
         if (claim.recorded_depth < 0) {
             store.step_own(record_update, "commit", Blob{claim.scope}, Blob{claim.id}, "claimed",
                            "");

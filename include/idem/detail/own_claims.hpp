@@ -1,0 +1,118 @@
+#pragma once
+/// @file
+/// @brief The claims a SQL transaction inserted itself. Their rows say 'processed' from the
+/// start, so the common outcome costs no UPDATE; the store remembers which got an outcome (and
+/// at which savepoint depth, so a rollback to a savepoint forgets it again) and marks the others
+/// 'claimed' at commit. It also answers a second claim of the same id in the transaction
+/// without asking the database.
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "idem/config.hpp"
+#include "idem/store.hpp"
+
+IDEM_BEGIN_NAMESPACE
+namespace detail {
+
+class OwnClaims {
+  public:
+    struct Claim {
+        std::string scope;
+        std::string id;
+        std::string fingerprint;
+        int recorded_depth = -1;  ///< savepoint depth its outcome was recorded at; -1: none
+    };
+
+    /// The claim of (scope, id) this transaction made, or null. A batch records outcomes in
+    /// claim order, so the search starts after the last one found.
+    Claim* find(std::string_view scope, std::string_view id) noexcept {
+        const std::size_t n = claims_.size();
+        for (std::size_t k = 0; k < n; ++k) {
+            const std::size_t i = (hint_ + k) % n;
+            Claim& claim = claims_[i];
+            if (claim.id == id && claim.scope == scope) {
+                hint_ = i + 1;
+                return &claim;
+            }
+        }
+        return nullptr;
+    }
+
+    /// A second claim of an id this transaction holds: a duplicate still in progress.
+    static ClaimResult duplicate_of(const Claim& claim) {
+        ClaimResult result;
+        result.status = ClaimStatus::duplicate;
+        result.recorded = Disposition::in_progress;
+        result.fingerprint = claim.fingerprint;
+        return result;
+    }
+
+    void add(std::string_view scope, std::string_view id, std::string_view fingerprint) {
+        claims_.push_back(Claim{std::string(scope), std::string(id), std::string(fingerprint), -1});
+    }
+
+    /// @return true when the row needs no UPDATE: ours, and the outcome is the row's own.
+    bool record(std::string_view scope, std::string_view id, Disposition disposition,
+                std::string_view reason, int depth) noexcept {
+        Claim* claim = find(scope, id);
+        if (claim == nullptr) return false;
+        claim->recorded_depth = depth;
+        return disposition == Disposition::processed && reason.empty();
+    }
+
+    /// @return true when it was ours (the caller deletes the row).
+    bool remove(std::string_view scope, std::string_view id) {
+        for (auto it = claims_.begin(); it != claims_.end(); ++it) {
+            if (it->scope == scope && it->id == id) {
+                claims_.erase(it);
+                for (auto& mark : marks_)
+                    mark = std::min(mark, claims_.size());
+                hint_ = 0;
+                return true;
+            }
+        }
+        return false;
+    }
+
+    void savepoint() { marks_.push_back(claims_.size()); }
+
+    /// Claims made since the savepoint at @p depth are gone, outcomes recorded since undone.
+    void rollback_to_savepoint(int depth) {
+        if (marks_.empty()) return;
+        claims_.resize(std::min(claims_.size(), marks_.back()));
+        marks_.pop_back();
+        for (auto& claim : claims_) {
+            if (claim.recorded_depth >= depth) claim.recorded_depth = -1;
+        }
+        hint_ = 0;
+    }
+
+    /// Outcomes recorded inside the released savepoint now belong to the one around it.
+    void release_savepoint(int depth) {
+        if (!marks_.empty()) marks_.pop_back();
+        for (auto& claim : claims_) {
+            if (claim.recorded_depth == depth) --claim.recorded_depth;
+        }
+    }
+
+    [[nodiscard]] const std::vector<Claim>& claims() const noexcept { return claims_; }
+    [[nodiscard]] std::size_t size() const noexcept { return claims_.size(); }
+
+    void clear() noexcept {
+        claims_.clear();
+        marks_.clear();
+        hint_ = 0;
+    }
+
+  private:
+    std::vector<Claim> claims_;
+    std::vector<std::size_t> marks_;  ///< claims_.size() at each open savepoint
+    std::size_t hint_ = 0;
+};
+
+}  // namespace detail
+IDEM_END_NAMESPACE
