@@ -20,10 +20,12 @@
 #include <vector>
 
 #include "support/postgres_server.hpp"
+#include "support/process.hpp"
 #include "support/require_postgres.hpp"
 
 namespace {
 
+using idem_test::eventually;
 using idem_test::PgConnection;
 using idem_test::PostgresServer;
 using idem_test::shared_postgres;
@@ -39,16 +41,6 @@ std::string value_of(PGconn* conn, const char* sql) {
 
 bool accepts_connections(const std::string& conninfo) {
     return PQping((conninfo + " connect_timeout=2").c_str()) == PQPING_OK;
-}
-
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds timeout = std::chrono::seconds(15)) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-        if (pred()) return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return pred();
 }
 
 TEST(PostgresServer, SharedServerAcceptsConnections) {
@@ -266,45 +258,16 @@ TEST(PostgresServer, DestructorAfterKill9StillCleansUp) {
 // removes the temp dir. The owner here is a fork()ed child of this test.
 TEST(PostgresServer, WatchdogCleansUpWhenTheOwnerIsKilled) {
     IDEM_REQUIRE_POSTGRES();
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    const pid_t child = ::fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-        ::close(fds[0]);
-        try {
-            PostgresServer pg;
-            const std::string report = std::to_string(pg.postmaster_pid()) + " " +
-                                       std::to_string(pg.port()) + " " + pg.dir().string() + "\n";
-            (void)!::write(fds[1], report.data(), report.size());
-            ::raise(SIGKILL);  // die holding the server: no destructor runs
-        } catch (const std::exception& e) {
-            const std::string report = std::string("error ") + e.what() + "\n";
-            (void)!::write(fds[1], report.data(), report.size());
-        }
-        ::_exit(1);
-    }
-    ::close(fds[1]);
-    std::string report;
-    char buf[256];
-    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
-        report.append(buf, static_cast<std::size_t>(n));
-    ::close(fds[0]);
-    int status = 0;
-    ASSERT_EQ(::waitpid(child, &status, 0), child);
-    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << report;
-
-    long postmaster = 0;
-    int port = 0;
-    char dir[4096] = {};
-    ASSERT_EQ(std::sscanf(report.c_str(), "%ld %d %4095s", &postmaster, &port, dir), 3) << report;
+    const auto orphan = idem_test::orphan_server<PostgresServer>();
+    ASSERT_TRUE(WIFSIGNALED(orphan.status) && WTERMSIG(orphan.status) == SIGKILL) << orphan.report;
+    ASSERT_TRUE(orphan.reported) << orphan.report;
     const std::string conninfo =
-        "host=127.0.0.1 port=" + std::to_string(port) + " user=idem dbname=idem_test";
+        "host=127.0.0.1 port=" + std::to_string(orphan.port) + " user=idem dbname=idem_test";
     EXPECT_TRUE(eventually([&] {
-        return idem_test::pg_detail::process_gone(static_cast<pid_t>(postmaster)) &&
-               !std::filesystem::exists(dir) && !accepts_connections(conninfo);
+        return idem_test::pg_detail::process_gone(orphan.pid) &&
+               !std::filesystem::exists(orphan.dir) && !accepts_connections(conninfo);
     })) << "postmaster "
-        << postmaster << " or " << dir << " survived its owner";
+        << orphan.pid << " or " << orphan.dir.string() << " survived its owner";
 }
 
 TEST(PostgresServer, StartupTime) {

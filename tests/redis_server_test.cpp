@@ -7,15 +7,12 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "support/process.hpp"
@@ -24,19 +21,10 @@
 
 namespace {
 
+using idem_test::eventually;
 using idem_test::RedisClient;
 using idem_test::RedisServer;
 using idem_test::shared_redis;
-
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds timeout = std::chrono::seconds(15)) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-        if (pred()) return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return pred();
-}
 
 /// CONFIG GET name -> its value ("?" when the reply is not a name/value pair).
 std::string config(RedisClient& c, const std::string& name) {
@@ -172,44 +160,14 @@ TEST(RedisServer, DestructorAfterKill9StillCleansUp) {
 // removes the data dir. The owner here is a fork()ed child of this test.
 TEST(RedisServer, WatchdogCleansUpWhenTheOwnerIsKilled) {
     IDEM_REQUIRE_REDIS();
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    const pid_t child = ::fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-        ::close(fds[0]);
-        try {
-            RedisServer redis;
-            const std::string report = std::to_string(redis.pid()) + " " +
-                                       std::to_string(redis.port()) + " " + redis.dir().string() +
-                                       "\n";
-            (void)!::write(fds[1], report.data(), report.size());
-            ::raise(SIGKILL);  // die holding the server: no destructor runs
-        } catch (const std::exception& e) {
-            const std::string report = std::string("error ") + e.what() + "\n";
-            (void)!::write(fds[1], report.data(), report.size());
-        }
-        ::_exit(1);
-    }
-    ::close(fds[1]);
-    std::string report;
-    char buf[256];
-    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
-        report.append(buf, static_cast<std::size_t>(n));
-    ::close(fds[0]);
-    int status = 0;
-    ASSERT_EQ(::waitpid(child, &status, 0), child);
-    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << report;
-
-    long server = 0;
-    int port = 0;
-    char dir[4096] = {};
-    ASSERT_EQ(std::sscanf(report.c_str(), "%ld %d %4095s", &server, &port, dir), 3) << report;
+    const auto orphan = idem_test::orphan_server<RedisServer>();
+    ASSERT_TRUE(WIFSIGNALED(orphan.status) && WTERMSIG(orphan.status) == SIGKILL) << orphan.report;
+    ASSERT_TRUE(orphan.reported) << orphan.report;
     EXPECT_TRUE(eventually([&] {
-        return idem_test::process_gone(static_cast<pid_t>(server)) &&
-               !std::filesystem::exists(dir) && !answers_ping("127.0.0.1", port);
+        return idem_test::process_gone(orphan.pid) && !std::filesystem::exists(orphan.dir) &&
+               !answers_ping("127.0.0.1", orphan.port);
     })) << "redis-server "
-        << server << " or " << dir << " survived its owner";
+        << orphan.pid << " or " << orphan.dir.string() << " survived its owner";
 }
 
 TEST(RedisServer, BinarySafeRoundTrip) {

@@ -17,10 +17,11 @@
 //   our own data directory works (so a port collision with another cluster cannot fool us).
 // - A port taken between the probe and the postmaster's bind is retried on a new port.
 // - A Watchdog (process.hpp): if the test process dies without running destructors (crash,
-//   abort, SIGKILL, ctest timeout), it stops the postmaster and removes the temp dir.
+//   abort, SIGKILL, ctest timeout), it stops the postmaster and removes the temp dir. The life
+//   cycle (ports, restart, cleanup) is ServerProcess's (server_process.hpp), shared with
+//   RedisServer.
 // Not thread-safe for concurrent start/stop/kill9; conninfo()/connect()/exec() are.
 
-#include <fcntl.h>
 #include <libpq-fe.h>
 #include <pwd.h>
 #include <signal.h>
@@ -48,6 +49,7 @@
 #include <vector>
 
 #include "process.hpp"
+#include "server_process.hpp"
 
 namespace idem_test {
 
@@ -167,7 +169,7 @@ inline std::vector<pid_t> children_of(pid_t parent) {
 
 }  // namespace pg_detail
 
-class PostgresServer {
+class PostgresServer : public ServerProcess {
   public:
     enum class StopMode { fast, immediate };
 
@@ -187,44 +189,31 @@ class PostgresServer {
     }
 
     /// initdb + start + CREATE DATABASE idem_test. Throws std::runtime_error with the log's tail.
-    PostgresServer() {
+    PostgresServer() : ServerProcess(traits()) {
         std::string why;
         if (!available(&why)) throw std::runtime_error("PostgresServer: " + why);
         bindir_ = pg_detail::bindir().dir;
         user_ = pg_detail::run_as();
-        dir_ = make_temp_dir("IDEM_TEST_PG_TMPDIR", "idem-pg-", user_.switch_user);
-        try {
-            if (user_.switch_user && ::chown(dir_.c_str(), user_.uid, user_.gid) != 0) {
-                throw std::system_error(errno, std::generic_category(), "chown " + dir_.string());
-            }
-            watchdog_.start(dir_, "QUIT");  // postgres: SIGQUIT is an immediate shutdown
-            initdb();
-            start_on_free_port();
-            exec("CREATE DATABASE idem_test", "postgres");
-        } catch (...) {
-            cleanup();
-            throw;
+        adopt_dir(make_temp_dir("IDEM_TEST_PG_TMPDIR", "idem-pg-", user_.switch_user));
+        if (user_.switch_user && ::chown(dir().c_str(), user_.uid, user_.gid) != 0) {
+            throw std::system_error(errno, std::generic_category(), "chown " + dir().string());
         }
+        initdb();
+        start_on_free_port();
+        exec("CREATE DATABASE idem_test", "postgres");
     }
 
-    PostgresServer(const PostgresServer&) = delete;
-    PostgresServer& operator=(const PostgresServer&) = delete;
+    // ~ServerProcess: immediate shutdown (SIGQUIT, like `pg_ctl stop -m immediate`), then the
+    // temp dir is removed. port(), running(), dir(), log_file() (server.log), log_tail():
+    // ServerProcess's. start(): again on the same port and data dir (after stop() or kill9();
+    // crash recovery runs after kill9). kill9(): a crash, see hard_kill(); clients see their
+    // connections drop.
 
-    /// Immediate shutdown (like `pg_ctl stop -m immediate`), then the temp dir is removed.
-    ~PostgresServer() { cleanup(); }
-
-    [[nodiscard]] int port() const { return port_; }
-    [[nodiscard]] bool running() const { return pid_ > 0; }
-    [[nodiscard]] pid_t postmaster_pid() const { return pid_; }
-    [[nodiscard]] const std::filesystem::path& dir() const { return dir_; }
-    [[nodiscard]] std::filesystem::path data_dir() const { return dir_ / "data"; }
-    [[nodiscard]] std::filesystem::path log_file() const { return dir_ / "server.log"; }
-    [[nodiscard]] std::string log_tail(std::size_t max_chars = 4000) const {
-        return tail(read_text(log_file()), max_chars);
-    }
+    [[nodiscard]] pid_t postmaster_pid() const { return pid(); }
+    [[nodiscard]] std::filesystem::path data_dir() const { return dir() / "data"; }
 
     [[nodiscard]] std::string conninfo(const std::string& dbname = "idem_test") const {
-        return "host=127.0.0.1 port=" + std::to_string(port_) + " user=idem dbname=" + dbname;
+        return "host=127.0.0.1 port=" + std::to_string(port()) + " user=idem dbname=" + dbname;
     }
 
     /// A new connection (the caller PQfinish'es it, or wraps it in PgConnection). Throws.
@@ -282,66 +271,33 @@ class PostgresServer {
 
     /// Clean shutdown (fast: SIGINT, checkpoint; immediate: SIGQUIT). No-op when stopped.
     void stop(StopMode mode = StopMode::fast) {
-        if (pid_ <= 0) return;
-        const pid_t pid = pid_;
-        ::kill(pid, mode == StopMode::fast ? SIGINT : SIGQUIT);
-        watchdog_.watch(0);
-        pid_ = -1;
-        if (!wait_for(pid, std::chrono::seconds(60))) {
-            hard_kill(pid);
-            throw std::runtime_error(
-                "PostgresServer: postmaster did not stop within 60 s; killed. " + log_tail());
-        }
-    }
-
-    /// Starts again on the same port and data dir (after stop() or kill9(); crash recovery runs
-    /// after kill9). Retries for a few seconds if someone else holds the port meanwhile.
-    void start() {
-        if (pid_ > 0) return;
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        for (;;) {
-            bool port_busy = false;
-            if (launch(port_, &port_busy)) return;
-            if (!port_busy || std::chrono::steady_clock::now() >= deadline) {
-                throw std::runtime_error("PostgresServer: restart on port " +
-                                         std::to_string(port_) + " failed: " + log_tail());
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        }
-    }
-
-    /// A crash: SIGKILL the postmaster and every process it forked (a lone SIGKILL of the
-    /// postmaster would let backends finish in-flight work), and wait until all are gone so
-    /// start() can reuse the data dir. Clients see their connections drop.
-    void kill9() {
-        if (pid_ <= 0) return;
-        const pid_t pid = pid_;
-        pid_ = -1;
-        watchdog_.watch(0);
-        hard_kill(pid);
+        stop_with(mode == StopMode::fast ? SIGINT : SIGQUIT, std::chrono::seconds(60));
     }
 
   private:
     std::filesystem::path bindir_;
     RunAs user_;
-    std::filesystem::path dir_;
-    int port_ = 0;
-    pid_t pid_ = -1;
-    Watchdog watchdog_;
-    pid_t owner_ = ::getpid();  // a fork()ed child (death test) must not tear down our server
+
+    static Traits traits() {
+        Traits t;
+        t.fixture = "PostgresServer";
+        t.program = "postgres";
+        t.log = "server.log";
+        t.port_busy = {"could not bind", "Address already in use",
+                       "could not create any TCP/IP sockets"};
+        t.ready_within = std::chrono::seconds(60);
+        t.ready_poll = std::chrono::milliseconds(5);
+        t.quit_signal = SIGQUIT;  // postgres: SIGQUIT is an immediate shutdown
+        t.quit_signal_name = "QUIT";
+        t.quit_grace = std::chrono::seconds(10);
+        t.hard_kill = &PostgresServer::hard_kill;
+        return t;
+    }
 
     std::vector<std::string> child_env() const {
         std::vector<std::string> env{"PATH=/usr/bin:/bin", "LC_ALL=C", "LANG=C", "TZ=UTC",
-                                     "HOME=" + dir_.string()};
+                                     "HOME=" + dir().string()};
         return env;
-    }
-
-    int open_log(const char* name) const {
-        const auto path = dir_ / name;
-        const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-        if (fd < 0)
-            throw std::system_error(errno, std::generic_category(), "open " + path.string());
-        return fd;
     }
 
     void initdb() {
@@ -357,7 +313,7 @@ class PostgresServer {
                   "--encoding=UTF8",
                   "--locale=C"};
         s.env = child_env();
-        s.cwd = dir_;
+        s.cwd = dir();
         s.out_fd = log;
         s.user = &user_;
         const pid_t pid = spawn_handing_over(s, log);
@@ -368,27 +324,16 @@ class PostgresServer {
         }
         if (!status || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
             throw std::runtime_error("PostgresServer: initdb failed: " +
-                                     tail(read_text(dir_ / "initdb.log")));
-        }
-    }
-
-    void start_on_free_port() {
-        for (int attempt = 1;; ++attempt) {
-            const int port = probe_free_port();
-            bool port_busy = false;
-            if (launch(port, &port_busy)) return;
-            if (!port_busy || attempt >= 20) {
-                throw std::runtime_error("PostgresServer: postgres did not start: " + log_tail());
-            }
+                                     tail(read_text(dir() / "initdb.log")));
         }
     }
 
     /// Starts the postmaster on `port` and waits until it is ready. false + *port_busy when the
     /// port was taken; throws on other failures.
-    bool launch(int port, bool* port_busy) {
+    bool launch(int port, bool* port_busy) override {
         *port_busy = false;
         const auto log_offset = log_size();
-        const int log = open_log("server.log");
+        const int log = open_log();
         Spawn s;
         s.argv = {(bindir_ / "postgres").string(),
                   "-D",
@@ -414,41 +359,15 @@ class PostgresServer {
                   "-c",
                   "max_wal_size=256MB"};
         s.env = child_env();
-        s.cwd = dir_;
+        s.cwd = dir();
         s.out_fd = log;
         s.user = &user_;
         s.new_process_group = true;
         const pid_t pid = spawn_handing_over(s, log);
-        watchdog_.watch(pid);
-
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-        for (;;) {
-            int status = 0;
-            const pid_t r = ::waitpid(pid, &status, WNOHANG);
-            if (r == pid) {
-                watchdog_.watch(0);
-                const std::string whole = read_text(log_file());
-                const std::string log_text = whole.substr(std::min(log_offset, whole.size()));
-                if (log_text.find("could not bind") != std::string::npos ||
-                    log_text.find("Address already in use") != std::string::npos ||
-                    log_text.find("could not create any TCP/IP sockets") != std::string::npos) {
-                    *port_busy = true;
-                    return false;
-                }
-                throw std::runtime_error("PostgresServer: postgres exited during startup: " +
-                                         tail(log_text));
-            }
-            if (postmaster_ready(pid)) break;
-            if (std::chrono::steady_clock::now() >= deadline) {
-                watchdog_.watch(0);
-                hard_kill(pid);
-                throw std::runtime_error("PostgresServer: postgres not ready within 60 s: " +
-                                         log_tail());
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        if (!await_ready(pid, port, log_offset, [&] { return postmaster_ready(pid); })) {
+            *port_busy = true;
+            return false;
         }
-        pid_ = pid;
-        port_ = port;
         // The port answers; make sure it is our cluster, not another one that won the port.
         try {
             const auto data = query_value("SHOW data_directory", "postgres");
@@ -477,12 +396,6 @@ class PostgresServer {
         return lines[7].rfind("ready", 0) == 0;
     }
 
-    std::size_t log_size() const {
-        std::error_code ec;
-        const auto size = std::filesystem::file_size(log_file(), ec);
-        return ec ? 0 : static_cast<std::size_t>(size);
-    }
-
     /// SIGSTOP the postmaster (no new children), SIGKILL it and its children, wait for all.
     static void hard_kill(pid_t pid) noexcept {
         try {
@@ -501,43 +414,12 @@ class PostgresServer {
         } catch (...) {
         }
     }
-
-    void cleanup() noexcept {
-        if (::getpid() != owner_) {  // in a fork()ed copy of the owner: touch nothing shared
-            watchdog_.abandon();
-            return;
-        }
-        if (pid_ > 0) {
-            const pid_t pid = pid_;
-            pid_ = -1;
-            ::kill(pid, SIGQUIT);
-            watchdog_.watch(0);
-            if (!wait_for(pid, std::chrono::seconds(10))) hard_kill(pid);
-        }
-        if (!dir_.empty()) {
-            std::error_code ec;
-            std::filesystem::remove_all(dir_, ec);
-        }
-        watchdog_.stop();
-    }
 };
 
-/// One server per test process, started on first use (thread-safe), stopped and removed at exit
-/// by a static destructor (and by the watchdog if the process dies abnormally). A failed start is
-/// remembered: later calls throw the same reason at once instead of running initdb again. Tests
-/// that stop or crash a server should use their own PostgresServer, not this one.
+/// One server per test process (shared_server()); a failed start is not retried (no second
+/// initdb). Tests that stop or crash a server should use their own PostgresServer, not this one.
 inline PostgresServer& shared_postgres() {
-    static std::string failure;
-    static const std::unique_ptr<PostgresServer> server = []() -> std::unique_ptr<PostgresServer> {
-        try {
-            return std::make_unique<PostgresServer>();
-        } catch (const std::exception& e) {
-            failure = e.what();
-            return nullptr;
-        }
-    }();
-    if (!server) throw std::runtime_error("shared PostgreSQL server did not start: " + failure);
-    return *server;
+    return shared_server<PostgresServer>("PostgreSQL");
 }
 
 }  // namespace idem_test

@@ -8,6 +8,8 @@
 //   temp_base(...)         where a server's temp dir goes (/dev/shm when it is a roomy tmpfs)
 //   Watchdog               stops a server and removes its dir if the test process dies abruptly
 //   running_in_ci()        CI=true or CI=1
+//   eventually(pred, 15s)  polls pred until true or the deadline
+//   killed_while(hold)     a fork()ed child reports what it holds, then dies by SIGKILL
 
 #include <fcntl.h>
 #include <grp.h>
@@ -223,6 +225,66 @@ inline bool process_gone(pid_t pid) {
     if (close_paren == std::string::npos || close_paren + 2 >= content.size()) return true;
     const char state = content[close_paren + 2];
     return state == 'Z' || state == 'X';
+}
+
+/// Polls @p pred every 20 ms until it is true or @p timeout has passed; then its last answer.
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds timeout = std::chrono::seconds(15)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (pred()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return pred();
+}
+
+/// What killed_while() saw of its child.
+struct KilledChild {
+    int status = 0;      ///< the child's wait status
+    std::string report;  ///< what it wrote: @p hold's report and "\n", or "error <what>\n"
+};
+
+/// A process that dies holding something, with no destructor running (the owner of a server
+/// killed by SIGKILL): runs @p hold(die) in a fork()ed child, where hold starts what it holds
+/// and calls die(report), which sends us the report and raises SIGKILL. An exception from
+/// @p hold is reported as "error <what>" and the child exits 1. Throws std::system_error when
+/// the pipe, fork or waitpid fails.
+template <class Hold>
+KilledChild killed_while(Hold hold) {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
+    const pid_t child = ::fork();
+    if (child < 0) {
+        const int err = errno;
+        ::close(fds[0]);
+        ::close(fds[1]);
+        throw std::system_error(err, std::generic_category(), "fork");
+    }
+    if (child == 0) {
+        ::close(fds[0]);
+        auto say = [&](const std::string& text) {
+            (void)!::write(fds[1], text.data(), text.size());
+        };
+        try {
+            hold([&](const std::string& report) {
+                say(report + "\n");
+                ::raise(SIGKILL);  // die holding it: no destructor runs
+            });
+        } catch (const std::exception& e) {
+            say(std::string("error ") + e.what() + "\n");
+        }
+        ::_exit(1);
+    }
+    ::close(fds[1]);
+    KilledChild out;
+    char buf[256];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
+        out.report.append(buf, static_cast<std::size_t>(n));
+    ::close(fds[0]);
+    if (::waitpid(child, &out.status, 0) != child) {
+        throw std::system_error(errno, std::generic_category(), "waitpid");
+    }
+    return out;
 }
 
 /// Binds port 0 on 127.0.0.1 and returns the port the kernel chose (then releases it).

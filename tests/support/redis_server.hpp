@@ -17,16 +17,15 @@
 //   with another server cannot fool us). A port taken between the probe and the bind is retried
 //   on a new port (on the same port by start()).
 // - A Watchdog (process.hpp) stops the server and removes the dir if the test process dies
-//   without running destructors.
+//   without running destructors. The life cycle (ports, restart, cleanup) is ServerProcess's
+//   (server_process.hpp), shared with PostgresServer.
 // Not thread-safe for concurrent start/stop/kill9; a RedisClient belongs to one thread at a time.
 
-#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/types.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,12 +37,11 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "process.hpp"
+#include "server_process.hpp"
 
 namespace idem_test {
 
@@ -241,7 +239,7 @@ inline Binary find_redis_server() {
 
 }  // namespace redis_detail
 
-class RedisServer {
+class RedisServer : public ServerProcess {
   public:
     /// Whether a redis-server binary exists; @p why says where it looked when not.
     static bool available(std::string* why = nullptr) {
@@ -252,117 +250,55 @@ class RedisServer {
 
     /// Starts redis-server and waits until it answers. Throws std::runtime_error with the log's
     /// tail.
-    RedisServer() {
+    RedisServer() : ServerProcess(traits()) {
         const auto found = redis_detail::find_redis_server();
         if (found.path.empty()) throw std::runtime_error("RedisServer: " + found.why);
         binary_ = found.path;
-        dir_ = make_temp_dir("IDEM_TEST_REDIS_TMPDIR", "idem-redis-");
-        try {
-            watchdog_.start(dir_, "TERM");
-            start_on_free_port();
-        } catch (...) {
-            cleanup();
-            throw;
-        }
+        adopt_dir(make_temp_dir("IDEM_TEST_REDIS_TMPDIR", "idem-redis-"));
+        start_on_free_port();
     }
 
-    RedisServer(const RedisServer&) = delete;
-    RedisServer& operator=(const RedisServer&) = delete;
-
-    /// SIGTERM (SIGKILL after 5 s), then the data dir is removed. Never throws.
-    ~RedisServer() { cleanup(); }
+    // ~ServerProcess: SIGTERM (SIGKILL after 5 s), then the data dir is removed. Never throws.
+    // port(), pid(), running(), dir(), log_file() (redis.log), log_tail(): ServerProcess's.
+    // start(): again on the same port and data dir (after stop() or kill9()): the AOF is
+    // replayed. kill9(): a crash, see hard_kill(); acknowledged writes are in the AOF
+    // (appendfsync always).
 
     [[nodiscard]] std::string host() const { return "127.0.0.1"; }
-    [[nodiscard]] int port() const { return port_; }
-    [[nodiscard]] pid_t pid() const { return pid_; }
-    [[nodiscard]] bool running() const { return pid_ > 0; }
-    [[nodiscard]] const std::filesystem::path& dir() const { return dir_; }
-    [[nodiscard]] std::filesystem::path log_file() const { return dir_ / "redis.log"; }
-    [[nodiscard]] std::string log_tail(std::size_t max_chars = 4000) const {
-        return tail(read_text(log_file()), max_chars);
-    }
 
     /// A new client for this server (it connects on first use).
-    [[nodiscard]] RedisClient client() const { return RedisClient{host(), port_}; }
+    [[nodiscard]] RedisClient client() const { return RedisClient{host(), port()}; }
 
     /// FLUSHALL: every key of every database is gone (and the AOF says so).
     void flushall() { client().exec({"FLUSHALL"}); }
 
     /// Graceful shutdown (SIGTERM: the AOF is flushed). No-op when stopped.
-    void stop() {
-        if (pid_ <= 0) return;
-        const pid_t pid = pid_;
-        pid_ = -1;
-        ::kill(pid, SIGTERM);
-        watchdog_.watch(0);
-        if (!wait_for(pid, std::chrono::seconds(30))) {
-            hard_kill(pid);
-            throw std::runtime_error("RedisServer: did not stop within 30 s; killed. " +
-                                     log_tail());
-        }
-    }
-
-    /// A crash: SIGKILL the server (and any fork()ed AOF-rewrite child: the whole process
-    /// group) and reap it. Acknowledged writes are in the AOF (appendfsync always).
-    void kill9() {
-        if (pid_ <= 0) return;
-        const pid_t pid = pid_;
-        pid_ = -1;
-        watchdog_.watch(0);
-        hard_kill(pid);
-    }
-
-    /// Starts again on the same port and data dir (after stop() or kill9()): the AOF is
-    /// replayed. Retries for a few seconds if someone else holds the port meanwhile.
-    void start() {
-        if (pid_ > 0) return;
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        for (;;) {
-            bool port_busy = false;
-            if (launch(port_, &port_busy)) return;
-            if (!port_busy || std::chrono::steady_clock::now() >= deadline) {
-                throw std::runtime_error("RedisServer: restart on port " + std::to_string(port_) +
-                                         " failed: " + log_tail());
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        }
-    }
+    void stop() { stop_with(SIGTERM, std::chrono::seconds(30)); }
 
   private:
     std::filesystem::path binary_;
-    std::filesystem::path dir_;
-    int port_ = 0;
-    pid_t pid_ = -1;
-    Watchdog watchdog_;
-    pid_t owner_ = ::getpid();  // a fork()ed child (death test) must not tear down our server
 
-    void start_on_free_port() {
-        for (int attempt = 1;; ++attempt) {
-            const int port = probe_free_port();
-            bool port_busy = false;
-            if (launch(port, &port_busy)) return;
-            if (!port_busy || attempt >= 20) {
-                throw std::runtime_error("RedisServer: redis-server did not start: " + log_tail());
-            }
-        }
-    }
-
-    std::size_t log_size() const {
-        std::error_code ec;
-        const auto size = std::filesystem::file_size(log_file(), ec);
-        return ec ? 0 : static_cast<std::size_t>(size);
+    static Traits traits() {
+        Traits t;
+        t.fixture = "RedisServer";
+        t.program = "redis-server";
+        t.log = "redis.log";
+        t.port_busy = {"Address already in use"};
+        t.ready_within = std::chrono::seconds(10);
+        t.ready_poll = std::chrono::milliseconds(10);
+        t.quit_signal = SIGTERM;
+        t.quit_signal_name = "TERM";
+        t.quit_grace = std::chrono::seconds(5);
+        t.hard_kill = &RedisServer::hard_kill;
+        return t;
     }
 
     /// Starts redis-server on `port` and waits (10 s) until it answers. false + *port_busy when
     /// the port was taken; throws on other failures.
-    bool launch(int port, bool* port_busy) {
+    bool launch(int port, bool* port_busy) override {
         *port_busy = false;
         const auto log_offset = log_size();
-        const auto log_path = log_file();
-        const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-        if (log < 0) {
-            throw std::system_error(errno, std::generic_category(), "open " + log_path.string());
-        }
+        const int log = open_log();
         Spawn s;
         s.argv = {binary_.string(),
                   "--port",
@@ -372,7 +308,7 @@ class RedisServer {
                   "--protected-mode",
                   "no",
                   "--dir",
-                  dir_.string(),
+                  dir().string(),
                   "--appendonly",
                   "yes",
                   "--appendfsync",
@@ -382,41 +318,18 @@ class RedisServer {
                   "--daemonize",
                   "no",
                   "--logfile",
-                  log_path.string()};
-        s.env = {"PATH=/usr/bin:/bin", "LC_ALL=C", "HOME=" + dir_.string()};
-        s.cwd = dir_;
+                  log_file().string()};
+        s.env = {"PATH=/usr/bin:/bin", "LC_ALL=C", "HOME=" + dir().string()};
+        s.cwd = dir();
         s.out_fd = log;  // what redis says before it opens --logfile (bad options)
         s.new_process_group = true;
         const pid_t pid = spawn_handing_over(s, log);
-        watchdog_.watch(pid);
 
         RedisClient probe{host(), port, std::chrono::milliseconds(500)};
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        for (;;) {
-            int status = 0;
-            const pid_t r = ::waitpid(pid, &status, WNOHANG);
-            if (r == pid) {
-                watchdog_.watch(0);
-                const std::string whole = read_text(log_path);
-                const std::string log_text = whole.substr(std::min(log_offset, whole.size()));
-                if (log_text.find("Address already in use") != std::string::npos) {
-                    *port_busy = true;
-                    return false;
-                }
-                throw std::runtime_error("RedisServer: redis-server exited during startup: " +
-                                         tail(log_text));
-            }
-            if (answers_as_ours(probe)) break;
-            if (std::chrono::steady_clock::now() >= deadline) {
-                watchdog_.watch(0);
-                hard_kill(pid);
-                throw std::runtime_error("RedisServer: redis-server not ready within 10 s: " +
-                                         log_tail());
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (!await_ready(pid, port, log_offset, [&] { return answers_as_ours(probe); })) {
+            *port_busy = true;
+            return false;
         }
-        pid_ = pid;
-        port_ = port;
         return true;
     }
 
@@ -424,16 +337,18 @@ class RedisServer {
     bool answers_as_ours(RedisClient& probe) const {
         try {
             if (probe.str({"PING"}) != "PONG") return false;
-            const auto dir = probe.array({"CONFIG", "GET", "dir"});
+            const auto reply = probe.array({"CONFIG", "GET", "dir"});
             std::error_code ec;
-            return dir.size() == 2 && dir[1] && std::filesystem::equivalent(*dir[1], dir_, ec);
+            return reply.size() == 2 && reply[1] &&
+                   std::filesystem::equivalent(*reply[1], dir(), ec);
         } catch (const std::exception&) {
             probe.disconnect();
             return false;
         }
     }
 
-    /// SIGKILL the process group (the server and any fork()ed child) and reap the server.
+    /// SIGKILL the process group (the server and any fork()ed AOF-rewrite child) and reap the
+    /// server.
     static void hard_kill(pid_t pid) noexcept {
         ::kill(-pid, SIGKILL);
         ::kill(pid, SIGKILL);
@@ -442,48 +357,12 @@ class RedisServer {
         } catch (...) {
         }
     }
-
-    void cleanup() noexcept {
-        if (::getpid() != owner_) {  // in a fork()ed copy of the owner: touch nothing shared
-            watchdog_.abandon();
-            return;
-        }
-        if (pid_ > 0) {
-            const pid_t pid = pid_;
-            pid_ = -1;
-            ::kill(pid, SIGTERM);
-            watchdog_.watch(0);
-            bool stopped = false;
-            try {
-                stopped = wait_for(pid, std::chrono::seconds(5)).has_value();
-            } catch (...) {
-            }
-            if (!stopped) hard_kill(pid);
-        }
-        if (!dir_.empty()) {
-            std::error_code ec;
-            std::filesystem::remove_all(dir_, ec);
-        }
-        watchdog_.stop();
-    }
 };
 
-/// One server per test process, started on first use (thread-safe), stopped and removed at exit
-/// by a static destructor (and by the watchdog if the process dies abnormally). A failed start is
-/// remembered: later calls throw the same reason at once. Tests that stop or crash a server
-/// should use their own RedisServer, not this one.
+/// One server per test process (shared_server()). Tests that stop or crash a server should use
+/// their own RedisServer, not this one.
 inline RedisServer& shared_redis() {
-    static std::string failure;
-    static const std::unique_ptr<RedisServer> server = []() -> std::unique_ptr<RedisServer> {
-        try {
-            return std::make_unique<RedisServer>();
-        } catch (const std::exception& e) {
-            failure = e.what();
-            return nullptr;
-        }
-    }();
-    if (!server) throw std::runtime_error("shared Redis server did not start: " + failure);
-    return *server;
+    return shared_server<RedisServer>("Redis");
 }
 
 }  // namespace idem_test
