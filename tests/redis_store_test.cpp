@@ -80,7 +80,7 @@ TEST_F(RedisStoreTest, LiveLeaseIsInProgressAndAnExpiredOneIsTakenOverWithANewTo
     EXPECT_EQ(taken.status, ClaimStatus::claimed);
     EXPECT_EQ(taken.attempts, 2u);
     EXPECT_NE(b_tx.token(), a_tx.token());
-    EXPECT_EQ(client().str({"HGET", store().claim_key("refund", "m-1"), "token"}), b_tx.token());
+    EXPECT_EQ(env_->record(store().claim_key("refund", "m-1")).value().token, b_tx.token());
 }
 
 TEST_F(RedisStoreTest, CompletionIsFencedALostLeaseWritesNothing) {
@@ -138,7 +138,7 @@ TEST_F(RedisStoreTest, RollbackFreesOnlyItsOwnLeaseAndKeepsTheAttemptCount) {
         ASSERT_EQ(b_tx.claim("s", "m-1").status, ClaimStatus::claimed);
         a_tx.rollback();  // A's effect threw: it must not free B's lease
         EXPECT_EQ(store().find_claim("s", "m-1")->disposition, Disposition::in_progress);
-        EXPECT_EQ(client().str({"HGET", store().claim_key("s", "m-1"), "token"}), b_tx.token());
+        EXPECT_EQ(env_->record(store().claim_key("s", "m-1")).value().token, b_tx.token());
     }  // B's transaction ends without commit: its lease is freed
     EXPECT_FALSE(store().find_claim("s", "m-1").has_value());
     EXPECT_EQ(store().attempts("s", "m-1"), 2u);
@@ -234,9 +234,9 @@ TEST_F(RedisStoreTest, TheHandlersLeaseIsTheOneStored) {
     options.lease = 5s;
     auto handler = idem::make_handler(
         store(), idem::Policy{"capture", options}, [&](auto& tx, const std::string&) {
-            auto until = client().str({"HGET", store().claim_key("capture", "m-1"), "lease_until"});
-            ASSERT_TRUE(until.has_value());
-            EXPECT_EQ(std::stoll(*until), idem::detail::to_ms(now() + 5s));
+            auto stored = env_->record(store().claim_key("capture", "m-1"));
+            ASSERT_TRUE(stored.has_value());
+            EXPECT_EQ(stored->lease_until(), idem::detail::to_ms(now() + 5s));
             tx.write("SET", "ran", "1");
         });
     ASSERT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("x")).disposition,

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "idem/store/redis.hpp"
@@ -54,9 +55,18 @@ struct RedisEnv {
     void make_commit_fail(Tx&) {
         for (const auto& key : client->array({"KEYS", store->options().key_prefix + "c{*"})) {
             if (!key) continue;
-            client->exec({"HSET", *key, "state", "free"});
-            client->exec({"HDEL", *key, "token", "lease_until"});
+            auto r = record(*key);
+            if (!r) continue;
+            r->state = "free";
+            r->token.clear();
+            client->exec({"SET", *key, r->encode(), "KEEPTTL"});
         }
+    }
+    /// The claim record stored under @p key, read with this environment's own client.
+    std::optional<idem::detail::RedisClaimRecord> record(const std::string& key) {
+        auto value = client->str({"GET", key});
+        if (!value) return std::nullopt;
+        return idem::detail::RedisClaimRecord::decode(*value);
     }
     std::size_t effect_rows() {
         return static_cast<std::size_t>(client->integer({"SCARD", effects_key}).value_or(0));
