@@ -17,11 +17,13 @@
 #include <memory>
 #include <optional>
 #include <regex>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "idem/delivery.hpp"
+#include "idem/outcome.hpp"
 #include "idem/store/redis_connection.hpp"
 #include "support/postgres_server.hpp"
 #include "support/redis_server.hpp"
@@ -190,6 +192,57 @@ inline void next_batch(std::uint64_t& seq, std::vector<idem::Delivery>& deliveri
     }
 }
 
+/// handler.handle of the next message (id m<seq+1>, amount seq+1).
+template <class Handler>
+idem::Outcome handle_next(Handler& handler, std::uint64_t& seq) {
+    std::string id = message_id(++seq);
+    const Order order{id, static_cast<std::int64_t>(seq)};
+    return handler.handle(idem::Delivery{std::move(id), 1}, order);
+}
+
+/// Throws "<what>: <reason>" unless @p outcome is processed (outside a Google Benchmark run).
+inline void require_processed(const idem::Outcome& outcome, const char* what) {
+    if (outcome.disposition != idem::Disposition::processed) {
+        throw std::runtime_error(std::string(what) + ": " + outcome.reason);
+    }
+}
+
+/// The raw twin of one message on RawSqlite or RawPostgres: BEGIN, INSERT claim, INSERT effect,
+/// COMMIT.
+template <class Raw>
+void raw_single(Raw& raw, std::uint64_t& seq) {
+    const std::string id = message_id(++seq);
+    raw.begin();
+    raw.insert_claim(scope, id);
+    raw.insert_effect(id, static_cast<std::int64_t>(seq));
+    raw.commit();
+}
+
+/// The raw twin of a batch: the INSERTs of batch_size messages in one transaction.
+template <class Raw>
+void raw_batch(Raw& raw, std::uint64_t& seq) {
+    raw.begin();
+    for (int i = 0; i < batch_size; ++i) {
+        const std::string id = message_id(++seq);
+        raw.insert_claim(scope, id);
+        raw.insert_effect(id, static_cast<std::int64_t>(seq));
+    }
+    raw.commit();
+}
+
+/// The effects of the idem side of the store cases, the same rows and keys the raw twins write:
+/// one row in `effects` (SQLite, create_sqlite_effects) or `idem_effects` (PostgreSQL,
+/// create_postgres_effects), one key fx:<order> (Redis).
+inline constexpr auto sqlite_effect = [](auto& tx, const Order& o) {
+    tx.execute("INSERT INTO effects(order_id, amount) VALUES (?1, ?2)", o.order_id, o.amount);
+};
+inline constexpr auto postgres_effect = [](auto& tx, const Order& o) {
+    tx.execute("INSERT INTO idem_effects(order_id, amount) VALUES ($1, $2)", o.order_id, o.amount);
+};
+inline constexpr auto redis_effect = [](auto& tx, const Order& o) {
+    tx.write("SET", "fx:" + o.order_id, "1");
+};
+
 /// One SQLite connection with the same settings as the idem store (WAL, synchronous=NORMAL), a
 /// claims table shaped like idem_claims and an effects table, and prepared statements.
 class RawSqlite {
@@ -256,6 +309,9 @@ class RawPostgres {
 /// Runs SQL (setup) on a fresh connection; throws with the server's message.
 void pg_exec(const std::string& conninfo, const std::string& sql);
 
+/// An effects table of the PostgreSQL cases (idem side), shaped like RawPostgres's.
+void create_postgres_effects(const std::string& conninfo, const std::string& table);
+
 /// A plain hiredis connection for the raw Redis twins and for filling streams.
 class RawRedis {
   public:
@@ -272,10 +328,13 @@ class RawRedis {
     bool set_nx(const std::string& key);
     /// @p keys.size() SET NX pipelined; returns how many were set.
     std::size_t set_nx_pipelined(const std::vector<std::string>& keys);
+    /// Round trips so far: one a call of any of the above.
+    [[nodiscard]] std::uint64_t round_trips() const noexcept { return round_trips_; }
     [[nodiscard]] redisContext* context() const noexcept { return ctx_; }
 
   private:
     redisContext* ctx_ = nullptr;
+    std::uint64_t round_trips_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------

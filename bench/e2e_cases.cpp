@@ -285,9 +285,7 @@ void run_e2e_cases() {
             auto& server = postgres_server();
             const std::string conninfo = server.conninfo();
             idem::PostgresStore store{conninfo};
-            pg_exec(conninfo,
-                    "CREATE TABLE IF NOT EXISTS e2e_idem_effects(id BIGSERIAL PRIMARY KEY, "
-                    "order_id TEXT NOT NULL, amount BIGINT NOT NULL)");
+            create_postgres_effects(conninfo, "e2e_idem_effects");
             RawPostgres raw{conninfo, "e2e_raw_effects"};
             auto handler = idem::make_handler(
                 store, idem::Policy{scope}, [](auto& tx, const idem::StreamEntry& entry) {
@@ -315,9 +313,7 @@ void run_rss_case() {
     options.synchronous = idem::Synchronous::normal;
     idem::SqliteStore store{(config().sqlite_dir / "rss.db").string(), options};
     create_sqlite_effects(store.db(), "effects");
-    auto handler = idem::make_handler(store, idem::Policy{scope}, [](auto& tx, const Order& o) {
-        tx.execute("INSERT INTO effects(order_id, amount) VALUES (?1, ?2)", o.order_id, o.amount);
-    });
+    auto handler = idem::make_handler(store, idem::Policy{scope}, sqlite_effect);
     const std::size_t total = config().rss_messages;
     const std::size_t every = config().rss_every;
     std::vector<long long> rss;
@@ -375,31 +371,22 @@ void run_rss_case() {
 
 namespace {
 
-template <class Handler>
-void loop_single(Handler& handler, std::uint64_t& seq, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) {
-        std::string id = message_id(++seq);
-        const Order order{id, static_cast<std::int64_t>(seq)};
-        const auto outcome = handler.handle(idem::Delivery{std::move(id), 1}, order);
-        if (outcome.disposition != idem::Disposition::processed) {
-            throw std::runtime_error("profile: " + outcome.reason);
-        }
-    }
-}
+/// The idem side: n messages through handler.handle, or through handle_batch batch_size at a
+/// time (generic lambdas, so that profile_with() takes them for any handler).
+constexpr auto loop_single = [](auto& handler, std::uint64_t& seq, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i)
+        require_processed(handle_next(handler, seq), "profile");
+};
 
-template <class Handler>
-void loop_batch(Handler& handler, std::uint64_t& seq, std::size_t n) {
+constexpr auto loop_batch = [](auto& handler, std::uint64_t& seq, std::size_t n) {
     std::vector<idem::Delivery> deliveries;
     std::vector<Order> bodies;
     for (std::size_t i = 0; i < n; i += batch_size) {
         next_batch(seq, deliveries, bodies);
-        for (const auto& outcome : handler.handle_batch(deliveries, bodies)) {
-            if (outcome.disposition != idem::Disposition::processed) {
-                throw std::runtime_error("profile: " + outcome.reason);
-            }
-        }
+        for (const auto& outcome : handler.handle_batch(deliveries, bodies))
+            require_processed(outcome, "profile");
     }
-}
+};
 
 /// The raw twins, for the same instruction counts without idem.
 void loop_raw_memory(idem::MemoryStore& store, std::uint64_t& seq, std::size_t n) {
@@ -415,25 +402,13 @@ void loop_raw_memory(idem::MemoryStore& store, std::uint64_t& seq, std::size_t n
 }
 
 void loop_raw_sqlite(RawSqlite& raw, std::uint64_t& seq, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) {
-        const std::string id = message_id(++seq);
-        raw.begin();
-        raw.insert_claim(scope, id);
-        raw.insert_effect(id, static_cast<std::int64_t>(seq));
-        raw.commit();
-    }
+    for (std::size_t i = 0; i < n; ++i)
+        raw_single(raw, seq);
 }
 
 void loop_raw_sqlite_batch(RawSqlite& raw, std::uint64_t& seq, std::size_t n) {
-    for (std::size_t i = 0; i < n; i += batch_size) {
-        raw.begin();
-        for (int k = 0; k < batch_size; ++k) {
-            const std::string id = message_id(++seq);
-            raw.insert_claim(scope, id);
-            raw.insert_effect(id, static_cast<std::int64_t>(seq));
-        }
-        raw.commit();
-    }
+    for (std::size_t i = 0; i < n; i += batch_size)
+        raw_batch(raw, seq);
 }
 
 /// The one function callgrind collects in (--toggle-collect='*profiled_loop*'); the warm-up runs
@@ -464,27 +439,18 @@ int run_profile(const std::string& name, std::size_t messages) {
         idem::MemoryStore store;
         auto handler = idem::make_handler(store, idem::Policy{scope},
                                           [](idem::MemoryStore::Transaction&, const Order&) {});
-        return profile_with(
-            [](auto& h, std::uint64_t& seq, std::size_t n) { loop_single(h, seq, n); }, handler,
-            name, messages);
+        return profile_with(loop_single, handler, name, messages);
     }
     if (name == "sqlite_single" || name == "sqlite_batch") {
         idem::SqliteOptions options;
         options.synchronous = idem::Synchronous::normal;
         idem::SqliteStore store{(config().sqlite_dir / "profile.db").string(), options};
         create_sqlite_effects(store.db(), "effects");
-        auto handler = idem::make_handler(store, idem::Policy{scope}, [](auto& tx, const Order& o) {
-            tx.execute("INSERT INTO effects(order_id, amount) VALUES (?1, ?2)", o.order_id,
-                       o.amount);
-        });
+        auto handler = idem::make_handler(store, idem::Policy{scope}, sqlite_effect);
         if (name == "sqlite_single") {
-            return profile_with(
-                [](auto& h, std::uint64_t& seq, std::size_t n) { loop_single(h, seq, n); }, handler,
-                name, messages);
+            return profile_with(loop_single, handler, name, messages);
         }
-        return profile_with(
-            [](auto& h, std::uint64_t& seq, std::size_t n) { loop_batch(h, seq, n); }, handler,
-            name, messages);
+        return profile_with(loop_batch, handler, name, messages);
     }
     if (name == "memory_single_raw") {
         idem::MemoryStore store;
@@ -497,26 +463,15 @@ int run_profile(const std::string& name, std::size_t messages) {
     }
     if (name == "redis_single") {
         idem::RedisStore store{redis_endpoint()};
-        auto handler = idem::make_handler(store, idem::Policy{scope}, [](auto& tx, const Order& o) {
-            tx.write("SET", "fx:" + o.order_id, "1");
-        });
-        return profile_with(
-            [](auto& h, std::uint64_t& seq, std::size_t n) { loop_single(h, seq, n); }, handler,
-            name, messages);
+        auto handler = idem::make_handler(store, idem::Policy{scope}, redis_effect);
+        return profile_with(loop_single, handler, name, messages);
     }
     if (name == "postgres_single") {
         const std::string conninfo = postgres_server().conninfo();
         idem::PostgresStore store{conninfo};
-        pg_exec(conninfo,
-                "CREATE TABLE IF NOT EXISTS idem_effects(id BIGSERIAL PRIMARY KEY, order_id TEXT "
-                "NOT NULL, amount BIGINT NOT NULL)");
-        auto handler = idem::make_handler(store, idem::Policy{scope}, [](auto& tx, const Order& o) {
-            tx.execute("INSERT INTO idem_effects(order_id, amount) VALUES ($1, $2)", o.order_id,
-                       o.amount);
-        });
-        return profile_with(
-            [](auto& h, std::uint64_t& seq, std::size_t n) { loop_single(h, seq, n); }, handler,
-            name, messages);
+        create_postgres_effects(conninfo, "idem_effects");
+        auto handler = idem::make_handler(store, idem::Policy{scope}, postgres_effect);
+        return profile_with(loop_single, handler, name, messages);
     }
     note(
         "--profile: one of memory_single, sqlite_single, sqlite_batch, redis_single, "

@@ -17,6 +17,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -73,10 +74,89 @@ void ratio_target(Json& line, const Alternated& result, double at_least) {
         .boolean("met", result.idem_rate() / result.raw_rate() >= at_least);
 }
 
-/// The "times idem single" of a batch case; nullopt when the single case did not run.
-std::optional<double> versus(const Alternated& batch, const std::optional<Alternated>& single) {
-    if (!batch.error.empty() || !single || !single->error.empty()) return std::nullopt;
-    return batch.idem_rate() / single->idem_rate();
+/// Adds "x_idem_single" to a batch case's line, its idem rate over the single case's, and
+/// returns it; null and nullopt when the single case did not run.
+std::optional<double> add_versus(Json& line, const Alternated& batch,
+                                 const std::optional<Alternated>& single) {
+    if (!single || !single->error.empty()) {
+        line.null("x_idem_single");
+        return std::nullopt;
+    }
+    const double times = batch.idem_rate() / single->idem_rate();
+    line.num("x_idem_single", times, 2);
+    return times;
+}
+
+/// Runs the registered <name>/idem against <name>/raw (alternate()) and starts the case's line
+/// (add_rates()).
+Alternated compare(const std::string& name, const std::string& store, int batch, Json& line) {
+    note(name);
+    Alternated result = alternate(name + "/idem", name + "/raw");
+    add_rates(line, name, store, batch, result);
+    return result;
+}
+
+/// What a sample of a server store counts besides "msgs": the round trips of its client and the
+/// CPU time of the server task serving that client.
+struct Meter {
+    std::function<std::uint64_t()> round_trips;  ///< empty: not counted
+    pid_t server = 0;                            ///< 0: not measured
+};
+
+/// Runs @p loop (the sample's `for (auto _ : state)`), then sets the counters: "msgs" (how far
+/// @p seq moved) and, as @p meter says, "round_trips" and "server_cpu_ns".
+template <class Loop>
+void counted(benchmark::State& state, const std::uint64_t& seq, const Meter& meter, Loop&& loop) {
+    const std::uint64_t server_cpu = meter.server > 0 ? task_cpu_ns(meter.server) : 0;
+    const std::uint64_t first = seq;
+    const std::uint64_t trips = meter.round_trips ? meter.round_trips() : 0;
+    loop();
+    state.counters["msgs"] = static_cast<double>(seq - first);
+    if (meter.round_trips) {
+        state.counters["round_trips"] = static_cast<double>(meter.round_trips() - trips);
+    }
+    if (meter.server > 0) {
+        state.counters["server_cpu_ns"] =
+            static_cast<double>(task_cpu_ns(meter.server) - server_cpu);
+    }
+}
+
+enum class Shape { single, batch };
+
+/// <case>/idem: one handler.handle (single) or one handle_batch of batch_size messages (batch)
+/// an iteration.
+template <Shape shape, class Handler>
+void add_idem(const std::string& name, Handler& handler, std::uint64_t& seq, Meter meter = {}) {
+    add(name, [&handler, &seq, meter](benchmark::State& state) {
+        std::vector<idem::Delivery> deliveries;  // a batch's, reused
+        std::vector<Order> bodies;
+        counted(state, seq, meter, [&] {
+            for (auto _ : state) {
+                if constexpr (shape == Shape::single) {
+                    if (!processed(state, handle_next(handler, seq))) break;
+                } else {
+                    next_batch(seq, deliveries, bodies);
+                    if (!all_processed(state, handler.handle_batch(deliveries, bodies))) break;
+                }
+            }
+        });
+    });
+}
+
+/// <case>/raw of a SQL case (RawSqlite, RawPostgres): raw_single() or raw_batch() an iteration.
+template <Shape shape, class Raw>
+void add_raw(const std::string& name, Raw& raw, std::uint64_t& seq, Meter meter = {}) {
+    add(name, [&raw, &seq, meter](benchmark::State& state) {
+        counted(state, seq, meter, [&] {
+            for (auto _ : state) {
+                if constexpr (shape == Shape::single) {
+                    raw_single(raw, seq);
+                } else {
+                    raw_batch(raw, seq);
+                }
+            }
+        });
+    });
 }
 
 }  // namespace
@@ -85,7 +165,6 @@ std::optional<double> versus(const Alternated& batch, const std::optional<Altern
 
 void run_memory_cases() {
     if (!selected("memory_single")) return;
-    note("memory_single");
     // A fresh store every memory_reset_every messages (untimed), on both sides: the claims map
     // stays the size of a unit test's (a std::map that grows without bound would measure cache
     // misses of its own nodes, not the handler).
@@ -136,9 +215,8 @@ void run_memory_cases() {
         state.counters["msgs"] = static_cast<double>(seq);
     });
 
-    const Alternated result = alternate("memory_single/idem", "memory_single/raw");
     Json line;
-    add_rates(line, "memory_single", "memory", 1, result);
+    const Alternated result = compare("memory_single", "memory", 1, line);
     if (result.error.empty()) {
         const double idem_ns = result.idem_ns();
         const double overhead = idem_ns - result.raw_ns();
@@ -168,80 +246,30 @@ void run_sqlite_cases() {
     idem::SqliteStore store{(config().sqlite_dir / "idem.db").string(), options};
     create_sqlite_effects(store.db(), "effects");
     RawSqlite raw{config().sqlite_dir / "raw.db"};
-    auto handler = idem::make_handler(store, idem::Policy{scope}, [](auto& tx, const Order& o) {
-        tx.execute("INSERT INTO effects(order_id, amount) VALUES (?1, ?2)", o.order_id, o.amount);
-    });
+    auto handler = idem::make_handler(store, idem::Policy{scope}, sqlite_effect);
     std::uint64_t idem_seq = 0;
     std::uint64_t raw_seq = 0;
 
-    add("sqlite_single/idem", [&](benchmark::State& state) {
-        const std::uint64_t first = idem_seq;
-        for (auto _ : state) {
-            std::string id = message_id(++idem_seq);
-            const Order order{id, static_cast<std::int64_t>(idem_seq)};
-            if (!processed(state, handler.handle(idem::Delivery{std::move(id), 1}, order))) break;
-        }
-        state.counters["msgs"] = static_cast<double>(idem_seq - first);
-    });
-    add("sqlite_single/raw", [&](benchmark::State& state) {
-        const std::uint64_t first = raw_seq;
-        for (auto _ : state) {
-            const std::string id = message_id(++raw_seq);
-            raw.begin();
-            raw.insert_claim(scope, id);
-            raw.insert_effect(id, static_cast<std::int64_t>(raw_seq));
-            raw.commit();
-        }
-        state.counters["msgs"] = static_cast<double>(raw_seq - first);
-    });
-    add("sqlite_batch/idem", [&](benchmark::State& state) {
-        const std::uint64_t first = idem_seq;
-        std::vector<idem::Delivery> deliveries;
-        std::vector<Order> bodies;
-        for (auto _ : state) {
-            next_batch(idem_seq, deliveries, bodies);
-            if (!all_processed(state, handler.handle_batch(deliveries, bodies))) break;
-        }
-        state.counters["msgs"] = static_cast<double>(idem_seq - first);
-    });
-    add("sqlite_batch/raw", [&](benchmark::State& state) {
-        const std::uint64_t first = raw_seq;
-        for (auto _ : state) {
-            raw.begin();
-            for (int i = 0; i < batch_size; ++i) {
-                const std::string id = message_id(++raw_seq);
-                raw.insert_claim(scope, id);
-                raw.insert_effect(id, static_cast<std::int64_t>(raw_seq));
-            }
-            raw.commit();
-        }
-        state.counters["msgs"] = static_cast<double>(raw_seq - first);
-    });
+    add_idem<Shape::single>("sqlite_single/idem", handler, idem_seq);
+    add_raw<Shape::single>("sqlite_single/raw", raw, raw_seq);
+    add_idem<Shape::batch>("sqlite_batch/idem", handler, idem_seq);
+    add_raw<Shape::batch>("sqlite_batch/raw", raw, raw_seq);
 
     std::optional<Alternated> single_result;
     if (single) {
-        note("sqlite_single");
-        single_result = alternate("sqlite_single/idem", "sqlite_single/raw");
         Json line;
-        add_rates(line, "sqlite_single", "sqlite", 1, *single_result);
+        single_result = compare("sqlite_single", "sqlite", 1, line);
         line.str("sqlite", "WAL, synchronous=NORMAL");
         ratio_target(line, *single_result, 0.90);
         emit(line);
     }
     if (batch) {
-        note("sqlite_batch");
-        const Alternated result = alternate("sqlite_batch/idem", "sqlite_batch/raw");
         Json line;
-        add_rates(line, "sqlite_batch", "sqlite", batch_size, result);
+        const Alternated result = compare("sqlite_batch", "sqlite", batch_size, line);
         line.str("sqlite", "WAL, synchronous=NORMAL");
         if (result.error.empty()) {
             const bool ratio_met = result.idem_rate() / result.raw_rate() >= 0.70;
-            const auto times = versus(result, single_result);
-            if (times) {
-                line.num("x_idem_single", *times, 2);
-            } else {
-                line.null("x_idem_single");
-            }
+            const auto times = add_versus(line, result, single_result);
             std::optional<bool> times_met;
             if (times) times_met = *times >= 10;
             std::optional<bool> met = times_met;  // undecided when sqlite_single did not run
@@ -291,12 +319,7 @@ Json postgres_statement_costs(RawPostgres& raw, Handler& handler, std::uint64_t&
             const auto start = std::chrono::steady_clock::now();
             for (int i = 0; i < n; ++i) {
                 if (v.idem) {
-                    std::string id = message_id(++idem_seq);
-                    const Order order{id, static_cast<std::int64_t>(idem_seq)};
-                    const auto outcome = handler.handle(idem::Delivery{std::move(id), 1}, order);
-                    if (outcome.disposition != idem::Disposition::processed) {
-                        throw std::runtime_error("postgres_statement_costs: " + outcome.reason);
-                    }
+                    require_processed(handle_next(handler, idem_seq), "postgres_statement_costs");
                 } else {
                     const std::string id = message_id(++raw_seq);
                     raw.message(v.extras, scope, id, static_cast<std::int64_t>(raw_seq));
@@ -332,97 +355,31 @@ void run_postgres_cases() {
     PinScope pin;
     const std::string conninfo = server.conninfo();
     idem::PostgresStore store{conninfo};
-    pg_exec(conninfo,
-            "CREATE TABLE IF NOT EXISTS idem_effects(id BIGSERIAL PRIMARY KEY, order_id TEXT NOT "
-            "NULL, amount BIGINT NOT NULL)");
+    create_postgres_effects(conninfo, "idem_effects");
     RawPostgres raw{conninfo, "raw_effects"};
-    auto handler = idem::make_handler(store, idem::Policy{scope}, [](auto& tx, const Order& o) {
-        tx.execute("INSERT INTO idem_effects(order_id, amount) VALUES ($1, $2)", o.order_id,
-                   o.amount);
-    });
+    auto handler = idem::make_handler(store, idem::Policy{scope}, postgres_effect);
     std::uint64_t idem_seq = 0;
     std::uint64_t raw_seq = 0;
     const pid_t idem_backend = PQbackendPID(store.conn());
     const pid_t raw_backend = PQbackendPID(raw.conn());
+    const Meter idem_meter{[&store] { return store.round_trips(); }, idem_backend};
+    const Meter raw_meter{[&raw] { return raw.round_trips(); }, raw_backend};
 
-    add("postgres_single/idem", [&](benchmark::State& state) {
-        const std::uint64_t server_cpu = task_cpu_ns(idem_backend);
-        const std::uint64_t first = idem_seq;
-        const auto trips = store.round_trips();
-        for (auto _ : state) {
-            std::string id = message_id(++idem_seq);
-            const Order order{id, static_cast<std::int64_t>(idem_seq)};
-            if (!processed(state, handler.handle(idem::Delivery{std::move(id), 1}, order))) break;
-        }
-        state.counters["msgs"] = static_cast<double>(idem_seq - first);
-        state.counters["round_trips"] = static_cast<double>(store.round_trips() - trips);
-        state.counters["server_cpu_ns"] =
-            static_cast<double>(task_cpu_ns(idem_backend) - server_cpu);
-    });
-    add("postgres_single/raw", [&](benchmark::State& state) {
-        const std::uint64_t server_cpu = task_cpu_ns(raw_backend);
-        const std::uint64_t first = raw_seq;
-        const auto trips = raw.round_trips();
-        for (auto _ : state) {
-            const std::string id = message_id(++raw_seq);
-            raw.begin();
-            raw.insert_claim(scope, id);
-            raw.insert_effect(id, static_cast<std::int64_t>(raw_seq));
-            raw.commit();
-        }
-        state.counters["msgs"] = static_cast<double>(raw_seq - first);
-        state.counters["round_trips"] = static_cast<double>(raw.round_trips() - trips);
-        state.counters["server_cpu_ns"] =
-            static_cast<double>(task_cpu_ns(raw_backend) - server_cpu);
-    });
-    add("postgres_batch/idem", [&](benchmark::State& state) {
-        const std::uint64_t server_cpu = task_cpu_ns(idem_backend);
-        const std::uint64_t first = idem_seq;
-        const auto trips = store.round_trips();
-        std::vector<idem::Delivery> deliveries;
-        std::vector<Order> bodies;
-        for (auto _ : state) {
-            next_batch(idem_seq, deliveries, bodies);
-            if (!all_processed(state, handler.handle_batch(deliveries, bodies))) break;
-        }
-        state.counters["msgs"] = static_cast<double>(idem_seq - first);
-        state.counters["round_trips"] = static_cast<double>(store.round_trips() - trips);
-        state.counters["server_cpu_ns"] =
-            static_cast<double>(task_cpu_ns(idem_backend) - server_cpu);
-    });
-    add("postgres_batch/raw", [&](benchmark::State& state) {
-        const std::uint64_t server_cpu = task_cpu_ns(raw_backend);
-        const std::uint64_t first = raw_seq;
-        const auto trips = raw.round_trips();
-        for (auto _ : state) {
-            raw.begin();
-            for (int i = 0; i < batch_size; ++i) {
-                const std::string id = message_id(++raw_seq);
-                raw.insert_claim(scope, id);
-                raw.insert_effect(id, static_cast<std::int64_t>(raw_seq));
-            }
-            raw.commit();
-        }
-        state.counters["msgs"] = static_cast<double>(raw_seq - first);
-        state.counters["round_trips"] = static_cast<double>(raw.round_trips() - trips);
-        state.counters["server_cpu_ns"] =
-            static_cast<double>(task_cpu_ns(raw_backend) - server_cpu);
-    });
+    add_idem<Shape::single>("postgres_single/idem", handler, idem_seq, idem_meter);
+    add_raw<Shape::single>("postgres_single/raw", raw, raw_seq, raw_meter);
+    add_idem<Shape::batch>("postgres_batch/idem", handler, idem_seq, idem_meter);
+    add_raw<Shape::batch>("postgres_batch/raw", raw, raw_seq, raw_meter);
 
     if (single) {
-        note("postgres_single");
-        const Alternated result = alternate("postgres_single/idem", "postgres_single/raw");
         Json line;
-        add_rates(line, "postgres_single", "postgres", 1, result);
+        const Alternated result = compare("postgres_single", "postgres", 1, line);
         add_pinning(line, pin.active(), idem_backend);
         ratio_target(line, result, 0.90);
         emit(line);
     }
     if (batch) {
-        note("postgres_batch");
-        const Alternated result = alternate("postgres_batch/idem", "postgres_batch/raw");
         Json line;
-        add_rates(line, "postgres_batch", "postgres", batch_size, result);
+        compare("postgres_batch", "postgres", batch_size, line);
         add_pinning(line, pin.active(), idem_backend);
         emit(line);
     }
@@ -453,12 +410,7 @@ Json redis_server_time(RawRedis& raw, Handler& handler, std::uint64_t& idem_seq,
     raw.command({"SLOWLOG", "RESET"});
     const std::uint64_t cpu_before = task_cpu_ns(server_pid);
     for (int i = 0; i < singles; ++i) {
-        std::string id = message_id(++idem_seq);
-        const Order order{id, static_cast<std::int64_t>(idem_seq)};
-        const auto outcome = handler.handle(idem::Delivery{std::move(id), 1}, order);
-        if (outcome.disposition != idem::Disposition::processed) {
-            throw std::runtime_error("redis_server_time: " + outcome.reason);
-        }
+        require_processed(handle_next(handler, idem_seq), "redis_server_time");
         raw.set_nx("raw:" + message_id(++raw_seq));
     }
     std::vector<idem::Delivery> deliveries;
@@ -475,7 +427,14 @@ Json redis_server_time(RawRedis& raw, Handler& handler, std::uint64_t& idem_seq,
     const std::uint64_t cpu_ns = task_cpu_ns(server_pid) - cpu_before;
     raw.command({"CONFIG", "SET", "slowlog-log-slower-than", "10000"});
     auto log = raw.command({"SLOWLOG", "GET", "-1"});
-    std::vector<double> claim, commit, commit_batch, set_nx;
+    // Which script an EVALSHA ran: by its SHA (SCRIPT LOAD of a loaded script only returns it).
+    auto sha_of = [&raw](const idem::RedisScript& script) {
+        auto reply = raw.command({"SCRIPT", "LOAD", script.source});
+        return std::string(reply->str, reply->len);
+    };
+    const std::string claim_sha = sha_of(idem::detail::redis_claim_script());
+    const std::string commit_sha = sha_of(idem::detail::redis_complete_script());
+    std::vector<double> claim, claim_batch, commit, commit_batch, set_nx;
     for (std::size_t i = 0; i < log->elements; ++i) {
         const redisReply* entry = log->element[i];
         if (entry->elements < 4) continue;
@@ -485,15 +444,13 @@ Json redis_server_time(RawRedis& raw, Handler& handler, std::uint64_t& idem_seq,
         std::string name(args->element[0]->str, args->element[0]->len);
         for (auto& c : name)
             c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+        const std::string sha(args->element[1]->str, args->element[1]->len);
         const std::string keys_arg(args->element[2]->str, args->element[2]->len);
-        if (name == "EVALSHA") {
-            if (keys_arg == "1") {
-                claim.push_back(us);
-            } else if (keys_arg == "2") {
-                commit.push_back(us);
-            } else {
-                commit_batch.push_back(us);
-            }
+        if (name == "EVALSHA" && sha == claim_sha) {
+            (keys_arg == "1" ? claim : claim_batch).push_back(us);
+        } else if (name == "EVALSHA" && sha == commit_sha) {
+            // One message's commit: its record as its one key (2 keys in the hash layout).
+            (keys_arg == "1" || keys_arg == "2" ? commit : commit_batch).push_back(us);
         } else if (name == "SET" &&
                    std::string_view(args->element[1]->str, args->element[1]->len).substr(0, 4) ==
                        "raw:") {
@@ -508,9 +465,10 @@ Json redis_server_time(RawRedis& raw, Handler& handler, std::uint64_t& idem_seq,
              "fsync; medians")
         .num("claim_script_us", median(claim), 1)
         .num("commit_script_us", median(commit), 1)
+        .num("claim_script_batch100_us", median(claim_batch), 1)
         .num("commit_script_batch100_us", median(commit_batch), 1)
         .num("set_nx_us", median(set_nx), 1)
-        .integer("claims_logged", static_cast<long long>(claim.size()))
+        .integer("claims_logged", static_cast<long long>(claim.size() + claim_batch.size()))
         .integer("commits_logged", static_cast<long long>(commit.size() + commit_batch.size()))
         .integer("set_nx_logged", static_cast<long long>(set_nx.size()))
         .num("server_cpu_us_total", static_cast<double>(cpu_ns) / 1000, 0)
@@ -529,98 +487,60 @@ void run_redis_cases() {
     PinScope pin;
     idem::RedisStore store{redis_endpoint()};
     RawRedis raw{server.host(), server.port()};
-    auto handler = idem::make_handler(store, idem::Policy{scope}, [](auto& tx, const Order& o) {
-        tx.write("SET", "fx:" + o.order_id, "1");
-    });
+    auto handler = idem::make_handler(store, idem::Policy{scope}, redis_effect);
     std::uint64_t idem_seq = 0;
     std::uint64_t raw_seq = 0;
     const pid_t server_pid = server.pid();
+    const Meter idem_meter{[&store] { return store.round_trips(); }, server_pid};
+    const Meter raw_meter{[&raw] { return raw.round_trips(); }, server_pid};
 
-    add("redis_single/idem", [&](benchmark::State& state) {
-        const std::uint64_t server_cpu = task_cpu_ns(server_pid);
-        const std::uint64_t first = idem_seq;
-        const auto trips = store.round_trips();
-        for (auto _ : state) {
-            std::string id = message_id(++idem_seq);
-            const Order order{id, static_cast<std::int64_t>(idem_seq)};
-            if (!processed(state, handler.handle(idem::Delivery{std::move(id), 1}, order))) break;
-        }
-        state.counters["msgs"] = static_cast<double>(idem_seq - first);
-        state.counters["round_trips"] = static_cast<double>(store.round_trips() - trips);
-        state.counters["server_cpu_ns"] = static_cast<double>(task_cpu_ns(server_pid) - server_cpu);
-    });
+    add_idem<Shape::single>("redis_single/idem", handler, idem_seq, idem_meter);
     add("redis_single/raw", [&](benchmark::State& state) {
-        const std::uint64_t server_cpu = task_cpu_ns(server_pid);
-        const std::uint64_t first = raw_seq;
-        for (auto _ : state) {
-            if (!raw.set_nx("raw:" + message_id(++raw_seq))) {
-                state.SkipWithError("SET NX refused a new key");
-                break;
+        counted(state, raw_seq, raw_meter, [&] {
+            for (auto _ : state) {
+                if (!raw.set_nx("raw:" + message_id(++raw_seq))) {
+                    state.SkipWithError("SET NX refused a new key");
+                    break;
+                }
             }
-        }
-        state.counters["msgs"] = static_cast<double>(raw_seq - first);
-        state.counters["round_trips"] = static_cast<double>(raw_seq - first);
-        state.counters["server_cpu_ns"] = static_cast<double>(task_cpu_ns(server_pid) - server_cpu);
+        });
     });
-    add("redis_batch/idem", [&](benchmark::State& state) {
-        const std::uint64_t server_cpu = task_cpu_ns(server_pid);
-        const std::uint64_t first = idem_seq;
-        const auto trips = store.round_trips();
-        std::vector<idem::Delivery> deliveries;
-        std::vector<Order> bodies;
-        for (auto _ : state) {
-            next_batch(idem_seq, deliveries, bodies);
-            if (!all_processed(state, handler.handle_batch(deliveries, bodies))) break;
-        }
-        state.counters["msgs"] = static_cast<double>(idem_seq - first);
-        state.counters["round_trips"] = static_cast<double>(store.round_trips() - trips);
-        state.counters["server_cpu_ns"] = static_cast<double>(task_cpu_ns(server_pid) - server_cpu);
-    });
+    add_idem<Shape::batch>("redis_batch/idem", handler, idem_seq, idem_meter);
     add("redis_batch/raw", [&](benchmark::State& state) {
-        const std::uint64_t server_cpu = task_cpu_ns(server_pid);
-        const std::uint64_t first = raw_seq;
-        std::uint64_t batches = 0;
         std::vector<std::string> keys;
-        for (auto _ : state) {
-            keys.clear();
-            for (int i = 0; i < batch_size; ++i)
-                keys.push_back("raw:" + message_id(++raw_seq));
-            ++batches;
-            if (raw.set_nx_pipelined(keys) != keys.size()) {
-                state.SkipWithError("SET NX refused a new key");
-                break;
+        counted(state, raw_seq, raw_meter, [&] {
+            for (auto _ : state) {
+                keys.clear();
+                for (int i = 0; i < batch_size; ++i)
+                    keys.push_back("raw:" + message_id(++raw_seq));
+                if (raw.set_nx_pipelined(keys) != keys.size()) {
+                    state.SkipWithError("SET NX refused a new key");
+                    break;
+                }
             }
-        }
-        state.counters["msgs"] = static_cast<double>(raw_seq - first);
-        state.counters["round_trips"] = static_cast<double>(batches);
-        state.counters["server_cpu_ns"] = static_cast<double>(task_cpu_ns(server_pid) - server_cpu);
+        });
     });
 
     std::optional<Alternated> single_result;
     if (single) {
-        note("redis_single");
-        single_result = alternate("redis_single/idem", "redis_single/raw");
         Json line;
-        add_rates(line, "redis_single", "redis", 1, *single_result);
+        single_result = compare("redis_single", "redis", 1, line);
         add_pinning(line, pin.active(), server_pid);
-        line.str("redis", "appendonly yes, appendfsync always (fixture), data dir on tmpfs");
+        line.str("redis",
+                 "appendonly yes, appendfsync always (fixture), automatic AOF rewrite off, data "
+                 "dir on tmpfs");
         ratio_target(line, *single_result, 0.40);
         emit(line);
     }
     if (batch) {
-        note("redis_batch");
-        const Alternated result = alternate("redis_batch/idem", "redis_batch/raw");
         Json line;
-        add_rates(line, "redis_batch", "redis", batch_size, result);
+        const Alternated result = compare("redis_batch", "redis", batch_size, line);
         add_pinning(line, pin.active(), server_pid);
-        line.str("redis", "appendonly yes, appendfsync always (fixture), data dir on tmpfs");
+        line.str("redis",
+                 "appendonly yes, appendfsync always (fixture), automatic AOF rewrite off, data "
+                 "dir on tmpfs");
         if (result.error.empty()) {
-            const auto times = versus(result, single_result);
-            if (times) {
-                line.num("x_idem_single", *times, 2);
-            } else {
-                line.null("x_idem_single");
-            }
+            const auto times = add_versus(line, result, single_result);
             line.str("target", "idem >= 5x redis_single idem");
             line.maybe("met", times ? std::optional<bool>(*times >= 5) : std::nullopt);
         }

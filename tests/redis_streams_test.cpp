@@ -98,6 +98,22 @@ DeadLetterEntry split_dead_letter(const StreamEntry& entry) {
     return out;
 }
 
+/// Checks a dead letter: its idem-reason contains @p reason, its other idem-* fields named in
+/// @p meta have those values, and its original fields are @p original.
+void expect_letter(const DeadLetterEntry& letter, const std::string& reason,
+                   const std::map<std::string, std::string>& meta, const Fields& original) {
+    EXPECT_NE(letter.meta.at("idem-reason").find(reason), std::string::npos)
+        << letter.meta.at("idem-reason");
+    for (const auto& [name, value] : meta)
+        EXPECT_EQ(letter.meta.at(name), value) << name;
+    EXPECT_EQ(letter.original, original);
+}
+
+/// The effect of the RedisStore scenarios: INCR effects:<order> in the store's commit.
+constexpr auto count_order = [](auto& tx, const StreamEntry& e) {
+    tx.write("INCR", "effects:" + std::string(*e.field("order")));
+};
+
 class StreamConsumerTest : public ::testing::Test {
   protected:
     void SetUp() override {
@@ -133,6 +149,22 @@ class StreamConsumerTest : public ::testing::Test {
             entries.push_back(std::move(entry));
         }
         return entries;
+    }
+
+    /// The dead-letter stream of "orders", each entry split (split_dead_letter()).
+    std::vector<DeadLetterEntry> dead_letters() {
+        std::vector<DeadLetterEntry> letters;
+        for (const auto& entry : xrange("orders:dead-letters"))
+            letters.push_back(split_dead_letter(entry));
+        return letters;
+    }
+
+    /// A RedisStore's options here: keys apart from the test's own, and a short @p lease.
+    static idem::RedisOptions store_options(std::chrono::milliseconds lease) {
+        idem::RedisOptions options;
+        options.key_prefix = "idem-streams:";
+        options.lease = lease;
+        return options;
     }
 
     /// How many entries of the group are delivered and not acked (XPENDING summary).
@@ -349,16 +381,14 @@ TEST_F(StreamConsumerTest, PoisonReachesTheDeadLetterStreamAtMaxDeliveriesAndIsA
     EXPECT_EQ(consumer.stats().acked_in_commit, 0u);  // SQLite: the consumer acks
     EXPECT_EQ(pending("orders"), 0);
 
-    const auto letters = xrange("orders:dead-letters");
+    const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 1u);
-    const auto letter = split_dead_letter(letters[0]);
-    EXPECT_NE(letter.meta.at("idem-reason").find("max_deliveries"), std::string::npos)
-        << letter.meta.at("idem-reason");
-    EXPECT_EQ(letter.meta.at("idem-scope"), "capture");
-    EXPECT_EQ(letter.meta.at("idem-message-id"), id);
-    EXPECT_EQ(letter.meta.at("idem-entry-id"), id);
-    EXPECT_EQ(letter.meta.at("idem-delivery-count"), "5");
-    EXPECT_EQ(letter.original, fields);
+    expect_letter(letters[0], "max_deliveries",
+                  {{"idem-scope", "capture"},
+                   {"idem-message-id", id},
+                   {"idem-entry-id", id},
+                   {"idem-delivery-count", "5"}},
+                  fields);
 
     const auto stored = store.dead_letters();  // the store keeps its own copy
     ASSERT_EQ(stored.size(), 1u);
@@ -369,21 +399,18 @@ TEST_F(StreamConsumerTest, PoisonReachesTheDeadLetterStreamAtMaxDeliveriesAndIsA
 // 2. Ack inside the RedisStore commit
 
 TEST_F(StreamConsumerTest, RedisStoreAcksInTheCommitAndParksPoisonInTheSameCommit) {
-    idem::RedisOptions redis;
-    redis.key_prefix = "idem-streams:";
-    redis.lease = 200ms;
-    idem::RedisStore store{endpoint(), redis};
+    idem::RedisStore store{endpoint(), store_options(200ms)};
     idem::PolicyOptions policy;
     policy.max_deliveries = 2;
     int effect_runs = 0;
-    auto handler = idem::make_handler(
-        store, idem::Policy{"count", policy}, [&](auto& tx, const StreamEntry& e) {
-            ++effect_runs;
-            if (e.field("kind") == std::string_view("poison")) {
-                throw std::runtime_error("cannot parse");
-            }
-            tx.write("INCR", "effects:" + std::string(*e.field("order")));
-        });
+    auto handler = idem::make_handler(store, idem::Policy{"count", policy},
+                                      [&](auto& tx, const StreamEntry& e) {
+                                          ++effect_runs;
+                                          if (e.field("kind") == std::string_view("poison")) {
+                                              throw std::runtime_error("cannot parse");
+                                          }
+                                          count_order(tx, e);
+                                      });
     auto options = fast_options("orders");
     options.id_field = "order";
     options.visibility_timeout = 200ms;
@@ -411,15 +438,14 @@ TEST_F(StreamConsumerTest, RedisStoreAcksInTheCommitAndParksPoisonInTheSameCommi
     EXPECT_EQ(consumer.stats().acked, 3u);
     EXPECT_EQ(pending("orders"), 0);
     EXPECT_EQ(counter("effects:8"), 0);
-    const auto letters = xrange("orders:dead-letters");
+    const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 1u);
-    const auto letter = split_dead_letter(letters[0]);
-    EXPECT_NE(letter.meta.at("idem-reason").find("max_deliveries"), std::string::npos);
-    EXPECT_EQ(letter.meta.at("idem-scope"), "count");
-    EXPECT_EQ(letter.meta.at("idem-message-id"), "8");
-    EXPECT_EQ(letter.meta.at("idem-entry-id"), poison_id);
-    EXPECT_EQ(letter.meta.at("idem-delivery-count"), "2");
-    EXPECT_EQ(letter.original, poison);
+    expect_letter(letters[0], "max_deliveries",
+                  {{"idem-scope", "count"},
+                   {"idem-message-id", "8"},
+                   {"idem-entry-id", poison_id},
+                   {"idem-delivery-count", "2"}},
+                  poison);
     ASSERT_EQ(store.dead_letters().size(), 1u);
 }
 
@@ -427,10 +453,7 @@ TEST_F(StreamConsumerTest, RedisStoreAcksInTheCommitAndParksPoisonInTheSameCommi
 // 3. A slow but live holder
 
 TEST_F(StreamConsumerTest, SlowLiveHolderIsNotDeadLetteredByRedeliveriesAndCompletesOnce) {
-    idem::RedisOptions redis;
-    redis.key_prefix = "idem-streams:";
-    redis.lease = 5s;
-    idem::RedisStore store{endpoint(), redis};
+    idem::RedisStore store{endpoint(), store_options(5s)};
     idem::PolicyOptions policy;
     policy.max_deliveries = 3;
     std::atomic<int> effect_runs{0};
@@ -528,14 +551,10 @@ TEST_F(StreamConsumerTest, EntryWithoutTheIdFieldIsDeadLetteredAsMalformedAndAck
     EXPECT_EQ(consumer.stats().dead_lettered, 1u);
     EXPECT_EQ(pending("orders"), 0);
 
-    const auto letters = xrange("orders:dead-letters");
+    const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 1u);
-    const auto letter = split_dead_letter(letters[0]);
-    EXPECT_NE(letter.meta.at("idem-reason").find("empty message id"), std::string::npos)
-        << letter.meta.at("idem-reason");
-    EXPECT_EQ(letter.meta.at("idem-message-id"), "");
-    EXPECT_EQ(letter.meta.at("idem-entry-id"), id);
-    EXPECT_EQ(letter.original, fields);
+    expect_letter(letters[0], "empty message id", {{"idem-message-id", ""}, {"idem-entry-id", id}},
+                  fields);
     ASSERT_EQ(store.dead_letters().size(), 1u);
 }
 
@@ -565,9 +584,9 @@ TEST_F(StreamConsumerTest, HostileFieldsRoundTripIntoTheHandlerAndTheDeadLetterS
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
     ASSERT_EQ(seen.size(), 1u);
     EXPECT_EQ(seen[0], fields);
-    const auto letters = xrange("orders:dead-letters");
+    const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 1u);
-    const auto letter = split_dead_letter(letters[0]);
+    const auto& letter = letters[0];
     EXPECT_EQ(letter.meta.at("idem-reason"), "hostile");
     EXPECT_EQ(letter.meta.at("idem-scope"), "");  // a plain handler has no scope
     EXPECT_EQ(letter.original, fields);
@@ -576,10 +595,7 @@ TEST_F(StreamConsumerTest, HostileFieldsRoundTripIntoTheHandlerAndTheDeadLetterS
 
 TEST_F(StreamConsumerTest, HostileFieldsRoundTripThroughTheRedisStoreCommit) {
     const Fields fields = hostile_fields();
-    idem::RedisOptions redis;
-    redis.key_prefix = "idem-streams:";
-    redis.lease = 100ms;
-    idem::RedisStore store{endpoint(), redis};
+    idem::RedisStore store{endpoint(), store_options(100ms)};
     auto handler =
         idem::make_handler(store, idem::Policy{"hostile"}, [&](auto&, const StreamEntry& e) {
             EXPECT_EQ(e.fields, fields);
@@ -590,11 +606,9 @@ TEST_F(StreamConsumerTest, HostileFieldsRoundTripThroughTheRedisStoreCommit) {
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
     EXPECT_EQ(consumer.stats().acked_in_commit, 1u);
     EXPECT_EQ(consumer.stats().dead_lettered, 1u);
-    const auto letters = xrange("orders:dead-letters");
+    const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 1u);
-    const auto letter = split_dead_letter(letters[0]);
-    EXPECT_NE(letter.meta.at("idem-reason").find("no schema fits"), std::string::npos);
-    EXPECT_EQ(letter.original, fields);
+    expect_letter(letters[0], "no schema fits", {}, fields);
 
     const auto stored = store.dead_letters();
     ASSERT_EQ(stored.size(), 1u);
@@ -660,26 +674,54 @@ class StreamBatchTest : public StreamConsumerTest {
         return b;
     }
 
+    /// After the first batch's poll: 6 read; 1, 2, the duplicate and the malformed entry acked
+    /// (that one dead-lettered), the flaky and the poison entry pending; @p in_commit of the
+    /// acks made in the store's commit.
+    void expect_first_batch_done(const StreamConsumer& consumer, const FirstBatch& b,
+                                 std::size_t in_commit) {
+        EXPECT_EQ(pending_ids("orders"), (std::vector<std::string>{b.flaky, b.poison}));
+        const auto stats = consumer.stats();
+        EXPECT_EQ(stats.read, 6u);
+        EXPECT_EQ(stats.acked, 4u);
+        EXPECT_EQ(stats.dead_lettered, 1u);
+        EXPECT_EQ(stats.not_acked, 2u);
+        EXPECT_EQ(stats.acked_in_commit, in_commit);
+    }
+
+    /// The second batch: order 2 again (a duplicate across batches) and a new order 5.
+    void add_second_batch() {
+        xadd("orders", {{"order", "2"}});
+        xadd("orders", {{"order", "5"}});
+    }
+
+    /// After the second batch is acked: 8 read, 3 reclaimed once and 4 twice (parked on its
+    /// third delivery), nothing pending; @p in_commit acks in the store's commit in all.
+    void expect_second_batch_done(const StreamConsumer& consumer, std::size_t in_commit) {
+        const auto stats = consumer.stats();
+        EXPECT_EQ(stats.read, 8u);
+        EXPECT_EQ(stats.reclaimed, 3u);  // 3 once, 4 twice
+        EXPECT_EQ(stats.dead_lettered, 2u);
+        EXPECT_EQ(stats.not_acked, 3u);
+        EXPECT_EQ(stats.acked_in_commit, in_commit);
+        EXPECT_TRUE(pending_ids("orders").empty());
+    }
+
     /// The dead-letter stream at the end: the malformed entry, then the poison one.
     void expect_dead_letters(const FirstBatch& b, const std::string& scope) {
-        const auto letters = xrange("orders:dead-letters");
+        const auto letters = dead_letters();
         ASSERT_EQ(letters.size(), 2u);
-        const auto malformed = split_dead_letter(letters[0]);
-        EXPECT_NE(malformed.meta.at("idem-reason").find("empty message id"), std::string::npos)
-            << malformed.meta.at("idem-reason");
-        EXPECT_EQ(malformed.meta.at("idem-scope"), scope);
-        EXPECT_EQ(malformed.meta.at("idem-message-id"), "");
-        EXPECT_EQ(malformed.meta.at("idem-entry-id"), b.malformed);
-        EXPECT_EQ(malformed.meta.at("idem-delivery-count"), "1");
-        EXPECT_EQ(malformed.original, malformed_fields);
-        const auto poison = split_dead_letter(letters[1]);
-        EXPECT_NE(poison.meta.at("idem-reason").find("max_deliveries"), std::string::npos)
-            << poison.meta.at("idem-reason");
-        EXPECT_EQ(poison.meta.at("idem-scope"), scope);
-        EXPECT_EQ(poison.meta.at("idem-message-id"), "4");
-        EXPECT_EQ(poison.meta.at("idem-entry-id"), b.poison);
-        EXPECT_EQ(poison.meta.at("idem-delivery-count"), "3");
-        EXPECT_EQ(poison.original, poison_fields);
+        expect_letter(letters[0], "empty message id",
+                      {{"idem-scope", scope},
+                       {"idem-message-id", ""},
+                       {"idem-entry-id", b.malformed},
+                       {"idem-delivery-count", "1"}},
+                      malformed_fields);
+        expect_letter(letters[1], "max_deliveries",
+                      {{"idem-scope", scope},
+                       {"idem-message-id", "4"},
+                       {"idem-entry-id", b.poison},
+                       {"idem-delivery-count", "3"}},
+                      poison_fields);
     }
 };
 
@@ -710,13 +752,7 @@ TEST_F(StreamBatchTest, SqliteBatchIsOneHandleBatchAndTheConsumerAcksWithOneXack
     // the server counts too) for the malformed entry.
     EXPECT_EQ(command_calls("xack"), 2);
     EXPECT_EQ(command_calls("eval"), 1);
-    EXPECT_EQ(pending_ids("orders"), (std::vector<std::string>{b.flaky, b.poison}));
-    auto stats = consumer.stats();
-    EXPECT_EQ(stats.read, 6u);
-    EXPECT_EQ(stats.acked, 4u);
-    EXPECT_EQ(stats.dead_lettered, 1u);
-    EXPECT_EQ(stats.not_acked, 2u);
-    EXPECT_EQ(stats.acked_in_commit, 0u);
+    expect_first_batch_done(consumer, b, 0);
     EXPECT_EQ(effects("1"), 1);
     EXPECT_EQ(effects("2"), 1);
     EXPECT_EQ(effects("3"), 0);  // its savepoint rolled back alone
@@ -724,16 +760,9 @@ TEST_F(StreamBatchTest, SqliteBatchIsOneHandleBatchAndTheConsumerAcksWithOneXack
 
     // Order 2 again (a duplicate across batches) and a new order 5; 3 and 4 come back after the
     // visibility timeout: 3 processes, 4 fails again and is parked on its third delivery.
-    xadd("orders", {{"order", "2"}});
-    xadd("orders", {{"order", "5"}});
+    add_second_batch();
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 8; }));
-    stats = consumer.stats();
-    EXPECT_EQ(stats.read, 8u);
-    EXPECT_EQ(stats.reclaimed, 3u);  // 3 once, 4 twice
-    EXPECT_EQ(stats.dead_lettered, 2u);
-    EXPECT_EQ(stats.not_acked, 3u);
-    EXPECT_EQ(stats.acked_in_commit, 0u);
-    EXPECT_TRUE(pending_ids("orders").empty());
+    expect_second_batch_done(consumer, 0);
     for (const char* order : {"1", "2", "3", "5"})
         EXPECT_EQ(effects(order), 1) << "order " << order;
     EXPECT_EQ(effects("4"), 0);
@@ -743,20 +772,17 @@ TEST_F(StreamBatchTest, SqliteBatchIsOneHandleBatchAndTheConsumerAcksWithOneXack
 }
 
 TEST_F(StreamBatchTest, RedisStoreBatchCommitAcksWhatItCompletesAndParksItsDeadLetters) {
-    idem::RedisOptions redis;
-    redis.key_prefix = "idem-streams:";
-    redis.lease = 300ms;
-    idem::RedisStore store{endpoint(), redis};
+    idem::RedisStore store{endpoint(), store_options(300ms)};
     idem::PolicyOptions policy;
     policy.max_deliveries = 3;
     int flaky_runs = 0;
     int effect_runs = 0;
-    auto handler = idem::make_handler(
-        store, idem::Policy{"count", policy}, [&](auto& tx, const StreamEntry& e) {
-            ++effect_runs;
-            misbehave(e, flaky_runs);
-            tx.write("INCR", "effects:" + std::string(*e.field("order")));
-        });
+    auto handler = idem::make_handler(store, idem::Policy{"count", policy},
+                                      [&](auto& tx, const StreamEntry& e) {
+                                          ++effect_runs;
+                                          misbehave(e, flaky_runs);
+                                          count_order(tx, e);
+                                      });
     StreamConsumer consumer{endpoint(), batch_options(300ms), handler};
     ASSERT_TRUE(consumer.acks_in_commit());
 
@@ -766,15 +792,9 @@ TEST_F(StreamBatchTest, RedisStoreBatchCommitAcksWhatItCompletesAndParksItsDeadL
     EXPECT_EQ(consumer.poll_once(), 6u);
     // Failures and all: the claims pipelined, then one commit (the failed claims are freed in it).
     EXPECT_EQ(store.round_trips() - before, 2u);
-    EXPECT_EQ(pending_ids("orders"), (std::vector<std::string>{b.flaky, b.poison}));
-    auto stats = consumer.stats();
-    EXPECT_EQ(stats.read, 6u);
-    EXPECT_EQ(stats.acked, 4u);
-    // 1, 2 and the malformed entry in the commit; the second copy of order 1 is a duplicate,
-    // acked by the consumer.
-    EXPECT_EQ(stats.acked_in_commit, 3u);
-    EXPECT_EQ(stats.dead_lettered, 1u);
-    EXPECT_EQ(stats.not_acked, 2u);
+    // 1, 2 and the malformed entry acked in the commit; the second copy of order 1 is a
+    // duplicate, acked by the consumer.
+    expect_first_batch_done(consumer, b, 3);
     EXPECT_EQ(counter("effects:1"), 1);
     EXPECT_EQ(counter("effects:2"), 1);
     EXPECT_EQ(counter("effects:3"), 0);
@@ -782,18 +802,11 @@ TEST_F(StreamBatchTest, RedisStoreBatchCommitAcksWhatItCompletesAndParksItsDeadL
     EXPECT_EQ(store.attempts("count", "3"), 1u);  // its lease was given back, the attempt kept
     EXPECT_FALSE(store.find_claim("count", "3"));
 
-    xadd("orders", {{"order", "2"}});
-    xadd("orders", {{"order", "5"}});
+    add_second_batch();
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 8; }));
-    stats = consumer.stats();
-    EXPECT_EQ(stats.read, 8u);
-    EXPECT_EQ(stats.reclaimed, 3u);  // 3 once, 4 twice
-    EXPECT_EQ(stats.dead_lettered, 2u);
-    EXPECT_EQ(stats.not_acked, 3u);
-    // + 3 (second attempt), 4 (poison, parked in the commit) and 5; the second order 2 is a
-    // duplicate the consumer acks.
-    EXPECT_EQ(stats.acked_in_commit, 6u);
-    EXPECT_TRUE(pending_ids("orders").empty());
+    // + 3 (second attempt), 4 (poison, parked in the commit) and 5 acked in the commit; the
+    // second order 2 is a duplicate the consumer acks.
+    expect_second_batch_done(consumer, 6);
     for (const char* order : {"1", "2", "3", "5"})
         EXPECT_EQ(counter(std::string("effects:") + order), 1) << "order " << order;
     EXPECT_EQ(counter("effects:4"), 0);
@@ -806,14 +819,8 @@ TEST_F(StreamBatchTest, RedisStoreBatchCommitAcksWhatItCompletesAndParksItsDeadL
 }
 
 TEST_F(StreamBatchTest, RedisStoreBatchOfNFreshEntriesCostsTwoStoreRoundTrips) {
-    idem::RedisOptions redis;
-    redis.key_prefix = "idem-streams:";
-    redis.lease = 1s;
-    idem::RedisStore store{endpoint(), redis};
-    auto handler =
-        idem::make_handler(store, idem::Policy{"count"}, [&](auto& tx, const StreamEntry& e) {
-            tx.write("INCR", "effects:" + std::string(*e.field("order")));
-        });
+    idem::RedisStore store{endpoint(), store_options(1s)};
+    auto handler = idem::make_handler(store, idem::Policy{"count"}, count_order);
     auto options = batch_options(1s);
     options.batch_size = 32;
     StreamConsumer consumer{endpoint(), options, handler};
@@ -849,14 +856,8 @@ TEST_F(StreamBatchTest, RedisStoreBatchOfNFreshEntriesCostsTwoStoreRoundTrips) {
 }
 
 TEST_F(StreamBatchTest, RedisStoreBatchCommitParksEveryMalformedEntryOfTheBatch) {
-    idem::RedisOptions redis;
-    redis.key_prefix = "idem-streams:";
-    redis.lease = 1s;
-    idem::RedisStore store{endpoint(), redis};
-    auto handler =
-        idem::make_handler(store, idem::Policy{"count"}, [&](auto& tx, const StreamEntry& e) {
-            tx.write("INCR", "effects:" + std::string(*e.field("order")));
-        });
+    idem::RedisStore store{endpoint(), store_options(1s)};
+    auto handler = idem::make_handler(store, idem::Policy{"count"}, count_order);
     StreamConsumer consumer{endpoint(), batch_options(1s), handler};
     // Entries without the id field all have the empty message id: the commit pairs its dead
     // letters with them in order.
@@ -868,12 +869,12 @@ TEST_F(StreamBatchTest, RedisStoreBatchCommitParksEveryMalformedEntryOfTheBatch)
     EXPECT_EQ(consumer.stats().dead_lettered, 2u);
     EXPECT_EQ(pending("orders"), 0);
     EXPECT_EQ(counter("effects:1"), 1);
-    const auto letters = xrange("orders:dead-letters");
+    const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 2u);
-    EXPECT_EQ(split_dead_letter(letters[0]).meta.at("idem-entry-id"), first);
-    EXPECT_EQ(split_dead_letter(letters[0]).original, (Fields{{"customer", "1"}}));
-    EXPECT_EQ(split_dead_letter(letters[1]).meta.at("idem-entry-id"), second);
-    EXPECT_EQ(split_dead_letter(letters[1]).original, (Fields{{"customer", "2"}}));
+    EXPECT_EQ(letters[0].meta.at("idem-entry-id"), first);
+    EXPECT_EQ(letters[0].original, (Fields{{"customer", "1"}}));
+    EXPECT_EQ(letters[1].meta.at("idem-entry-id"), second);
+    EXPECT_EQ(letters[1].original, (Fields{{"customer", "2"}}));
 }
 
 TEST_F(StreamBatchTest, PlainHandlerIsCalledPerEntryAndItsAcksGoInOneRoundTrip) {
@@ -905,9 +906,9 @@ TEST_F(StreamBatchTest, PlainHandlerIsCalledPerEntryAndItsAcksGoInOneRoundTrip) 
     EXPECT_EQ(stats.acked, 3u);
     EXPECT_EQ(stats.dead_lettered, 1u);
     EXPECT_EQ(stats.not_acked, 2u);
-    const auto letters = xrange("orders:dead-letters");
+    const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 1u);
-    EXPECT_EQ(split_dead_letter(letters[0]).meta.at("idem-reason"), "bad");
+    EXPECT_EQ(letters[0].meta.at("idem-reason"), "bad");
 }
 
 TEST_F(StreamBatchTest, BatchSizeBoundsTheWholeBatch) {
