@@ -154,6 +154,17 @@ struct DeadLetter {
 
 namespace detail {
 
+/// Milliseconds since the Unix epoch: how every store keeps its times.
+inline std::int64_t to_unix_ms(std::chrono::system_clock::time_point tp) noexcept {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(tp.time_since_epoch()).count();
+}
+
+inline std::chrono::system_clock::time_point from_unix_ms(std::int64_t ms) noexcept {
+    return std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            std::chrono::milliseconds(ms)));
+}
+
 template <class T>
 using transaction_t = decltype(std::declval<T&>().begin());
 

@@ -172,15 +172,8 @@ struct Command {
     }
 };
 
-inline std::int64_t to_unix_ms(std::chrono::system_clock::time_point tp) noexcept {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(tp.time_since_epoch()).count();
-}
-
-inline std::chrono::system_clock::time_point from_unix_ms(std::int64_t ms) noexcept {
-    return std::chrono::system_clock::time_point(
-        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-            std::chrono::milliseconds(ms)));
-}
+using detail::from_unix_ms;  // store.hpp: one conversion for every store
+using detail::to_unix_ms;
 
 /// @p text as valid UTF-8 without NULs: each invalid byte (and each NUL) becomes U+FFFD.
 inline std::string valid_utf8(std::string_view text) {

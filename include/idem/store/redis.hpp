@@ -440,14 +440,6 @@ inline std::string glob_escape(std::string_view text) {
     return out;
 }
 
-inline std::int64_t to_ms(std::chrono::system_clock::time_point t) {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
-}
-inline std::chrono::system_clock::time_point from_ms(std::int64_t ms) {
-    return std::chrono::system_clock::time_point{} +
-           std::chrono::duration_cast<std::chrono::system_clock::duration>(
-               std::chrono::milliseconds(ms));
-}
 inline std::int64_t parse_int(std::string_view text) {
     std::int64_t value = 0;
     bool negative = false;
@@ -643,7 +635,7 @@ class RedisStore {
         record.disposition = Disposition::in_progress;
         if (stored->state == "done") record.disposition = disposition_from(stored->outcome);
         record.reason = std::move(stored->reason);
-        record.claimed_at = detail::from_ms(stored->claimed_at);
+        record.claimed_at = detail::from_unix_ms(stored->claimed_at);
         record.fingerprint = std::move(stored->fingerprint);
         return record;
     }
@@ -681,7 +673,7 @@ class RedisStore {
                     if (name == "reason") item.letter.reason = value;
                     if (name == "payload") item.letter.payload = value;
                     if (name == "created_at")
-                        item.letter.created_at = detail::from_ms(detail::parse_int(value));
+                        item.letter.created_at = detail::from_unix_ms(detail::parse_int(value));
                     if (name == "order_us") item.order = value;
                 }
                 found.push_back(std::move(item));
@@ -790,7 +782,7 @@ class RedisStore {
 
     /// @brief Milliseconds since the epoch on the store's clock (the server's by default).
     std::int64_t now_ms() {
-        return options_.clock ? detail::to_ms(options_.clock()) : server_now_ms();
+        return options_.clock ? detail::to_unix_ms(options_.clock()) : server_now_ms();
     }
 
   private:
@@ -856,7 +848,8 @@ class RedisStore {
 
     /// Empty when the server's clock is used (the scripts read TIME themselves).
     [[nodiscard]] std::string now_arg() const {
-        return options_.clock ? std::to_string(detail::to_ms(options_.clock())) : std::string();
+        return options_.clock ? std::to_string(detail::to_unix_ms(options_.clock()))
+                              : std::string();
     }
 
     std::int64_t server_now_ms() {
@@ -1128,7 +1121,7 @@ class RedisStore::Transaction {
             if (letter.created_at == std::chrono::system_clock::time_point{}) {
                 call.add(std::string_view());
             } else {
-                call.add(detail::to_ms(letter.created_at));
+                call.add(detail::to_unix_ms(letter.created_at));
             }
             dead_letter_reason = &letter.reason;
         }

@@ -113,15 +113,8 @@ inline std::string error_text(sqlite3* db, int rc) {
     return fmt::format("{} (SQLite error {})", sqlite3_errmsg(db), sqlite3_extended_errcode(db));
 }
 
-inline std::int64_t to_unix_ms(std::chrono::system_clock::time_point tp) noexcept {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(tp.time_since_epoch()).count();
-}
-
-inline std::chrono::system_clock::time_point from_unix_ms(std::int64_t ms) noexcept {
-    return std::chrono::system_clock::time_point(
-        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-            std::chrono::milliseconds(ms)));
-}
+using detail::from_unix_ms;  // store.hpp: one conversion for every store
+using detail::to_unix_ms;
 
 inline int bind_text(sqlite3_stmt* stmt, int index, std::string_view text) noexcept {
     // SQLITE_STATIC: the caller's value outlives the statement's use (bindings are cleared
