@@ -275,20 +275,10 @@ class IdempotentHandler {
     template <class Body>
     Outcome record_without_effect(const Delivery& delivery, const Body& body, Outcome outcome) {
         Transaction tx = begin_transaction();
-        ClaimResult claim;
-        if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
-            claim = tx.claim(policy_.scope(), delivery.message_id,
-                             detail::chain_fingerprint(effect_, body));
-        } else {
-            claim = tx.claim(policy_.scope(), delivery.message_id);
-        }
-        if (claim.status == ClaimStatus::duplicate) {  // another worker finished it meanwhile
-            return {Disposition::duplicate,
-                    fmt::format("already {} by an earlier delivery", to_string(claim.recorded))};
-        }
-        if (claim.status == ClaimStatus::in_progress) {
-            return {Disposition::in_progress, "another worker holds the claim"};
-        }
+        const ClaimResult claim = claim_one<Body>(tx, delivery.message_id, fingerprint_of(body));
+        // Another worker finished it, or holds it, meanwhile.
+        if (claim.status == ClaimStatus::duplicate) return duplicate_outcome(claim);
+        if (claim.status == ClaimStatus::in_progress) return in_progress_outcome();
         if (outcome.disposition == Disposition::dead_lettered) {
             park(tx, delivery, body, outcome.reason);
         } else {
@@ -351,7 +341,7 @@ class IdempotentHandler {
             ids.push_back(deliveries[i].message_id);
             index.push_back(i);
             if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
-                fingerprints.push_back(detail::chain_fingerprint(effect_, bodies[i]));
+                fingerprints.push_back(fingerprint_of(bodies[i]));
             }
         }
         std::vector<ClaimResult> claimed = tx.claim_many(policy_.scope(), ids, fingerprints);
@@ -359,6 +349,35 @@ class IdempotentHandler {
         for (std::size_t k = 0; k < index.size(); ++k)
             all[index[k]] = std::move(claimed[k]);
         return all;
+    }
+
+    /// The fingerprint of the body's stable part, or empty when no wrapper computes one.
+    template <class Body>
+    std::string fingerprint_of(const Body& body) {
+        if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
+            return detail::chain_fingerprint(effect_, body);
+        } else {
+            return {};
+        }
+    }
+
+    /// Claims @p id in this handler's scope, passing the fingerprint only when the chain has one
+    /// (a store may offer claim(scope, id) alone).
+    template <class Body>
+    ClaimResult claim_one(Transaction& tx, const std::string& id, const std::string& fingerprint) {
+        if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
+            return tx.claim(policy_.scope(), id, fingerprint);
+        } else {
+            return tx.claim(policy_.scope(), id);
+        }
+    }
+
+    static Outcome duplicate_outcome(const ClaimResult& claim) {
+        return {Disposition::duplicate,
+                fmt::format("already {} by an earlier delivery", to_string(claim.recorded))};
+    }
+    static Outcome in_progress_outcome() {
+        return {Disposition::in_progress, "another worker holds the claim"};
     }
 
     Transaction begin_transaction() {
@@ -411,18 +430,9 @@ class IdempotentHandler {
             }
         };
 
-        ClaimResult claim;
-        std::string fingerprint;
-        if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
-            fingerprint = detail::chain_fingerprint(effect_, body);
-        }
-        if (claimed_before != nullptr) {
-            claim = *claimed_before;
-        } else if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
-            claim = tx.claim(scope, id, fingerprint);
-        } else {
-            claim = tx.claim(scope, id);
-        }
+        const std::string fingerprint = fingerprint_of(body);
+        const ClaimResult claim =
+            claimed_before != nullptr ? *claimed_before : claim_one<Body>(tx, id, fingerprint);
         if (claim.status == ClaimStatus::duplicate) {
             if (!fingerprint.empty() && !claim.fingerprint.empty() &&
                 claim.fingerprint != fingerprint) {
@@ -436,12 +446,11 @@ class IdempotentHandler {
                 return {Disposition::dead_lettered, std::move(reason)};
             }
             keep_message();
-            return {Disposition::duplicate,
-                    fmt::format("already {} by an earlier delivery", to_string(claim.recorded))};
+            return duplicate_outcome(claim);
         }
         if (claim.status == ClaimStatus::in_progress) {
             drop_message();
-            return {Disposition::in_progress, "another worker holds the claim"};
+            return in_progress_outcome();
         }
         // Duplicate detection came first: a processed message whose acks kept failing is a
         // duplicate, never a dead letter.
