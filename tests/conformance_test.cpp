@@ -467,6 +467,73 @@ TYPED_TEST(StoreConformance, BatchCommitsTogetherAndAFailingMessageRollsBackAlon
     EXPECT_EQ(handler.counters().processed, 4u);
 }
 
+// Batches larger than a store's claim chunk (SQLite: 64 rows per statement): an all-new batch,
+// then one mixing new ids, ids committed before, ids repeated inside the batch and a failing
+// message, with the repeats and the committed ids on both sides of the chunk boundaries.
+TYPED_TEST(StoreConformance, LargeBatchesClaimEachIdOnceAcrossChunks) {
+    int runs = 0;
+    auto handler = idem::make_handler(this->store(), idem::Policy{"chunks"},
+                                      [&](auto& tx, const std::string& body) {
+                                          ++runs;
+                                          TypeParam::write_effect(tx, body);
+                                          if (body == "b-throw") throw std::runtime_error("boom");
+                                      });
+    auto id = [](const char* prefix, int i) { return std::string(prefix) + std::to_string(i); };
+    std::vector<Delivery> first;
+    std::vector<std::string> first_bodies;
+    for (int i = 0; i < 130; ++i) {
+        first.push_back(Delivery{id("a-", i), 1});
+        first_bodies.push_back(id("a-", i));
+    }
+    for (const auto& outcome : handler.handle_batch(first, first_bodies)) {
+        ASSERT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+    }
+    EXPECT_EQ(runs, 130);
+    EXPECT_EQ(this->env.effect_rows(), 130u);
+
+    std::vector<Delivery> second;
+    std::vector<std::string> bodies;
+    std::vector<Disposition> expected;
+    for (int i = 0; i < 140; ++i) {
+        if (i % 7 == 3 && i < 130) {  // committed by the first batch
+            second.push_back(Delivery{id("a-", i), 2});
+            bodies.push_back(id("a-", i));
+            expected.push_back(Disposition::duplicate);
+        } else if (i % 11 == 5 && i >= 11) {  // a repeat of a new id earlier in this batch
+            second.push_back(Delivery{id("b-", i - 11), 2});
+            bodies.push_back(id("b-", i - 11));
+            const bool earlier_is_new = (i - 11) % 7 != 3 && !((i - 11) % 11 == 5 && i - 11 >= 11);
+            expected.push_back(earlier_is_new ? Disposition::duplicate : Disposition::processed);
+        } else if (i == 70) {
+            second.push_back(Delivery{"b-throws", 1});
+            bodies.push_back("b-throw");
+            expected.push_back(Disposition::failed);
+        } else {
+            second.push_back(Delivery{id("b-", i), 1});
+            bodies.push_back(id("b-", i));
+            expected.push_back(Disposition::processed);
+        }
+    }
+    runs = 0;
+    const auto outcomes = handler.handle_batch(second, bodies);
+    ASSERT_EQ(outcomes.size(), second.size());
+    std::size_t processed = 0;
+    for (std::size_t i = 0; i < outcomes.size(); ++i) {
+        EXPECT_EQ(outcomes[i].disposition, expected[i])
+            << i << " " << second[i].message_id << ": " << outcomes[i].reason;
+        if (expected[i] == Disposition::processed) ++processed;
+    }
+    EXPECT_EQ(static_cast<std::size_t>(runs), processed + 1);  // + the one that threw
+    EXPECT_EQ(this->env.effect_rows(), 130u + processed);
+    EXPECT_FALSE(this->store().find_claim("chunks", "b-throws").has_value());
+    for (std::size_t i = 0; i < second.size(); ++i) {
+        if (expected[i] == Disposition::failed) continue;
+        const auto claim = this->store().find_claim("chunks", second[i].message_id);
+        ASSERT_TRUE(claim.has_value()) << second[i].message_id;
+        EXPECT_EQ(claim->disposition, Disposition::processed) << second[i].message_id;
+    }
+}
+
 TYPED_TEST(StoreConformance, BatchWhoseCommitFailsAcksNothing) {
     bool sabotage = true;
     auto handler = idem::make_handler(this->store(), idem::Policy{"batch"},

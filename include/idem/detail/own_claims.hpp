@@ -57,23 +57,31 @@ class OwnClaims {
 
     /// @return true when the row needs no UPDATE: ours, and the outcome is the row's own.
     bool record(std::string_view scope, std::string_view id, Disposition disposition,
-                std::string_view reason, int depth) noexcept {
+                std::string_view reason, int depth) {
         Claim* claim = find(scope, id);
         if (claim == nullptr) return false;
+        recorded_.push_back(Recorded{depth, static_cast<std::size_t>(claim - claims_.data()),
+                                     claim->recorded_depth});
         claim->recorded_depth = depth;
         return disposition == Disposition::processed && reason.empty();
     }
 
     /// @return true when it was ours (the caller deletes the row).
     bool remove(std::string_view scope, std::string_view id) {
-        for (auto it = claims_.begin(); it != claims_.end(); ++it) {
-            if (it->scope == scope && it->id == id) {
-                claims_.erase(it);
-                for (auto& mark : marks_)
-                    mark = std::min(mark, claims_.size());
-                hint_ = 0;
-                return true;
+        for (std::size_t at = 0; at < claims_.size(); ++at) {
+            if (claims_[at].scope != scope || claims_[at].id != id) continue;
+            claims_.erase(claims_.begin() + static_cast<std::ptrdiff_t>(at));
+            for (auto& mark : marks_)
+                mark = std::min(mark, claims_.size());
+            // Rare (a batch message that failed): fix the log's positions up.
+            recorded_.erase(std::remove_if(recorded_.begin(), recorded_.end(),
+                                           [at](const Recorded& r) { return r.claim == at; }),
+                            recorded_.end());
+            for (auto& entry : recorded_) {
+                if (entry.claim > at) --entry.claim;
             }
+            hint_ = 0;
+            return true;
         }
         return false;
     }
@@ -81,21 +89,26 @@ class OwnClaims {
     void savepoint() { marks_.push_back(claims_.size()); }
 
     /// Claims made since the savepoint at @p depth are gone, outcomes recorded since undone.
+    /// Only the log's tail is touched: what was recorded inside the savepoint sits on top.
     void rollback_to_savepoint(int depth) {
+        while (!recorded_.empty() && recorded_.back().depth >= depth) {
+            const Recorded& entry = recorded_.back();
+            if (entry.claim < claims_.size()) claims_[entry.claim].recorded_depth = entry.before;
+            recorded_.pop_back();
+        }
         if (marks_.empty()) return;
         claims_.resize(std::min(claims_.size(), marks_.back()));
         marks_.pop_back();
-        for (auto& claim : claims_) {
-            if (claim.recorded_depth >= depth) claim.recorded_depth = -1;
-        }
         hint_ = 0;
     }
 
     /// Outcomes recorded inside the released savepoint now belong to the one around it.
     void release_savepoint(int depth) {
         if (!marks_.empty()) marks_.pop_back();
-        for (auto& claim : claims_) {
-            if (claim.recorded_depth == depth) --claim.recorded_depth;
+        for (auto it = recorded_.rbegin(); it != recorded_.rend() && it->depth == depth; ++it) {
+            it->depth = depth - 1;
+            if (claims_[it->claim].recorded_depth == depth)
+                claims_[it->claim].recorded_depth = depth - 1;
         }
     }
 
@@ -105,11 +118,22 @@ class OwnClaims {
     void clear() noexcept {
         claims_.clear();
         marks_.clear();
+        recorded_.clear();
         hint_ = 0;
     }
 
   private:
+    /// One record() call, so that a rollback to a savepoint can undo it: the depth it was made
+    /// at (lowered as savepoints around it are released), the claim's position, and the claim's
+    /// recorded_depth before it.
+    struct Recorded {
+        int depth;
+        std::size_t claim;
+        int before;
+    };
+
     std::vector<Claim> claims_;
+    std::vector<Recorded> recorded_;
     std::vector<std::size_t> marks_;  ///< claims_.size() at each open savepoint
     std::size_t hint_ = 0;
 };
