@@ -207,18 +207,219 @@ TEST_F(PostgresStoreTest, RoundTripsPerMessage) {
         auto tx = s->begin();
         EXPECT_EQ(s->round_trips(), before);  // BEGIN is queued
         ASSERT_EQ(tx.claim("rt", "x").status, ClaimStatus::claimed);
-        EXPECT_EQ(s->round_trips(), before + 1);  // BEGIN + SET LOCAL + claim
+        EXPECT_EQ(s->round_trips(), before + 1);  // BEGIN + claim
         tx.rollback();
     }
     auto before = s->round_trips();
     ASSERT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("m-1")).disposition,
               Disposition::processed);
-    // claim (with BEGIN), the effect's INSERT (with SAVEPOINT), RELEASE + outcome + COMMIT.
+    // claim (with BEGIN), the effect's INSERT, COMMIT.
     EXPECT_EQ(s->round_trips() - before, 3u);
     before = s->round_trips();
     ASSERT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("m-1")).disposition,
               Disposition::duplicate);
-    EXPECT_EQ(s->round_trips() - before, 2u);  // claim, ROLLBACK
+    // claim (nothing inserted), reading the stored outcome, ROLLBACK
+    EXPECT_EQ(s->round_trips() - before, 3u);
+}
+
+// ---- batch claims (claim_many) -------------------------------------------------------------
+
+TEST_F(PostgresStoreTest, ABatchOfAHundredFreshIdsClaimsInOneRoundTrip) {
+    constexpr std::size_t kBatch = 100;
+    auto s = store();
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < 3 * kBatch; ++i)
+        names.push_back("m-" + std::to_string(i));
+    const auto ids_of = [&](std::size_t from) {
+        return std::vector<std::string_view>(names.begin() + static_cast<long>(from),
+                                             names.begin() + static_cast<long>(from + kBatch));
+    };
+    { auto warm_up = s->begin(); }  // an owned session sets its lock_timeout once, here
+    {
+        const auto before = s->round_trips();
+        auto tx = s->begin();
+        const auto claims = tx.claim_many("rt", ids_of(0), {});
+        EXPECT_EQ(s->round_trips() - before, 1u);  // BEGIN + SAVEPOINT + one INSERT
+        ASSERT_EQ(claims.size(), kBatch);
+        for (const auto& claim : claims)
+            EXPECT_EQ(claim.status, ClaimStatus::claimed);
+        tx.commit();  // committed without outcomes: stored as claimed
+        EXPECT_EQ(s->round_trips() - before, 2u);
+    }
+    EXPECT_EQ(count("SELECT count(*) FROM idem_claims WHERE outcome = 'claimed'"),
+              static_cast<long long>(kBatch));
+
+    // Through the handler: the claims, one round trip per effect statement, the commit.
+    auto handler = idem::make_handler(*s, idem::Policy{"rt"}, writer());
+    const auto batch = [&](std::size_t from) {
+        std::vector<Delivery> deliveries;
+        std::vector<std::string> bodies;
+        for (std::size_t i = from; i < from + kBatch; ++i) {
+            deliveries.push_back(Delivery{names[i], 1});
+            bodies.push_back(names[i]);
+        }
+        const auto before = s->round_trips();
+        const auto outcomes = handler.handle_batch(deliveries, bodies);
+        return std::make_pair(outcomes, s->round_trips() - before);
+    };
+    auto [processed, fresh_trips] = batch(kBatch);
+    for (const auto& outcome : processed)
+        EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+    EXPECT_EQ(fresh_trips, 1 + kBatch + 1);
+    EXPECT_EQ(count("SELECT count(*) FROM effects"), static_cast<long long>(kBatch));
+    EXPECT_EQ(count("SELECT count(*) FROM idem_claims WHERE outcome = 'processed'"),
+              static_cast<long long>(kBatch));
+    // All duplicates: the INSERT, one SELECT of the stored outcomes, ROLLBACK.
+    auto [duplicates, duplicate_trips] = batch(kBatch);
+    for (const auto& outcome : duplicates)
+        EXPECT_EQ(outcome.disposition, Disposition::duplicate) << outcome.reason;
+    EXPECT_EQ(duplicate_trips, 3u);
+    // An effect without SQL: the claims and the commit (the savepoints travel with them).
+    auto quiet = idem::make_handler(*s, idem::Policy{"rt"}, [](auto&, const std::string&) {});
+    std::vector<Delivery> deliveries;
+    for (std::size_t i = 2 * kBatch; i < 3 * kBatch; ++i)
+        deliveries.push_back(Delivery{names[i], 1});
+    const auto before = s->round_trips();
+    const std::vector<std::string> bodies(kBatch, "body");
+    for (const auto& outcome : quiet.handle_batch(deliveries, bodies))
+        EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+    EXPECT_EQ(s->round_trips() - before, 2u);
+}
+
+TEST_F(PostgresStoreTest, ClaimManyAnswersAsClaimingOneByOneWould) {
+    auto s = store(clocked());
+    {
+        auto tx = s->begin();
+        ASSERT_EQ(tx.claim("batch", "done", "fp-done").status, ClaimStatus::claimed);
+        tx.record_outcome("batch", "done", Disposition::processed, "");
+        ASSERT_EQ(tx.claim("batch", "refused", "fp-refused").status, ClaimStatus::claimed);
+        tx.record_outcome("batch", "refused", Disposition::rejected, "stale");
+        ASSERT_EQ(tx.claim("batch", "bare").status, ClaimStatus::claimed);  // no outcome
+        ASSERT_EQ(tx.claim("other-scope", "new-1").status, ClaimStatus::claimed);
+        tx.commit();
+    }
+    auto tx = s->begin();
+    ASSERT_EQ(tx.claim("batch", "mine", "fp-mine").status, ClaimStatus::claimed);
+    const std::vector<std::string_view> ids = {"new-1",   "done", "new-1", "mine",
+                                               "refused", "bare", "new-2", "done"};
+    const std::vector<std::string> fingerprints = {"fp-1", "fp-x", "fp-1b", "fp-y",
+                                                   "fp-z", "",     "fp-2",  "fp-w"};
+    EXPECT_THROW((void)tx.claim_many("batch", ids, {"one"}), idem::usage_error);
+    const auto before = s->round_trips();
+    const auto claims = tx.claim_many("batch", ids, fingerprints);
+    EXPECT_EQ(s->round_trips() - before, 2u);  // the INSERT, the stored outcomes
+    ASSERT_EQ(claims.size(), ids.size());
+    const auto expect = [&](std::size_t i, ClaimStatus status, Disposition recorded,
+                            const std::string& fingerprint) {
+        EXPECT_EQ(claims[i].status, status) << i;
+        if (status == ClaimStatus::duplicate) {
+            EXPECT_EQ(claims[i].recorded, recorded) << i;
+            EXPECT_EQ(claims[i].fingerprint, fingerprint) << i;
+        }
+    };
+    expect(0, ClaimStatus::claimed, {}, "");
+    expect(1, ClaimStatus::duplicate, Disposition::processed, "fp-done");
+    expect(2, ClaimStatus::duplicate, Disposition::in_progress, "fp-1");  // this batch's own
+    expect(3, ClaimStatus::duplicate, Disposition::in_progress, "fp-mine");
+    expect(4, ClaimStatus::duplicate, Disposition::rejected, "fp-refused");
+    expect(5, ClaimStatus::duplicate, Disposition::in_progress, "");  // committed without outcome
+    expect(6, ClaimStatus::claimed, {}, "");
+    expect(7, ClaimStatus::duplicate, Disposition::processed, "fp-done");
+    // Claimed again in the same transaction, one by one or in a batch: its own duplicates.
+    EXPECT_EQ(tx.claim("batch", "new-2").recorded, Disposition::in_progress);
+    const auto again = tx.claim_many("batch", {"new-1", "new-3"}, {});
+    EXPECT_EQ(again[0].status, ClaimStatus::duplicate);
+    EXPECT_EQ(again[1].status, ClaimStatus::claimed);
+    // Given back: its row goes (queued); not ours: nothing happens.
+    tx.unclaim("batch", "new-2");
+    tx.unclaim("batch", "done");
+    tx.record_outcome("batch", "new-1", Disposition::processed, "");
+    tx.commit();
+    EXPECT_FALSE(s->find_claim("batch", "new-2").has_value());
+    EXPECT_EQ(s->find_claim("batch", "done")->disposition, Disposition::processed);
+    EXPECT_EQ(s->find_claim("batch", "new-1")->disposition, Disposition::processed);
+    EXPECT_EQ(s->find_claim("batch", "new-1")->fingerprint, "fp-1");
+    EXPECT_EQ(s->find_claim("batch", "new-1")->claimed_at, now());
+    EXPECT_EQ(s->find_claim("batch", "new-3")->disposition, Disposition::in_progress);
+    EXPECT_EQ(s->find_claim("batch", "new-3")->fingerprint, "");
+    EXPECT_EQ(s->find_claim("batch", "mine")->disposition, Disposition::in_progress);
+    // done, refused, bare, mine, new-1, new-3 (new-2 was given back)
+    EXPECT_EQ(count("SELECT count(*) FROM idem_claims WHERE scope = 'batch'"), 6);
+}
+
+TEST_F(PostgresStoreTest, ABatchWaitsForAConcurrentClaimAndSeesItsCommittedOutcome) {
+    auto first = store();
+    auto second = store();
+    auto held = first->begin();
+    ASSERT_EQ(held.claim("capture", "m-2", "fp").status, ClaimStatus::claimed);
+    auto waiting = std::async(std::launch::async, [&] {
+        auto tx = second->begin();
+        auto claims = tx.claim_many("capture", {"m-1", "m-2", "m-3"}, {});
+        tx.commit();
+        return claims;
+    });
+    EXPECT_EQ(waiting.wait_for(300ms), std::future_status::timeout);  // blocked on m-2
+    held.record_outcome("capture", "m-2", Disposition::rejected, "no");
+    held.commit();
+    const auto claims = waiting.get();
+    EXPECT_EQ(claims[0].status, ClaimStatus::claimed);
+    EXPECT_EQ(claims[1].status, ClaimStatus::duplicate);  // committed while the INSERT waited
+    EXPECT_EQ(claims[1].recorded, Disposition::rejected);
+    EXPECT_EQ(claims[1].fingerprint, "fp");
+    EXPECT_EQ(claims[2].status, ClaimStatus::claimed);
+    EXPECT_EQ(count("SELECT count(*) FROM idem_claims"), 3);
+}
+
+TEST_F(PostgresStoreTest, ABatchWithDuplicatesAFailureAndAHeldIdCommitsTheRest) {
+    auto holder = store();
+    idem::PostgresOptions impatient;
+    impatient.lock_timeout = 200ms;
+    auto s = store(impatient);
+    auto handler =
+        idem::make_handler(*s, idem::Policy{"capture"}, [](auto& tx, const std::string& body) {
+            tx.execute("INSERT INTO effects(message_id) VALUES ($1)", idem::Blob{body});
+            if (body == "throws") throw std::runtime_error("gateway 503");
+            if (body == "bad-sql") tx.execute("INSERT INTO no_such_table VALUES (1)");
+        });
+    ASSERT_EQ(handler.handle(Delivery{"m-done", 1}, std::string("done")).disposition,
+              Disposition::processed);
+    auto held = holder->begin();  // another worker holds m-held and stays open
+    ASSERT_EQ(held.claim("capture", "m-held").status, ClaimStatus::claimed);
+
+    const std::vector<Delivery> deliveries = {{"m-1", 1},       {"m-done", 2},  {"m-held", 1},
+                                              {"m-1", 1},       {"m-throw", 1}, {"m-2", 1},
+                                              {"m-bad-sql", 1}, {"m-held", 2}};
+    const std::vector<std::string> bodies = {"ok-1",   "done", "held",    "ok-1",
+                                             "throws", "ok-2", "bad-sql", "held"};
+    const auto started = std::chrono::steady_clock::now();
+    const auto outcomes = handler.handle_batch(deliveries, bodies);
+    const auto waited = std::chrono::steady_clock::now() - started;
+    const std::vector<Disposition> expected = {Disposition::processed,   Disposition::duplicate,
+                                               Disposition::in_progress, Disposition::duplicate,
+                                               Disposition::failed,      Disposition::processed,
+                                               Disposition::failed,      Disposition::in_progress};
+    ASSERT_EQ(outcomes.size(), expected.size());
+    for (std::size_t i = 0; i < expected.size(); ++i)
+        EXPECT_EQ(outcomes[i].disposition, expected[i]) << i << ": " << outcomes[i].reason;
+    // The batch's INSERT waited once, then m-held alone once more; its second copy not again.
+    EXPECT_GE(waited, 400ms);
+    EXPECT_LT(waited, 5s);
+    // Committed together: the two processed messages (and the earlier one); the failed ones
+    // gave their claims back, the held one was never ours.
+    EXPECT_EQ(count("SELECT count(*) FROM effects"), 3);
+    EXPECT_EQ(s->find_claim("capture", "m-1")->disposition, Disposition::processed);
+    EXPECT_EQ(s->find_claim("capture", "m-2")->disposition, Disposition::processed);
+    EXPECT_FALSE(s->find_claim("capture", "m-throw").has_value());
+    EXPECT_FALSE(s->find_claim("capture", "m-bad-sql").has_value());
+    EXPECT_FALSE(s->find_claim("capture", "m-held").has_value());
+    held.rollback();  // the other worker gave up: the redeliveries run once
+    const auto again =
+        handler.handle_batch(std::vector<Delivery>{{"m-held", 3}, {"m-throw", 2}, {"m-1", 2}},
+                             std::vector<std::string>{"held", "ok-3", "ok-1"});
+    EXPECT_EQ(again[0].disposition, Disposition::processed) << again[0].reason;
+    EXPECT_EQ(again[1].disposition, Disposition::processed) << again[1].reason;
+    EXPECT_EQ(again[2].disposition, Disposition::duplicate) << again[2].reason;
+    EXPECT_EQ(count("SELECT count(*) FROM effects"), 5);
 }
 
 TEST_F(PostgresStoreTest, ASecondConnectionWaitsForTheFirstAndThenSeesADuplicate) {
@@ -498,6 +699,24 @@ TEST_F(PostgresStoreTest, HostileValuesRoundTripExactly) {
     EXPECT_EQ(s->find_claim(values[0], values[0])->reason, "nul\xEF\xBF\xBDinside");
     EXPECT_EQ(s->find_claim(values[3], values[3].substr(0, 300))->reason, std::string(100, '\''));
     EXPECT_EQ(count("SELECT count(*) FROM effects"), static_cast<long long>(values.size()));
+    // The same values as one batch's ids and fingerprints (binary bytea[] parameters).
+    {
+        auto tx = s->begin();
+        std::vector<std::string> ids;
+        for (const auto& v : values)
+            ids.push_back(v.substr(0, 300));
+        const auto claims =
+            tx.claim_many("batch", std::vector<std::string_view>(ids.begin(), ids.end()), values);
+        for (const auto& claim : claims)
+            EXPECT_EQ(claim.status, ClaimStatus::claimed);
+        tx.commit();
+        for (std::size_t i = 0; i < values.size(); ++i) {
+            auto claim = s->find_claim("batch", ids[i]);
+            ASSERT_TRUE(claim.has_value()) << i;
+            EXPECT_EQ(claim->message_id, ids[i]);
+            EXPECT_EQ(claim->fingerprint, values[i]);
+        }
+    }
     // Text and numbers bind as text and take the SQL's types.
     EXPECT_EQ(s->query_text("SELECT $1::text || $2::int || $3::float8 || $4::bool",
                             std::string_view("a'b"), 42, 0.5, true),
@@ -748,6 +967,13 @@ TEST_F(PostgresStoreTest, WorksWithoutPreparedStatements) {
               Disposition::processed);
     EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("m-1")).disposition,
               Disposition::duplicate);
+    const auto batch = handler.handle_batch(
+        std::vector<Delivery>{{"m-1", 3}, {"m-2", 1}, {"m-2", 1}, {std::string("m\0-3", 4), 1}},
+        std::vector<std::string>{"m-1", "m-2", "m-2", "m-3"});
+    EXPECT_EQ(batch[0].disposition, Disposition::duplicate) << batch[0].reason;
+    EXPECT_EQ(batch[1].disposition, Disposition::processed) << batch[1].reason;
+    EXPECT_EQ(batch[2].disposition, Disposition::duplicate) << batch[2].reason;
+    EXPECT_EQ(batch[3].disposition, Disposition::processed) << batch[3].reason;
     EXPECT_EQ(std::stoll(s->query_text("SELECT count(*) FROM pg_prepared_statements").value()), 0);
 }
 
@@ -835,6 +1061,67 @@ TEST_F(PostgresStoreTest, EightStoresDeliveringTheSameThousandIdsApplyEachEffect
     EXPECT_EQ(count("SELECT count(DISTINCT message_id) FROM effects"), kIds);
     EXPECT_EQ(count("SELECT count(*) FROM idem_claims WHERE outcome = 'processed'"), kIds);
     std::printf("8 stores x 1,000 ids: %ld processed, %ld duplicates, %ld retried\n",
+                processed.load(), duplicates.load(), retried.load());
+}
+
+TEST_F(PostgresStoreTest, FourStoresDeliveringTheSameIdsInBatchesApplyEachEffectOnce) {
+    // Overlapping batches wait on one another's claims; a lock_timeout shorter than a batch's
+    // effects makes some of them give up (in_progress after claiming one by one), and those ids
+    // are redelivered later.
+    constexpr int kThreads = 4;
+    constexpr int kIds = 400;
+    constexpr std::size_t kBatch = 20;
+    idem::PolicyOptions patient;
+    patient.max_deliveries = 100000;
+    idem::PostgresOptions impatient;
+    impatient.lock_timeout = 20ms;
+    std::atomic<long> processed{0}, duplicates{0}, retried{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            PostgresStore s(conninfo(), impatient);
+            auto handler = idem::make_handler(
+                s, idem::Policy{"capture", patient}, [](auto& tx, const std::string& body) {
+                    std::this_thread::sleep_for(1ms);
+                    tx.execute("INSERT INTO effects(message_id) VALUES ($1)", idem::Blob{body});
+                });
+            std::vector<std::string> todo;
+            for (int i = 0; i < kIds; ++i)
+                todo.push_back("msg-" + std::to_string(i));
+            std::shuffle(todo.begin(), todo.end(), std::mt19937(static_cast<unsigned>(t)));
+            std::uint32_t delivery = 0;
+            while (!todo.empty()) {
+                ++delivery;
+                std::vector<std::string> left;
+                for (std::size_t from = 0; from < todo.size(); from += kBatch) {
+                    const std::size_t to = std::min(todo.size(), from + kBatch);
+                    std::vector<Delivery> deliveries;
+                    std::vector<std::string> bodies(todo.begin() + static_cast<long>(from),
+                                                    todo.begin() + static_cast<long>(to));
+                    for (const auto& id : bodies)
+                        deliveries.push_back(Delivery{id, delivery});
+                    const auto outcomes = handler.handle_batch(deliveries, bodies);
+                    for (std::size_t k = 0; k < outcomes.size(); ++k) {
+                        if (outcomes[k].disposition == Disposition::processed) ++processed;
+                        if (outcomes[k].disposition == Disposition::duplicate) ++duplicates;
+                        if (!idem::should_ack(outcomes[k])) {
+                            ++retried;
+                            left.push_back(bodies[k]);
+                        }
+                    }
+                }
+                todo = std::move(left);
+            }
+        });
+    }
+    for (auto& thread : threads)
+        thread.join();
+    EXPECT_EQ(processed.load(), kIds);
+    EXPECT_EQ(duplicates.load(), static_cast<long>(kIds) * (kThreads - 1));
+    EXPECT_EQ(count("SELECT count(*) FROM effects"), kIds);
+    EXPECT_EQ(count("SELECT count(DISTINCT message_id) FROM effects"), kIds);
+    EXPECT_EQ(count("SELECT count(*) FROM idem_claims WHERE outcome = 'processed'"), kIds);
+    std::printf("4 stores x 400 ids in batches of 20: %ld processed, %ld duplicates, %ld retried\n",
                 processed.load(), duplicates.load(), retried.load());
 }
 

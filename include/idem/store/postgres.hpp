@@ -32,10 +32,12 @@
 /// SAVEPOINT, RELEASE, record_outcome(), dead_letter()) are queued and sent in one libpq
 /// pipeline with the next command that needs an answer. A handled message costs one round trip
 /// for BEGIN + claim, one per statement of the effect, and one for RELEASE + outcome + COMMIT:
-/// the same count as the effect's own transaction without idem; a duplicate costs the claim and
-/// a ROLLBACK. Errors of a queued command
-/// surface at that next call. Statements are prepared once per session (named `idem_<n>_<m>`;
-/// switch off with PostgresOptions::prepare_statements for poolers that cannot keep them).
+/// the same count as the effect's own transaction without idem; a duplicate costs the claim, the
+/// read of its stored outcome and a ROLLBACK. A batch (handle_batch) claims all its ids in one
+/// round trip (claim_many), plus one reading the stored outcomes when some were there already.
+/// Errors of a queued command surface at that next call. Statements are prepared once per session
+/// (named `idem_<n>_<m>`; switch off with PostgresOptions::prepare_statements for poolers that
+/// cannot keep them).
 ///
 /// Binding: every value reaches SQL as a bound parameter (`$1`, `$2`, …). Integers, floating
 /// point, bool and strings go as text and take the type the SQL gives them; `idem::Blob{bytes}`
@@ -44,7 +46,8 @@
 /// TEXT in valid UTF-8 (invalid bytes and NULs become U+FFFD); the database should be UTF8.
 ///
 /// Failures: a claim that waits past lock_timeout → ClaimStatus::in_progress (PostgreSQL has
-/// aborted the transaction; the handler drops it). Other lock / statement timeouts,
+/// aborted the transaction; the handler drops it; claim_many() recovers through a savepoint and
+/// answers in_progress for the held ids only). Other lock / statement timeouts,
 /// serialization failures and deadlocks → idem::store_timeout; a refused COMMIT (a deferred
 /// constraint, an earlier failed statement) → idem::commit_failed, everything rolled back; a
 /// lost connection → idem::store_unavailable (during COMMIT the outcome is unknown: the
@@ -82,6 +85,7 @@
 #include <thread>
 #include <type_traits>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -121,6 +125,7 @@ inline constexpr Oid bytea_oid = 17;
 inline constexpr Oid int8_oid = 20;
 inline constexpr Oid int2_oid = 21;
 inline constexpr Oid int4_oid = 23;
+inline constexpr Oid bytea_array_oid = 1001;
 
 inline constexpr std::size_t max_parameters = 65535;  // the protocol's limit
 
@@ -270,6 +275,38 @@ inline void add_blob(Command& command, std::string_view bytes) {
     command.nulls.push_back(0);
     command.formats.push_back(1);
     command.types.push_back(bytea_oid);
+}
+
+/// Appends a `bytea[]` parameter in PostgreSQL's binary array format (one dimension, no NULLs).
+inline void add_bytea_array(Command& command, const std::vector<std::string_view>& items) {
+    std::size_t size = 20;
+    for (std::string_view item : items)
+        size += 4 + item.size();
+    if (size > static_cast<std::size_t>(INT_MAX)) {
+        throw usage_error(
+            fmt::format("idem postgres: parameter ${} is over 2 GiB", command.values.size() + 1));
+    }
+    std::string out;
+    out.reserve(size);
+    const auto put = [&out](std::uint32_t value) {
+        for (int shift = 24; shift >= 0; shift -= 8)
+            out.push_back(static_cast<char>((value >> shift) & 0xFFu));
+    };
+    put(items.empty() ? 0 : 1);  // dimensions
+    put(0);                      // no NULLs
+    put(bytea_oid);
+    if (!items.empty()) {
+        put(static_cast<std::uint32_t>(items.size()));
+        put(1);  // lower bound
+    }
+    for (std::string_view item : items) {
+        put(static_cast<std::uint32_t>(item.size()));
+        out.append(item.data(), item.size());
+    }
+    command.values.push_back(std::move(out));
+    command.nulls.push_back(0);
+    command.formats.push_back(1);
+    command.types.push_back(bytea_array_oid);
 }
 
 inline std::string float_text(double value) {
@@ -589,6 +626,9 @@ class PostgresStore {
         outbox_sent,
         outbox_failed,
         outbox_all,
+        claim_rows,
+        claim_rows_outcome,
+        claim_delete,
         own_count,
     };
 
@@ -692,6 +732,10 @@ class PostgresStore {
     std::string savepoint_sql_ = "SAVEPOINT idem_effect";
     std::string rollback_to_sql_ = "ROLLBACK TO SAVEPOINT idem_effect";
     std::string release_sql_ = "RELEASE SAVEPOINT idem_effect";
+    // Around claims of a batch, so a lock timeout undoes only them (not the transaction).
+    std::string claim_savepoint_sql_ = "SAVEPOINT idem_claims";
+    std::string claim_rollback_to_sql_ = "ROLLBACK TO SAVEPOINT idem_claims";
+    std::string claim_release_sql_ = "RELEASE SAVEPOINT idem_claims";
     std::array<Statement, own_count> own_{};
     std::unordered_map<std::string, std::unique_ptr<Statement>> cache_;
     std::mutex mutex_;
@@ -741,16 +785,36 @@ class PostgresStore::Transaction {
     /// Rolls back unless committed; never throws.
     ~Transaction() { end_noexcept(); }
 
-    /// @brief `INSERT … ON CONFLICT DO NOTHING` the claim (outcome 'claimed', visible to others
-    /// only after commit) with its payload @p fingerprint — one round trip, with the queued
-    /// BEGIN. A concurrent transaction holding the same id makes it wait until that one ends:
-    /// then duplicate (it committed) or claimed (it rolled back).
+    /// @brief `INSERT … ON CONFLICT DO NOTHING` the claim (its row says 'processed' until
+    /// another outcome is recorded, and is visible to others only after commit) with its payload
+    /// @p fingerprint — one round trip, with the queued BEGIN; a duplicate costs a second one,
+    /// which reads the stored outcome. A concurrent transaction holding the same id makes it wait
+    /// until that one ends: then duplicate (it committed) or claimed (it rolled back).
     /// @return claimed; duplicate with the outcome and fingerprint a finished run recorded
     /// (`recorded` is in_progress when this same transaction claimed the id before); or
     /// in_progress when the wait reached PostgresOptions::lock_timeout — PostgreSQL has then
     /// aborted the transaction: roll it back (the handler does).
     ClaimResult claim(std::string_view scope, std::string_view id,
                       std::string_view fingerprint = {});
+    /// @brief Claims @p ids as claim() would one after the other, in one multi-row
+    /// `INSERT … SELECT … FROM unnest($ids, $fingerprints) ON CONFLICT DO NOTHING RETURNING` (one
+    /// round trip, with the queued BEGIN), plus one `SELECT` of the stored outcomes when some ids
+    /// were not inserted. @p fingerprints: empty, or one per id. The first copy of an id repeated
+    /// in @p ids is claimed, later copies (and ids this transaction claimed before) are
+    /// duplicates with `recorded` in_progress.
+    ///
+    /// The INSERT runs in a savepoint: when it waits past lock_timeout for an id another
+    /// transaction holds, only the savepoint is rolled back, and the ids are claimed one by one,
+    /// each in its own savepoint (a round trip each): the held ones answer in_progress, the rest
+    /// are claimed as usual, and the transaction stays usable. That case costs one lock_timeout
+    /// wait more than claiming one by one would.
+    /// @throws usage_error when @p fingerprints is neither empty nor one per id.
+    std::vector<ClaimResult> claim_many(std::string_view scope,
+                                        const std::vector<std::string_view>& ids,
+                                        const std::vector<std::string>& fingerprints);
+    /// @brief Gives back a claim this transaction made (claim() or claim_many()): its row is
+    /// deleted (queued: sent with the next statement). Does nothing for any other id.
+    void unclaim(std::string_view scope, std::string_view id);
     /// @brief Stores the outcome and reason on the claim (queued: sent with the next statement
     /// or the commit); does nothing if there is no claim row.
     void record_outcome(std::string_view scope, std::string_view id, Disposition disposition,
@@ -852,6 +916,13 @@ class PostgresStore::Transaction {
 
     PostgresStore& open(std::string_view what, bool committing = false);
     void check_still_open(std::string_view what);
+    /// One id not claimed by this transaction before: insert, or read the stored claim. With
+    /// @p guarded, inside its own savepoint, so a lock timeout leaves the transaction usable.
+    ClaimResult insert_claim(PostgresStore& store, std::string_view scope, std::string_view id,
+                             std::string_view fingerprint, bool guarded);
+    /// A stored claim as a duplicate: outcome and fingerprint columns of @p row.
+    static ClaimResult stored_claim(const PGresult* result, int row, int outcome_column,
+                                    int fingerprint_column);
     void finish(State state) noexcept;
     void end_noexcept() noexcept;
 
@@ -954,17 +1025,25 @@ inline void PostgresStore::build_statements() {
         "id, destination, idempotency_key, payload, created_at, sent_at, attempts, last_error, "
         "next_attempt_at, parked";
     own_[claim_insert].sql =
-        // One round trip for both answers: the inserted row, or the stored claim. A claim that
-        // committed while this statement waited is not in its snapshot: claim() asks again.
-        "WITH ins AS (INSERT INTO " + claims +
-        " AS c(scope, message_id, claimed_at, outcome, reason, fingerprint) "
-        "VALUES ($1, $2, $3, 'processed', '', $4) ON CONFLICT (scope, message_id) DO NOTHING "
-        "RETURNING 1) "
-        "SELECT true, NULL::text, NULL::bytea FROM ins UNION ALL "
-        "SELECT false, c.outcome, c.fingerprint FROM " +
-        claims + " c WHERE c.scope = $1 AND c.message_id = $2 AND NOT EXISTS (SELECT 1 FROM ins)";
+        // The affected row count says whether it was inserted; only when not is the stored
+        // claim read (claim_outcome, a new statement: it also sees a claim that committed while
+        // this one waited).
+        "INSERT INTO " + claims +
+        "(scope, message_id, claimed_at, outcome, reason, fingerprint) "
+        "VALUES ($1, $2, $3, 'processed', '', $4) ON CONFLICT (scope, message_id) DO NOTHING";
     own_[claim_outcome].sql =
         "SELECT outcome, fingerprint FROM " + claims + " WHERE scope = $1 AND message_id = $2";
+    own_[claim_rows].sql =
+        // claim_many(): $3 the ids (distinct, sorted: concurrent batches wait on one another in
+        // one order, never in a cycle), $4 their fingerprints (empty array: none).
+        "INSERT INTO " + claims +
+        "(scope, message_id, claimed_at, outcome, reason, fingerprint) "
+        "SELECT $1::bytea, u.id, $2::bigint, 'processed', '', coalesce(u.fp, ''::bytea) "
+        "FROM unnest($3::bytea[], $4::bytea[]) AS u(id, fp) "
+        "ON CONFLICT (scope, message_id) DO NOTHING RETURNING message_id";
+    own_[claim_rows_outcome].sql = "SELECT message_id, outcome, fingerprint FROM " + claims +
+                                   " WHERE scope = $1 AND message_id = ANY($2::bytea[])";
+    own_[claim_delete].sql = "DELETE FROM " + claims + " WHERE scope = $1 AND message_id = $2";
     own_[record_update].sql =
         "UPDATE " + claims + " SET outcome = $3, reason = $4 WHERE scope = $1 AND message_id = $2";
     own_[dead_letter_insert].sql =
@@ -1802,66 +1881,216 @@ inline void PostgresStore::Transaction::end_noexcept() noexcept {
     }
 }
 
-inline ClaimResult PostgresStore::Transaction::claim(std::string_view scope, std::string_view id,
-                                                     std::string_view fingerprint) {
+inline ClaimResult PostgresStore::Transaction::stored_claim(const PGresult* result, int row,
+                                                            int outcome_column,
+                                                            int fingerprint_column) {
     namespace pg = detail::postgres_store;
-    PostgresStore& store = open("claim()");
-    if (const auto* own = own_claims_.find(scope, id)) return detail::OwnClaims::duplicate_of(*own);
-    ClaimResult result;
+    ClaimResult claim;
+    claim.status = ClaimStatus::duplicate;
+    claim.fingerprint = pg::bytes_of(result, row, fingerprint_column);
+    const std::string outcome = pg::bytes_of(result, row, outcome_column);
+    if (outcome == "claimed") {
+        // Committed without an outcome (a transaction used without a handler).
+        claim.recorded = Disposition::in_progress;
+    } else if (!from_string(outcome, claim.recorded)) {
+        throw store_error(
+            fmt::format("idem postgres: unknown outcome '{}' stored in idem_claims", outcome));
+    }
+    return claim;
+}
+
+inline ClaimResult PostgresStore::Transaction::insert_claim(PostgresStore& store,
+                                                            std::string_view scope,
+                                                            std::string_view id,
+                                                            std::string_view fingerprint,
+                                                            bool guarded) {
+    namespace pg = detail::postgres_store;
+    const auto end_guard = [&] {
+        if (guarded) store.queued_.push_back(store.control(store.claim_release_sql_, "claim"));
+    };
     // Rarely more than one pass: only when the row we waited for vanished again (purge).
     for (int attempt = 0; attempt < 3; ++attempt) {
+        if (guarded) store.queued_.push_back(store.control(store.claim_savepoint_sql_, "claim"));
         auto exchange = store.tx_exchange(vec(store.own(
             claim_insert, "claim", Blob{scope}, Blob{id}, store.now_ms(), Blob{fingerprint})));
         const PGresult* inserted = exchange.result(0);
         if (!pg::succeeded(inserted)) {
             if (pg::sqlstate(inserted) == "55P03") {
-                // Another live transaction holds this id past lock_timeout. PostgreSQL aborted
-                // ours; the caller rolls it back.
+                // Another live transaction holds this id past lock_timeout, and PostgreSQL
+                // aborted ours: back to the savepoint, or the caller rolls it back.
+                ClaimResult result;
+                result.status = ClaimStatus::in_progress;
+                if (guarded) {
+                    store.queued_.push_back(
+                        store.control(store.claim_rollback_to_sql_, "claim (lock timeout)"));
+                    end_guard();
+                    return result;
+                }
                 store.tx_error_ = fmt::format(
                     "idem postgres: claim waited {} ms (lock_timeout) for another transaction "
                     "holding the same id",
                     store.lock_timeout_.count());
-                result.status = ClaimStatus::in_progress;
                 return result;
             }
             store.fail(exchange.command(0), inserted, "claim");
         }
-        const PGresult* row = inserted;
-        if (PQntuples(row) == 0) {
-            // The conflicting claim committed while we waited: read it with a new snapshot.
-            auto again = store.tx_exchange(vec(store.own(
-                claim_outcome, "claim (reading the recorded outcome)", Blob{scope}, Blob{id})));
-            if (!pg::succeeded(again.result(0))) {
-                store.fail(again.command(0), again.result(0), "claim (reading the outcome)");
-            }
-            if (PQntuples(again.result(0)) == 0) continue;
-            const std::string outcome = pg::bytes_of(again.result(0), 0, 0);
-            result.fingerprint = pg::bytes_of(again.result(0), 0, 1);
-            result.status = ClaimStatus::duplicate;
-            if (!from_string(outcome, result.recorded)) {
-                result.recorded = Disposition::in_progress;
-            }
-            return result;
-        }
-        if (pg::binary_bool(row, 0, 0)) {
+        if (pg::affected_rows(inserted) == 1) {
             own_claims_.add(scope, id, fingerprint);
-            result.status = ClaimStatus::claimed;
-            return result;
+            end_guard();
+            return ClaimResult{};  // claimed
         }
-        const std::string outcome = pg::bytes_of(row, 0, 1);
-        result.status = ClaimStatus::duplicate;
-        result.fingerprint = pg::bytes_of(row, 0, 2);
-        if (outcome == "claimed") {
-            // Claimed earlier in this same transaction: its first claim commits with the outcome.
-            result.recorded = Disposition::in_progress;
-        } else if (!from_string(outcome, result.recorded)) {
-            throw store_error(
-                fmt::format("idem postgres: unknown outcome '{}' stored in idem_claims", outcome));
+        // The row exists: committed before, or while we waited (a new statement sees it).
+        auto again = store.tx_exchange(vec(store.own(
+            claim_outcome, "claim (reading the recorded outcome)", Blob{scope}, Blob{id})));
+        if (!pg::succeeded(again.result(0))) {
+            store.fail(again.command(0), again.result(0), "claim (reading the outcome)");
         }
-        return result;
+        end_guard();
+        if (PQntuples(again.result(0)) > 0) return stored_claim(again.result(0), 0, 0, 1);
     }
     throw store_unavailable(
         "idem postgres: claim: the conflicting claim kept disappearing (purged while claiming?)");
+}
+
+inline ClaimResult PostgresStore::Transaction::claim(std::string_view scope, std::string_view id,
+                                                     std::string_view fingerprint) {
+    PostgresStore& store = open("claim()");
+    if (const auto* own = own_claims_.find(scope, id)) return detail::OwnClaims::duplicate_of(*own);
+    return insert_claim(store, scope, id, fingerprint, false);
+}
+
+inline std::vector<ClaimResult> PostgresStore::Transaction::claim_many(
+    std::string_view scope, const std::vector<std::string_view>& ids,
+    const std::vector<std::string>& fingerprints) {
+    namespace pg = detail::postgres_store;
+    PostgresStore& store = open("claim_many()");
+    if (!fingerprints.empty() && fingerprints.size() != ids.size()) {
+        throw usage_error("idem postgres: claim_many() needs one fingerprint per id");
+    }
+    const auto fingerprint = [&](std::size_t i) {
+        return fingerprints.empty() ? std::string_view() : std::string_view(fingerprints[i]);
+    };
+    std::vector<ClaimResult> results(ids.size());
+    // The ids to insert: not claimed by this transaction before; each distinct id once, with
+    // the index of its first copy (whose fingerprint goes with it), sorted by id.
+    std::vector<std::size_t> pending;
+    pending.reserve(ids.size());
+    const bool had_claims = own_claims_.size() > 0;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        const auto* own = had_claims ? own_claims_.find(scope, ids[i]) : nullptr;
+        if (own != nullptr) {
+            results[i] = detail::OwnClaims::duplicate_of(*own);
+        } else {
+            pending.push_back(i);
+        }
+    }
+    if (pending.empty()) return results;
+    std::vector<std::size_t> order = pending;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return ids[a] < ids[b]; });
+    std::vector<std::size_t> first(ids.size());  // index of the first copy of ids[i]'s id
+    std::vector<std::string_view> distinct;
+    std::vector<std::string_view> distinct_fingerprints;
+    distinct.reserve(order.size());
+    for (std::size_t k = 0; k < order.size(); ++k) {
+        const std::size_t i = order[k];
+        if (k > 0 && ids[order[k - 1]] == ids[i]) {
+            first[i] = first[order[k - 1]];
+            continue;
+        }
+        first[i] = i;
+        distinct.push_back(ids[i]);
+        if (!fingerprints.empty()) distinct_fingerprints.push_back(fingerprint(i));
+    }
+
+    // One round trip (with the queued BEGIN): the savepoint and the INSERT of every id.
+    store.queued_.push_back(store.control(store.claim_savepoint_sql_, "claim_many"));
+    Command insert = store.own(claim_rows, "claim_many", Blob{scope}, store.now_ms());
+    pg::add_bytea_array(insert, distinct);
+    pg::add_bytea_array(insert, distinct_fingerprints);
+    auto exchange = store.tx_exchange(vec(std::move(insert)));
+    const PGresult* inserted = exchange.result(0);
+    if (!pg::succeeded(inserted)) {
+        if (pg::sqlstate(inserted) != "55P03")
+            store.fail(exchange.command(0), inserted, "claim_many");
+        // It waited past lock_timeout for an id another transaction holds; which one, the
+        // error does not say. Undo the INSERT, then claim one id at a time, each in its own
+        // savepoint. A repeated copy of an id held elsewhere is not waited for twice.
+        store.queued_.push_back(
+            store.control(store.claim_rollback_to_sql_, "claim_many (lock timeout)"));
+        store.queued_.push_back(store.control(store.claim_release_sql_, "claim_many"));
+        for (std::size_t i : pending) {
+            if (first[i] != i && results[first[i]].status == ClaimStatus::in_progress) {
+                results[i] = results[first[i]];
+            } else if (const auto* own = own_claims_.find(scope, ids[i])) {
+                results[i] = detail::OwnClaims::duplicate_of(*own);
+            } else {
+                results[i] = insert_claim(store, scope, ids[i], fingerprint(i), true);
+            }
+        }
+        return results;
+    }
+    store.queued_.push_back(store.control(store.claim_release_sql_, "claim_many"));
+
+    // Claimed: the first copy of each inserted id (added in the batch's order, the order the
+    // handler records outcomes in); later copies are this transaction's duplicates.
+    std::unordered_set<std::string_view> fresh;
+    const int rows = PQntuples(inserted);
+    fresh.reserve(static_cast<std::size_t>(rows));
+    for (int row = 0; row < rows; ++row) {
+        fresh.emplace(PQgetvalue(inserted, row, 0),
+                      static_cast<std::size_t>(PQgetlength(inserted, row, 0)));
+    }
+    std::vector<std::string_view> stored;  // distinct ids that were there already
+    for (std::size_t i : pending) {
+        if (fresh.count(ids[i]) == 0) {
+            if (first[i] == i) stored.push_back(ids[i]);
+        } else if (first[i] == i) {
+            own_claims_.add(scope, ids[i], fingerprint(i));
+            results[i] = ClaimResult{};  // claimed
+        } else {
+            results[i] = detail::OwnClaims::duplicate_of(*own_claims_.find(scope, ids[i]));
+        }
+    }
+    if (static_cast<std::size_t>(rows) < distinct.size()) {
+        // The rest exist: read their outcomes (a new statement: it also sees claims that
+        // committed while the INSERT waited).
+        Command read = store.own(claim_rows_outcome, "claim_many (reading the recorded outcomes)",
+                                 Blob{scope});
+        pg::add_bytea_array(read, stored);
+        auto again = store.tx_exchange(vec(std::move(read)));
+        const PGresult* found = again.result(0);
+        if (!pg::succeeded(found)) {
+            store.fail(again.command(0), found, "claim_many (reading the outcomes)");
+        }
+        std::unordered_map<std::string_view, ClaimResult> recorded;
+        recorded.reserve(stored.size());
+        for (int row = 0; row < PQntuples(found); ++row) {
+            recorded.emplace(std::string_view(PQgetvalue(found, row, 0),
+                                              static_cast<std::size_t>(PQgetlength(found, row, 0))),
+                             stored_claim(found, row, 1, 2));
+        }
+        for (std::size_t i : pending) {
+            if (fresh.count(ids[i]) != 0) continue;
+            const auto it = recorded.find(ids[i]);
+            if (it != recorded.end()) {
+                results[i] = it->second;
+            } else if (const auto* own = own_claims_.find(scope, ids[i])) {
+                results[i] = detail::OwnClaims::duplicate_of(*own);
+            } else {
+                // Gone again since the INSERT (purged): claim it like claim() would.
+                results[i] = insert_claim(store, scope, ids[i], fingerprint(i), true);
+            }
+        }
+    }
+    return results;
+}
+
+inline void PostgresStore::Transaction::unclaim(std::string_view scope, std::string_view id) {
+    PostgresStore& store = open("unclaim()");
+    if (own_claims_.remove(scope, id)) {
+        store.queued_.push_back(store.own(claim_delete, "unclaim", Blob{scope}, Blob{id}));
+    }
 }
 
 inline void PostgresStore::Transaction::record_outcome(std::string_view scope, std::string_view id,
