@@ -515,6 +515,160 @@ unsigned key_slot(const std::string& key) {
     return crc % 16384;
 }
 
+// ---- claims by SET on the server's clock ------------------------------------------------------
+// A new id is claimed with one `SET … NX PX … GET`, which cannot read the server's clock: its
+// times are stored as "the expiry minus the retention" and resolved by whoever reads them.
+
+class RedisServerClockTest : public RedisStoreTest {
+  protected:
+    /// A store on the server's clock (no RedisOptions::clock), as in production.
+    std::unique_ptr<idem::RedisStore> worker(bool claim_with_set = true) {
+        idem::RedisOptions options;
+        options.claim_with_set = claim_with_set;
+        return std::make_unique<idem::RedisStore>(store().endpoint(), options);
+    }
+    std::int64_t server_ms() {
+        auto t = client().array({"TIME"});
+        return std::stoll(*t.at(0)) * 1000 + std::stoll(*t.at(1)) / 1000;
+    }
+    std::string claim_key(const std::string& scope, const std::string& id) {
+        return store().options().key_prefix + "c{" + scope + ":" + id + "}";
+    }
+};
+
+TEST_F(RedisServerClockTest, ANewIdIsOneSetAndItsTimesAreTheServersWhenRead) {
+    auto a = worker();
+    EXPECT_TRUE(a->claims_with_set());
+    const std::int64_t before = server_ms();
+    auto tx = a->begin();
+    tx.set_terms(idem::ClaimTerms{30s, idem::days(14)});
+    const auto trips = a->round_trips();
+    auto claim = tx.claim("pay", "m-1", "fp-1");
+    ASSERT_EQ(claim.status, ClaimStatus::claimed);
+    EXPECT_EQ(claim.attempts, 1u);
+    EXPECT_LE(a->round_trips() - trips, 2u);  // the SET (and the connection's first connect)
+    const std::int64_t after = server_ms();
+
+    // Stored as SET wrote it: no number the client could only have guessed.
+    auto raw = client().str({"GET", claim_key("pay", "m-1")});
+    ASSERT_TRUE(raw.has_value());
+    const std::string retention_ms = std::to_string(idem::days(14) / 1ms);
+    EXPECT_EQ(
+        raw->rfind(
+            "leased|" + tx.token() + "||1|~" + retention_ms + "|~" + retention_ms + "|30000|", 0),
+        0u)
+        << *raw;
+    auto found = a->find_claim("pay", "m-1");
+    ASSERT_TRUE(found.has_value());
+    const std::int64_t claimed_at = idem::detail::to_unix_ms(found->claimed_at);
+    EXPECT_GE(claimed_at, before - 1);
+    EXPECT_LE(claimed_at, after + 1);
+    EXPECT_EQ(found->fingerprint, "fp-1");
+    EXPECT_EQ(found->disposition, Disposition::in_progress);
+
+    tx.record_outcome("pay", "m-1", Disposition::processed, "");
+    tx.commit();
+    auto done = a->find_claim("pay", "m-1");
+    ASSERT_TRUE(done.has_value());
+    EXPECT_EQ(done->disposition, Disposition::processed);
+    EXPECT_EQ(idem::detail::to_unix_ms(done->claimed_at), claimed_at);  // the expiry was kept
+
+    // A duplicate is answered from what the SET returned: one round trip, no script.
+    auto again = a->begin();
+    const auto dup_trips = a->round_trips();
+    auto dup = again.claim("pay", "m-1", "fp-1");
+    EXPECT_EQ(dup.status, ClaimStatus::duplicate);
+    EXPECT_EQ(dup.recorded, Disposition::processed);
+    EXPECT_EQ(dup.fingerprint, "fp-1");
+    EXPECT_EQ(dup.attempts, 1u);
+    EXPECT_EQ(a->round_trips() - dup_trips, 1u);
+}
+
+TEST_F(RedisServerClockTest, ALeaseTakenBySetIsLiveUntilItsServerTimeExpiryThenTakenOver) {
+    auto a = worker();
+    auto b = worker();
+    auto a_tx = a->begin();
+    a_tx.set_terms(idem::ClaimTerms{400ms, idem::days(1)});
+    ASSERT_EQ(a_tx.claim("refund", "m-1").status, ClaimStatus::claimed);
+    const std::int64_t claimed_at =
+        idem::detail::to_unix_ms(a->find_claim("refund", "m-1")->claimed_at);
+    {
+        auto b_tx = b->begin();
+        b_tx.set_terms(idem::ClaimTerms{400ms, idem::days(1)});
+        auto held = b_tx.claim("refund", "m-1");  // the script resolves the lease's start
+        EXPECT_EQ(held.status, ClaimStatus::in_progress);
+        EXPECT_EQ(held.attempts, 1u);
+    }
+    std::this_thread::sleep_for(500ms);
+    auto b_tx = b->begin();
+    b_tx.set_terms(idem::ClaimTerms{400ms, idem::days(1)});
+    auto taken = b_tx.claim("refund", "m-1");
+    EXPECT_EQ(taken.status, ClaimStatus::claimed);
+    EXPECT_EQ(taken.attempts, 2u);
+    // The takeover writes the times as numbers; the claim's own time is the first claim's.
+    auto raw = client().str({"GET", claim_key("refund", "m-1")});
+    ASSERT_TRUE(raw.has_value());
+    EXPECT_EQ(raw->find('~'), std::string::npos) << *raw;
+    EXPECT_EQ(idem::detail::to_unix_ms(b->find_claim("refund", "m-1")->claimed_at), claimed_at);
+    // A's completion is fenced off.
+    a_tx.record_outcome("refund", "m-1", Disposition::processed, "");
+    EXPECT_THROW(a_tx.commit(), idem::commit_failed);
+    b_tx.record_outcome("refund", "m-1", Disposition::processed, "");
+    b_tx.commit();
+    EXPECT_EQ(b->find_claim("refund", "m-1")->disposition, Disposition::processed);
+}
+
+TEST_F(RedisServerClockTest, ReleasedSetClaimsCountAttemptsAndPurgeReadsTheirAge) {
+    auto a = worker();
+    {
+        auto tx = a->begin();
+        ASSERT_EQ(tx.claim("jobs", "m-1").status, ClaimStatus::claimed);
+    }  // rolled back: released, the attempt stays
+    {
+        auto tx = a->begin();
+        auto again = tx.claim("jobs", "m-1");
+        EXPECT_EQ(again.status, ClaimStatus::claimed);
+        EXPECT_EQ(again.attempts, 2u);
+        tx.record_outcome("jobs", "m-1", Disposition::processed, "");
+        tx.commit();
+    }
+    {
+        auto tx = a->begin();
+        ASSERT_EQ(tx.claim("jobs", "m-2").status, ClaimStatus::claimed);
+        tx.record_outcome("jobs", "m-2", Disposition::processed, "");
+        tx.commit();
+    }
+    // Both are younger than an hour; older than 0 ms both go (purge resolves `~` times).
+    EXPECT_EQ(a->purge(1h).claims, 0u);
+    std::this_thread::sleep_for(5ms);
+    EXPECT_EQ(a->purge(1ms).claims, 2u);
+    EXPECT_FALSE(a->find_claim("jobs", "m-1").has_value());
+}
+
+TEST_F(RedisServerClockTest, WithoutSetClaimsEveryClaimIsTheScriptAndTheAnswersAreTheSame) {
+    auto scripted = worker(false);
+    auto by_set = worker(true);
+    EXPECT_FALSE(scripted->claims_with_set());
+    for (auto* s : {scripted.get(), by_set.get()}) {
+        const std::string scope = s == scripted.get() ? "scripted" : "set";
+        auto handler =
+            idem::make_handler(*s, idem::Policy{scope}, [](auto&, const std::string&) {});
+        std::vector<Delivery> deliveries = {{"m-1", 1}, {"m-2", 1}, {"m-1", 1}};
+        std::vector<std::string> bodies = {"a", "b", "a"};
+        auto first = handler.handle_batch(deliveries, bodies);
+        EXPECT_EQ(first[0].disposition, Disposition::processed) << scope;
+        EXPECT_EQ(first[1].disposition, Disposition::processed) << scope;
+        EXPECT_EQ(first[2].disposition, Disposition::duplicate) << scope;
+        auto second = handler.handle_batch(deliveries, bodies);
+        for (const auto& outcome : second)
+            EXPECT_EQ(outcome.disposition, Disposition::duplicate) << scope;
+        auto raw = client().str({"GET", claim_key(scope, "m-1")});
+        ASSERT_TRUE(raw.has_value());
+        // The script reads TIME and writes numbers; SET writes `~<retention>`.
+        EXPECT_EQ(raw->find('~') == std::string::npos, s == scripted.get()) << *raw;
+    }
+}
+
 TEST_F(RedisStoreTest, OneClaimsKeysShareAClusterSlotWhateverTheIdHolds) {
     ASSERT_EQ(key_slot("123456789"), 0x31C3u % 16384);  // the CRC16 check value
     const std::vector<std::string> ids = {"plain", "a}b", "{x}", "}",

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
-/// @brief RedisStore: claims held as leases in Redis, taken in one round trip (a Lua script) and
-/// completed by compare-and-set on the lease's token. Redis-side writes of the effect (and the
+/// @brief RedisStore: claims held as leases in Redis, taken in one round trip (a plain
+/// `SET … NX GET` for a new id, a Lua script for a contested one) and completed by
+/// compare-and-set on the lease's token. Redis-side writes of the effect (and the
 /// stream XACK when the broker is the same Redis) commit atomically with the completion. Link
 /// idem::redis. See docs/redis.md.
 
@@ -45,6 +46,10 @@ struct RedisOptions {
     /// Time source for leases and claimed_at. Empty (the default): the Redis server's clock, read
     /// inside the scripts, so workers with skewed clocks still agree on when a lease expires.
     Clock clock;
+    /// Claim a new id with one plain `SET … NX PX … GET` (Redis 7.0 and later) rather than a
+    /// script; contested ids still go through the claim script. A server that refuses the
+    /// command (before 7.0) switches the store to the script for good on the first claim.
+    bool claim_with_set = true;
 };
 
 /// @brief A consumer reading a stream on the same Redis asks the next transaction begun on its
@@ -106,6 +111,13 @@ inline std::vector<std::string> stream_dead_letter_command(
 // while the state is leased. Times are milliseconds since the epoch. The claim sets the
 // record's expiry (the retention); later changes keep it. RedisClaimRecord is the C++ twin.
 //
+// A new id is claimed without a script: one `SET key record NX PX retention GET` (Redis 7.0+),
+// which cannot read the server's clock. Its claimed_at and leased_at say `~<retention>`
+// instead: "the record's expiry minus this", which PEXPIRETIME answers exactly (the server set
+// the expiry from its clock when the SET ran, and later changes keep it). Whoever reads the
+// times (the claim script on a contested id, purge, find_claim) resolves them; a takeover writes
+// them out as numbers.
+//
 // Why this layout: a change of state rewrites the first three fields and keeps the rest (from
 // attempts on) as it is, so the scripts only cut and join strings. Lua in Redis pays 1,000 to
 // 3,000 instructions for each C call (tonumber, string.match, ...) and ~2,500 for each number
@@ -138,13 +150,23 @@ end
 )";
 
 // Every field of the header, and rest and tail (from #fp on); nothing when there is no record.
+// The times come back as numbers, `~<retention>` ones resolved against the record's expiry.
 inline constexpr const char* redis_lua_split = R"(
 local function split(key, v)
   if not v then return nil end
   local r = {}
   r.state, r.token, r.outcome, r.rest, r.attempts, r.claimed_at, r.leased_at, r.lease_ms,
-    r.tail = string.match(v, '^(%l+)|(%x*)|([%l_]*)|((%d+)|(%d+)|(%d*)|(%d*)|(.*))$')
+    r.tail = string.match(v, '^(%l+)|(%x*)|([%l_]*)|((%d+)|(~?%d+)|(~?%d*)|(%d*)|(.*))$')
   if not r.state then error('idem: unreadable claim record at ' .. key) end
+  local expiry
+  for _, f in ipairs({'claimed_at', 'leased_at'}) do
+    if string.sub(r[f], 1, 1) == '~' then
+      expiry = expiry or redis.call('PEXPIRETIME', key)
+      r[f] = expiry - tonumber(string.sub(r[f], 2))
+    else
+      r[f] = tonumber(r[f]) or 0
+    end
+  end
   return r
 end
 )";
@@ -161,7 +183,7 @@ end
 // The fingerprint, scope and id in a record's rest.
 inline constexpr const char* redis_lua_fields = R"(
 local function fields(rest)
-  local nf, ns, ni, at = string.match(rest, '^%d+|%d+|%d*|%d*|(%d+)|(%d+)|(%d+)\n()')
+  local nf, ns, ni, at = string.match(rest, '^%d+|~?%d+|~?%d*|%d*|(%d+)|(%d+)|(%d+)\n()')
   nf, ns, ni = tonumber(nf), tonumber(ns), tonumber(ni)
   return string.sub(rest, at, at + nf - 1), string.sub(rest, at + nf, at + nf + ns - 1),
          string.sub(rest, at + nf + ns, at + nf + ns + ni - 1)
@@ -175,6 +197,20 @@ local function release(key, prefix)
   if not rest then return 0 end
   redis.call('SET', key, record('free', '', '', rest), 'KEEPTTL')
   return 1
+end
+)";
+
+// Adds a dead letter to a stream: assigns `add_letter` (declared by the caller). The clock is
+// read only here.
+inline constexpr const char* redis_lua_add_letter = R"(
+add_letter = function(key, scope, id, count, reason, payload, created_at)
+  local t = redis.call('TIME')
+  if created_at == '' then
+    created_at = ARGV[1] ~= '' and ARGV[1] or t[1] .. string.sub('00000' .. t[2], -6, -4)
+  end
+  redis.call('XADD', key, '*', 'scope', scope, 'id', id, 'delivery_count', count,
+             'reason', reason, 'payload', payload, 'created_at', created_at,
+             'order_us', t[1] .. string.format('%06d', t[2]))
 end
 )";
 
@@ -216,7 +252,7 @@ for c = 1, #KEYS do
       out[c] = {'in_progress', int(left), fp, r.attempts}
     else  -- released, or the lease ran out: taken over, one more attempt
       local attempts = int(r.attempts + 1)
-      redis.call('SET', key, record('leased', token, '', attempts .. '|' .. r.claimed_at ..
+      redis.call('SET', key, record('leased', token, '', attempts .. '|' .. int(r.claimed_at) ..
                  '|' .. now .. '|' .. lease_ms .. '|' .. r.tail), 'PX', retention)
       out[c] = {'claimed', r.state, fp, attempts}
     end
@@ -234,34 +270,30 @@ return out
 // n_commands. Every lease is checked before anything is written: a lost lease writes nothing.
 // Returns 'ok', or {why, detail...}. The clock is read only for dead letters.
 inline const std::string& redis_complete_source() {
-    static const std::string source = lua({redis_lua_now, redis_lua_record, redis_lua_split,
-                                           redis_lua_held, redis_lua_fields, redis_lua_release}) +
-                                      R"(
+    // The common commit (leases held, the effect's writes, no dead letter) runs no `local
+    // function` statement: each one builds a closure on every call. The helpers are made only
+    // on the paths that need them.
+    static const std::string source = std::string(R"(
 local mine = 'leased|' .. ARGV[2] .. '||'  -- how a record leased to this transaction starts
 local n_claims = tonumber(ARGV[3])
 local rest = {}
 for c = 1, n_claims do
-  rest[c] = held(redis.call('GET', KEYS[c]), mine)
-  if not rest[c] then
-    local r = split(KEYS[c], redis.call('GET', KEYS[c]))
-    return {'lease_lost', tostring(c), r and r.state or 'gone'}
+  local v = redis.call('GET', KEYS[c])
+  if v and string.sub(v, 1, #mine) == mine then
+    rest[c] = string.sub(v, #mine + 1)
+  else
+    return {'lease_lost', tostring(c), v and string.match(v, '^%l+') or 'gone'}
   end
-end
-local function finish(c, outcome, reason)
-  redis.call('SET', KEYS[c], record('done', '', outcome, rest[c] .. reason), 'KEEPTTL')
-end
-local function add_letter(key, scope, id, count, reason, payload, created_at)
-  local t = redis.call('TIME')
-  if created_at == '' then created_at = now_text(ARGV[1]) end
-  redis.call('XADD', key, '*', 'scope', scope, 'id', id, 'delivery_count', count,
-             'reason', reason, 'payload', payload, 'created_at', created_at,
-             'order_us', t[1] .. string.format('%06d', t[2]))
 end
 local i = 4 + 2 * n_claims
 local n_letters = tonumber(ARGV[i])
 local letters_at = i + 1
 i = letters_at + 6 * n_letters
 local n_commands = tonumber(ARGV[i]); i = i + 1
+local add_letter
+if n_letters > 0 then
+)") + redis_lua_add_letter + R"(
+end
 for k = 1, n_commands do
   local argc = tonumber(ARGV[i])
   local name = ARGV[i + 1]
@@ -269,12 +301,14 @@ for k = 1, n_commands do
   i = i + 1 + argc
   if type(result) == 'table' and result.err then
     if k == 1 then return {'command_failed', '1', result.err} end
+)" + redis_lua_fields + redis_lua_add_letter +
+                                      R"(
     -- Redis cannot undo commands 1..k-1: park the claims so a redelivery does not apply them a
     -- second time, and leave a dead letter for a human.
     local why = 'Redis command ' .. k .. ' of the commit (' .. name .. ') failed after ' ..
                 (k - 1) .. ' had been applied (Redis cannot roll back): ' .. result.err
     for c = 1, n_claims do
-      finish(c, 'dead_lettered', why)
+      redis.call('SET', KEYS[c], 'done||dead_lettered|' .. rest[c] .. why, 'KEEPTTL')
       -- The claim's dead letters: its key with 'd' for 'c' before the hash tag (same slot).
       local tag = string.find(KEYS[c], '{', 1, true)
       local letters = string.sub(KEYS[c], 1, tag - 2) .. 'd' .. string.sub(KEYS[c], tag)
@@ -290,11 +324,16 @@ for d = 1, n_letters do
              ARGV[a + 5])
 end
 for c = 1, n_claims do
-  finish(c, ARGV[2 + 2 * c], ARGV[3 + 2 * c])
+  redis.call('SET', KEYS[c], 'done||' .. ARGV[2 + 2 * c] .. '|' .. rest[c] .. ARGV[3 + 2 * c],
+             'KEEPTTL')
 end
 -- Leases given back without completion (batch messages that failed): freed if still ours.
-for k = n_claims + n_letters + 1, #KEYS do
-  release(KEYS[k], mine)
+if #KEYS > n_claims + n_letters then
+)" + redis_lua_record + redis_lua_held +
+                                      redis_lua_release + R"(
+  for k = n_claims + n_letters + 1, #KEYS do
+    release(KEYS[k], mine)
+  end
 end
 return 'ok'
 )";
@@ -346,7 +385,7 @@ local cutoff = tonumber(ARGV[1])
 local claims, released = 0, 0
 for c = 1, #KEYS do
   local r = split(KEYS[c], redis.call('GET', KEYS[c]))
-  if r and tonumber(r.claimed_at) < cutoff and
+  if r and r.claimed_at < cutoff and
      not (r.state == 'leased' and r.leased_at + r.lease_ms > now) then
     redis.call('DEL', KEYS[c])
     if r.state == 'free' then released = released + 1 else claims = claims + 1 end
@@ -467,6 +506,17 @@ struct RedisClaimRecord {
     std::string scope;
     std::string id;
     std::string reason;  ///< empty unless done
+    /// claimed_at and leased_at are "the record's expiry minus this" (`~<ms>` in the record: a
+    /// claim made by SET, which cannot read the clock) until resolve() is given the expiry.
+    std::optional<std::int64_t> times_before_expiry;
+
+    /// Turns `~<ms>` times into numbers, given the record's PEXPIRETIME.
+    void resolve(std::int64_t expiry_ms) {
+        if (!times_before_expiry) return;
+        claimed_at = expiry_ms - *times_before_expiry;
+        leased_at = claimed_at;
+        times_before_expiry.reset();
+    }
 
     /// When the lease ends; 0 when the record is not leased.
     [[nodiscard]] std::int64_t lease_until() const {
@@ -492,8 +542,12 @@ struct RedisClaimRecord {
         r.token = std::string(parts[1]);
         r.outcome = std::string(parts[2]);
         r.attempts = static_cast<std::uint32_t>(parse_int(parts[3]));
-        r.claimed_at = parse_int(parts[4]);
-        r.leased_at = parse_int(parts[5]);
+        if (!parts[4].empty() && parts[4][0] == '~') {
+            r.times_before_expiry = parse_int(parts[4].substr(1));
+        } else {
+            r.claimed_at = parse_int(parts[4]);
+            r.leased_at = parse_int(parts[5]);
+        }
         r.lease_ms = parse_int(parts[6]);
         const auto nf = static_cast<std::size_t>(parse_int(parts[7]));
         const auto ns = static_cast<std::size_t>(parse_int(parts[8]));
@@ -558,10 +612,12 @@ inline std::string new_lease_token() {
 /// docs/redis.md). Thread-safe: each call takes a connection from a small pool, so handlers on
 /// several threads share one store.
 ///
-/// - claim(): one round trip. Absent or released → leased to this transaction's token (the
-///   attempt count goes up); finished → duplicate with the recorded outcome; leased and live →
-///   in_progress; leased but expired → taken over with a new token. The record expires after the
-///   retention. claim_many(): the same for a batch's ids, in one script call.
+/// - claim(): one round trip, `SET … NX PX … GET`: absent → leased to this transaction's token
+///   (attempt 1); finished → duplicate with the recorded outcome. A record leased by another
+///   worker or released goes on to the claim script (one more round trip): leased and live →
+///   in_progress; expired or released → taken over with a new token, the attempt count goes up.
+///   The record expires after the retention. claim_many(): the same for a batch's ids, the SETs
+///   pipelined in one round trip.
 /// - commit(): one round trip, a script that checks every lease is still ours, runs the queued
 ///   Redis writes (write(), the consumer's XACK), stores dead letters and marks the claims done.
 ///   A lease lost to another worker writes nothing and throws commit_failed ("lease lost").
@@ -580,6 +636,7 @@ class RedisStore {
 
     explicit RedisStore(RedisEndpoint endpoint, RedisOptions options = {})
         : endpoint_(std::move(endpoint)), options_(std::move(options)) {
+        claim_with_set_.store(options_.claim_with_set, std::memory_order_relaxed);
         if (options_.lease.count() <= 0) {
             throw usage_error("idem::RedisStore: the default lease must be positive");
         }
@@ -594,6 +651,11 @@ class RedisStore {
 
     [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return endpoint_; }
     [[nodiscard]] const RedisOptions& options() const noexcept { return options_; }
+    /// Whether new ids are claimed with `SET … NX … GET` (RedisOptions::claim_with_set, until a
+    /// server before 7.0 refuses it) rather than the claim script.
+    [[nodiscard]] bool claims_with_set() const noexcept {
+        return claim_with_set_.load(std::memory_order_relaxed);
+    }
     /// The lease used when the handler's policy sets none.
     [[nodiscard]] std::chrono::milliseconds default_lease() const noexcept {
         return options_.lease;
@@ -825,6 +887,13 @@ class RedisStore {
             throw store_error(fmt::format("idem: unreadable claim record for {}/{} on {}", scope,
                                           id, endpoint_.describe()));
         }
+        if (record->times_before_expiry) {
+            RedisArgs expiry;
+            expiry.add("PEXPIRETIME").add(claim_key(scope, id));
+            RedisReply at = with_connection(
+                [&](RedisConnection& c) { return c.checked(expiry, "PEXPIRETIME"); });
+            record->resolve(at.integer);
+        }
         return record;
     }
 
@@ -923,6 +992,7 @@ class RedisStore {
     std::mutex pool_mutex_;
     std::vector<std::unique_ptr<RedisConnection>> idle_;
     std::atomic<std::size_t> round_trips_{0};
+    std::atomic<bool> claim_with_set_{true};
 };
 
 /// @brief One handler run's claims and queued writes; frees its leases in its destructor unless
@@ -955,8 +1025,9 @@ class RedisStore::Transaction {
         if (terms.retention.count() > 0) retention_ = terms.retention;
     }
 
-    /// @brief One round trip. For a claim: ClaimResult::attempts is how many times the effect
-    /// started (this time included), which the handler's poison check uses.
+    /// @brief One round trip (two for an id another worker holds or released). For a claim:
+    /// ClaimResult::attempts is how many times the effect started (this time included), which
+    /// the handler's poison check uses.
     ClaimResult claim(std::string_view scope, std::string_view id,
                       std::string_view fingerprint = {}) {
         active();
@@ -966,9 +1037,9 @@ class RedisStore::Transaction {
         return results.front();
     }
 
-    /// @brief Claims many ids of one scope in ONE round trip and one script call (the script
-    /// loops over the ids); results in order. An id repeated in @p ids is a duplicate of its
-    /// first copy. @p fingerprints is empty or one per id. Used by
+    /// @brief Claims many ids of one scope in ONE round trip (pipelined SETs; one more for the
+    /// ids other workers hold or released, together); results in order. An id repeated in @p ids is
+    /// a duplicate of its first copy. @p fingerprints is empty or one per id. Used by
     /// IdempotentHandler::handle_batch. The keys of different ids are in different Cluster
     /// slots: on a Cluster, handle one message per transaction (docs/redis.md).
     std::vector<ClaimResult> claim_many(std::string_view scope,
@@ -1271,14 +1342,16 @@ class RedisStore::Transaction {
         return own;
     }
 
-    /// One claim script call for @p count ids (see redis_claim_source()); @p fingerprints is
-    /// null or one per id.
+    /// Claims @p count ids in one round trip: a pipelined `SET … NX PX … GET` per id, which
+    /// claims a new id outright and otherwise returns its record without writing. A finished id
+    /// is then a duplicate, a second copy of an id of this call is this transaction's own; only
+    /// the rest (leased by another worker, or released) go through the claim script, in one more
+    /// round trip. Without SET claims (option off, or a server before 7.0) every id goes through
+    /// the script. @p fingerprints is null or one per id.
     std::vector<ClaimResult> claim_all(std::string_view scope, const std::string_view* ids,
                                        std::size_t count, const std::string_view* fingerprints) {
         std::vector<Claim> held;
         held.reserve(count);
-        RedisArgs call;
-        call.reserve(128 * count + 128);
         for (std::size_t i = 0; i < count; ++i) {
             held.push_back(
                 Claim{std::string(scope),
@@ -1287,31 +1360,129 @@ class RedisStore::Transaction {
                       fingerprints != nullptr ? std::string(fingerprints[i]) : std::string(),
                       {},
                       {}});
-            call.add(held.back().key);
         }
+        const std::size_t held_before = claims_.size();
+        std::vector<ClaimResult> results(count);
+        std::vector<std::size_t> contested;  // for the script
+        if (store_->claim_with_set_.load(std::memory_order_relaxed)) {
+            if (!claim_with_set(held, results, held_before, contested)) {
+                contested.clear();  // the server refused SET … GET: nothing was written
+                for (std::size_t i = 0; i < count; ++i)
+                    contested.push_back(i);
+            }
+        } else {
+            for (std::size_t i = 0; i < count; ++i)
+                contested.push_back(i);
+        }
+        if (contested.empty()) return results;
+
+        RedisArgs call;
+        call.reserve(128 * contested.size() + 128);
+        for (std::size_t i : contested)
+            call.add(held[i].key);
         call.add(token_).add(lease_.count()).add(retention_ms()).add(store_->now_arg());
-        for (const auto& claim : held)
-            call.add(detail::RedisClaimRecord::fields(claim.fingerprint, claim.scope, claim.id));
-        RedisReply reply = store_->with_connection(
-            [&](RedisConnection& c) { return c.eval(detail::redis_claim_script(), count, call); });
+        for (std::size_t i : contested)
+            call.add(
+                detail::RedisClaimRecord::fields(held[i].fingerprint, held[i].scope, held[i].id));
+        RedisReply reply = store_->with_connection([&](RedisConnection& c) {
+            return c.eval(detail::redis_claim_script(), contested.size(), call);
+        });
         store_->check_script(reply, "claim");
         std::vector<RedisReply> one;  // one id: the script answers it alone
-        if (count == 1) one.push_back(std::move(reply));
-        std::vector<RedisReply>& answers = count == 1 ? one : reply.elements;
-        if (count > 1 && (!reply.is_array() || answers.size() != count)) {
+        if (contested.size() == 1) one.push_back(std::move(reply));
+        std::vector<RedisReply>& answers = contested.size() == 1 ? one : reply.elements;
+        if (answers.size() != contested.size()) {
             throw store_error("idem: Redis claim script: unexpected reply");
         }
         // An id this transaction held before the call is its own duplicate; a second copy of an
         // id in this call the script already answers so (the first copy made the lease ours).
-        const std::size_t held_before = claims_.size();
-        std::vector<ClaimResult> results;
-        results.reserve(count);
-        for (std::size_t i = 0; i < count; ++i) {
+        for (std::size_t k = 0; k < contested.size(); ++k) {
+            const std::size_t i = contested[k];
             std::optional<ClaimResult> own;
-            if (held_before > 0) own = own_claim(scope, ids[i]);
-            results.push_back(own ? *own : take(std::move(held[i]), answers[i]));
+            if (held_before > 0) own = own_claim(held[i].scope, held[i].id);
+            results[i] = own ? *own : take(std::move(held[i]), answers[k]);
         }
         return results;
+    }
+
+    /// The SET round trip of claim_all(). Decides what it can into @p results and lists the
+    /// rest in @p contested; false (nothing decided, nothing written) when the server does not
+    /// know `SET … NX … GET`, which then stays off for this store.
+    bool claim_with_set(std::vector<Claim>& held, std::vector<ClaimResult>& results,
+                        std::size_t held_before, std::vector<std::size_t>& contested) {
+        // A new record: attempt 1, claimed and leased now — the server's now, which a plain SET
+        // cannot read, so the times say "the expiry minus the retention" (see redis_lua_now).
+        const std::string now = store_->now_arg();
+        const std::string retention = std::to_string(retention_ms());
+        std::string head = "leased|" + token_ + "||1|";
+        if (now.empty()) {
+            head += '~' + retention + "|~" + retention;
+        } else {
+            head += now + '|' + now;
+        }
+        head += '|' + std::to_string(lease_.count()) + '|';
+        std::vector<RedisArgs> sets(held.size());
+        for (std::size_t i = 0; i < held.size(); ++i) {
+            sets[i]
+                .add("SET")
+                .add(held[i].key)
+                .add(head + detail::RedisClaimRecord::fields(held[i].fingerprint, held[i].scope,
+                                                             held[i].id))
+                .add("NX")
+                .add("PX")
+                .add(retention)
+                .add("GET");
+        }
+        std::vector<RedisReply> replies =
+            store_->with_connection([&](RedisConnection& c) { return c.pipeline(sets); });
+        if (!replies.empty() && replies[0].is_error() &&
+            replies[0].str.rfind("ERR syntax error", 0) == 0) {
+            store_->claim_with_set_.store(false, std::memory_order_relaxed);
+            return false;
+        }
+        const RedisReply* error = nullptr;  // thrown once the claims that went in are ours
+        for (std::size_t i = 0; i < held.size(); ++i) {
+            RedisReply& reply = replies[i];
+            if (reply.is_error()) {
+                if (error == nullptr) error = &reply;
+                continue;
+            }
+            std::optional<ClaimResult> own;
+            if (held_before > 0) own = own_claim(held[i].scope, held[i].id);
+            if (own) {
+                results[i] = *own;
+                continue;
+            }
+            if (reply.is_nil()) {  // a new claim: attempt 1
+                results[i].status = ClaimStatus::claimed;
+                results[i].fingerprint = held[i].fingerprint;
+                results[i].attempts = 1;
+                claims_.push_back(std::move(held[i]));
+                continue;
+            }
+            auto record = detail::RedisClaimRecord::decode(reply.str);
+            if (!record) {
+                if (error == nullptr) error = &reply;
+                continue;
+            }
+            const bool mine = record->state == "leased" && record->token == token_;
+            if (record->state == "done" || mine) {  // finished, or a second copy of ours
+                results[i].status = ClaimStatus::duplicate;
+                results[i].recorded = mine                      ? Disposition::in_progress
+                                      : record->outcome.empty() ? Disposition::processed
+                                                                : disposition_from(record->outcome);
+                results[i].fingerprint = std::move(record->fingerprint);
+                results[i].attempts = record->attempts;
+                continue;
+            }
+            contested.push_back(i);
+        }
+        if (error != nullptr) {
+            throw store_error(
+                fmt::format("idem: Redis claim (SET … NX GET): {}",
+                            error->is_error() ? error->str : "unreadable claim record"));
+        }
+        return true;
     }
 
     /// Reads one id's answer: 1 for a new claim, else {status, detail, fingerprint, attempts}.

@@ -147,25 +147,51 @@ inline void append_decimal(std::string& out, long long value) {
     out.append(digits, static_cast<std::size_t>(end - digits));
 }
 
-/// One RESP bulk string: `$<length>\r\n<bytes>\r\n`, written in place (one resize, not five
-/// appends: this runs for every argument of every command).
-inline void append_bulk(std::string& out, std::string_view bytes) {
-    char head[24];
-    head[0] = '$';
-    char* end = std::to_chars(head + 1, head + sizeof head, bytes.size()).ptr;
-    const auto head_size = static_cast<std::size_t>(end - head);
-    const std::size_t at = out.size();
-    out.resize(at + head_size + 2 + bytes.size() + 2);
-    char* p = out.data() + at;
-    std::memcpy(p, head, head_size);
-    p += head_size;
-    *p++ = '\r';
-    *p++ = '\n';
-    if (!bytes.empty()) std::memcpy(p, bytes.data(), bytes.size());
-    p += bytes.size();
-    *p++ = '\r';
-    *p = '\n';
-}
+/// The bytes of commands being encoded. Every argument of every command is appended here, so it
+/// grows without std::string's per-append cost (a call into the library, a zero-fill on resize):
+/// the string's own size is the capacity, `size_` the bytes in use.
+class RespBuffer {
+  public:
+    void append(const char* data, std::size_t n) {
+        if (n == 0) return;
+        if (size_ + n > bytes_.size()) grow(size_ + n);
+        std::memcpy(&bytes_[size_], data, n);
+        size_ += n;
+    }
+    void append(std::string_view text) { append(text.data(), text.size()); }
+    void append_decimal(long long value) {
+        char digits[24];
+        const auto end = std::to_chars(digits, digits + sizeof digits, value).ptr;
+        append(digits, static_cast<std::size_t>(end - digits));
+    }
+    /// One RESP bulk string: `$<length>\r\n<bytes>\r\n`.
+    void append_bulk(std::string_view value) {
+        char head[24];
+        head[0] = '$';
+        char* end = std::to_chars(head + 1, head + sizeof head - 2, value.size()).ptr;
+        *end++ = '\r';
+        *end++ = '\n';
+        append(head, static_cast<std::size_t>(end - head));
+        append(value);
+        append("\r\n", 2);
+    }
+    void reserve(std::size_t bytes) {
+        if (bytes > bytes_.size()) bytes_.resize(bytes);
+    }
+    void truncate(std::size_t size) noexcept { size_ = std::min(size_, size); }
+    void clear() noexcept { size_ = 0; }
+    [[nodiscard]] std::size_t size() const noexcept { return size_; }
+    [[nodiscard]] std::string_view view() const noexcept { return {bytes_.data(), size_}; }
+
+  private:
+    void grow(std::size_t need) {
+        // 256 bytes hold a claim or a commit: most buffers never grow twice.
+        bytes_.resize(std::max({need, 2 * bytes_.size(), std::size_t{256}}));
+    }
+
+    std::string bytes_;
+    std::size_t size_ = 0;
+};
 
 }  // namespace detail
 
@@ -178,14 +204,13 @@ class RedisArgs {
     template <class T>
     RedisArgs& add(const T& value) {
         if constexpr (std::is_same_v<T, Blob>) {
-            detail::append_bulk(resp_, value.bytes);
+            resp_.append_bulk(value.bytes);
         } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
-            detail::append_bulk(resp_, std::string_view(value));
+            resp_.append_bulk(std::string_view(value));
         } else if constexpr (std::is_integral_v<T>) {
             char digits[24];
             const auto end = std::to_chars(digits, digits + sizeof digits, value).ptr;
-            detail::append_bulk(resp_,
-                                std::string_view(digits, static_cast<std::size_t>(end - digits)));
+            resp_.append_bulk(std::string_view(digits, static_cast<std::size_t>(end - digits)));
         } else {
             static_assert(std::is_integral_v<T>,
                           "idem: a Redis command argument must be text, idem::Blob or an integer");
@@ -195,7 +220,7 @@ class RedisArgs {
     }
     /// Every argument of @p more, after these.
     RedisArgs& append(const RedisArgs& more) {
-        resp_ += more.resp_;
+        resp_.append(more.resp_.view());
         count_ += more.count_;
         return *this;
     }
@@ -203,7 +228,7 @@ class RedisArgs {
     [[nodiscard]] std::size_t count() const noexcept { return count_; }
     [[nodiscard]] bool empty() const noexcept { return count_ == 0; }
     /// The arguments as RESP, without the command's `*<count>` header.
-    [[nodiscard]] std::string_view resp() const noexcept { return resp_; }
+    [[nodiscard]] std::string_view resp() const noexcept { return resp_.view(); }
 
     /// Where the arguments end now; truncate() drops what was added after it (savepoints).
     struct Mark {
@@ -212,7 +237,7 @@ class RedisArgs {
     };
     [[nodiscard]] Mark mark() const noexcept { return Mark{count_, resp_.size()}; }
     void truncate(Mark mark) {
-        if (mark.bytes < resp_.size()) resp_.resize(mark.bytes);
+        resp_.truncate(mark.bytes);
         count_ = std::min(count_, mark.count);
     }
     void clear() noexcept {
@@ -222,7 +247,7 @@ class RedisArgs {
     void reserve(std::size_t bytes) { resp_.reserve(bytes); }
 
   private:
-    std::string resp_;
+    detail::RespBuffer resp_;
     std::size_t count_ = 0;
 };
 
@@ -272,6 +297,15 @@ class RedisConnection {
         ++round_trips_;
         for (const auto& args : commands)
             append(args);
+        return read_replies(commands.size());
+    }
+
+    /// @brief The same with each command's arguments already encoded (RedisArgs).
+    std::vector<RedisReply> pipeline(const std::vector<RedisArgs>& commands) {
+        ensure_connected();
+        ++round_trips_;
+        for (const auto& args : commands)
+            append({}, args);
         return read_replies(commands.size());
     }
 
@@ -415,23 +449,23 @@ class RedisConnection {
     // Commands are written as RESP into out_ (reused) and handed to hiredis as they are.
     void append(const std::vector<std::string>& args) {
         out_.clear();
-        out_ += '*';
-        detail::append_decimal(out_, static_cast<long long>(args.size()));
-        out_ += "\r\n";
+        out_.append("*", 1);
+        out_.append_decimal(static_cast<long long>(args.size()));
+        out_.append("\r\n", 2);
         for (const auto& arg : args)
-            detail::append_bulk(out_, arg);
+            out_.append_bulk(arg);
         send_out();
     }
     /// @p head's arguments, then @p tail's, as one command.
     void append(std::initializer_list<std::string_view> head, const RedisArgs& tail) {
         out_.clear();
         out_.reserve(64 + tail.resp().size());
-        out_ += '*';
-        detail::append_decimal(out_, static_cast<long long>(head.size() + tail.count()));
-        out_ += "\r\n";
+        out_.append("*", 1);
+        out_.append_decimal(static_cast<long long>(head.size() + tail.count()));
+        out_.append("\r\n", 2);
         for (std::string_view arg : head)
-            detail::append_bulk(out_, arg);
-        out_ += tail.resp();
+            out_.append_bulk(arg);
+        out_.append(tail.resp());
         send_out();
     }
     void append_evalsha(const std::string& sha, std::size_t num_keys, const RedisArgs& call) {
@@ -441,7 +475,9 @@ class RedisConnection {
                call);
     }
     void send_out() {
-        if (redisAppendFormattedCommand(context_.get(), out_.data(), out_.size()) != REDIS_OK) {
+        const std::string_view command = out_.view();
+        if (redisAppendFormattedCommand(context_.get(), command.data(), command.size()) !=
+            REDIS_OK) {
             fail("sending a command");
         }
     }
@@ -482,7 +518,7 @@ class RedisConnection {
     RedisEndpoint endpoint_;
     std::unique_ptr<redisContext, ContextFree> context_;
     std::unordered_map<const char*, std::string> shas_;
-    std::string out_;  ///< the command being sent, as RESP
+    detail::RespBuffer out_;  ///< the command being sent, as RESP
     std::size_t connects_ = 0;
     std::size_t round_trips_ = 0;
 };
