@@ -230,16 +230,18 @@ void raw_batch(Raw& raw, std::uint64_t& seq) {
     raw.commit();
 }
 
-/// The effects of the idem side of the store cases, the same rows and keys the raw twins write:
-/// one row in `effects` (SQLite, create_sqlite_effects) or `idem_effects` (PostgreSQL,
-/// create_postgres_effects), one key fx:<order> (Redis).
+/// The effects of the idem side of the store cases, the same rows the raw twins write: one row
+/// in `effects` (SQLite, create_sqlite_effects) or `idem_effects` (PostgreSQL,
+/// create_postgres_effects). Redis: issue 6's case is claim + complete against one SET NX per
+/// message, so its effect writes nothing; redis_single_write adds one key per message.
 inline constexpr auto sqlite_effect = [](auto& tx, const Order& o) {
     tx.execute("INSERT INTO effects(order_id, amount) VALUES (?1, ?2)", o.order_id, o.amount);
 };
 inline constexpr auto postgres_effect = [](auto& tx, const Order& o) {
     tx.execute("INSERT INTO idem_effects(order_id, amount) VALUES ($1, $2)", o.order_id, o.amount);
 };
-inline constexpr auto redis_effect = [](auto& tx, const Order& o) {
+inline constexpr auto redis_claim_only_effect = [](auto&, const Order&) {};
+inline constexpr auto redis_write_effect = [](auto& tx, const Order& o) {
     tx.write("SET", "fx:" + o.order_id, "1");
 };
 

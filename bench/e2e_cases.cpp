@@ -463,7 +463,7 @@ int run_profile(const std::string& name, std::size_t messages) {
     }
     if (name == "redis_single") {
         idem::RedisStore store{redis_endpoint()};
-        auto handler = idem::make_handler(store, idem::Policy{scope}, redis_effect);
+        auto handler = idem::make_handler(store, idem::Policy{scope}, redis_claim_only_effect);
         return profile_with(loop_single, handler, name, messages);
     }
     if (name == "postgres_single") {

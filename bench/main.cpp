@@ -49,13 +49,19 @@ const char* const usage_text =
     "                       sqlite_batch_raw (the raw twins)\n"
     "  --list               print the bench names and exit\n";
 
-const std::vector<std::string> bench_names{
-    "rss_flat",          "memory_single",
-    "sqlite_single",     "sqlite_batch",
-    "postgres_single",   "postgres_statement_costs (with postgres_single)",
-    "postgres_batch",    "redis_single",
-    "redis_batch",       "redis_server_time (with redis_*)",
-    "e2e_stream_sqlite", "e2e_stream_postgres"};
+const std::vector<std::string> bench_names{"rss_flat",
+                                           "memory_single",
+                                           "sqlite_single",
+                                           "sqlite_batch",
+                                           "postgres_single",
+                                           "postgres_statement_costs (with postgres_single)",
+                                           "postgres_batch",
+                                           "redis_single",
+                                           "redis_batch",
+                                           "redis_single_write",
+                                           "redis_server_time (with redis_*)",
+                                           "e2e_stream_sqlite",
+                                           "e2e_stream_postgres"};
 
 [[noreturn]] void usage(int status) {
     std::fputs(usage_text, status == 0 ? stdout : stderr);
