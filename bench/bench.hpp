@@ -289,11 +289,11 @@ class RawPostgres {
     [[nodiscard]] std::uint64_t round_trips() const noexcept { return round_trips_; }
     [[nodiscard]] PGconn* conn() const noexcept { return conn_; }
 
-    /// The raw transaction plus one or more of the statements idem's transaction has (for the
-    /// postgres_statement_costs diagnostic), each still its own round trip.
+    /// The raw transaction plus one or more of the statements idem's transaction had at the
+    /// suite's first run (the postgres_statement_costs diagnostic), each its own round trip.
     struct Extras {
         bool set_local = false;  ///< SET LOCAL lock_timeout after BEGIN
-        bool claim_cte = false;  ///< idem's claim statement (INSERT ... RETURNING in a CTE)
+        bool claim_cte = false;  ///< the claim as a CTE (INSERT ... RETURNING, UNION ALL SELECT)
         bool savepoint = false;  ///< SAVEPOINT / RELEASE around the effect
         bool update = false;     ///< claim inserted 'claimed', UPDATE to the outcome before COMMIT
     };

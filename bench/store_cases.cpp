@@ -289,10 +289,11 @@ void run_sqlite_cases() {
 
 namespace {
 
-/// What each statement of idem's PostgreSQL transaction costs: the raw transaction (BEGIN,
-/// INSERT claim, INSERT effect, COMMIT; a round trip each) with one of idem's extra statements
-/// added at a time, then all of them, then idem itself (the same statements, pipelined into 3
-/// round trips). Wall time, client CPU and the backend's CPU per message; medians of 3 rounds.
+/// What the statements idem's PostgreSQL transaction had in the first run of this suite cost
+/// (since then it has none of them; docs/performance.md): the raw transaction (BEGIN, INSERT
+/// claim, INSERT effect, COMMIT; a round trip each) with one of those statements added at a
+/// time, then all four, then idem itself as it is now (BEGIN + claim, the effect, COMMIT: 3 round
+/// trips). Wall time, client CPU and the backend's CPU per message; medians of 3 rounds.
 template <class Handler>
 Json postgres_statement_costs(RawPostgres& raw, Handler& handler, std::uint64_t& idem_seq,
                               std::uint64_t& raw_seq, pid_t idem_backend, pid_t raw_backend) {
@@ -338,7 +339,11 @@ Json postgres_statement_costs(RawPostgres& raw, Handler& handler, std::uint64_t&
     line.str("bench", "postgres_statement_costs")
         .str("store", "postgres")
         .str("unit", "us per message: wall, client CPU, server (backend) CPU; medians of 3 rounds")
-        .integer("messages_per_sample", n);
+        .integer("messages_per_sample", n)
+        .str("variants",
+             "plus_*: statements idem's transaction had at the suite's first run (SET LOCAL, the "
+             "claim as a CTE that also read the stored outcome, a savepoint around the effect, "
+             "the outcome as an UPDATE); idem now sends none of them");
     for (const auto& v : variants) {
         line.nums(v.name, {median(v.wall), median(v.client), median(v.server)}, 1);
     }
