@@ -60,6 +60,18 @@ class PostgresStoreTest : public ::testing::Test {
         return std::stoll(server_->query_value(sql, database_).value_or("-1"));
     }
     [[nodiscard]] PGconn* connect() const { return server_->connect(database_); }
+    /// After @p threads stores raced over @p ids ids: each processed once, by exactly one.
+    void expect_each_effect_once(long long ids, long threads, const std::atomic<long>& processed,
+                                 const std::atomic<long>& duplicates,
+                                 const std::atomic<long>& retried, const char* run) const {
+        EXPECT_EQ(processed.load(), ids);
+        EXPECT_EQ(duplicates.load(), ids * (threads - 1));
+        EXPECT_EQ(count("SELECT count(*) FROM effects"), ids);
+        EXPECT_EQ(count("SELECT count(DISTINCT message_id) FROM effects"), ids);
+        EXPECT_EQ(count("SELECT count(*) FROM idem_claims WHERE outcome = 'processed'"), ids);
+        std::printf("%s: %ld processed, %ld duplicates, %ld retried\n", run, processed.load(),
+                    duplicates.load(), retried.load());
+    }
 
     /// Options on the test's clock.
     idem::PostgresOptions clocked() {
@@ -1055,13 +1067,7 @@ TEST_F(PostgresStoreTest, EightStoresDeliveringTheSameThousandIdsApplyEachEffect
     start.notify_all();
     for (auto& thread : threads)
         thread.join();
-    EXPECT_EQ(processed.load(), kIds);
-    EXPECT_EQ(duplicates.load(), static_cast<long>(kIds) * (kThreads - 1));
-    EXPECT_EQ(count("SELECT count(*) FROM effects"), kIds);
-    EXPECT_EQ(count("SELECT count(DISTINCT message_id) FROM effects"), kIds);
-    EXPECT_EQ(count("SELECT count(*) FROM idem_claims WHERE outcome = 'processed'"), kIds);
-    std::printf("8 stores x 1,000 ids: %ld processed, %ld duplicates, %ld retried\n",
-                processed.load(), duplicates.load(), retried.load());
+    expect_each_effect_once(kIds, kThreads, processed, duplicates, retried, "8 stores x 1,000 ids");
 }
 
 TEST_F(PostgresStoreTest, FourStoresDeliveringTheSameIdsInBatchesApplyEachEffectOnce) {
@@ -1116,13 +1122,8 @@ TEST_F(PostgresStoreTest, FourStoresDeliveringTheSameIdsInBatchesApplyEachEffect
     }
     for (auto& thread : threads)
         thread.join();
-    EXPECT_EQ(processed.load(), kIds);
-    EXPECT_EQ(duplicates.load(), static_cast<long>(kIds) * (kThreads - 1));
-    EXPECT_EQ(count("SELECT count(*) FROM effects"), kIds);
-    EXPECT_EQ(count("SELECT count(DISTINCT message_id) FROM effects"), kIds);
-    EXPECT_EQ(count("SELECT count(*) FROM idem_claims WHERE outcome = 'processed'"), kIds);
-    std::printf("4 stores x 400 ids in batches of 20: %ld processed, %ld duplicates, %ld retried\n",
-                processed.load(), duplicates.load(), retried.load());
+    expect_each_effect_once(kIds, kThreads, processed, duplicates, retried,
+                            "4 stores x 400 ids in batches of 20");
 }
 
 }  // namespace

@@ -1885,18 +1885,8 @@ inline ClaimResult PostgresStore::Transaction::stored_claim(const PGresult* resu
                                                             int outcome_column,
                                                             int fingerprint_column) {
     namespace pg = detail::postgres_store;
-    ClaimResult claim;
-    claim.status = ClaimStatus::duplicate;
-    claim.fingerprint = pg::bytes_of(result, row, fingerprint_column);
-    const std::string outcome = pg::bytes_of(result, row, outcome_column);
-    if (outcome == "claimed") {
-        // Committed without an outcome (a transaction used without a handler).
-        claim.recorded = Disposition::in_progress;
-    } else if (!from_string(outcome, claim.recorded)) {
-        throw store_error(
-            fmt::format("idem postgres: unknown outcome '{}' stored in idem_claims", outcome));
-    }
-    return claim;
+    return detail::stored_duplicate(pg::bytes_of(result, row, outcome_column),
+                                    pg::bytes_of(result, row, fingerprint_column), "postgres");
 }
 
 inline ClaimResult PostgresStore::Transaction::insert_claim(PostgresStore& store,

@@ -1277,17 +1277,8 @@ inline ClaimResult SqliteStore::Transaction::claim(std::string_view scope, std::
             "id (a trigger or constraint on idem_claims?)");
     }
     if (rc != SQLITE_ROW) store.fail(rc, "claim (reading the recorded outcome)", Kind::idem);
-    const std::string outcome = detail::sqlite_store::column_string(stmt, 0);
-    result.fingerprint = detail::sqlite_store::column_string(stmt, 1);
-    result.status = ClaimStatus::duplicate;
-    if (outcome == "claimed") {
-        // Committed without an outcome (a transaction used without a handler).
-        result.recorded = Disposition::in_progress;
-    } else if (!from_string(outcome, result.recorded)) {
-        throw store_error(
-            fmt::format("idem sqlite: unknown outcome '{}' stored in idem_claims", outcome));
-    }
-    return result;
+    return detail::stored_duplicate(detail::sqlite_store::column_string(stmt, 0),
+                                    detail::sqlite_store::column_string(stmt, 1), "sqlite");
 }
 
 inline sqlite3_stmt* SqliteStore::claim_rows_statement(std::size_t rows, bool returning) {
