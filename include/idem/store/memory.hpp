@@ -48,7 +48,19 @@ struct MemoryStoreOptions {
 /// store.inject(idem::Fault::commit);   // the next commit fails
 /// @endcode
 class MemoryStore {
-    using ClaimKey = std::pair<std::string, std::string>;
+    using ClaimKey = std::pair<std::string, std::string>;  ///< scope, id
+    /// Orders by id first (a scope is usually the same for every claim, so comparing it first
+    /// compares equal bytes at every node), and finds by string_views without copying them.
+    struct ClaimOrder {
+        using is_transparent = void;
+        template <class A, class B>
+        bool operator()(const A& a, const B& b) const noexcept {
+            const int by_id = std::string_view(a.second).compare(std::string_view(b.second));
+            if (by_id != 0) return by_id < 0;
+            return std::string_view(a.first) < std::string_view(b.first);
+        }
+    };
+    using ClaimView = std::pair<std::string_view, std::string_view>;
     using Collection = std::map<std::string, std::string, std::less<>>;
 
     struct HeldLock {
@@ -99,8 +111,7 @@ class MemoryStore {
                           std::string_view fingerprint = {}) {
             active();
             store_->take_fault(Fault::claim);
-            ClaimKey key{std::string(scope), std::string(id)};
-            auto it = store_->claims_.find(key);
+            auto it = store_->claims_.find(ClaimView{scope, id});
             if (it != store_->claims_.end()) {
                 ClaimResult duplicate;
                 duplicate.status = ClaimStatus::duplicate;
@@ -108,12 +119,14 @@ class MemoryStore {
                 duplicate.fingerprint = it->second.fingerprint;
                 return duplicate;
             }
+            ClaimKey key{std::string(scope), std::string(id)};
             ClaimRecord record;
             record.scope = key.first;
             record.message_id = key.second;
             record.disposition = Disposition::in_progress;
             record.claimed_at = store_->now();
             record.fingerprint = std::string(fingerprint);
+            if (undo_.empty()) undo_.reserve(4);
             store_->claims_.emplace(key, std::move(record));
             undo_.push_back(Undo{Undo::Kind::claim_inserted, std::move(key), {}, {}, {}, {}});
             return ClaimResult{};
@@ -122,10 +135,13 @@ class MemoryStore {
         void record_outcome(std::string_view scope, std::string_view id, Disposition disposition,
                             std::string_view reason) {
             active();
-            ClaimKey key{std::string(scope), std::string(id)};
-            auto it = store_->claims_.find(key);
+            auto it = store_->claims_.find(ClaimView{scope, id});
             if (it == store_->claims_.end()) return;
-            undo_.push_back(Undo{Undo::Kind::claim_changed, key, it->second, {}, {}, {}});
+            // A claim this transaction made since its latest savepoint goes away with whatever
+            // undoes this change: no copy of the record needed.
+            if (!inserted_since_savepoint(it->first)) {
+                undo_.push_back(Undo{Undo::Kind::claim_changed, it->first, it->second, {}, {}, {}});
+            }
             it->second.disposition = disposition;
             it->second.reason = std::string(reason);
         }
@@ -260,6 +276,18 @@ class MemoryStore {
             }
         }
 
+        /// Looks at the last few entries only (the claim is usually the one just before): a
+        /// miss merely keeps a copy that was not needed.
+        bool inserted_since_savepoint(const ClaimKey& key) const noexcept {
+            const std::size_t mark = savepoints_.empty() ? 0 : savepoints_.back();
+            const std::size_t floor = undo_.size() > 8 ? std::max(mark, undo_.size() - 8) : mark;
+            for (std::size_t i = undo_.size(); i > floor; --i) {
+                const Undo& u = undo_[i - 1];
+                if (u.kind == Undo::Kind::claim_inserted && u.claim_key == key) return true;
+            }
+            return false;
+        }
+
         void undo_to(std::size_t mark) noexcept {
             while (undo_.size() > mark) {
                 Undo& u = undo_.back();
@@ -367,7 +395,7 @@ class MemoryStore {
     [[nodiscard]] std::optional<ClaimRecord> find_claim(std::string_view scope,
                                                         std::string_view id) {
         std::lock_guard<std::mutex> lock(mutex_);
-        auto it = claims_.find(ClaimKey{std::string(scope), std::string(id)});
+        auto it = claims_.find(ClaimView{scope, id});
         if (it == claims_.end()) return std::nullopt;
         return it->second;
     }
@@ -511,7 +539,7 @@ class MemoryStore {
     MemoryStoreOptions options_;
     std::mutex mutex_;
     std::atomic<std::thread::id> owner_{};
-    std::map<ClaimKey, ClaimRecord> claims_;
+    std::map<ClaimKey, ClaimRecord, ClaimOrder> claims_;
     std::vector<DeadLetter> dead_letters_;
     std::map<std::string, Collection, std::less<>> collections_;
     std::mutex fault_mutex_;
