@@ -296,7 +296,8 @@ class IdempotentHandler {
         if (count == 0) return outcomes;
         try {
             Transaction tx = begin_transaction();
-            // Stores that can claim many ids in one round trip (Redis) do so up front.
+            // Stores that can claim many ids in one call (SQLite, PostgreSQL, Redis) do so up
+            // front: one statement or round trip for the batch instead of one per message.
             std::vector<ClaimResult> claims;
             if constexpr (detail::has_claim_many<Transaction>::value) {
                 claims = claim_all(tx, deliveries, bodies, count);
