@@ -23,6 +23,7 @@
 #include "idem/store/redis.hpp"
 #include "support/redis_env.hpp"
 #include "support/redis_server.hpp"
+#include "support/refusing_proxy.hpp"
 #include "support/require_redis.hpp"
 
 namespace {
@@ -667,6 +668,36 @@ TEST_F(RedisServerClockTest, WithoutSetClaimsEveryClaimIsTheScriptAndTheAnswersA
         // The script reads TIME and writes numbers; SET writes `~<retention>`.
         EXPECT_EQ(raw->find('~') == std::string::npos, s == scripted.get()) << *raw;
     }
+}
+
+TEST_F(RedisServerClockTest, AServerThatRefusesSetGetTurnsTheStoreToTheClaimScriptForGood) {
+    // Redis before 7.0 answers SET … NX … GET with a syntax error (and writes nothing); a proxy
+    // in front of the real server answers so.
+    idem_test::RefusingProxy proxy(store().endpoint().host, store().endpoint().port,
+                                   idem_test::is_set_nx_get, "ERR syntax error");
+    idem::RedisEndpoint through_proxy = store().endpoint();
+    through_proxy.port = proxy.port();
+    idem::RedisStore old_server{through_proxy};
+    ASSERT_TRUE(old_server.claims_with_set());
+    int runs = 0;
+    auto handler = idem::make_handler(old_server, idem::Policy{"old"},
+                                      [&runs](auto&, const std::string&) { ++runs; });
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("a")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(proxy.refused(), 1);
+    EXPECT_FALSE(old_server.claims_with_set());
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("a")).disposition,
+              Disposition::duplicate);
+    auto batch = handler.handle_batch(std::vector<Delivery>{{"m-2", 1}, {"m-1", 3}, {"m-3", 1}},
+                                      std::vector<std::string>{"b", "a", "c"});
+    EXPECT_EQ(batch[0].disposition, Disposition::processed);
+    EXPECT_EQ(batch[1].disposition, Disposition::duplicate);
+    EXPECT_EQ(batch[2].disposition, Disposition::processed);
+    EXPECT_EQ(proxy.refused(), 1);  // never asked again
+    EXPECT_EQ(runs, 3);
+    auto raw = client().str({"GET", claim_key("old", "m-2")});
+    ASSERT_TRUE(raw.has_value());
+    EXPECT_EQ(raw->find('~'), std::string::npos) << *raw;  // written by the script
 }
 
 TEST_F(RedisStoreTest, OneClaimsKeysShareAClusterSlotWhateverTheIdHolds) {
