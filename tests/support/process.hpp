@@ -287,10 +287,9 @@ KilledChild killed_while(Hold hold) {
     return out;
 }
 
-/// Binds port 0 on 127.0.0.1 and returns the port the kernel chose (then releases it).
-inline int probe_free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) throw std::system_error(errno, std::generic_category(), "socket");
+/// Binds @p fd to a free port on 127.0.0.1 and returns the port; on failure closes @p fd and
+/// throws.
+inline int bind_loopback(int fd) {
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -300,10 +299,18 @@ inline int probe_free_port() {
         ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
         const int err = errno;
         ::close(fd);
-        throw std::system_error(err, std::generic_category(), "probing a free port");
+        throw std::system_error(err, std::generic_category(), "binding a free loopback port");
     }
-    ::close(fd);
     return ntohs(addr.sin_port);
+}
+
+/// Binds port 0 on 127.0.0.1 and returns the port the kernel chose (then releases it).
+inline int probe_free_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::system_error(errno, std::generic_category(), "socket");
+    const int port = bind_loopback(fd);
+    ::close(fd);
+    return port;
 }
 
 /// Where a server's temp dir goes: $env_var if set; else /dev/shm when it is a tmpfs with at

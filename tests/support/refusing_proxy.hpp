@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "process.hpp"
+
 namespace idem_test {
 
 class RefusingProxy {
@@ -34,20 +36,13 @@ class RefusingProxy {
           upstream_port_(upstream_port),
           refuse_(std::move(refuse)),
           error_("-" + std::move(error) + "\r\n") {
-        listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+        listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (listener_ < 0) throw std::runtime_error("RefusingProxy: socket");
-        sockaddr_in addr{};
-        addr.sin_family = AF_INET;
-        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        addr.sin_port = 0;
-        socklen_t len = sizeof addr;
-        if (::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-            ::listen(listener_, 16) != 0 ||
-            ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+        port_ = bind_loopback(listener_);
+        if (::listen(listener_, 16) != 0) {
             ::close(listener_);
-            throw std::runtime_error("RefusingProxy: bind/listen");
+            throw std::runtime_error("RefusingProxy: listen");
         }
-        port_ = ntohs(addr.sin_port);
         acceptor_ = std::thread([this] { accept_loop(); });
     }
     RefusingProxy(const RefusingProxy&) = delete;
