@@ -131,9 +131,9 @@ inline std::vector<std::string> stream_dead_letter_command(
 // The store's clock in milliseconds, as text: ARGV's now, or the server's TIME cut as text
 // (seconds, then the first 3 of 6 digits of microseconds) rather than computed as a number.
 inline constexpr const char* redis_lua_now = R"(
-local function now_text(arg)
+local function now_text(arg, t)
   if arg ~= '' then return arg end
-  local t = redis.call('TIME')
+  t = t or redis.call('TIME')
   return t[1] .. string.sub('00000' .. t[2], -6, -4)
 end
 )";
@@ -200,14 +200,12 @@ local function release(key, prefix)
 end
 )";
 
-// Adds a dead letter to a stream: assigns `add_letter` (declared by the caller). The clock is
-// read only here.
+// Adds a dead letter to a stream: assigns `add_letter` (declared by the caller; needs
+// redis_lua_now). The clock is read only here, once.
 inline constexpr const char* redis_lua_add_letter = R"(
 add_letter = function(key, scope, id, count, reason, payload, created_at)
   local t = redis.call('TIME')
-  if created_at == '' then
-    created_at = ARGV[1] ~= '' and ARGV[1] or t[1] .. string.sub('00000' .. t[2], -6, -4)
-  end
+  if created_at == '' then created_at = now_text(ARGV[1], t) end
   redis.call('XADD', key, '*', 'scope', scope, 'id', id, 'delivery_count', count,
              'reason', reason, 'payload', payload, 'created_at', created_at,
              'order_us', t[1] .. string.format('%06d', t[2]))
@@ -292,7 +290,8 @@ i = letters_at + 6 * n_letters
 local n_commands = tonumber(ARGV[i]); i = i + 1
 local add_letter
 if n_letters > 0 then
-)") + redis_lua_add_letter + R"(
+)") + redis_lua_now + redis_lua_add_letter +
+                                      R"(
 end
 for k = 1, n_commands do
   local argc = tonumber(ARGV[i])
@@ -301,7 +300,8 @@ for k = 1, n_commands do
   i = i + 1 + argc
   if type(result) == 'table' and result.err then
     if k == 1 then return {'command_failed', '1', result.err} end
-)" + redis_lua_fields + redis_lua_add_letter +
+)" + redis_lua_now + redis_lua_fields +
+                                      redis_lua_add_letter +
                                       R"(
     -- Redis cannot undo commands 1..k-1: park the claims so a redelivery does not apply them a
     -- second time, and leave a dead letter for a human.
@@ -1468,9 +1468,9 @@ class RedisStore::Transaction {
             const bool mine = record->state == "leased" && record->token == token_;
             if (record->state == "done" || mine) {  // finished, or a second copy of ours
                 results[i].status = ClaimStatus::duplicate;
-                results[i].recorded = mine                      ? Disposition::in_progress
-                                      : record->outcome.empty() ? Disposition::processed
-                                                                : disposition_from(record->outcome);
+                // A done record without an outcome name reads as processed, as in the script.
+                results[i].recorded =
+                    mine ? Disposition::in_progress : disposition_from(record->outcome);
                 results[i].fingerprint = std::move(record->fingerprint);
                 results[i].attempts = record->attempts;
                 continue;

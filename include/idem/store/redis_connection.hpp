@@ -141,10 +141,22 @@ std::vector<std::string> redis_command(const Args&... args) {
     return out;
 }
 
+/// An integer as decimal text, in a buffer of its own (no allocation).
+class Decimal {
+  public:
+    template <class Int>
+    explicit Decimal(Int value) noexcept
+        : size_(static_cast<std::size_t>(
+              std::to_chars(digits_, digits_ + sizeof digits_, value).ptr - digits_)) {}
+    [[nodiscard]] std::string_view view() const noexcept { return {digits_, size_}; }
+
+  private:
+    char digits_[24];
+    std::size_t size_;
+};
+
 inline void append_decimal(std::string& out, long long value) {
-    char digits[24];
-    const auto end = std::to_chars(digits, digits + sizeof digits, value).ptr;
-    out.append(digits, static_cast<std::size_t>(end - digits));
+    out.append(Decimal(value).view());
 }
 
 /// The bytes of commands being encoded. Every argument of every command is appended here, so it
@@ -159,11 +171,7 @@ class RespBuffer {
         size_ += n;
     }
     void append(std::string_view text) { append(text.data(), text.size()); }
-    void append_decimal(long long value) {
-        char digits[24];
-        const auto end = std::to_chars(digits, digits + sizeof digits, value).ptr;
-        append(digits, static_cast<std::size_t>(end - digits));
-    }
+    void append_decimal(long long value) { append(Decimal(value).view()); }
     /// One RESP bulk string: `$<length>\r\n<bytes>\r\n`.
     void append_bulk(std::string_view value) {
         char head[24];
@@ -208,9 +216,7 @@ class RedisArgs {
         } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
             resp_.append_bulk(std::string_view(value));
         } else if constexpr (std::is_integral_v<T>) {
-            char digits[24];
-            const auto end = std::to_chars(digits, digits + sizeof digits, value).ptr;
-            resp_.append_bulk(std::string_view(digits, static_cast<std::size_t>(end - digits)));
+            resp_.append_bulk(detail::Decimal(value).view());
         } else {
             static_assert(std::is_integral_v<T>,
                           "idem: a Redis command argument must be text, idem::Blob or an integer");
@@ -469,10 +475,8 @@ class RedisConnection {
         send_out();
     }
     void append_evalsha(const std::string& sha, std::size_t num_keys, const RedisArgs& call) {
-        char digits[24];
-        const auto end = std::to_chars(digits, digits + sizeof digits, num_keys).ptr;
-        append({"EVALSHA", sha, std::string_view(digits, static_cast<std::size_t>(end - digits))},
-               call);
+        const detail::Decimal keys(num_keys);
+        append({"EVALSHA", sha, keys.view()}, call);
     }
     void send_out() {
         const std::string_view command = out_.view();
