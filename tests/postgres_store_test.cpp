@@ -1082,10 +1082,15 @@ TEST_F(PostgresStoreTest, FourStoresDeliveringTheSameIdsInBatchesApplyEachEffect
     idem::PostgresOptions impatient;
     impatient.lock_timeout = 20ms;
     std::atomic<long> processed{0}, duplicates{0}, retried{0};
+    // Opened one after another: the first creates the idem schema, and a store opening while
+    // another creates it would wait on that for no longer than this test's short lock_timeout.
+    std::vector<std::unique_ptr<PostgresStore>> stores;
+    for (int t = 0; t < kThreads; ++t)
+        stores.push_back(store(impatient));
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) {
         threads.emplace_back([&, t] {
-            PostgresStore s(conninfo(), impatient);
+            PostgresStore& s = *stores[static_cast<std::size_t>(t)];
             auto handler = idem::make_handler(
                 s, idem::Policy{"capture", patient}, [](auto& tx, const std::string& body) {
                     std::this_thread::sleep_for(1ms);
