@@ -24,6 +24,8 @@ IDEM_DEB_PACKAGES=(
     libpq-dev           # libpq, the PostgreSQL store's client library (pg_config)
     redis-server        # Redis server: tests start their own (AOF, appendfsync always)
     libhiredis-dev      # hiredis, the Redis store's client library
+    mariadb-server      # MariaDB 10.11 (mariadb-install-db, mariadbd): tests start their own
+    libmariadb-dev      # libmariadb (Connector/C, mysql.h), the MySQL/MariaDB store's client
     libbenchmark-dev    # Google Benchmark: bench/ (scripts/bench.sh)
 )
 
