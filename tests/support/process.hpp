@@ -1,7 +1,8 @@
 #pragma once
 // Process, port and temp-dir helpers shared by the server fixtures (postgres_server.hpp,
-// redis_server.hpp). Test-only; POSIX/Linux; no gtest here.
+// redis_server.hpp, mariadb_server.hpp). Test-only; POSIX/Linux; no gtest here.
 //
+//   find_program(name, env, hint)  $env (a full path), else name in PATH and the usual bin dirs
 //   spawn(Spawn{...})      fork + exec with an exact argv/environment, no inherited descriptors
 //   wait_for(pid, 5s)      waitpid with a deadline;  process_gone(pid)  gone or a zombie
 //   probe_free_port()      a port the kernel just gave out on 127.0.0.1
@@ -24,6 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -73,6 +75,42 @@ inline std::string read_text(const std::filesystem::path& p) {
 
 inline std::string tail(const std::string& text, std::size_t max_chars = 2000) {
     return text.size() <= max_chars ? text : "..." + text.substr(text.size() - max_chars);
+}
+
+/// An executable found by find_program().
+struct Program {
+    std::filesystem::path path;  // empty when not found
+    std::string why;             // reason when not found
+};
+
+/// $@p env_var (a full path) if set; else @p name in PATH, /usr/bin, /usr/sbin, /usr/local/bin.
+/// Not found: why says where it looked and ends with @p install_hint ("Debian: redis-server").
+inline Program find_program(const std::string& name, const char* env_var,
+                            const std::string& install_hint) {
+    if (const char* env = std::getenv(env_var); env != nullptr && *env != '\0') {
+        if (is_executable(env)) return {env, {}};
+        return {{}, std::string(env_var) + "=" + env + " is not an executable file"};
+    }
+    std::vector<std::string> dirs;
+    if (const char* path = std::getenv("PATH"); path != nullptr) {
+        std::string list = path;
+        for (std::size_t start = 0; start <= list.size();) {
+            const std::size_t end = std::min(list.find(':', start), list.size());
+            if (end > start) dirs.push_back(list.substr(start, end - start));
+            start = end + 1;
+        }
+    }
+    for (const char* dir : {"/usr/bin", "/usr/sbin", "/usr/local/bin"})
+        dirs.emplace_back(dir);
+    std::string looked;
+    for (const auto& dir : dirs) {
+        const auto candidate = std::filesystem::path(dir) / name;
+        if (is_executable(candidate)) return {candidate, {}};
+        looked += " " + dir;
+    }
+    return {{},
+            name + " not found; looked in:" + looked + ". Install it with scripts/deps.sh (" +
+                install_hint + ")"};
 }
 
 /// Who a spawned child runs as: another user (switch_user) or ourselves.

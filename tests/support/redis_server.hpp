@@ -203,38 +203,10 @@ class RedisClient {
 
 namespace redis_detail {
 
-struct Binary {
-    std::filesystem::path path;  // empty when not found
-    std::string why;             // reason when not found
-};
-
 /// IDEM_TEST_REDIS_SERVER (a full path), else redis-server in PATH, /usr/bin, /usr/sbin,
 /// /usr/local/bin.
-inline Binary find_redis_server() {
-    if (const char* env = std::getenv("IDEM_TEST_REDIS_SERVER"); env != nullptr && *env != '\0') {
-        if (is_executable(env)) return {env, {}};
-        return {{}, std::string("IDEM_TEST_REDIS_SERVER=") + env + " is not an executable file"};
-    }
-    std::vector<std::string> dirs;
-    if (const char* path = std::getenv("PATH"); path != nullptr) {
-        std::string list = path;
-        for (std::size_t start = 0; start <= list.size();) {
-            const std::size_t end = std::min(list.find(':', start), list.size());
-            if (end > start) dirs.push_back(list.substr(start, end - start));
-            start = end + 1;
-        }
-    }
-    for (const char* dir : {"/usr/bin", "/usr/sbin", "/usr/local/bin"})
-        dirs.emplace_back(dir);
-    std::string looked;
-    for (const auto& dir : dirs) {
-        const auto candidate = std::filesystem::path(dir) / "redis-server";
-        if (is_executable(candidate)) return {candidate, {}};
-        looked += " " + dir;
-    }
-    return {{},
-            "redis-server not found; looked in:" + looked +
-                ". Install it with scripts/deps.sh (Debian: redis-server)"};
+inline Program find_redis_server() {
+    return find_program("redis-server", "IDEM_TEST_REDIS_SERVER", "Debian: redis-server");
 }
 
 }  // namespace redis_detail
@@ -349,14 +321,7 @@ class RedisServer : public ServerProcess {
 
     /// SIGKILL the process group (the server and any fork()ed AOF-rewrite child) and reap the
     /// server.
-    static void hard_kill(pid_t pid) noexcept {
-        ::kill(-pid, SIGKILL);
-        ::kill(pid, SIGKILL);
-        try {
-            wait_for(pid, std::chrono::seconds(10));
-        } catch (...) {
-        }
-    }
+    static void hard_kill(pid_t pid) noexcept { kill_group_and_reap(pid); }
 };
 
 /// One server per test process (shared_server()). Tests that stop or crash a server should use

@@ -1,6 +1,7 @@
 #pragma once
-// What the throwaway server fixtures (redis_server.hpp, postgres_server.hpp) share: one server
-// process in a fresh temp dir, on a free 127.0.0.1 port, watched by a Watchdog (process.hpp).
+// What the throwaway server fixtures (redis_server.hpp, postgres_server.hpp, mariadb_server.hpp)
+// share: one server process in a fresh temp dir, on a free 127.0.0.1 port, watched by a Watchdog
+// (process.hpp).
 // Test-only; POSIX/Linux; no gtest here.
 //
 //   class FooServer : public ServerProcess    supplies launch(port, &port_busy) and, in its
@@ -11,6 +12,7 @@
 //   start()                                   launch again on the same port and dir
 //   await_ready(pid, port, offset, ready)     in launch(), after the spawn
 //   stop_with(signal, limit)  kill9()         a clean shutdown; a crash (Traits::hard_kill)
+//   kill_group_and_reap(pid)                  a hard_kill for a one-process-group server
 //   ~ServerProcess()                          quit signal, hard_kill after a grace period, the
 //                                             dir removed (nothing in a fork()ed copy)
 //   shared_server<FooServer>("Foo")           one per test process, started on first use
@@ -143,6 +145,17 @@ class ServerProcess {
                 throw std::runtime_error(std::string(traits_.fixture) + ": " + traits_.program +
                                          " did not start: " + log_tail());
             }
+        }
+    }
+
+    /// A Traits::hard_kill for a server spawned with new_process_group: SIGKILL its process group
+    /// (the server and anything it fork()ed) and reap it.
+    static void kill_group_and_reap(pid_t pid) noexcept {
+        ::kill(-pid, SIGKILL);
+        ::kill(pid, SIGKILL);
+        try {
+            wait_for(pid, std::chrono::seconds(10));
+        } catch (...) {
         }
     }
 
