@@ -5,7 +5,10 @@
 #   * is registered here with idem_add_component(<name> TARGET idem_<name>);
 #   * has cmake/idem-<name>-dependencies.cmake, included by idemConfig.cmake only when the
 #     component is requested, which finds what the target links (find_dependency(...)).
-# IdemInstall.cmake then installs it in its own export set, idem-<name>-targets.cmake.
+#   * names the pkg-config module(s) of what it links in IdemInstall.cmake
+#     (idem_pc_requires_<name>), for its idem-<name>.pc.
+# IdemInstall.cmake then installs it in its own export set, idem-<name>-targets.cmake, and
+# writes idem-<name>.pc.
 
 include_guard(GLOBAL)
 

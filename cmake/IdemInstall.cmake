@@ -47,3 +47,54 @@ install(FILES "${PROJECT_BINARY_DIR}/idemConfig.cmake"
               "${PROJECT_BINARY_DIR}/idemConfigVersion.cmake"
         DESTINATION "${IDEM_INSTALL_CMAKEDIR}")
 install(FILES "${PROJECT_SOURCE_DIR}/LICENSE" DESTINATION "${CMAKE_INSTALL_DATADIR}/doc/idem")
+
+# ---------------------------------------------------------------------------------------------
+# pkg-config: idem.pc (the headers + fmt) and idem-<component>.pc per installed component (idem +
+# the component's client library). idem is header-only, so the files have no Libs of their own:
+# the client libraries' come through Requires. They are written at install time from
+# cmake/idem.pc.in, because the prefix is known only then (cmake --install --prefix ...), and
+# hold absolute paths (pkg-config then filters system directories such as /usr/include).
+set(IDEM_INSTALL_PKGCONFIGDIR "${CMAKE_INSTALL_LIBDIR}/pkgconfig"
+    CACHE STRING "Where idem's pkg-config files are installed (relative to the prefix)")
+set(idem_pc_requires_sqlite "sqlite3")
+set(idem_pc_requires_postgres "libpq")
+set(idem_pc_requires_redis "hiredis")
+set(idem_pc_description_sqlite "idem's SQLite store (idem::SqliteStore)")
+set(idem_pc_description_postgres "idem's PostgreSQL store (idem::PostgresStore)")
+set(idem_pc_description_redis "idem's Redis store and stream consumer (idem::RedisStore)")
+
+set(idem_pc_modules idem)
+set(idem_pc_name_idem "idem")
+set(idem_pc_description_idem
+    "Exactly-once effect for C++17 message consumers under at-least-once delivery (header-only)")
+set(idem_pc_requires_idem "fmt")
+foreach(component IN LISTS IDEM_INSTALLED_COMPONENTS)
+    if(NOT DEFINED idem_pc_requires_${component})
+        message(FATAL_ERROR "idem: name the pkg-config module(s) of component '${component}' "
+                            "(idem_pc_requires_${component}) in ${CMAKE_CURRENT_LIST_FILE}")
+    endif()
+    list(APPEND idem_pc_modules idem-${component})
+    set(idem_pc_name_idem-${component} "idem-${component}")
+    set(idem_pc_description_idem-${component} "${idem_pc_description_${component}}")
+    set(idem_pc_requires_idem-${component}
+        "idem = ${PROJECT_VERSION}, ${idem_pc_requires_${component}}")
+endforeach()
+
+foreach(module IN LISTS idem_pc_modules)
+    set(generated "${PROJECT_BINARY_DIR}/pkgconfig/${module}.pc")
+    # Runs in the install script, where CMAKE_INSTALL_PREFIX is the install-time prefix.
+    install(CODE "
+        set(PROJECT_VERSION [[${PROJECT_VERSION}]])
+        set(IDEM_PC_NAME [[${idem_pc_name_${module}}]])
+        set(IDEM_PC_DESCRIPTION [[${idem_pc_description_${module}}]])
+        set(IDEM_PC_REQUIRES [[${idem_pc_requires_${module}}]])
+        set(IDEM_PC_PREFIX \"\${CMAKE_INSTALL_PREFIX}\")
+        if(IS_ABSOLUTE [[${CMAKE_INSTALL_INCLUDEDIR}]])
+            set(IDEM_PC_INCLUDEDIR [[${CMAKE_INSTALL_INCLUDEDIR}]])
+        else()
+            set(IDEM_PC_INCLUDEDIR [[\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}]])
+        endif()
+        configure_file([[${PROJECT_SOURCE_DIR}/cmake/idem.pc.in]] [[${generated}]] @ONLY)
+    ")
+    install(FILES "${generated}" DESTINATION "${IDEM_INSTALL_PKGCONFIGDIR}")
+endforeach()

@@ -5,9 +5,13 @@
 #                      tests/consumer against it with find_package(idem ... COMPONENTS sqlite)
 #   add_subdirectory   build and run tests/consumer with add_subdirectory(IDEM_SOURCE_DIR)
 #   unknown_component  install, then check find_package(idem COMPONENTS <unknown>) fails cleanly
+#   pkgconfig          install, then build tests/consumer_pkgconfig with GNU make and
+#                      `pkg-config --cflags --libs idem-<component>` only (PKG_CONFIG_PATH =
+#                      the prefix's pkgconfig dir), and run what it built
 # Inputs (-D): IDEM_SOURCE_DIR IDEM_BUILD_DIR CONSUMER_SOURCE_DIR CONSUMER_WORK_DIR
 #   CONSUMER_GENERATOR CONSUMER_MAKE_PROGRAM CONSUMER_CXX_COMPILER CONSUMER_CXX_STANDARD
-#   CONSUMER_CXX_FLAGS CONSUMER_BUILD_TYPE
+#   CONSUMER_CXX_FLAGS CONSUMER_BUILD_TYPE; for pkgconfig also CONSUMER_GNU_MAKE,
+#   CONSUMER_PKG_CONFIG and CONSUMER_PKGCONFIG_DIR (relative to the prefix)
 cmake_minimum_required(VERSION 3.18)
 
 foreach(var IN ITEMS IDEM_SOURCE_DIR IDEM_BUILD_DIR CONSUMER_SOURCE_DIR CONSUMER_WORK_DIR
@@ -45,7 +49,8 @@ if(CONSUMER_BUILD_TYPE)
     list(APPEND configure_args "-DCMAKE_BUILD_TYPE=${CONSUMER_BUILD_TYPE}")
 endif()
 
-if(CONSUMER_MODE STREQUAL "find_package" OR CONSUMER_MODE STREQUAL "unknown_component")
+if(CONSUMER_MODE STREQUAL "find_package" OR CONSUMER_MODE STREQUAL "unknown_component"
+   OR CONSUMER_MODE STREQUAL "pkgconfig")
     set(install_args --install "${IDEM_BUILD_DIR}" --prefix "${prefix}")
     if(CONSUMER_BUILD_TYPE)
         list(APPEND install_args --config "${CONSUMER_BUILD_TYPE}")
@@ -62,6 +67,51 @@ elseif(CONSUMER_MODE STREQUAL "add_subdirectory")
                                "-DIDEM_SOURCE_DIR=${IDEM_SOURCE_DIR}")
 else()
     message(FATAL_ERROR "unknown CONSUMER_MODE '${CONSUMER_MODE}'")
+endif()
+
+if(CONSUMER_MODE STREQUAL "pkgconfig")
+    foreach(var IN ITEMS CONSUMER_GNU_MAKE CONSUMER_PKG_CONFIG CONSUMER_PKGCONFIG_DIR)
+        if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
+            message(FATAL_ERROR "IdemRunConsumerTest: -D${var}=... is required for pkgconfig")
+        endif()
+    endforeach()
+    set(pc_dir "${prefix}/${CONSUMER_PKGCONFIG_DIR}")
+    foreach(module IN ITEMS idem idem-sqlite idem-postgres idem-redis)
+        if(NOT EXISTS "${pc_dir}/${module}.pc")
+            message(FATAL_ERROR "install did not produce ${pc_dir}/${module}.pc")
+        endif()
+    endforeach()
+    set(env "${CMAKE_COMMAND}" -E env "PKG_CONFIG_PATH=${pc_dir}")
+    # The flags must point into this prefix (not at some other idem installed on the machine).
+    run_step("pkg-config" ${env} "${CONSUMER_PKG_CONFIG}" --cflags idem-sqlite)
+    string(FIND "${step_output}" "-I${prefix}/include" at)
+    if(at EQUAL -1)
+        message(FATAL_ERROR "pkg-config --cflags idem-sqlite does not name ${prefix}/include: "
+                            "${step_output}")
+    endif()
+    run_step("pkg-config" ${env} "${CONSUMER_PKG_CONFIG}" --libs idem-postgres idem-redis)
+    if(NOT step_output MATCHES "-lpq" OR NOT step_output MATCHES "-lhiredis"
+       OR NOT step_output MATCHES "-lfmt")
+        message(FATAL_ERROR "pkg-config --libs idem-postgres idem-redis lacks -lpq, -lhiredis "
+                            "or -lfmt: ${step_output}")
+    endif()
+    set(standard 17)
+    if(CONSUMER_CXX_STANDARD)
+        set(standard "${CONSUMER_CXX_STANDARD}")
+    endif()
+    file(MAKE_DIRECTORY "${build}")
+    run_step("make" ${env} "${CONSUMER_GNU_MAKE}" -f "${CONSUMER_SOURCE_DIR}/Makefile"
+             "SRC=${CONSUMER_SOURCE_DIR}" "OUT=${build}" "CXX=${CONSUMER_CXX_COMPILER}"
+             "CXXFLAGS=-std=c++${standard} ${CONSUMER_CXX_FLAGS}"
+             "PKG_CONFIG=${CONSUMER_PKG_CONFIG}")
+    foreach(program IN ITEMS sqlite components)
+        run_step("run" "${build}/idem_pkgconfig_${program}")
+        message(STATUS "[consumer:${CONSUMER_MODE}] output: ${step_output}")
+        if(NOT step_output MATCHES "idem-pkgconfig ${program} ok")
+            message(FATAL_ERROR "idem_pkgconfig_${program} did not report success:\n${step_output}")
+        endif()
+    endforeach()
+    return()
 endif()
 
 if(CONSUMER_MODE STREQUAL "unknown_component")

@@ -970,6 +970,167 @@ TEST_F(PostgresStoreTest, ABorrowedConnectionCarriesTheEffectAndIsLeftOpenAndCle
     EXPECT_EQ(count("SELECT count(*) FROM effects"), 1);
 }
 
+// ---- notices ------------------------------------------------------------------------------
+
+/// An effect that makes the server send a NOTICE with @p text, then writes its row.
+auto noisy_writer(std::string text) {
+    return [text = std::move(text)](auto& tx, const std::string& body) {
+        tx.execute("DO $$ BEGIN RAISE NOTICE '" + text + "'; END $$");
+        tx.execute("INSERT INTO effects(message_id) VALUES ($1)", idem::Blob{body});
+    };
+}
+
+bool has(const std::vector<std::string>& notices, const std::string& text) {
+    return std::find(notices.begin(), notices.end(), text) != notices.end();
+}
+
+/// A connection with libpq's own notice handling (the fixture's connect() silences it).
+PGconn* plain_connection(const std::string& conninfo) {
+    PGconn* conn = PQconnectdb(conninfo.c_str());
+    if (PQstatus(conn) != CONNECTION_OK) {
+        PQfinish(conn);
+        throw std::runtime_error("cannot connect");
+    }
+    return conn;
+}
+
+void raise_notice(PGconn* conn, const std::string& text) {
+    PQclear(PQexec(conn, ("DO $$ BEGIN RAISE NOTICE '" + text + "'; END $$").c_str()));
+}
+
+TEST_F(PostgresStoreTest, NoticesReachOnNoticeAndNotStderr) {
+    std::vector<std::string> notices;
+    idem::PostgresOptions options;
+    options.on_notice = [&](std::string_view text) { notices.emplace_back(text); };
+    auto s = store(options);
+    auto handler = idem::make_handler(*s, idem::Policy{"notices"}, noisy_writer("hello"));
+
+    testing::internal::CaptureStderr();
+    const auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("m-1"));
+    s->execute("DO $$ BEGIN RAISE WARNING 'careful'; END $$");
+    const std::string err = testing::internal::GetCapturedStderr();
+
+    EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+    EXPECT_TRUE(has(notices, "NOTICE:  hello")) << ::testing::PrintToString(notices);
+    EXPECT_TRUE(has(notices, "WARNING:  careful")) << ::testing::PrintToString(notices);
+    EXPECT_EQ(err.find("hello"), std::string::npos) << err;
+    EXPECT_EQ(err.find("careful"), std::string::npos) << err;
+
+    // The receiver survives the reconnect after a lost session (PQreset keeps it).
+    terminate(PQbackendPID(s->conn()));
+    EXPECT_EQ(handler.handle(Delivery{"m-2", 1}, std::string("m-2")).disposition,
+              Disposition::failed);
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(handler.handle(Delivery{"m-2", 2}, std::string("m-2")).disposition,
+              Disposition::processed);
+    const std::string after = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(std::count(notices.begin(), notices.end(), "NOTICE:  hello"), 2);
+    EXPECT_EQ(after.find("hello"), std::string::npos) << after;
+
+    // A throwing sink does not escape through libpq: the statement still succeeds.
+    idem::PostgresOptions throwing;
+    throwing.on_notice = [](std::string_view) { throw std::runtime_error("sink failed"); };
+    auto t = store(throwing);
+    EXPECT_EQ(t->execute("DO $$ BEGIN RAISE NOTICE 'ignored'; END $$"), 0);
+}
+
+TEST_F(PostgresStoreTest, NoticesOfAnOwnedConnectionAreDroppedWithoutOnNotice) {
+    auto s = store();
+    auto handler = idem::make_handler(*s, idem::Policy{"notices"}, noisy_writer("dropped"));
+    testing::internal::CaptureStderr();
+    const auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("m-1"));
+    raise_notice(s->conn(), "dropped too");
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+    EXPECT_EQ(err.find("dropped"), std::string::npos) << err;
+}
+
+TEST_F(PostgresStoreTest, ABorrowedConnectionWithOnNoticeRoutesItsNoticesUntilTheStoreIsGone) {
+    PgConnection conn{plain_connection(conninfo())};
+    std::vector<std::string> notices;
+    {
+        idem::PostgresOptions options;
+        options.on_notice = [&](std::string_view text) { notices.emplace_back(text); };
+        PostgresStore s(conn.get(), options);
+        auto handler = idem::make_handler(s, idem::Policy{"notices"}, noisy_writer("routed"));
+        testing::internal::CaptureStderr();
+        EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("m-1")).disposition,
+                  Disposition::processed);
+        const std::string err = testing::internal::GetCapturedStderr();
+        EXPECT_TRUE(has(notices, "NOTICE:  routed")) << ::testing::PrintToString(notices);
+        EXPECT_EQ(err.find("routed"), std::string::npos) << err;
+    }
+    // The store is gone: libpq's own handling is back (it prints on stderr), the sink hears
+    // nothing more.
+    const auto heard = notices.size();
+    testing::internal::CaptureStderr();
+    raise_notice(conn.get(), "after the store");
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("NOTICE:  after the store"), std::string::npos) << err;
+    EXPECT_EQ(notices.size(), heard);
+}
+
+TEST_F(PostgresStoreTest, ABorrowedConnectionKeepsTheConsumersOwnNoticeHandling) {
+    struct Heard {
+        std::vector<std::string> texts;
+        static void processor(void* arg, const char* message) {
+            static_cast<Heard*>(arg)->texts.emplace_back(message);
+        }
+        static void receiver(void* arg, const PGresult* result) {
+            static_cast<Heard*>(arg)->texts.emplace_back(
+                PQresultErrorField(result, PG_DIAG_MESSAGE_PRIMARY));
+        }
+    };
+    std::vector<std::string> notices;
+    idem::PostgresOptions options;
+    options.on_notice = [&](std::string_view text) { notices.emplace_back(text); };
+
+    // 1. The consumer's notice processor: still called while the store routes notices to
+    // on_notice, and still installed (with its argument) afterwards.
+    {
+        PgConnection conn{plain_connection(conninfo())};
+        Heard heard;
+        PQsetNoticeProcessor(conn.get(), &Heard::processor, &heard);
+        {
+            PostgresStore s(conn.get(), options);
+            auto handler = idem::make_handler(s, idem::Policy{"notices"}, noisy_writer("both"));
+            EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("m-1")).disposition,
+                      Disposition::processed);
+        }
+        EXPECT_TRUE(has(notices, "NOTICE:  both")) << ::testing::PrintToString(notices);
+        EXPECT_TRUE(has(heard.texts, "NOTICE:  both\n")) << ::testing::PrintToString(heard.texts);
+        EXPECT_EQ(PQsetNoticeProcessor(conn.get(), nullptr, nullptr), &Heard::processor);
+        raise_notice(conn.get(), "later");
+        EXPECT_TRUE(has(heard.texts, "NOTICE:  later\n")) << ::testing::PrintToString(heard.texts);
+        EXPECT_FALSE(has(notices, "NOTICE:  later"));
+    }
+    // 2. The consumer's notice receiver: left alone, it gets the notices.
+    {
+        PgConnection conn{plain_connection(conninfo())};
+        Heard heard;
+        PQsetNoticeReceiver(conn.get(), &Heard::receiver, &heard);
+        {
+            PostgresStore s(conn.get(), options);
+            EXPECT_EQ(PQsetNoticeReceiver(conn.get(), nullptr, nullptr), &Heard::receiver);
+            auto handler = idem::make_handler(s, idem::Policy{"notices"}, noisy_writer("theirs"));
+            EXPECT_EQ(handler.handle(Delivery{"m-2", 1}, std::string("m-2")).disposition,
+                      Disposition::processed);
+        }
+        EXPECT_TRUE(has(heard.texts, "theirs")) << ::testing::PrintToString(heard.texts);
+        EXPECT_FALSE(has(notices, "NOTICE:  theirs"));
+        EXPECT_EQ(PQsetNoticeReceiver(conn.get(), nullptr, nullptr), &Heard::receiver);
+    }
+    // 3. No on_notice: the borrowed connection's handling is not touched at all.
+    {
+        PgConnection conn{connect()};  // the fixture's silent processor
+        const auto receiver = PQsetNoticeReceiver(conn.get(), nullptr, nullptr);
+        const auto processor = PQsetNoticeProcessor(conn.get(), nullptr, nullptr);
+        PostgresStore s(conn.get());
+        EXPECT_EQ(PQsetNoticeReceiver(conn.get(), nullptr, nullptr), receiver);
+        EXPECT_EQ(PQsetNoticeProcessor(conn.get(), nullptr, nullptr), processor);
+    }
+}
+
 TEST_F(PostgresStoreTest, WorksWithoutPreparedStatements) {
     idem::PostgresOptions options;
     options.prepare_statements = false;

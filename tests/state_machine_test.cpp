@@ -1,5 +1,7 @@
 #include "idem/state_machine.hpp"
 
+#include <sqlite3.h>
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +13,11 @@
 #include <type_traits>
 
 #include <gtest/gtest.h>
+
+#include "idem/idem.hpp"
+#include "idem/store/memory.hpp"
+#include "idem/store/sqlite.hpp"
+#include "support/temp_dir.hpp"
 
 // The enums and their to_string() live in their own namespace so the guard's reasons find the
 // names by ADL, as a user's would.
@@ -75,6 +82,57 @@ constexpr idem::StateMachine door_flow{
     idem::Transition{Door::locked, DoorEvent::unlock, Door::closed}};
 }  // namespace doors
 
+// A table with an initial state: `none` is the state of a payment that does not exist yet, and
+// authorise (a transition from none) is the event that creates it.
+namespace lifecycle {
+enum class Payment { none, authorised, captured, refunded, voided };
+enum class Event { authorise, capture, refund, void_ };
+
+constexpr std::string_view to_string(Payment s) noexcept {
+    switch (s) {
+        case Payment::none:
+            return "none";
+        case Payment::authorised:
+            return "authorised";
+        case Payment::captured:
+            return "captured";
+        case Payment::refunded:
+            return "refunded";
+        case Payment::voided:
+            return "voided";
+    }
+    return "?";
+}
+constexpr std::string_view to_string(Event e) noexcept {
+    switch (e) {
+        case Event::authorise:
+            return "authorise";
+        case Event::capture:
+            return "capture";
+        case Event::refund:
+            return "refund";
+        case Event::void_:
+            return "void";
+    }
+    return "?";
+}
+
+constexpr idem::StateMachine payment_lifecycle{
+    idem::Initial{Payment::none},
+    idem::Transition{Payment::none, Event::authorise, Payment::authorised},
+    idem::Transition{Payment::authorised, Event::capture, Payment::captured},
+    idem::Transition{Payment::captured, Event::refund, Payment::refunded},
+    idem::Transition{Payment::authorised, Event::void_, Payment::voided}};
+
+std::optional<Payment> parse(std::string_view text) {
+    for (auto s : {Payment::none, Payment::authorised, Payment::captured, Payment::refunded,
+                   Payment::voided}) {
+        if (to_string(s) == text) return s;
+    }
+    return std::nullopt;
+}
+}  // namespace lifecycle
+
 namespace {
 
 using idem::EffectResult;
@@ -119,6 +177,30 @@ constexpr bool same_table(const A& a, const B& b) {
     return true;
 }
 static_assert(same_table(payment_flow_made, payment_flow));
+
+// An initial state: "no entity yet" classifies as that state.
+using lifecycle::payment_lifecycle;
+static_assert(!payment_flow.initial().has_value());
+static_assert(payment_lifecycle.initial() == lifecycle::Payment::none);
+static_assert(payment_lifecycle.size() == 4);
+static_assert(payment_lifecycle.classify(lifecycle::Payment::none, lifecycle::Event::authorise)
+                  .verdict == Verdict::allowed);
+static_assert(payment_lifecycle.classify(lifecycle::Payment::none, lifecycle::Event::capture)
+                  .verdict == Verdict::early);
+static_assert(payment_lifecycle.classify(lifecycle::Payment::captured, lifecycle::Event::authorise)
+                  .verdict == Verdict::stale);
+constexpr auto payment_lifecycle_made =
+    idem::make_state_machine<lifecycle::Payment, lifecycle::Event>(
+        idem::Initial{lifecycle::Payment::none},
+        {
+            {lifecycle::Payment::none, lifecycle::Event::authorise, lifecycle::Payment::authorised},
+            {lifecycle::Payment::authorised, lifecycle::Event::capture,
+             lifecycle::Payment::captured},
+            {lifecycle::Payment::captured, lifecycle::Event::refund, lifecycle::Payment::refunded},
+            {lifecycle::Payment::authorised, lifecycle::Event::void_, lifecycle::Payment::voided},
+        });
+static_assert(same_table(payment_lifecycle_made, payment_lifecycle));
+static_assert(payment_lifecycle_made.initial() == lifecycle::Payment::none);
 
 // ---- StateMachine ----
 
@@ -227,6 +309,27 @@ TEST(StateMachine, DuplicateFromOnWithDifferentTargetsThrows) {
                      {{PaymentState::captured, PaymentEvent::refund, target},
                       {PaymentState::captured, PaymentEvent::refund, PaymentState::refunded}})),
                  idem::usage_error);
+}
+
+TEST(StateMachine, InitialStateWithoutATransitionFromItThrows) {
+    using lifecycle::Event;
+    using lifecycle::Payment;
+    const auto build = [] {
+        return idem::StateMachine{
+            idem::Initial{Payment::none},
+            idem::Transition{Payment::authorised, Event::capture, Payment::captured}};
+    };
+    try {
+        (void)build();
+        FAIL() << "expected usage_error";
+    } catch (const idem::usage_error& e) {
+        EXPECT_TRUE(std::string_view(e.what()).find("initial state none has no transition") !=
+                    std::string_view::npos)
+            << e.what();
+    }
+    const std::array<idem::Transition<Payment, Event>, 1> rows{
+        {{Payment::none, Event::authorise, Payment::authorised}}};
+    EXPECT_EQ(idem::StateMachine(idem::Initial{Payment::none}, rows).initial(), Payment::none);
 }
 
 TEST(StateMachine, IdenticalDuplicateIsAccepted) {
@@ -342,6 +445,118 @@ TEST(Guarded, UnknownEntityIsDeferred) {
     EXPECT_TRUE(contains(result.reason(), "capture")) << result.reason();
     EXPECT_EQ(applied, 0);
     EXPECT_TRUE(tx.payments.empty());
+}
+
+// ---- guarded() with an initial state: the event that creates the entity ----
+
+struct LifecycleTx {
+    std::map<int, lifecycle::Payment> payments;
+};
+struct LifecycleMessage {
+    int payment_id = 0;
+    lifecycle::Event event = lifecycle::Event::authorise;
+};
+
+auto make_lifecycle_effect(int& applied) {
+    return idem::guarded(
+               payment_lifecycle,
+               [](LifecycleTx& tx, const LifecycleMessage& m) -> std::optional<lifecycle::Payment> {
+                   const auto it = tx.payments.find(m.payment_id);
+                   if (it == tx.payments.end()) return std::nullopt;
+                   return it->second;
+               },
+               [&applied](LifecycleTx& tx, const LifecycleMessage& m, lifecycle::Payment next) {
+                   ++applied;
+                   tx.payments[m.payment_id] = next;
+               })
+        .named("payment");
+}
+
+TEST(Guarded, CreationEventOnAnAbsentEntityIsAppliedAndWritesTheFirstState) {
+    int applied = 0;
+    auto effect = make_lifecycle_effect(applied);
+    LifecycleTx tx;
+    const auto result = effect(tx, LifecycleMessage{5, lifecycle::Event::authorise});
+    EXPECT_EQ(result.kind(), EffectResult::Kind::applied) << result.reason();
+    EXPECT_EQ(applied, 1);
+    ASSERT_EQ(tx.payments.count(5), 1U);
+    EXPECT_EQ(tx.payments.at(5), lifecycle::Payment::authorised);
+}
+
+TEST(Guarded, NonCreationEventOnAnAbsentEntityIsStillDeferred) {
+    int applied = 0;
+    auto effect = make_lifecycle_effect(applied);
+    LifecycleTx tx;
+    for (auto event :
+         {lifecycle::Event::capture, lifecycle::Event::refund, lifecycle::Event::void_}) {
+        const auto result = effect(tx, LifecycleMessage{6, event});
+        EXPECT_EQ(result.kind(), EffectResult::Kind::deferred) << result.reason();
+        EXPECT_TRUE(contains(result.reason(), "payment not found yet")) << result.reason();
+    }
+    EXPECT_EQ(effect(tx, LifecycleMessage{6, lifecycle::Event::capture}).reason(),
+              "payment not found yet: event capture deferred until it exists (it applies from "
+              "authorised)");
+    EXPECT_EQ(applied, 0);
+    EXPECT_TRUE(tx.payments.empty());
+}
+
+TEST(Guarded, SecondCreationEventAfterTheEntityExistsIsStale) {
+    int applied = 0;
+    auto effect = make_lifecycle_effect(applied);
+    LifecycleTx tx;
+    ASSERT_EQ(effect(tx, LifecycleMessage{7, lifecycle::Event::authorise}).kind(),
+              EffectResult::Kind::applied);
+    const auto again = effect(tx, LifecycleMessage{7, lifecycle::Event::authorise});
+    EXPECT_EQ(again.kind(), EffectResult::Kind::rejected);
+    EXPECT_EQ(again.reason(), "stale event authorise: payment is authorised, already past none");
+    ASSERT_EQ(effect(tx, LifecycleMessage{7, lifecycle::Event::capture}).kind(),
+              EffectResult::Kind::applied);
+    EXPECT_EQ(effect(tx, LifecycleMessage{7, lifecycle::Event::authorise}).kind(),
+              EffectResult::Kind::rejected);
+    EXPECT_EQ(tx.payments.at(7), lifecycle::Payment::captured);
+    EXPECT_EQ(applied, 2);
+}
+
+// Every event on an absent entity classifies as if the entity were in the initial state, and
+// apply runs only for the creation event.
+TEST(Guarded, AbsentEntityClassifiesAsTheInitialStateForEveryEvent) {
+    for (auto event : {lifecycle::Event::authorise, lifecycle::Event::capture,
+                       lifecycle::Event::refund, lifecycle::Event::void_}) {
+        int applied = 0;
+        auto effect = make_lifecycle_effect(applied);
+        LifecycleTx tx;
+        const auto result = effect(tx, LifecycleMessage{1, event});
+        const auto verdict = payment_lifecycle.classify(lifecycle::Payment::none, event).verdict;
+        SCOPED_TRACE(std::string(to_string(event)));
+        EXPECT_EQ(applied, verdict == Verdict::allowed ? 1 : 0);
+        EXPECT_EQ(result.kind(), verdict == Verdict::allowed ? EffectResult::Kind::applied
+                                                             : EffectResult::Kind::deferred);
+    }
+}
+
+TEST(Guarded, AnEventThatCanNeverFollowTheInitialStateIsRejected) {
+    // `orphan` leaves a state that nothing reaches from none: no amount of waiting helps.
+    enum class S { none, open, orphan, closed };
+    enum class E { open, close };
+    constexpr idem::StateMachine flow{idem::Initial{S::none},
+                                      idem::Transition{S::none, E::open, S::open},
+                                      idem::Transition{S::orphan, E::close, S::closed}};
+    struct Tx {
+        std::optional<S> s;
+    };
+    struct Msg {
+        E event;
+    };
+    auto effect = idem::guarded(
+        flow, [](Tx& tx, const Msg&) { return tx.s; },
+        [](Tx& tx, const Msg&, S next) { tx.s = next; });
+    Tx tx;
+    const auto result = effect(tx, Msg{E::close});
+    EXPECT_EQ(result.kind(), EffectResult::Kind::rejected);
+    EXPECT_EQ(result.reason(),
+              "impossible transition: event 1 does not apply to the entity, which does not "
+              "exist yet (state 0), nor can it later");
+    EXPECT_FALSE(tx.s.has_value());
 }
 
 TEST(Guarded, ImpossibleTransitionsAreRejectedWithTheirReason) {
@@ -504,6 +719,92 @@ TEST(Guarded, ConstEffectAndMutableApply) {
               EffectResult::Kind::applied);
     EXPECT_EQ(counting(tx, PaymentMessage{2, PaymentEvent::refund}).kind(),
               EffectResult::Kind::rejected);
+}
+
+// ---- the creation event through a real handler ----
+
+// The handler flow shared by both stores: a capture before the payment exists is deferred, the
+// authorisation creates it, a second authorisation (another message id) is stale, the redelivered
+// capture then applies. `state()` reads the committed state ("" when absent).
+template <class Store, class Effect, class State>
+void expect_creation_through_the_handler(Store& store, Effect effect, State state) {
+    using idem::Delivery;
+    using idem::Disposition;
+    using lifecycle::Event;
+    auto handler = idem::make_handler(store, idem::Policy{"payment-events"}, std::move(effect));
+
+    const auto early =
+        handler.handle(Delivery{"evt-capture", 1}, LifecycleMessage{42, Event::capture});
+    EXPECT_EQ(early.disposition, Disposition::deferred) << early.reason;
+    EXPECT_FALSE(idem::should_ack(early));
+    EXPECT_EQ(state(), "");
+    EXPECT_FALSE(store.find_claim("payment-events", "evt-capture").has_value());
+
+    const auto created =
+        handler.handle(Delivery{"evt-auth", 1}, LifecycleMessage{42, Event::authorise});
+    EXPECT_EQ(created.disposition, Disposition::processed) << created.reason;
+    EXPECT_EQ(state(), "authorised");
+
+    const auto duplicate =
+        handler.handle(Delivery{"evt-auth", 2}, LifecycleMessage{42, Event::authorise});
+    EXPECT_EQ(duplicate.disposition, Disposition::duplicate);
+
+    const auto second =
+        handler.handle(Delivery{"evt-auth-again", 1}, LifecycleMessage{42, Event::authorise});
+    EXPECT_EQ(second.disposition, Disposition::rejected);
+    EXPECT_TRUE(idem::should_ack(second));
+    EXPECT_EQ(second.reason, "stale event authorise: payment is authorised, already past none");
+    const auto claim = store.find_claim("payment-events", "evt-auth-again");
+    ASSERT_TRUE(claim.has_value());
+    EXPECT_EQ(claim->disposition, Disposition::rejected);
+    EXPECT_EQ(state(), "authorised");
+
+    const auto captured =
+        handler.handle(Delivery{"evt-capture", 2}, LifecycleMessage{42, Event::capture});
+    EXPECT_EQ(captured.disposition, Disposition::processed) << captured.reason;
+    EXPECT_EQ(state(), "captured");
+}
+
+TEST(GuardedHandler, CreationEventOnMemoryStore) {
+    idem::MemoryStore store;
+    auto effect = idem::guarded(
+                      payment_lifecycle,
+                      [](auto& tx, const LifecycleMessage& m) -> std::optional<lifecycle::Payment> {
+                          const auto text = tx.get("payments", std::to_string(m.payment_id));
+                          if (!text) return std::nullopt;
+                          return lifecycle::parse(*text);
+                      },
+                      [](auto& tx, const LifecycleMessage& m, lifecycle::Payment next) {
+                          tx.put("payments", std::to_string(m.payment_id), to_string(next));
+                      })
+                      .named("payment");
+    expect_creation_through_the_handler(store, effect,
+                                        [&] { return store.get("payments", "42").value_or(""); });
+}
+
+TEST(GuardedHandler, CreationEventOnSqliteStore) {
+    idem_test::TempDir dir;
+    idem::SqliteStore store{dir.file("payments.db")};
+    store.execute("CREATE TABLE payments(id INTEGER PRIMARY KEY, state TEXT NOT NULL)");
+    auto effect = idem::guarded(
+                      payment_lifecycle,
+                      [](auto& tx, const LifecycleMessage& m) -> std::optional<lifecycle::Payment> {
+                          const auto text = tx.query_text("SELECT state FROM payments WHERE id = ?",
+                                                          m.payment_id);
+                          if (!text) return std::nullopt;
+                          return lifecycle::parse(*text);
+                      },
+                      [](auto& tx, const LifecycleMessage& m, lifecycle::Payment next) {
+                          // The creation event inserts the row; the others update it.
+                          tx.execute(
+                              "INSERT INTO payments(id, state) VALUES (?, ?) "
+                              "ON CONFLICT(id) DO UPDATE SET state = excluded.state",
+                              m.payment_id, std::string(to_string(next)));
+                      })
+                      .named("payment");
+    expect_creation_through_the_handler(store, effect, [&] {
+        return store.query_text("SELECT state FROM payments WHERE id = 42").value_or("");
+    });
 }
 
 }  // namespace

@@ -3,6 +3,10 @@
 /// @brief A constexpr transition table (StateMachine) and guarded(), which turns it into an
 /// effect that refuses stale and impossible events and defers early ones.
 ///
+/// A table may declare an initial state (`idem::Initial{State::none}` before its rows): an entity
+/// that does not exist yet is then in that state, so the event that creates it (a transition
+/// from the initial state) is applied, and any other event for it is deferred until it exists.
+///
 /// Idempotency does not give ordering: a refund can arrive before the capture it undoes, or a
 /// capture after the payment was refunded. The guard reads the entity's state inside the claim's
 /// transaction and applies only transitions the table allows, so out-of-order delivery becomes a
@@ -10,16 +14,19 @@
 ///
 /// @code
 /// constexpr idem::StateMachine payment_flow{
+///     idem::Initial{PaymentState::none},  // optional: "no payment yet" is `none`
+///     idem::Transition{PaymentState::none, PaymentEvent::authorise, PaymentState::authorised},
 ///     idem::Transition{PaymentState::authorised, PaymentEvent::capture, PaymentState::captured},
 ///     idem::Transition{PaymentState::captured, PaymentEvent::refund, PaymentState::refunded},
 ///     idem::Transition{PaymentState::authorised, PaymentEvent::void_, PaymentState::voided}};
 ///
-/// // PaymentMessage has a public `event` member; state_of returns std::optional<PaymentState>.
+/// // PaymentMessage has a public `event` member; state_of returns std::optional<PaymentState>,
+/// // empty while the payment does not exist (treated as the initial state `none`).
 /// auto effect = idem::guarded(
 ///     payment_flow,
 ///     [](auto& tx, const PaymentMessage& m) { return load_state(tx, m.payment_id); },
 ///     [](auto& tx, const PaymentMessage& m, PaymentState next) {
-///         store_state(tx, m.payment_id, next);
+///         upsert_state(tx, m.payment_id, next);   // authorise inserts the row
 ///     }).named("payment");
 /// @endcode
 
@@ -58,6 +65,22 @@ struct Transition {
 // aggregates have no implicit deduction.
 template <class State, class Event>
 Transition(State, Event, State) -> Transition<State, Event>;
+
+/// @brief Declares a StateMachine's initial state: the state of an entity that does not exist
+/// yet. Put it before the table's rows: `StateMachine{idem::Initial{State::none}, rows...}`.
+///
+/// guarded() treats an empty `state_of` answer as this state, so the event that creates the
+/// entity (a row `{State::none, Event::create, State::created}`) is allowed, a later event for
+/// an entity that does not exist yet is early (deferred), and a second creation event once the
+/// entity exists is stale (rejected). The initial state is usually a value of the State enum
+/// that no stored entity has (`none`); the table must have a transition from it.
+template <class State>
+struct Initial {
+    State state;
+};
+
+template <class State>
+Initial(State) -> Initial<State>;
 
 /// @brief How an event relates to an entity's current state. See StateMachine::classify().
 enum class Verdict {
@@ -138,6 +161,16 @@ template <class State, class Event>
         name_of(from, "state"), name_of(on, "event"), name_of(a, "state"), name_of(b, "state")));
 }
 
+/// Not constexpr on purpose, like duplicate_transition_with_different_targets().
+template <class State>
+[[noreturn]] void initial_state_without_transition(State initial) {
+    throw usage_error(fmt::format(
+        "idem::StateMachine: the initial state {} has no transition from it, so no event could "
+        "create an entity; add the creation event's row ({{{}, <event>, <state>}}) or drop "
+        "idem::Initial",
+        name_of(initial, "state"), name_of(initial, "state")));
+}
+
 }  // namespace detail
 
 /// @brief A constexpr transition table of N transitions over enum (or integer) states and events.
@@ -146,11 +179,19 @@ template <class State, class Event>
 /// two different states is refused: a compile error for a constexpr machine, usage_error at run
 /// time. The same transition listed twice is harmless and accepted.
 ///
+/// An optional initial state (idem::Initial, first argument) is the state of an entity that does
+/// not exist yet; guarded() uses it when `state_of` answers std::nullopt. Without one such an
+/// entity's events are all deferred. A declared initial state without a transition from it is
+/// refused like a duplicate.
+///
 /// @code
 /// constexpr idem::StateMachine flow{
+///     idem::Initial{State::none},
+///     idem::Transition{State::none, Event::authorise, State::authorised},
 ///     idem::Transition{State::authorised, Event::capture, State::captured},
 ///     idem::Transition{State::captured, Event::refund, State::refunded}};
 /// static_assert(flow.classify(State::refunded, Event::capture).verdict == idem::Verdict::stale);
+/// static_assert(flow.classify(*flow.initial(), Event::capture).verdict == idem::Verdict::early);
 /// @endcode
 template <class State, class Event, std::size_t N>
 class StateMachine {
@@ -181,7 +222,29 @@ class StateMachine {
         validate();
     }
 
+    /// @brief Builds the table from an initial state and N transitions.
+    /// @throws usage_error when one (from, on) pair leads to two different states, or when no
+    /// transition leaves the initial state.
+    template <class... Ts,
+              std::enable_if_t<sizeof...(Ts) == N &&
+                                   (std::is_convertible_v<const Ts&, transition_type> && ...),
+                               int> = 0>
+    constexpr StateMachine(Initial<State> initial,  // NOLINT: braces read as the table
+                           const Ts&... transitions)
+        : table_{{static_cast<transition_type>(transitions)...}}, initial_(initial.state) {
+        validate();
+    }
+
+    /// @brief Builds the table from an initial state and an array of transitions.
+    /// @throws usage_error as the constructor above.
+    constexpr StateMachine(Initial<State> initial, const std::array<transition_type, N>& table)
+        : table_(table), initial_(initial.state) {
+        validate();
+    }
+
     [[nodiscard]] static constexpr std::size_t size() noexcept { return N; }
+    /// @brief The state of an entity that does not exist yet, if the table declares one.
+    [[nodiscard]] constexpr std::optional<State> initial() const noexcept { return initial_; }
     [[nodiscard]] constexpr const std::array<transition_type, N>& transitions() const noexcept {
         return table_;
     }
@@ -266,19 +329,35 @@ class StateMachine {
                 }
             }
         }
+        if (initial_) {
+            bool leaves = false;
+            for (const auto& t : table_) {
+                if (t.from == *initial_) leaves = true;
+            }
+            if (!leaves) detail::initial_state_without_transition(*initial_);
+        }
     }
 
     std::array<transition_type, N> table_;
+    std::optional<State> initial_{};
 };
 
 template <class State, class Event, class... Rest>
 StateMachine(Transition<State, Event>, Rest...) -> StateMachine<State, Event, 1 + sizeof...(Rest)>;
+template <class State, class Event, class... Rest>
+StateMachine(Initial<State>, Transition<State, Event>, Rest...)
+    -> StateMachine<State, Event, 1 + sizeof...(Rest)>;
 
 namespace detail {
 template <class State, class Event, std::size_t N, std::size_t... I>
 constexpr StateMachine<State, Event, N> make_state_machine(
     const Transition<State, Event> (&table)[N], std::index_sequence<I...>) {
     return StateMachine<State, Event, N>(table[I]...);
+}
+template <class State, class Event, std::size_t N, std::size_t... I>
+constexpr StateMachine<State, Event, N> make_state_machine(
+    Initial<State> initial, const Transition<State, Event> (&table)[N], std::index_sequence<I...>) {
+    return StateMachine<State, Event, N>(initial, table[I]...);
 }
 }  // namespace detail
 
@@ -294,6 +373,20 @@ template <class State, class Event, std::size_t N>
 [[nodiscard]] constexpr StateMachine<State, Event, N> make_state_machine(
     const Transition<State, Event> (&table)[N]) {
     return detail::make_state_machine(table, std::make_index_sequence<N>{});
+}
+
+/// @brief make_state_machine() with an initial state (see idem::Initial).
+///
+/// @code
+/// constexpr auto flow = idem::make_state_machine<State, Event>(idem::Initial{State::none}, {
+///     {State::none, Event::authorise, State::authorised},
+///     {State::authorised, Event::capture, State::captured}});
+/// @endcode
+/// @throws usage_error as the StateMachine constructors.
+template <class State, class Event, std::size_t N>
+[[nodiscard]] constexpr StateMachine<State, Event, N> make_state_machine(
+    Initial<State> initial, const Transition<State, Event> (&table)[N]) {
+    return detail::make_state_machine(initial, table, std::make_index_sequence<N>{});
 }
 
 namespace detail {
@@ -395,14 +488,31 @@ class Guarded {
             current = static_cast<State>(self.state_of_(tx, msg));
         }
         const std::string& entity = self.entity_;
-        if (!current) {
-            // The message that creates the entity may still be on its way: wait for it.
-            return EffectResult::deferred(
-                fmt::format("{} not found yet: {} deferred until it exists", entity,
-                            detail::event_label(event)));
+        const bool absent = !current;
+        if (absent) {
+            const auto initial = self.machine_.initial();
+            if (!initial) {
+                // The message that creates the entity may still be on its way: wait for it.
+                return EffectResult::deferred(
+                    fmt::format("{} not found yet: {} deferred until it exists", entity,
+                                detail::event_label(event)));
+            }
+            // A machine with an initial state: "no entity yet" is that state, so a creation
+            // event (a transition from it) is allowed and the others classify against it.
+            current = initial;
         }
 
         const auto c = self.machine_.classify(*current, event);
+        if (absent && c.verdict == Verdict::early) {
+            return EffectResult::deferred(fmt::format(
+                "{} not found yet: {} deferred until it exists (it applies from {})", entity,
+                detail::event_label(event), detail::name_of(*c.source, "state")));
+        }
+        // "payment is refunded" / "payment does not exist yet (none)".
+        const std::string is_current =
+            absent ? fmt::format("{} does not exist yet ({})", entity,
+                                 detail::name_of(*current, "state"))
+                   : fmt::format("{} is {}", entity, detail::name_of(*current, "state"));
         switch (c.verdict) {
             case Verdict::allowed:
                 if constexpr (std::is_void_v<Applied>) {
@@ -412,14 +522,13 @@ class Guarded {
                     return self.apply_(tx, msg, *c.next);
                 }
             case Verdict::stale:
-                return EffectResult::rejected(fmt::format(
-                    "stale {}: {} is {}, already past {}", detail::event_label(event), entity,
-                    detail::name_of(*current, "state"), detail::name_of(*c.source, "state")));
+                return EffectResult::rejected(fmt::format("stale {}: {}, already past {}",
+                                                          detail::event_label(event), is_current,
+                                                          detail::name_of(*c.source, "state")));
             case Verdict::early:
                 return EffectResult::deferred(fmt::format(
-                    "early {}: {} is {}, the event applies from {}, not reached yet",
-                    detail::event_label(event), entity, detail::name_of(*current, "state"),
-                    detail::name_of(*c.source, "state")));
+                    "early {}: {}, the event applies from {}, not reached yet",
+                    detail::event_label(event), is_current, detail::name_of(*c.source, "state")));
             case Verdict::impossible:
                 break;
         }
@@ -427,6 +536,12 @@ class Guarded {
             return EffectResult::rejected(
                 fmt::format("impossible transition: {} has no transition in the table",
                             detail::event_label(event)));
+        }
+        if (absent) {
+            return EffectResult::rejected(fmt::format(
+                "impossible transition: {} does not apply to the {}, which does not exist yet "
+                "({}), nor can it later",
+                detail::event_label(event), entity, detail::name_of(*current, "state")));
         }
         return EffectResult::rejected(
             fmt::format("impossible transition: {} does not apply to {} in {}, nor can it later",
@@ -444,9 +559,12 @@ class Guarded {
 ///
 /// - `event_of(msg)` returns the Event;
 /// - `state_of(tx, msg)` reads the entity's State inside the claim's transaction, or returns an
-///   empty std::optional<State> when the entity does not exist yet (deferred);
+///   empty std::optional<State> when the entity does not exist yet. With a machine that declares
+///   an initial state (idem::Initial) that entity is in the initial state: the creation event is
+///   applied, the others are deferred. Without one every event for it is deferred;
 /// - `apply(tx, msg, next_state)` performs the effect and writes next_state; it returns void or
-///   an EffectResult, which is passed through. It runs only for an allowed transition.
+///   an EffectResult, which is passed through. It runs only for an allowed transition; for a
+///   creation event (from the initial state) it is the one that creates the entity's row.
 ///
 /// Stale and impossible events are rejected (acked, recorded); early ones are deferred (not
 /// acked; the delivery-count limit bounds the wait).

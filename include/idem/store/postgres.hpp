@@ -57,6 +57,12 @@
 /// each into `failed`. Set TCP keepalives / `tcp_user_timeout` in the conninfo so a silent
 /// network partition becomes an error instead of a hang.
 ///
+/// Notices (NOTICE, WARNING, INFO … from the server, `RAISE NOTICE` in the effect's SQL) never go
+/// to stderr from a connection the store opened: they reach PostgresOptions::on_notice, or are
+/// dropped. A borrowed connection keeps its own notice handling unless on_notice is set; then the
+/// store routes notices to it while it lives — still passing them to a notice processor the
+/// consumer installed — and puts libpq's receiver back in its destructor (see on_notice).
+///
 /// Thread safety: one PostgresStore may be shared by threads. Every operation (begin() up to the
 /// end of its Transaction, purge(), find_claim(), ...) holds the store's mutex; a Transaction must
 /// end on the thread that began it. For parallelism use one store (one connection) per thread:
@@ -75,6 +81,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -114,6 +121,28 @@ struct PostgresOptions {
     bool prepare_statements = true;
     /// Time source for claimed_at / created_at / purge() / locks / outbox; empty = system_clock.
     Clock clock{};
+    /// Receives the server's notices and warnings on the store's connection (`RAISE NOTICE` in
+    /// the effect's SQL, a `WARNING` …): the message as libpq formats it, severity first
+    /// (`NOTICE:  hello`), without its final newline. Called on the thread running the
+    /// statement, from inside libpq and usually under the store's mutex: it must not use the
+    /// store or its connection; an exception it throws is dropped.
+    ///
+    /// - A connection the store opens: notices go here; when this is empty they are dropped
+    ///   (libpq would print them on stderr).
+    /// - A borrowed connection: when this is empty the store leaves the connection's notice
+    ///   handling alone. When it is set, the store installs its notice receiver for its lifetime
+    ///   (PQsetNoticeReceiver), forwards each notice here and then to the connection's notice
+    ///   processor if the consumer had installed one (PQsetNoticeProcessor; libpq's default one,
+    ///   which prints on stderr, is not called), and reinstalls libpq's receiver in its
+    ///   destructor; the processor itself is never touched. A connection whose notice
+    ///   *receiver* the consumer replaced is left alone (libpq cannot hand back that receiver's
+    ///   argument, so it could be neither chained nor restored): its receiver gets the notices
+    ///   and this is not called.
+    ///
+    /// A PGresult the consumer made on the borrowed connection while the store lived keeps the
+    /// store's receiver for libpq's own warnings about it (a row number out of range): do not
+    /// misuse such a result after the store is gone.
+    std::function<void(std::string_view)> on_notice{};
 };
 
 namespace detail {
@@ -128,6 +157,27 @@ inline constexpr Oid int4_oid = 23;
 inline constexpr Oid bytea_array_oid = 1001;
 
 inline constexpr std::size_t max_parameters = 65535;  // the protocol's limit
+
+/// libpq's own notice receiver and processor, those every new PGconn starts with. libpq does not
+/// export them; a connection object that never connects (its conninfo has an unknown option, so
+/// nothing is sent) hands them out, once per process.
+struct LibpqNoticeHooks {
+    PQnoticeReceiver receiver = nullptr;
+    PQnoticeProcessor processor = nullptr;
+};
+inline const LibpqNoticeHooks& libpq_notice_hooks() {
+    static const LibpqNoticeHooks hooks = [] {
+        LibpqNoticeHooks found;
+        if (PGconn* probe = PQconnectStart("idem_no_such_option=1")) {
+            // A null function reads the current hook without changing it.
+            found.receiver = PQsetNoticeReceiver(probe, nullptr, nullptr);
+            found.processor = PQsetNoticeProcessor(probe, nullptr, nullptr);
+            PQfinish(probe);
+        }
+        return found;
+    }();
+    return hooks;
+}
 
 template <class T>
 struct is_optional : std::false_type {};
@@ -683,6 +733,11 @@ class PostgresStore {
     void resync_prepared();
     bool rollback_noexcept() noexcept;
     void close_noexcept() noexcept;
+    /// Installs notice_receiver on conn_ as PostgresOptions::on_notice describes.
+    void route_notices();
+    /// Puts libpq's receiver back on a borrowed connection if route_notices() replaced it.
+    void restore_notices() noexcept;
+    static void notice_receiver(void* store, const PGresult* notice) noexcept;
     [[nodiscard]] std::string connection_error() const;
     [[nodiscard]] std::chrono::system_clock::time_point now() const {
         return clock_ ? clock_() : std::chrono::system_clock::now();
@@ -720,6 +775,9 @@ class PostgresStore {
     PGconn* conn_ = nullptr;
     bool owned_ = false;
     Clock clock_;
+    std::function<void(std::string_view)> on_notice_;
+    bool notices_routed_ = false;   ///< notice_receiver is installed on conn_
+    bool chain_processor_ = false;  ///< also pass notices to the consumer's notice processor
     std::chrono::milliseconds lock_timeout_{5000};
     std::string schema_;
     std::string table_prefix_;  // "schema".
@@ -954,6 +1012,7 @@ inline PostgresStore::PostgresStore(const std::string& conninfo, PostgresOptions
         throw store_unavailable(message);
     }
     try {
+        route_notices();
         setup();
     } catch (...) {
         close_noexcept();
@@ -982,8 +1041,10 @@ inline PostgresStore::PostgresStore(PGconn* conn, PostgresOptions options)
                 "idem postgres: the borrowed connection is inside a transaction (or busy); "
                 "construct the PostgresStore outside any transaction (it may create its tables)");
         }
+        route_notices();
         setup();
     } catch (...) {
+        restore_notices();
         conn_ = nullptr;  // borrowed: never closed
         throw;
     }
@@ -997,6 +1058,7 @@ inline void PostgresStore::init(const PostgresOptions& options) {
     static std::atomic<unsigned> stores{0};
     store_number_ = ++stores;
     clock_ = options.clock;
+    on_notice_ = options.on_notice;
     prepare_ = options.prepare_statements;
     if (options.lock_timeout.count() < 0) {
         throw usage_error("idem postgres: lock_timeout must not be negative (0 waits forever)");
@@ -1144,7 +1206,51 @@ inline void PostgresStore::close_noexcept() noexcept {
         } catch (...) {
         }
     }
+    if (!owned_) restore_notices();
     conn_ = nullptr;
+}
+
+inline void PostgresStore::route_notices() {
+    const auto& libpq = detail::postgres_store::libpq_notice_hooks();
+    if (owned_) {
+        // Our own connection: nobody else listens, so nothing reaches stderr.
+        PQsetNoticeReceiver(conn_, &PostgresStore::notice_receiver, this);
+        notices_routed_ = true;
+        return;
+    }
+    if (!on_notice_ || libpq.receiver == nullptr) return;  // the consumer's connection as it is
+    if (PQsetNoticeReceiver(conn_, nullptr, nullptr) != libpq.receiver) {
+        return;  // the consumer's own receiver: neither chainable nor restorable, so kept
+    }
+    chain_processor_ = PQsetNoticeProcessor(conn_, nullptr, nullptr) != libpq.processor;
+    PQsetNoticeReceiver(conn_, &PostgresStore::notice_receiver, this);
+    notices_routed_ = true;
+}
+
+inline void PostgresStore::restore_notices() noexcept {
+    if (!notices_routed_ || owned_ || conn_ == nullptr) return;
+    // libpq's receiver ignores its argument (a new PGconn has it null).
+    PQsetNoticeReceiver(conn_, detail::postgres_store::libpq_notice_hooks().receiver, nullptr);
+    notices_routed_ = false;
+}
+
+inline void PostgresStore::notice_receiver(void* store, const PGresult* notice) noexcept {
+    const auto* self = static_cast<const PostgresStore*>(store);
+    if (self->on_notice_) {
+        std::string_view text = PQresultErrorMessage(notice);
+        while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) {
+            text.remove_suffix(1);
+        }
+        try {
+            self->on_notice_(text);
+        } catch (...) {
+            // Never through libpq's C frames.
+        }
+    }
+    if (self->chain_processor_) {
+        // libpq's receiver hands the notice to the connection's processor (the consumer's).
+        detail::postgres_store::libpq_notice_hooks().receiver(nullptr, notice);
+    }
 }
 
 inline void PostgresStore::forget_prepared() noexcept {
