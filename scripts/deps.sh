@@ -12,6 +12,7 @@ IDEM_DEB_PACKAGES=(
     clang               # clang 14
     libclang-rt-14-dev  # clang's sanitizer runtimes
     cmake
+    make                # GNU make: the pkg-config consumer test builds with a plain Makefile
     ninja-build
     pkg-config
     libgtest-dev
