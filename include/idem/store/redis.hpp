@@ -54,10 +54,11 @@ struct RedisOptions {
     /// command (before 7.0) switches the store to the script for good on the first claim.
     bool claim_with_set = true;
     /// A Redis without the append-only file loses every claim written since its last snapshot
-    /// when it restarts, and a redelivery then runs those effects again. So on first use the store
-    /// reads `INFO persistence` and refuses to work (usage_error) unless `aof_enabled` is 1. Set
-    /// this to run without AOF anyway (a cache, a test, a server whose data survives otherwise),
-    /// accepting that a restart re-runs effects.
+    /// when it restarts, and a redelivery then runs those effects again. So the constructor (or,
+    /// when the server is down then, the first call) reads `INFO persistence` and throws
+    /// usage_error unless `aof_enabled` is 1. Set this to run without AOF anyway (a cache, a test,
+    /// a server whose data survives otherwise), accepting that a restart re-runs effects; the
+    /// check is then skipped.
     bool accept_no_persistence = false;
     /// Connections the store opens at most (in use and idle together). A call that needs one
     /// when all are in use waits up to pool_wait_timeout, then throws store_timeout.
