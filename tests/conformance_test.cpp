@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "idem/idem.hpp"
@@ -609,6 +610,44 @@ TYPED_TEST(StoreConformance, ReusedIdWithAnotherPayloadIsDeadLetteredNotAcked) {
     ASSERT_TRUE(claim.has_value());
     EXPECT_EQ(claim->disposition, Disposition::processed);
     EXPECT_EQ(claim->fingerprint.size(), 64u);  // SHA-256 hex of the stable part
+}
+
+// Found by model checking: a claim that takes over a released record must store ITS payload's
+// fingerprint. Otherwise A (payload P1) fails, B (same id, payload P2) takes the record over and
+// commits under fp(P1); A's redelivery then matches fp(P1) and is acked as a duplicate (P1 never
+// runs, no dead letter) while B's redelivery is dead-lettered though B's payload ran.
+TYPED_TEST(StoreConformance, TakeoverOfAReleasedClaimStoresTheNewPayloadsFingerprint) {
+    std::vector<long> ran;
+    bool fail_next = true;
+    auto handler = idem::make_handler(
+        this->store(), idem::Policy{"orders"},
+        idem::with_fingerprint([](const Order& o) { return o.id + "|" + std::to_string(o.amount); },
+                               [&](auto& tx, const Order& o) {
+                                   if (std::exchange(fail_next, false))
+                                       throw std::runtime_error("gateway down");
+                                   ran.push_back(o.amount);
+                                   TypeParam::write_effect(tx, o.id);
+                               }));
+    const Order p1{"o-1", 100, ""};
+    const Order p2{"o-2", 200, ""};
+    // A claims m-1 with P1 and fails: the claim is released (or rolled back), not completed.
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, p1).disposition, Disposition::failed);
+    // B: the same id with another payload takes the record over and commits.
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, p2).disposition, Disposition::processed);
+    auto claim = this->store().find_claim("orders", "m-1");
+    ASSERT_TRUE(claim.has_value());
+    EXPECT_EQ(claim->fingerprint, idem::detail::sha256_hex(std::string_view("o-2|200")));
+    // B's redelivery: its own payload ran, a duplicate.
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, p2).disposition, Disposition::duplicate);
+    // A's redelivery: P1 never ran, so it is the reused id, dead-lettered with its payload.
+    auto again = handler.handle(Delivery{"m-1", 2}, p1);
+    EXPECT_EQ(again.disposition, Disposition::dead_lettered) << again.reason;
+    EXPECT_NE(again.reason.find("id reused with a different payload"), std::string::npos)
+        << again.reason;
+    EXPECT_EQ(ran, std::vector<long>{200});
+    auto letters = this->store().dead_letters();
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_EQ(letters[0].payload, "o-1:100");
 }
 
 TYPED_TEST(StoreConformance, ClaimWithoutFingerprintCannotBeComparedSoItIsADuplicate) {

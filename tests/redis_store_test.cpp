@@ -857,3 +857,230 @@ TEST_F(RedisRestartTest, KilledAndRestartedMidRunOfAThousandLosesNothingAndAppli
 }
 
 }  // namespace
+
+// ---- retention after a takeover -----------------------------------------------------------------
+
+TEST_F(RedisServerClockTest, ATakeoverRestartsTheRetentionAndKeepsTheFirstClaimedAt) {
+    auto a = worker();
+    const idem::ClaimTerms terms{30s, idem::days(14)};
+    {
+        auto tx = a->begin();
+        tx.set_terms(terms);
+        ASSERT_EQ(tx.claim("pay", "m-1", "fp-1").status, ClaimStatus::claimed);
+    }  // rolled back: released, the record (and its expiry) stays
+    const auto first = a->find_claim("pay", "m-1");
+    ASSERT_FALSE(first.has_value());  // released
+    // The record has aged: ten days of its retention are gone.
+    const std::string key = claim_key("pay", "m-1");
+    const std::int64_t four_days_ms = idem::days(4) / 1ms;
+    client().exec({"PEXPIRE", key, std::to_string(four_days_ms)});
+    const std::string before = *client().str({"GET", key});
+
+    auto tx = a->begin();
+    tx.set_terms(terms);
+    ASSERT_EQ(tx.claim("pay", "m-1", "fp-2").status, ClaimStatus::claimed);  // the takeover
+    tx.commit();
+    // The retention counts again from the takeover (the latest delivery), not from claimed_at.
+    const std::int64_t left = *client().integer({"PTTL", key});
+    EXPECT_GT(left, idem::days(14) / 1ms - 60'000) << "the takeover kept the old expiry";
+    const std::int64_t expires_at = *client().integer({"PEXPIRETIME", key});
+    EXPECT_NEAR(static_cast<double>(expires_at),
+                static_cast<double>(server_ms() + idem::days(14) / 1ms), 60'000.0);
+    // claimed_at stays the first claim's (as resolved before the takeover), attempts go on.
+    auto record = idem::detail::RedisClaimRecord::decode(*client().str({"GET", key}));
+    ASSERT_TRUE(record.has_value());
+    auto old_record = idem::detail::RedisClaimRecord::decode(before);
+    ASSERT_TRUE(old_record.has_value());
+    EXPECT_EQ(old_record->state, "free");
+    EXPECT_EQ(record->attempts, 2u);
+    EXPECT_EQ(record->fingerprint, "fp-2");
+    EXPECT_FALSE(record->times_before_expiry.has_value());  // the takeover writes numbers
+    const auto claim = a->find_claim("pay", "m-1");
+    ASSERT_TRUE(claim.has_value());
+    // The record says its first claim was ten days ago (its expiry minus the retention, as the SET
+    // claim stores it): the takeover keeps that, it does not restart claimed_at.
+    const std::int64_t ten_days_ago = server_ms() - idem::days(10) / 1ms;
+    EXPECT_NEAR(static_cast<double>(idem::detail::to_unix_ms(claim->claimed_at)),
+                static_cast<double>(ten_days_ago), 60'000.0);
+    EXPECT_EQ(record->claimed_at, idem::detail::to_unix_ms(claim->claimed_at));
+}
+
+// ---- persistence --------------------------------------------------------------------------------
+
+TEST(RedisPersistenceTest, AServerWithoutAofIsRefusedUnlessTheRiskIsAccepted) {
+    IDEM_REQUIRE_REDIS();
+    idem_test::RedisServer volatile_server{idem_test::RedisServer::no_aof};
+    const idem::RedisEndpoint endpoint = idem_test::redis_endpoint(volatile_server);
+
+    // A server that answers: the store does not even construct.
+    try {
+        idem::RedisStore refusing(endpoint);
+        ADD_FAILURE() << "a store on a server without AOF started";
+    } catch (const idem::usage_error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("accept_no_persistence"), std::string::npos) << what;
+        EXPECT_NE(what.find("append-only"), std::string::npos) << what;
+    }
+    // A server that was down when the store was made: every message fails (nothing claimed,
+    // nothing acked) and says why.
+    volatile_server.stop();
+    idem::RedisEndpoint quick = endpoint;
+    quick.connect_timeout = 500ms;
+    idem::RedisStore refusing(quick);
+    EXPECT_FALSE(refusing.persistence().has_value());
+    volatile_server.start();
+    auto handler = idem::make_handler(
+        refusing, idem::Policy{"p"}, [](auto& tx, const std::string& b) { tx.write("SET", b, 1); });
+    for (int attempt = 1; attempt <= 2; ++attempt) {
+        auto outcome =
+            handler.handle(Delivery{"m-1", static_cast<std::uint32_t>(attempt)}, std::string("k"));
+        EXPECT_EQ(outcome.disposition, Disposition::failed);
+        EXPECT_FALSE(idem::should_ack(outcome));
+        EXPECT_NE(outcome.reason.find("accept_no_persistence"), std::string::npos)
+            << outcome.reason;
+    }
+    EXPECT_THROW((void)refusing.begin().claim("p", "m-1"), idem::usage_error);
+    ASSERT_TRUE(refusing.persistence().has_value());
+    EXPECT_FALSE(refusing.persistence()->aof_enabled);
+    idem_test::RedisClient raw = volatile_server.client();
+    EXPECT_EQ(*raw.integer({"DBSIZE"}), 0);  // nothing was claimed or written
+
+    idem::RedisOptions accept;
+    accept.accept_no_persistence = true;
+    idem::RedisStore accepting(endpoint, accept);
+    auto ok = idem::make_handler(accepting, idem::Policy{"p"},
+                                 [](auto& tx, const std::string& b) { tx.write("SET", b, 1); });
+    EXPECT_EQ(ok.handle(Delivery{"m-1", 1}, std::string("k")).disposition, Disposition::processed);
+    EXPECT_FALSE(accepting.persistence().has_value());  // not checked at all
+}
+
+TEST_F(RedisStoreTest, AnAofServerIsAcceptedAndAServerHidingConfigToo) {
+    auto claim_once = [](idem::RedisStore& s, const std::string& id) {
+        auto tx = s.begin();
+        auto claim = tx.claim("p", id);
+        tx.commit();
+        return claim.status;
+    };
+    idem::RedisStore plain(store().endpoint());
+    EXPECT_EQ(claim_once(plain, "a"), ClaimStatus::claimed);
+    ASSERT_TRUE(plain.persistence().has_value());
+    EXPECT_TRUE(plain.persistence()->aof_enabled);
+    EXPECT_EQ(plain.persistence()->appendfsync, "always");
+
+    // A user that may not run CONFIG (as with rename-command CONFIG ""): INFO is enough.
+    client().exec(
+        {"ACL", "SETUSER", "idem-noconfig", "reset", "on", ">pw", "~*", "&*", "+@all", "-config"});
+    idem::RedisEndpoint limited = store().endpoint();
+    limited.username = "idem-noconfig";
+    limited.password = "pw";
+    idem::RedisStore no_config(limited);
+    EXPECT_EQ(claim_once(no_config, "b"), ClaimStatus::claimed);
+    ASSERT_TRUE(no_config.persistence().has_value());
+    EXPECT_TRUE(no_config.persistence()->aof_enabled);
+    EXPECT_EQ(no_config.persistence()->appendfsync, "");
+
+    // A user that may not run INFO either: the store cannot tell, so it refuses and says why.
+    client().exec({"ACL", "SETUSER", "idem-noinfo", "reset", "on", ">pw", "~*", "&*", "+@all",
+                   "-config", "-info"});
+    limited.username = "idem-noinfo";
+    try {
+        idem::RedisStore no_info(limited);
+        ADD_FAILURE() << "a store that could not read INFO started";
+    } catch (const idem::usage_error& e) {
+        EXPECT_NE(std::string(e.what()).find("accept_no_persistence"), std::string::npos)
+            << e.what();
+    }
+    client().exec({"ACL", "DELUSER", "idem-noconfig", "idem-noinfo"});
+}
+
+// ---- the connection pool
+// --------------------------------------------------------------------------
+
+TEST_F(RedisStoreTest, WithAllConnectionsInUseACallWaitsThenTimesOut) {
+    idem::RedisOptions options;
+    options.max_connections = 1;
+    options.pool_wait_timeout = 300ms;
+    idem::RedisStore capped(store().endpoint(), options);
+    std::mutex m;
+    std::condition_variable cv;
+    bool holding = false;
+    bool let_go = false;
+    std::thread holder([&] {
+        capped.with_connection([&](idem::RedisConnection& c) {
+            c.checked({"PING"}, "PING");
+            std::unique_lock<std::mutex> lock(m);
+            holding = true;
+            cv.notify_all();
+            cv.wait_for(lock, 60s, [&] { return let_go; });
+            return 0;
+        });
+    });
+    {
+        std::unique_lock<std::mutex> lock(m);
+        ASSERT_TRUE(cv.wait_for(lock, 30s, [&] { return holding; }));
+    }
+    auto tx = capped.begin();
+    const auto started = std::chrono::steady_clock::now();
+    EXPECT_THROW((void)tx.claim("p", "m-1"), idem::store_timeout);
+    EXPECT_GE(std::chrono::steady_clock::now() - started, 250ms);
+    {
+        std::lock_guard<std::mutex> lock(m);
+        let_go = true;
+    }
+    cv.notify_all();
+    holder.join();
+    // Given back: the next call gets it.
+    EXPECT_EQ(tx.claim("p", "m-1").status, ClaimStatus::claimed);
+    // And a waiter is woken by the give-back, not by its timeout.
+    idem::RedisOptions patient = options;
+    patient.pool_wait_timeout = 60s;
+    idem::RedisStore one(store().endpoint(), patient);
+    std::atomic<bool> held{false};
+    std::thread second([&] {
+        one.with_connection([&](idem::RedisConnection& c) {
+            held = true;
+            std::this_thread::sleep_for(300ms);
+            return c.checked({"PING"}, "PING");
+        });
+    });
+    while (!held)
+        std::this_thread::yield();
+    const auto waited_from = std::chrono::steady_clock::now();
+    auto reply =
+        one.with_connection([](idem::RedisConnection& c) { return c.checked({"PING"}, "PING"); });
+    EXPECT_EQ(reply.str, "PONG");
+    EXPECT_LT(std::chrono::steady_clock::now() - waited_from, 30s);
+    second.join();
+}
+
+TEST_F(RedisStoreTest, AnIdleConnectionKilledByTheServerIsReplacedBeforeReuse) {
+    auto client_id = [](idem::RedisStore& s) {
+        return s.with_connection([](idem::RedisConnection& c) {
+            return c.checked({"CLIENT", "ID"}, "CLIENT ID").integer;
+        });
+    };
+    auto run = [](idem::RedisStore& s, const std::string& id) {
+        auto handler = idem::make_handler(
+            s, idem::Policy{"ping"},
+            [](auto& tx, const std::string& b) { tx.write("SADD", "pinged", b); });
+        return handler.handle(Delivery{id, 1}, id).disposition;
+    };
+
+    idem::RedisOptions pinging;
+    pinging.ping_idle_after = 0ms;  // every reuse
+    idem::RedisStore checked(store().endpoint(), pinging);
+    ASSERT_EQ(run(checked, "m-1"), Disposition::processed);
+    const long long first = client_id(checked);
+    client().exec({"CLIENT", "KILL", "ID", std::to_string(first)});
+    EXPECT_EQ(run(checked, "m-2"), Disposition::processed);  // the ping found it dead
+    EXPECT_NE(client_id(checked), first);
+
+    // Without the ping (idle for less than ping_idle_after), the dead connection fails the call.
+    idem::RedisOptions lazy;
+    lazy.ping_idle_after = std::chrono::hours(1);
+    idem::RedisStore unchecked(store().endpoint(), lazy);
+    ASSERT_EQ(run(unchecked, "m-3"), Disposition::processed);
+    client().exec({"CLIENT", "KILL", "ID", std::to_string(client_id(unchecked))});
+    EXPECT_EQ(run(unchecked, "m-4"), Disposition::failed);
+    EXPECT_EQ(run(unchecked, "m-4"), Disposition::processed);  // reconnected after the failure
+}

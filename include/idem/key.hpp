@@ -9,7 +9,6 @@
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -19,6 +18,7 @@
 
 #include "idem/config.hpp"
 #include "idem/delivery.hpp"
+#include "idem/detail/random.hpp"
 #include "idem/detail/sha256.hpp"
 #include "idem/error.hpp"
 
@@ -257,18 +257,11 @@ template <class Step>
 /// @code
 /// msg.attempt_key = idem::new_attempt_key();  // "3f0c9a5e-6b1d-4c2a-9e47-0d8b5a1f2c63"
 /// @endcode
-/// @throws std::runtime_error (from std::random_device) if no entropy source is available.
+/// @throws std::system_error if neither getrandom(2) nor /dev/urandom gives bytes.
 [[nodiscard]] inline std::string new_attempt_key() {
-    // A device per call: no state shared between threads and nothing to reseed after fork().
-    std::random_device device;
+    // From the kernel on every call: no state shared between threads or copied by fork().
     std::array<std::uint8_t, 16> bytes{};
-    for (std::size_t i = 0; i < bytes.size(); i += 4) {
-        const auto word = static_cast<std::uint32_t>(device());
-        bytes[i] = static_cast<std::uint8_t>(word >> 24);
-        bytes[i + 1] = static_cast<std::uint8_t>(word >> 16);
-        bytes[i + 2] = static_cast<std::uint8_t>(word >> 8);
-        bytes[i + 3] = static_cast<std::uint8_t>(word);
-    }
+    detail::os_random_bytes(bytes.data(), bytes.size());
     bytes[6] = static_cast<std::uint8_t>((bytes[6] & 0x0f) | 0x40);  // version 4
     bytes[8] = static_cast<std::uint8_t>((bytes[8] & 0x3f) | 0x80);  // variant 10xx (RFC 4122)
 

@@ -8,6 +8,7 @@
 //   c.exec({"SET", key, value});  c.str({"GET", key});  // binary-safe arguments and replies
 //   idem_test::RedisServer own;                         // an independent server (crash tests)
 //   own.kill9(); own.start();                           // crash + AOF replay, same port and data
+//   idem_test::RedisServer volatile_one{idem_test::RedisServer::no_aof};  // appendonly no
 //
 // How it runs:
 // - redis-server is a direct child of the test process (its own process group, a minimal
@@ -220,9 +221,14 @@ class RedisServer : public ServerProcess {
         return !found.path.empty();
     }
 
+    /// How the server persists: AOF with appendfsync always (the default), or nothing at all
+    /// (`appendonly no`, no RDB: a restart loses every key), which RedisStore refuses by default.
+    enum Persistence { aof_always, no_aof };
+
     /// Starts redis-server and waits until it answers. Throws std::runtime_error with the log's
     /// tail.
-    RedisServer() : ServerProcess(traits()) {
+    explicit RedisServer(Persistence persistence = aof_always)
+        : ServerProcess(traits()), persistence_(persistence) {
         const auto found = redis_detail::find_redis_server();
         if (found.path.empty()) throw std::runtime_error("RedisServer: " + found.why);
         binary_ = found.path;
@@ -249,6 +255,7 @@ class RedisServer : public ServerProcess {
 
   private:
     std::filesystem::path binary_;
+    Persistence persistence_ = aof_always;
 
     static Traits traits() {
         Traits t;
@@ -282,7 +289,7 @@ class RedisServer : public ServerProcess {
                   "--dir",
                   dir().string(),
                   "--appendonly",
-                  "yes",
+                  persistence_ == aof_always ? "yes" : "no",
                   "--appendfsync",
                   "always",
                   "--save",

@@ -6,16 +6,18 @@
 /// stream XACK when the broker is the same Redis) commit atomically with the completion. Link
 /// idem::redis. See docs/redis.md.
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -26,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/detail/random.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/policy.hpp"
@@ -50,6 +53,28 @@ struct RedisOptions {
     /// script; contested ids still go through the claim script. A server that refuses the
     /// command (before 7.0) switches the store to the script for good on the first claim.
     bool claim_with_set = true;
+    /// A Redis without the append-only file loses every claim written since its last snapshot
+    /// when it restarts, and a redelivery then runs those effects again. So the constructor (or,
+    /// when the server is down then, the first call) reads `INFO persistence` and throws
+    /// usage_error unless `aof_enabled` is 1. Set this to run without AOF anyway (a cache, a test,
+    /// a server whose data survives otherwise), accepting that a restart re-runs effects; the
+    /// check is then skipped.
+    bool accept_no_persistence = false;
+    /// Connections the store opens at most (in use and idle together). A call that needs one
+    /// when all are in use waits up to pool_wait_timeout, then throws store_timeout.
+    std::size_t max_connections = 64;
+    std::chrono::milliseconds pool_wait_timeout{5'000};
+    /// A pooled connection idle this long is PINGed before it is reused; a dead one (the server
+    /// restarted, CLIENT KILL, a proxy dropped it) is replaced, so the call does not fail on it.
+    /// Zero: ping before every reuse.
+    std::chrono::milliseconds ping_idle_after{10'000};
+};
+
+/// @brief What the store found out about the server's persistence (RedisStore::persistence()).
+struct RedisPersistence {
+    bool aof_enabled = false;
+    /// `CONFIG GET appendfsync` (always, everysec, no); empty when CONFIG is disabled or renamed.
+    std::string appendfsync{};
 };
 
 /// @brief A consumer reading a stream on the same Redis asks the next transaction begun on its
@@ -109,7 +134,8 @@ inline std::vector<std::string> stream_dead_letter_command(
 // hex and empty unless leased; outcome a Disposition name and, like the reason, empty unless
 // done; the rest decimal. The lease runs from leased_at for lease_ms and means something only
 // while the state is leased. Times are milliseconds since the epoch. The claim sets the
-// record's expiry (the retention); later changes keep it. RedisClaimRecord is the C++ twin.
+// record's expiry (the retention) and a takeover sets it again from now (claimed_at keeps the
+// first claim's time); completion and release keep it. RedisClaimRecord is the C++ twin.
 //
 // A new id is claimed without a script: one `SET key record NX PX retention GET` (Redis 7.0+),
 // which cannot read the server's clock. Its claimed_at and leased_at say `~<retention>`
@@ -250,8 +276,10 @@ for c = 1, #KEYS do
       out[c] = {'in_progress', int(left), fp, r.attempts}
     else  -- released, or the lease ran out: taken over, one more attempt
       local attempts = int(r.attempts + 1)
+      -- The count of attempts and the first claim's time stay; the lease, the token and the
+      -- fields (fingerprint, scope, id) are the new claimer's, and the retention restarts.
       redis.call('SET', key, record('leased', token, '', attempts .. '|' .. int(r.claimed_at) ..
-                 '|' .. now .. '|' .. lease_ms .. '|' .. r.tail), 'PX', retention)
+                 '|' .. now .. '|' .. lease_ms .. '|' .. ARGV[4 + c]), 'PX', retention)
       out[c] = {'claimed', r.state, fp, attempts}
     end
   end
@@ -583,40 +611,26 @@ struct RedisClaimRecord {
     }
 };
 
-/// 128 random bits as hex: the token that fences one transaction's leases.
+/// 128 random bits as hex: the token that fences one transaction's leases (and owns its overlap
+/// locks). Drawn from the kernel every time: a generator seeded in the process would hand every
+/// fork()ed child its parent's sequence, and two workers with one token take each other's leases
+/// and locks as their own.
 inline std::string new_lease_token() {
-    thread_local std::mt19937_64 generator{[] {
-        std::random_device device;
-        std::seed_seq seed{
-            device(),
-            device(),
-            device(),
-            device(),
-            static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id())),
-            static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count())};
-        return std::mt19937_64(seed);
-    }()};
-    // By hand rather than fmt::format: this runs once per transaction.
-    std::string token(32, '0');
-    for (int half = 0; half < 2; ++half) {
-        std::uint64_t bits = generator();
-        for (int i = 15; i >= 0; --i, bits >>= 4)
-            token[static_cast<std::size_t>(half * 16 + i)] = "0123456789abcdef"[bits & 0xF];
-    }
-    return token;
+    return os_random_hex(16);
 }
 
 }  // namespace detail
 
-/// @brief Claims as leases in Redis (standalone, Sentinel, or Cluster with the notes of
-/// docs/redis.md). Thread-safe: each call takes a connection from a small pool, so handlers on
-/// several threads share one store.
+/// @brief Claims as leases in ONE Redis server (no Sentinel discovery, no Cluster redirects
+/// yet: docs/redis.md). Thread-safe: each call takes a connection from a small pool, so handlers
+/// on several threads share one store.
 ///
 /// - claim(): one round trip, `SET … NX PX … GET`: absent → leased to this transaction's token
 ///   (attempt 1); finished → duplicate with the recorded outcome. A record leased by another
 ///   worker or released goes on to the claim script (one more round trip): leased and live →
-///   in_progress; expired or released → taken over with a new token, the attempt count goes up.
-///   The record expires after the retention. claim_many(): the same for a batch's ids, the SETs
+///   in_progress; expired or released → taken over with a new token (and the taker's
+///   fingerprint), the attempt count goes up, claimed_at stays. The record expires the retention
+///   after its latest claim. claim_many(): the same for a batch's ids, the SETs
 ///   pipelined in one round trip.
 /// - commit(): one round trip, a script that checks every lease is still ours, runs the queued
 ///   Redis writes (write(), the consumer's XACK), stores dead letters and marks the claims done.
@@ -640,10 +654,21 @@ class RedisStore {
         if (options_.lease.count() <= 0) {
             throw usage_error("idem::RedisStore: the default lease must be positive");
         }
+        if (options_.max_connections == 0) {
+            throw usage_error("idem::RedisStore: max_connections must be at least 1");
+        }
         if (options_.key_prefix.find_first_of("{}") != std::string::npos) {
             throw usage_error(
                 "idem::RedisStore: the key prefix must not contain braces (they would change the "
                 "keys' Cluster hash tags)");
+        }
+        // The persistence check, now if the server answers (a store on a server without AOF
+        // does not start), else on first use.
+        if (!options_.accept_no_persistence) {
+            try {
+                with_connection([](RedisConnection&) { return 0; });
+            } catch (const store_error&) {  // unreachable for now: checked on first use
+            }
         }
     }
     RedisStore(const RedisStore&) = delete;
@@ -819,7 +844,10 @@ class RedisStore {
         return out;
     }
 
-    /// @brief Runs @p fn with a pooled connection (reconnecting if it was dropped).
+    /// @brief Runs @p fn with a pooled connection (reconnecting if it was dropped). Waits up to
+    /// RedisOptions::pool_wait_timeout when max_connections are in use.
+    /// @throws store_timeout when no connection became free in time; usage_error when the server
+    /// has no AOF (RedisOptions::accept_no_persistence).
     template <class Fn>
     auto with_connection(Fn&& fn) -> decltype(fn(std::declval<RedisConnection&>())) {
         std::unique_ptr<RedisConnection> connection = acquire();
@@ -833,7 +861,19 @@ class RedisStore {
                 store->give_back(std::move(connection));
             }
         } give_back{this, connection, connection->round_trips()};
+        if (!options_.accept_no_persistence &&
+            !persistence_checked_.load(std::memory_order_acquire)) {
+            check_persistence(*connection);
+            give_back.before = connection->round_trips();  // the check is not the caller's cost
+        }
         return fn(*connection);
+    }
+
+    /// @brief What the persistence check found; nothing before the first call that reached the
+    /// server, or with RedisOptions::accept_no_persistence (which skips the check).
+    [[nodiscard]] std::optional<RedisPersistence> persistence() const {
+        std::lock_guard<std::mutex> lock(pool_mutex_);
+        return persistence_;
     }
 
     /// @brief Request/reply exchanges with Redis so far, over all pooled connections (a
@@ -965,32 +1005,129 @@ class RedisStore {
         }
     }
 
-    std::unique_ptr<RedisConnection> acquire() {
+    /// Reads `INFO persistence` (and `CONFIG GET appendfsync` when CONFIG answers) once per
+    /// store; refuses a server without AOF.
+    void check_persistence(RedisConnection& connection) {
+        RedisPersistence found;
+        const RedisReply info = connection.command({"INFO", "persistence"});
+        if (info.is_error() || info.type != RedisReply::Type::string) {
+            throw usage_error(fmt::format(
+                "idem::RedisStore: cannot tell whether Redis at {} persists claims (INFO "
+                "persistence: {}); enable AOF (appendonly yes) and allow INFO, or set "
+                "RedisOptions::accept_no_persistence to run without it and accept that a "
+                "restart re-runs effects",
+                endpoint_.describe(), info.is_error() ? info.str : "no answer"));
+        }
+        found.aof_enabled = info.str.find("aof_enabled:1") != std::string::npos;
+        const RedisReply config = connection.command({"CONFIG", "GET", "appendfsync"});
+        if (config.is_array() && config.elements.size() == 2) {
+            found.appendfsync = config.elements[1].str;
+        }
         {
             std::lock_guard<std::mutex> lock(pool_mutex_);
+            persistence_ = found;
+        }
+        if (!found.aof_enabled) {
+            throw usage_error(fmt::format(
+                "idem::RedisStore: Redis at {} has no append-only file (aof_enabled:0): a restart "
+                "would lose the claims written since the last snapshot and redeliveries would run "
+                "those effects again. Enable AOF (appendonly yes, appendfsync always or everysec), "
+                "or set RedisOptions::accept_no_persistence to accept the risk",
+                endpoint_.describe()));
+        }
+        persistence_checked_.store(true, std::memory_order_release);
+    }
+
+    /// A pooled connection, or a new one while fewer than max_connections are open; else waits.
+    std::unique_ptr<RedisConnection> acquire() {
+        std::unique_ptr<RedisConnection> connection;
+        bool ping = false;
+        {
+            std::unique_lock<std::mutex> lock(pool_mutex_);
+            forget_inherited_pool();
+            const auto deadline = std::chrono::steady_clock::now() + options_.pool_wait_timeout;
+            while (idle_.empty() && in_use_ >= options_.max_connections) {
+                if (pool_free_.wait_until(lock, deadline) == std::cv_status::timeout &&
+                    idle_.empty() && in_use_ >= options_.max_connections) {
+                    throw store_timeout(fmt::format(
+                        "idem::RedisStore: all {} connections to {} stayed in use for {} ms "
+                        "(RedisOptions::max_connections, pool_wait_timeout)",
+                        options_.max_connections, endpoint_.describe(),
+                        options_.pool_wait_timeout.count()));
+                }
+                forget_inherited_pool();
+            }
+            ++in_use_;
             if (!idle_.empty()) {
-                auto connection = std::move(idle_.back());
+                Idle& last = idle_.back();
+                ping = std::chrono::steady_clock::now() - last.since >= options_.ping_idle_after;
+                connection = std::move(last.connection);
                 idle_.pop_back();
-                return connection;
             }
         }
-        return std::make_unique<RedisConnection>(endpoint_);
-    }
-    void give_back(std::unique_ptr<RedisConnection> connection) noexcept {
-        if (!connection) return;
-        try {
-            std::lock_guard<std::mutex> lock(pool_mutex_);
-            if (idle_.size() < max_idle_connections) idle_.push_back(std::move(connection));
-        } catch (...) {  // a connection that cannot be pooled is closed
+        if (connection) {
+            if (ping && connection->connected()) check_alive(*connection);
+            return connection;
         }
+        try {
+            return std::make_unique<RedisConnection>(endpoint_);
+        } catch (...) {
+            give_back(nullptr);
+            throw;
+        }
+    }
+
+    /// PING: a connection the server or the network closed while it was idle is dropped here
+    /// (the next command reconnects) rather than failing the caller's command.
+    static void check_alive(RedisConnection& connection) noexcept {
+        try {
+            const RedisReply pong = connection.command({"PING"});
+            if (pong.is_error()) connection.disconnect();
+        } catch (...) {  // command() dropped the connection already
+            connection.disconnect();
+        }
+    }
+
+    /// After fork(), the pool (its idle connections, its count of those in use) is the parent's:
+    /// the child starts an empty pool. Called with pool_mutex_ held.
+    void forget_inherited_pool() noexcept {
+        const pid_t pid = ::getpid();
+        if (pid == pool_pid_) return;
+        pool_pid_ = pid;
+        idle_.clear();  // each closes only this process's copy of its socket
+        in_use_ = 0;
+    }
+
+    void give_back(std::unique_ptr<RedisConnection> connection) noexcept {
+        {
+            std::lock_guard<std::mutex> lock(pool_mutex_);
+            if (in_use_ > 0) --in_use_;
+            if (connection && idle_.size() < max_idle_connections) {
+                try {
+                    idle_.push_back(Idle{std::move(connection), std::chrono::steady_clock::now()});
+                } catch (...) {  // a connection that cannot be pooled is closed
+                }
+            }
+        }
+        pool_free_.notify_one();
     }
 
     static constexpr std::size_t max_idle_connections = 16;
 
+    struct Idle {
+        std::unique_ptr<RedisConnection> connection;
+        std::chrono::steady_clock::time_point since;
+    };
+
     RedisEndpoint endpoint_;
     RedisOptions options_;
-    std::mutex pool_mutex_;
-    std::vector<std::unique_ptr<RedisConnection>> idle_;
+    mutable std::mutex pool_mutex_;
+    std::condition_variable pool_free_;
+    std::vector<Idle> idle_;
+    std::size_t in_use_ = 0;
+    pid_t pool_pid_ = ::getpid();
+    std::atomic<bool> persistence_checked_{false};
+    std::optional<RedisPersistence> persistence_;
     std::atomic<std::size_t> round_trips_{0};
     std::atomic<bool> claim_with_set_{true};
 };

@@ -7,6 +7,7 @@
 #include <hiredis/hiredis.h>
 
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -267,7 +268,10 @@ class RedisConnection {
     RedisConnection& operator=(const RedisConnection&) = delete;
 
     [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return endpoint_; }
-    [[nodiscard]] bool connected() const noexcept { return context_ != nullptr; }
+    /// Whether a socket is open (one inherited across fork() does not count: it is the parent's).
+    [[nodiscard]] bool connected() const noexcept {
+        return context_ != nullptr && pid_ == ::getpid();
+    }
     /// How many times this connection (re)connected; a test sees reconnects with it.
     [[nodiscard]] std::size_t connects() const noexcept { return connects_; }
     /// Request/reply exchanges so far (a pipeline is one; connecting and loading a script count).
@@ -412,7 +416,8 @@ class RedisConnection {
     }
 
     void ensure_connected() {
-        if (context_) return;
+        if (context_ && pid_ == ::getpid()) return;
+        if (context_) forget_inherited();
         redisContext* raw = redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port,
                                                     detail::to_timeval(endpoint_.connect_timeout));
         std::unique_ptr<redisContext, ContextFree> context(raw);
@@ -426,6 +431,7 @@ class RedisConnection {
         }
         redisSetTimeout(context.get(), detail::to_timeval(endpoint_.command_timeout));
         context_ = std::move(context);
+        pid_ = ::getpid();
         ++connects_;
         ++round_trips_;  // the TCP handshake
         try {
@@ -440,6 +446,15 @@ class RedisConnection {
             disconnect();
             throw;
         }
+    }
+
+    /// A connection made before fork() is the parent's too: a command sent on it from here would
+    /// interleave with the parent's on one socket, and each process could read the other's
+    /// replies. The child closes its copy of the socket (the parent's stays open: no shutdown(),
+    /// no QUIT) and connects anew.
+    void forget_inherited() noexcept {
+        context_.reset();
+        shas_.clear();
     }
 
     void expect_ok(const std::vector<std::string>& args, const char* what) {
@@ -521,6 +536,7 @@ class RedisConnection {
 
     RedisEndpoint endpoint_;
     std::unique_ptr<redisContext, ContextFree> context_;
+    pid_t pid_ = 0;  ///< the process that connected context_
     std::unordered_map<const char*, std::string> shas_;
     detail::RespBuffer out_;  ///< the command being sent, as RESP
     std::size_t connects_ = 0;
