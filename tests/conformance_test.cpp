@@ -6,6 +6,7 @@
 #include <chrono>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -648,6 +649,39 @@ TYPED_TEST(StoreConformance, TakeoverOfAReleasedClaimStoresTheNewPayloadsFingerp
     auto letters = this->store().dead_letters();
     ASSERT_EQ(letters.size(), 1u);
     EXPECT_EQ(letters[0].payload, "o-1:100");
+}
+
+// PolicyOptions::redact_payload runs before the store sees a dead letter, alone and in a batch,
+// and a redactor that throws leaves nothing behind on any store.
+TYPED_TEST(StoreConformance, DeadLetterPayloadIsRedactedBeforeTheStoreKeepsIt) {
+    idem::PolicyOptions options;
+    options.redact_payload = idem::mask_card_numbers;
+    // malformed_message rather than the delivery count: a lease store counts attempts itself.
+    auto unusable = [](auto&, const std::string&) { throw idem::malformed_message("bad card"); };
+    auto handler = idem::make_handler(this->store(), idem::Policy{"orders", options}, unusable);
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("pan=4111111111111111")).disposition,
+              Disposition::dead_lettered);
+    const std::vector<std::string> bodies{"pan=5500005555555559", "pan=4222222222222"};
+    for (const auto& outcome :
+         handler.handle_batch(std::vector<Delivery>{{"m-2", 1}, {"", 1}}, bodies)) {
+        EXPECT_EQ(outcome.disposition, Disposition::dead_lettered) << outcome.reason;
+    }
+    auto letters = this->store().dead_letters();
+    ASSERT_EQ(letters.size(), 3u);
+    EXPECT_EQ(letters[0].payload, "pan=************1111");
+    EXPECT_EQ(letters[1].payload, "pan=************5559");
+    EXPECT_EQ(letters[2].payload, "pan=*********2222");
+
+    options.redact_payload = [](std::string_view) -> std::string {
+        throw std::runtime_error("redactor down");
+    };
+    auto broken = idem::make_handler(this->store(), idem::Policy{"orders", options}, unusable);
+    auto failed = broken.handle(Delivery{"m-3", 1}, std::string("pan=4111111111111111"));
+    EXPECT_EQ(failed.disposition, Disposition::failed);
+    EXPECT_NE(failed.reason.find("redact_payload threw: redactor down"), std::string::npos)
+        << failed.reason;
+    EXPECT_FALSE(this->store().find_claim("orders", "m-3").has_value());
+    EXPECT_EQ(this->store().dead_letters().size(), 3u);
 }
 
 TYPED_TEST(StoreConformance, ClaimWithoutFingerprintCannotBeComparedSoItIsADuplicate) {

@@ -24,6 +24,10 @@ struct CapturePayment {
     std::string order_id;
     long amount = 0;
 };
+// What a dead letter keeps of a capture (found by ADL).
+std::string idem_payload(const CapturePayment& m) {
+    return m.order_id + ":" + std::to_string(m.amount);
+}
 
 class Guarantees : public ::testing::Test {
   protected:
@@ -117,6 +121,9 @@ struct PaymentMessage {
     long payment_id = 0;
     PaymentEvent event = PaymentEvent::capture;
 };
+std::string idem_payload(const PaymentMessage& m) {
+    return std::to_string(m.payment_id) + ":" + std::to_string(static_cast<int>(m.event));
+}
 
 constexpr idem::StateMachine payment_flow{
     idem::Transition{PaymentState::authorised, PaymentEvent::capture, PaymentState::captured},
@@ -196,6 +203,9 @@ TEST_F(Guarantees, EarlyEventIsDeferredUntilItsPredecessorArrives) {
     // An event for a payment that never arrives ends in dead letters at the limit: nothing lost.
     auto orphan = payments.handle(Delivery{"evt-o", 5}, PaymentMessage{99, PaymentEvent::refund});
     EXPECT_EQ(orphan.disposition, Disposition::dead_lettered);
+    ASSERT_EQ(store.dead_letters().size(), 1u);
+    EXPECT_EQ(store.dead_letters()[0].payload,
+              "99:" + std::to_string(static_cast<int>(PaymentEvent::refund)));
 }
 
 // 4. Poison: count 5 is dead-lettered with its reason, the effect never runs, it is acked; a
@@ -214,6 +224,7 @@ TEST_F(Guarantees, PoisonMessageIsParkedAndProcessedMessageIsNot) {
     EXPECT_EQ(gateway.requests(), 0u);  // the effect never ran
     ASSERT_EQ(store.dead_letters().size(), 1u);
     EXPECT_EQ(store.dead_letters()[0].reason, poison.reason);
+    EXPECT_EQ(store.dead_letters()[0].payload, "1:100");  // the message, to replay by hand
 
     EXPECT_EQ(capture.handle(Delivery{"msg-ok", 1}, CapturePayment{"2", 100}).disposition,
               Disposition::processed);

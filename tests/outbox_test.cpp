@@ -125,6 +125,10 @@ struct Payment {
     std::string account;
     long long amount_cents = 0;
 };
+// What a dead letter keeps of a settlement (found by ADL).
+std::string idem_payload(const Payment& p) {
+    return p.payment_id + ":" + p.account + ":" + std::to_string(p.amount_cents);
+}
 
 template <class Env>
 class Outbox : public ::testing::Test {

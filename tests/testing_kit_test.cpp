@@ -315,6 +315,10 @@ struct CapturePayment {
     std::string order_id;
     long amount = 0;
 };
+// What a dead letter keeps of a capture (found by ADL).
+std::string idem_payload(const CapturePayment& m) {
+    return m.order_id + ":" + std::to_string(m.amount);
+}
 
 enum class Keys { per_order, per_attempt };
 

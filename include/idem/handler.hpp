@@ -18,34 +18,13 @@
 #include "idem/error.hpp"
 #include "idem/observer.hpp"
 #include "idem/outcome.hpp"
+#include "idem/payload.hpp"
 #include "idem/policy.hpp"
 #include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 
 namespace detail {
-
-template <class, class = void>
-struct has_adl_payload : std::false_type {};
-template <class B>
-struct has_adl_payload<B, std::void_t<decltype(idem_payload(std::declval<const B&>()))>>
-    : std::true_type {};
-
-/// The bytes a dead letter keeps of a body: the body itself when it is text or bytes, or what
-/// the user's `idem_payload(const Body&)` (found by ADL) returns for a typed message.
-template <class Body>
-std::string payload_of(const Body& body) {
-    if constexpr (std::is_convertible_v<const Body&, std::string_view>) {
-        return std::string(std::string_view(body));
-    } else if constexpr (has_adl_payload<Body>::value) {
-        return std::string(idem_payload(body));
-    } else if constexpr (std::is_same_v<Body, std::vector<char>> ||
-                         std::is_same_v<Body, std::vector<unsigned char>>) {
-        return std::string(body.begin(), body.end());
-    } else {
-        return std::string();
-    }
-}
 
 template <class Effect, class Tx, class Body>
 inline constexpr bool effect_takes_delivery_v =
@@ -510,6 +489,8 @@ class IdempotentHandler {
         } catch (const malformed_message& e) {
             return settle_without_effect(Disposition::dead_lettered,
                                          fmt::format("malformed message: {}", e.what()));
+        } catch (const redaction_failed&) {
+            throw;  // the too-old message's dead letter: failed as a whole, like the other parks
         } catch (const store_error& e) {
             if (!in_batch) throw;
             // The message's own savepoints also recover a transaction a failed statement
@@ -591,6 +572,9 @@ class IdempotentHandler {
         }
     }
 
+    /// The payload is the body's bytes through the policy's redaction hook, or empty under
+    /// keep_no_payload (payload.hpp); a hook that throws throws redaction_failed here, which
+    /// makes the outcome failed: nothing stored, nothing acked.
     template <class Body>
     DeadLetter make_dead_letter(const Delivery& delivery, const Body& body,
                                 const std::string& reason) const {
@@ -599,7 +583,7 @@ class IdempotentHandler {
         letter.message_id = delivery.message_id;
         letter.delivery_count = delivery.delivery_count.value();
         letter.reason = reason;
-        letter.payload = detail::payload_of(body);
+        letter.payload = detail::dead_letter_payload<Effect>(policy_, body);
         return letter;
     }
 

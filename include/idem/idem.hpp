@@ -13,6 +13,7 @@
 #include "idem/outbox.hpp"
 #include "idem/outcome.hpp"
 #include "idem/overlap.hpp"
+#include "idem/payload.hpp"
 #include "idem/policy.hpp"
 #include "idem/reconcile.hpp"
 #include "idem/state_machine.hpp"

@@ -4,8 +4,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
@@ -45,6 +48,21 @@ struct PolicyOptions {
     /// When set, a lease longer than it is refused. Choose it above the handler's p99 and the
     /// lease equal to it or just under (docs/redis.md).
     std::optional<std::chrono::milliseconds> visibility_timeout{};
+    /// Applied to the payload bytes of every dead letter before it is stored (text and typed
+    /// bodies alike): what failed-job storage keeps must not hold a card number. Empty: kept as
+    /// they are. `idem::mask_card_numbers` (payload.hpp) masks 13-19 digit runs to their last 4.
+    /// If it throws, nothing is stored and the outcome is `failed` (not acked); see
+    /// docs/contract.md#payloads-in-dead-letters. Also reachable as Policy::redact(). Called from
+    /// every thread the handler runs on: it must be thread-safe if the handler is shared.
+    std::function<std::string(std::string_view payload)> redact_payload{};
+};
+
+/// @brief Thrown by Policy::redact() when the policy's redact_payload hook throws: the payload
+/// could not be made safe to keep, so it is not kept anywhere. The handler turns it into
+/// `failed` (nothing stored, not acked).
+class redaction_failed : public error {
+  public:
+    using error::error;
 };
 
 /// Longest scope accepted; a scope is a handler name, not data.
@@ -125,6 +143,25 @@ class Policy {
         return options_.visibility_timeout;
     }
     [[nodiscard]] const PolicyOptions& options() const noexcept { return options_; }
+
+    /// @brief The payload as it may be kept outside the message itself (dead letters; logs):
+    /// through PolicyOptions::redact_payload, or unchanged when there is none.
+    /// @throws redaction_failed when the hook throws anything, naming the scope.
+    [[nodiscard]] std::string redact(std::string_view payload) const {
+        if (!options_.redact_payload) return std::string(payload);
+        try {
+            return options_.redact_payload(payload);
+        } catch (const std::exception& e) {
+            throw redaction_failed(fmt::format(
+                "idem::Policy(\"{}\"): redact_payload threw: {}; the payload was not kept", scope_,
+                e.what()));
+        } catch (...) {
+            throw redaction_failed(fmt::format(
+                "idem::Policy(\"{}\"): redact_payload threw a non-standard exception; the "
+                "payload was not kept",
+                scope_));
+        }
+    }
 
     /// @brief Refuses a lease longer than the broker's visibility timeout, when one is set.
     /// Called with the policy's own lease, and by lease stores and consumers with the lease they
