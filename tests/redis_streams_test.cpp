@@ -658,7 +658,7 @@ class StreamBatchTest : public StreamConsumerTest {
     static void warm_up(idem::RedisStore& store) {
         auto warm =
             idem::make_handler(store, idem::Policy{"warm-up"}, [](auto&, const std::string&) {});
-        const auto outcomes = warm.handle_batch(std::vector<Delivery>{Delivery{"w", 1}},
+        const auto outcomes = warm.handle_batch(std::vector<Delivery>{Delivery{"w", 1u}},
                                                 std::vector<std::string>{"x"});
         ASSERT_EQ(outcomes.at(0).disposition, Disposition::processed);
     }
