@@ -6,6 +6,7 @@
 /// it knows no store and no broker (the probe is a callback).
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <random>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include <fmt/format.h>
@@ -57,7 +59,7 @@ struct CircuitBreakerStats {
 /// if (outcome.store_unreachable()) { breaker.open(); breaker.wait_until_closed(stopping); }
 /// @endcode
 ///
-/// Not thread-safe: one loop (thread) owns a breaker; stats() is a copy for that thread.
+/// One loop (thread) drives a breaker; stats() and is_open() may be read from any thread.
 class CircuitBreaker {
   public:
     /// Succeeds (returns) when the store is reachable; throws when it is not.
@@ -68,8 +70,7 @@ class CircuitBreaker {
     using Random = std::function<double()>;
 
     /// @throws usage_error for options that cannot work (the message says which).
-    CircuitBreaker(CircuitBreakerOptions options, Probe probe, Sleep sleep = {},
-                   Random random = {})
+    CircuitBreaker(CircuitBreakerOptions options, Probe probe, Sleep sleep = {}, Random random = {})
         : options_(validated(options)),
           probe_(std::move(probe)),
           sleep_(std::move(sleep)),
@@ -93,20 +94,19 @@ class CircuitBreaker {
     /// @brief Marks the store unreachable: the loop must not read until wait_until_closed()
     /// returns true. Opening an open breaker changes nothing.
     void open() noexcept {
-        if (open_) return;
-        open_ = true;
+        if (open_.exchange(true, std::memory_order_relaxed)) return;
         backoff_ = options_.initial_backoff;
-        ++stats_.opened;
+        opened_.fetch_add(1, std::memory_order_relaxed);
     }
 
-    [[nodiscard]] bool is_open() const noexcept { return open_; }
+    [[nodiscard]] bool is_open() const noexcept { return open_.load(std::memory_order_relaxed); }
 
     /// @brief While open: sleep the backoff, probe; a failed probe doubles the backoff (up to
     /// max_backoff), a successful one closes the breaker. Returns true once closed, false when
     /// @p stop says so first (checked before each sleep and each probe).
     template <class StopRequested>
     bool wait_until_closed(StopRequested&& stop) {
-        while (open_) {
+        while (is_open()) {
             if (stop()) return false;
             sleep_(next_wait());
             if (stop()) return false;
@@ -118,15 +118,15 @@ class CircuitBreaker {
     /// @brief One probe now (after the caller's own wait); closes the breaker if it succeeds.
     /// Returns true when the store answered.
     bool probe_once() {
-        ++stats_.probes;
+        probes_.fetch_add(1, std::memory_order_relaxed);
         try {
             probe_();
         } catch (...) {
-            ++stats_.failed_probes;
+            failed_probes_.fetch_add(1, std::memory_order_relaxed);
             backoff_ = std::min(backoff_ * 2, options_.max_backoff);
             return false;
         }
-        open_ = false;
+        open_.store(false, std::memory_order_relaxed);
         backoff_ = options_.initial_backoff;
         return true;
     }
@@ -142,7 +142,13 @@ class CircuitBreaker {
     /// @brief The backoff the next wait is drawn from (before jitter).
     [[nodiscard]] std::chrono::milliseconds backoff() const noexcept { return backoff_; }
     [[nodiscard]] const CircuitBreakerOptions& options() const noexcept { return options_; }
-    [[nodiscard]] CircuitBreakerStats stats() const noexcept { return stats_; }
+    [[nodiscard]] CircuitBreakerStats stats() const noexcept {
+        CircuitBreakerStats s;
+        s.opened = opened_.load(std::memory_order_relaxed);
+        s.probes = probes_.load(std::memory_order_relaxed);
+        s.failed_probes = failed_probes_.load(std::memory_order_relaxed);
+        return s;
+    }
 
   private:
     static CircuitBreakerOptions validated(CircuitBreakerOptions options) {
@@ -168,8 +174,37 @@ class CircuitBreaker {
     Sleep sleep_;
     Random random_;
     std::chrono::milliseconds backoff_;
-    bool open_ = false;
-    CircuitBreakerStats stats_;
+    std::atomic<bool> open_{false};
+    std::atomic<std::size_t> opened_{0};
+    std::atomic<std::size_t> probes_{0};
+    std::atomic<std::size_t> failed_probes_{0};
 };
+
+namespace detail {
+
+template <class, class = void>
+struct has_ping : std::false_type {};
+template <class S>
+struct has_ping<S, std::void_t<decltype(std::declval<S&>().ping())>> : std::true_type {};
+
+template <class, class = void>
+struct has_rollback : std::false_type {};
+template <class T>
+struct has_rollback<T, std::void_t<decltype(std::declval<T&>().rollback())>> : std::true_type {};
+
+/// The cheap probe of any store: its ping() if it has one, else a transaction begun and rolled
+/// back (on SQLite BEGIN IMMEDIATE, which a locked database refuses; on a network store a
+/// session, reconnected if it was lost). Throws while the store is unreachable.
+template <class Store>
+void probe_store(Store& store) {
+    if constexpr (has_ping<Store>::value) {
+        store.ping();
+    } else {
+        auto tx = store.begin();
+        if constexpr (has_rollback<decltype(tx)>::value) tx.rollback();
+    }
+}
+
+}  // namespace detail
 
 IDEM_END_NAMESPACE

@@ -29,9 +29,8 @@ IDEM_BEGIN_NAMESPACE
 /// DeliveryCount::from(), which checks the range at run time.
 class DeliveryCount {
     template <class T>
-    static constexpr bool fits_v = std::is_integral_v<T> && std::is_unsigned_v<T> &&
-                                   !std::is_same_v<T, bool> &&
-                                   sizeof(T) <= sizeof(std::uint32_t);
+    static constexpr bool fits_v = std::is_integral_v<T>&& std::is_unsigned_v<T> &&
+                                   !std::is_same_v<T, bool> && sizeof(T) <= sizeof(std::uint32_t);
 
   public:
     constexpr DeliveryCount() noexcept = default;
@@ -94,17 +93,26 @@ struct Delivery {
 /// Longest message id accepted; longer ids are dead-lettered as malformed.
 inline constexpr std::size_t max_message_id_bytes = 512;
 
-/// @brief Why a delivery cannot be processed, or an empty optional when it is well formed.
-[[nodiscard]] inline std::optional<std::string> malformed_reason(const Delivery& delivery) {
+/// @brief Why a delivery's id cannot be claimed (empty, or over max_message_id_bytes), or an
+/// empty optional when it can.
+[[nodiscard]] inline std::optional<std::string> unclaimable_reason(const Delivery& delivery) {
     if (delivery.message_id.empty()) return std::string("malformed delivery: empty message id");
     if (delivery.message_id.size() > max_message_id_bytes) {
         return fmt::format("malformed delivery: message id is {} bytes, the limit is {}",
                            delivery.message_id.size(), max_message_id_bytes);
     }
-    if (delivery.delivery_count.value() == 0) {
-        return std::string(
-            "malformed delivery: delivery count 0 (brokers count from 1; is the field mapped?)");
-    }
+    return std::nullopt;
+}
+
+/// @brief The reason a delivery with a usable id but delivery count 0 is parked.
+inline constexpr std::string_view zero_count_reason =
+    "malformed delivery: delivery count 0 (brokers count from 1; is the field mapped?)";
+
+/// @brief Why a delivery cannot be processed, or an empty optional when it is well formed: an
+/// unusable id (unclaimable_reason()) or a delivery count of 0.
+[[nodiscard]] inline std::optional<std::string> malformed_reason(const Delivery& delivery) {
+    if (auto reason = unclaimable_reason(delivery)) return reason;
+    if (delivery.delivery_count.value() == 0) return std::string(zero_count_reason);
     return std::nullopt;
 }
 

@@ -195,8 +195,7 @@ class IdempotentHandler {
     /// @brief Moves the handler, its counters' values included. Not while another thread uses
     /// either handler.
     IdempotentHandler(IdempotentHandler&& other) noexcept(
-        std::is_nothrow_move_constructible_v<Effect> &&
-        std::is_nothrow_move_constructible_v<Policy>)
+        std::is_nothrow_move_constructible_v<Effect>&& std::is_nothrow_move_constructible_v<Policy>)
         : store_(other.store_),
           policy_(std::move(other.policy_)),
           effect_(std::move(other.effect_)),
@@ -279,7 +278,7 @@ class IdempotentHandler {
 
     template <class Body>
     Outcome decide(const Delivery& delivery, const Body& body) {
-        if (auto reason = malformed_reason(delivery)) {
+        if (auto reason = unclaimable_reason(delivery)) {
             return park_malformed_delivery(delivery, body, std::move(*reason));
         }
         try {
@@ -336,7 +335,7 @@ class IdempotentHandler {
                 claims = claim_all(tx, deliveries, bodies, count);
             }
             for (std::size_t i = 0; i < count; ++i) {
-                if (auto reason = malformed_reason(deliveries[i])) {
+                if (auto reason = unclaimable_reason(deliveries[i])) {
                     tx.dead_letter(make_dead_letter(deliveries[i], bodies[i], *reason));
                     outcomes[i] = {Disposition::dead_lettered, std::move(*reason)};
                 } else {
@@ -371,7 +370,7 @@ class IdempotentHandler {
         std::vector<std::string> fingerprints;
         std::vector<std::size_t> index;
         for (std::size_t i = 0; i < count; ++i) {
-            if (malformed_reason(deliveries[i])) continue;
+            if (unclaimable_reason(deliveries[i])) continue;
             ids.push_back(deliveries[i].message_id);
             index.push_back(i);
             if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
@@ -407,8 +406,8 @@ class IdempotentHandler {
     }
 
     static Outcome duplicate_outcome(const ClaimResult& claim) {
-        Outcome outcome{Disposition::duplicate,
-                        fmt::format("already {} by an earlier delivery", to_string(claim.recorded))};
+        Outcome outcome{Disposition::duplicate, fmt::format("already {} by an earlier delivery",
+                                                            to_string(claim.recorded))};
         outcome.recorded = claim.recorded;
         return outcome;
     }
@@ -488,6 +487,15 @@ class IdempotentHandler {
         if (claim.status == ClaimStatus::in_progress) {
             drop_message();
             return in_progress_outcome();
+        }
+        // A usable id with count 0 (a broker field not mapped): parked WITH its claim, so a later
+        // delivery of the same id is a duplicate of this dead letter rather than a second
+        // outcome (an effect) for one message.
+        if (delivery.delivery_count.value() == 0) {
+            std::string reason(zero_count_reason);
+            park(tx, delivery, body, reason);
+            keep_message();
+            return {Disposition::dead_lettered, std::move(reason)};
         }
         // Duplicate detection came first: a processed message whose acks kept failing is a
         // duplicate, never a dead letter.

@@ -87,7 +87,9 @@ enum class Disposition {
 }
 
 /// @brief Writes the disposition's name (to_string()).
-inline std::ostream& operator<<(std::ostream& out, Disposition d) { return out << to_string(d); }
+inline std::ostream& operator<<(std::ostream& out, Disposition d) {
+    return out << to_string(d);
+}
 
 /// @brief Why an outcome is `failed`, as a value a consumer loop can act on (e.g. pause reading
 /// while the store is unreachable: store_unreachable()).
@@ -122,7 +124,9 @@ enum class FailureCause : std::uint8_t {
     return "unknown";
 }
 
-inline std::ostream& operator<<(std::ostream& out, FailureCause c) { return out << to_string(c); }
+inline std::ostream& operator<<(std::ostream& out, FailureCause c) {
+    return out << to_string(c);
+}
 
 /// @brief The cause a store or other exception stands for (commit_failed before the classes it
 /// may also be, then store_timeout, store_unavailable, any other store_error).
