@@ -412,8 +412,8 @@ TEST(CircuitBreaker, StopEndsTheWaitAndBadOptionsAreRefused) {
 TEST(CircuitBreaker, ProbesAnyStoreWithATransaction) {
     idem::MemoryStore store;
     store.inject(idem::Fault::begin);
-    EXPECT_THROW(idem::detail::probe_store(store), idem::store_unavailable);
-    EXPECT_NO_THROW(idem::detail::probe_store(store));
+    EXPECT_THROW(idem::probe_store(store), idem::store_unavailable);
+    EXPECT_NO_THROW(idem::probe_store(store));
 }
 
 }  // namespace

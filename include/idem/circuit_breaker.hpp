@@ -192,19 +192,19 @@ struct has_rollback : std::false_type {};
 template <class T>
 struct has_rollback<T, std::void_t<decltype(std::declval<T&>().rollback())>> : std::true_type {};
 
-/// The cheap probe of any store: its ping() if it has one, else a transaction begun and rolled
-/// back (on SQLite BEGIN IMMEDIATE, which a locked database refuses; on a network store a
+}  // namespace detail
+
+/// @brief The cheap probe of any store: its ping() if it has one, else a transaction begun and
+/// rolled back (on SQLite BEGIN IMMEDIATE, which a locked database refuses; on a network store a
 /// session, reconnected if it was lost). Throws while the store is unreachable.
 template <class Store>
 void probe_store(Store& store) {
-    if constexpr (has_ping<Store>::value) {
+    if constexpr (detail::has_ping<Store>::value) {
         store.ping();
     } else {
         auto tx = store.begin();
-        if constexpr (has_rollback<decltype(tx)>::value) tx.rollback();
+        if constexpr (detail::has_rollback<decltype(tx)>::value) tx.rollback();
     }
 }
-
-}  // namespace detail
 
 IDEM_END_NAMESPACE

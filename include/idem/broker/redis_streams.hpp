@@ -288,7 +288,7 @@ class StreamConsumer {
         : StreamConsumer(Private{}, endpoint, std::move(options), idempotent(handler),
                          idempotent_batch(handler), handler.policy().scope(),
                          acks_in_commit_of(handler, endpoint),
-                         [&handler] { detail::probe_store(handler.store()); }) {
+                         [&handler] { probe_store(handler.store()); }) {
         if constexpr (detail::has_default_lease<Store>::value) {
             const std::chrono::milliseconds lease = handler.effective_lease();
             if (lease > options_.visibility_timeout) {
