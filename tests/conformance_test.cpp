@@ -275,6 +275,20 @@ TYPED_TEST(StoreConformance, MalformedDeliveriesAreDeadLetteredNeverCrash) {
               Disposition::processed);
 }
 
+// A usable id with count 0 is parked WITH its claim: a later delivery of the id is a duplicate,
+// so one message never ends with a dead letter and an effect (issue 11).
+TYPED_TEST(StoreConformance, ZeroCountIsParkedWithItsClaimSoOneIdHasOneOutcome) {
+    auto handler = this->writer();
+    const auto zero = handler.handle(Delivery{"m-zero", 0u}, std::string("body"));
+    EXPECT_EQ(zero.disposition, Disposition::dead_lettered);
+    EXPECT_NE(zero.reason.find("delivery count 0"), std::string::npos) << zero.reason;
+    const auto later = handler.handle(Delivery{"m-zero", 1u}, std::string("body"));
+    EXPECT_EQ(later.disposition, Disposition::duplicate) << later.reason;
+    EXPECT_EQ(later.recorded, std::optional<Disposition>(Disposition::dead_lettered));
+    EXPECT_EQ(this->env.effect_rows(), 0u);
+    EXPECT_EQ(this->store().dead_letters().size(), 1u);
+}
+
 TYPED_TEST(StoreConformance, HostileIdsRoundTripExactly) {
     auto handler = this->writer();
     const std::vector<std::string> ids = {
@@ -638,7 +652,8 @@ TYPED_TEST(StoreConformance, MessageOlderThanTheGatewayKeyLifetimeIsNotSentBlind
                                       });
     handler.set_clock([this] { return this->env.now; });
     const auto now = this->env.now;
-    auto old = handler.handle(Delivery{"m-old", 2u, now - std::chrono::hours(25)}, std::string("a"));
+    auto old =
+        handler.handle(Delivery{"m-old", 2u, now - std::chrono::hours(25)}, std::string("a"));
     EXPECT_EQ(old.disposition, Disposition::dead_lettered);
     EXPECT_TRUE(idem::should_ack(old));
     EXPECT_NE(old.reason.find("idempotency-key lifetime"), std::string::npos) << old.reason;
@@ -655,9 +670,10 @@ TYPED_TEST(StoreConformance, MessageOlderThanTheGatewayKeyLifetimeIsNotSentBlind
     // A processed message stays a duplicate however old its redelivery.
     this->env.now += std::chrono::hours(48);
     handler.set_clock([this] { return this->env.now; });
-    EXPECT_EQ(handler.handle(Delivery{"m-young", 2u, now - std::chrono::hours(23)}, std::string("b"))
-                  .disposition,
-              Disposition::duplicate);
+    EXPECT_EQ(
+        handler.handle(Delivery{"m-young", 2u, now - std::chrono::hours(23)}, std::string("b"))
+            .disposition,
+        Disposition::duplicate);
     EXPECT_EQ(gateway_calls, 2);
 }
 
