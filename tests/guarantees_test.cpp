@@ -161,9 +161,9 @@ TEST_F(Guarantees, RefundedPaymentNeverBecomesCaptured) {
     EXPECT_EQ(payments.handle(Delivery{"evt-1", 1u}, PaymentMessage{42, PaymentEvent::capture})
                   .disposition,
               Disposition::processed);
-    EXPECT_EQ(
-        payments.handle(Delivery{"evt-2", 1u}, PaymentMessage{42, PaymentEvent::refund}).disposition,
-        Disposition::processed);
+    EXPECT_EQ(payments.handle(Delivery{"evt-2", 1u}, PaymentMessage{42, PaymentEvent::refund})
+                  .disposition,
+              Disposition::processed);
     EXPECT_EQ(state(), std::optional<std::string>("refunded"));
 
     auto stale = payments.handle(Delivery{"evt-3", 1u}, PaymentMessage{42, PaymentEvent::capture});
@@ -190,9 +190,9 @@ TEST_F(Guarantees, EarlyEventIsDeferredUntilItsPredecessorArrives) {
     EXPECT_EQ(payments.handle(Delivery{"evt-c", 1u}, PaymentMessage{43, PaymentEvent::capture})
                   .disposition,
               Disposition::processed);
-    EXPECT_EQ(
-        payments.handle(Delivery{"evt-r", 2u}, PaymentMessage{43, PaymentEvent::refund}).disposition,
-        Disposition::processed);
+    EXPECT_EQ(payments.handle(Delivery{"evt-r", 2u}, PaymentMessage{43, PaymentEvent::refund})
+                  .disposition,
+              Disposition::processed);
     // An event for a payment that never arrives ends in dead letters at the limit: nothing lost.
     auto orphan = payments.handle(Delivery{"evt-o", 5u}, PaymentMessage{99, PaymentEvent::refund});
     EXPECT_EQ(orphan.disposition, Disposition::dead_lettered);

@@ -483,8 +483,9 @@ TEST_F(RedisStoreTest, AFailedMessageOfAPipelinedBatchGivesItsLeaseBack) {
                                           tx.write("SADD", "captured", order);
                                           if (order == "bad") throw std::runtime_error("503");
                                       });
-    auto outcomes = handler.handle_batch(std::vector<Delivery>{{"m-1", 1u}, {"m-2", 1u}, {"m-3", 1u}},
-                                         std::vector<std::string>{"a", "bad", "c"});
+    auto outcomes =
+        handler.handle_batch(std::vector<Delivery>{{"m-1", 1u}, {"m-2", 1u}, {"m-3", 1u}},
+                             std::vector<std::string>{"a", "bad", "c"});
     EXPECT_EQ(outcomes[0].disposition, Disposition::processed);
     EXPECT_EQ(outcomes[1].disposition, Disposition::failed);
     EXPECT_EQ(outcomes[2].disposition, Disposition::processed);
