@@ -386,7 +386,7 @@ TEST_F(StreamConsumerTest, PoisonReachesTheDeadLetterStreamAtMaxDeliveriesAndIsA
 
     const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 1u);
-    expect_letter(letters[0], "max_deliveries",
+    expect_letter(letters[0], "delivery count 5 (broker) reached max_deliveries 5",
                   {{"idem-scope", "capture"},
                    {"idem-message-id", id},
                    {"idem-entry-id", id},
@@ -443,7 +443,7 @@ TEST_F(StreamConsumerTest, RedisStoreAcksInTheCommitAndParksPoisonInTheSameCommi
     EXPECT_EQ(counter("effects:8"), 0);
     const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 1u);
-    expect_letter(letters[0], "max_deliveries",
+    expect_letter(letters[0], "attempt 2 (effect starts) reached max_deliveries 2",
                   {{"idem-scope", "count"},
                    {"idem-message-id", "8"},
                    {"idem-entry-id", poison_id},
