@@ -192,7 +192,7 @@ inline void next_batch(std::uint64_t& seq, std::vector<idem::Delivery>& deliveri
     for (int i = 0; i < batch_size; ++i) {
         std::string id = message_id(++seq);
         bodies.push_back(Order{id, static_cast<std::int64_t>(seq)});
-        deliveries.push_back(idem::Delivery{std::move(id), 1});
+        deliveries.push_back(idem::Delivery{std::move(id), 1u});
     }
 }
 
@@ -201,7 +201,7 @@ template <class Handler>
 idem::Outcome handle_next(Handler& handler, std::uint64_t& seq) {
     std::string id = message_id(++seq);
     const Order order{id, static_cast<std::int64_t>(seq)};
-    return handler.handle(idem::Delivery{std::move(id), 1}, order);
+    return handler.handle(idem::Delivery{std::move(id), 1u}, order);
 }
 
 /// Throws "<what>: <reason>" unless @p outcome is processed (outside a Google Benchmark run).

@@ -35,7 +35,7 @@ TEST(MemoryConcurrency, EightThreadsSameIdsEachEffectOnce) {
             for (int i = 0; i < kIds; ++i) {
                 // Each thread walks the ids from a different starting point.
                 const std::string id = "msg-" + std::to_string((i + t * 125) % kIds);
-                auto outcome = handler.handle(Delivery{id, 1}, id);
+                auto outcome = handler.handle(Delivery{id, 1u}, id);
                 ASSERT_TRUE(idem::should_ack(outcome)) << outcome.reason;
             }
         });
@@ -72,7 +72,7 @@ TEST(MemoryConcurrency, InjectedFaultsUnderThreadsNeverLoseOrDoubleAnEffect) {
                         store.inject(deliveries % 2 == 0 ? idem::Fault::commit
                                                          : idem::Fault::claim);
                     }
-                    if (idem::should_ack(handler.handle(Delivery{id, 1}, id))) break;
+                    if (idem::should_ack(handler.handle(Delivery{id, 1u}, id))) break;
                 }
             }
         });

@@ -47,7 +47,7 @@ TEST_F(RedisConcurrency, EightThreadsOneStoreSameIdsEachEffectOnce) {
         threads.emplace_back([&, t] {
             for (int i = 0; i < kIds; ++i) {
                 const std::string id = "msg-" + std::to_string((i + t * 37) % kIds);
-                auto outcome = handler.handle(Delivery{id, 1}, id);
+                auto outcome = handler.handle(Delivery{id, 1u}, id);
                 // A live lease of another thread: the broker would redeliver; so do we.
                 for (std::uint32_t n = 2; outcome.disposition == Disposition::in_progress; ++n) {
                     std::this_thread::yield();

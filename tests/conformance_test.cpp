@@ -70,7 +70,7 @@ TYPED_TEST_SUITE(StoreConformance, Stores, StoreNames);
 
 TYPED_TEST(StoreConformance, NewIdIsProcessedAndAcked) {
     auto handler = this->writer();
-    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("row-1"));
+    auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("row-1"));
     EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
     EXPECT_TRUE(idem::should_ack(outcome));
     EXPECT_EQ(this->env.effect_rows(), 1u);
@@ -82,7 +82,7 @@ TYPED_TEST(StoreConformance, NewIdIsProcessedAndAcked) {
 
 TYPED_TEST(StoreConformance, RedeliveryIsDuplicateAndEffectRunsOnce) {
     auto handler = this->writer();
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("row")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("row")).disposition,
               Disposition::processed);
     for (std::uint32_t count = 2; count <= 4; ++count) {
         auto outcome = handler.handle(Delivery{"m-1", count}, std::string("row"));
@@ -96,9 +96,9 @@ TYPED_TEST(StoreConformance, RedeliveryIsDuplicateAndEffectRunsOnce) {
 TYPED_TEST(StoreConformance, ClaimsAreScopedPerHandler) {
     auto capture = this->writer("capture");
     auto notify = this->writer("notify");
-    EXPECT_EQ(capture.handle(Delivery{"m-1", 1}, std::string("a")).disposition,
+    EXPECT_EQ(capture.handle(Delivery{"m-1", 1u}, std::string("a")).disposition,
               Disposition::processed);
-    EXPECT_EQ(notify.handle(Delivery{"m-1", 1}, std::string("b")).disposition,
+    EXPECT_EQ(notify.handle(Delivery{"m-1", 1u}, std::string("b")).disposition,
               Disposition::processed);
     EXPECT_EQ(this->env.effect_rows(), 2u);
 }
@@ -119,7 +119,7 @@ TYPED_TEST(StoreConformance, PoisonLimitDeadLettersWithoutRunningTheEffect) {
             handler.handle(Delivery{"m-poison", count}, std::string("payload-bytes")).disposition,
             Disposition::failed);
     }
-    auto outcome = handler.handle(Delivery{"m-poison", 5}, std::string("payload-bytes"));
+    auto outcome = handler.handle(Delivery{"m-poison", 5u}, std::string("payload-bytes"));
     EXPECT_EQ(outcome.disposition, Disposition::dead_lettered);
     EXPECT_TRUE(idem::should_ack(outcome));
     EXPECT_NE(outcome.reason.find("max_deliveries"), std::string::npos) << outcome.reason;
@@ -136,7 +136,7 @@ TYPED_TEST(StoreConformance, PoisonLimitDeadLettersWithoutRunningTheEffect) {
     ASSERT_TRUE(claim.has_value());
     EXPECT_EQ(claim->disposition, Disposition::dead_lettered);
     // Parked for good: a further redelivery is a duplicate, not a second dead letter.
-    EXPECT_EQ(handler.handle(Delivery{"m-poison", 6}, std::string("x")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-poison", 6u}, std::string("x")).disposition,
               Disposition::duplicate);
     EXPECT_EQ(this->store().dead_letters().size(), 1u);
     EXPECT_EQ(runs, 4);
@@ -144,16 +144,16 @@ TYPED_TEST(StoreConformance, PoisonLimitDeadLettersWithoutRunningTheEffect) {
 
 TYPED_TEST(StoreConformance, BelowThePoisonLimitTheEffectRuns) {
     auto handler = this->writer();
-    EXPECT_EQ(handler.handle(Delivery{"m-4", 4}, std::string("r")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-4", 4u}, std::string("r")).disposition,
               Disposition::processed);
 }
 
 TYPED_TEST(StoreConformance, DuplicateDetectionComesBeforeThePoisonCheck) {
     auto handler = this->writer();
-    EXPECT_EQ(handler.handle(Delivery{"m-acked-late", 1}, std::string("r")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-acked-late", 1u}, std::string("r")).disposition,
               Disposition::processed);
     // Its acks kept failing: the broker's count climbed past the limit.
-    auto outcome = handler.handle(Delivery{"m-acked-late", 7}, std::string("r"));
+    auto outcome = handler.handle(Delivery{"m-acked-late", 7u}, std::string("r"));
     EXPECT_EQ(outcome.disposition, Disposition::duplicate);
     EXPECT_TRUE(this->store().dead_letters().empty());
 }
@@ -165,14 +165,14 @@ TYPED_TEST(StoreConformance, ThrowingEffectLeavesNothingAndIsNotAcked) {
                                           TypeParam::write_effect(tx, body);
                                           if (++calls == 1) throw std::runtime_error("gateway 503");
                                       });
-    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("row"));
+    auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("row"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_FALSE(idem::should_ack(outcome));
     EXPECT_NE(outcome.reason.find("gateway 503"), std::string::npos);
     EXPECT_EQ(this->env.effect_rows(), 0u);
     EXPECT_FALSE(this->store().find_claim("conformance", "m-1").has_value());
     // The redelivery does the work once.
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("row")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("row")).disposition,
               Disposition::processed);
     EXPECT_EQ(this->env.effect_rows(), 1u);
 }
@@ -184,13 +184,13 @@ TYPED_TEST(StoreConformance, FailedCommitLeavesNothingAndIsNotAcked) {
                                           TypeParam::write_effect(tx, body);
                                           if (sabotage) this->env.make_commit_fail(tx);
                                       });
-    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("row"));
+    auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("row"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_NE(outcome.reason.find("commit failed"), std::string::npos) << outcome.reason;
     EXPECT_EQ(this->env.effect_rows(), 0u);
     EXPECT_FALSE(this->store().find_claim("conformance", "m-1").has_value());
     sabotage = false;
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("row")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("row")).disposition,
               Disposition::processed);
     EXPECT_EQ(this->env.effect_rows(), 1u);
 }
@@ -201,7 +201,7 @@ TYPED_TEST(StoreConformance, RejectedKeepsTheClaimButNotTheEffectsWrites) {
                                           TypeParam::write_effect(tx, body);
                                           return idem::EffectResult::rejected("stale event");
                                       });
-    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("row"));
+    auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("row"));
     EXPECT_EQ(outcome.disposition, Disposition::rejected);
     EXPECT_TRUE(idem::should_ack(outcome));
     EXPECT_EQ(outcome.reason, "stale event");
@@ -210,7 +210,7 @@ TYPED_TEST(StoreConformance, RejectedKeepsTheClaimButNotTheEffectsWrites) {
     ASSERT_TRUE(claim.has_value());
     EXPECT_EQ(claim->disposition, Disposition::rejected);
     EXPECT_EQ(claim->reason, "stale event");
-    auto again = handler.handle(Delivery{"m-1", 2}, std::string("row"));
+    auto again = handler.handle(Delivery{"m-1", 2u}, std::string("row"));
     EXPECT_EQ(again.disposition, Disposition::duplicate);
     EXPECT_NE(again.reason.find("rejected"), std::string::npos) << again.reason;
 }
@@ -223,13 +223,13 @@ TYPED_TEST(StoreConformance, DeferredStoresNothingAndIsNotAcked) {
                                           return early ? idem::EffectResult::deferred("too early")
                                                        : idem::EffectResult::applied();
                                       });
-    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("row"));
+    auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("row"));
     EXPECT_EQ(outcome.disposition, Disposition::deferred);
     EXPECT_FALSE(idem::should_ack(outcome));
     EXPECT_EQ(this->env.effect_rows(), 0u);
     EXPECT_FALSE(this->store().find_claim("conformance", "m-1").has_value());
     early = false;
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("row")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("row")).disposition,
               Disposition::processed);
     EXPECT_EQ(this->env.effect_rows(), 1u);
 }
@@ -240,7 +240,7 @@ TYPED_TEST(StoreConformance, MalformedMessageIsDeadLetteredWithItsPayload) {
                                           TypeParam::write_effect(tx, body);
                                           throw idem::malformed_message("amount is not a number");
                                       });
-    auto outcome = handler.handle(Delivery{"m-bad", 1}, std::string("{\"amount\":\"ten\"}"));
+    auto outcome = handler.handle(Delivery{"m-bad", 1u}, std::string("{\"amount\":\"ten\"}"));
     EXPECT_EQ(outcome.disposition, Disposition::dead_lettered);
     EXPECT_NE(outcome.reason.find("amount is not a number"), std::string::npos);
     EXPECT_EQ(this->env.effect_rows(), 0u);
@@ -256,9 +256,9 @@ TYPED_TEST(StoreConformance, MalformedDeliveriesAreDeadLetteredNeverCrash) {
         Delivery delivery;
         const char* reason_part;
     };
-    std::vector<Case> cases = {{Delivery{"", 1}, "empty message id"},
-                               {Delivery{long_id, 1}, "513 bytes"},
-                               {Delivery{"m-zero", 0}, "delivery count 0"}};
+    std::vector<Case> cases = {{Delivery{"", 1u}, "empty message id"},
+                               {Delivery{long_id, 1u}, "513 bytes"},
+                               {Delivery{"m-zero", 0u}, "delivery count 0"}};
     for (const auto& c : cases) {
         auto outcome = handler.handle(c.delivery, std::string("body-of-") + c.reason_part);
         EXPECT_EQ(outcome.disposition, Disposition::dead_lettered) << c.reason_part;
@@ -273,8 +273,22 @@ TYPED_TEST(StoreConformance, MalformedDeliveriesAreDeadLetteredNeverCrash) {
         EXPECT_EQ(letters[i].payload, std::string("body-of-") + cases[i].reason_part);
     }
     // The longest legal id is fine.
-    EXPECT_EQ(handler.handle(Delivery{std::string(512, 'y'), 1}, std::string("r")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{std::string(512, 'y'), 1u}, std::string("r")).disposition,
               Disposition::processed);
+}
+
+// A usable id with count 0 is parked WITH its claim: a later delivery of the id is a duplicate,
+// so one message never ends with a dead letter and an effect (issue 11).
+TYPED_TEST(StoreConformance, ZeroCountIsParkedWithItsClaimSoOneIdHasOneOutcome) {
+    auto handler = this->writer();
+    const auto zero = handler.handle(Delivery{"m-zero", 0u}, std::string("body"));
+    EXPECT_EQ(zero.disposition, Disposition::dead_lettered);
+    EXPECT_NE(zero.reason.find("delivery count 0"), std::string::npos) << zero.reason;
+    const auto later = handler.handle(Delivery{"m-zero", 1u}, std::string("body"));
+    EXPECT_EQ(later.disposition, Disposition::duplicate) << later.reason;
+    EXPECT_EQ(later.recorded, std::optional<Disposition>(Disposition::dead_lettered));
+    EXPECT_EQ(this->env.effect_rows(), 0u);
+    EXPECT_EQ(this->store().dead_letters().size(), 1u);
 }
 
 TYPED_TEST(StoreConformance, HostileIdsRoundTripExactly) {
@@ -285,11 +299,11 @@ TYPED_TEST(StoreConformance, HostileIdsRoundTripExactly) {
         std::string(512, '\''),
     };
     for (const auto& id : ids) {
-        auto outcome = handler.handle(Delivery{id, 1}, id);
+        auto outcome = handler.handle(Delivery{id, 1u}, id);
         EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
     }
     for (const auto& id : ids) {
-        EXPECT_EQ(handler.handle(Delivery{id, 2}, id).disposition, Disposition::duplicate);
+        EXPECT_EQ(handler.handle(Delivery{id, 2u}, id).disposition, Disposition::duplicate);
         auto claim = this->store().find_claim("conformance", id);
         ASSERT_TRUE(claim.has_value());
         EXPECT_EQ(claim->message_id, id);
@@ -336,12 +350,12 @@ TYPED_TEST(StoreConformance, PurgeRemovesOnlyClaimsOlderThanTheRetention) {
     idem::PolicyOptions park_at_once;  // the first attempt is already the limit, on any store
     park_at_once.max_deliveries = 1;
     auto poison = this->writer("conformance", park_at_once);
-    ASSERT_EQ(handler.handle(Delivery{"old", 1}, std::string("a")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"old", 1u}, std::string("a")).disposition,
               Disposition::processed);
-    ASSERT_EQ(poison.handle(Delivery{"old-poison", 9}, std::string("p")).disposition,
+    ASSERT_EQ(poison.handle(Delivery{"old-poison", 9u}, std::string("p")).disposition,
               Disposition::dead_lettered);
     this->env.now += idem::days(10);
-    ASSERT_EQ(handler.handle(Delivery{"young", 1}, std::string("b")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"young", 1u}, std::string("b")).disposition,
               Disposition::processed);
     this->env.now += idem::days(5);  // "old" is 15 days old, "young" 5 days
 
@@ -392,7 +406,7 @@ TYPED_TEST(StoreConformance, ConcurrentThreadsApplyEachEffectOnce) {
         threads.emplace_back([&] {
             for (int i = 0; i < kIds; ++i) {
                 auto id = "m-" + std::to_string(i);
-                auto outcome = handler.handle(Delivery{id, 1}, id);
+                auto outcome = handler.handle(Delivery{id, 1u}, id);
                 // A lease store answers in_progress while another thread holds the lease; the
                 // broker would redeliver, so the test does.
                 for (std::uint32_t count = 2; outcome.disposition == Disposition::in_progress;
@@ -416,7 +430,7 @@ TYPED_TEST(StoreConformance, ConcurrentThreadsApplyEachEffectOnce) {
 
 TYPED_TEST(StoreConformance, BatchCommitsTogetherAndAFailingMessageRollsBackAlone) {
     auto seed = this->writer("batch");
-    ASSERT_EQ(seed.handle(Delivery{"m-done", 1}, std::string("done")).disposition,
+    ASSERT_EQ(seed.handle(Delivery{"m-done", 1u}, std::string("done")).disposition,
               Disposition::processed);
     idem::PolicyOptions options;
     options.max_deliveries = 3;
@@ -436,9 +450,9 @@ TYPED_TEST(StoreConformance, BatchCommitsTogetherAndAFailingMessageRollsBackAlon
                                           return idem::EffectResult::applied();
                                       });
     const std::vector<Delivery> deliveries = {
-        Delivery{"m-1", 1},     Delivery{"m-done", 2},   Delivery{"m-throw", 1},
-        Delivery{"m-defer", 1}, Delivery{"m-reject", 1}, Delivery{"", 1},
-        Delivery{"m-bad", 1},   Delivery{"m-2", 1},      Delivery{"m-1", 2}};
+        Delivery{"m-1", 1u},     Delivery{"m-done", 2u},   Delivery{"m-throw", 1u},
+        Delivery{"m-defer", 1u}, Delivery{"m-reject", 1u}, Delivery{"", 1u},
+        Delivery{"m-bad", 1u},   Delivery{"m-2", 1u},      Delivery{"m-1", 2u}};
     const std::vector<std::string> bodies = {"ok-1",  "done",      "throws", "defers", "rejects",
                                              "no-id", "malformed", "ok-2",   "ok-1"};
     auto outcomes = handler.handle_batch(deliveries, bodies);
@@ -461,7 +475,7 @@ TYPED_TEST(StoreConformance, BatchCommitsTogetherAndAFailingMessageRollsBackAlon
     EXPECT_EQ(this->store().find_claim("batch", "m-bad")->disposition, Disposition::dead_lettered);
     EXPECT_EQ(this->store().dead_letters().size(), 2u);
     // The failed and deferred messages come back and run once.
-    auto again = handler.handle_batch(std::vector<Delivery>{{"m-throw", 2}, {"m-defer", 2}},
+    auto again = handler.handle_batch(std::vector<Delivery>{{"m-throw", 2u}, {"m-defer", 2u}},
                                       std::vector<std::string>{"ok-3", "ok-4"});
     EXPECT_EQ(again[0].disposition, Disposition::processed) << again[0].reason;
     EXPECT_EQ(again[1].disposition, Disposition::processed) << again[1].reason;
@@ -484,7 +498,7 @@ TYPED_TEST(StoreConformance, LargeBatchesClaimEachIdOnceAcrossChunks) {
     std::vector<Delivery> first;
     std::vector<std::string> first_bodies;
     for (int i = 0; i < 130; ++i) {
-        first.push_back(Delivery{id("a-", i), 1});
+        first.push_back(Delivery{id("a-", i), 1u});
         first_bodies.push_back(id("a-", i));
     }
     for (const auto& outcome : handler.handle_batch(first, first_bodies)) {
@@ -498,20 +512,20 @@ TYPED_TEST(StoreConformance, LargeBatchesClaimEachIdOnceAcrossChunks) {
     std::vector<Disposition> expected;
     for (int i = 0; i < 140; ++i) {
         if (i % 7 == 3 && i < 130) {  // committed by the first batch
-            second.push_back(Delivery{id("a-", i), 2});
+            second.push_back(Delivery{id("a-", i), 2u});
             bodies.push_back(id("a-", i));
             expected.push_back(Disposition::duplicate);
         } else if (i % 11 == 5 && i >= 11) {  // a repeat of a new id earlier in this batch
-            second.push_back(Delivery{id("b-", i - 11), 2});
+            second.push_back(Delivery{id("b-", i - 11), 2u});
             bodies.push_back(id("b-", i - 11));
             const bool earlier_is_new = (i - 11) % 7 != 3 && !((i - 11) % 11 == 5 && i - 11 >= 11);
             expected.push_back(earlier_is_new ? Disposition::duplicate : Disposition::processed);
         } else if (i == 70) {
-            second.push_back(Delivery{"b-throws", 1});
+            second.push_back(Delivery{"b-throws", 1u});
             bodies.push_back("b-throw");
             expected.push_back(Disposition::failed);
         } else {
-            second.push_back(Delivery{id("b-", i), 1});
+            second.push_back(Delivery{id("b-", i), 1u});
             bodies.push_back(id("b-", i));
             expected.push_back(Disposition::processed);
         }
@@ -545,7 +559,7 @@ TYPED_TEST(StoreConformance, BatchWhoseCommitFailsAcksNothing) {
                                               this->env.make_commit_fail(tx);
                                           }
                                       });
-    const std::vector<Delivery> deliveries = {{"m-1", 1}, {"m-2", 1}, {"m-1", 1}};
+    const std::vector<Delivery> deliveries = {{"m-1", 1u}, {"m-2", 1u}, {"m-1", 1u}};
     const std::vector<std::string> bodies = {"a", "b", "a"};
     auto outcomes = handler.handle_batch(deliveries, bodies);
     for (const auto& outcome : outcomes) {
@@ -565,7 +579,7 @@ TYPED_TEST(StoreConformance, BatchWhoseCommitFailsAcksNothing) {
 TYPED_TEST(StoreConformance, EmptyBatchAndMismatchedSizes) {
     auto handler = this->writer();
     EXPECT_TRUE(handler.handle_batch(std::vector<Delivery>{}, std::vector<std::string>{}).empty());
-    EXPECT_THROW(handler.handle_batch(std::vector<Delivery>{{"m", 1}}, std::vector<std::string>{}),
+    EXPECT_THROW(handler.handle_batch(std::vector<Delivery>{{"m", 1u}}, std::vector<std::string>{}),
                  idem::usage_error);
 }
 
@@ -593,13 +607,13 @@ TYPED_TEST(StoreConformance, ReusedIdWithAnotherPayloadIsDeadLetteredNotAcked) {
                                    ++runs;
                                    TypeParam::write_effect(tx, o.id);
                                }));
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, Order{"o-1", 100, "10:00"}).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, Order{"o-1", 100, "10:00"}).disposition,
               Disposition::processed);
     // A redelivery: same stable part (the send time differs, it is not fingerprinted).
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, Order{"o-1", 100, "10:05"}).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, Order{"o-1", 100, "10:05"}).disposition,
               Disposition::duplicate);
     // The producer reused the id for another order.
-    auto reused = handler.handle(Delivery{"m-1", 1}, Order{"o-2", 999, "11:00"});
+    auto reused = handler.handle(Delivery{"m-1", 1u}, Order{"o-2", 999, "11:00"});
     EXPECT_EQ(reused.disposition, Disposition::dead_lettered);
     EXPECT_TRUE(idem::should_ack(reused));
     EXPECT_NE(reused.reason.find("id reused with a different payload"), std::string::npos);
@@ -690,9 +704,9 @@ TYPED_TEST(StoreConformance, ClaimWithoutFingerprintCannotBeComparedSoItIsADupli
     auto fingerprinted = idem::make_handler(
         this->store(), idem::Policy{"orders"},
         idem::with_fingerprint([](const Order& o) { return o.id; }, [](auto&, const Order&) {}));
-    EXPECT_EQ(plain.handle(Delivery{"m-1", 1}, Order{"o-1", 1, ""}).disposition,
+    EXPECT_EQ(plain.handle(Delivery{"m-1", 1u}, Order{"o-1", 1, ""}).disposition,
               Disposition::processed);
-    EXPECT_EQ(fingerprinted.handle(Delivery{"m-1", 2}, Order{"o-2", 1, ""}).disposition,
+    EXPECT_EQ(fingerprinted.handle(Delivery{"m-1", 2u}, Order{"o-2", 1, ""}).disposition,
               Disposition::duplicate);
 }
 
@@ -711,7 +725,8 @@ TYPED_TEST(StoreConformance, MessageOlderThanTheGatewayKeyLifetimeIsNotSentBlind
                                       });
     handler.set_clock([this] { return this->env.now; });
     const auto now = this->env.now;
-    auto old = handler.handle(Delivery{"m-old", 2, now - std::chrono::hours(25)}, std::string("a"));
+    auto old =
+        handler.handle(Delivery{"m-old", 2u, now - std::chrono::hours(25)}, std::string("a"));
     EXPECT_EQ(old.disposition, Disposition::dead_lettered);
     EXPECT_TRUE(idem::should_ack(old));
     EXPECT_NE(old.reason.find("idempotency-key lifetime"), std::string::npos) << old.reason;
@@ -721,16 +736,17 @@ TYPED_TEST(StoreConformance, MessageOlderThanTheGatewayKeyLifetimeIsNotSentBlind
     EXPECT_EQ(this->store().dead_letters()[0].payload, "a");
 
     auto young =
-        handler.handle(Delivery{"m-young", 1, now - std::chrono::hours(23)}, std::string("b"));
+        handler.handle(Delivery{"m-young", 1u, now - std::chrono::hours(23)}, std::string("b"));
     EXPECT_EQ(young.disposition, Disposition::processed);
-    auto unknown_age = handler.handle(Delivery{"m-no-time", 1}, std::string("c"));
+    auto unknown_age = handler.handle(Delivery{"m-no-time", 1u}, std::string("c"));
     EXPECT_EQ(unknown_age.disposition, Disposition::processed);  // no enqueue time: cannot age it
     // A processed message stays a duplicate however old its redelivery.
     this->env.now += std::chrono::hours(48);
     handler.set_clock([this] { return this->env.now; });
-    EXPECT_EQ(handler.handle(Delivery{"m-young", 2, now - std::chrono::hours(23)}, std::string("b"))
-                  .disposition,
-              Disposition::duplicate);
+    EXPECT_EQ(
+        handler.handle(Delivery{"m-young", 2u, now - std::chrono::hours(23)}, std::string("b"))
+            .disposition,
+        Disposition::duplicate);
     EXPECT_EQ(gateway_calls, 2);
 }
 
@@ -746,7 +762,7 @@ TYPED_TEST(StoreConformance, ReconcileCallbackTakesMessagesOlderThanTheKeyLifeti
             }));
     handler.set_clock([this] { return this->env.now; });
     auto outcome =
-        handler.handle(Delivery{"m-old", 3, this->env.now - idem::days(3)}, std::string("a"));
+        handler.handle(Delivery{"m-old", 3u, this->env.now - idem::days(3)}, std::string("a"));
     EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
     EXPECT_EQ(reconciled, 1);
     EXPECT_EQ(gateway_calls, 0);
@@ -767,7 +783,7 @@ TYPED_TEST(StoreConformance, OverlapLockDefersWhileAnotherJobHoldsTheEntity) {
     ASSERT_TRUE(this->store().hold_lock("invoice-42", "nightly-batch", std::chrono::minutes(10)));
     EXPECT_FALSE(this->store().hold_lock("invoice-42", "other-job", std::chrono::minutes(10)));
 
-    auto blocked = refund.handle(Delivery{"m-1", 1}, Order{"42", 5, ""});
+    auto blocked = refund.handle(Delivery{"m-1", 1u}, Order{"42", 5, ""});
     EXPECT_EQ(blocked.disposition, Disposition::deferred);
     EXPECT_FALSE(idem::should_ack(blocked));
     ASSERT_TRUE(blocked.retry_after.has_value());
@@ -776,12 +792,12 @@ TYPED_TEST(StoreConformance, OverlapLockDefersWhileAnotherJobHoldsTheEntity) {
     EXPECT_EQ(runs, 0);
     EXPECT_FALSE(this->store().find_claim("refund", "m-1").has_value());
     // Another invoice is not blocked.
-    EXPECT_EQ(refund.handle(Delivery{"m-2", 1}, Order{"43", 5, ""}).disposition,
+    EXPECT_EQ(refund.handle(Delivery{"m-2", 1u}, Order{"43", 5, ""}).disposition,
               Disposition::processed);
 
     EXPECT_FALSE(this->store().release_lock("invoice-42", "other-job"));
     EXPECT_TRUE(this->store().release_lock("invoice-42", "nightly-batch"));
-    EXPECT_EQ(refund.handle(Delivery{"m-1", 2}, Order{"42", 5, ""}).disposition,
+    EXPECT_EQ(refund.handle(Delivery{"m-1", 2u}, Order{"42", 5, ""}).disposition,
               Disposition::processed);
     EXPECT_EQ(runs, 2);
 }
@@ -793,10 +809,10 @@ TYPED_TEST(StoreConformance, OverlapLockExpiresWhenItsHolderDies) {
             [](const Order& o) { return o.id; }, idem::OverlapOptions{},
             [](auto& tx, const Order& o) { TypeParam::write_effect(tx, o.id); }));
     ASSERT_TRUE(this->store().hold_lock("42", "crashed-worker", std::chrono::minutes(3)));
-    EXPECT_EQ(job.handle(Delivery{"m-1", 1}, Order{"42", 1, ""}).disposition,
+    EXPECT_EQ(job.handle(Delivery{"m-1", 1u}, Order{"42", 1, ""}).disposition,
               Disposition::deferred);
     this->env.now += std::chrono::minutes(3) + std::chrono::milliseconds(1);
-    EXPECT_EQ(job.handle(Delivery{"m-1", 2}, Order{"42", 1, ""}).disposition,
+    EXPECT_EQ(job.handle(Delivery{"m-1", 2u}, Order{"42", 1, ""}).disposition,
               Disposition::processed);
     // The expired lock can be taken by a new owner.
     EXPECT_TRUE(this->store().hold_lock("42", "new-owner", std::chrono::minutes(3)));
@@ -811,7 +827,7 @@ TYPED_TEST(StoreConformance, OverlapLockCanDropTheBlockedCopy) {
             [](const Order& o) { return o.id; }, drop,
             [](auto& tx, const Order& o) { TypeParam::write_effect(tx, o.id); }));
     ASSERT_TRUE(this->store().hold_lock("7", "first-copy", std::chrono::minutes(1)));
-    auto dropped = job.handle(Delivery{"m-1", 1}, Order{"7", 1, ""});
+    auto dropped = job.handle(Delivery{"m-1", 1u}, Order{"7", 1, ""});
     EXPECT_EQ(dropped.disposition, Disposition::rejected);
     EXPECT_TRUE(idem::should_ack(dropped));
     EXPECT_NE(dropped.reason.find("dropped"), std::string::npos);

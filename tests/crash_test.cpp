@@ -44,7 +44,7 @@ class CrashWindow : public ::testing::TestWithParam<Window> {
                     tx.execute("INSERT INTO captures(order_id) VALUES (?)", order);
                     idem::testing::crash_point(Window::before_commit);
                 });
-            auto outcome = handler.handle(Delivery{"msg-1", 1}, std::string("8814"));
+            auto outcome = handler.handle(Delivery{"msg-1", 1u}, std::string("8814"));
             if (outcome.disposition == Disposition::processed) {
                 idem::testing::crash_point(Window::after_commit_before_ack);
             }
@@ -69,13 +69,13 @@ TEST_P(CrashWindow, KillNineChangesNothingAndTheRedeliveryWorksOnce) {
             tx.execute("INSERT INTO captures(order_id) VALUES (?)", order);
         });
     // The broker redelivers the unacked message.
-    auto outcome = handler.handle(Delivery{"msg-1", 2}, std::string("8814"));
+    auto outcome = handler.handle(Delivery{"msg-1", 2u}, std::string("8814"));
     EXPECT_EQ(outcome.disposition, committed ? Disposition::duplicate : Disposition::processed)
         << outcome.reason;
     EXPECT_TRUE(idem::should_ack(outcome));
     EXPECT_EQ(runs, committed ? 0 : 1);
     EXPECT_EQ(captures(store), 1);
-    EXPECT_EQ(handler.handle(Delivery{"msg-1", 3}, std::string("8814")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"msg-1", 3u}, std::string("8814")).disposition,
               Disposition::duplicate);
     EXPECT_EQ(captures(store), 1);
 }

@@ -54,9 +54,9 @@ TEST_F(Guarantees, SameCaptureDeliveredThreeTimesCapturesOnce) {
                        m.order_id, charge.reference);
         });
     const CapturePayment message{"8814", 1250};
-    EXPECT_EQ(capture.handle(Delivery{"msg-1", 1}, message).disposition, Disposition::processed);
-    EXPECT_EQ(capture.handle(Delivery{"msg-1", 2}, message).disposition, Disposition::duplicate);
-    EXPECT_EQ(capture.handle(Delivery{"msg-1", 3}, message).disposition, Disposition::duplicate);
+    EXPECT_EQ(capture.handle(Delivery{"msg-1", 1u}, message).disposition, Disposition::processed);
+    EXPECT_EQ(capture.handle(Delivery{"msg-1", 2u}, message).disposition, Disposition::duplicate);
+    EXPECT_EQ(capture.handle(Delivery{"msg-1", 3u}, message).disposition, Disposition::duplicate);
     EXPECT_EQ(captures(), 1);
     EXPECT_EQ(gateway.charges(), 1u);
     EXPECT_EQ(gateway.requests(), 1u);  // the claim stopped the handler from running again
@@ -74,9 +74,9 @@ TEST_F(Guarantees, CrashBetweenChargeAndSaveIsClosedByTheGatewayKey) {
                        m.order_id, charge.reference);
         });
     const CapturePayment message{"8814", 1250};
-    EXPECT_EQ(capture.handle(Delivery{"msg-1", 1}, message).disposition, Disposition::failed);
+    EXPECT_EQ(capture.handle(Delivery{"msg-1", 1u}, message).disposition, Disposition::failed);
     EXPECT_EQ(captures(), 0);
-    EXPECT_EQ(capture.handle(Delivery{"msg-1", 2}, message).disposition, Disposition::processed);
+    EXPECT_EQ(capture.handle(Delivery{"msg-1", 2u}, message).disposition, Disposition::processed);
     EXPECT_EQ(captures(), 1);
     EXPECT_EQ(gateway.requests(), 2u);
     EXPECT_EQ(gateway.charges(), 1u);  // the gateway recognised the key
@@ -165,15 +165,15 @@ TEST_F(Guarantees, RefundedPaymentNeverBecomesCaptured) {
         idem::make_handler(store, idem::Policy{"payment-events"}, payment_effect(), &log);
     auto state = [&] { return store.query_text("SELECT state FROM payments WHERE id = 42"); };
 
-    EXPECT_EQ(payments.handle(Delivery{"evt-1", 1}, PaymentMessage{42, PaymentEvent::capture})
+    EXPECT_EQ(payments.handle(Delivery{"evt-1", 1u}, PaymentMessage{42, PaymentEvent::capture})
                   .disposition,
               Disposition::processed);
-    EXPECT_EQ(
-        payments.handle(Delivery{"evt-2", 1}, PaymentMessage{42, PaymentEvent::refund}).disposition,
-        Disposition::processed);
+    EXPECT_EQ(payments.handle(Delivery{"evt-2", 1u}, PaymentMessage{42, PaymentEvent::refund})
+                  .disposition,
+              Disposition::processed);
     EXPECT_EQ(state(), std::optional<std::string>("refunded"));
 
-    auto stale = payments.handle(Delivery{"evt-3", 1}, PaymentMessage{42, PaymentEvent::capture});
+    auto stale = payments.handle(Delivery{"evt-3", 1u}, PaymentMessage{42, PaymentEvent::capture});
     EXPECT_EQ(stale.disposition, Disposition::rejected);
     EXPECT_TRUE(idem::should_ack(stale));
     EXPECT_NE(stale.reason.find("stale"), std::string::npos) << stale.reason;
@@ -190,18 +190,18 @@ TEST_F(Guarantees, RefundedPaymentNeverBecomesCaptured) {
 TEST_F(Guarantees, EarlyEventIsDeferredUntilItsPredecessorArrives) {
     sqlite_exec(store.db(), "INSERT INTO payments(id, state) VALUES (43, 'authorised');");
     auto payments = idem::make_handler(store, idem::Policy{"payment-events"}, payment_effect());
-    auto refund = payments.handle(Delivery{"evt-r", 1}, PaymentMessage{43, PaymentEvent::refund});
+    auto refund = payments.handle(Delivery{"evt-r", 1u}, PaymentMessage{43, PaymentEvent::refund});
     EXPECT_EQ(refund.disposition, Disposition::deferred);
     EXPECT_FALSE(idem::should_ack(refund));
     EXPECT_FALSE(store.find_claim("payment-events", "evt-r").has_value());
-    EXPECT_EQ(payments.handle(Delivery{"evt-c", 1}, PaymentMessage{43, PaymentEvent::capture})
+    EXPECT_EQ(payments.handle(Delivery{"evt-c", 1u}, PaymentMessage{43, PaymentEvent::capture})
                   .disposition,
               Disposition::processed);
-    EXPECT_EQ(
-        payments.handle(Delivery{"evt-r", 2}, PaymentMessage{43, PaymentEvent::refund}).disposition,
-        Disposition::processed);
+    EXPECT_EQ(payments.handle(Delivery{"evt-r", 2u}, PaymentMessage{43, PaymentEvent::refund})
+                  .disposition,
+              Disposition::processed);
     // An event for a payment that never arrives ends in dead letters at the limit: nothing lost.
-    auto orphan = payments.handle(Delivery{"evt-o", 5}, PaymentMessage{99, PaymentEvent::refund});
+    auto orphan = payments.handle(Delivery{"evt-o", 5u}, PaymentMessage{99, PaymentEvent::refund});
     EXPECT_EQ(orphan.disposition, Disposition::dead_lettered);
     ASSERT_EQ(store.dead_letters().size(), 1u);
     EXPECT_EQ(store.dead_letters()[0].payload,
@@ -217,7 +217,7 @@ TEST_F(Guarantees, PoisonMessageIsParkedAndProcessedMessageIsNot) {
             tx.execute("INSERT INTO captures(order_id, gateway_reference) VALUES (?, ?)",
                        m.order_id, charge.reference);
         });
-    auto poison = capture.handle(Delivery{"msg-poison", 5}, CapturePayment{"1", 100});
+    auto poison = capture.handle(Delivery{"msg-poison", 5u}, CapturePayment{"1", 100});
     EXPECT_EQ(poison.disposition, Disposition::dead_lettered);
     EXPECT_TRUE(idem::should_ack(poison));
     EXPECT_NE(poison.reason.find("max_deliveries 5"), std::string::npos) << poison.reason;
@@ -226,9 +226,9 @@ TEST_F(Guarantees, PoisonMessageIsParkedAndProcessedMessageIsNot) {
     EXPECT_EQ(store.dead_letters()[0].reason, poison.reason);
     EXPECT_EQ(store.dead_letters()[0].payload, "1:100");  // the message, to replay by hand
 
-    EXPECT_EQ(capture.handle(Delivery{"msg-ok", 1}, CapturePayment{"2", 100}).disposition,
+    EXPECT_EQ(capture.handle(Delivery{"msg-ok", 1u}, CapturePayment{"2", 100}).disposition,
               Disposition::processed);
-    auto late = capture.handle(Delivery{"msg-ok", 7}, CapturePayment{"2", 100});
+    auto late = capture.handle(Delivery{"msg-ok", 7u}, CapturePayment{"2", 100});
     EXPECT_EQ(late.disposition, Disposition::duplicate);
     EXPECT_EQ(store.dead_letters().size(), 1u);
     EXPECT_EQ(captures(), 1);
@@ -244,22 +244,22 @@ TEST_F(Guarantees, HostileInputGetsAClearOutcomeAndNothingIsLost) {
     ten_kb[100] = '\0';
     ten_kb[200] = '\'';
     std::string payload = std::string("payload\0with nul", 16) + ten_kb;
-    auto too_long = capture.handle(Delivery{ten_kb, 1}, payload);
+    auto too_long = capture.handle(Delivery{ten_kb, 1u}, payload);
     EXPECT_EQ(too_long.disposition, Disposition::dead_lettered);
     EXPECT_NE(too_long.reason.find("10240 bytes"), std::string::npos) << too_long.reason;
-    auto empty = capture.handle(Delivery{"", 3}, std::string("{}"));
+    auto empty = capture.handle(Delivery{"", 3u}, std::string("{}"));
     EXPECT_EQ(empty.disposition, Disposition::dead_lettered);
-    auto zero = capture.handle(Delivery{"m-zero", 0}, std::string("{}"));
+    auto zero = capture.handle(Delivery{"m-zero", 0u}, std::string("{}"));
     EXPECT_EQ(zero.disposition, Disposition::dead_lettered);
 
     const std::string injection = "1'); DELETE FROM captures; --";
     const std::string with_nul("a\0b", 3);
-    EXPECT_EQ(capture.handle(Delivery{injection, 1}, injection).disposition,
+    EXPECT_EQ(capture.handle(Delivery{injection, 1u}, injection).disposition,
               Disposition::processed);
-    EXPECT_EQ(capture.handle(Delivery{with_nul, 1}, with_nul).disposition, Disposition::processed);
-    EXPECT_EQ(capture.handle(Delivery{"a", 1}, std::string("a")).disposition,
+    EXPECT_EQ(capture.handle(Delivery{with_nul, 1u}, with_nul).disposition, Disposition::processed);
+    EXPECT_EQ(capture.handle(Delivery{"a", 1u}, std::string("a")).disposition,
               Disposition::processed);
-    EXPECT_EQ(capture.handle(Delivery{injection, 2}, injection).disposition,
+    EXPECT_EQ(capture.handle(Delivery{injection, 2u}, injection).disposition,
               Disposition::duplicate);
     EXPECT_EQ(captures(), 3);
 

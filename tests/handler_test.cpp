@@ -98,19 +98,19 @@ class MemoryHandler : public ::testing::Test {
 TEST_F(MemoryHandler, BeginFailureIsFailedNotAcked) {
     auto handler = counting_handler();
     store.inject(idem::Fault::begin);
-    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("o-1"));
+    auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("o-1"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_FALSE(idem::should_ack(outcome));
     EXPECT_NE(outcome.reason.find("injected"), std::string::npos) << outcome.reason;
     EXPECT_EQ(runs, 0);
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("o-1")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("o-1")).disposition,
               Disposition::processed);
 }
 
 TEST_F(MemoryHandler, ClaimFailureIsFailedAndNothingIsStored) {
     auto handler = counting_handler();
     store.inject(idem::Fault::claim);
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("o-1")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("o-1")).disposition,
               Disposition::failed);
     EXPECT_EQ(store.claim_count(), 0u);
     EXPECT_EQ(runs, 0);
@@ -119,12 +119,12 @@ TEST_F(MemoryHandler, ClaimFailureIsFailedAndNothingIsStored) {
 TEST_F(MemoryHandler, CommitFailureRollsBackTheEffectsWrites) {
     auto handler = counting_handler();
     store.inject(idem::Fault::commit);
-    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("o-1"));
+    auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("o-1"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_EQ(runs, 1);                      // the effect ran ...
     EXPECT_EQ(store.count("captures"), 0u);  // ... and its write is gone with the claim
     EXPECT_EQ(store.claim_count(), 0u);
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("o-1")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("o-1")).disposition,
               Disposition::processed);
     EXPECT_EQ(store.count("captures"), 1u);
 }
@@ -132,16 +132,16 @@ TEST_F(MemoryHandler, CommitFailureRollsBackTheEffectsWrites) {
 TEST_F(MemoryHandler, FaultsCountDown) {
     auto handler = counting_handler();
     store.inject(idem::Fault::commit, 2);
-    EXPECT_EQ(handler.handle(Delivery{"m", 1}, std::string("o")).disposition, Disposition::failed);
-    EXPECT_EQ(handler.handle(Delivery{"m", 2}, std::string("o")).disposition, Disposition::failed);
-    EXPECT_EQ(handler.handle(Delivery{"m", 3}, std::string("o")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m", 1u}, std::string("o")).disposition, Disposition::failed);
+    EXPECT_EQ(handler.handle(Delivery{"m", 2u}, std::string("o")).disposition, Disposition::failed);
+    EXPECT_EQ(handler.handle(Delivery{"m", 3u}, std::string("o")).disposition,
               Disposition::processed);
 }
 
 TEST_F(MemoryHandler, MalformedDeliveryWithStoreDownIsFailedSoNothingIsLost) {
     auto handler = counting_handler();
     store.inject(idem::Fault::begin);
-    auto outcome = handler.handle(Delivery{"", 1}, std::string("body"));
+    auto outcome = handler.handle(Delivery{"", 1u}, std::string("body"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);  // not acked: the broker keeps it
     EXPECT_NE(outcome.reason.find("empty message id"), std::string::npos);
     EXPECT_TRUE(store.dead_letters().empty());
@@ -157,9 +157,9 @@ struct RecordingObserver : idem::Observer {
 TEST_F(MemoryHandler, ObserverSeesEveryOutcomeWithItsReason) {
     RecordingObserver observer;
     auto handler = counting_handler(&observer);
-    (void)handler.handle(Delivery{"m-1", 1}, std::string("o"));
-    (void)handler.handle(Delivery{"m-1", 2}, std::string("o"));
-    (void)handler.handle(Delivery{"m-2", 5}, std::string("o"));
+    (void)handler.handle(Delivery{"m-1", 1u}, std::string("o"));
+    (void)handler.handle(Delivery{"m-1", 2u}, std::string("o"));
+    (void)handler.handle(Delivery{"m-2", 5u}, std::string("o"));
     ASSERT_EQ(observer.seen.size(), 3u);
     EXPECT_EQ(observer.seen[0].first, "capture");
     EXPECT_EQ(observer.seen[0].second.disposition, Disposition::processed);
@@ -177,7 +177,7 @@ struct ThrowingObserver : idem::Observer {
 TEST_F(MemoryHandler, ThrowingObserverDoesNotChangeTheOutcome) {
     ThrowingObserver observer;
     auto handler = counting_handler(&observer);
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("o")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("o")).disposition,
               Disposition::processed);
 }
 
@@ -188,13 +188,13 @@ TEST_F(MemoryHandler, CountersPerScope) {
         store, idem::Policy{"refund"},
         [](auto&, const std::string&) { return idem::EffectResult::deferred("not captured"); },
         &metrics);
-    (void)capture.handle(Delivery{"a", 1}, std::string("o"));
-    (void)capture.handle(Delivery{"a", 2}, std::string("o"));
-    (void)capture.handle(Delivery{"b", 3}, std::string("o"));
-    (void)capture.handle(Delivery{"c", 9}, std::string("o"));
+    (void)capture.handle(Delivery{"a", 1u}, std::string("o"));
+    (void)capture.handle(Delivery{"a", 2u}, std::string("o"));
+    (void)capture.handle(Delivery{"b", 3u}, std::string("o"));
+    (void)capture.handle(Delivery{"c", 9u}, std::string("o"));
     store.inject(idem::Fault::begin);
-    (void)capture.handle(Delivery{"d", 1}, std::string("o"));
-    (void)refund.handle(Delivery{"a", 1}, std::string("o"));
+    (void)capture.handle(Delivery{"d", 1u}, std::string("o"));
+    (void)refund.handle(Delivery{"a", 1u}, std::string("o"));
 
     const idem::Counters c = capture.counters();
     EXPECT_EQ(c.deliveries, 5u);
@@ -218,7 +218,7 @@ TEST_F(MemoryHandler, DeferredCarriesTheEffectsRetryDelay) {
     auto handler = idem::make_handler(store, idem::Policy{"x"}, [](auto&, const std::string&) {
         return idem::EffectResult::deferred("waiting for the capture", std::chrono::seconds(30));
     });
-    auto outcome = handler.handle(Delivery{"m", 1}, std::string("o"));
+    auto outcome = handler.handle(Delivery{"m", 1u}, std::string("o"));
     EXPECT_EQ(outcome.disposition, Disposition::deferred);
     EXPECT_EQ(outcome.retry_after,
               std::optional<std::chrono::milliseconds>(std::chrono::seconds(30)));
@@ -233,7 +233,7 @@ TEST_F(MemoryHandler, EffectMayTakeTheDelivery) {
                                           seen_id = d.message_id;
                                           seen_count = d.delivery_count.value();
                                       });
-    (void)handler.handle(Delivery{"m-9", 3}, std::string("o"));
+    (void)handler.handle(Delivery{"m-9", 3u}, std::string("o"));
     EXPECT_EQ(seen_id, "m-9");
     EXPECT_EQ(seen_count, 3u);
 }
@@ -251,7 +251,7 @@ std::string idem_payload(const CapturePayment& m) {
 TEST_F(MemoryHandler, TypedMessagesKeepTheirPayloadInDeadLetters) {
     auto handler =
         idem::make_handler(store, idem::Policy{"capture"}, [](auto&, const CapturePayment&) {});
-    auto outcome = handler.handle(Delivery{"m-1", 5}, CapturePayment{8814, 1250});
+    auto outcome = handler.handle(Delivery{"m-1", 5u}, CapturePayment{8814, 1250});
     EXPECT_EQ(outcome.disposition, Disposition::dead_lettered);
     ASSERT_EQ(store.dead_letters().size(), 1u);
     EXPECT_EQ(store.dead_letters()[0].payload, "{\"order_id\":8814,\"amount\":1250}");
@@ -260,7 +260,7 @@ TEST_F(MemoryHandler, TypedMessagesKeepTheirPayloadInDeadLetters) {
 TEST_F(MemoryHandler, NonStandardExceptionIsFailed) {
     auto handler =
         idem::make_handler(store, idem::Policy{"x"}, [](auto&, const std::string&) { throw 42; });
-    auto outcome = handler.handle(Delivery{"m", 1}, std::string("o"));
+    auto outcome = handler.handle(Delivery{"m", 1u}, std::string("o"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_EQ(store.claim_count(), 0u);
 }
@@ -269,12 +269,12 @@ TEST_F(MemoryHandler, NestedHandleOnTheSameStoreIsAFailureNotADeadlock) {
     auto inner = counting_handler();
     auto outer =
         idem::make_handler(store, idem::Policy{"outer"}, [&](auto&, const std::string& body) {
-            auto o = inner.handle(Delivery{"inner", 1}, body);
+            auto o = inner.handle(Delivery{"inner", 1u}, body);
             if (o.disposition == Disposition::failed) {
                 throw std::runtime_error(o.reason);
             }
         });
-    auto outcome = outer.handle(Delivery{"m", 1}, std::string("o"));
+    auto outcome = outer.handle(Delivery{"m", 1u}, std::string("o"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_NE(outcome.reason.find("nested"), std::string::npos) << outcome.reason;
 }

@@ -194,7 +194,7 @@ TYPED_TEST_SUITE(Outbox, Stores, StoreNames);
 
 TYPED_TEST(Outbox, ProcessedCommitsLedgerRowAndIntentTogether) {
     auto settle = this->settlement();
-    auto outcome = settle.handle(Delivery{"msg-42", 1}, Payment{"42", "acct-7", 12'500});
+    auto outcome = settle.handle(Delivery{"msg-42", 1u}, Payment{"42", "acct-7", 12'500});
     ASSERT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
     EXPECT_EQ(this->env.effect_rows(), 1u);
     EXPECT_TRUE(this->env.has_effect("ledger:42"));
@@ -211,7 +211,7 @@ TYPED_TEST(Outbox, ProcessedCommitsLedgerRowAndIntentTogether) {
 
 TYPED_TEST(Outbox, EffectThrowingAfterTheOutboxWriteLeavesNeither) {
     auto crashing = this->settlement(/*throw_after_outbox=*/true);
-    auto outcome = crashing.handle(Delivery{"msg-42", 1}, Payment{"42", "acct-7", 12'500});
+    auto outcome = crashing.handle(Delivery{"msg-42", 1u}, Payment{"42", "acct-7", 12'500});
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_FALSE(idem::should_ack(outcome));
     EXPECT_EQ(this->env.effect_rows(), 0u);
@@ -220,7 +220,7 @@ TYPED_TEST(Outbox, EffectThrowingAfterTheOutboxWriteLeavesNeither) {
 
     // The rolled-back intent left no key behind: the redelivery writes both.
     auto settle = this->settlement();
-    EXPECT_EQ(settle.handle(Delivery{"msg-42", 2}, Payment{"42", "acct-7", 12'500}).disposition,
+    EXPECT_EQ(settle.handle(Delivery{"msg-42", 2u}, Payment{"42", "acct-7", 12'500}).disposition,
               Disposition::processed);
     EXPECT_EQ(this->env.effect_rows(), 1u);
     EXPECT_EQ(this->store().outbox_rows().size(), 1u);
@@ -229,9 +229,9 @@ TYPED_TEST(Outbox, EffectThrowingAfterTheOutboxWriteLeavesNeither) {
 TYPED_TEST(Outbox, RedeliveredParentIsADuplicateAndAddsNoIntent) {
     auto settle = this->settlement();
     const Payment p{"42", "acct-7", 12'500};
-    EXPECT_EQ(settle.handle(Delivery{"msg-42", 1}, p).disposition, Disposition::processed);
-    EXPECT_EQ(settle.handle(Delivery{"msg-42", 2}, p).disposition, Disposition::duplicate);
-    EXPECT_EQ(settle.handle(Delivery{"msg-42", 3}, p).disposition, Disposition::duplicate);
+    EXPECT_EQ(settle.handle(Delivery{"msg-42", 1u}, p).disposition, Disposition::processed);
+    EXPECT_EQ(settle.handle(Delivery{"msg-42", 2u}, p).disposition, Disposition::duplicate);
+    EXPECT_EQ(settle.handle(Delivery{"msg-42", 3u}, p).disposition, Disposition::duplicate);
     EXPECT_EQ(this->env.effect_rows(), 1u);
     EXPECT_EQ(this->store().outbox_rows().size(), 1u);
 }
@@ -248,8 +248,8 @@ TYPED_TEST(Outbox, AReusedKeyIsDedupedAtTheSource) {
             (d.message_id == "msg-42" ? added_first : added_retry) = added;
         });
     const Payment p{"42", "acct-7", 12'500};
-    EXPECT_EQ(settle.handle(Delivery{"msg-42", 1}, p).disposition, Disposition::processed);
-    EXPECT_EQ(settle.handle(Delivery{"msg-42-retry", 1}, p).disposition, Disposition::processed);
+    EXPECT_EQ(settle.handle(Delivery{"msg-42", 1u}, p).disposition, Disposition::processed);
+    EXPECT_EQ(settle.handle(Delivery{"msg-42-retry", 1u}, p).disposition, Disposition::processed);
     EXPECT_TRUE(added_first);
     EXPECT_FALSE(added_retry);
     EXPECT_EQ(this->store().outbox_rows().size(), 1u);
@@ -524,7 +524,7 @@ TYPED_TEST(Outbox, PurgeRemovesSentIntentsOlderThanTheRetentionAndKeepsTheRest) 
     auto handler = idem::make_handler(
         store, idem::Policy{"ledger"},
         [](auto& tx, const std::string& body) { TypeParam::write_effect(tx, body); });
-    ASSERT_EQ(handler.handle(Delivery{"old", 1}, std::string("a")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"old", 1u}, std::string("a")).disposition,
               Disposition::processed);
     {
         auto tx = store.begin();
@@ -601,14 +601,14 @@ TYPED_TEST(Outbox, ParentDeliveredTwiceRelaysOneChildAndTheChildAppliesOnce) {
             if (crash_after_outbox) throw std::runtime_error("worker crashed before its commit");
         });
     // First delivery: fails after the outbox write, so everything rolls back.
-    EXPECT_EQ(parent.handle(Delivery{"order-msg-7", 1}, std::string("7")).disposition,
+    EXPECT_EQ(parent.handle(Delivery{"order-msg-7", 1u}, std::string("7")).disposition,
               Disposition::failed);
     EXPECT_TRUE(this->store().outbox_rows().empty());
     crash_after_outbox = false;
     // Redelivery: processed. Then the ack is lost and it comes again: a duplicate claim.
-    EXPECT_EQ(parent.handle(Delivery{"order-msg-7", 2}, std::string("7")).disposition,
+    EXPECT_EQ(parent.handle(Delivery{"order-msg-7", 2u}, std::string("7")).disposition,
               Disposition::processed);
-    EXPECT_EQ(parent.handle(Delivery{"order-msg-7", 3}, std::string("7")).disposition,
+    EXPECT_EQ(parent.handle(Delivery{"order-msg-7", 3u}, std::string("7")).disposition,
               Disposition::duplicate);
     const std::string child_id = idem::child_id("order-msg-7", "notify");
     const auto rows = this->store().outbox_rows();

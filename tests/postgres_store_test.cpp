@@ -139,8 +139,8 @@ TEST_F(PostgresStoreTest, OwnSchemaWithAnAwkwardNameKeepsTablesApart) {
     auto plain = store();
     auto a = idem::make_handler(*separate, idem::Policy{"s"}, writer());
     auto b = idem::make_handler(*plain, idem::Policy{"s"}, writer());
-    EXPECT_EQ(a.handle(Delivery{"m-1", 1}, std::string("a")).disposition, Disposition::processed);
-    EXPECT_EQ(b.handle(Delivery{"m-1", 1}, std::string("b")).disposition, Disposition::processed);
+    EXPECT_EQ(a.handle(Delivery{"m-1", 1u}, std::string("a")).disposition, Disposition::processed);
+    EXPECT_EQ(b.handle(Delivery{"m-1", 1u}, std::string("b")).disposition, Disposition::processed);
     EXPECT_EQ(count("SELECT count(*) FROM \"idem \"\"quoted\"\"; DROP\".idem_claims"), 1);
     EXPECT_EQ(count("SELECT count(*) FROM public.idem_claims"), 1);
 }
@@ -212,7 +212,7 @@ TEST_F(PostgresStoreTest, ClaimThenDuplicateWithTheRecordedOutcomeAndFingerprint
 TEST_F(PostgresStoreTest, RoundTripsPerMessage) {
     auto s = store();
     auto handler = idem::make_handler(*s, idem::Policy{"rt"}, writer());
-    ASSERT_EQ(handler.handle(Delivery{"warm-up", 1}, std::string("w")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"warm-up", 1u}, std::string("w")).disposition,
               Disposition::processed);  // statements prepared
     {
         const auto before = s->round_trips();
@@ -223,12 +223,12 @@ TEST_F(PostgresStoreTest, RoundTripsPerMessage) {
         tx.rollback();
     }
     auto before = s->round_trips();
-    ASSERT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("m-1")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("m-1")).disposition,
               Disposition::processed);
     // claim (with BEGIN), the effect's INSERT, COMMIT.
     EXPECT_EQ(s->round_trips() - before, 3u);
     before = s->round_trips();
-    ASSERT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("m-1")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("m-1")).disposition,
               Disposition::duplicate);
     // claim (nothing inserted), reading the stored outcome, ROLLBACK
     EXPECT_EQ(s->round_trips() - before, 3u);
@@ -267,7 +267,7 @@ TEST_F(PostgresStoreTest, ABatchOfAHundredFreshIdsClaimsInOneRoundTrip) {
         std::vector<Delivery> deliveries;
         std::vector<std::string> bodies;
         for (std::size_t i = from; i < from + kBatch; ++i) {
-            deliveries.push_back(Delivery{names[i], 1});
+            deliveries.push_back(Delivery{names[i], 1u});
             bodies.push_back(names[i]);
         }
         const auto before = s->round_trips();
@@ -290,7 +290,7 @@ TEST_F(PostgresStoreTest, ABatchOfAHundredFreshIdsClaimsInOneRoundTrip) {
     auto quiet = idem::make_handler(*s, idem::Policy{"rt"}, [](auto&, const std::string&) {});
     std::vector<Delivery> deliveries;
     for (std::size_t i = 2 * kBatch; i < 3 * kBatch; ++i)
-        deliveries.push_back(Delivery{names[i], 1});
+        deliveries.push_back(Delivery{names[i], 1u});
     const auto before = s->round_trips();
     const std::vector<std::string> bodies(kBatch, "body");
     for (const auto& outcome : quiet.handle_batch(deliveries, bodies))
@@ -393,14 +393,14 @@ TEST_F(PostgresStoreTest, ABatchWithDuplicatesAFailureAndAHeldIdCommitsTheRest) 
             if (body == "throws") throw std::runtime_error("gateway 503");
             if (body == "bad-sql") tx.execute("INSERT INTO no_such_table VALUES (1)");
         });
-    ASSERT_EQ(handler.handle(Delivery{"m-done", 1}, std::string("done")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"m-done", 1u}, std::string("done")).disposition,
               Disposition::processed);
     auto held = holder->begin();  // another worker holds m-held and stays open
     ASSERT_EQ(held.claim("capture", "m-held").status, ClaimStatus::claimed);
 
-    const std::vector<Delivery> deliveries = {{"m-1", 1},       {"m-done", 2},  {"m-held", 1},
-                                              {"m-1", 1},       {"m-throw", 1}, {"m-2", 1},
-                                              {"m-bad-sql", 1}, {"m-held", 2}};
+    const std::vector<Delivery> deliveries = {{"m-1", 1u},       {"m-done", 2u},  {"m-held", 1u},
+                                              {"m-1", 1u},       {"m-throw", 1u}, {"m-2", 1u},
+                                              {"m-bad-sql", 1u}, {"m-held", 2u}};
     const std::vector<std::string> bodies = {"ok-1",   "done", "held",    "ok-1",
                                              "throws", "ok-2", "bad-sql", "held"};
     const auto started = std::chrono::steady_clock::now();
@@ -426,7 +426,7 @@ TEST_F(PostgresStoreTest, ABatchWithDuplicatesAFailureAndAHeldIdCommitsTheRest) 
     EXPECT_FALSE(s->find_claim("capture", "m-held").has_value());
     held.rollback();  // the other worker gave up: the redeliveries run once
     const auto again =
-        handler.handle_batch(std::vector<Delivery>{{"m-held", 3}, {"m-throw", 2}, {"m-1", 2}},
+        handler.handle_batch(std::vector<Delivery>{{"m-held", 3u}, {"m-throw", 2u}, {"m-1", 2u}},
                              std::vector<std::string>{"held", "ok-3", "ok-1"});
     EXPECT_EQ(again[0].disposition, Disposition::processed) << again[0].reason;
     EXPECT_EQ(again[1].disposition, Disposition::processed) << again[1].reason;
@@ -490,14 +490,14 @@ TEST_F(PostgresStoreTest, LockTimeoutGivesInProgressAndTheTransactionIsAborted) 
         EXPECT_THROW(tx.commit(), idem::commit_failed);  // PostgreSQL aborted it
     }
     auto handler = idem::make_handler(*waiter, idem::Policy{"capture"}, writer());
-    auto outcome = handler.handle(Delivery{"m-1", 2}, std::string("m-1"));
+    auto outcome = handler.handle(Delivery{"m-1", 2u}, std::string("m-1"));
     EXPECT_EQ(outcome.disposition, Disposition::in_progress) << outcome.reason;
     EXPECT_FALSE(idem::should_ack(outcome));
     // The store is fine afterwards.
-    EXPECT_EQ(handler.handle(Delivery{"m-2", 1}, std::string("m-2")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-2", 1u}, std::string("m-2")).disposition,
               Disposition::processed);
     held.rollback();
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 3}, std::string("m-1")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 3u}, std::string("m-1")).disposition,
               Disposition::processed);
 }
 
@@ -518,12 +518,12 @@ TEST_F(PostgresStoreTest, AKilledSessionFailsTheDeliveryAndTheStoreReconnects) {
             if (kill) terminate(PQbackendPID(tx.conn()));
             tx.execute("INSERT INTO effects(message_id) VALUES ($1)", idem::Blob{body});
         });
-    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("m-1"));
+    auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("m-1"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_NE(outcome.reason.find("connection"), std::string::npos) << outcome.reason;
     kill = false;
     const int old_pid = PQbackendPID(s->conn());
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("m-1")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("m-1")).disposition,
               Disposition::processed);
     EXPECT_NE(PQbackendPID(s->conn()), old_pid);  // a new session
     EXPECT_EQ(count("SELECT count(*) FROM effects"), 1);
@@ -535,25 +535,25 @@ TEST_F(PostgresStoreTest, AServerRestartFailsDeliveriesUntilItIsBack) {
     own.exec("CREATE TABLE effects(message_id BYTEA NOT NULL)");
     PostgresStore s(own.conninfo() + " connect_timeout=5");
     auto handler = idem::make_handler(s, idem::Policy{"capture"}, writer());
-    ASSERT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("m-1")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("m-1")).disposition,
               Disposition::processed);
     own.stop();
-    auto down = handler.handle(Delivery{"m-2", 1}, std::string("m-2"));
+    auto down = handler.handle(Delivery{"m-2", 1u}, std::string("m-2"));
     EXPECT_EQ(down.disposition, Disposition::failed);
-    auto still_down = handler.handle(Delivery{"m-2", 2}, std::string("m-2"));
+    auto still_down = handler.handle(Delivery{"m-2", 2u}, std::string("m-2"));
     EXPECT_EQ(still_down.disposition, Disposition::failed);
     EXPECT_NE(still_down.reason.find("reconnecting failed"), std::string::npos)
         << still_down.reason;
     own.start();
-    EXPECT_EQ(handler.handle(Delivery{"m-2", 3}, std::string("m-2")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-2", 3u}, std::string("m-2")).disposition,
               Disposition::processed);
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("m-1")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("m-1")).disposition,
               Disposition::duplicate);
     own.kill9();  // a crash this time
-    EXPECT_EQ(handler.handle(Delivery{"m-3", 1}, std::string("m-3")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-3", 1u}, std::string("m-3")).disposition,
               Disposition::failed);
     own.start();
-    EXPECT_EQ(handler.handle(Delivery{"m-3", 2}, std::string("m-3")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-3", 2u}, std::string("m-3")).disposition,
               Disposition::processed);
     EXPECT_EQ(std::stoll(own.query_value("SELECT count(*) FROM effects").value_or("-1")), 3);
 }
@@ -594,13 +594,13 @@ TEST_F(PostgresStoreTest, ConnectionLostDuringCommitIsFailedAndTheRedeliveryDeci
             tx.execute("INSERT INTO effects(message_id) VALUES ($1)", idem::Blob{body});
             if (doom) tx.execute("INSERT INTO doomed VALUES (1)");
         });
-    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("m-1"));
+    auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("m-1"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_NE(outcome.reason.find("outcome is unknown"), std::string::npos) << outcome.reason;
     EXPECT_FALSE(idem::should_ack(outcome));
     doom = false;
     // Here the session died before the commit record: the redelivery does the work once.
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("m-1")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("m-1")).disposition,
               Disposition::processed);
     EXPECT_EQ(count("SELECT count(*) FROM effects"), 1);
 }
@@ -611,7 +611,7 @@ TEST_F(PostgresStoreTest, AFailedEffectStatementIsReportedWithTheSqlAndRolledBac
         idem::make_handler(*s, idem::Policy{"capture"}, [](auto& tx, const std::string&) {
             tx.execute("INSERT INTO no_such_table VALUES (?)", 1);
         });
-    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("x"));
+    auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("x"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_NE(outcome.reason.find("no_such_table"), std::string::npos) << outcome.reason;
     EXPECT_NE(outcome.reason.find("$1"), std::string::npos) << outcome.reason;  // ? hint
@@ -628,7 +628,7 @@ TEST_F(PostgresStoreTest, MalformedAfterAFailedStatementStillDeadLettersThroughT
                 throw idem::malformed_message("body " + body + " has no usable parent");
             }
         });
-    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("b"));
+    auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("b"));
     EXPECT_EQ(outcome.disposition, Disposition::dead_lettered) << outcome.reason;
     ASSERT_EQ(s->dead_letters().size(), 1u);
     EXPECT_EQ(s->find_claim("capture", "m-1")->disposition, Disposition::dead_lettered);
@@ -744,10 +744,10 @@ TEST_F(PostgresStoreTest, HostileValuesRoundTripExactly) {
 TEST_F(PostgresStoreTest, PurgeDeletesClaimsOlderThanTheRetentionOnTheInjectedClock) {
     auto s = store(clocked());
     auto handler = idem::make_handler(*s, idem::Policy{"capture"}, writer());
-    ASSERT_EQ(handler.handle(Delivery{"old", 1}, std::string("old")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"old", 1u}, std::string("old")).disposition,
               Disposition::processed);
     advance(std::chrono::hours(24 * 10));
-    ASSERT_EQ(handler.handle(Delivery{"young", 1}, std::string("young")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"young", 1u}, std::string("young")).disposition,
               Disposition::processed);
     advance(std::chrono::hours(24 * 4));                          // old: 14 days, young: 4 days
     EXPECT_EQ(s->purge(std::chrono::hours(24 * 14)).claims, 0u);  // exactly 14 days: kept
@@ -957,9 +957,9 @@ TEST_F(PostgresStoreTest, ABorrowedConnectionCarriesTheEffectAndIsLeftOpenAndCle
                 PQclear(r);
                 if (!ok) throw std::runtime_error("insert failed");
             });
-        EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("m-1")).disposition,
+        EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("m-1")).disposition,
                   Disposition::processed);
-        EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("m-1")).disposition,
+        EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("m-1")).disposition,
                   Disposition::duplicate);
     }
     EXPECT_EQ(PQstatus(conn.get()), CONNECTION_OK);
@@ -1136,12 +1136,12 @@ TEST_F(PostgresStoreTest, WorksWithoutPreparedStatements) {
     options.prepare_statements = false;
     auto s = store(options);
     auto handler = idem::make_handler(*s, idem::Policy{"plain"}, writer());
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("m-1")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("m-1")).disposition,
               Disposition::processed);
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("m-1")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("m-1")).disposition,
               Disposition::duplicate);
     const auto batch = handler.handle_batch(
-        std::vector<Delivery>{{"m-1", 3}, {"m-2", 1}, {"m-2", 1}, {std::string("m\0-3", 4), 1}},
+        std::vector<Delivery>{{"m-1", 3u}, {"m-2", 1u}, {"m-2", 1u}, {std::string("m\0-3", 4), 1u}},
         std::vector<std::string>{"m-1", "m-2", "m-2", "m-3"});
     EXPECT_EQ(batch[0].disposition, Disposition::duplicate) << batch[0].reason;
     EXPECT_EQ(batch[1].disposition, Disposition::processed) << batch[1].reason;
@@ -1153,7 +1153,7 @@ TEST_F(PostgresStoreTest, WorksWithoutPreparedStatements) {
 TEST_F(PostgresStoreTest, LostPreparedStatementsArePreparedAgain) {
     auto s = store();
     auto handler = idem::make_handler(*s, idem::Policy{"p"}, writer());
-    ASSERT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("m-1")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("m-1")).disposition,
               Disposition::processed);
     const auto prepared = [&] {
         return s  // idem's own statements, not the cached ones of execute() / query_*()
@@ -1177,10 +1177,10 @@ TEST_F(PostgresStoreTest, LostPreparedStatementsArePreparedAgain) {
         }
         s->execute(sql);
         const std::string id = std::string("after ") + lose;
-        auto outcome = handler.handle(Delivery{id, 1}, id);
+        auto outcome = handler.handle(Delivery{id, 1u}, id);
         EXPECT_EQ(outcome.disposition, Disposition::failed) << outcome.reason;
         EXPECT_NE(outcome.reason.find("26000"), std::string::npos) << outcome.reason;
-        EXPECT_EQ(handler.handle(Delivery{id, 2}, id).disposition, Disposition::processed);
+        EXPECT_EQ(handler.handle(Delivery{id, 2u}, id).disposition, Disposition::processed);
         EXPECT_EQ(prepared(), all);
     }
 }

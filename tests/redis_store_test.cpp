@@ -122,7 +122,7 @@ TEST_F(RedisStoreTest, ALostLeaseIsAFailureForTheHandlerNeverAnAck) {
             b_tx.record_outcome("refund", "m-1", Disposition::processed, "");
             b_tx.commit();
         });
-    auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("order-7"));
+    auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("order-7"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_FALSE(idem::should_ack(outcome));
     EXPECT_NE(outcome.reason.find("lease lost"), std::string::npos) << outcome.reason;
@@ -170,14 +170,14 @@ TEST_F(RedisStoreTest, SlowButAliveHolderIsNotDeadLetteredByRedeliveries) {
             }
             tx.write("SADD", "captured", body);
         });
-    auto outcome = a_handler.handle(Delivery{"m-1", 1}, std::string("order-1"));
+    auto outcome = a_handler.handle(Delivery{"m-1", 1u}, std::string("order-1"));
     EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
     EXPECT_EQ(meanwhile, std::vector<Disposition>(6, Disposition::in_progress));
     EXPECT_EQ(runs, 1);
     EXPECT_TRUE(store().dead_letters().empty());
     EXPECT_EQ(store().attempts("capture", "m-1"), 1u);
     // The next redelivery, count 8, is a duplicate: acked, never parked.
-    EXPECT_EQ(b_handler.handle(Delivery{"m-1", 8}, std::string("order-1")).disposition,
+    EXPECT_EQ(b_handler.handle(Delivery{"m-1", 8u}, std::string("order-1")).disposition,
               Disposition::duplicate);
     EXPECT_EQ(client().integer({"SCARD", "captured"}), 1);
 }
@@ -198,7 +198,7 @@ TEST_F(RedisStoreTest, ACrashedHolderCountsOneAttemptNotItsRedeliveries) {
                       Disposition::in_progress);
         }
         now() += store().default_lease();
-        auto outcome = handler.handle(Delivery{"m-1", 6}, std::string("o"));
+        auto outcome = handler.handle(Delivery{"m-1", 6u}, std::string("o"));
         EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
         tx.rollback();  // what the dead worker can no longer do changes nothing now
     }
@@ -240,7 +240,7 @@ TEST_F(RedisStoreTest, TheHandlersLeaseIsTheOneStored) {
             EXPECT_EQ(stored->lease_until(), idem::detail::to_unix_ms(now() + 5s));
             tx.write("SET", "ran", "1");
         });
-    ASSERT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("x")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("x")).disposition,
               Disposition::processed);
     // The finished record expires after the policy's retention.
     auto ttl = client().integer({"PTTL", store().claim_key("capture", "m-1")});
@@ -319,7 +319,7 @@ TEST_F(RedisStoreTest, SlowInstanceRacingASecondOneRefundsExactlyOnce) {
             a_started = true;
         }
         cv.notify_all();
-        a_outcome = a.handle(Delivery{"m-1", 1}, std::string("order-9"));
+        a_outcome = a.handle(Delivery{"m-1", 1u}, std::string("order-9"));
     });
     {
         std::unique_lock<std::mutex> lock(m);
@@ -331,7 +331,7 @@ TEST_F(RedisStoreTest, SlowInstanceRacingASecondOneRefundsExactlyOnce) {
     const auto deadline = std::chrono::steady_clock::now() + 5s;
     do {
         std::this_thread::sleep_for(350ms);
-        b_outcome = b.handle(Delivery{"m-1", 2}, std::string("order-9"));
+        b_outcome = b.handle(Delivery{"m-1", 2u}, std::string("order-9"));
     } while (b_outcome.disposition == Disposition::in_progress &&
              std::chrono::steady_clock::now() < deadline);
     EXPECT_EQ(b_outcome.disposition, Disposition::failed) << b_outcome.reason;
@@ -345,9 +345,9 @@ TEST_F(RedisStoreTest, SlowInstanceRacingASecondOneRefundsExactlyOnce) {
     EXPECT_FALSE(client().integer({"HLEN", "refunds"}).value_or(0) > 0);
 
     // The next redelivery gets the first result back from the processor and records it.
-    auto c = b.handle(Delivery{"m-1", 3}, std::string("order-9"));
+    auto c = b.handle(Delivery{"m-1", 3u}, std::string("order-9"));
     EXPECT_EQ(c.disposition, Disposition::processed) << c.reason;
-    EXPECT_EQ(b.handle(Delivery{"m-1", 4}, std::string("order-9")).disposition,
+    EXPECT_EQ(b.handle(Delivery{"m-1", 4u}, std::string("order-9")).disposition,
               Disposition::duplicate);
     EXPECT_EQ(processor.refunds(), 1u);
     EXPECT_EQ(processor.requests(), 3u);
@@ -363,13 +363,13 @@ TEST_F(RedisStoreTest, WritesOfADeferredOrThrowingEffectAreNeverApplied) {
             tx.write("HINCRBY", "balance", body, 100);
             if (fail) throw std::runtime_error("downstream 503");
         });
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("acct-1")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("acct-1")).disposition,
               Disposition::failed);
     EXPECT_FALSE(client().str({"HGET", "balance", "acct-1"}).has_value());
     fail = false;
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("acct-1")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("acct-1")).disposition,
               Disposition::processed);
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 3}, std::string("acct-1")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 3u}, std::string("acct-1")).disposition,
               Disposition::duplicate);
     EXPECT_EQ(client().str({"HGET", "balance", "acct-1"}), "100");
 }
@@ -382,13 +382,13 @@ TEST_F(RedisStoreTest, AWriteFailingFirstInTheCommitAppliesNothingAndReleasesThe
             tx.write("HSET", sabotage ? "not-a-hash" : "a-hash", "f", "v");
             tx.write("INCR", "counter");
         });
-    auto failed = handler.handle(Delivery{"m-1", 1}, std::string("x"));
+    auto failed = handler.handle(Delivery{"m-1", 1u}, std::string("x"));
     EXPECT_EQ(failed.disposition, Disposition::failed);
     EXPECT_NE(failed.reason.find("WRONGTYPE"), std::string::npos) << failed.reason;
     EXPECT_FALSE(client().str({"GET", "counter"}).has_value());
     EXPECT_FALSE(store().find_claim("ledger", "m-1").has_value());
     sabotage = false;
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("x")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("x")).disposition,
               Disposition::processed);
     EXPECT_EQ(client().str({"GET", "counter"}), "1");
 }
@@ -402,7 +402,7 @@ TEST_F(RedisStoreTest, AWriteFailingAfterOthersWereAppliedParksTheClaimSoTheyAre
             tx.write("INCR", "counter");
             tx.write("HSET", "not-a-hash", "f", "v");
         });
-    auto failed = handler.handle(Delivery{"m-1", 1}, std::string("x"));
+    auto failed = handler.handle(Delivery{"m-1", 1u}, std::string("x"));
     EXPECT_EQ(failed.disposition, Disposition::failed);
     EXPECT_NE(failed.reason.find("cannot roll back"), std::string::npos) << failed.reason;
     EXPECT_EQ(client().str({"GET", "counter"}), "1");
@@ -413,7 +413,7 @@ TEST_F(RedisStoreTest, AWriteFailingAfterOthersWereAppliedParksTheClaimSoTheyAre
     ASSERT_EQ(letters.size(), 1u);
     EXPECT_EQ(letters[0].message_id, "m-1");
     EXPECT_NE(letters[0].reason.find("WRONGTYPE"), std::string::npos) << letters[0].reason;
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("x")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("x")).disposition,
               Disposition::duplicate);
     EXPECT_EQ(client().str({"GET", "counter"}), "1");
 }
@@ -450,17 +450,17 @@ TEST_F(RedisStoreTest, OneMessageCostsTwoRoundTripsAndABatchOfAHundredCostsTwo) 
         store(), idem::Policy{"capture"},
         [](auto& tx, const std::string& order) { tx.write("HSET", "captures", order, "ch"); });
     // Warm up: connect and load the scripts once.
-    ASSERT_EQ(handler.handle(Delivery{"warm", 1}, std::string("w")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"warm", 1u}, std::string("w")).disposition,
               Disposition::processed);
     auto before = store().round_trips();
-    ASSERT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("o-1")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("o-1")).disposition,
               Disposition::processed);
     EXPECT_EQ(store().round_trips() - before, 2u);  // claim, commit
 
     std::vector<Delivery> deliveries;
     std::vector<std::string> bodies;
     for (int i = 0; i < 100; ++i) {
-        deliveries.push_back(Delivery{"b-" + std::to_string(i), 1});
+        deliveries.push_back(Delivery{"b-" + std::to_string(i), 1u});
         bodies.push_back("o-" + std::to_string(i));
     }
     before = store().round_trips();
@@ -483,15 +483,16 @@ TEST_F(RedisStoreTest, AFailedMessageOfAPipelinedBatchGivesItsLeaseBack) {
                                           tx.write("SADD", "captured", order);
                                           if (order == "bad") throw std::runtime_error("503");
                                       });
-    auto outcomes = handler.handle_batch(std::vector<Delivery>{{"m-1", 1}, {"m-2", 1}, {"m-3", 1}},
-                                         std::vector<std::string>{"a", "bad", "c"});
+    auto outcomes =
+        handler.handle_batch(std::vector<Delivery>{{"m-1", 1u}, {"m-2", 1u}, {"m-3", 1u}},
+                             std::vector<std::string>{"a", "bad", "c"});
     EXPECT_EQ(outcomes[0].disposition, Disposition::processed);
     EXPECT_EQ(outcomes[1].disposition, Disposition::failed);
     EXPECT_EQ(outcomes[2].disposition, Disposition::processed);
     EXPECT_FALSE(store().find_claim("capture", "m-2").has_value());  // freed, not left leased
     EXPECT_EQ(store().attempts("capture", "m-2"), 1u);
     EXPECT_EQ(client().integer({"SCARD", "captured"}), 2);
-    EXPECT_EQ(handler.handle(Delivery{"m-2", 2}, std::string("b")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-2", 2u}, std::string("b")).disposition,
               Disposition::processed);
 }
 
@@ -654,7 +655,7 @@ TEST_F(RedisServerClockTest, WithoutSetClaimsEveryClaimIsTheScriptAndTheAnswersA
         const std::string scope = s == scripted.get() ? "scripted" : "set";
         auto handler =
             idem::make_handler(*s, idem::Policy{scope}, [](auto&, const std::string&) {});
-        std::vector<Delivery> deliveries = {{"m-1", 1}, {"m-2", 1}, {"m-1", 1}};
+        std::vector<Delivery> deliveries = {{"m-1", 1u}, {"m-2", 1u}, {"m-1", 1u}};
         std::vector<std::string> bodies = {"a", "b", "a"};
         auto first = handler.handle_batch(deliveries, bodies);
         EXPECT_EQ(first[0].disposition, Disposition::processed) << scope;
@@ -682,13 +683,13 @@ TEST_F(RedisServerClockTest, AServerThatRefusesSetGetTurnsTheStoreToTheClaimScri
     int runs = 0;
     auto handler = idem::make_handler(old_server, idem::Policy{"old"},
                                       [&runs](auto&, const std::string&) { ++runs; });
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("a")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("a")).disposition,
               Disposition::processed);
     EXPECT_EQ(proxy.refused(), 1);
     EXPECT_FALSE(old_server.claims_with_set());
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("a")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("a")).disposition,
               Disposition::duplicate);
-    auto batch = handler.handle_batch(std::vector<Delivery>{{"m-2", 1}, {"m-1", 3}, {"m-3", 1}},
+    auto batch = handler.handle_batch(std::vector<Delivery>{{"m-2", 1u}, {"m-1", 3u}, {"m-3", 1u}},
                                       std::vector<std::string>{"b", "a", "c"});
     EXPECT_EQ(batch[0].disposition, Disposition::processed);
     EXPECT_EQ(batch[1].disposition, Disposition::duplicate);
@@ -735,14 +736,14 @@ TEST_F(RedisStoreTest, HostileIdsAndPayloadsRoundTripIntact) {
     auto parker = idem::make_handler(store(), idem::Policy{"park", park_at_once},
                                      [](auto&, const std::string&) {});
     for (const auto& id : ids) {
-        EXPECT_EQ(writer.handle(Delivery{id, 1}, id + payload).disposition, Disposition::processed)
+        EXPECT_EQ(writer.handle(Delivery{id, 1u}, id + payload).disposition, Disposition::processed)
             << id;
-        EXPECT_EQ(writer.handle(Delivery{id, 2}, id + payload).disposition, Disposition::duplicate)
+        EXPECT_EQ(writer.handle(Delivery{id, 2u}, id + payload).disposition, Disposition::duplicate)
             << id;
         auto record = store().find_claim("scope:with{odd}chars", id);
         ASSERT_TRUE(record.has_value()) << id;
         EXPECT_EQ(record->message_id, id);
-        EXPECT_EQ(parker.handle(Delivery{id, 1}, id + payload).disposition,
+        EXPECT_EQ(parker.handle(Delivery{id, 1u}, id + payload).disposition,
                   Disposition::dead_lettered);
         EXPECT_EQ(client().integer({"SISMEMBER", "seen", id + payload}), 1) << id;
     }
@@ -777,17 +778,17 @@ TEST_F(RedisRestartTest, AnUnreachableServerIsAFailureAndTheStoreReconnects) {
     idem::RedisStore store(endpoint);
     auto handler = idem::make_handler(
         store, idem::Policy{"s"}, [](auto& tx, const std::string& b) { tx.write("SADD", "x", b); });
-    ASSERT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("1")).disposition,
+    ASSERT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("1")).disposition,
               Disposition::processed);
     server_->kill9();
-    auto down = handler.handle(Delivery{"m-2", 1}, std::string("2"));
+    auto down = handler.handle(Delivery{"m-2", 1u}, std::string("2"));
     EXPECT_EQ(down.disposition, Disposition::failed);
     EXPECT_FALSE(idem::should_ack(down));
     EXPECT_NE(down.reason.find("store error"), std::string::npos) << down.reason;
     server_->start();
-    EXPECT_EQ(handler.handle(Delivery{"m-2", 2}, std::string("2")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-2", 2u}, std::string("2")).disposition,
               Disposition::processed);
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, std::string("1")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, std::string("1")).disposition,
               Disposition::duplicate);  // the AOF kept the first claim
 }
 

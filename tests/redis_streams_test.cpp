@@ -5,11 +5,14 @@
 // condition under a deadline instead of sleeping a fixed time.
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -383,7 +386,7 @@ TEST_F(StreamConsumerTest, PoisonReachesTheDeadLetterStreamAtMaxDeliveriesAndIsA
 
     const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 1u);
-    expect_letter(letters[0], "max_deliveries",
+    expect_letter(letters[0], "delivery count 5 (broker) reached max_deliveries 5",
                   {{"idem-scope", "capture"},
                    {"idem-message-id", id},
                    {"idem-entry-id", id},
@@ -440,7 +443,7 @@ TEST_F(StreamConsumerTest, RedisStoreAcksInTheCommitAndParksPoisonInTheSameCommi
     EXPECT_EQ(counter("effects:8"), 0);
     const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 1u);
-    expect_letter(letters[0], "max_deliveries",
+    expect_letter(letters[0], "attempt 2 (effect starts) reached max_deliveries 2",
                   {{"idem-scope", "count"},
                    {"idem-message-id", "8"},
                    {"idem-entry-id", poison_id},
@@ -658,7 +661,7 @@ class StreamBatchTest : public StreamConsumerTest {
     static void warm_up(idem::RedisStore& store) {
         auto warm =
             idem::make_handler(store, idem::Policy{"warm-up"}, [](auto&, const std::string&) {});
-        const auto outcomes = warm.handle_batch(std::vector<Delivery>{Delivery{"w", 1}},
+        const auto outcomes = warm.handle_batch(std::vector<Delivery>{Delivery{"w", 1u}},
                                                 std::vector<std::string>{"x"});
         ASSERT_EQ(outcomes.at(0).disposition, Disposition::processed);
     }
@@ -1051,6 +1054,184 @@ TEST(StreamConsumerRestart, NothingAckedWithoutAnOutcomeAndProcessingContinues) 
     EXPECT_EQ(handled, (std::vector<std::string>{"2", "3"}));
     EXPECT_EQ(runner.stats().acked, 2u);
     EXPECT_EQ(client.array({"XPENDING", "orders", "workers"}).at(0), "0");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 11: a store outage must not dead-letter healthy messages; a duplicate of a parked
+// message still reaches the dead-letter stream
+
+/// Holds SQLite's write lock from another connection (BEGIN EXCLUSIVE): every BEGIN IMMEDIATE of
+/// the store fails with SQLITE_BUSY after its busy timeout (store_timeout) until release().
+class SqliteWriteLock {
+  public:
+    explicit SqliteWriteLock(const std::string& path) {
+        if (sqlite3_open(path.c_str(), &db_) != SQLITE_OK) throw std::runtime_error("open");
+        exec("BEGIN EXCLUSIVE");
+    }
+    ~SqliteWriteLock() {
+        release();
+        sqlite3_close(db_);
+    }
+    SqliteWriteLock(const SqliteWriteLock&) = delete;
+    SqliteWriteLock& operator=(const SqliteWriteLock&) = delete;
+    void release() {
+        if (held_) exec("ROLLBACK");
+        held_ = false;
+    }
+
+  private:
+    void exec(const char* sql) {
+        char* error = nullptr;
+        if (sqlite3_exec(db_, sql, nullptr, nullptr, &error) != SQLITE_OK) {
+            const std::string what = error != nullptr ? error : "?";
+            sqlite3_free(error);
+            throw std::runtime_error(what);
+        }
+    }
+    sqlite3* db_ = nullptr;
+    bool held_ = true;
+};
+
+class StoreOutageTest : public StreamConsumerTest {
+  protected:
+    void run_outage(bool in_batches);
+};
+
+TEST_F(StoreOutageTest, DoesNotDeadLetterHealthyMessages) {
+    run_outage(false);
+}
+TEST_F(StoreOutageTest, DoesNotDeadLetterHealthyMessagesInBatchMode) {
+    run_outage(true);
+}
+
+void StoreOutageTest::run_outage(bool in_batches) {
+    idem_test::TempDir dir;
+    const std::string path = dir.file("idem.db");
+    idem::SqliteOptions sqlite;
+    sqlite.busy_timeout = 20ms;  // each attempt against the locked database fails fast
+    idem::SqliteStore store{path, sqlite};
+    {
+        auto tx = store.begin();
+        tx.execute("CREATE TABLE captures(order_id TEXT PRIMARY KEY)");
+        tx.commit();
+    }
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 5;
+    std::mutex mutex;
+    std::uint32_t highest_count = 0;
+    auto handler = idem::make_handler(
+        store, idem::Policy{"capture", policy},
+        [&](auto& tx, const StreamEntry& e, const Delivery& d) {
+            tx.execute("INSERT INTO captures VALUES (?)", std::string(*e.field("order")));
+            std::lock_guard<std::mutex> lock(mutex);
+            highest_count = std::max(highest_count, d.delivery_count.value());
+        });
+    auto options = fast_options("orders");
+    options.visibility_timeout = 20ms;  // the broker redelivers fast
+    options.block = 20ms;
+    options.circuit_breaker.initial_backoff = 20ms;
+    options.circuit_breaker.max_backoff = 100ms;
+    options.handle_in_batches = in_batches;
+    constexpr int messages = 6;
+    for (int i = 0; i < messages; ++i)
+        xadd("orders", {{"order", std::to_string(i)}});
+
+    auto lock = std::make_unique<SqliteWriteLock>(path);  // the store is down
+    StreamConsumer consumer{endpoint(), options, handler};
+    std::thread worker([&] { consumer.run(); });
+    // Long enough for dozens of redeliveries at a 20 ms visibility timeout without the breaker.
+    if (!wait_for([&] { return consumer.stats().not_acked >= 1; })) {
+        consumer.request_stop();
+        worker.join();
+        FAIL() << "the locked store never failed a delivery";
+    }
+    std::this_thread::sleep_for(1500ms);
+    const auto during = consumer.stats();
+    lock->release();  // the store is back
+
+    const bool done = wait_for([&] { return consumer.stats().acked >= messages; });
+    consumer.request_stop();
+    worker.join();
+    ASSERT_TRUE(done) << "acked " << consumer.stats().acked;
+
+    EXPECT_TRUE(store.dead_letters().empty());
+    EXPECT_TRUE(dead_letters().empty());
+    EXPECT_EQ(consumer.stats().dead_lettered, 0u);
+    EXPECT_EQ(pending("orders"), 0);
+    {
+        auto tx = store.begin();
+        EXPECT_EQ(tx.query_int("SELECT COUNT(*) FROM captures"), messages);  // each once
+    }
+    EXPECT_GE(during.circuit_opened, 1u);
+    EXPECT_GE(during.store_probes, 1u);
+    EXPECT_LE(during.not_acked, in_batches ? std::size_t{messages} : 3u)
+        << "kept reading while the store was down";
+    std::lock_guard<std::mutex> guard(mutex);
+    EXPECT_LT(highest_count, policy.max_deliveries);
+}
+
+TEST_F(StreamConsumerTest, PlainHandlerThrowingStoreUnavailablePausesTheConsumer) {
+    int calls = 0;
+    int probes = 0;
+    auto options = fast_options("orders");
+    options.circuit_breaker.initial_backoff = 20ms;
+    options.circuit_breaker.max_backoff = 20ms;
+    options.store_probe = [&] {
+        if (++probes < 3) throw idem::store_unavailable("still down");
+    };
+    StreamConsumer consumer{endpoint(), options, [&](const Delivery&, const StreamEntry&) {
+                                if (++calls == 1) throw idem::store_unavailable("db down");
+                                return Outcome{Disposition::processed, {}};
+                            }};
+    xadd("orders", {{"order", "1"}});
+    xadd("orders", {{"order", "2"}});
+    EXPECT_EQ(consumer.poll_once(), 1u);  // the first fails: the second stays pending
+    EXPECT_EQ(consumer.stats().circuit_opened, 1u);
+    EXPECT_EQ(pending("orders"), 2);
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 2; }));
+    EXPECT_EQ(probes, 3);
+    EXPECT_EQ(consumer.stats().store_probes, 3u);
+}
+
+TEST_F(StreamConsumerTest, DuplicateOfAParkedMessageStillReachesTheDeadLetterStream) {
+    idem_test::TempDir dir;
+    idem::SqliteStore store{dir.file("idem.db")};
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 2;
+    int runs = 0;
+    auto handler = idem::make_handler(store, idem::Policy{"capture", policy},
+                                      [&](auto&, const StreamEntry&) { ++runs; });
+    auto options = fast_options("orders");
+    StreamConsumer consumer{endpoint(), options, handler};
+    ASSERT_FALSE(consumer.acks_in_commit());
+    const Fields fields{{"order", "42"}};
+    const std::string id = xadd("orders", fields);
+
+    // The crash window: a worker read the entry (pending), its handler committed the park ...
+    idem::RedisConnection connection{endpoint()};
+    connection.checked({"XGROUP", "CREATE", "orders", "workers", "0", "MKSTREAM"}, "XGROUP");
+    connection.checked(
+        {"XREADGROUP", "GROUP", "workers", "c0", "COUNT", "1", "STREAMS", "orders", ">"},
+        "XREADGROUP");
+    StreamEntry entry{"orders", id, fields};
+    const auto parked = handler.handle(Delivery{id, 2u}, entry);
+    ASSERT_EQ(parked.disposition, Disposition::dead_lettered);
+    // ... and died before its XADD to the dead-letter stream and its XACK.
+    ASSERT_TRUE(dead_letters().empty());
+
+    // The redelivery is a duplicate of the parked message: routed to dead letters, then acked.
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
+    EXPECT_EQ(pending("orders"), 0);
+    EXPECT_EQ(consumer.stats().dead_lettered, 1u);
+    for (int i = 0; i < 3; ++i)
+        consumer.poll_once();
+    const auto letters = dead_letters();
+    ASSERT_EQ(letters.size(), 1u);  // exactly once
+    expect_letter(letters[0], "dead_lettered",
+                  {{"idem-scope", "capture"}, {"idem-message-id", id}, {"idem-entry-id", id}},
+                  fields);
+    EXPECT_EQ(runs, 0);
+    EXPECT_EQ(store.dead_letters().size(), 1u);
 }
 
 }  // namespace

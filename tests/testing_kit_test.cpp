@@ -375,12 +375,12 @@ TEST_P(EveryWindow, KilledThereThenRedeliveredCapturesAndChargesOnce) {
 
     // A worker takes delivery 1 and is killed at the window: no ack, so the broker redelivers.
     const auto crash = kit::run_and_kill_at(window, [&] {
-        consume_one(store_path, gateway_path, idem::Delivery{"msg-1", 1}, message);
+        consume_one(store_path, gateway_path, idem::Delivery{"msg-1", 1u}, message);
     });
     ASSERT_TRUE(crash.killed_at_window) << crash.message;
 
     // The restarted worker (this process, fresh connections) gets delivery 2.
-    EXPECT_TRUE(consume_one(store_path, gateway_path, idem::Delivery{"msg-1", 2}, message));
+    EXPECT_TRUE(consume_one(store_path, gateway_path, idem::Delivery{"msg-1", 2u}, message));
     EXPECT_EQ(captures(), 1);
     FileGateway gateway(gateway_path);
     EXPECT_EQ(gateway.charges(), 1);
@@ -392,7 +392,7 @@ TEST_P(EveryWindow, KilledThereThenRedeliveredCapturesAndChargesOnce) {
     EXPECT_EQ(gateway.requests(), asked_twice ? 2 : 1);
 
     // Any further redelivery is a duplicate: nothing new anywhere.
-    EXPECT_TRUE(consume_one(store_path, gateway_path, idem::Delivery{"msg-1", 3}, message));
+    EXPECT_TRUE(consume_one(store_path, gateway_path, idem::Delivery{"msg-1", 3u}, message));
     EXPECT_EQ(captures(), 1);
     EXPECT_EQ(gateway.charges(), 1);
     EXPECT_EQ(gateway.requests(), asked_twice ? 2 : 1);
@@ -415,11 +415,11 @@ TEST(CrashKitNegativeControl, KeyPerAttemptChargesTwiceAfterAKillAfterTheCall) {
     }
     const CapturePayment message{"8814", 1250};
     const auto crash = kit::run_and_kill_at(Window::after_external_call, [&] {
-        consume_one(store_path, gateway_path, idem::Delivery{"msg-1", 1}, message,
+        consume_one(store_path, gateway_path, idem::Delivery{"msg-1", 1u}, message,
                     Keys::per_attempt);
     });
     ASSERT_TRUE(crash.killed_at_window) << crash.message;
-    EXPECT_TRUE(consume_one(store_path, gateway_path, idem::Delivery{"msg-1", 2}, message,
+    EXPECT_TRUE(consume_one(store_path, gateway_path, idem::Delivery{"msg-1", 2u}, message,
                             Keys::per_attempt));
 
     idem::SqliteStore store(store_path);

@@ -146,8 +146,12 @@ constexpr bool check_effect() {
 /// @endcode
 ///
 /// handle() never throws for an ordinary failure: infrastructure errors and exceptions from the
-/// effect become Disposition::failed (nothing acked, nothing stored). It may be called from
-/// several threads when the store and the effect are thread-safe.
+/// effect become Disposition::failed (nothing acked, nothing stored), with Outcome::cause saying
+/// why. It may be called from several threads when the store and the effect are thread-safe.
+///
+/// A handler is movable (e.g. into a std::vector; its counters move with it) but not copyable.
+/// It must not be moved while another thread uses it, nor after a StreamConsumer was built on it
+/// (the consumer keeps a reference).
 template <class Store, class Effect>
 class IdempotentHandler {
     static_assert(detail::check_store<Store>(), "idem: Store does not fit (see above)");
@@ -156,14 +160,42 @@ class IdempotentHandler {
     using Transaction = std::remove_reference_t<detail::transaction_t<Store>>;
 
     IdempotentHandler(Store& store, Policy policy, Effect effect, Observer* observer = nullptr)
-        : store_(store),
+        : store_(&store),
           policy_(std::move(policy)),
-          effect_(std::move(effect)),
+          effect_(std::in_place, std::move(effect)),
           observer_(observer) {
         if constexpr (detail::has_default_lease<Store>::value) {
             policy_.check_lease_fits(effective_lease());
         }
     }
+
+    IdempotentHandler(const IdempotentHandler&) = delete;
+    IdempotentHandler& operator=(const IdempotentHandler&) = delete;
+    /// @brief Moves the handler, its counters' values included. Not while another thread uses
+    /// either handler.
+    IdempotentHandler(IdempotentHandler&& other) noexcept(
+        std::is_nothrow_move_constructible_v<Effect>&& std::is_nothrow_move_constructible_v<Policy>)
+        : store_(other.store_),
+          policy_(std::move(other.policy_)),
+          effect_(std::move(other.effect_)),
+          observer_(other.observer_),
+          clock_(std::move(other.clock_)),
+          counters_(std::move(other.counters_)) {}
+    /// @brief Move assignment; the effect is rebuilt from the other's (closures cannot be
+    /// assigned). Not while another thread uses either handler.
+    IdempotentHandler& operator=(IdempotentHandler&& other) {
+        if (this != &other) {
+            store_ = other.store_;
+            policy_ = std::move(other.policy_);
+            effect_.reset();
+            if (other.effect_) effect_.emplace(std::move(*other.effect_));
+            observer_ = other.observer_;
+            clock_ = std::move(other.clock_);
+            counters_ = std::move(other.counters_);
+        }
+        return *this;
+    }
+    ~IdempotentHandler() = default;
 
     /// @brief Handles one delivery; the returned Outcome says whether to ack (should_ack()).
     template <class Body>
@@ -199,13 +231,13 @@ class IdempotentHandler {
 
     [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
     [[nodiscard]] Counters counters() const noexcept { return counters_.snapshot(); }
-    [[nodiscard]] Store& store() noexcept { return store_; }
+    [[nodiscard]] Store& store() noexcept { return *store_; }
 
     /// @brief The lease this handler's claims are held for, on a lease store (Redis): the
     /// policy's, or the store's default.
     template <class S = Store, class = std::enable_if_t<detail::has_default_lease<S>::value>>
     [[nodiscard]] std::chrono::milliseconds effective_lease() const {
-        return policy_.lease().value_or(store_.default_lease());
+        return policy_.lease().value_or(store_->default_lease());
     }
 
     /// @brief Replaces the clock used to age messages against Policy::gateway_key_lifetime
@@ -225,7 +257,7 @@ class IdempotentHandler {
 
     template <class Body>
     Outcome decide(const Delivery& delivery, const Body& body) {
-        if (auto reason = malformed_reason(delivery)) {
+        if (auto reason = unclaimable_reason(delivery)) {
             return park_malformed_delivery(delivery, body, std::move(*reason));
         }
         try {
@@ -244,7 +276,7 @@ class IdempotentHandler {
         } catch (const std::exception& e) {
             return failure(e);
         } catch (...) {
-            return {Disposition::failed, "non-standard exception"};
+            return failed_outcome("non-standard exception", FailureCause::other);
         }
     }
 
@@ -282,7 +314,7 @@ class IdempotentHandler {
                 claims = claim_all(tx, deliveries, bodies, count);
             }
             for (std::size_t i = 0; i < count; ++i) {
-                if (auto reason = malformed_reason(deliveries[i])) {
+                if (auto reason = unclaimable_reason(deliveries[i])) {
                     tx.dead_letter(make_dead_letter(deliveries[i], bodies[i], *reason));
                     outcomes[i] = {Disposition::dead_lettered, std::move(*reason)};
                 } else {
@@ -301,7 +333,7 @@ class IdempotentHandler {
             for (auto& outcome : outcomes) {
                 if (outcome.disposition != Disposition::in_progress &&
                     outcome.disposition != Disposition::deferred) {
-                    outcome = {Disposition::failed, "batch: " + failed.reason};
+                    outcome = failed_outcome("batch: " + failed.reason, failed.cause);
                 }
             }
         }
@@ -317,7 +349,7 @@ class IdempotentHandler {
         std::vector<std::string> fingerprints;
         std::vector<std::size_t> index;
         for (std::size_t i = 0; i < count; ++i) {
-            if (malformed_reason(deliveries[i])) continue;
+            if (unclaimable_reason(deliveries[i])) continue;
             ids.push_back(deliveries[i].message_id);
             index.push_back(i);
             if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
@@ -335,7 +367,7 @@ class IdempotentHandler {
     template <class Body>
     std::string fingerprint_of(const Body& body) {
         if constexpr (detail::chain_has_fingerprint<Effect, Body>()) {
-            return detail::chain_fingerprint(effect_, body);
+            return detail::chain_fingerprint(*effect_, body);
         } else {
             return {};
         }
@@ -353,15 +385,17 @@ class IdempotentHandler {
     }
 
     static Outcome duplicate_outcome(const ClaimResult& claim) {
-        return {Disposition::duplicate,
-                fmt::format("already {} by an earlier delivery", to_string(claim.recorded))};
+        Outcome outcome{Disposition::duplicate, fmt::format("already {} by an earlier delivery",
+                                                            to_string(claim.recorded))};
+        outcome.recorded = claim.recorded;
+        return outcome;
     }
     static Outcome in_progress_outcome() {
         return {Disposition::in_progress, "another worker holds the claim"};
     }
 
     Transaction begin_transaction() {
-        Transaction tx = store_.begin();
+        Transaction tx = store_->begin();
         if constexpr (detail::has_set_terms<Transaction>::value) {
             tx.set_terms(ClaimTerms{policy_.lease(), policy_.retention()});
         }
@@ -375,13 +409,14 @@ class IdempotentHandler {
     }
 
     static Outcome failure(const std::exception& error) {
-        if (dynamic_cast<const commit_failed*>(&error) != nullptr) {
-            return {Disposition::failed, fmt::format("commit failed: {}", error.what())};
+        const FailureCause cause = failure_cause_of(error);
+        if (cause == FailureCause::commit_failed) {
+            return failed_outcome(fmt::format("commit failed: {}", error.what()), cause);
         }
-        if (dynamic_cast<const store_error*>(&error) != nullptr) {
-            return {Disposition::failed, fmt::format("store error: {}", error.what())};
+        if (cause != FailureCause::other) {
+            return failed_outcome(fmt::format("store error: {}", error.what()), cause);
         }
-        return {Disposition::failed, fmt::format("error: {}", error.what())};
+        return failed_outcome(fmt::format("error: {}", error.what()), cause);
     }
 
     /// One message inside @p tx: claim, duplicate and poison checks, the effect, its outcome
@@ -432,14 +467,26 @@ class IdempotentHandler {
             drop_message();
             return in_progress_outcome();
         }
+        // A usable id with count 0 (a broker field not mapped): parked WITH its claim, so a later
+        // delivery of the same id is a duplicate of this dead letter rather than a second
+        // outcome (an effect) for one message.
+        if (delivery.delivery_count.value() == 0) {
+            std::string reason(zero_count_reason);
+            park(tx, delivery, body, reason);
+            keep_message();
+            return {Disposition::dead_lettered, std::move(reason)};
+        }
         // Duplicate detection came first: a processed message whose acks kept failing is a
         // duplicate, never a dead letter.
+        // A lease store counts the times the effect started; otherwise the broker's count is
+        // all there is (it also grows with deliveries that never reached the effect).
         const std::uint32_t attempts = claim.attempts.value_or(delivery.delivery_count.value());
         if (attempts >= policy_.max_deliveries()) {
             std::string reason = fmt::format(
-                "poison: attempt {} reached max_deliveries {}; dead-lettered without running the "
-                "effect",
-                attempts, policy_.max_deliveries());
+                "poison: {} {} {} reached max_deliveries {}; the effect was not run on this "
+                "delivery; earlier deliveries may have run it",
+                claim.attempts ? "attempt" : "delivery count", attempts,
+                claim.attempts ? "(effect starts)" : "(broker)", policy_.max_deliveries());
             park(tx, delivery, body, reason);
             keep_message();
             return {Disposition::dead_lettered, std::move(reason)};
@@ -474,7 +521,7 @@ class IdempotentHandler {
         EffectResult result = EffectResult::applied();
         try {
             if (auto too_old = older_than_gateway_keys(delivery)) {
-                auto reconciled = detail::chain_reconcile(effect_, tx, body, delivery);
+                auto reconciled = detail::chain_reconcile(*effect_, tx, body, delivery);
                 if (!reconciled) {
                     // Nothing ran since the claim: park in this transaction.
                     undo_effect();
@@ -484,7 +531,7 @@ class IdempotentHandler {
                 }
                 result = std::move(*reconciled);
             } else {
-                result = detail::run_effect(effect_, tx, body, delivery);
+                result = detail::run_effect(*effect_, tx, body, delivery);
             }
         } catch (const malformed_message& e) {
             return settle_without_effect(Disposition::dead_lettered,
@@ -497,19 +544,21 @@ class IdempotentHandler {
             // aborted (PostgreSQL); if even that fails, the whole batch fails.
             tx.rollback_to_savepoint();
             drop_message();
-            return {Disposition::failed, fmt::format("store error: {}", e.what())};
+            return failed_outcome(fmt::format("store error: {}", e.what()), failure_cause_of(e));
         } catch (const std::exception& e) {
             if (in_batch) {
                 tx.rollback_to_savepoint();
                 drop_message();
             }
-            return {Disposition::failed, fmt::format("effect threw: {}", e.what())};
+            return failed_outcome(fmt::format("effect threw: {}", e.what()),
+                                  FailureCause::effect_threw);
         } catch (...) {
             if (in_batch) {
                 tx.rollback_to_savepoint();
                 drop_message();
             }
-            return {Disposition::failed, "effect threw a non-standard exception"};
+            return failed_outcome("effect threw a non-standard exception",
+                                  FailureCause::effect_threw);
         }
 
         switch (result.kind()) {
@@ -527,7 +576,7 @@ class IdempotentHandler {
                 drop_message();
                 return {Disposition::deferred, result.reason(), result.retry_after()};
         }
-        return {Disposition::failed, "unknown effect result"};
+        return failed_outcome("unknown effect result", FailureCause::other);
     }
 
     /// Why the message must not reach a gateway whose keys have expired, if it must not.
@@ -561,14 +610,14 @@ class IdempotentHandler {
     Outcome park_malformed_delivery(const Delivery& delivery, const Body& body,
                                     std::string reason) {
         try {
-            Transaction tx = store_.begin();
+            Transaction tx = store_->begin();
             tx.dead_letter(make_dead_letter(delivery, body, reason));
             tx.commit();
             return {Disposition::dead_lettered, std::move(reason)};
         } catch (const std::exception& e) {
-            return {
-                Disposition::failed,
-                fmt::format("{}; and the dead letter could not be stored: {}", reason, e.what())};
+            return failed_outcome(
+                fmt::format("{}; and the dead letter could not be stored: {}", reason, e.what()),
+                failure_cause_of(e));
         }
     }
 
@@ -587,9 +636,9 @@ class IdempotentHandler {
         return letter;
     }
 
-    Store& store_;
+    Store* store_;
     Policy policy_;
-    Effect effect_;
+    std::optional<Effect> effect_;  ///< optional only so that move assignment can rebuild it
     Observer* observer_;
     Clock clock_;
     detail::AtomicCounters counters_;

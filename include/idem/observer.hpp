@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
@@ -46,6 +47,17 @@ namespace detail {
 /// Lock-free counters kept by each handler.
 class AtomicCounters {
   public:
+    AtomicCounters() noexcept = default;
+    AtomicCounters(const AtomicCounters&) = delete;
+    AtomicCounters& operator=(const AtomicCounters&) = delete;
+    /// Moves the values (not atomically as a whole: nobody may count on either meanwhile).
+    AtomicCounters(AtomicCounters&& other) noexcept { take(other); }
+    AtomicCounters& operator=(AtomicCounters&& other) noexcept {
+        if (this != &other) take(other);
+        return *this;
+    }
+    ~AtomicCounters() = default;
+
     void count(const Delivery& delivery, Disposition disposition) noexcept {
         deliveries_.fetch_add(1, std::memory_order_relaxed);
         if (delivery.delivery_count.value() > 1) {
@@ -69,6 +81,16 @@ class AtomicCounters {
     }
 
   private:
+    void take(AtomicCounters& other) noexcept {
+        auto move = [](std::atomic<std::uint64_t>& to, std::atomic<std::uint64_t>& from) {
+            to.store(from.exchange(0, std::memory_order_relaxed), std::memory_order_relaxed);
+        };
+        move(deliveries_, other.deliveries_);
+        move(redeliveries_, other.redeliveries_);
+        for (std::size_t i = 0; i < std::size(by_disposition_); ++i)
+            move(by_disposition_[i], other.by_disposition_[i]);
+    }
+
     static constexpr std::size_t index(Disposition d) noexcept {
         return static_cast<std::size_t>(d);
     }

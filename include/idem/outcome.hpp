@@ -4,12 +4,18 @@
 /// (EffectResult).
 
 #include <chrono>
+#include <cstdint>
+#include <exception>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "idem/config.hpp"
+#include "idem/error.hpp"
 
 IDEM_BEGIN_NAMESPACE
 
@@ -80,6 +86,60 @@ enum class Disposition {
     return false;
 }
 
+/// @brief Writes the disposition's name (to_string()).
+inline std::ostream& operator<<(std::ostream& out, Disposition d) {
+    return out << to_string(d);
+}
+
+/// @brief Why an outcome is `failed`, as a value a consumer loop can act on (e.g. pause reading
+/// while the store is unreachable: store_unreachable()).
+enum class FailureCause : std::uint8_t {
+    none,               ///< not failed
+    effect_threw,       ///< the effect threw (an exception that is not a store error)
+    store_unavailable,  ///< the store cannot be reached (connection refused or lost, I/O error)
+    store_timeout,      ///< the store did not answer in time (busy or lock timeout)
+    commit_failed,      ///< the commit was refused (on Redis also: the lease was lost)
+    store_error,        ///< another store error (an error reply, a failed statement)
+    other,              ///< anything else (a non-store exception outside the effect)
+};
+
+/// @brief Name of a failure cause, for logs.
+[[nodiscard]] constexpr std::string_view to_string(FailureCause c) noexcept {
+    switch (c) {
+        case FailureCause::none:
+            return "none";
+        case FailureCause::effect_threw:
+            return "effect_threw";
+        case FailureCause::store_unavailable:
+            return "store_unavailable";
+        case FailureCause::store_timeout:
+            return "store_timeout";
+        case FailureCause::commit_failed:
+            return "commit_failed";
+        case FailureCause::store_error:
+            return "store_error";
+        case FailureCause::other:
+            return "other";
+    }
+    return "unknown";
+}
+
+inline std::ostream& operator<<(std::ostream& out, FailureCause c) {
+    return out << to_string(c);
+}
+
+/// @brief The cause a store or other exception stands for (commit_failed before the classes it
+/// may also be, then store_timeout, store_unavailable, any other store_error).
+[[nodiscard]] inline FailureCause failure_cause_of(const std::exception& error) noexcept {
+    if (dynamic_cast<const commit_failed*>(&error) != nullptr) return FailureCause::commit_failed;
+    if (dynamic_cast<const store_timeout*>(&error) != nullptr) return FailureCause::store_timeout;
+    if (dynamic_cast<const store_unavailable*>(&error) != nullptr) {
+        return FailureCause::store_unavailable;
+    }
+    if (dynamic_cast<const store_error*>(&error) != nullptr) return FailureCause::store_error;
+    return FailureCause::other;
+}
+
 /// @brief The result of IdempotentHandler::handle(): a disposition and a human-readable reason.
 struct Outcome {
     Disposition disposition = Disposition::failed;
@@ -87,10 +147,39 @@ struct Outcome {
     /// For a deferred outcome: how long the consumer should wait before the message comes back
     /// (e.g. the visibility timeout to set, or the delay of a requeue), when the effect says.
     std::optional<std::chrono::milliseconds> retry_after{};
+    /// For a failed outcome: why (FailureCause::none otherwise).
+    FailureCause cause = FailureCause::none;
+    /// For a duplicate: the outcome the earlier delivery recorded with the claim (a duplicate of
+    /// a dead-lettered message must still reach the broker's dead-letter destination).
+    std::optional<Disposition> recorded{};
+
+    /// @brief True for a failed outcome caused by a store that cannot be reached or does not
+    /// answer: retrying the next message now would fail the same way, so a consumer loop pauses
+    /// (and probes the store) instead of reading on.
+    [[nodiscard]] constexpr bool store_unreachable() const noexcept {
+        return disposition == Disposition::failed &&
+               (cause == FailureCause::store_unavailable || cause == FailureCause::store_timeout);
+    }
+    /// @brief True for a duplicate of a message an earlier delivery dead-lettered.
+    [[nodiscard]] constexpr bool duplicate_of_dead_letter() const noexcept {
+        return disposition == Disposition::duplicate && recorded == Disposition::dead_lettered;
+    }
 };
 
 [[nodiscard]] constexpr bool should_ack(const Outcome& outcome) noexcept {
     return should_ack(outcome.disposition);
+}
+
+/// @brief See Outcome::store_unreachable().
+[[nodiscard]] constexpr bool store_unreachable(const Outcome& outcome) noexcept {
+    return outcome.store_unreachable();
+}
+
+/// @brief An Outcome for a failure, with its cause.
+[[nodiscard]] inline Outcome failed_outcome(std::string reason, FailureCause cause) {
+    Outcome outcome{Disposition::failed, std::move(reason)};
+    outcome.cause = cause;
+    return outcome;
 }
 
 /// @brief What an effect may return instead of void: applied, or a refusal as a value.
@@ -131,3 +220,21 @@ class EffectResult {
 };
 
 IDEM_END_NAMESPACE
+
+/// @brief `fmt::format("{}", disposition)`: the disposition's name, with the string_view specs.
+template <>
+struct fmt::formatter<idem::Disposition> : fmt::formatter<std::string_view> {
+    template <class FormatContext>
+    auto format(idem::Disposition d, FormatContext& ctx) const {
+        return fmt::formatter<std::string_view>::format(idem::to_string(d), ctx);
+    }
+};
+
+/// @brief `fmt::format("{}", cause)`: the failure cause's name.
+template <>
+struct fmt::formatter<idem::FailureCause> : fmt::formatter<std::string_view> {
+    template <class FormatContext>
+    auto format(idem::FailureCause c, FormatContext& ctx) const {
+        return fmt::formatter<std::string_view>::format(idem::to_string(c), ctx);
+    }
+};

@@ -13,7 +13,7 @@ int main() {
     auto effect = [](auto&, const std::string&) {};
 #endif
     auto handler = idem::make_handler(store, idem::Policy{"x"}, effect);
-    return handler.handle(idem::Delivery{"m", 1}, std::string("b")).disposition ==
+    return handler.handle(idem::Delivery{"m", 1u}, std::string("b")).disposition ==
                    idem::Disposition::processed
                ? 0
                : 1;

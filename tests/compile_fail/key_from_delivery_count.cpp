@@ -7,7 +7,7 @@
 #include "idem/key.hpp"
 
 int main() {
-    idem::Delivery delivery{"1700000000000-0", 3};
+    idem::Delivery delivery{"1700000000000-0", 3u};
 #ifdef IDEM_COMPILE_FAIL
     const std::string k = idem::key("capture", delivery.delivery_count);
 #else

@@ -25,7 +25,7 @@ int main() {
     idem::MemoryStore store;
 #endif
     auto handler = idem::make_handler(store, idem::Policy{"x"}, [](auto&, const std::string&) {});
-    return handler.handle(idem::Delivery{"m", 1}, std::string("b")).disposition ==
+    return handler.handle(idem::Delivery{"m", 1u}, std::string("b")).disposition ==
                    idem::Disposition::processed
                ? 0
                : 1;

@@ -22,8 +22,8 @@ int main() {
                                           tx.execute("CREATE TABLE IF NOT EXISTS t(v TEXT)");
                                           tx.execute("INSERT INTO t(v) VALUES (?)", body);
                                       });
-    auto first = handler.handle(idem::Delivery{"m-1", 1}, std::string("hello"));
-    auto second = handler.handle(idem::Delivery{"m-1", 2}, std::string("hello"));
+    auto first = handler.handle(idem::Delivery{"m-1", 1u}, std::string("hello"));
+    auto second = handler.handle(idem::Delivery{"m-1", 2u}, std::string("hello"));
     if (first.disposition != idem::Disposition::processed ||
         second.disposition != idem::Disposition::duplicate || runs != 1) {
         std::printf("idem-consumer FAILED: %s / %s / runs=%d\n",

@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "idem/circuit_breaker.hpp"
 #include "idem/config.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
@@ -141,6 +142,17 @@ struct StreamConsumerOptions {
     /// Told about each error run() recovers from (connection lost, an error reply) before it
     /// backs off and retries; for logs. Exceptions it throws are ignored. Empty: only counted.
     std::function<void(const std::exception&)> on_error{};
+    /// The pause while the handler's store is unreachable: after an outcome failed with
+    /// FailureCause::store_unavailable or store_timeout (Outcome::store_unreachable()) the
+    /// consumer stops reading — the rest of the poll stays pending — waits (from
+    /// initial_backoff doubling to max_backoff, less up to `jitter` of it) and probes the store,
+    /// and reads again only once a probe succeeds. So delivery counts do not grow during an
+    /// outage and healthy messages are not dead-lettered when the store comes back.
+    CircuitBreakerOptions circuit_breaker{};
+    /// How to probe the store of a plain handler (throw while it is unreachable). Empty: no
+    /// probe, one initial_backoff pause after each such outcome. An IdempotentHandler's store is
+    /// probed with a transaction begun and rolled back (or its ping()).
+    std::function<void()> store_probe{};
 };
 
 /// @brief What a StreamConsumer has done so far (a snapshot).
@@ -152,6 +164,8 @@ struct StreamConsumerStats {
     std::size_t not_acked = 0;        ///< left pending: failed, deferred or in_progress
     std::size_t acked_in_commit = 0;  ///< acked by the store's commit itself (RedisStore)
     std::size_t connection_errors = 0;  ///< Redis unreachable or timed out
+    std::size_t circuit_opened = 0;     ///< times reading paused: the handler's store unreachable
+    std::size_t store_probes = 0;       ///< probes of the store while paused (successful included)
 };
 
 namespace detail {
@@ -257,7 +271,7 @@ class StreamConsumer {
     /// @throws usage_error for an invalid option (the message says which and why).
     StreamConsumer(RedisEndpoint endpoint, StreamConsumerOptions options, Handler handler)
         : StreamConsumer(Private{}, std::move(endpoint), std::move(options),
-                         plain(std::move(handler)), BatchDispatch{}, {}, false) {}
+                         plain(std::move(handler)), BatchDispatch{}, {}, false, {}) {}
 
     /// @brief A consumer calling @p handler.handle(delivery, entry) — or, with
     /// handle_in_batches, handler.handle_batch(deliveries, entries) once per poll; its effect
@@ -273,7 +287,8 @@ class StreamConsumer {
         // `endpoint` is copied, not moved: acks_in_commit_of() reads it in the same call.
         : StreamConsumer(Private{}, endpoint, std::move(options), idempotent(handler),
                          idempotent_batch(handler), handler.policy().scope(),
-                         acks_in_commit_of(handler, endpoint)) {
+                         acks_in_commit_of(handler, endpoint),
+                         [&handler] { probe_store(handler.store()); }) {
         if constexpr (detail::has_default_lease<Store>::value) {
             const std::chrono::milliseconds lease = handler.effective_lease();
             if (lease > options_.visibility_timeout) {
@@ -301,8 +316,15 @@ class StreamConsumer {
     /// a stop before the batch leaves it all pending.
     /// @throws store_unavailable / store_timeout when Redis is unreachable (counted in
     /// stats().connection_errors; the next call reconnects), store_error for an error reply.
+    ///
+    /// While the circuit breaker is open (the handler's store was found unreachable) it first
+    /// waits and probes the store until it answers, or returns 0 on request_stop().
     std::size_t poll_once() {
         if (stop_requested()) return 0;
+        if (breaker_.is_open() &&
+            !breaker_.wait_until_closed([this] { return stop_requested(); })) {
+            return 0;
+        }
         try {
             return poll();
         } catch (const store_unavailable&) {
@@ -346,6 +368,9 @@ class StreamConsumer {
         s.not_acked = not_acked_.load(std::memory_order_relaxed);
         s.acked_in_commit = acked_in_commit_.load(std::memory_order_relaxed);
         s.connection_errors = connection_errors_.load(std::memory_order_relaxed);
+        const CircuitBreakerStats breaker = breaker_.stats();
+        s.circuit_opened = breaker.opened;
+        s.store_probes = breaker.probes;
         return s;
     }
 
@@ -376,13 +401,18 @@ class StreamConsumer {
 
     StreamConsumer(Private, RedisEndpoint endpoint, StreamConsumerOptions options,
                    Dispatch dispatch, BatchDispatch batch_dispatch, std::string scope,
-                   bool acks_in_commit)
+                   bool acks_in_commit, std::function<void()> probe)
         : options_(validated(std::move(options), endpoint)),
           connection_(std::move(endpoint)),
           dispatch_(std::move(dispatch)),
           batch_dispatch_(std::move(batch_dispatch)),
           scope_(std::move(scope)),
-          acks_in_commit_(acks_in_commit) {}
+          acks_in_commit_(acks_in_commit),
+          breaker_(options_.circuit_breaker,
+                   probe                  ? std::move(probe)
+                   : options_.store_probe ? options_.store_probe
+                                          : std::function<void()>([] {}),
+                   [this](std::chrono::milliseconds d) { sleep_unless_stopped(d); }) {}
 
     static Dispatch plain(Handler handler) {
         if (!handler) throw usage_error("idem::StreamConsumer: the handler is empty");
@@ -484,7 +514,9 @@ class StreamConsumer {
         read_new(batch, options_.batch_size, /*block=*/batch.empty());
         std::size_t handled = 0;
         for (const Item& item : batch) {
-            if (stop_requested()) break;  // the rest stays pending and is taken over later
+            // The rest stays pending and is taken over later (after a stop, or once the store
+            // answers again).
+            if (stop_requested() || breaker_.is_open()) break;
             handle(item);
             ++handled;
         }
@@ -630,9 +662,9 @@ class StreamConsumer {
         try {
             return dispatch_(delivery, entry, ack);
         } catch (const std::exception& e) {
-            return Outcome{Disposition::failed, fmt::format("handler threw: {}", e.what())};
+            return failed_outcome(fmt::format("handler threw: {}", e.what()), failure_cause_of(e));
         } catch (...) {
-            return Outcome{Disposition::failed, "handler threw a non-standard exception"};
+            return failed_outcome("handler threw a non-standard exception", FailureCause::other);
         }
     }
 
@@ -642,6 +674,7 @@ class StreamConsumer {
         std::optional<StreamAck> ack;
         if (acks_in_commit_) ack.emplace(stream_ack_of(entry, delivery));
         const Outcome outcome = call(delivery, entry, ack ? &*ack : nullptr);
+        if (breaker_.trips_on(outcome)) breaker_.open();
 
         if (ack && ack->acked) {  // the commit acked it (and parked it, if it was a dead letter)
             acked_in_commit_.fetch_add(1, std::memory_order_relaxed);
@@ -655,7 +688,7 @@ class StreamConsumer {
             not_acked_.fetch_add(1, std::memory_order_relaxed);
             return;
         }
-        if (outcome.disposition == Disposition::dead_lettered) {
+        if (to_dead_letters(outcome)) {
             dead_letter_and_ack(entry, delivery, outcome.reason);
             dead_lettered_.fetch_add(1, std::memory_order_relaxed);
         } else {
@@ -693,19 +726,23 @@ class StreamConsumer {
                                     outcomes.size(), entries.size()));
                 }
             } catch (const std::exception& e) {
-                outcomes.assign(
-                    entries.size(),
-                    Outcome{Disposition::failed, fmt::format("batch handler threw: {}", e.what())});
+                outcomes.assign(entries.size(),
+                                failed_outcome(fmt::format("batch handler threw: {}", e.what()),
+                                               failure_cause_of(e)));
             } catch (...) {
-                outcomes.assign(
-                    entries.size(),
-                    Outcome{Disposition::failed, "batch handler threw a non-standard exception"});
+                outcomes.assign(entries.size(),
+                                failed_outcome("batch handler threw a non-standard exception",
+                                               FailureCause::other));
             }
         } else {  // a plain handler: one call per entry, the acks batched below
             for (std::size_t i = 0; i < entries.size(); ++i) {
-                if (i != 0 && stop_requested()) break;  // the rest stays pending
+                if (i != 0 && (stop_requested() || breaker_.is_open())) break;  // stays pending
                 outcomes.push_back(call(deliveries[i], entries[i], nullptr));
+                if (breaker_.trips_on(outcomes.back())) breaker_.open();
             }
+        }
+        for (const Outcome& outcome : outcomes) {
+            if (breaker_.trips_on(outcome)) breaker_.open();
         }
         ack_all(entries, deliveries, outcomes, acks);
         return outcomes.size();
@@ -720,7 +757,7 @@ class StreamConsumer {
         std::size_t plain_acks = 0;
         for (std::size_t i = 0; i < outcomes.size(); ++i) {
             const Outcome& outcome = outcomes[i];
-            const bool dead_lettered = outcome.disposition == Disposition::dead_lettered;
+            const bool dead_lettered = to_dead_letters(outcome);
             if (!acks.empty() && acks[i].acked) {  // the commit acked (and parked) it
                 acked_in_commit_.fetch_add(1, std::memory_order_relaxed);
                 acked_.fetch_add(1, std::memory_order_relaxed);
@@ -754,6 +791,16 @@ class StreamConsumer {
             }
         }
         if (error) throw *error;
+    }
+
+    /// True when the entry goes to the dead-letter stream before its ack: a dead letter, or a
+    /// duplicate of a message an earlier delivery parked — when the consumer acks (not the
+    /// commit), a crash between the commit that parked it and the consumer's XADD + XACK would
+    /// otherwise lose its dead-letter stream entry. (When the commit acks, it added the entry
+    /// in the same atomic step as the park, so a duplicate is acked plainly.)
+    bool to_dead_letters(const Outcome& outcome) const noexcept {
+        return outcome.disposition == Disposition::dead_lettered ||
+               (!acks_in_commit_ && outcome.duplicate_of_dead_letter());
     }
 
     /// The dead-letter script as one command of a pipeline (EVAL: no script cache to miss).
@@ -838,6 +885,7 @@ class StreamConsumer {
     BatchDispatch batch_dispatch_;  ///< empty for a plain handler
     std::string scope_;  ///< the handler's policy scope, for dead letters; empty for a plain one
     bool acks_in_commit_;
+    CircuitBreaker breaker_;  ///< after options_: built from options_.circuit_breaker
     bool group_ready_ = false;
     std::string cursor_ = "0-0";  ///< XAUTOCLAIM resumes where the last poll stopped
     std::atomic<bool> stop_{false};

@@ -14,11 +14,11 @@
 /// // in the test:
 /// auto result = idem::testing::run_and_kill_at(Window::after_external_call, [&] {
 ///     idem::SqliteStore store(path);              // opened AFTER the fork, in the child
-///     consume_one(store, idem::Delivery{"msg-1", 1}, message);
+///     consume_one(store, idem::Delivery{"msg-1", 1u}, message);
 /// });
 /// ASSERT_TRUE(result.killed_at_window) << result.message;
 /// idem::SqliteStore store(path);                  // the restarted worker, in the parent
-/// consume_one(store, idem::Delivery{"msg-1", 2}, message);   // the broker redelivers
+/// consume_one(store, idem::Delivery{"msg-1", 2u}, message);   // the broker redelivers
 /// // now: one effect row, one external call
 /// @endcode
 ///
