@@ -646,16 +646,16 @@ TYPED_TEST(StoreConformance, TakeoverOfAReleasedClaimStoresTheNewPayloadsFingerp
     const Order p1{"o-1", 100, ""};
     const Order p2{"o-2", 200, ""};
     // A claims m-1 with P1 and fails: the claim is released (or rolled back), not completed.
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, p1).disposition, Disposition::failed);
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, p1).disposition, Disposition::failed);
     // B: the same id with another payload takes the record over and commits.
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, p2).disposition, Disposition::processed);
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, p2).disposition, Disposition::processed);
     auto claim = this->store().find_claim("orders", "m-1");
     ASSERT_TRUE(claim.has_value());
     EXPECT_EQ(claim->fingerprint, idem::detail::sha256_hex(std::string_view("o-2|200")));
     // B's redelivery: its own payload ran, a duplicate.
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 2}, p2).disposition, Disposition::duplicate);
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, p2).disposition, Disposition::duplicate);
     // A's redelivery: P1 never ran, so it is the reused id, dead-lettered with its payload.
-    auto again = handler.handle(Delivery{"m-1", 2}, p1);
+    auto again = handler.handle(Delivery{"m-1", 2u}, p1);
     EXPECT_EQ(again.disposition, Disposition::dead_lettered) << again.reason;
     EXPECT_NE(again.reason.find("id reused with a different payload"), std::string::npos)
         << again.reason;
@@ -673,11 +673,11 @@ TYPED_TEST(StoreConformance, DeadLetterPayloadIsRedactedBeforeTheStoreKeepsIt) {
     // malformed_message rather than the delivery count: a lease store counts attempts itself.
     auto unusable = [](auto&, const std::string&) { throw idem::malformed_message("bad card"); };
     auto handler = idem::make_handler(this->store(), idem::Policy{"orders", options}, unusable);
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("pan=4111111111111111")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("pan=4111111111111111")).disposition,
               Disposition::dead_lettered);
     const std::vector<std::string> bodies{"pan=5500005555555559", "pan=4222222222222"};
     for (const auto& outcome :
-         handler.handle_batch(std::vector<Delivery>{{"m-2", 1}, {"", 1}}, bodies)) {
+         handler.handle_batch(std::vector<Delivery>{{"m-2", 1u}, {"", 1u}}, bodies)) {
         EXPECT_EQ(outcome.disposition, Disposition::dead_lettered) << outcome.reason;
     }
     auto letters = this->store().dead_letters();
@@ -690,7 +690,7 @@ TYPED_TEST(StoreConformance, DeadLetterPayloadIsRedactedBeforeTheStoreKeepsIt) {
         throw std::runtime_error("redactor down");
     };
     auto broken = idem::make_handler(this->store(), idem::Policy{"orders", options}, unusable);
-    auto failed = broken.handle(Delivery{"m-3", 1}, std::string("pan=4111111111111111"));
+    auto failed = broken.handle(Delivery{"m-3", 1u}, std::string("pan=4111111111111111"));
     EXPECT_EQ(failed.disposition, Disposition::failed);
     EXPECT_NE(failed.reason.find("redact_payload threw: redactor down"), std::string::npos)
         << failed.reason;

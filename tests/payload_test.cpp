@@ -149,28 +149,28 @@ std::vector<Outcome> run_path(Store& store, Path path, idem::PolicyOptions optio
         // The first messages under these ids (no dead letter, so the redactor is not involved).
         const std::vector<Body> first{Kind::make("1"), Kind::make("2")};
         for (const auto& outcome :
-             handle_all(handler, {Delivery{"m-1", 1}, Delivery{"m-2", 1}}, first, batch)) {
+             handle_all(handler, {Delivery{"m-1", 1u}, Delivery{"m-2", 1u}}, first, batch)) {
             EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
         }
         effect_runs = 0;
-        return handle_all(handler, {Delivery{"m-1", 1}, Delivery{"m-2", 1}}, bodies, batch);
+        return handle_all(handler, {Delivery{"m-1", 1u}, Delivery{"m-2", 1u}}, bodies, batch);
     }
     auto handler = idem::make_handler(store, policy, plain);
     handler.set_clock([] { return now; });
     std::vector<Delivery> deliveries;
     switch (path) {
         case Path::poison:
-            deliveries = {Delivery{"m-1", 5}, Delivery{"m-2", 7}};
+            deliveries = {Delivery{"m-1", 5u}, Delivery{"m-2", 7u}};
             break;
         case Path::malformed_delivery:
-            deliveries = {Delivery{"", 1}, Delivery{"m-2", 0}};
+            deliveries = {Delivery{"", 1u}, Delivery{"m-2", 0u}};
             break;
         case Path::key_lifetime:
-            deliveries = {Delivery{"m-1", 1, now - std::chrono::hours(2)},
-                          Delivery{"m-2", 2, now - std::chrono::hours(3)}};
+            deliveries = {Delivery{"m-1", 1u, now - std::chrono::hours(2)},
+                          Delivery{"m-2", 2u, now - std::chrono::hours(3)}};
             break;
         default:
-            deliveries = {Delivery{"m-1", 1}, Delivery{"m-2", 1}};
+            deliveries = {Delivery{"m-1", 1u}, Delivery{"m-2", 1u}};
             break;
     }
     return handle_all(handler, deliveries, bodies, batch);
@@ -265,7 +265,7 @@ TEST(DeadLetterPayload, AThrowingRedactorInABatchFailsOnlyWhatWouldHaveCommitted
         idem::make_handler(store, idem::Policy{"capture", options},
                            [](auto& tx, const Capture& c) { tx.put("captures", c.order, "done"); });
     const auto outcomes =
-        handler.handle_batch({Delivery{"m-1", 1}, Delivery{"m-2", 5}},
+        handler.handle_batch({Delivery{"m-1", 1u}, Delivery{"m-2", 5u}},
                              std::vector<Capture>{Capture{"1", pan}, Capture{"2", pan}});
     // One transaction: the poison message's dead letter cannot be stored, so nothing commits.
     EXPECT_EQ(outcomes[0].disposition, Disposition::failed) << outcomes[0].reason;
@@ -281,7 +281,7 @@ TEST(DeadLetterPayload, NonStandardExceptionFromTheRedactorIsFailedToo) {
     auto handler = idem::make_handler(store, idem::Policy{"capture", options},
                                       [](auto&, const std::string&) {});
     // Before any claim (park_malformed_delivery), where only std::exception is caught.
-    const auto outcome = handler.handle(Delivery{"", 1}, std::string("x"));
+    const auto outcome = handler.handle(Delivery{"", 1u}, std::string("x"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_NE(outcome.reason.find("redact_payload threw a non-standard exception"),
               std::string::npos)
@@ -299,7 +299,7 @@ TEST(KeepNoPayload, TypedBodyWithoutPayloadKeepsReasonAndIdButNoBytes) {
     };
     auto handler = idem::make_handler(store, idem::Policy{"tick", options},
                                       idem::keep_no_payload([](auto&, const Tick&) {}));
-    const auto outcome = handler.handle(Delivery{"t-1", 5}, Tick{3});
+    const auto outcome = handler.handle(Delivery{"t-1", 5u}, Tick{3});
     EXPECT_EQ(outcome.disposition, Disposition::dead_lettered);
     ASSERT_EQ(store.dead_letters().size(), 1u);
     EXPECT_EQ(store.dead_letters()[0].message_id, "t-1");
@@ -314,7 +314,7 @@ TEST(KeepNoPayload, TextBodyIsNotKeptEither) {
                                       idem::keep_no_payload([](auto&, const std::string&) {
                                           throw idem::malformed_message("bad");
                                       }));
-    EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, "card=" + pan).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, "card=" + pan).disposition,
               Disposition::dead_lettered);
     ASSERT_EQ(store.dead_letters().size(), 1u);
     EXPECT_EQ(store.dead_letters()[0].payload, "");
@@ -328,8 +328,8 @@ TEST(KeepNoPayload, ComposesWithTheOtherWrappersEitherWayRound) {
     auto outer = idem::make_handler(
         store, idem::Policy{"outer"},
         idem::keep_no_payload(idem::with_fingerprint(fp, [&](auto&, const Tick&) { ++runs; })));
-    EXPECT_EQ(outer.handle(Delivery{"t-1", 1}, Tick{1}).disposition, Disposition::processed);
-    EXPECT_EQ(outer.handle(Delivery{"t-1", 2}, Tick{2}).disposition, Disposition::dead_lettered);
+    EXPECT_EQ(outer.handle(Delivery{"t-1", 1u}, Tick{1}).disposition, Disposition::processed);
+    EXPECT_EQ(outer.handle(Delivery{"t-1", 2u}, Tick{2}).disposition, Disposition::dead_lettered);
     // Inside with_fingerprint, and an effect that takes the delivery.
     auto inner = idem::make_handler(
         store, idem::Policy{"inner"},
@@ -338,8 +338,8 @@ TEST(KeepNoPayload, ComposesWithTheOtherWrappersEitherWayRound) {
                                    EXPECT_EQ(d.message_id, "t-1");
                                    ++runs;
                                })));
-    EXPECT_EQ(inner.handle(Delivery{"t-1", 1}, Tick{1}).disposition, Disposition::processed);
-    EXPECT_EQ(inner.handle(Delivery{"t-1", 2}, Tick{2}).disposition, Disposition::dead_lettered);
+    EXPECT_EQ(inner.handle(Delivery{"t-1", 1u}, Tick{1}).disposition, Disposition::processed);
+    EXPECT_EQ(inner.handle(Delivery{"t-1", 2u}, Tick{2}).disposition, Disposition::dead_lettered);
     EXPECT_EQ(runs, 2);
     ASSERT_EQ(store.dead_letters().size(), 2u);
     EXPECT_EQ(store.dead_letters()[0].payload, "");
@@ -352,7 +352,7 @@ TEST(KeepNoPayload, EffectResultPassesThrough) {
                                       idem::keep_no_payload([](auto&, const Tick&) {
                                           return idem::EffectResult::rejected("stale");
                                       }));
-    const auto outcome = handler.handle(Delivery{"t-1", 1}, Tick{1});
+    const auto outcome = handler.handle(Delivery{"t-1", 1u}, Tick{1});
     EXPECT_EQ(outcome.disposition, Disposition::rejected);
     EXPECT_EQ(outcome.reason, "stale");
 }

@@ -1006,7 +1006,7 @@ TEST_F(PostgresStoreTest, NoticesReachOnNoticeAndNotStderr) {
     auto handler = idem::make_handler(*s, idem::Policy{"notices"}, noisy_writer("hello"));
 
     testing::internal::CaptureStderr();
-    const auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("m-1"));
+    const auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("m-1"));
     s->execute("DO $$ BEGIN RAISE WARNING 'careful'; END $$");
     const std::string err = testing::internal::GetCapturedStderr();
 
@@ -1018,10 +1018,10 @@ TEST_F(PostgresStoreTest, NoticesReachOnNoticeAndNotStderr) {
 
     // The receiver survives the reconnect after a lost session (PQreset keeps it).
     terminate(PQbackendPID(s->conn()));
-    EXPECT_EQ(handler.handle(Delivery{"m-2", 1}, std::string("m-2")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-2", 1u}, std::string("m-2")).disposition,
               Disposition::failed);
     testing::internal::CaptureStderr();
-    EXPECT_EQ(handler.handle(Delivery{"m-2", 2}, std::string("m-2")).disposition,
+    EXPECT_EQ(handler.handle(Delivery{"m-2", 2u}, std::string("m-2")).disposition,
               Disposition::processed);
     const std::string after = testing::internal::GetCapturedStderr();
     EXPECT_EQ(std::count(notices.begin(), notices.end(), "NOTICE:  hello"), 2);
@@ -1038,7 +1038,7 @@ TEST_F(PostgresStoreTest, NoticesOfAnOwnedConnectionAreDroppedWithoutOnNotice) {
     auto s = store();
     auto handler = idem::make_handler(*s, idem::Policy{"notices"}, noisy_writer("dropped"));
     testing::internal::CaptureStderr();
-    const auto outcome = handler.handle(Delivery{"m-1", 1}, std::string("m-1"));
+    const auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("m-1"));
     raise_notice(s->conn(), "dropped too");
     const std::string err = testing::internal::GetCapturedStderr();
     EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
@@ -1054,7 +1054,7 @@ TEST_F(PostgresStoreTest, ABorrowedConnectionWithOnNoticeRoutesItsNoticesUntilTh
         PostgresStore s(conn.get(), options);
         auto handler = idem::make_handler(s, idem::Policy{"notices"}, noisy_writer("routed"));
         testing::internal::CaptureStderr();
-        EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("m-1")).disposition,
+        EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("m-1")).disposition,
                   Disposition::processed);
         const std::string err = testing::internal::GetCapturedStderr();
         EXPECT_TRUE(has(notices, "NOTICE:  routed")) << ::testing::PrintToString(notices);
@@ -1094,7 +1094,7 @@ TEST_F(PostgresStoreTest, ABorrowedConnectionKeepsTheConsumersOwnNoticeHandling)
         {
             PostgresStore s(conn.get(), options);
             auto handler = idem::make_handler(s, idem::Policy{"notices"}, noisy_writer("both"));
-            EXPECT_EQ(handler.handle(Delivery{"m-1", 1}, std::string("m-1")).disposition,
+            EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("m-1")).disposition,
                       Disposition::processed);
         }
         EXPECT_TRUE(has(notices, "NOTICE:  both")) << ::testing::PrintToString(notices);
@@ -1113,7 +1113,7 @@ TEST_F(PostgresStoreTest, ABorrowedConnectionKeepsTheConsumersOwnNoticeHandling)
             PostgresStore s(conn.get(), options);
             EXPECT_EQ(PQsetNoticeReceiver(conn.get(), nullptr, nullptr), &Heard::receiver);
             auto handler = idem::make_handler(s, idem::Policy{"notices"}, noisy_writer("theirs"));
-            EXPECT_EQ(handler.handle(Delivery{"m-2", 1}, std::string("m-2")).disposition,
+            EXPECT_EQ(handler.handle(Delivery{"m-2", 1u}, std::string("m-2")).disposition,
                       Disposition::processed);
         }
         EXPECT_TRUE(has(heard.texts, "theirs")) << ::testing::PrintToString(heard.texts);

@@ -127,7 +127,7 @@ class RedisForkTest : public ::testing::Test {
         auto handler =
             idem::make_handler(*store_, idem::Policy{"warm-up"},
                                [](auto& tx, const std::string&) { tx.write("INCR", "w"); });
-        ASSERT_EQ(handler.handle(Delivery{"warm", 1}, std::string("x")).disposition,
+        ASSERT_EQ(handler.handle(Delivery{"warm", 1u}, std::string("x")).disposition,
                   Disposition::processed);
         parent_client_id_ = client_id();
     }
@@ -193,7 +193,7 @@ TEST_F(RedisForkTest, ASiblingWaitsOutAKilledWorkersLeaseThenProcessesOnce) {
                                               send("claimed");
                                               ::sleep(120);  // killed long before
                                           });
-        handler.handle(Delivery{"X", 1}, std::string("x"));
+        handler.handle(Delivery{"X", 1u}, std::string("x"));
         send("not killed");
     });
     ASSERT_EQ(a.line(), std::optional<std::string>("claimed"));
@@ -203,14 +203,14 @@ TEST_F(RedisForkTest, ASiblingWaitsOutAKilledWorkersLeaseThenProcessesOnce) {
     // then B takes it over and processes it once.
     Child b([&](const auto& send) {
         auto handler = make();
-        auto first = handler.handle(Delivery{"X", 2}, std::string("x"));
+        auto first = handler.handle(Delivery{"X", 2u}, std::string("x"));
         send(std::string(idem::to_string(first.disposition)));
         const auto deadline = std::chrono::steady_clock::now() + 60s;
         auto outcome = first;
         while (outcome.disposition == Disposition::in_progress &&
                std::chrono::steady_clock::now() < deadline) {
             std::this_thread::sleep_for(100ms);
-            outcome = handler.handle(Delivery{"X", 3}, std::string("x"));
+            outcome = handler.handle(Delivery{"X", 3u}, std::string("x"));
         }
         send(std::string(idem::to_string(outcome.disposition)));
     });
@@ -243,12 +243,12 @@ TEST_F(RedisForkTest, TheOverlapLockExcludesASibling) {
             send("locked");
             ::sleep(120);  // killed long before
         });
-        handler.handle(Delivery{"refund-1", 1}, std::string("a"));
+        handler.handle(Delivery{"refund-1", 1u}, std::string("a"));
     });
     ASSERT_EQ(a.line(), std::optional<std::string>("locked"));
     Child b([&](const auto& send) {
         auto handler = locked([] {});
-        auto outcome = handler.handle(Delivery{"refund-2", 1}, std::string("b"));
+        auto outcome = handler.handle(Delivery{"refund-2", 1u}, std::string("b"));
         send(std::string(idem::to_string(outcome.disposition)));
     });
     EXPECT_EQ(b.line(), std::optional<std::string>("deferred"))

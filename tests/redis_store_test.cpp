@@ -951,7 +951,7 @@ TEST(RedisPersistenceTest, AServerWithoutAofIsRefusedUnlessTheRiskIsAccepted) {
     idem::RedisStore accepting(endpoint, accept);
     auto ok = idem::make_handler(accepting, idem::Policy{"p"},
                                  [](auto& tx, const std::string& b) { tx.write("SET", b, 1); });
-    EXPECT_EQ(ok.handle(Delivery{"m-1", 1}, std::string("k")).disposition, Disposition::processed);
+    EXPECT_EQ(ok.handle(Delivery{"m-1", 1u}, std::string("k")).disposition, Disposition::processed);
     EXPECT_FALSE(accepting.persistence().has_value());  // not checked at all
 }
 
@@ -1064,7 +1064,7 @@ TEST_F(RedisStoreTest, AnIdleConnectionKilledByTheServerIsReplacedBeforeReuse) {
         auto handler = idem::make_handler(
             s, idem::Policy{"ping"},
             [](auto& tx, const std::string& b) { tx.write("SADD", "pinged", b); });
-        return handler.handle(Delivery{id, 1}, id).disposition;
+        return handler.handle(Delivery{id, 1u}, id).disposition;
     };
 
     idem::RedisOptions pinging;

@@ -18,7 +18,7 @@ int main() {
 #else
     auto handler = idem::make_handler(store, idem::Policy{"tick"}, idem::keep_no_payload(effect));
 #endif
-    return handler.handle(idem::Delivery{"m", 1}, app::Tick{1}).disposition ==
+    return handler.handle(idem::Delivery{"m", 1u}, app::Tick{1}).disposition ==
                    idem::Disposition::processed
                ? 0
                : 1;

@@ -16,8 +16,8 @@ int main() {
                                           tx.execute("CREATE TABLE IF NOT EXISTS t(v TEXT)");
                                           tx.execute("INSERT INTO t(v) VALUES (?)", body);
                                       });
-    const auto first = handler.handle(idem::Delivery{"m-1", 1}, std::string("hello"));
-    const auto second = handler.handle(idem::Delivery{"m-1", 2}, std::string("hello"));
+    const auto first = handler.handle(idem::Delivery{"m-1", 1u}, std::string("hello"));
+    const auto second = handler.handle(idem::Delivery{"m-1", 2u}, std::string("hello"));
     if (first.disposition != idem::Disposition::processed ||
         second.disposition != idem::Disposition::duplicate || runs != 1) {
         std::printf("idem-pkgconfig FAILED: %s / %s / runs=%d\n",
