@@ -6,12 +6,9 @@
 /// stream XACK when the broker is the same Redis) commit atomically with the completion. Link
 /// idem::redis. See docs/redis.md.
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -28,12 +25,20 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
-#include "idem/detail/random.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/policy.hpp"
+#include "idem/redis/connection.hpp"
+#include "idem/redis/endpoint.hpp"
+#include "idem/redis/keys.hpp"
+#include "idem/redis/pool.hpp"
+#include "idem/redis/record.hpp"
+#include "idem/redis/reply.hpp"
+#include "idem/redis/resp.hpp"
+#include "idem/redis/scripts.hpp"
+#include "idem/redis/stream_ack.hpp"
 #include "idem/store.hpp"
-#include "idem/store/redis_connection.hpp"
+#include "idem/store/redis_connection.hpp"  // the old names (redis::Connection, redis::Reply, ...)
 
 IDEM_BEGIN_NAMESPACE
 
@@ -77,550 +82,6 @@ struct RedisPersistence {
     std::string appendfsync{};
 };
 
-/// @brief A consumer reading a stream on the same Redis asks the next transaction begun on its
-/// thread to ack the entry in the commit itself (see RedisStore::AckWithNextCommit), so for
-/// Redis-only effects the ack is part of the transaction.
-struct StreamAck {
-    std::string stream;
-    std::string group;
-    std::string entry_id;
-    /// Where a dead letter of this entry also goes, with the entry's fields; empty: nowhere.
-    std::string dead_letter_stream{};
-    std::vector<std::pair<std::string, std::string>> fields{};
-    std::uint32_t delivery_count = 0;
-    bool acked = false;  ///< set when a commit included the XACK
-    /// The claim this entry is delivered as: the handler's policy scope and the message id (the
-    /// entry id, or the id field's value). A batch commit matches its claims and dead letters to
-    /// the entries by these; a single ack does not need them.
-    std::string scope{};
-    std::string message_id{};
-};
-
-namespace detail {
-
-/// The dead-letter stream entry of a stream message: why, where from, then its own fields.
-inline std::vector<std::string> stream_dead_letter_command(
-    const std::string& dead_letter_stream, const std::string& entry_id,
-    const std::vector<std::pair<std::string, std::string>>& fields, std::string_view reason,
-    std::string_view scope, std::string_view message_id, std::uint32_t delivery_count) {
-    std::vector<std::string> command{"XADD",
-                                     dead_letter_stream,
-                                     "*",
-                                     "idem-reason",
-                                     std::string(reason),
-                                     "idem-scope",
-                                     std::string(scope),
-                                     "idem-message-id",
-                                     std::string(message_id),
-                                     "idem-delivery-count",
-                                     std::to_string(delivery_count),
-                                     "idem-entry-id",
-                                     entry_id};
-    for (const auto& [name, value] : fields) {
-        command.push_back(name);
-        command.push_back(value);
-    }
-    return command;
-}
-
-// A claim record is ONE string value, so a script reads it with one GET and writes it, with its
-// expiry, with one SET: with AOF on, every write a script makes is propagated and paid for, and
-// a hash needed HSET + HDEL + PEXPIRE. Layout: a text header, a newline, then the binary-safe
-// fields back to back, their lengths in the header:
-//
-//   state|token|outcome|attempts|claimed_at|leased_at|lease_ms|#fp|#scope|#id\n fp scope id reason
-//
-// state: leased, done or free (released: the lease is gone, the attempt count stays). token is
-// hex and empty unless leased; outcome a Disposition name and, like the reason, empty unless
-// done; the rest decimal. The lease runs from leased_at for lease_ms and means something only
-// while the state is leased. Times are milliseconds since the epoch. The claim sets the
-// record's expiry (the retention) and a takeover sets it again from now (claimed_at keeps the
-// first claim's time); completion and release keep it. RedisClaimRecord is the C++ twin.
-//
-// A new id is claimed without a script: one `SET key record NX PX retention GET` (Redis 7.0+),
-// which cannot read the server's clock. Its claimed_at and leased_at say `~<retention>`
-// instead: "the record's expiry minus this", which PEXPIRETIME answers exactly (the server set
-// the expiry from its clock when the SET ran, and later changes keep it). Whoever reads the
-// times (the claim script on a contested id, purge, find_claim) resolves them; a takeover writes
-// them out as numbers.
-//
-// Why this layout: a change of state rewrites the first three fields and keeps the rest (from
-// attempts on) as it is, so the scripts only cut and join strings. Lua in Redis pays 1,000 to
-// 3,000 instructions for each C call (tonumber, string.match, ...) and ~2,500 for each number
-// turned into text, against ~15,000 for a whole EVALSHA that does nothing and ~17,000 for the
-// SET of a record: the claim of a new id and a commit format no number (a lease is stored as
-// start and length, both already text), and the client sends each new record's fields ready-made.
-
-// The helpers, one per snippet, so that each script includes only those it uses (every `local
-// function` is made anew on every call).
-
-// The store's clock in milliseconds, as text: ARGV's now, or the server's TIME cut as text
-// (seconds, then the first 3 of 6 digits of microseconds) rather than computed as a number.
-inline constexpr const char* redis_lua_now = R"(
-local function now_text(arg, t)
-  if arg ~= '' then return arg end
-  t = t or redis.call('TIME')
-  return t[1] .. string.sub('00000' .. t[2], -6, -4)
-end
-)";
-
-inline constexpr const char* redis_lua_int = R"(
-local function int(x) return string.format('%d', x) end
-)";
-
-// `rest` is everything from attempts on, which a change of state keeps.
-inline constexpr const char* redis_lua_record = R"(
-local function record(state, token, outcome, rest)
-  return state .. '|' .. token .. '|' .. outcome .. '|' .. rest
-end
-)";
-
-// Every field of the header, and rest and tail (from #fp on); nothing when there is no record.
-// The times come back as numbers, `~<retention>` ones resolved against the record's expiry.
-inline constexpr const char* redis_lua_split = R"(
-local function split(key, v)
-  if not v then return nil end
-  local r = {}
-  r.state, r.token, r.outcome, r.rest, r.attempts, r.claimed_at, r.leased_at, r.lease_ms,
-    r.tail = string.match(v, '^(%l+)|(%x*)|([%l_]*)|((%d+)|(~?%d+)|(~?%d*)|(%d*)|(.*))$')
-  if not r.state then error('idem: unreadable claim record at ' .. key) end
-  local expiry
-  for _, f in ipairs({'claimed_at', 'leased_at'}) do
-    if string.sub(r[f], 1, 1) == '~' then
-      expiry = expiry or redis.call('PEXPIRETIME', key)
-      r[f] = expiry - tonumber(string.sub(r[f], 2))
-    else
-      r[f] = tonumber(r[f]) or 0
-    end
-  end
-  return r
-end
-)";
-
-// The rest of a record that starts with `prefix` ('leased|<token>||': leased to that token),
-// else nil. No pattern: cheaper than split().
-inline constexpr const char* redis_lua_held = R"(
-local function held(v, prefix)
-  if v and string.sub(v, 1, #prefix) == prefix then return string.sub(v, #prefix + 1) end
-  return nil
-end
-)";
-
-// The fingerprint, scope and id in a record's rest.
-inline constexpr const char* redis_lua_fields = R"(
-local function fields(rest)
-  local nf, ns, ni, at = string.match(rest, '^%d+|~?%d+|~?%d*|%d*|(%d+)|(%d+)|(%d+)\n()')
-  nf, ns, ni = tonumber(nf), tonumber(ns), tonumber(ni)
-  return string.sub(rest, at, at + nf - 1), string.sub(rest, at + nf, at + nf + ns - 1),
-         string.sub(rest, at + nf + ns, at + nf + ns + ni - 1)
-end
-)";
-
-// Frees a lease if the token of `prefix` still holds it; attempts and the expiry stay.
-inline constexpr const char* redis_lua_release = R"(
-local function release(key, prefix)
-  local rest = held(redis.call('GET', key), prefix)
-  if not rest then return 0 end
-  redis.call('SET', key, record('free', '', '', rest), 'KEEPTTL')
-  return 1
-end
-)";
-
-// Adds a dead letter to a stream: assigns `add_letter` (declared by the caller; needs
-// redis_lua_now). The clock is read only here, once.
-inline constexpr const char* redis_lua_add_letter = R"(
-add_letter = function(key, scope, id, count, reason, payload, created_at)
-  local t = redis.call('TIME')
-  if created_at == '' then created_at = now_text(ARGV[1], t) end
-  redis.call('XADD', key, '*', 'scope', scope, 'id', id, 'delivery_count', count,
-             'reason', reason, 'payload', payload, 'created_at', created_at,
-             'order_us', t[1] .. string.format('%06d', t[2]))
-end
-)";
-
-inline std::string lua(std::initializer_list<const char*> parts) {
-    std::string out;
-    for (const char* part : parts)
-        out += part;
-    return out;
-}
-
-// KEYS: the claim records, one per id. ARGV: token, lease_ms, retention_ms, now, then per key
-// the fields of its new record ("#fp|#scope|#id\n" fp scope id). One script for a whole batch:
-// one call instead of one per id. Answers, per key, 1 for a new claim (attempt 1, the
-// fingerprint sent) or {status, detail, fingerprint, attempts}: an array of them, or for one
-// key its answer alone.
-inline const std::string& redis_claim_source() {
-    static const std::string source =
-        lua({redis_lua_now, redis_lua_int, redis_lua_record, redis_lua_split, redis_lua_fields}) +
-        R"(
-local now = now_text(ARGV[4])
-local token, lease_ms, retention = ARGV[1], ARGV[2], ARGV[3]
--- A new record up to its fields: attempt 1, claimed and leased now.
-local new = record('leased', token, '', '1|' .. now .. '|' .. now .. '|' .. lease_ms .. '|')
-local out = {}
-for c = 1, #KEYS do
-  local key = KEYS[c]
-  -- A new id, the common case: one SET NX, which also sets the record's expiry.
-  if redis.call('SET', key, new .. ARGV[4 + c], 'NX', 'PX', retention) then
-    out[c] = 1
-  else
-    local r = split(key, redis.call('GET', key))
-    local fp = fields(r.rest)
-    local left = r.state == 'leased' and r.leased_at + r.lease_ms - now or 0  -- of the lease
-    if r.state == 'done' then
-      out[c] = {'duplicate', r.outcome ~= '' and r.outcome or 'processed', fp, r.attempts}
-    elseif r.state == 'leased' and r.token == token then
-      out[c] = {'duplicate', 'in_progress', fp, r.attempts}
-    elseif left > 0 then
-      out[c] = {'in_progress', int(left), fp, r.attempts}
-    else  -- released, or the lease ran out: taken over, one more attempt
-      local attempts = int(r.attempts + 1)
-      -- The count of attempts and the first claim's time stay; the lease, the token and the
-      -- fields (fingerprint, scope, id) are the new claimer's, and the retention restarts.
-      redis.call('SET', key, record('leased', token, '', attempts .. '|' .. int(r.claimed_at) ..
-                 '|' .. now .. '|' .. lease_ms .. '|' .. ARGV[4 + c]), 'PX', retention)
-      out[c] = {'claimed', r.state, fp, attempts}
-    end
-  end
-end
-if #KEYS == 1 then return out[1] end  -- a table reply costs more than the rest of the claim
-return out
-)";
-    return source;
-}
-
-// KEYS: the claims' records (n_claims), then the stream of each dead letter, then leases to free
-// (unclaimed). ARGV: now, token, n_claims, {outcome, reason} * n_claims, n_letters, {scope, id,
-// delivery_count, reason, payload, created_at} * n_letters, n_commands, {argc, args...} *
-// n_commands. Every lease is checked before anything is written: a lost lease writes nothing.
-// Returns 'ok', or {why, detail...}. The clock is read only for dead letters.
-inline const std::string& redis_complete_source() {
-    // The common commit (leases held, the effect's writes, no dead letter) runs no `local
-    // function` statement: each one builds a closure on every call. The helpers are made only
-    // on the paths that need them.
-    static const std::string source = std::string(R"(
-local mine = 'leased|' .. ARGV[2] .. '||'  -- how a record leased to this transaction starts
-local n_claims = tonumber(ARGV[3])
-local rest = {}
-for c = 1, n_claims do
-  local v = redis.call('GET', KEYS[c])
-  if v and string.sub(v, 1, #mine) == mine then
-    rest[c] = string.sub(v, #mine + 1)
-  else
-    return {'lease_lost', tostring(c), v and string.match(v, '^%l+') or 'gone'}
-  end
-end
-local i = 4 + 2 * n_claims
-local n_letters = tonumber(ARGV[i])
-local letters_at = i + 1
-i = letters_at + 6 * n_letters
-local n_commands = tonumber(ARGV[i]); i = i + 1
-local add_letter
-if n_letters > 0 then
-)") + redis_lua_now + redis_lua_add_letter +
-                                      R"(
-end
-for k = 1, n_commands do
-  local argc = tonumber(ARGV[i])
-  local name = ARGV[i + 1]
-  local result = redis.pcall(unpack(ARGV, i + 1, i + argc))
-  i = i + 1 + argc
-  if type(result) == 'table' and result.err then
-    if k == 1 then return {'command_failed', '1', result.err} end
-)" + redis_lua_now + redis_lua_fields +
-                                      redis_lua_add_letter +
-                                      R"(
-    -- Redis cannot undo commands 1..k-1: park the claims so a redelivery does not apply them a
-    -- second time, and leave a dead letter for a human.
-    local why = 'Redis command ' .. k .. ' of the commit (' .. name .. ') failed after ' ..
-                (k - 1) .. ' had been applied (Redis cannot roll back): ' .. result.err
-    for c = 1, n_claims do
-      redis.call('SET', KEYS[c], 'done||dead_lettered|' .. rest[c] .. why, 'KEEPTTL')
-      -- The claim's dead letters: its key with 'd' for 'c' before the hash tag (same slot).
-      local tag = string.find(KEYS[c], '{', 1, true)
-      local letters = string.sub(KEYS[c], 1, tag - 2) .. 'd' .. string.sub(KEYS[c], tag)
-      local _, scope, id = fields(rest[c])
-      add_letter(letters, scope, id, string.match(rest[c], '^%d+'), why, '', '')
-    end
-    return {'partial', tostring(k), why}
-  end
-end
-for d = 1, n_letters do
-  local a = letters_at + 6 * (d - 1)
-  add_letter(KEYS[n_claims + d], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
-             ARGV[a + 5])
-end
-for c = 1, n_claims do
-  redis.call('SET', KEYS[c], 'done||' .. ARGV[2 + 2 * c] .. '|' .. rest[c] .. ARGV[3 + 2 * c],
-             'KEEPTTL')
-end
--- Leases given back without completion (batch messages that failed): freed if still ours.
-if #KEYS > n_claims + n_letters then
-)" + redis_lua_record + redis_lua_held +
-                                      redis_lua_release + R"(
-  for k = n_claims + n_letters + 1, #KEYS do
-    release(KEYS[k], mine)
-  end
-end
-return 'ok'
-)";
-    return source;
-}
-
-// KEYS: claim records. ARGV: token. Frees only leases this token holds; attempts stay.
-inline const std::string& redis_release_source() {
-    static const std::string source =
-        lua({redis_lua_record, redis_lua_held, redis_lua_release}) + R"(
-local mine = 'leased|' .. ARGV[1] .. '||'
-local freed = 0
-for c = 1, #KEYS do
-  freed = freed + release(KEYS[c], mine)
-end
-return freed
-)";
-    return source;
-}
-
-// KEYS[1] lock. ARGV: owner, expire_ms, now. 1: taken (or renewed by its owner), 0: held.
-inline const std::string& redis_lock_source() {
-    static const std::string source = lua({redis_lua_now, redis_lua_int}) + R"(
-local now = tonumber(now_text(ARGV[3]))
-local r = redis.call('HMGET', KEYS[1], 'owner', 'expires_at')
-if r[1] and r[1] ~= ARGV[1] and (tonumber(r[2]) or 0) > now then return 0 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'expires_at', int(now + tonumber(ARGV[2])))
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-)";
-    return source;
-}
-
-// KEYS[1] lock. ARGV: owner. 1: released, 0: not ours.
-inline constexpr const char* redis_unlock_source = R"(
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-return 0
-)";
-
-// KEYS: claim records. ARGV: cutoff_ms, now. Deletes claims claimed before the cutoff (never a
-// live lease). Returns {claims deleted, released records deleted}.
-inline const std::string& redis_purge_claims_source() {
-    static const std::string source = lua({redis_lua_now, redis_lua_split}) + R"(
-local now = tonumber(now_text(ARGV[2]))
-local cutoff = tonumber(ARGV[1])
-local claims, released = 0, 0
-for c = 1, #KEYS do
-  local r = split(KEYS[c], redis.call('GET', KEYS[c]))
-  if r and r.claimed_at < cutoff and
-     not (r.state == 'leased' and r.leased_at + r.lease_ms > now) then
-    redis.call('DEL', KEYS[c])
-    if r.state == 'free' then released = released + 1 else claims = claims + 1 end
-  end
-end
-return {claims, released}
-)";
-    return source;
-}
-
-// KEYS: locks. ARGV: now. Deletes locks whose expiry is before now.
-inline const std::string& redis_purge_locks_source() {
-    static const std::string source = lua({redis_lua_now}) + R"(
-local now = tonumber(now_text(ARGV[1]))
-local n = 0
-for c = 1, #KEYS do
-  local expires_at = tonumber(redis.call('HGET', KEYS[c], 'expires_at'))
-  if expires_at and expires_at < now then
-    redis.call('DEL', KEYS[c])
-    n = n + 1
-  end
-end
-return n
-)";
-    return source;
-}
-
-inline const RedisScript& redis_claim_script() {
-    static const RedisScript script{"claim", redis_claim_source().c_str()};
-    return script;
-}
-inline const RedisScript& redis_complete_script() {
-    static const RedisScript script{"complete", redis_complete_source().c_str()};
-    return script;
-}
-inline const RedisScript& redis_release_script() {
-    static const RedisScript script{"release", redis_release_source().c_str()};
-    return script;
-}
-inline const RedisScript& redis_lock_script() {
-    static const RedisScript script{"lock", redis_lock_source().c_str()};
-    return script;
-}
-inline const RedisScript& redis_unlock_script() {
-    static const RedisScript script{"unlock", redis_unlock_source};
-    return script;
-}
-inline const RedisScript& redis_purge_claims_script() {
-    static const RedisScript script{"purge claims", redis_purge_claims_source().c_str()};
-    return script;
-}
-inline const RedisScript& redis_purge_locks_script() {
-    static const RedisScript script{"purge locks", redis_purge_locks_source().c_str()};
-    return script;
-}
-
-/// A key part inside a hash tag: braces would end the tag early (and split one claim's keys
-/// across Cluster slots), and ':' in a scope would let (a:b, c) and (a, b:c) collide.
-inline void append_key_part(std::string& out, std::string_view part, bool escape_colon) {
-    for (char c : part) {
-        switch (c) {
-            case '%':
-                out += "%25";
-                break;
-            case '{':
-                out += "%7B";
-                break;
-            case '}':
-                out += "%7D";
-                break;
-            case ':':
-                if (escape_colon) {
-                    out += "%3A";
-                } else {
-                    out += c;
-                }
-                break;
-            default:
-                out += c;
-        }
-    }
-}
-
-/// A literal text inside a SCAN MATCH pattern.
-inline std::string glob_escape(std::string_view text) {
-    std::string out;
-    for (char c : text) {
-        if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out += '\\';
-        out += c;
-    }
-    return out;
-}
-
-inline std::int64_t parse_int(std::string_view text) {
-    std::int64_t value = 0;
-    bool negative = false;
-    std::size_t i = 0;
-    if (!text.empty() && text[0] == '-') {
-        negative = true;
-        i = 1;
-    }
-    for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i)
-        value = value * 10 + (text[i] - '0');
-    return negative ? -value : value;
-}
-
-/// The claim record as stored (layout: the comment above redis_lua_now), the C++ twin of the Lua:
-/// find_claim() and attempts() decode it; tests write one with encode().
-struct RedisClaimRecord {
-    std::string state;    ///< leased, done or free
-    std::string token;    ///< empty unless leased
-    std::string outcome;  ///< empty unless done
-    std::uint32_t attempts = 0;
-    std::int64_t claimed_at = 0;
-    std::int64_t leased_at = 0;  ///< the lease: from leased_at, lease_ms long (while leased)
-    std::int64_t lease_ms = 0;
-    std::string fingerprint;
-    std::string scope;
-    std::string id;
-    std::string reason;  ///< empty unless done
-    /// claimed_at and leased_at are "the record's expiry minus this" (`~<ms>` in the record: a
-    /// claim made by SET, which cannot read the clock) until resolve() is given the expiry.
-    std::optional<std::int64_t> times_before_expiry;
-
-    /// Turns `~<ms>` times into numbers, given the record's PEXPIRETIME.
-    void resolve(std::int64_t expiry_ms) {
-        if (!times_before_expiry) return;
-        claimed_at = expiry_ms - *times_before_expiry;
-        leased_at = claimed_at;
-        times_before_expiry.reset();
-    }
-
-    /// When the lease ends; 0 when the record is not leased.
-    [[nodiscard]] std::int64_t lease_until() const {
-        return state == "leased" ? leased_at + lease_ms : 0;
-    }
-
-    /// Nothing when @p value is not a claim record.
-    static std::optional<RedisClaimRecord> decode(std::string_view value) {
-        constexpr std::size_t header_fields = 10;
-        const std::size_t newline = value.find('\n');
-        if (newline == std::string_view::npos) return std::nullopt;
-        std::string_view header = value.substr(0, newline);
-        std::string_view parts[header_fields];
-        for (std::size_t i = 0; i < header_fields; ++i) {
-            const std::size_t bar = header.find('|');
-            const bool last = i + 1 == header_fields;
-            if ((bar == std::string_view::npos) != last) return std::nullopt;
-            parts[i] = last ? header : header.substr(0, bar);
-            if (!last) header.remove_prefix(bar + 1);
-        }
-        RedisClaimRecord r;
-        r.state = std::string(parts[0]);
-        r.token = std::string(parts[1]);
-        r.outcome = std::string(parts[2]);
-        r.attempts = static_cast<std::uint32_t>(parse_int(parts[3]));
-        if (!parts[4].empty() && parts[4][0] == '~') {
-            r.times_before_expiry = parse_int(parts[4].substr(1));
-        } else {
-            r.claimed_at = parse_int(parts[4]);
-            r.leased_at = parse_int(parts[5]);
-        }
-        r.lease_ms = parse_int(parts[6]);
-        const auto nf = static_cast<std::size_t>(parse_int(parts[7]));
-        const auto ns = static_cast<std::size_t>(parse_int(parts[8]));
-        const auto ni = static_cast<std::size_t>(parse_int(parts[9]));
-        const std::string_view fields = value.substr(newline + 1);
-        if (r.state.empty() || fields.size() < nf + ns + ni) return std::nullopt;
-        r.fingerprint = std::string(fields.substr(0, nf));
-        r.scope = std::string(fields.substr(nf, ns));
-        r.id = std::string(fields.substr(nf + ns, ni));
-        r.reason = std::string(fields.substr(nf + ns + ni));
-        return r;
-    }
-
-    [[nodiscard]] std::string encode() const {
-        return fmt::format("{}|{}|{}|{}|{}|{}|{}|", state, token, outcome, attempts, claimed_at,
-                           leased_at, lease_ms) +
-               fields(fingerprint, scope, id) + reason;
-    }
-    /// The end of a record: `#fp|#scope|#id\n` fp scope id. A claim sends it for each id, so
-    /// the script only joins strings.
-    static std::string fields(std::string_view fingerprint, std::string_view scope,
-                              std::string_view id) {
-        std::string out;
-        out.reserve(24 + fingerprint.size() + scope.size() + id.size());
-        append_decimal(out, static_cast<long long>(fingerprint.size()));
-        out += '|';
-        append_decimal(out, static_cast<long long>(scope.size()));
-        out += '|';
-        append_decimal(out, static_cast<long long>(id.size()));
-        out += '\n';
-        out.append(fingerprint).append(scope).append(id);
-        return out;
-    }
-};
-
-/// 128 random bits as hex: the token that fences one transaction's leases (and owns its overlap
-/// locks). Drawn from the kernel every time: a generator seeded in the process would hand every
-/// fork()ed child its parent's sequence, and two workers with one token take each other's leases
-/// and locks as their own.
-inline std::string new_lease_token() {
-    return os_random_hex(16);
-}
-
-}  // namespace detail
-
 /// @brief Claims as leases in ONE Redis server (no Sentinel discovery, no Cluster redirects
 /// yet: docs/redis.md). Thread-safe: each call takes a connection from a small pool, so handlers
 /// on several threads share one store.
@@ -649,7 +110,11 @@ class RedisStore {
     class Transaction;
 
     explicit RedisStore(RedisEndpoint endpoint, RedisOptions options = {})
-        : endpoint_(std::move(endpoint)), options_(std::move(options)) {
+        : options_(std::move(options)),
+          keys_(options_.key_prefix),
+          pool_(std::move(endpoint),
+                redis::PoolOptions{options_.max_connections, options_.pool_wait_timeout,
+                                   options_.ping_idle_after}) {
         claim_with_set_.store(options_.claim_with_set, std::memory_order_relaxed);
         if (options_.lease.count() <= 0) {
             throw usage_error("idem::RedisStore: the default lease must be positive");
@@ -666,7 +131,7 @@ class RedisStore {
         // does not start), else on first use.
         if (!options_.accept_no_persistence) {
             try {
-                with_connection([](RedisConnection&) { return 0; });
+                with_connection([](redis::Connection&) { return 0; });
             } catch (const store_error&) {  // unreachable for now: checked on first use
             }
         }
@@ -674,7 +139,7 @@ class RedisStore {
     RedisStore(const RedisStore&) = delete;
     RedisStore& operator=(const RedisStore&) = delete;
 
-    [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return endpoint_; }
+    [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return pool_.endpoint(); }
     [[nodiscard]] const RedisOptions& options() const noexcept { return options_; }
     /// Whether new ids are claimed with `SET … NX … GET` (RedisOptions::claim_with_set, until a
     /// server before 7.0 refuses it) rather than the claim script.
@@ -694,17 +159,17 @@ class RedisStore {
     /// the dead-letter stream). Used by StreamConsumer when stream and store share a server.
     class AckWithNextCommit {
       public:
-        AckWithNextCommit(RedisStore& store, StreamAck& ack) noexcept {
+        AckWithNextCommit(RedisStore& store, redis::StreamAck& ack) noexcept {
             pending() = Pending{&store, &ack, nullptr};
         }
         /// @brief A batch (IdempotentHandler::handle_batch): the commit acks each entry of
-        /// @p acks whose message it completes — matched by StreamAck::scope and message_id to a
-        /// claim it marks processed, rejected or dead_lettered (an id's first entry: later
+        /// @p acks whose message it completes — matched by redis::StreamAck::scope and message_id
+        /// to a claim it marks processed, rejected or dead_lettered (an id's first entry: later
         /// entries of the same id are its duplicates), or else to a dead letter it stores (one
         /// per entry, in order) — and adds the dead-lettered ones to their dead-letter stream.
         /// Entries it does not complete (failed, deferred, in_progress, duplicate) are left to
         /// the caller; `acked` is set on exactly those the commit acked.
-        AckWithNextCommit(RedisStore& store, std::vector<StreamAck>& acks) noexcept {
+        AckWithNextCommit(RedisStore& store, std::vector<redis::StreamAck>& acks) noexcept {
             pending() = Pending{&store, nullptr, &acks};
         }
         ~AckWithNextCommit() { pending() = Pending{}; }
@@ -714,7 +179,7 @@ class RedisStore {
 
     /// @brief The claim record, or nothing when there is none or it was released.
     std::optional<ClaimRecord> find_claim(std::string_view scope, std::string_view id) {
-        std::optional<detail::RedisClaimRecord> stored = read_record(scope, id);
+        std::optional<redis::Record> stored = read_record(scope, id);
         if (!stored || stored->state == "free") return std::nullopt;
         ClaimRecord record;
         record.scope = std::string(scope);
@@ -729,7 +194,7 @@ class RedisStore {
 
     /// @brief How many times the effect started for this claim (0 when there is no record).
     std::uint32_t attempts(std::string_view scope, std::string_view id) {
-        std::optional<detail::RedisClaimRecord> stored = read_record(scope, id);
+        std::optional<redis::Record> stored = read_record(scope, id);
         return stored ? stored->attempts : 0;
     }
 
@@ -741,11 +206,11 @@ class RedisStore {
             DeadLetter letter;
         };
         std::vector<Ordered> found;
-        for (const std::string& key : scan(prefix_glob() + "d{*")) {
-            RedisReply entries = with_connection([&](RedisConnection& c) {
+        for (const std::string& key : scan(keys_.glob() + "d{*")) {
+            redis::Reply entries = with_connection([&](redis::Connection& c) {
                 return c.checked({"XRANGE", key, "-", "+"}, "XRANGE");
             });
-            for (const RedisReply& entry : entries.elements) {
+            for (const redis::Reply& entry : entries.elements) {
                 if (entry.elements.size() < 2) continue;
                 Ordered item;
                 const auto& fields = entry.elements[1].elements;
@@ -756,11 +221,11 @@ class RedisStore {
                     if (name == "id") item.letter.message_id = value;
                     if (name == "delivery_count")
                         item.letter.delivery_count =
-                            static_cast<std::uint32_t>(detail::parse_int(value));
+                            static_cast<std::uint32_t>(redis::parse_int(value));
                     if (name == "reason") item.letter.reason = value;
                     if (name == "payload") item.letter.payload = value;
                     if (name == "created_at")
-                        item.letter.created_at = detail::from_unix_ms(detail::parse_int(value));
+                        item.letter.created_at = detail::from_unix_ms(redis::parse_int(value));
                     if (name == "order_us") item.order = value;
                 }
                 found.push_back(std::move(item));
@@ -787,11 +252,11 @@ class RedisStore {
         PurgeResult result;
         const std::string now = now_arg();
         const std::int64_t cutoff_ms =
-            (now.empty() ? server_now_ms() : detail::parse_int(now)) -
+            (now.empty() ? server_now_ms() : redis::parse_int(now)) -
             std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count();
-        for (const auto& batch : batches(scan(prefix_glob() + "c{*"))) {
-            RedisReply reply = with_connection([&](RedisConnection& c) {
-                return c.eval(detail::redis_purge_claims_script(), batch,
+        for (const auto& batch : batches(scan(keys_.glob() + "c{*"))) {
+            redis::Reply reply = with_connection([&](redis::Connection& c) {
+                return c.eval(redis::purge_claims_script(), batch,
                               {std::to_string(cutoff_ms), now});
             });
             check_script(reply, "purge");
@@ -799,9 +264,9 @@ class RedisStore {
                 result.claims += static_cast<std::size_t>(reply.elements[0].integer);
             }
         }
-        for (const auto& batch : batches(scan(prefix_glob() + "l{*"))) {
-            RedisReply reply = with_connection([&](RedisConnection& c) {
-                return c.eval(detail::redis_purge_locks_script(), batch, {now});
+        for (const auto& batch : batches(scan(keys_.glob() + "l{*"))) {
+            redis::Reply reply = with_connection([&](redis::Connection& c) {
+                return c.eval(redis::purge_locks_script(), batch, {now});
             });
             check_script(reply, "purge");
             result.expired_locks += static_cast<std::size_t>(reply.integer);
@@ -813,8 +278,8 @@ class RedisStore {
     /// another owner holds it and it has not expired.
     bool hold_lock(std::string_view key, std::string_view owner,
                    std::chrono::milliseconds expire_after) {
-        RedisReply reply = with_connection([&](RedisConnection& c) {
-            return c.eval(detail::redis_lock_script(), {lock_key(key)},
+        redis::Reply reply = with_connection([&](redis::Connection& c) {
+            return c.eval(redis::lock_script(), {lock_key(key)},
                           {std::string(owner), std::to_string(expire_after.count()), now_arg()});
         });
         check_script(reply, "lock");
@@ -822,8 +287,8 @@ class RedisStore {
     }
     /// @brief Releases a lock @p owner holds; false when it holds none.
     bool release_lock(std::string_view key, std::string_view owner) {
-        RedisReply reply = with_connection([&](RedisConnection& c) {
-            return c.eval(detail::redis_unlock_script(), {lock_key(key)}, {std::string(owner)});
+        redis::Reply reply = with_connection([&](redis::Connection& c) {
+            return c.eval(redis::unlock_script(), {lock_key(key)}, {std::string(owner)});
         });
         check_script(reply, "unlock");
         return reply.integer == 1;
@@ -832,33 +297,28 @@ class RedisStore {
     /// @brief The record of (scope, id). The hash tag holds both, so one claim's keys (record,
     /// dead letters) share a Cluster slot whatever bytes the id has.
     [[nodiscard]] std::string claim_key(std::string_view scope, std::string_view id) const {
-        return tagged_key('c', scope, id);
+        return keys_.claim(scope, id);
     }
     [[nodiscard]] std::string dead_letter_key(std::string_view scope, std::string_view id) const {
-        return tagged_key('d', scope, id);
+        return keys_.dead_letter(scope, id);
     }
-    [[nodiscard]] std::string lock_key(std::string_view key) const {
-        std::string out = options_.key_prefix + "l{";
-        detail::append_key_part(out, key, false);
-        out += '}';
-        return out;
-    }
+    [[nodiscard]] std::string lock_key(std::string_view key) const { return keys_.lock(key); }
 
     /// @brief Runs @p fn with a pooled connection (reconnecting if it was dropped). Waits up to
     /// RedisOptions::pool_wait_timeout when max_connections are in use.
     /// @throws store_timeout when no connection became free in time; usage_error when the server
     /// has no AOF (RedisOptions::accept_no_persistence).
     template <class Fn>
-    auto with_connection(Fn&& fn) -> decltype(fn(std::declval<RedisConnection&>())) {
-        std::unique_ptr<RedisConnection> connection = acquire();
+    auto with_connection(Fn&& fn) -> decltype(fn(std::declval<redis::Connection&>())) {
+        std::unique_ptr<redis::Connection> connection = pool_.acquire();
         struct Return {
             RedisStore* store;
-            std::unique_ptr<RedisConnection>& connection;
+            std::unique_ptr<redis::Connection>& connection;
             std::size_t before;
             ~Return() {
                 store->round_trips_.fetch_add(connection->round_trips() - before,
                                               std::memory_order_relaxed);
-                store->give_back(std::move(connection));
+                store->pool_.give_back(std::move(connection));
             }
         } give_back{this, connection, connection->round_trips()};
         if (!options_.accept_no_persistence &&
@@ -872,7 +332,7 @@ class RedisStore {
     /// @brief What the persistence check found; nothing before the first call that reached the
     /// server, or with RedisOptions::accept_no_persistence (which skips the check).
     [[nodiscard]] std::optional<RedisPersistence> persistence() const {
-        std::lock_guard<std::mutex> lock(pool_mutex_);
+        std::lock_guard<std::mutex> lock(persistence_mutex_);
         return persistence_;
     }
 
@@ -892,8 +352,8 @@ class RedisStore {
 
     struct Pending {
         RedisStore* store = nullptr;
-        StreamAck* ack = nullptr;
-        std::vector<StreamAck>* acks = nullptr;
+        redis::StreamAck* ack = nullptr;
+        std::vector<redis::StreamAck>* acks = nullptr;
     };
     static Pending& pending() noexcept {
         thread_local Pending value;
@@ -915,44 +375,25 @@ class RedisStore {
     }
 
     /// The stored record of (scope, id), as it is (any state); nothing when there is none.
-    std::optional<detail::RedisClaimRecord> read_record(std::string_view scope,
-                                                        std::string_view id) {
-        RedisArgs get;
+    std::optional<redis::Record> read_record(std::string_view scope, std::string_view id) {
+        redis::Args get;
         get.add("GET").add(claim_key(scope, id));
-        RedisReply reply =
-            with_connection([&](RedisConnection& c) { return c.checked(get, "GET"); });
+        redis::Reply reply =
+            with_connection([&](redis::Connection& c) { return c.checked(get, "GET"); });
         if (reply.is_nil()) return std::nullopt;
-        auto record = detail::RedisClaimRecord::decode(reply.str);
+        auto record = redis::Record::decode(reply.str);
         if (!record) {
             throw store_error(fmt::format("idem: unreadable claim record for {}/{} on {}", scope,
-                                          id, endpoint_.describe()));
+                                          id, endpoint().describe()));
         }
         if (record->times_before_expiry) {
-            RedisArgs expiry;
+            redis::Args expiry;
             expiry.add("PEXPIRETIME").add(claim_key(scope, id));
-            RedisReply at = with_connection(
-                [&](RedisConnection& c) { return c.checked(expiry, "PEXPIRETIME"); });
+            redis::Reply at = with_connection(
+                [&](redis::Connection& c) { return c.checked(expiry, "PEXPIRETIME"); });
             record->resolve(at.integer);
         }
         return record;
-    }
-
-    [[nodiscard]] std::string tagged_key(char kind, std::string_view scope,
-                                         std::string_view id) const {
-        std::string out;
-        out.reserve(options_.key_prefix.size() + scope.size() + id.size() + 5);
-        out += options_.key_prefix;
-        out += kind;
-        out += '{';
-        detail::append_key_part(out, scope, true);
-        out += ':';
-        detail::append_key_part(out, id, false);
-        out += '}';
-        return out;
-    }
-
-    [[nodiscard]] std::string prefix_glob() const {
-        return detail::glob_escape(options_.key_prefix);
     }
 
     /// Empty when the server's clock is used (the scripts read TIME themselves).
@@ -962,18 +403,18 @@ class RedisStore {
     }
 
     std::int64_t server_now_ms() {
-        RedisReply reply =
-            with_connection([](RedisConnection& c) { return c.checked({"TIME"}, "TIME"); });
+        redis::Reply reply =
+            with_connection([](redis::Connection& c) { return c.checked({"TIME"}, "TIME"); });
         if (reply.elements.size() != 2) throw store_error("idem: Redis TIME gave no time");
-        return detail::parse_int(reply.elements[0].str) * 1000 +
-               detail::parse_int(reply.elements[1].str) / 1000;
+        return redis::parse_int(reply.elements[0].str) * 1000 +
+               redis::parse_int(reply.elements[1].str) / 1000;
     }
 
     std::vector<std::string> scan(const std::string& pattern) {
         std::vector<std::string> keys;
         std::string cursor = "0";
         do {
-            RedisReply reply = with_connection([&](RedisConnection& c) {
+            redis::Reply reply = with_connection([&](redis::Connection& c) {
                 return c.checked({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, "SCAN");
             });
             if (reply.elements.size() != 2) throw store_error("idem: Redis SCAN: unexpected reply");
@@ -998,33 +439,33 @@ class RedisStore {
         return out;
     }
 
-    void check_script(const RedisReply& reply, const char* what) const {
+    void check_script(const redis::Reply& reply, const char* what) const {
         if (reply.is_error()) {
             throw store_error(fmt::format("idem: Redis {} script failed on {}: {}", what,
-                                          endpoint_.describe(), reply.str));
+                                          endpoint().describe(), reply.str));
         }
     }
 
     /// Reads `INFO persistence` (and `CONFIG GET appendfsync` when CONFIG answers) once per
     /// store; refuses a server without AOF.
-    void check_persistence(RedisConnection& connection) {
+    void check_persistence(redis::Connection& connection) {
         RedisPersistence found;
-        const RedisReply info = connection.command({"INFO", "persistence"});
-        if (info.is_error() || info.type != RedisReply::Type::string) {
+        const redis::Reply info = connection.command({"INFO", "persistence"});
+        if (info.is_error() || info.type != redis::Reply::Type::string) {
             throw usage_error(fmt::format(
                 "idem::RedisStore: cannot tell whether Redis at {} persists claims (INFO "
                 "persistence: {}); enable AOF (appendonly yes) and allow INFO, or set "
                 "RedisOptions::accept_no_persistence to run without it and accept that a "
                 "restart re-runs effects",
-                endpoint_.describe(), info.is_error() ? info.str : "no answer"));
+                endpoint().describe(), info.is_error() ? info.str : "no answer"));
         }
         found.aof_enabled = info.str.find("aof_enabled:1") != std::string::npos;
-        const RedisReply config = connection.command({"CONFIG", "GET", "appendfsync"});
+        const redis::Reply config = connection.command({"CONFIG", "GET", "appendfsync"});
         if (config.is_array() && config.elements.size() == 2) {
             found.appendfsync = config.elements[1].str;
         }
         {
-            std::lock_guard<std::mutex> lock(pool_mutex_);
+            std::lock_guard<std::mutex> lock(persistence_mutex_);
             persistence_ = found;
         }
         if (!found.aof_enabled) {
@@ -1033,99 +474,15 @@ class RedisStore {
                 "would lose the claims written since the last snapshot and redeliveries would run "
                 "those effects again. Enable AOF (appendonly yes, appendfsync always or everysec), "
                 "or set RedisOptions::accept_no_persistence to accept the risk",
-                endpoint_.describe()));
+                endpoint().describe()));
         }
         persistence_checked_.store(true, std::memory_order_release);
     }
 
-    /// A pooled connection, or a new one while fewer than max_connections are open; else waits.
-    std::unique_ptr<RedisConnection> acquire() {
-        std::unique_ptr<RedisConnection> connection;
-        bool ping = false;
-        {
-            std::unique_lock<std::mutex> lock(pool_mutex_);
-            forget_inherited_pool();
-            const auto deadline = std::chrono::steady_clock::now() + options_.pool_wait_timeout;
-            while (idle_.empty() && in_use_ >= options_.max_connections) {
-                if (pool_free_.wait_until(lock, deadline) == std::cv_status::timeout &&
-                    idle_.empty() && in_use_ >= options_.max_connections) {
-                    throw store_timeout(fmt::format(
-                        "idem::RedisStore: all {} connections to {} stayed in use for {} ms "
-                        "(RedisOptions::max_connections, pool_wait_timeout)",
-                        options_.max_connections, endpoint_.describe(),
-                        options_.pool_wait_timeout.count()));
-                }
-                forget_inherited_pool();
-            }
-            ++in_use_;
-            if (!idle_.empty()) {
-                Idle& last = idle_.back();
-                ping = std::chrono::steady_clock::now() - last.since >= options_.ping_idle_after;
-                connection = std::move(last.connection);
-                idle_.pop_back();
-            }
-        }
-        if (connection) {
-            if (ping && connection->connected()) check_alive(*connection);
-            return connection;
-        }
-        try {
-            return std::make_unique<RedisConnection>(endpoint_);
-        } catch (...) {
-            give_back(nullptr);
-            throw;
-        }
-    }
-
-    /// PING: a connection the server or the network closed while it was idle is dropped here
-    /// (the next command reconnects) rather than failing the caller's command.
-    static void check_alive(RedisConnection& connection) noexcept {
-        try {
-            const RedisReply pong = connection.command({"PING"});
-            if (pong.is_error()) connection.disconnect();
-        } catch (...) {  // command() dropped the connection already
-            connection.disconnect();
-        }
-    }
-
-    /// After fork(), the pool (its idle connections, its count of those in use) is the parent's:
-    /// the child starts an empty pool. Called with pool_mutex_ held.
-    void forget_inherited_pool() noexcept {
-        const pid_t pid = ::getpid();
-        if (pid == pool_pid_) return;
-        pool_pid_ = pid;
-        idle_.clear();  // each closes only this process's copy of its socket
-        in_use_ = 0;
-    }
-
-    void give_back(std::unique_ptr<RedisConnection> connection) noexcept {
-        {
-            std::lock_guard<std::mutex> lock(pool_mutex_);
-            if (in_use_ > 0) --in_use_;
-            if (connection && idle_.size() < max_idle_connections) {
-                try {
-                    idle_.push_back(Idle{std::move(connection), std::chrono::steady_clock::now()});
-                } catch (...) {  // a connection that cannot be pooled is closed
-                }
-            }
-        }
-        pool_free_.notify_one();
-    }
-
-    static constexpr std::size_t max_idle_connections = 16;
-
-    struct Idle {
-        std::unique_ptr<RedisConnection> connection;
-        std::chrono::steady_clock::time_point since;
-    };
-
-    RedisEndpoint endpoint_;
     RedisOptions options_;
-    mutable std::mutex pool_mutex_;
-    std::condition_variable pool_free_;
-    std::vector<Idle> idle_;
-    std::size_t in_use_ = 0;
-    pid_t pool_pid_ = ::getpid();
+    redis::KeyLayout keys_;
+    redis::Pool pool_;  ///< connections to the endpoint
+    mutable std::mutex persistence_mutex_;
     std::atomic<bool> persistence_checked_{false};
     std::optional<RedisPersistence> persistence_;
     std::atomic<std::size_t> round_trips_{0};
@@ -1238,12 +595,12 @@ class RedisStore::Transaction {
     /// @brief Runs a read now, outside the transaction (it does not see this transaction's
     /// queued writes). An error reply throws store_error.
     template <class... Args>
-    RedisReply read(const Args&... args) {
+    redis::Reply read(const Args&... args) {
         active();
-        RedisArgs command;
+        redis::Args command;
         (command.add(args), ...);
         return store_->with_connection(
-            [&](RedisConnection& c) { return c.checked(command, "read"); });
+            [&](redis::Connection& c) { return c.checked(command, "read"); });
     }
 
     /// @brief Acks a stream entry in the commit (when stream and claims share a server).
@@ -1269,7 +626,7 @@ class RedisStore::Transaction {
         command_count_ = mark.command_count;
         letters_.resize(mark.letters);
         if (claims_.size() > mark.claims) {
-            RedisArgs keys;
+            redis::Args keys;
             for (std::size_t i = mark.claims; i < claims_.size(); ++i)
                 keys.add(claims_[i].key);
             claims_.resize(mark.claims);
@@ -1298,7 +655,7 @@ class RedisStore::Transaction {
     void commit() {
         active();
         // The script's KEYS, then its ARGV (layout at redis_complete_source()), encoded once.
-        RedisArgs call;
+        redis::Args call;
         call.reserve(256 + 96 * claims_.size() + commands_.resp().size());
         for (const auto& held : claims_)
             call.add(held.key);
@@ -1344,24 +701,23 @@ class RedisStore::Transaction {
                 const std::string& id = claims_.empty()
                                             ? (letters_.empty() ? none : letters_[0].message_id)
                                             : claims_[0].id;
-                acks.add(detail::stream_dead_letter_command(
+                acks.add(redis::stream_dead_letter_command(
                     ack_->dead_letter_stream, ack_->entry_id, ack_->fields,
                     dead_letter_reason != nullptr ? *dead_letter_reason : none, scope, id,
                     ack_->delivery_count));
             }
             acks.add({"XACK", ack_->stream, ack_->group, ack_->entry_id});
         }
-        const std::vector<StreamAck*> batch_acked =
-            acks_ != nullptr ? batch_ack_commands(acks) : std::vector<StreamAck*>{};
+        const std::vector<redis::StreamAck*> batch_acked =
+            acks_ != nullptr ? batch_ack_commands(acks) : std::vector<redis::StreamAck*>{};
         call.add(command_count_ + acks.count).append(commands_).append(acks.args);
 
-        RedisReply reply = store_->with_connection([&](RedisConnection& c) {
-            return c.eval(detail::redis_complete_script(), num_keys, call);
-        });
+        redis::Reply reply = store_->with_connection(
+            [&](redis::Connection& c) { return c.eval(redis::complete_script(), num_keys, call); });
         store_->check_script(reply, "commit");
-        if (reply.type == RedisReply::Type::string && reply.str == "ok") {
+        if (reply.type == redis::Reply::Type::string && reply.str == "ok") {
             if (ack_ != nullptr) ack_->acked = true;
-            for (StreamAck* acked : batch_acked)
+            for (redis::StreamAck* acked : batch_acked)
                 acked->acked = true;
             claims_.clear();  // done: nothing left to release
             released_.clear();
@@ -1371,7 +727,7 @@ class RedisStore::Transaction {
         const std::string status = reply.elements.empty() ? std::string() : reply.elements[0].str;
         if (status == "lease_lost") {
             const std::size_t index =
-                static_cast<std::size_t>(detail::parse_int(reply.elements.at(1).str)) - 1;
+                static_cast<std::size_t>(redis::parse_int(reply.elements.at(1).str)) - 1;
             const auto& held = claims_.at(index);
             std::string message = fmt::format(
                 "lease lost: the claim on {}/{} expired and another worker took it over ({}); "
@@ -1402,7 +758,7 @@ class RedisStore::Transaction {
         if (store_ == nullptr) return;
         try {
             if (!claims_.empty() || !released_.empty()) {
-                RedisArgs keys;
+                redis::Args keys;
                 for (const auto& key : released_)
                     keys.add(key);
                 for (const auto& held : claims_)
@@ -1430,14 +786,14 @@ class RedisStore::Transaction {
         std::string reason;
     };
     struct Mark {
-        RedisArgs::Mark commands;
+        redis::Args::Mark commands;
         std::size_t command_count;
         std::size_t letters;
         std::size_t claims;
     };
     /// Commands for the commit script, each as {argc, args...}.
     struct Commands {
-        RedisArgs args;
+        redis::Args args;
         std::size_t count = 0;
         void add(const std::vector<std::string>& command) {
             args.add(command.size());
@@ -1513,21 +869,20 @@ class RedisStore::Transaction {
         }
         if (contested.empty()) return results;
 
-        RedisArgs call;
+        redis::Args call;
         call.reserve(128 * contested.size() + 128);
         for (std::size_t i : contested)
             call.add(held[i].key);
         call.add(token_).add(lease_.count()).add(retention_ms()).add(store_->now_arg());
         for (std::size_t i : contested)
-            call.add(
-                detail::RedisClaimRecord::fields(held[i].fingerprint, held[i].scope, held[i].id));
-        RedisReply reply = store_->with_connection([&](RedisConnection& c) {
-            return c.eval(detail::redis_claim_script(), contested.size(), call);
+            call.add(redis::Record::fields(held[i].fingerprint, held[i].scope, held[i].id));
+        redis::Reply reply = store_->with_connection([&](redis::Connection& c) {
+            return c.eval(redis::claim_script(), contested.size(), call);
         });
         store_->check_script(reply, "claim");
-        std::vector<RedisReply> one;  // one id: the script answers it alone
+        std::vector<redis::Reply> one;  // one id: the script answers it alone
         if (contested.size() == 1) one.push_back(std::move(reply));
-        std::vector<RedisReply>& answers = contested.size() == 1 ? one : reply.elements;
+        std::vector<redis::Reply>& answers = contested.size() == 1 ? one : reply.elements;
         if (answers.size() != contested.size()) {
             throw store_error("idem: Redis claim script: unexpected reply");
         }
@@ -1558,28 +913,27 @@ class RedisStore::Transaction {
             head += now + '|' + now;
         }
         head += '|' + std::to_string(lease_.count()) + '|';
-        std::vector<RedisArgs> sets(held.size());
+        std::vector<redis::Args> sets(held.size());
         for (std::size_t i = 0; i < held.size(); ++i) {
             sets[i]
                 .add("SET")
                 .add(held[i].key)
-                .add(head + detail::RedisClaimRecord::fields(held[i].fingerprint, held[i].scope,
-                                                             held[i].id))
+                .add(head + redis::Record::fields(held[i].fingerprint, held[i].scope, held[i].id))
                 .add("NX")
                 .add("PX")
                 .add(retention)
                 .add("GET");
         }
-        std::vector<RedisReply> replies =
-            store_->with_connection([&](RedisConnection& c) { return c.pipeline(sets); });
+        std::vector<redis::Reply> replies =
+            store_->with_connection([&](redis::Connection& c) { return c.pipeline(sets); });
         if (!replies.empty() && replies[0].is_error() &&
             replies[0].str.rfind("ERR syntax error", 0) == 0) {
             store_->claim_with_set_.store(false, std::memory_order_relaxed);
             return false;
         }
-        const RedisReply* error = nullptr;  // thrown once the claims that went in are ours
+        const redis::Reply* error = nullptr;  // thrown once the claims that went in are ours
         for (std::size_t i = 0; i < held.size(); ++i) {
-            RedisReply& reply = replies[i];
+            redis::Reply& reply = replies[i];
             if (reply.is_error()) {
                 if (error == nullptr) error = &reply;
                 continue;
@@ -1597,7 +951,7 @@ class RedisStore::Transaction {
                 claims_.push_back(std::move(held[i]));
                 continue;
             }
-            auto record = detail::RedisClaimRecord::decode(reply.str);
+            auto record = redis::Record::decode(reply.str);
             if (!record) {
                 if (error == nullptr) error = &reply;
                 continue;
@@ -1624,9 +978,9 @@ class RedisStore::Transaction {
 
     /// Reads one id's answer: 1 for a new claim, else {status, detail, fingerprint, attempts}.
     /// A claimed id joins this transaction's leases.
-    ClaimResult take(Claim held, RedisReply& answer) {
+    ClaimResult take(Claim held, redis::Reply& answer) {
         ClaimResult result;
-        if (answer.type == RedisReply::Type::integer) {  // a new claim: attempt 1
+        if (answer.type == redis::Reply::Type::integer) {  // a new claim: attempt 1
             result.status = ClaimStatus::claimed;
             result.fingerprint = held.fingerprint;
             result.attempts = 1;
@@ -1638,7 +992,7 @@ class RedisStore::Transaction {
         }
         const std::string& status = answer.elements[0].str;
         result.fingerprint = std::move(answer.elements[2].str);
-        result.attempts = static_cast<std::uint32_t>(detail::parse_int(answer.elements[3].str));
+        result.attempts = static_cast<std::uint32_t>(redis::parse_int(answer.elements[3].str));
         if (status == "duplicate") {
             result.status = ClaimStatus::duplicate;
             result.recorded = disposition_from(answer.elements[1].str);
@@ -1652,18 +1006,18 @@ class RedisStore::Transaction {
     }
 
     /// Frees the leases of @p keys that this transaction's token still holds.
-    RedisReply release(const RedisArgs& keys) {
-        RedisArgs call = keys;
+    redis::Reply release(const redis::Args& keys) {
+        redis::Args call = keys;
         call.add(token_);
-        return store_->with_connection([&](RedisConnection& c) {
-            return c.eval(detail::redis_release_script(), keys.count(), call);
+        return store_->with_connection([&](redis::Connection& c) {
+            return c.eval(redis::release_script(), keys.count(), call);
         });
     }
 
     explicit Transaction(RedisStore& store) : Transaction(store, store.take_pending_acks()) {}
     Transaction(RedisStore& store, Pending pending)
         : store_(&store),
-          token_(detail::new_lease_token()),
+          token_(redis::new_lease_token()),
           lease_(store.options_.lease),
           retention_(store.options_.retention),
           ack_(pending.ack),
@@ -1675,7 +1029,7 @@ class RedisStore::Transaction {
     /// later copies are its duplicates, acked by the caller); without a claim, dead letters pair
     /// with the entries in order when there is exactly one per entry (a malformed entry, an id
     /// reused with another payload). Anything else is left alone.
-    std::vector<StreamAck*> batch_ack_commands(Commands& out) {
+    std::vector<redis::StreamAck*> batch_ack_commands(Commands& out) {
         // Entries and dead letters grouped by (scope, message id), in one pass each.
         auto group_key = [](std::string_view scope, std::string_view id) {
             std::string key = std::to_string(scope.size());
@@ -1684,7 +1038,7 @@ class RedisStore::Transaction {
             return key;
         };
         std::vector<std::string> order;
-        std::unordered_map<std::string, std::vector<StreamAck*>> copies_of;
+        std::unordered_map<std::string, std::vector<redis::StreamAck*>> copies_of;
         for (auto& ack : *acks_) {
             auto [it, added] = copies_of.try_emplace(group_key(ack.scope, ack.message_id));
             if (added) order.push_back(it->first);
@@ -1694,11 +1048,11 @@ class RedisStore::Transaction {
         for (const auto& letter : letters_)
             letters_of[group_key(letter.scope, letter.message_id)].push_back(&letter);
 
-        std::vector<StreamAck*> acked;
+        std::vector<redis::StreamAck*> acked;
         Commands xacks;
-        auto add = [&](StreamAck& ack, const std::string* dead_letter_reason) {
+        auto add = [&](redis::StreamAck& ack, const std::string* dead_letter_reason) {
             if (dead_letter_reason != nullptr && !ack.dead_letter_stream.empty()) {
-                out.add(detail::stream_dead_letter_command(
+                out.add(redis::stream_dead_letter_command(
                     ack.dead_letter_stream, ack.entry_id, ack.fields, *dead_letter_reason,
                     ack.scope, ack.message_id, ack.delivery_count));
             }
@@ -1706,8 +1060,8 @@ class RedisStore::Transaction {
             acked.push_back(&ack);
         };
         for (const std::string& key : order) {
-            const std::vector<StreamAck*>& copies = copies_of[key];
-            StreamAck& first = *copies.front();
+            const std::vector<redis::StreamAck*>& copies = copies_of[key];
+            redis::StreamAck& first = *copies.front();
             const std::size_t held = find_held(first.scope, first.message_id);
             if (held < claims_.size()) {
                 const Claim& claim = claims_[held];
@@ -1763,14 +1117,14 @@ class RedisStore::Transaction {
     std::chrono::seconds retention_;
     std::vector<Claim> claims_;
     std::vector<DeadLetter> letters_;
-    RedisArgs commands_;  ///< the queued writes, encoded for the commit script
+    redis::Args commands_;  ///< the queued writes, encoded for the commit script
     std::size_t command_count_ = 0;
     std::vector<Mark> savepoints_;
     std::vector<std::string> locks_;
     std::vector<std::string> released_;  ///< keys of unclaim()ed leases, freed at the end
-    StreamAck* ack_ = nullptr;
-    std::vector<StreamAck>* acks_ = nullptr;  ///< a batch's entries (AckWithNextCommit)
-    mutable std::size_t last_found_ = 0;      ///< find_held()'s hint
+    redis::StreamAck* ack_ = nullptr;
+    std::vector<redis::StreamAck>* acks_ = nullptr;  ///< a batch's entries (AckWithNextCommit)
+    mutable std::size_t last_found_ = 0;             ///< find_held()'s hint
 };
 
 inline RedisStore::Transaction RedisStore::begin() {

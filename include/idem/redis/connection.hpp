@@ -1,0 +1,332 @@
+#pragma once
+/// @file
+/// @brief idem::redis::Connection: one hiredis connection to one address (connect, AUTH, SELECT,
+/// timeouts), binary-safe commands, pipelining, Lua scripts by EVALSHA, typed errors, and
+/// fork-safety. Used by the pool (pool.hpp), RedisStore and the Redis Streams consumer; users may
+/// use it (as idem::RedisConnection) for their own reads. Link idem::redis.
+
+#include <hiredis/hiredis.h>
+
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "idem/config.hpp"
+#include "idem/error.hpp"
+#include "idem/redis/endpoint.hpp"
+#include "idem/redis/reply.hpp"
+#include "idem/redis/resp.hpp"
+
+IDEM_BEGIN_NAMESPACE
+namespace redis {
+
+/// @brief A Lua script sent by EVALSHA; loaded on first use on each connection (and again after a
+/// server restart emptied the script cache). The cache of its SHA1 is the connection's: it goes
+/// with the socket (a reconnect, a fork).
+struct Script {
+    const char* name;    ///< for error messages
+    const char* source;  ///< must outlive every connection that runs it (a string literal)
+};
+
+inline timeval to_timeval(std::chrono::milliseconds ms) {
+    timeval tv{};
+    tv.tv_sec = static_cast<decltype(tv.tv_sec)>(ms.count() / 1000);
+    tv.tv_usec = static_cast<decltype(tv.tv_usec)>((ms.count() % 1000) * 1000);
+    return tv;
+}
+
+/// @brief One connection to a Redis server. Not thread-safe: one thread at a time (a Pool keeps
+/// several to one address). After an I/O error or timeout the connection is dropped and the next
+/// call reconnects, so a restarted server is picked up without the caller doing anything.
+class Connection {
+  public:
+    explicit Connection(Endpoint endpoint) : endpoint_(std::move(endpoint)) {}
+    Connection(const Connection&) = delete;
+    Connection& operator=(const Connection&) = delete;
+
+    [[nodiscard]] const Endpoint& endpoint() const noexcept { return endpoint_; }
+    /// Whether a socket is open (one inherited across fork() does not count: it is the parent's).
+    [[nodiscard]] bool connected() const noexcept {
+        return context_ != nullptr && pid_ == ::getpid();
+    }
+    /// How many times this connection (re)connected; a test sees reconnects with it.
+    [[nodiscard]] std::size_t connects() const noexcept { return connects_; }
+    /// Request/reply exchanges so far (a pipeline is one; connecting and loading a script count).
+    [[nodiscard]] std::size_t round_trips() const noexcept { return round_trips_; }
+
+    /// @brief Sends one command and reads its reply; an error reply is returned, not thrown.
+    /// @throws store_unavailable (cannot connect, connection lost) or store_timeout.
+    Reply command(const std::vector<std::string>& args) {
+        ensure_connected();
+        ++round_trips_;
+        append(args);
+        return read_reply();
+    }
+    /// @brief The same, with the arguments already encoded (Args).
+    Reply command(const Args& args) {
+        ensure_connected();
+        ++round_trips_;
+        append({}, args);
+        return read_reply();
+    }
+
+    /// @brief Like command(), but an error reply throws store_error with @p what and the text.
+    Reply checked(const std::vector<std::string>& args, std::string_view what) {
+        return check(command(args), what);
+    }
+    Reply checked(const Args& args, std::string_view what) { return check(command(args), what); }
+
+    /// @brief Sends every command, then reads every reply: one round trip for all of them.
+    std::vector<Reply> pipeline(const std::vector<std::vector<std::string>>& commands) {
+        ensure_connected();
+        ++round_trips_;
+        for (const auto& args : commands)
+            append(args);
+        return read_replies(commands.size());
+    }
+
+    /// @brief The same with each command's arguments already encoded (Args).
+    std::vector<Reply> pipeline(const std::vector<Args>& commands) {
+        ensure_connected();
+        ++round_trips_;
+        for (const auto& args : commands)
+            append({}, args);
+        return read_replies(commands.size());
+    }
+
+    /// @brief Runs a script by EVALSHA, loading it when the server does not know it (first use,
+    /// or a restarted server). Error replies are returned (the caller knows what they mean).
+    Reply eval(const Script& script, const std::vector<std::string>& keys,
+               const std::vector<std::string>& args) {
+        Args call;
+        for (const auto& key : keys)
+            call.add(key);
+        for (const auto& arg : args)
+            call.add(arg);
+        return eval(script, keys.size(), call);
+    }
+
+    /// @brief The same with the keys and then the arguments already encoded: the first
+    /// @p num_keys of @p keys_then_args are the script's KEYS, the rest its ARGV.
+    Reply eval(const Script& script, std::size_t num_keys, const Args& keys_then_args) {
+        ensure_connected();
+        ++round_trips_;
+        append_evalsha(sha_of(script), num_keys, keys_then_args);
+        Reply reply = read_reply();
+        if (is_noscript(reply)) {  // a restarted server emptied its script cache: nothing ran
+            shas_.erase(script.source);
+            ++round_trips_;
+            append_evalsha(sha_of(script), num_keys, keys_then_args);
+            reply = read_reply();
+        }
+        return reply;
+    }
+
+    /// @brief Runs one script many times in one round trip (pipelined EVALSHA), loading it first
+    /// if this connection has not yet; a server that lost its script cache gets it again and
+    /// the calls are repeated once. Replies in order; error replies are returned.
+    std::vector<Reply> eval_many(const Script& script,
+                                 const std::vector<std::vector<std::string>>& keys,
+                                 const std::vector<std::vector<std::string>>& args) {
+        std::vector<Args> calls(keys.size());
+        for (std::size_t i = 0; i < keys.size(); ++i) {
+            for (const auto& key : keys[i])
+                calls[i].add(key);
+            for (const auto& arg : args[i])
+                calls[i].add(arg);
+        }
+        auto send = [&] {
+            ensure_connected();
+            ++round_trips_;
+            const std::string& sha = sha_of(script);
+            for (std::size_t i = 0; i < calls.size(); ++i)
+                append_evalsha(sha, keys[i].size(), calls[i]);
+            return read_replies(calls.size());
+        };
+        std::vector<Reply> replies = send();
+        // A restarted server has no scripts: every reply is NOSCRIPT, nothing ran.
+        if (!replies.empty() && is_noscript(replies.front())) {
+            shas_.erase(script.source);
+            replies = send();
+        }
+        return replies;
+    }
+
+    /// @brief Drops the connection (the next call reconnects). Never throws.
+    void disconnect() noexcept {
+        context_.reset();
+        shas_.clear();
+    }
+
+  private:
+    struct ContextFree {
+        void operator()(redisContext* c) const noexcept { redisFree(c); }
+    };
+    struct ReplyFree {
+        void operator()(void* r) const noexcept { freeReplyObject(r); }
+    };
+
+    static bool is_noscript(const Reply& reply) {
+        return reply.is_error() && reply.str.rfind("NOSCRIPT", 0) == 0;
+    }
+
+    Reply check(Reply reply, std::string_view what) const {
+        if (reply.is_error()) {
+            throw store_error(fmt::format("idem: Redis {} failed on {}: {}", what,
+                                          endpoint_.describe(), reply.str));
+        }
+        return reply;
+    }
+
+    const std::string& sha_of(const Script& script) {
+        auto it = shas_.find(script.source);
+        if (it != shas_.end()) return it->second;
+        Reply loaded = command({"SCRIPT", "LOAD", script.source});
+        if (loaded.is_error()) {
+            throw store_error(fmt::format("idem: Redis refused the {} script on {}: {}",
+                                          script.name, endpoint_.describe(), loaded.str));
+        }
+        return shas_.emplace(script.source, std::move(loaded.str)).first->second;
+    }
+
+    void ensure_connected() {
+        if (context_ && pid_ == ::getpid()) return;
+        if (context_) forget_inherited();
+        redisContext* raw = redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port,
+                                                    to_timeval(endpoint_.connect_timeout));
+        std::unique_ptr<redisContext, ContextFree> context(raw);
+        if (!context) {
+            throw store_unavailable(fmt::format("idem: cannot allocate a Redis connection to {}",
+                                                endpoint_.describe()));
+        }
+        if (context->err != 0) {
+            throw store_unavailable(fmt::format("idem: cannot connect to Redis at {}: {}",
+                                                endpoint_.describe(), context->errstr));
+        }
+        redisSetTimeout(context.get(), to_timeval(endpoint_.command_timeout));
+        context_ = std::move(context);
+        pid_ = ::getpid();
+        ++connects_;
+        ++round_trips_;  // the TCP handshake
+        try {
+            if (!endpoint_.password.empty()) {
+                std::vector<std::string> auth{"AUTH"};
+                if (!endpoint_.username.empty()) auth.push_back(endpoint_.username);
+                auth.push_back(endpoint_.password);
+                expect_ok(auth, "AUTH");
+            }
+            if (endpoint_.db != 0) expect_ok({"SELECT", std::to_string(endpoint_.db)}, "SELECT");
+        } catch (...) {
+            disconnect();
+            throw;
+        }
+    }
+
+    /// A connection made before fork() is the parent's too: a command sent on it from here would
+    /// interleave with the parent's on one socket, and each process could read the other's
+    /// replies. The child closes its copy of the socket (the parent's stays open: no shutdown(),
+    /// no QUIT) and connects anew.
+    void forget_inherited() noexcept {
+        context_.reset();
+        shas_.clear();
+    }
+
+    void expect_ok(const std::vector<std::string>& args, const char* what) {
+        ++round_trips_;
+        append(args);
+        Reply reply = read_reply();
+        if (reply.is_error()) {
+            throw store_unavailable(fmt::format("idem: Redis {} refused on {}: {}", what,
+                                                endpoint_.describe(), reply.str));
+        }
+    }
+
+    // Commands are written as RESP into out_ (reused) and handed to hiredis as they are.
+    void append(const std::vector<std::string>& args) {
+        out_.clear();
+        out_.append("*", 1);
+        out_.append_decimal(static_cast<long long>(args.size()));
+        out_.append("\r\n", 2);
+        for (const auto& arg : args)
+            out_.append_bulk(arg);
+        send_out();
+    }
+    /// @p head's arguments, then @p tail's, as one command.
+    void append(std::initializer_list<std::string_view> head, const Args& tail) {
+        out_.clear();
+        out_.reserve(64 + tail.resp().size());
+        out_.append("*", 1);
+        out_.append_decimal(static_cast<long long>(head.size() + tail.count()));
+        out_.append("\r\n", 2);
+        for (std::string_view arg : head)
+            out_.append_bulk(arg);
+        out_.append(tail.resp());
+        send_out();
+    }
+    void append_evalsha(const std::string& sha, std::size_t num_keys, const Args& call) {
+        const Decimal keys(num_keys);
+        append({"EVALSHA", sha, keys.view()}, call);
+    }
+    void send_out() {
+        const std::string_view command = out_.view();
+        if (redisAppendFormattedCommand(context_.get(), command.data(), command.size()) !=
+            REDIS_OK) {
+            fail("sending a command");
+        }
+    }
+
+    Reply read_reply() {
+        void* raw = nullptr;
+        if (redisGetReply(context_.get(), &raw) != REDIS_OK || raw == nullptr) {
+            fail("reading a reply");
+        }
+        std::unique_ptr<void, ReplyFree> reply(raw);
+        return copy_reply(static_cast<redisReply*>(raw));
+    }
+    std::vector<Reply> read_replies(std::size_t count) {
+        std::vector<Reply> replies;
+        replies.reserve(count);
+        for (std::size_t i = 0; i < count; ++i)
+            replies.push_back(read_reply());
+        return replies;
+    }
+
+    /// Drops the connection and throws the matching error; replies still in flight are lost
+    /// with it, so nothing later reads a reply meant for an earlier command.
+    [[noreturn]] void fail(const char* doing) {
+        const int err = context_ ? context_->err : REDIS_ERR_OTHER;
+        const std::string text =
+            context_ ? std::string(context_->errstr) : std::string("no context");
+        disconnect();
+        const bool timed_out =
+            err == REDIS_ERR_IO &&
+            (text.find("Resource temporarily unavailable") != std::string::npos ||
+             text.find("timed out") != std::string::npos);
+        std::string message = fmt::format("idem: Redis connection to {} failed while {}: {}",
+                                          endpoint_.describe(), doing, text);
+        if (timed_out) throw store_timeout(message);
+        throw store_unavailable(message);
+    }
+
+    Endpoint endpoint_;
+    std::unique_ptr<redisContext, ContextFree> context_;
+    pid_t pid_ = 0;  ///< the process that connected context_
+    std::unordered_map<const char*, std::string> shas_;
+    RespBuffer out_;  ///< the command being sent, as RESP
+    std::size_t connects_ = 0;
+    std::size_t round_trips_ = 0;
+};
+
+}  // namespace redis
+IDEM_END_NAMESPACE

@@ -1,0 +1,97 @@
+#pragma once
+/// @file
+/// @brief The Redis store's key layout: `<prefix>c{<scope>:<id>}` (a claim record),
+/// `<prefix>d{<scope>:<id>}` (its dead letters), `<prefix>l{<key>}` (a lock). The hash tag holds
+/// the whole (scope, id), percent-escaped, so one claim's keys share a Cluster slot whatever bytes
+/// the id has, and two different pairs never share a key. Link idem::redis.
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "idem/config.hpp"
+
+IDEM_BEGIN_NAMESPACE
+namespace redis {
+
+/// A key part inside a hash tag: braces would end the tag early (and split one claim's keys
+/// across Cluster slots), and ':' in a scope would let (a:b, c) and (a, b:c) collide.
+inline void append_key_part(std::string& out, std::string_view part, bool escape_colon) {
+    for (char c : part) {
+        switch (c) {
+            case '%':
+                out += "%25";
+                break;
+            case '{':
+                out += "%7B";
+                break;
+            case '}':
+                out += "%7D";
+                break;
+            case ':':
+                if (escape_colon) {
+                    out += "%3A";
+                } else {
+                    out += c;
+                }
+                break;
+            default:
+                out += c;
+        }
+    }
+}
+
+/// A literal text inside a SCAN MATCH pattern.
+inline std::string glob_escape(std::string_view text) {
+    std::string out;
+    for (char c : text) {
+        if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out += '\\';
+        out += c;
+    }
+    return out;
+}
+
+/// @brief The keys of one store: its prefix (RedisOptions::key_prefix, without braces), then a
+/// letter for the kind, then the hash tag.
+class KeyLayout {
+  public:
+    explicit KeyLayout(std::string prefix) : prefix_(std::move(prefix)) {}
+
+    [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+    /// The record of (scope, id).
+    [[nodiscard]] std::string claim(std::string_view scope, std::string_view id) const {
+        return tagged('c', scope, id);
+    }
+    /// The dead letters of (scope, id): a stream in the claim's slot.
+    [[nodiscard]] std::string dead_letter(std::string_view scope, std::string_view id) const {
+        return tagged('d', scope, id);
+    }
+    [[nodiscard]] std::string lock(std::string_view key) const {
+        std::string out = prefix_ + "l{";
+        append_key_part(out, key, false);
+        out += '}';
+        return out;
+    }
+    /// The prefix as a literal inside a SCAN MATCH pattern.
+    [[nodiscard]] std::string glob() const { return glob_escape(prefix_); }
+
+  private:
+    [[nodiscard]] std::string tagged(char kind, std::string_view scope, std::string_view id) const {
+        std::string out;
+        out.reserve(prefix_.size() + scope.size() + id.size() + 5);
+        out += prefix_;
+        out += kind;
+        out += '{';
+        append_key_part(out, scope, true);
+        out += ':';
+        append_key_part(out, id, false);
+        out += '}';
+        return out;
+    }
+
+    std::string prefix_;
+};
+
+}  // namespace redis
+IDEM_END_NAMESPACE
