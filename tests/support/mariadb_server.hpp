@@ -323,12 +323,18 @@ class MariadbServer : public ServerProcess {
                 "--innodb-use-native-aio=OFF"};
     }
 
+    /// Our own tmpdir: the bootstrap's temporary tables are named by pid and counter, and two
+    /// installs sharing /tmp (parallel test binaries) were seen to delete each other's.
+    [[nodiscard]] std::filesystem::path tmp_dir() const { return dir() / "tmp"; }
+
     void install_db() {
+        std::filesystem::create_directories(tmp_dir());
         const int log = open_log("install-db.log");
         Spawn s;
         s.argv = {install_db_.string(),
                   "--no-defaults",
                   "--datadir=" + data_dir().string(),
+                  "--tmpdir=" + tmp_dir().string(),
                   "--auth-root-authentication-method=normal",
                   "--skip-test-db",
                   "--skip-name-resolve",
@@ -360,6 +366,7 @@ class MariadbServer : public ServerProcess {
         s.argv = {mariadbd_.string(),
                   "--no-defaults",
                   "--datadir=" + data_dir().string(),
+                  "--tmpdir=" + tmp_dir().string(),
                   "--port=" + std::to_string(port),
                   "--bind-address=127.0.0.1",
                   "--socket=" + socket_path().string(),
