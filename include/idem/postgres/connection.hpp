@@ -29,6 +29,7 @@
 #include "idem/config.hpp"
 #include "idem/detail/sha256.hpp"
 #include "idem/error.hpp"
+#include "idem/sql/bind_traits.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace postgres {
@@ -64,21 +65,9 @@ inline const LibpqNoticeHooks& libpq_notice_hooks() {
     return hooks;
 }
 
-template <class T>
-struct is_optional : std::false_type {};
-template <class T>
-struct is_optional<std::optional<T>> : std::true_type {};
-
-template <class>
-inline constexpr bool always_false = false;
-
-template <class T>
-inline constexpr bool is_char_v = std::is_same_v<T, char> || std::is_same_v<T, wchar_t> ||
-                                  std::is_same_v<T, char16_t> || std::is_same_v<T, char32_t>
-#if defined(__cpp_char8_t)
-                                  || std::is_same_v<T, char8_t>
-#endif
-    ;
+using sql::always_false;
+using sql::is_char_v;
+using sql::is_optional;
 
 struct ResultFree {
     void operator()(PGresult* result) const noexcept { PQclear(result); }

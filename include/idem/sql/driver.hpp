@@ -5,6 +5,10 @@
 /// class in `include/idem/<backend>/driver.hpp`, its statement texts in sql/statements.hpp and
 /// its DDL in sql/schema.hpp, and a thin face in `include/idem/store/<backend>.hpp`.
 ///
+/// A driver is constructed by the face with its own arguments (a path or a connection, the
+/// options) and connects in its constructor; its destructor closes what it opened. The core then
+/// runs sql::ensure_schema() on it.
+///
 /// The driver is a template parameter (static dispatch: no virtual call, no std::function per
 /// statement); the core calls the members below and nothing else. The core owns the mutex (and
 /// the owner thread that refuses re-entry), the clock, the transaction's state (open / finish /
@@ -20,6 +24,11 @@
 ///     // -- names, for messages: "idem <name>: ..." and "... of this <store_class> ..."
 ///     static constexpr std::string_view name = "mysql";
 ///     static constexpr std::string_view store_class = "MysqlStore";
+///     // The transaction's backend-specific members (the connection accessor: SQLite's db(),
+///     // PostgreSQL's conn()), mixed in as a base of basic_transaction<Driver> (CRTP). It may
+///     // call the transaction's private open(what) (→ Driver&, after the usual checks) and
+///     // driver_or_null() (null when moved-from): it is the transaction's friend.
+///     template <class Tx> using transaction_face = MysqlTransactionFace<Tx>;
 ///
 ///     // -- rows. A Row is a cheap view of the current result row, valid inside the callback:
 ///     //    std::string bytes(int col) const;   // BLOB / BYTEA / TEXT, binary-safe; NULL → ""
@@ -61,7 +70,9 @@
 ///     // Before each transaction member: is the transaction still there? (Set `cause` to the
 ///     // first failure when the server rolled it back.) after_user_sql: the check after the
 ///     // effect's own execute() / query_*() (a driver that cannot tell cheaply answers ok).
-///     sql::tx_health health(bool after_user_sql, std::string& cause) const noexcept;
+///     // The core then throws "idem <name>: <what> failed: <cause>" (store_unavailable, or
+///     // commit_failed from commit()), or usage_error for `ended`.
+///     sql::tx_health health(bool after_user_sql, std::string& cause) const;
 ///     // The claim of an id this transaction does not hold yet (the core asked OwnClaims first):
 ///     // insert it (sql::stmt::claim_insert: 'processed', '' — see own_claims.hpp); when the
 ///     // row went in, own.add(scope, id, fingerprint) and return ClaimStatus::claimed. When it was
@@ -115,7 +126,8 @@
 ///     void execute_ddl(std::string_view sql);
 ///     std::optional<std::int64_t> read_schema_version();     // inside begin_schema_change()
 ///     void write_schema_version(int version);
-///     void commit_schema_change();                // on failure: rollback_noexcept() is called
+///     void commit_schema_change();  // on any failure the core calls rollback_noexcept() and
+///                                   // end_transaction()
 ///     [[nodiscard]] std::string schema_location() const;     // "the database 'x.db'"
 ///     [[nodiscard]] std::string_view schema_elsewhere() const;  // "another database file"
 ///     [[nodiscard]] std::vector<std::string> schema_ddl(int from_version) const;  // schema.hpp

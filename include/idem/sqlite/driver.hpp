@@ -33,6 +33,7 @@
 #include "idem/config.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
+#include "idem/sql/bind_traits.hpp"
 #include "idem/sql/driver.hpp"
 #include "idem/sql/own_claims.hpp"
 #include "idem/sql/schema.hpp"
@@ -44,21 +45,9 @@
 IDEM_BEGIN_NAMESPACE
 namespace sqlite {
 
-template <class T>
-struct is_optional : std::false_type {};
-template <class T>
-struct is_optional<std::optional<T>> : std::true_type {};
-
-template <class>
-inline constexpr bool always_false = false;
-
-template <class T>
-inline constexpr bool is_char_v = std::is_same_v<T, char> || std::is_same_v<T, wchar_t> ||
-                                  std::is_same_v<T, char16_t> || std::is_same_v<T, char32_t>
-#if defined(__cpp_char8_t)
-                                  || std::is_same_v<T, char8_t>
-#endif
-    ;
+using sql::always_false;
+using sql::is_char_v;
+using sql::is_optional;
 
 inline bool is_busy(int rc) noexcept {
     const int primary = rc & 0xff;
