@@ -168,23 +168,6 @@ inline std::chrono::system_clock::time_point from_unix_ms(std::int64_t ms) noexc
             std::chrono::milliseconds(ms)));
 }
 
-/// A SQL store's answer for an id already in its claims table: a duplicate with the stored
-/// outcome ('claimed': committed without one, by a transaction used without a handler).
-/// @throws store_error when the outcome is not one idem writes.
-inline ClaimResult stored_duplicate(std::string_view outcome, std::string fingerprint,
-                                    std::string_view store_name) {
-    ClaimResult claim;
-    claim.status = ClaimStatus::duplicate;
-    claim.fingerprint = std::move(fingerprint);
-    if (outcome == "claimed") {
-        claim.recorded = Disposition::in_progress;
-    } else if (!from_string(outcome, claim.recorded)) {
-        throw store_error(fmt::format("idem {}: unknown outcome '{}' stored in idem_claims",
-                                      store_name, outcome));
-    }
-    return claim;
-}
-
 template <class T>
 using transaction_t = decltype(std::declval<T&>().begin());
 

@@ -4,7 +4,8 @@
 /// start, so the common outcome costs no UPDATE; the store remembers which got an outcome (and
 /// at which savepoint depth, so a rollback to a savepoint forgets it again) and marks the others
 /// 'claimed' at commit. It also answers a second claim of the same id in the transaction
-/// without asking the database.
+/// without asking the database. SQL stores only (namespace idem::sql); it knows the core
+/// contract (idem/store.hpp) and nothing above it.
 
 #include <algorithm>
 #include <cstddef>
@@ -16,7 +17,7 @@
 #include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
-namespace detail {
+namespace sql {
 
 class OwnClaims {
   public:
@@ -138,5 +139,5 @@ class OwnClaims {
     std::size_t hint_ = 0;
 };
 
-}  // namespace detail
+}  // namespace sql
 IDEM_END_NAMESPACE

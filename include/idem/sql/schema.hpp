@@ -1,0 +1,144 @@
+#pragma once
+/// @file
+/// @brief The versioned schema of the SQL stores: the DDL per dialect, one migration per
+/// version, and ensure_schema(), which creates or migrates the tables once, under the driver's
+/// exclusive schema lock, and refuses a database written by a newer idem.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "idem/config.hpp"
+#include "idem/error.hpp"
+
+IDEM_BEGIN_NAMESPACE
+namespace sql {
+
+/// Version of the idem tables this code writes; a database with a newer one is refused.
+inline constexpr int schema_version = 1;
+
+/// SQLite's DDL to go from @p from_version (0: nothing there) to schema_version.
+inline std::vector<std::string> sqlite_schema_ddl(int from_version) {
+    std::vector<std::string> ddl;
+    if (from_version < 1) {
+        // Version 1 is the first schema; later versions append their migrations.
+        ddl = {
+            "CREATE TABLE IF NOT EXISTS idem_claims("
+            "scope BLOB NOT NULL, message_id BLOB NOT NULL, "
+            "claimed_at INTEGER NOT NULL, outcome TEXT NOT NULL, "
+            "reason TEXT NOT NULL DEFAULT '', "
+            "fingerprint BLOB NOT NULL DEFAULT x'', "
+            "PRIMARY KEY(scope, message_id)) WITHOUT ROWID",
+            "CREATE INDEX IF NOT EXISTS idem_claims_claimed_at ON idem_claims(claimed_at)",
+            "CREATE TABLE IF NOT EXISTS idem_dead_letters("
+            "id INTEGER PRIMARY KEY, scope BLOB NOT NULL, message_id BLOB NOT NULL, "
+            "delivery_count INTEGER NOT NULL, reason TEXT NOT NULL, "
+            "payload BLOB NOT NULL, created_at INTEGER NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS idem_locks("
+            "lock_key BLOB PRIMARY KEY, owner BLOB NOT NULL, "
+            "expires_at INTEGER NOT NULL) WITHOUT ROWID",
+            "CREATE TABLE IF NOT EXISTS idem_outbox("
+            "id INTEGER PRIMARY KEY AUTOINCREMENT, destination TEXT NOT NULL, "
+            "idempotency_key BLOB NOT NULL UNIQUE, payload BLOB NOT NULL, "
+            "created_at INTEGER NOT NULL, sent_at INTEGER, "
+            "attempts INTEGER NOT NULL DEFAULT 0, "
+            "last_error TEXT NOT NULL DEFAULT '', "
+            "next_attempt_at INTEGER NOT NULL, lease_until INTEGER, "
+            "parked INTEGER NOT NULL DEFAULT 0)",
+            // The relay's query: unsent, unparked, due, in id order.
+            "CREATE INDEX IF NOT EXISTS idem_outbox_due "
+            "ON idem_outbox(parked, next_attempt_at, id) WHERE sent_at IS NULL",
+            // purge(): sent intents by age, held locks by expiry.
+            "CREATE INDEX IF NOT EXISTS idem_outbox_sent "
+            "ON idem_outbox(sent_at) WHERE sent_at IS NOT NULL",
+            "CREATE INDEX IF NOT EXISTS idem_locks_expires_at ON idem_locks(expires_at)",
+        };
+    }
+    return ddl;
+}
+
+/// PostgreSQL's DDL (tables under @p prefix, the quoted schema and a dot).
+inline std::vector<std::string> postgres_schema_ddl(std::string_view prefix, int from_version) {
+    const std::string s(prefix);
+    std::vector<std::string> ddl;
+    if (from_version < 1) {
+        ddl = {
+            "CREATE TABLE IF NOT EXISTS " + s +
+                "idem_claims(scope BYTEA NOT NULL, message_id BYTEA NOT NULL, "
+                "claimed_at BIGINT NOT NULL, outcome TEXT NOT NULL, "
+                "reason TEXT NOT NULL DEFAULT '', fingerprint BYTEA NOT NULL DEFAULT ''::bytea, "
+                "PRIMARY KEY (scope, message_id))",
+            "CREATE INDEX IF NOT EXISTS idem_claims_claimed_at ON " + s + "idem_claims(claimed_at)",
+            "CREATE TABLE IF NOT EXISTS " + s +
+                "idem_dead_letters(id BIGSERIAL PRIMARY KEY, scope BYTEA NOT NULL, "
+                "message_id BYTEA NOT NULL, delivery_count BIGINT NOT NULL, "
+                "reason TEXT NOT NULL, payload BYTEA NOT NULL, created_at BIGINT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS " + s +
+                "idem_locks(lock_key BYTEA PRIMARY KEY, owner BYTEA NOT NULL, "
+                "expires_at BIGINT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS " + s +
+                "idem_outbox(id BIGSERIAL PRIMARY KEY, destination TEXT NOT NULL, "
+                "idempotency_key BYTEA NOT NULL UNIQUE, payload BYTEA NOT NULL, "
+                "created_at BIGINT NOT NULL, sent_at BIGINT, attempts INTEGER NOT NULL DEFAULT 0, "
+                "last_error TEXT NOT NULL DEFAULT '', next_attempt_at BIGINT NOT NULL, "
+                "lease_until BIGINT, parked BOOLEAN NOT NULL DEFAULT false)",
+            // The relay's query: unsent, unparked rows in id order.
+            "CREATE INDEX IF NOT EXISTS idem_outbox_unsent ON " + s +
+                "idem_outbox(id) WHERE sent_at IS NULL AND NOT parked",
+            // purge(): sent intents by age, held locks by expiry.
+            "CREATE INDEX IF NOT EXISTS idem_outbox_sent ON " + s +
+                "idem_outbox(sent_at) WHERE sent_at IS NOT NULL",
+            "CREATE INDEX IF NOT EXISTS idem_locks_expires_at ON " + s + "idem_locks(expires_at)",
+        };
+    }
+    return ddl;
+}
+
+/// @throws store_error when @p version is newer than this build understands.
+template <class Driver>
+void check_not_newer(const Driver& driver, std::int64_t version) {
+    if (version > schema_version) {
+        throw store_error(fmt::format(
+            "idem {}: {} holds idem schema version {}, newer than the version this build of idem "
+            "understands ({}); it was written by a newer idem. Upgrade idem in this program, or "
+            "point it at {}",
+            Driver::name, driver.schema_location(), version, schema_version,
+            driver.schema_elsewhere()));
+    }
+}
+
+/// Creates or migrates the idem tables. Fast path without the lock: an up-to-date database
+/// opens even while another process writes. Otherwise in one transaction under the driver's
+/// exclusive schema lock, so processes starting at once on an empty database serialize and the
+/// later ones find the finished schema.
+template <class Driver>
+void ensure_schema(Driver& driver) {
+    if (const auto version = driver.stored_schema_version()) {
+        check_not_newer(driver, *version);
+        if (*version == schema_version) return;
+    }
+    driver.begin_schema_change();
+    try {
+        const auto version = driver.read_schema_version();
+        if (version) check_not_newer(driver, *version);
+        if (!version || *version < schema_version) {
+            for (const std::string& ddl :
+                 driver.schema_ddl(version ? static_cast<int>(*version) : 0)) {
+                driver.execute_ddl(ddl);
+            }
+            driver.write_schema_version(schema_version);
+        }
+        driver.commit_schema_change();
+    } catch (...) {
+        driver.rollback_noexcept();
+        driver.end_transaction();
+        throw;
+    }
+}
+
+}  // namespace sql
+IDEM_END_NAMESPACE

@@ -1,0 +1,215 @@
+#pragma once
+/// @file
+/// @brief The dialect table: every statement text idem's SQL store runs, per dialect. A dialect
+/// is data: placeholders (`?N` or `$N`), the upsert syntax, RETURNING, SKIP LOCKED, the boolean
+/// literals, the schema prefix. The core (sql/store.hpp) binds the parameters in the order each
+/// entry's comment gives, whatever the dialect; a driver may leave an entry it never runs empty.
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "idem/config.hpp"
+
+IDEM_BEGIN_NAMESPACE
+namespace sql {
+
+/// idem's own statements. Parameters in binding order; "→" the result columns.
+enum class stmt : std::size_t {
+    // claim_insert is first: PostgreSQL prepares it as idem_<store>_0 (a test drops it).
+    claim_insert,  ///< scope, id, claimed_at, fingerprint; inserts 'processed', '' or nothing
+    begin_tx,      ///< BEGIN (SQLite: BEGIN IMMEDIATE)
+    commit_tx,     ///< COMMIT
+    rollback_tx,   ///< ROLLBACK
+    savepoint,     ///< SAVEPOINT idem_effect
+    rollback_to_savepoint,  ///< ROLLBACK TO idem_effect
+    release_savepoint,      ///< RELEASE idem_effect
+    claim_outcome,          ///< scope, id → outcome, fingerprint
+    claim_rows,             ///< claim_many() (dialect-specific parameters) → message_id
+    claim_rows_outcome,  ///< claim_many() (dialect-specific) → message_id, outcome, fingerprint
+    record_update,       ///< scope, id, outcome, reason
+    claim_delete,        ///< scope, id
+    dead_letter_insert,  ///< scope, id, delivery_count, reason, payload, created_at
+    purge_claims,        ///< before, batch rows
+    purge_outbox,        ///< before, batch rows (sent before, not parked)
+    purge_locks,         ///< before, batch rows (expired before)
+    find_claim,  ///< scope, id → scope, message_id, claimed_at, outcome, reason, fingerprint
+    all_dead_letters,  ///< → scope, message_id, delivery_count, reason, payload, created_at
+    lock_advisory,     ///< a transaction-scoped lock on a 64-bit key (PostgreSQL) → bool
+    lock_live,         ///< key, now → a row (or true) when an unexpired held lock exists
+    lock_hold,         ///< key, owner, expires_at, now (+ dialect-specific) → 1 affected: ours
+    lock_release,      ///< key, owner
+    outbox_insert,     ///< destination, key, payload, created_at; nothing on a known key
+    outbox_lease,      ///< lease_until, now, limit → the outbox columns
+    outbox_sent,       ///< id, sent_at
+    outbox_failed,     ///< id, last_error, next_attempt_at, parked
+    outbox_all,        ///< → the outbox columns, by id
+    count,
+};
+
+inline constexpr std::size_t statement_count = static_cast<std::size_t>(stmt::count);
+
+/// The result columns of outbox_lease and outbox_all, in this order.
+inline constexpr std::string_view outbox_columns =
+    "id, destination, idempotency_key, payload, created_at, sent_at, attempts, last_error, "
+    "next_attempt_at, parked";
+
+/// One dialect's texts, indexed by stmt.
+struct statement_table {
+    std::array<std::string, statement_count> text{};
+    [[nodiscard]] const std::string& operator[](stmt which) const noexcept {
+        return text[static_cast<std::size_t>(which)];
+    }
+    std::string& operator[](stmt which) noexcept { return text[static_cast<std::size_t>(which)]; }
+};
+
+/// SQLite (3.35+): `?N`, `INSERT OR IGNORE`, integers for booleans, RETURNING.
+inline statement_table sqlite_statements() {
+    const std::string cols(outbox_columns);
+    statement_table t;
+    t[stmt::begin_tx] = "BEGIN IMMEDIATE";
+    t[stmt::commit_tx] = "COMMIT";
+    t[stmt::rollback_tx] = "ROLLBACK";
+    t[stmt::savepoint] = "SAVEPOINT idem_effect";
+    t[stmt::rollback_to_savepoint] = "ROLLBACK TO idem_effect";
+    t[stmt::release_savepoint] = "RELEASE idem_effect";
+    t[stmt::claim_insert] =
+        "INSERT OR IGNORE INTO idem_claims(scope, message_id, claimed_at, outcome, reason, "
+        "fingerprint) VALUES (?1, ?2, ?3, 'processed', '', ?4)";
+    t[stmt::claim_outcome] =
+        "SELECT outcome, fingerprint FROM idem_claims WHERE scope = ?1 AND message_id = ?2";
+    // claim_rows: built per row count by the driver (VALUES (?1, ?3, ?2, …), (?1, ?5, ?2, …)).
+    t[stmt::record_update] =
+        "UPDATE idem_claims SET outcome = ?3, reason = ?4 WHERE scope = ?1 AND message_id = ?2";
+    t[stmt::claim_delete] = "DELETE FROM idem_claims WHERE scope = ?1 AND message_id = ?2";
+    t[stmt::dead_letter_insert] =
+        "INSERT INTO idem_dead_letters(scope, message_id, delivery_count, reason, payload, "
+        "created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+    t[stmt::purge_claims] =
+        "DELETE FROM idem_claims WHERE (scope, message_id) IN (SELECT scope, message_id FROM "
+        "idem_claims WHERE claimed_at < ?1 LIMIT ?2)";
+    t[stmt::purge_outbox] =
+        "DELETE FROM idem_outbox WHERE id IN (SELECT id FROM idem_outbox "
+        "WHERE sent_at < ?1 AND parked = 0 LIMIT ?2)";
+    t[stmt::purge_locks] =
+        "DELETE FROM idem_locks WHERE lock_key IN (SELECT lock_key FROM idem_locks "
+        "WHERE expires_at < ?1 LIMIT ?2)";
+    t[stmt::find_claim] =
+        "SELECT scope, message_id, claimed_at, outcome, reason, fingerprint FROM idem_claims "
+        "WHERE scope = ?1 AND message_id = ?2";
+    t[stmt::all_dead_letters] =
+        "SELECT scope, message_id, delivery_count, reason, payload, created_at "
+        "FROM idem_dead_letters ORDER BY id";
+    t[stmt::lock_live] = "SELECT 1 FROM idem_locks WHERE lock_key = ?1 AND expires_at > ?2";
+    t[stmt::lock_hold] =
+        "INSERT INTO idem_locks(lock_key, owner, expires_at) VALUES (?1, ?2, ?3) "
+        "ON CONFLICT(lock_key) DO UPDATE SET owner = excluded.owner, "
+        "expires_at = excluded.expires_at "
+        "WHERE idem_locks.owner = excluded.owner OR idem_locks.expires_at <= ?4";
+    t[stmt::lock_release] = "DELETE FROM idem_locks WHERE lock_key = ?1 AND owner = ?2";
+    t[stmt::outbox_insert] =
+        "INSERT INTO idem_outbox(destination, idempotency_key, payload, created_at, "
+        "next_attempt_at) VALUES (?1, ?2, ?3, ?4, ?4) ON CONFLICT(idempotency_key) DO NOTHING";
+    t[stmt::outbox_lease] =
+        "UPDATE idem_outbox SET lease_until = ?1 WHERE id IN (SELECT id FROM idem_outbox "
+        "WHERE sent_at IS NULL AND parked = 0 AND next_attempt_at <= ?2 "
+        "AND (lease_until IS NULL OR lease_until <= ?2) ORDER BY id LIMIT ?3) RETURNING " +
+        cols;
+    t[stmt::outbox_sent] = "UPDATE idem_outbox SET sent_at = ?2, lease_until = NULL WHERE id = ?1";
+    t[stmt::outbox_failed] =
+        "UPDATE idem_outbox SET attempts = attempts + 1, last_error = ?2, next_attempt_at = ?3, "
+        "parked = ?4, lease_until = NULL WHERE id = ?1";
+    t[stmt::outbox_all] = "SELECT " + cols + " FROM idem_outbox ORDER BY id";
+    return t;
+}
+
+/// PostgreSQL (10+): `$N`, `ON CONFLICT DO NOTHING`, `FOR UPDATE SKIP LOCKED`, arrays for
+/// claim_many(), advisory locks. @p prefix: the quoted schema and a dot (`"public".`).
+inline statement_table postgres_statements(std::string_view prefix) {
+    const std::string s(prefix);
+    const std::string claims = s + "idem_claims";
+    const std::string letters = s + "idem_dead_letters";
+    const std::string locks = s + "idem_locks";
+    const std::string outbox = s + "idem_outbox";
+    const std::string cols(outbox_columns);
+    statement_table t;
+    t[stmt::begin_tx] = "BEGIN";
+    t[stmt::commit_tx] = "COMMIT";
+    t[stmt::rollback_tx] = "ROLLBACK";
+    t[stmt::savepoint] = "SAVEPOINT idem_effect";
+    t[stmt::rollback_to_savepoint] = "ROLLBACK TO SAVEPOINT idem_effect";
+    t[stmt::release_savepoint] = "RELEASE SAVEPOINT idem_effect";
+    // The affected row count says whether it was inserted; only when not is the stored claim
+    // read (claim_outcome, a new statement: it also sees a claim that committed while this one
+    // waited).
+    t[stmt::claim_insert] =
+        "INSERT INTO " + claims +
+        "(scope, message_id, claimed_at, outcome, reason, fingerprint) "
+        "VALUES ($1, $2, $3, 'processed', '', $4) ON CONFLICT (scope, message_id) DO NOTHING";
+    t[stmt::claim_outcome] =
+        "SELECT outcome, fingerprint FROM " + claims + " WHERE scope = $1 AND message_id = $2";
+    // $1 scope, $2 claimed_at, $3 the ids (distinct, sorted: concurrent batches wait on one
+    // another in one order, never in a cycle), $4 their fingerprints (empty array: none).
+    t[stmt::claim_rows] =
+        "INSERT INTO " + claims +
+        "(scope, message_id, claimed_at, outcome, reason, fingerprint) "
+        "SELECT $1::bytea, u.id, $2::bigint, 'processed', '', coalesce(u.fp, ''::bytea) "
+        "FROM unnest($3::bytea[], $4::bytea[]) AS u(id, fp) "
+        "ON CONFLICT (scope, message_id) DO NOTHING RETURNING message_id";
+    // $1 scope, $2 the ids.
+    t[stmt::claim_rows_outcome] = "SELECT message_id, outcome, fingerprint FROM " + claims +
+                                  " WHERE scope = $1 AND message_id = ANY($2::bytea[])";
+    t[stmt::record_update] =
+        "UPDATE " + claims + " SET outcome = $3, reason = $4 WHERE scope = $1 AND message_id = $2";
+    t[stmt::claim_delete] = "DELETE FROM " + claims + " WHERE scope = $1 AND message_id = $2";
+    t[stmt::dead_letter_insert] = "INSERT INTO " + letters +
+                                  "(scope, message_id, delivery_count, reason, payload, "
+                                  "created_at) VALUES ($1, $2, $3, $4, $5, $6)";
+    t[stmt::purge_claims] = "DELETE FROM " + claims +
+                            " WHERE (scope, message_id) IN (SELECT scope, message_id FROM " +
+                            claims + " WHERE claimed_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)";
+    t[stmt::purge_outbox] = "DELETE FROM " + outbox + " WHERE id IN (SELECT id FROM " + outbox +
+                            " WHERE sent_at < $1 AND NOT parked LIMIT $2 FOR UPDATE SKIP LOCKED)";
+    t[stmt::purge_locks] = "DELETE FROM " + locks + " WHERE lock_key IN (SELECT lock_key FROM " +
+                           locks + " WHERE expires_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)";
+    t[stmt::find_claim] =
+        "SELECT scope, message_id, claimed_at, outcome, reason, fingerprint FROM " + claims +
+        " WHERE scope = $1 AND message_id = $2";
+    t[stmt::all_dead_letters] =
+        "SELECT scope, message_id, delivery_count, reason, payload, created_at FROM " + letters +
+        " ORDER BY id";
+    t[stmt::lock_advisory] = "SELECT pg_try_advisory_xact_lock($1::bigint)";
+    t[stmt::lock_live] = "SELECT EXISTS (SELECT 1 FROM " + locks +
+                         " WHERE lock_key = $1 AND expires_at > $2::bigint)";
+    // $5: the advisory key. Only while no transaction holds the key (the advisory lock), and
+    // only a free, expired or own lock: another owner's live row makes the DO UPDATE's WHERE
+    // false (no change).
+    t[stmt::lock_hold] = "INSERT INTO " + locks +
+                         " AS l(lock_key, owner, expires_at) SELECT $1, $2, $3::bigint "
+                         "WHERE pg_try_advisory_xact_lock($5::bigint) "
+                         "ON CONFLICT (lock_key) DO UPDATE SET owner = EXCLUDED.owner, "
+                         "expires_at = EXCLUDED.expires_at "
+                         "WHERE l.owner = EXCLUDED.owner OR l.expires_at <= $4::bigint";
+    t[stmt::lock_release] = "DELETE FROM " + locks + " WHERE lock_key = $1 AND owner = $2";
+    t[stmt::outbox_insert] = "INSERT INTO " + outbox +
+                             "(destination, idempotency_key, payload, created_at, "
+                             "next_attempt_at, attempts, last_error, parked) VALUES ($1, $2, $3, "
+                             "$4, $4, 0, '', false) ON CONFLICT (idempotency_key) DO NOTHING";
+    t[stmt::outbox_lease] = "UPDATE " + outbox +
+                            " SET lease_until = $1 WHERE id IN (SELECT id FROM " + outbox +
+                            " WHERE sent_at IS NULL AND NOT parked AND next_attempt_at <= $2 "
+                            "AND (lease_until IS NULL OR lease_until <= $2) ORDER BY id LIMIT $3 "
+                            "FOR UPDATE SKIP LOCKED) RETURNING " +
+                            cols;
+    t[stmt::outbox_sent] =
+        "UPDATE " + outbox + " SET sent_at = $2, lease_until = NULL WHERE id = $1";
+    t[stmt::outbox_failed] = "UPDATE " + outbox +
+                             " SET attempts = attempts + 1, last_error = $2, "
+                             "next_attempt_at = $3, parked = $4, lease_until = NULL WHERE id = $1";
+    t[stmt::outbox_all] = "SELECT " + cols + " FROM " + outbox + " ORDER BY id";
+    return t;
+}
+
+}  // namespace sql
+IDEM_END_NAMESPACE

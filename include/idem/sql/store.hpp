@@ -1,0 +1,636 @@
+#pragma once
+/// @file
+/// @brief The SQL store written once: idem::sql::basic_store<Driver> and
+/// basic_transaction<Driver>, over a driver that runs statements on one connection (the
+/// contract: sql/driver.hpp). Claims, outcomes, dead letters, savepoints, the overlap lock, the
+/// outbox, purge in batches, find_claim, the store's mutex with its owner thread, and the
+/// transaction's RAII live here once; idem::SqliteStore and idem::PostgresStore are this class
+/// over sqlite::Driver and postgres::Driver. The driver is a template parameter: every call is
+/// static and inlined, so the hot paths (claim, record_outcome, commit, claim_many) cost what
+/// the driver's statements cost.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "idem/blob.hpp"
+#include "idem/config.hpp"
+#include "idem/error.hpp"
+#include "idem/outcome.hpp"
+#include "idem/sql/driver.hpp"
+#include "idem/sql/own_claims.hpp"
+#include "idem/sql/schema.hpp"
+#include "idem/sql/statements.hpp"
+#include "idem/sql/stored_outcome.hpp"
+#include "idem/store.hpp"
+
+IDEM_BEGIN_NAMESPACE
+namespace sql {
+
+/// A count column (delivery_count, attempts) as the struct's 32-bit field, clamped.
+inline std::uint32_t to_count(std::int64_t value) noexcept {
+    if (value < 0) return 0;
+    if (value > std::numeric_limits<std::uint32_t>::max()) {
+        return std::numeric_limits<std::uint32_t>::max();
+    }
+    return static_cast<std::uint32_t>(value);
+}
+
+/// For statements whose rows are not read.
+struct no_rows {
+    template <class Row>
+    void operator()(const Row&) const noexcept {}
+};
+
+/// Reads the outbox columns (sql::outbox_columns) of one row.
+template <class Row>
+OutboxRow read_outbox_row(const Row& row) {
+    OutboxRow out;
+    out.id = row.int64(0);
+    out.destination = row.bytes(1);
+    out.idempotency_key = row.bytes(2);
+    out.payload = row.bytes(3);
+    out.created_at = detail::from_unix_ms(row.int64(4));
+    if (!row.is_null(5)) out.sent_at = detail::from_unix_ms(row.int64(5));
+    out.attempts = to_count(row.int64(6));
+    out.last_error = row.bytes(7);
+    out.next_attempt_at = detail::from_unix_ms(row.int64(8));
+    out.parked = row.boolean(9);
+    return out;
+}
+
+/// A correct claim_many() for a driver without a multi-row form: claim() per id.
+template <class Driver>
+std::vector<ClaimResult> claim_each(Driver& driver, OwnClaims& own, std::string_view scope,
+                                    const std::vector<std::string_view>& ids,
+                                    const std::vector<std::string>& fingerprints,
+                                    std::int64_t now_ms) {
+    std::vector<ClaimResult> results(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        const std::string_view fingerprint =
+            fingerprints.empty() ? std::string_view() : std::string_view(fingerprints[i]);
+        if (const auto* mine = own.find(scope, ids[i])) {
+            results[i] = OwnClaims::duplicate_of(*mine);
+        } else {
+            results[i] = driver.claim(own, scope, ids[i], fingerprint, now_ms);
+        }
+    }
+    return results;
+}
+
+template <class Driver>
+class basic_transaction;
+
+/// @brief A SQL store over @p Driver. One connection; it may be shared by threads: every
+/// operation (begin() up to the end of its transaction, purge(), find_claim(), ...) holds the
+/// store's mutex, and a transaction must end on the thread that began it.
+template <class Driver>
+class basic_store {
+  public:
+    using Transaction = basic_transaction<Driver>;
+    using driver_type = Driver;
+
+    /// Version of the idem tables this code writes; a database with a newer one is refused.
+    static constexpr int schema_version = sql::schema_version;
+
+    basic_store(const basic_store&) = delete;
+    basic_store& operator=(const basic_store&) = delete;
+    basic_store(basic_store&&) = delete;
+    basic_store& operator=(basic_store&&) = delete;
+
+    /// @brief Takes the store's mutex and starts a transaction (see the driver: SQLite runs
+    /// `BEGIN IMMEDIATE`, PostgreSQL queues `BEGIN` for the first statement).
+    /// @throws store_timeout, store_unavailable, usage_error when the connection is already in
+    /// a transaction or this thread already holds a transaction of this store.
+    [[nodiscard]] Transaction begin() {
+        Lock lock(*this, "begin()");
+        driver_.begin("begin()");
+        return Transaction(*this, std::move(lock));
+    }
+
+    /// @brief Deletes claims whose claimed_at is older than clock() - @p older_than, outbox
+    /// intents sent before that cutoff, and locks held with hold_lock() that have expired, in
+    /// batches of 5,000 (each its own statement and transaction, so handlers are not held up).
+    /// Dead letters, unsent and parked intents are kept.
+    /// @throws usage_error when @p older_than is negative.
+    PurgeResult purge(std::chrono::system_clock::duration older_than) {
+        if (older_than.count() < 0) {
+            throw usage_error(
+                fmt::format("idem {}: purge() needs a non-negative age", Driver::name));
+        }
+        const std::int64_t at = now_ms();
+        const std::int64_t cutoff =
+            at - std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count();
+        PurgeResult result;
+        result.claims = purge_in_batches(stmt::purge_claims, "purge (claims)", cutoff);
+        result.sent_intents =
+            purge_in_batches(stmt::purge_outbox, "purge (sent outbox intents)", cutoff);
+        result.expired_locks = purge_in_batches(stmt::purge_locks, "purge (expired locks)", at);
+        return result;
+    }
+
+    /// @brief The committed claim of (scope, id), if any.
+    [[nodiscard]] std::optional<ClaimRecord> find_claim(std::string_view scope,
+                                                        std::string_view id) {
+        Lock lock(*this, "find_claim()");
+        std::optional<ClaimRecord> found;
+        driver_.run(
+            stmt::find_claim, "find_claim", access::read,
+            [&](const auto& row) {
+                ClaimRecord record;
+                record.scope = row.bytes(0);
+                record.message_id = row.bytes(1);
+                record.claimed_at = detail::from_unix_ms(row.int64(2));
+                record.disposition = stored_disposition(row.bytes(3), Driver::name);
+                record.reason = row.bytes(4);
+                record.fingerprint = row.bytes(5);
+                found = std::move(record);
+            },
+            Blob{scope}, Blob{id});
+        return found;
+    }
+
+    /// @brief Every dead letter, oldest first.
+    [[nodiscard]] std::vector<DeadLetter> dead_letters() {
+        Lock lock(*this, "dead_letters()");
+        std::vector<DeadLetter> letters;
+        driver_.run(stmt::all_dead_letters, "dead_letters", access::read, [&](const auto& row) {
+            DeadLetter letter;
+            letter.scope = row.bytes(0);
+            letter.message_id = row.bytes(1);
+            letter.delivery_count = to_count(row.int64(2));
+            letter.reason = row.bytes(3);
+            letter.payload = row.bytes(4);
+            letter.created_at = detail::from_unix_ms(row.int64(5));
+            letters.push_back(std::move(letter));
+        });
+        return letters;
+    }
+
+    /// @brief Takes (or renews) the lock on @p key for @p owner until clock() + @p expire_after
+    /// or release_lock(), committed at once; refused while another owner's lock is live (and,
+    /// PostgreSQL, while a transaction holds the key with Transaction::try_lock()).
+    /// @return false when someone else holds the lock.
+    bool hold_lock(std::string_view key, std::string_view owner,
+                   std::chrono::milliseconds expire_after) {
+        if (owner.empty()) {
+            throw usage_error(
+                fmt::format("idem {}: hold_lock(): the owner must not be empty", Driver::name));
+        }
+        Lock lock(*this, "hold_lock()");
+        const std::int64_t at = now_ms();
+        return driver_.hold_lock(key, owner, at + expire_after.count(), at);
+    }
+
+    /// @brief Releases a lock taken with hold_lock(); false when @p owner does not hold it.
+    bool release_lock(std::string_view key, std::string_view owner) {
+        Lock lock(*this, "release_lock()");
+        return driver_.run(stmt::lock_release, "release_lock", access::write, no_rows{}, Blob{key},
+                           Blob{owner}) >= 1;
+    }
+
+    /// @brief Leases up to @p limit unsent, unparked, due intents, lowest id first, until
+    /// clock() + @p lease, in one atomic statement: relays on other threads, processes or hosts
+    /// never get a row while its lease lives.
+    std::vector<OutboxRow> lease_outbox(std::size_t limit, std::chrono::milliseconds lease) {
+        std::vector<OutboxRow> rows;
+        if (limit == 0) return rows;
+        const auto max_rows = static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max());
+        const auto wanted = static_cast<std::int64_t>(limit < max_rows ? limit : max_rows);
+        Lock lock(*this, "lease_outbox()");
+        const std::int64_t at = now_ms();
+        driver_.run(
+            stmt::outbox_lease, "lease_outbox", access::write,
+            [&](const auto& row) { rows.push_back(read_outbox_row(row)); }, at + lease.count(), at,
+            wanted);
+        // The order of RETURNING rows is unspecified.
+        std::sort(rows.begin(), rows.end(),
+                  [](const OutboxRow& a, const OutboxRow& b) { return a.id < b.id; });
+        return rows;
+    }
+
+    /// @brief Marks an intent sent (sent_at = clock()) and ends its lease.
+    /// @throws usage_error when no intent has this id.
+    void mark_outbox_sent(std::int64_t id) {
+        Lock lock(*this, "mark_outbox_sent()");
+        if (driver_.run(stmt::outbox_sent, "mark_outbox_sent", access::write, no_rows{}, id,
+                        now_ms()) != 1) {
+            throw no_intent(id);
+        }
+    }
+
+    /// @brief Records a failed send: attempts + 1, last_error, next_attempt_at = @p retry_at,
+    /// parked = @p park; ends its lease. @throws usage_error when no intent has this id.
+    void mark_outbox_failed(std::int64_t id, std::string_view error,
+                            std::chrono::system_clock::time_point retry_at, bool park) {
+        Lock lock(*this, "mark_outbox_failed()");
+        if (driver_.run(stmt::outbox_failed, "mark_outbox_failed", access::write, no_rows{}, id,
+                        Driver::text(error), detail::to_unix_ms(retry_at), park) != 1) {
+            throw no_intent(id);
+        }
+    }
+
+    /// @brief Every committed outbox intent, oldest first.
+    [[nodiscard]] std::vector<OutboxRow> outbox_rows() {
+        Lock lock(*this, "outbox_rows()");
+        std::vector<OutboxRow> rows;
+        driver_.run(stmt::outbox_all, "outbox_rows", access::read,
+                    [&](const auto& row) { rows.push_back(read_outbox_row(row)); });
+        return rows;
+    }
+
+  protected:
+    static constexpr std::int64_t purge_batch_rows = 5000;
+
+    /// The store's mutex, held by a transaction until it ends; refuses re-entry from the thread
+    /// that holds it (which would otherwise deadlock).
+    class Lock {
+      public:
+        Lock() noexcept = default;
+        Lock(basic_store& store, std::string_view what) : store_(&store) { store.lock(what); }
+        Lock(Lock&& other) noexcept : store_(std::exchange(other.store_, nullptr)) {}
+        Lock& operator=(Lock&& other) noexcept {
+            if (this != &other) {
+                unlock();
+                store_ = std::exchange(other.store_, nullptr);
+            }
+            return *this;
+        }
+        Lock(const Lock&) = delete;
+        Lock& operator=(const Lock&) = delete;
+        ~Lock() { unlock(); }
+        void unlock() noexcept {
+            if (store_ != nullptr) std::exchange(store_, nullptr)->unlock();
+        }
+
+      private:
+        basic_store* store_ = nullptr;
+    };
+
+    /// Constructs the driver from @p args (it connects), then creates or migrates the schema.
+    template <class... Args>
+    explicit basic_store(Clock clock, Args&&... args)
+        : driver_(std::forward<Args>(args)...), clock_(std::move(clock)) {
+        ensure_schema(driver_);
+    }
+    ~basic_store() = default;
+
+    [[nodiscard]] Driver& driver() noexcept { return driver_; }
+    [[nodiscard]] const Driver& driver() const noexcept { return driver_; }
+
+    [[nodiscard]] std::chrono::system_clock::time_point now() const {
+        return clock_ ? clock_() : std::chrono::system_clock::now();
+    }
+    [[nodiscard]] std::int64_t now_ms() const { return detail::to_unix_ms(now()); }
+
+  private:
+    friend class basic_transaction<Driver>;
+
+    void lock(std::string_view what) {
+        if (owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
+            throw usage_error(fmt::format(
+                "idem {}: {} called on a thread that holds an open transaction of this {} (it "
+                "would deadlock); use that transaction, or commit / roll it back first",
+                Driver::name, what, Driver::store_class));
+        }
+        mutex_.lock();
+        owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    }
+    void unlock() noexcept {
+        owner_.store(std::thread::id{}, std::memory_order_relaxed);
+        mutex_.unlock();
+    }
+
+    static usage_error no_intent(std::int64_t id) {
+        return usage_error(fmt::format("idem {}: no outbox intent with id {}", Driver::name, id));
+    }
+
+    /// Runs a purge statement (the bound, the batch size) until a batch deletes fewer rows than
+    /// the batch size; each batch is its own statement, committed on its own. Returns the total.
+    std::size_t purge_in_batches(stmt which, std::string_view what, std::int64_t before) {
+        std::size_t total = 0;
+        for (;;) {
+            Lock lock(*this, "purge()");
+            const std::int64_t deleted =
+                driver_.run(which, what, access::write, no_rows{}, before, purge_batch_rows);
+            total += static_cast<std::size_t>(deleted);
+            if (deleted < purge_batch_rows) return total;
+        }
+    }
+
+    Driver driver_;
+    Clock clock_;
+    std::mutex mutex_;
+    std::atomic<std::thread::id> owner_{};
+};
+
+/// @brief One transaction on the store's connection, holding the store's mutex.
+///
+/// Move-only RAII: rolls back in its destructor unless committed, and never throws from it. The
+/// effect's own SQL runs through execute() / query_*() (or the connection, from the driver's
+/// face: SqliteStore's db(), PostgresStore's conn()) and commits or rolls back with the claim.
+/// Every member throws usage_error once the transaction has ended (a second commit() included).
+/// It must not outlive its store, and must end on the thread that began it.
+template <class Driver>
+class basic_transaction : public Driver::template transaction_face<basic_transaction<Driver>> {
+  public:
+    /// Each savepoint is a statement: the handler avoids them on its common path.
+    static constexpr bool cheap_savepoints = false;
+
+    basic_transaction(basic_transaction&& other) noexcept
+        : store_(std::exchange(other.store_, nullptr)),
+          lock_(std::move(other.lock_)),
+          state_(std::exchange(other.state_, State::rolled_back)),
+          savepoints_(std::exchange(other.savepoints_, 0)),
+          own_claims_(std::move(other.own_claims_)) {}
+    basic_transaction& operator=(basic_transaction&& other) noexcept {
+        if (this != &other) {
+            end_noexcept();
+            store_ = std::exchange(other.store_, nullptr);
+            lock_ = std::move(other.lock_);
+            state_ = std::exchange(other.state_, State::rolled_back);
+            savepoints_ = std::exchange(other.savepoints_, 0);
+            own_claims_ = std::move(other.own_claims_);
+        }
+        return *this;
+    }
+    basic_transaction(const basic_transaction&) = delete;
+    basic_transaction& operator=(const basic_transaction&) = delete;
+    /// Rolls back unless committed; never throws.
+    ~basic_transaction() { end_noexcept(); }
+
+    /// @brief Inserts the claim (its row says 'processed' until another outcome is recorded,
+    /// and is visible to others only after commit) with its payload @p fingerprint.
+    /// @return claimed; duplicate with the outcome and fingerprint a finished run recorded
+    /// (`recorded` is in_progress when this same transaction claimed the id before); or
+    /// in_progress when the wait for another transaction holding the id reached the lock
+    /// timeout (PostgreSQL has then aborted the transaction: roll it back, the handler does).
+    ClaimResult claim(std::string_view scope, std::string_view id,
+                      std::string_view fingerprint = {}) {
+        Driver& driver = open("claim()");
+        if (const auto* mine = own_claims_.find(scope, id)) return OwnClaims::duplicate_of(*mine);
+        return driver.claim(own_claims_, scope, id, fingerprint, store_->now_ms());
+    }
+
+    /// @brief Claims @p ids as claim() would one after the other, in as few statements as the
+    /// backend allows (SQLite: multi-row INSERTs of 64 rows; PostgreSQL: one INSERT … unnest).
+    /// The first copy of a repeated id is claimed, later copies (and ids this transaction
+    /// claimed before) are duplicates with `recorded` in_progress. Used by handle_batch.
+    /// @throws usage_error when @p fingerprints is neither empty nor one per id.
+    std::vector<ClaimResult> claim_many(std::string_view scope,
+                                        const std::vector<std::string_view>& ids,
+                                        const std::vector<std::string>& fingerprints = {}) {
+        Driver& driver = open("claim_many()");
+        if (!fingerprints.empty() && fingerprints.size() != ids.size()) {
+            throw usage_error(
+                fmt::format("idem {}: claim_many() needs one fingerprint per id", Driver::name));
+        }
+        return driver.claim_many(own_claims_, scope, ids, fingerprints, store_->now_ms());
+    }
+
+    /// @brief Gives back a claim this transaction made (a batch message that failed: its
+    /// savepoint came after the claim): its row is deleted. Does nothing for any other id.
+    void unclaim(std::string_view scope, std::string_view id) {
+        Driver& driver = open("unclaim()");
+        if (own_claims_.remove(scope, id)) {
+            driver.write(stmt::claim_delete, "unclaim", Blob{scope}, Blob{id});
+        }
+    }
+
+    /// @brief Stores the outcome and reason on the claim; does nothing if there is no claim row.
+    void record_outcome(std::string_view scope, std::string_view id, Disposition disposition,
+                        std::string_view reason) {
+        Driver& driver = open("record_outcome()");
+        // Our own row already says 'processed' (and no reason): nothing to write.
+        if (own_claims_.record(scope, id, disposition, reason, savepoints_)) return;
+        driver.write(stmt::record_update, "record_outcome", Blob{scope}, Blob{id},
+                     to_string(disposition), Driver::text(reason));
+    }
+
+    /// @brief Inserts a dead letter (created_at from the store's clock when left default).
+    void dead_letter(const DeadLetter& letter) {
+        Driver& driver = open("dead_letter()");
+        const auto created = letter.created_at == std::chrono::system_clock::time_point{}
+                                 ? store_->now()
+                                 : letter.created_at;
+        driver.write(stmt::dead_letter_insert, "dead_letter", Blob{letter.scope},
+                     Blob{letter.message_id}, static_cast<std::int64_t>(letter.delivery_count),
+                     Driver::text(letter.reason), Blob{letter.payload},
+                     detail::to_unix_ms(created));
+    }
+
+    /// @brief `SAVEPOINT idem_effect` (may nest).
+    void savepoint() {
+        open("savepoint()").savepoint();
+        own_claims_.savepoint();
+        ++savepoints_;
+    }
+
+    /// @brief Undoes everything since the latest savepoint() and removes it; also recovers the
+    /// transaction from a failed statement of the effect (PostgreSQL).
+    void rollback_to_savepoint() {
+        Driver& driver = open("rollback_to_savepoint()");
+        if (savepoints_ == 0) {
+            throw usage_error(fmt::format(
+                "idem {}: rollback_to_savepoint() without an open savepoint()", Driver::name));
+        }
+        driver.rollback_to_savepoint();
+        own_claims_.rollback_to_savepoint(savepoints_);
+        --savepoints_;
+    }
+
+    /// @brief Keeps everything since the latest savepoint() and removes it.
+    void release_savepoint() {
+        Driver& driver = open("release_savepoint()");
+        if (savepoints_ == 0) {
+            throw usage_error(fmt::format(
+                "idem {}: release_savepoint() without an open savepoint()", Driver::name));
+        }
+        driver.release_savepoint();
+        own_claims_.release_savepoint(savepoints_);
+        --savepoints_;
+    }
+
+    /// @brief Overlap lock on @p key until the transaction ends (released with it, also when
+    /// the process dies, so @p expire_after is not needed). @return false when another
+    /// transaction or an unexpired Store::hold_lock() holds it.
+    bool try_lock(std::string_view key, std::chrono::milliseconds /*expire_after*/) {
+        Driver& driver = open("try_lock()");
+        return driver.try_lock(key, store_->now_ms());
+    }
+
+    /// @brief Adds an outbox intent (created_at = next_attempt_at = clock()) that commits or
+    /// rolls back with this transaction. @return false when its idempotency key is already
+    /// there.
+    bool add_outbox(const OutboxIntent& intent) {
+        Driver& driver = open("add_outbox()");
+        Driver::check_outbox(intent);
+        return driver.query(stmt::outbox_insert, "add_outbox", no_rows{}, intent.destination,
+                            Blob{intent.idempotency_key}, Blob{intent.payload},
+                            store_->now_ms()) == 1;
+    }
+
+    /// @brief Commits. @throws commit_failed (with the server's message) when the database
+    /// refuses the commit: everything is rolled back. store_unavailable when the connection is
+    /// lost during COMMIT (the outcome is unknown; a redelivery finds the claim if it
+    /// committed). usage_error when called twice.
+    void commit() {
+        Driver& driver = open("commit()", true);
+        // A claim nobody recorded an outcome for is stored as claimed, not as the provisional
+        // 'processed' its row was inserted with.
+        for (const auto& claim : own_claims_.claims()) {
+            if (claim.recorded_depth < 0) {
+                driver.write(stmt::record_update, "commit", Blob{claim.scope}, Blob{claim.id},
+                             "claimed", "");
+            }
+        }
+        try {
+            driver.commit();
+        } catch (...) {
+            finish(State::rolled_back);
+            throw;
+        }
+        finish(State::committed);
+    }
+
+    /// @brief Rolls back now (the destructor does the same).
+    void rollback() {
+        if (store_ == nullptr) {
+            throw usage_error(
+                fmt::format("idem {}: rollback() on a moved-from transaction", Driver::name));
+        }
+        if (state_ == State::committed) {
+            throw usage_error(fmt::format(
+                "idem {}: rollback() on a transaction that was already committed", Driver::name));
+        }
+        if (state_ == State::rolled_back) return;
+        Driver& driver = store_->driver_;
+        const bool ok = driver.rollback_noexcept();
+        const std::string error = ok ? std::string() : driver.last_error();
+        finish(State::rolled_back);
+        if (!ok) {
+            throw store_unavailable(
+                fmt::format("idem {}: rollback failed: {}", Driver::name, error));
+        }
+    }
+
+    /// @brief True until commit() or rollback().
+    [[nodiscard]] bool active() const noexcept {
+        return store_ != nullptr && state_ == State::active;
+    }
+
+    /// @brief Runs one statement of the effect with bound @p args (the backend's placeholders
+    /// and types: see its store header). @return the affected rows.
+    /// @throws store_error with the database's message and the SQL, store_timeout on a lock or
+    /// busy timeout, usage_error when the argument count does not match the SQL.
+    template <class... Args>
+    auto execute(std::string_view sql, const Args&... args) {
+        auto changed = open("execute()").execute(context::transaction, sql, args...);
+        check("execute()", false, true);
+        return changed;
+    }
+    /// @brief First column of the first row as an integer; empty when no row or NULL.
+    template <class... Args>
+    std::optional<std::int64_t> query_int(std::string_view sql, const Args&... args) {
+        auto value = open("query_int()").query_int(context::transaction, sql, args...);
+        check("query_int()", false, true);
+        return value;
+    }
+    /// @brief First column of the first row as bytes (text, or binary decoded); empty when no
+    /// row or NULL.
+    template <class... Args>
+    std::optional<std::string> query_text(std::string_view sql, const Args&... args) {
+        auto value = open("query_text()").query_text(context::transaction, sql, args...);
+        check("query_text()", false, true);
+        return value;
+    }
+
+  private:
+    friend class basic_store<Driver>;
+    friend typename Driver::template transaction_face<basic_transaction>;
+    using Lock = typename basic_store<Driver>::Lock;
+    enum class State { active, committed, rolled_back };
+
+    /// The driver, or null for a moved-from transaction (for the driver's face).
+    [[nodiscard]] Driver* driver_or_null() const noexcept {
+        return store_ != nullptr ? &store_->driver_ : nullptr;
+    }
+
+    basic_transaction(basic_store<Driver>& store, Lock lock) noexcept
+        : store_(&store), lock_(std::move(lock)), state_(State::active) {}
+
+    /// The driver, after checking that this transaction can still be used.
+    Driver& open(std::string_view what, bool committing = false) {
+        if (store_ == nullptr) {
+            throw usage_error(
+                fmt::format("idem {}: {} on a moved-from transaction", Driver::name, what));
+        }
+        if (state_ != State::active) {
+            throw usage_error(fmt::format(
+                "idem {}: {} on a transaction that was already {}{}", Driver::name, what,
+                state_ == State::committed ? "committed" : "rolled back",
+                committing && state_ == State::committed ? " (a second commit() is an error)"
+                                                         : ""));
+        }
+        check(what, committing, false);
+        return store_->driver_;
+    }
+
+    void check(std::string_view what, bool committing, bool after_user_sql) {
+        std::string cause;
+        switch (store_->driver_.health(after_user_sql, cause)) {
+            case tx_health::ok:
+                return;
+            case tx_health::lost: {
+                finish(State::rolled_back);
+                const std::string message =
+                    fmt::format("idem {}: {} failed: {}", Driver::name, what, cause);
+                if (committing) throw commit_failed(message);
+                throw store_unavailable(message);
+            }
+            case tx_health::ended:
+                finish(State::rolled_back);
+                throw usage_error(fmt::format(
+                    "idem {}: {} failed: the transaction was ended by a statement run through "
+                    "the connection (COMMIT, ROLLBACK or END inside the effect?); idem ends its "
+                    "own transaction",
+                    Driver::name, what));
+        }
+    }
+
+    void finish(State state) noexcept {
+        state_ = state;
+        savepoints_ = 0;
+        own_claims_.clear();
+        if (store_ != nullptr) store_->driver_.end_transaction();
+        lock_.unlock();
+    }
+
+    void end_noexcept() noexcept {
+        if (active()) {
+            store_->driver_.rollback_noexcept();
+            finish(State::rolled_back);
+        }
+    }
+
+    basic_store<Driver>* store_ = nullptr;
+    Lock lock_;
+    State state_ = State::rolled_back;
+    int savepoints_ = 0;
+    OwnClaims own_claims_;  ///< inserted as 'processed': see own_claims.hpp
+};
+
+}  // namespace sql
+IDEM_END_NAMESPACE

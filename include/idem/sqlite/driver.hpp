@@ -1,0 +1,842 @@
+#pragma once
+/// @file
+/// @brief idem::sqlite::Driver: SQLite under the SQL store written once (sql/store.hpp). It
+/// opens or borrows a `sqlite3*`, binds, steps, keeps the prepared statements (idem's, the
+/// effect's up to SqliteStore::max_cached_statements, and claim_many()'s multi-row INSERTs),
+/// maps SQLite's errors to idem's exceptions (SQLITE_BUSY / SQLITE_LOCKED → store_timeout),
+/// runs `BEGIN IMMEDIATE` and sets up WAL. With idem/store/sqlite.hpp, the only idem header that
+/// includes <sqlite3.h>.
+
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "idem/blob.hpp"
+#include "idem/config.hpp"
+#include "idem/error.hpp"
+#include "idem/outcome.hpp"
+#include "idem/sql/bind_traits.hpp"
+#include "idem/sql/driver.hpp"
+#include "idem/sql/own_claims.hpp"
+#include "idem/sql/schema.hpp"
+#include "idem/sql/statements.hpp"
+#include "idem/sql/stored_outcome.hpp"
+#include "idem/sqlite/options.hpp"
+#include "idem/store.hpp"
+
+IDEM_BEGIN_NAMESPACE
+namespace sqlite {
+
+using sql::always_false;
+using sql::is_char_v;
+using sql::is_optional;
+
+inline bool is_busy(int rc) noexcept {
+    const int primary = rc & 0xff;
+    return primary == SQLITE_BUSY || primary == SQLITE_LOCKED;
+}
+
+/// SQLite's message for the last failure on @p db, with its (extended) result code.
+inline std::string error_text(sqlite3* db, int rc) {
+    if (db == nullptr) return fmt::format("{} (SQLite error {})", sqlite3_errstr(rc), rc);
+    return fmt::format("{} (SQLite error {})", sqlite3_errmsg(db), sqlite3_extended_errcode(db));
+}
+
+inline int bind_text(sqlite3_stmt* stmt, int index, std::string_view text) noexcept {
+    // SQLITE_STATIC: the caller's value outlives the statement's use (bindings are cleared
+    // before execute() returns), so nothing is copied.
+    return sqlite3_bind_text64(stmt, index, text.empty() ? "" : text.data(),
+                               static_cast<sqlite3_uint64>(text.size()), SQLITE_STATIC,
+                               SQLITE_UTF8);
+}
+
+inline int bind_blob(sqlite3_stmt* stmt, int index, std::string_view bytes) noexcept {
+    // A null pointer would bind NULL; an empty id is a zero-length BLOB, not NULL.
+    if (bytes.empty()) return sqlite3_bind_zeroblob(stmt, index, 0);
+    return sqlite3_bind_blob64(stmt, index, bytes.data(), static_cast<sqlite3_uint64>(bytes.size()),
+                               SQLITE_STATIC);
+}
+
+/// Binds one value; returns SQLite's result code.
+template <class T>
+int bind_value(sqlite3_stmt* stmt, int index, const T& value) {
+    if constexpr (std::is_same_v<T, Blob>) {
+        return bind_blob(stmt, index, value.bytes);
+    } else if constexpr (std::is_same_v<T, std::nullptr_t> || std::is_same_v<T, std::nullopt_t>) {
+        return sqlite3_bind_null(stmt, index);
+    } else if constexpr (is_optional<T>::value) {
+        if (value) return bind_value(stmt, index, *value);
+        return sqlite3_bind_null(stmt, index);
+    } else if constexpr (std::is_same_v<T, bool>) {
+        return sqlite3_bind_int64(stmt, index, value ? 1 : 0);
+    } else if constexpr (is_char_v<T>) {
+        static_assert(always_false<T>,
+                      "idem: a single character would be bound as its code point; pass a "
+                      "std::string_view for TEXT or cast to an integer type");
+        return SQLITE_MISUSE;
+    } else if constexpr (std::is_integral_v<T>) {
+        if constexpr (std::is_unsigned_v<T> && sizeof(T) >= sizeof(std::int64_t)) {
+            if (value > static_cast<T>(std::numeric_limits<std::int64_t>::max())) {
+                throw usage_error(fmt::format(
+                    "idem sqlite: parameter {} is {}, above SQLite's largest integer (2^63-1)",
+                    index, value));
+            }
+        }
+        return sqlite3_bind_int64(stmt, index, static_cast<sqlite3_int64>(value));
+    } else if constexpr (std::is_floating_point_v<T>) {
+        return sqlite3_bind_double(stmt, index, static_cast<double>(value));
+    } else if constexpr (std::is_array_v<T>) {
+        static_assert(std::is_same_v<std::remove_cv_t<std::remove_extent_t<T>>, char>,
+                      "idem: only char arrays (string literals) can be bound as TEXT");
+        const void* nul = std::memchr(value, 0, std::extent_v<T>);
+        const std::size_t size =
+            nul != nullptr ? static_cast<std::size_t>(static_cast<const char*>(nul) - value)
+                           : std::extent_v<T>;
+        return bind_text(stmt, index, std::string_view(value, size));
+    } else if constexpr (std::is_same_v<T, const char*> || std::is_same_v<T, char*>) {
+        if (value == nullptr) return sqlite3_bind_null(stmt, index);
+        return bind_text(stmt, index, std::string_view(value));
+    } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+        return bind_text(stmt, index, std::string_view(value));
+    } else {
+        static_assert(always_false<T>,
+                      "idem: execute()/query_*() bind integers (INTEGER), floating point (REAL), "
+                      "std::string / std::string_view / const char* (TEXT), idem::Blob{bytes} "
+                      "(BLOB), nullptr / std::nullopt (NULL) and std::optional of those");
+        return SQLITE_MISUSE;
+    }
+}
+
+/// The bytes of one column, binary-safe (BLOB or TEXT with NULs / invalid UTF-8).
+inline std::string column_string(sqlite3_stmt* stmt, int column) {
+    if (sqlite3_column_type(stmt, column) == SQLITE_BLOB) {
+        const void* data = sqlite3_column_blob(stmt, column);
+        const int size = sqlite3_column_bytes(stmt, column);
+        if (data == nullptr || size <= 0) return {};
+        return std::string(static_cast<const char*>(data), static_cast<std::size_t>(size));
+    }
+    const unsigned char* data = sqlite3_column_text(stmt, column);
+    const int size = sqlite3_column_bytes(stmt, column);
+    if (data == nullptr || size <= 0) return {};
+    return std::string(reinterpret_cast<const char*>(data), static_cast<std::size_t>(size));
+}
+
+/// Resets and clears a cached statement (or finalizes a one-off one) when a use ends.
+class StatementUse {
+  public:
+    StatementUse(sqlite3_stmt* stmt, bool one_off) noexcept : stmt_(stmt), one_off_(one_off) {}
+    StatementUse(const StatementUse&) = delete;
+    StatementUse& operator=(const StatementUse&) = delete;
+    ~StatementUse() {
+        if (one_off_) {
+            sqlite3_finalize(stmt_);
+        } else {
+            sqlite3_reset(stmt_);
+            sqlite3_clear_bindings(stmt_);
+        }
+    }
+
+  private:
+    sqlite3_stmt* stmt_;
+    bool one_off_;
+};
+
+/// One result row of a stepped statement (sql/driver.hpp's Row).
+class Row {
+  public:
+    explicit Row(sqlite3_stmt* stmt) noexcept : stmt_(stmt) {}
+    [[nodiscard]] std::string bytes(int column) const { return column_string(stmt_, column); }
+    [[nodiscard]] std::int64_t int64(int column) const noexcept {
+        return sqlite3_column_int64(stmt_, column);
+    }
+    [[nodiscard]] bool boolean(int column) const noexcept { return int64(column) != 0; }
+    [[nodiscard]] bool is_null(int column) const noexcept {
+        return sqlite3_column_type(stmt_, column) == SQLITE_NULL;
+    }
+    [[nodiscard]] sqlite3_stmt* stmt() const noexcept { return stmt_; }
+
+  private:
+    sqlite3_stmt* stmt_;
+};
+
+/// SqliteStore's transaction face: db().
+template <class Tx>
+class TransactionFace {
+  public:
+    /// @brief The connection, for the effect's own SQL inside this transaction.
+    [[nodiscard]] sqlite3* db() const noexcept {
+        const auto* driver = static_cast<const Tx&>(*this).driver_or_null();
+        return driver != nullptr ? driver->db() : nullptr;
+    }
+};
+
+/// The SQLite driver (the contract: sql/driver.hpp).
+class Driver {
+  public:
+    static constexpr std::string_view name = "sqlite";
+    static constexpr std::string_view store_class = "SqliteStore";
+    /// User SQL strings whose prepared statements are kept; further ones are prepared per call.
+    static constexpr std::size_t max_cached_statements = 256;
+    template <class Tx>
+    using transaction_face = TransactionFace<Tx>;
+    using Row = sqlite::Row;
+
+    /// Opens (creating if needed) the database file and owns the connection.
+    Driver(const std::string& path, const SqliteOptions& options)
+        : owned_(true), busy_timeout_(options.busy_timeout) {
+        if (path.find('\0') != std::string::npos) {
+            throw usage_error("idem sqlite: the database path contains a NUL byte");
+        }
+        sqlite3* db = nullptr;
+        const int rc = sqlite3_open_v2(
+            path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+            nullptr);
+        if (rc != SQLITE_OK) {
+            std::string message =
+                fmt::format("idem sqlite: cannot open '{}': {}", path, error_text(db, rc));
+            sqlite3_close_v2(db);
+            throw store_unavailable(message);
+        }
+        db_ = db;
+        start(options);
+    }
+
+    /// Uses the consumer's own connection, which it never closes.
+    Driver(sqlite3* db, const SqliteOptions& options)
+        : db_(db), owned_(false), busy_timeout_(options.busy_timeout) {
+        if (db_ == nullptr) {
+            throw usage_error("idem sqlite: SqliteStore needs a connection, got null");
+        }
+        if (sqlite3_get_autocommit(db_) == 0) {
+            db_ = nullptr;
+            throw usage_error(
+                "idem sqlite: the borrowed connection is inside a transaction; construct the "
+                "SqliteStore outside any transaction (it may create its tables and switch to "
+                "WAL)");
+        }
+        start(options);
+    }
+
+    Driver(const Driver&) = delete;
+    Driver& operator=(const Driver&) = delete;
+    /// Finalizes the statements; closes the connection only if the driver opened it.
+    ~Driver() { close_noexcept(); }
+
+    [[nodiscard]] sqlite3* db() const noexcept { return db_; }
+
+    static std::string_view text(std::string_view value) noexcept { return value; }
+    static void check_outbox(const OutboxIntent&) noexcept {}
+
+    // -- outside a transaction ------------------------------------------------------------
+
+    template <class OnRow, class... Args>
+    std::int64_t run(sql::stmt which, std::string_view what, sql::access mode, OnRow&& on_row,
+                     const Args&... args) {
+        if (mode == sql::access::read) return step_rows(which, what, on_row, args...);
+        // A write in its own BEGIN IMMEDIATE: it waits for other writers with the busy timeout
+        // instead of failing on a stale WAL snapshot.
+        open_transaction("begin()");
+        std::int64_t changed = 0;
+        try {
+            changed = step_rows(which, what, on_row, args...);
+            commit();
+        } catch (...) {
+            rollback_noexcept();
+            end_transaction();
+            throw;
+        }
+        end_transaction();
+        return changed;
+    }
+
+    bool hold_lock(std::string_view key, std::string_view owner, std::int64_t expires_ms,
+                   std::int64_t now_ms) {
+        // Inserts a free lock; takes over an expired one or renews our own; leaves another
+        // owner's live lock alone (the DO UPDATE's WHERE is false: no change).
+        return run(sql::stmt::lock_hold, "hold_lock", sql::access::write, sql::no_rows{}, Blob{key},
+                   Blob{owner}, expires_ms, now_ms) == 1;
+    }
+
+    // -- the transaction ------------------------------------------------------------------
+
+    void begin(std::string_view what) { open_transaction(what); }
+
+    template <class... Args>
+    void write(sql::stmt which, std::string_view what, const Args&... args) {
+        step_own(which, what, args...);
+    }
+
+    template <class OnRow, class... Args>
+    std::int64_t query(sql::stmt which, std::string_view what, OnRow&& on_row,
+                       const Args&... args) {
+        return step_rows(which, what, on_row, args...);
+    }
+
+    sql::tx_health health(bool after_user_sql, std::string& cause) const {
+        if (after_user_sql || sqlite3_get_autocommit(db_) == 0) return sql::tx_health::ok;
+        // The transaction ended without us: SQLite rolled it back after an error (disk full,
+        // I/O error), or the effect ran COMMIT/ROLLBACK through the connection.
+        if (tx_error_.empty()) return sql::tx_health::ended;
+        cause = fmt::format(
+            "SQLite rolled the transaction back after an earlier error ({}); nothing it wrote is "
+            "stored",
+            tx_error_);
+        return sql::tx_health::lost;
+    }
+
+    ClaimResult claim(sql::OwnClaims& own, std::string_view scope, std::string_view id,
+                      std::string_view fingerprint, std::int64_t now_ms) {
+        if (step_own(sql::stmt::claim_insert, "claim", Blob{scope}, Blob{id}, now_ms,
+                     Blob{fingerprint}) == 1) {
+            own.add(scope, id, fingerprint);
+            return ClaimResult{};  // claimed
+        }
+        // The row exists and was committed by another transaction.
+        sqlite3_stmt* stmt = prepared(sql::stmt::claim_outcome);
+        StatementUse use(stmt, false);
+        bind_all(stmt, statements_[sql::stmt::claim_outcome], Kind::idem, Blob{scope}, Blob{id});
+        const int rc = sqlite3_step(stmt);
+        if (rc == SQLITE_DONE) {
+            throw store_unavailable(
+                "idem sqlite: claim: INSERT OR IGNORE inserted no row, yet no claim exists for "
+                "this id (a trigger or constraint on idem_claims?)");
+        }
+        if (rc != SQLITE_ROW) fail(rc, "claim (reading the recorded outcome)", Kind::idem);
+        return sql::stored_duplicate(column_string(stmt, 0), column_string(stmt, 1), name);
+    }
+
+    std::vector<ClaimResult> claim_many(sql::OwnClaims& own, std::string_view scope,
+                                        const std::vector<std::string_view>& ids,
+                                        const std::vector<std::string>& fingerprints,
+                                        std::int64_t now);
+
+    bool try_lock(std::string_view key, std::int64_t now_ms) {
+        // Inside BEGIN IMMEDIATE this connection is the only writer until the transaction
+        // ends, so the write lock is the overlap lock: only an unexpired hold_lock() refuses it.
+        bool held = false;
+        step_rows(
+            sql::stmt::lock_live, "try_lock", [&](const Row&) { held = true; }, Blob{key}, now_ms);
+        return !held;
+    }
+
+    void savepoint() { step_own(sql::stmt::savepoint, "savepoint"); }
+    void rollback_to_savepoint() {
+        step_own(sql::stmt::rollback_to_savepoint, "rollback_to_savepoint");
+        step_own(sql::stmt::release_savepoint, "rollback_to_savepoint (release)");
+    }
+    void release_savepoint() { step_own(sql::stmt::release_savepoint, "release_savepoint"); }
+
+    void commit() {
+        sqlite3_stmt* stmt = prepared(sql::stmt::commit_tx);
+        const int rc = sqlite3_step(stmt);
+        if (rc == SQLITE_DONE) {
+            sqlite3_reset(stmt);
+            return;
+        }
+        std::string message =
+            fmt::format("idem sqlite: commit failed: {}; rolled back", error_text(db_, rc));
+        sqlite3_reset(stmt);
+        if (!rollback_noexcept()) message += " (and the rollback failed too)";
+        throw commit_failed(message);
+    }
+
+    bool rollback_noexcept() noexcept {
+        if (sqlite3_get_autocommit(db_) == 0) {
+            sqlite3_stmt*& stmt = own_[index(sql::stmt::rollback_tx)];
+            if (stmt == nullptr) {
+                sqlite3_prepare_v3(db_, "ROLLBACK", -1, SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
+            }
+            if (stmt != nullptr) {
+                sqlite3_step(stmt);
+                sqlite3_reset(stmt);
+            } else {
+                sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+            }
+        }
+        rollback_pending_ = sqlite3_get_autocommit(db_) == 0;
+        return !rollback_pending_;
+    }
+
+    [[nodiscard]] std::string last_error() const { return sqlite3_errmsg(db_); }
+
+    void end_transaction() noexcept {
+        tx_open_ = false;
+        tx_error_.clear();
+    }
+
+    // -- the effect's own SQL -------------------------------------------------------------
+
+    template <class... Args>
+    int execute(sql::context, std::string_view sql, const Args&... args) {
+        return execute_impl(Kind::user, true, sql, args...);
+    }
+    template <class... Args>
+    std::optional<std::int64_t> query_int(sql::context, std::string_view sql, const Args&... args) {
+        return first_value<std::int64_t>(
+            Kind::user, true, sql, [](sqlite3_stmt* s) { return sqlite3_column_int64(s, 0); },
+            args...);
+    }
+    template <class... Args>
+    std::optional<std::string> query_text(sql::context, std::string_view sql, const Args&... args) {
+        return first_value<std::string>(
+            Kind::user, true, sql, [](sqlite3_stmt* s) { return column_string(s, 0); }, args...);
+    }
+
+    // -- the schema -----------------------------------------------------------------------
+
+    std::optional<std::int64_t> stored_schema_version() {
+        const auto tables = first_value<std::int64_t>(
+            Kind::idem, false,
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            [](sqlite3_stmt* s) { return sqlite3_column_int64(s, 0); }, "idem_schema");
+        if (tables.value_or(0) == 0) return std::nullopt;
+        return read_schema_version();
+    }
+    void begin_schema_change() {
+        // BEGIN IMMEDIATE: two processes opening a fresh file at once serialize here.
+        open_transaction("creating the idem schema");
+        execute_ddl("CREATE TABLE IF NOT EXISTS idem_schema(version INTEGER NOT NULL)");
+    }
+    void execute_ddl(std::string_view sql) { execute_impl(Kind::idem, false, sql); }
+    std::optional<std::int64_t> read_schema_version() {
+        return first_value<std::int64_t>(
+            Kind::idem, false, "SELECT max(version) FROM idem_schema",
+            [](sqlite3_stmt* s) { return sqlite3_column_int64(s, 0); });
+    }
+    void write_schema_version(int version) {
+        execute_impl(Kind::idem, false, "DELETE FROM idem_schema");
+        execute_impl(Kind::idem, false, "INSERT INTO idem_schema(version) VALUES (?1)", version);
+    }
+    void commit_schema_change() {
+        step_own(sql::stmt::commit_tx, "committing the idem schema");
+        end_transaction();
+    }
+    [[nodiscard]] std::string schema_location() const {
+        const char* file = sqlite3_db_filename(db_, "main");
+        if (file == nullptr || *file == '\0') return "the database (in-memory database)";
+        return fmt::format("the database '{}'", file);
+    }
+    [[nodiscard]] std::string_view schema_elsewhere() const noexcept {
+        return "another database file";
+    }
+    [[nodiscard]] std::vector<std::string> schema_ddl(int from_version) const {
+        return sql::sqlite_schema_ddl(from_version);
+    }
+
+  private:
+    enum class Kind { idem, user };  // which exception a non-busy SQLite error becomes
+
+    struct Cached {
+        std::string sql;
+        sqlite3_stmt* stmt = nullptr;
+        Cached() = default;
+        Cached(const Cached&) = delete;
+        Cached& operator=(const Cached&) = delete;
+        ~Cached() { sqlite3_finalize(stmt); }
+    };
+
+    struct Prepared {
+        sqlite3_stmt* stmt = nullptr;
+        bool one_off = false;
+    };
+
+    static constexpr std::size_t index(sql::stmt which) noexcept {
+        return static_cast<std::size_t>(which);
+    }
+
+    void start(const SqliteOptions& options) {
+        try {
+            setup(options);
+        } catch (...) {
+            close_noexcept();
+            throw;
+        }
+    }
+
+    void setup(const SqliteOptions& options);
+    void open_transaction(std::string_view what);
+    void close_noexcept() noexcept;
+
+    [[noreturn]] void fail(int rc, std::string_view what, Kind kind, std::string_view sql = {});
+    sqlite3_stmt* prepared(sql::stmt which);
+    Prepared prepare(std::string_view sql, bool cache, Kind kind);
+    [[nodiscard]] bool has_more_statements(std::string_view rest) const;
+
+    template <class... Args>
+    void bind_all(sqlite3_stmt* stmt, std::string_view sql, Kind kind, const Args&... args);
+    /// Steps an idem statement to the end; returns sqlite3_changes().
+    template <class... Args>
+    int step_own(sql::stmt which, std::string_view what, const Args&... args);
+    /// Steps an idem statement, calling on_row(Row) per row; returns sqlite3_changes().
+    template <class OnRow, class... Args>
+    std::int64_t step_rows(sql::stmt which, std::string_view what, OnRow&& on_row,
+                           const Args&... args);
+    template <class... Args>
+    int execute_impl(Kind kind, bool cache, std::string_view sql, const Args&... args);
+    template <class T, class Read, class... Args>
+    std::optional<T> first_value(Kind kind, bool cache, std::string_view sql, Read read,
+                                 const Args&... args);
+
+    sqlite3_stmt* claim_rows_statement(std::size_t rows, bool returning);
+
+    sqlite3* db_ = nullptr;
+    bool owned_ = false;
+    std::chrono::milliseconds busy_timeout_;
+    sql::statement_table statements_ = sql::sqlite_statements();
+    std::array<sqlite3_stmt*, sql::statement_count> own_{};
+    std::unordered_map<std::string_view, std::unique_ptr<Cached>> cache_;
+    /// claim_many()'s multi-row INSERTs, one per row count (1..claim_rows_max): plain, and with
+    /// RETURNING (which tells the inserted ids apart, at about a fifth more per row).
+    static constexpr std::size_t claim_rows_max = 64;
+    std::array<std::unique_ptr<Cached>, claim_rows_max + 1> claim_rows_{};
+    std::array<std::unique_ptr<Cached>, claim_rows_max + 1> claim_rows_returning_{};
+    bool tx_open_ = false;  // a transaction of this driver is running
+    std::string tx_error_;  // first SQLite failure inside it (explains an automatic rollback)
+    bool rollback_pending_ = false;  // our ROLLBACK failed: the connection is still in our tx
+};
+
+// ---------------------------------------------------------------------------------------------
+
+inline void Driver::close_noexcept() noexcept {
+    if (db_ == nullptr) return;
+    for (sqlite3_stmt*& stmt : own_) {
+        sqlite3_finalize(stmt);
+        stmt = nullptr;
+    }
+    cache_.clear();
+    for (auto& statement : claim_rows_)
+        statement.reset();
+    for (auto& statement : claim_rows_returning_)
+        statement.reset();
+    if (owned_) sqlite3_close_v2(db_);
+    db_ = nullptr;
+}
+inline void Driver::setup(const SqliteOptions& options) {
+    const auto ms = options.busy_timeout.count();
+    sqlite3_busy_timeout(db_, ms <= 0 ? 0 : ms >= INT_MAX ? INT_MAX : static_cast<int>(ms));
+    if (options.wal) {
+        // Switching to WAL needs an exclusive lock, and SQLite may answer SQLITE_BUSY at once
+        // instead of calling the busy handler (another connection opening the same fresh file):
+        // retry until the busy timeout has passed.
+        const auto deadline = std::chrono::steady_clock::now() + options.busy_timeout;
+        for (;;) {
+            try {
+                // Answers the resulting mode: 'wal', or 'memory' for an in-memory database.
+                (void)first_value<std::string>(Kind::idem, false, "PRAGMA journal_mode=WAL",
+                                               [](sqlite3_stmt* s) { return column_string(s, 0); });
+                break;
+            } catch (const store_timeout&) {
+                if (std::chrono::steady_clock::now() >= deadline) throw;
+                std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            }
+        }
+    }
+    if (options.synchronous) {
+        // A PRAGMA takes no parameters; the text comes from this fixed set, never from a value.
+        const char* sql = "PRAGMA synchronous=FULL";
+        switch (*options.synchronous) {
+            case Synchronous::off:
+                sql = "PRAGMA synchronous=OFF";
+                break;
+            case Synchronous::normal:
+                sql = "PRAGMA synchronous=NORMAL";
+                break;
+            case Synchronous::full:
+                sql = "PRAGMA synchronous=FULL";
+                break;
+            case Synchronous::extra:
+                sql = "PRAGMA synchronous=EXTRA";
+                break;
+        }
+        execute_impl(Kind::idem, false, sql);
+    }
+}
+
+inline void Driver::open_transaction(std::string_view what) {
+    if (sqlite3_get_autocommit(db_) == 0) {
+        if (rollback_pending_) rollback_noexcept();
+        if (sqlite3_get_autocommit(db_) == 0) {
+            throw usage_error(fmt::format(
+                "idem sqlite: {}: the connection is already inside a transaction. idem needs its "
+                "own BEGIN IMMEDIATE so the claim and the effect commit together: commit or roll "
+                "back your transaction first, and write the effect's rows through the idem "
+                "transaction (Transaction::execute() or Transaction::db())",
+                what));
+        }
+    }
+    sqlite3_stmt* stmt = prepared(sql::stmt::begin_tx);
+    int rc = sqlite3_step(stmt);
+    if (rc != SQLITE_DONE) {
+        std::string message = error_text(db_, rc);
+        sqlite3_reset(stmt);
+        if (is_busy(rc)) {
+            throw store_timeout(
+                fmt::format("idem sqlite: {}: BEGIN IMMEDIATE timed out after {} ms: {}. Another "
+                            "connection holds the write lock; shorten its transactions or raise "
+                            "SqliteOptions::busy_timeout",
+                            what, busy_timeout_.count(), message));
+        }
+        throw store_unavailable(
+            fmt::format("idem sqlite: {}: BEGIN IMMEDIATE failed: {}", what, message));
+    }
+    sqlite3_reset(stmt);
+    tx_open_ = true;
+    tx_error_.clear();
+}
+
+inline void Driver::fail(int rc, std::string_view what, Kind kind, std::string_view sql) {
+    std::string message = fmt::format("idem sqlite: {} failed: {}", what, error_text(db_, rc));
+    if (!sql.empty()) message += fmt::format("; SQL: {}", sql);
+    if (tx_open_ && tx_error_.empty()) tx_error_ = message;
+    if (is_busy(rc)) throw store_timeout(message);
+    if (kind == Kind::user) throw store_error(message);
+    throw store_unavailable(message);
+}
+
+inline sqlite3_stmt* Driver::prepared(sql::stmt which) {
+    sqlite3_stmt*& stmt = own_[index(which)];
+    if (stmt == nullptr) {
+        const int rc = sqlite3_prepare_v3(db_, statements_[which].c_str(), -1,
+                                          SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
+        if (rc != SQLITE_OK) {
+            sqlite3_finalize(stmt);
+            stmt = nullptr;
+            fail(rc, "preparing an idem statement", Kind::idem, statements_[which].c_str());
+        }
+    }
+    return stmt;
+}
+
+inline bool Driver::has_more_statements(std::string_view rest) const {
+    if (rest.find_first_not_of(" \t\r\n;") == std::string_view::npos) return false;
+    sqlite3_stmt* stmt = nullptr;
+    const int rc =
+        sqlite3_prepare_v3(db_, rest.data(), static_cast<int>(rest.size()), 0, &stmt, nullptr);
+    const bool more = rc != SQLITE_OK || stmt != nullptr;  // a comment alone prepares to null
+    sqlite3_finalize(stmt);
+    return more;
+}
+
+inline Driver::Prepared Driver::prepare(std::string_view sql, bool cache, Kind kind) {
+    if (cache) {
+        const auto found = cache_.find(sql);
+        if (found != cache_.end()) return {found->second->stmt, false};
+    }
+    if (sql.size() > static_cast<std::size_t>(INT_MAX)) {
+        throw usage_error("idem sqlite: SQL text longer than 2 GiB");
+    }
+    const bool keep = cache && cache_.size() < max_cached_statements;
+    sqlite3_stmt* stmt = nullptr;
+    const char* tail = nullptr;
+    const int rc = sqlite3_prepare_v3(db_, sql.data(), static_cast<int>(sql.size()),
+                                      keep ? SQLITE_PREPARE_PERSISTENT : 0, &stmt, &tail);
+    if (rc != SQLITE_OK) {
+        sqlite3_finalize(stmt);
+        fail(rc, "preparing SQL", kind, sql);
+    }
+    if (stmt == nullptr) {
+        throw usage_error(fmt::format("idem sqlite: no SQL statement in '{}'", sql));
+    }
+    const std::string_view rest(tail, static_cast<std::size_t>(sql.data() + sql.size() - tail));
+    if (has_more_statements(rest)) {
+        sqlite3_finalize(stmt);
+        throw usage_error(fmt::format(
+            "idem sqlite: execute()/query_*() run exactly one statement, but the SQL continues "
+            "after the first one; split it into several calls. SQL: {}",
+            sql));
+    }
+    if (!keep) return {stmt, true};
+    auto entry = std::make_unique<Cached>();
+    entry->stmt = stmt;  // finalized by ~Cached from here on, even if the copy below throws
+    entry->sql.assign(sql.data(), sql.size());
+    const std::string_view key = entry->sql;
+    cache_.emplace(key, std::move(entry));
+    return {stmt, false};
+}
+
+template <class... Args>
+void Driver::bind_all(sqlite3_stmt* stmt, std::string_view sql, Kind kind, const Args&... args) {
+    const int expected = sqlite3_bind_parameter_count(stmt);
+    if (expected != static_cast<int>(sizeof...(Args))) {
+        throw usage_error(fmt::format(
+            "idem sqlite: the SQL has {} parameter(s) but {} value(s) were given; SQL: {}",
+            expected, sizeof...(Args), sql));
+    }
+    [[maybe_unused]] int index = 0;
+    [[maybe_unused]] int rc = SQLITE_OK;
+    if (!(... && ((rc = bind_value(stmt, ++index, args)) == SQLITE_OK))) {
+        fail(rc, fmt::format("binding parameter {}", index), kind, sql);
+    }
+}
+
+template <class... Args>
+int Driver::step_own(sql::stmt which, std::string_view what, const Args&... args) {
+    sqlite3_stmt* stmt = prepared(which);
+    StatementUse use(stmt, false);
+    bind_all(stmt, statements_[which].c_str(), Kind::idem, args...);
+    const int rc = sqlite3_step(stmt);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW) fail(rc, what, Kind::idem);
+    return sqlite3_changes(db_);
+}
+
+template <class OnRow, class... Args>
+std::int64_t Driver::step_rows(sql::stmt which, std::string_view what, OnRow&& on_row,
+                               const Args&... args) {
+    sqlite3_stmt* stmt = prepared(which);
+    StatementUse use(stmt, false);
+    bind_all(stmt, statements_[which], Kind::idem, args...);
+    int rc = SQLITE_ROW;
+    while ((rc = sqlite3_step(stmt)) == SQLITE_ROW)
+        on_row(Row(stmt));
+    if (rc != SQLITE_DONE) fail(rc, what, Kind::idem);
+    return sqlite3_changes(db_);
+}
+
+template <class... Args>
+int Driver::execute_impl(Kind kind, bool cache, std::string_view sql, const Args&... args) {
+    const Prepared prepared = prepare(sql, cache, kind);
+    StatementUse use(prepared.stmt, prepared.one_off);
+    bind_all(prepared.stmt, sql, kind, args...);
+    int rc = SQLITE_ROW;
+    while (rc == SQLITE_ROW)
+        rc = sqlite3_step(prepared.stmt);
+    if (rc != SQLITE_DONE) fail(rc, "execute", kind, sql);
+    return sqlite3_changes(db_);
+}
+
+template <class T, class Read, class... Args>
+std::optional<T> Driver::first_value(Kind kind, bool cache, std::string_view sql, Read read,
+                                     const Args&... args) {
+    const Prepared prepared = prepare(sql, cache, kind);
+    StatementUse use(prepared.stmt, prepared.one_off);
+    bind_all(prepared.stmt, sql, kind, args...);
+    const int rc = sqlite3_step(prepared.stmt);
+    if (rc == SQLITE_DONE) return std::nullopt;
+    if (rc != SQLITE_ROW) fail(rc, "query", kind, sql);
+    if (sqlite3_column_type(prepared.stmt, 0) == SQLITE_NULL) return std::nullopt;
+    return read(prepared.stmt);
+}
+
+inline sqlite3_stmt* Driver::claim_rows_statement(std::size_t rows, bool returning) {
+    auto& slot = (returning ? claim_rows_returning_ : claim_rows_).at(rows);
+    if (slot) return slot->stmt;
+    std::string sql =
+        "INSERT OR IGNORE INTO idem_claims(scope, message_id, claimed_at, outcome, reason, "
+        "fingerprint) VALUES ";
+    for (std::size_t i = 0; i < rows; ++i) {
+        sql += fmt::format("{}(?1, ?{}, ?2, 'processed', '', ?{})", i == 0 ? "" : ", ", 3 + 2 * i,
+                           4 + 2 * i);
+    }
+    if (returning) sql += " RETURNING message_id";
+    auto entry = std::make_unique<Cached>();
+    entry->sql = std::move(sql);
+    const int rc = sqlite3_prepare_v3(db_, entry->sql.c_str(), static_cast<int>(entry->sql.size()),
+                                      SQLITE_PREPARE_PERSISTENT, &entry->stmt, nullptr);
+    if (rc != SQLITE_OK) fail(rc, "preparing claim_many", Kind::idem);
+    slot = std::move(entry);
+    return slot->stmt;
+}
+
+inline std::vector<ClaimResult> Driver::claim_many(sql::OwnClaims& own_claims_,
+                                                   std::string_view scope,
+                                                   const std::vector<std::string_view>& ids,
+                                                   const std::vector<std::string>& fingerprints,
+                                                   std::int64_t now) {
+    auto fingerprint = [&](std::size_t i) {
+        return fingerprints.empty() ? std::string_view() : std::string_view(fingerprints[i]);
+    };
+    std::vector<ClaimResult> results(ids.size());
+    std::vector<bool> decided(ids.size(), false);
+    const std::size_t claimed_before_call = own_claims_.size();
+    auto run = [&](std::size_t start, std::size_t rows, bool returning, auto&& on_row) {
+        sqlite3_stmt* stmt = claim_rows_statement(rows, returning);
+        StatementUse use(stmt, false);
+        int rc = bind_value(stmt, 1, Blob{scope});
+        if (rc == SQLITE_OK) rc = bind_value(stmt, 2, now);
+        for (std::size_t i = 0; i < rows && rc == SQLITE_OK; ++i) {
+            rc = bind_value(stmt, static_cast<int>(3 + 2 * i), Blob{ids[start + i]});
+            if (rc == SQLITE_OK)
+                rc = bind_value(stmt, static_cast<int>(4 + 2 * i), Blob{fingerprint(start + i)});
+        }
+        if (rc != SQLITE_OK) fail(rc, "claim_many (binding)", Kind::idem);
+        while ((rc = sqlite3_step(stmt)) == SQLITE_ROW)
+            on_row(stmt);
+        if (rc != SQLITE_DONE) fail(rc, "claim_many", Kind::idem);
+        return static_cast<std::size_t>(sqlite3_changes(db_));
+    };
+    auto claimed = [&](std::size_t i) {
+        own_claims_.add(scope, ids[i], fingerprint(i));
+        results[i].status = ClaimStatus::claimed;
+        decided[i] = true;
+    };
+    for (std::size_t start = 0; start < ids.size(); start += claim_rows_max) {
+        const std::size_t rows = std::min(claim_rows_max, ids.size() - start);
+        // The common chunk, all of it new: a plain INSERT, and every row went in. Otherwise it
+        // is undone and the RETURNING form says which rows did (this transaction holds the write
+        // lock, so nothing else inserts in between).
+        if (claimed_before_call == 0) {
+            step_own(sql::stmt::savepoint, "claim_many (savepoint)");
+            const std::size_t inserted = run(start, rows, false, [](sqlite3_stmt*) {});
+            if (inserted == rows) {
+                step_own(sql::stmt::release_savepoint, "claim_many (release)");
+                for (std::size_t i = start; i < start + rows; ++i)
+                    claimed(i);
+                continue;
+            }
+            step_own(sql::stmt::rollback_to_savepoint, "claim_many (rollback to savepoint)");
+            step_own(sql::stmt::release_savepoint, "claim_many (release)");
+        }
+        // Each inserted id is claimed by its first copy in this chunk; later copies, and ids
+        // claimed earlier in this transaction, are its own duplicates (RETURNING's row order is
+        // not promised, so each row is matched with the first undecided copy of its id).
+        run(start, rows, true, [&](sqlite3_stmt* stmt) {
+            const auto* bytes = static_cast<const char*>(sqlite3_column_blob(stmt, 0));
+            const std::string_view id(bytes == nullptr ? "" : bytes,
+                                      static_cast<std::size_t>(sqlite3_column_bytes(stmt, 0)));
+            for (std::size_t i = start; i < start + rows; ++i) {
+                if (!decided[i] && ids[i] == id) {
+                    claimed(i);
+                    return;
+                }
+            }
+        });
+        for (std::size_t i = start; i < start + rows; ++i) {
+            if (decided[i]) continue;
+            if (const auto* own = own_claims_.find(scope, ids[i])) {
+                results[i] = sql::OwnClaims::duplicate_of(*own);
+                decided[i] = true;
+            }
+        }
+    }
+    // The rest were committed before: read their outcome like claim() does.
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (decided[i]) continue;
+        if (const auto* mine = own_claims_.find(scope, ids[i])) {
+            results[i] = sql::OwnClaims::duplicate_of(*mine);
+        } else {
+            results[i] = claim(own_claims_, scope, ids[i], fingerprint(i), now);
+        }
+    }
+    return results;
+}
+
+}  // namespace sqlite
+IDEM_END_NAMESPACE
