@@ -1,4 +1,5 @@
 // expect: (conflicting declaration|redefinition)
+// needs: redis
 // A broker never includes a store header (DESIGN.md: "a broker never includes a store header"):
 // idem/broker/redis_streams.hpp brings in no store, so idem::RedisStore (or any other store) is
 // not declared after including it, and this file may declare those names as something else. Had
