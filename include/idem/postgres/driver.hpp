@@ -7,7 +7,9 @@
 /// with the next statement, routes notices, sets lock_timeout per session (owned) or per
 /// transaction (borrowed), and maps SQLSTATEs to idem's exceptions (postgres/connection.hpp).
 
+#include <fcntl.h>
 #include <libpq-fe.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -93,6 +95,25 @@ class Driver {
     ~Driver();
 
     [[nodiscard]] PGconn* conn() const noexcept { return conn_; }
+
+    // -- fork() and ping (sql/driver.hpp) -----------------------------------------------------
+
+    [[nodiscard]] bool owns_connection() const noexcept { return owned_; }
+    /// In a fork()ed child: drops the parent's connection (forget_inherited) and connects anew
+    /// with the same conninfo: a session of the child's own.
+    void reopen_after_fork() {
+        forget_inherited();
+        connect_owned();
+    }
+    /// Drops a connection opened in another process without a byte to the server: PQfinish (and
+    /// PQreset) would send Terminate on the socket the parent still uses, ending the parent's
+    /// session. The socket's descriptor is first replaced by /dev/null (dup2), so PQfinish only
+    /// frees memory and closes this process's descriptor; a borrowed connection is left as it is
+    /// (the consumer's). Nothing else is sent: no DEALLOCATE, no ROLLBACK.
+    void forget_inherited() noexcept;
+    /// One round trip (`SELECT 1`); a connection found dead is reconnected (PQreset) and asked
+    /// again once. @throws store_unavailable while the server does not answer.
+    void ping(std::string_view what);
     [[nodiscard]] const std::string& schema() const noexcept { return schema_; }
     [[nodiscard]] std::uint64_t round_trips() const noexcept {
         return round_trips_.load(std::memory_order_relaxed);
@@ -292,6 +313,7 @@ class Driver {
     }
 
     void init(const PostgresOptions& options);
+    void connect_owned();
     void setup();
     void ready(std::string_view what);
     void reconnect(std::string_view what);
@@ -335,6 +357,7 @@ class Driver {
 
     PGconn* conn_ = nullptr;
     bool owned_ = false;
+    std::string conninfo_;  ///< owned: what reopen_after_fork() connects with
     std::function<void(std::string_view)> on_notice_;
     bool notices_routed_ = false;   ///< notice_receiver is installed on conn_
     bool chain_processor_ = false;  ///< also pass notices to the consumer's notice processor
@@ -369,14 +392,19 @@ class Driver {
 // ---------------------------------------------------------------------------------------------
 // The connection
 
-inline Driver::Driver(const std::string& conninfo, const PostgresOptions& options) : owned_(true) {
+inline Driver::Driver(const std::string& conninfo, const PostgresOptions& options)
+    : owned_(true), conninfo_(conninfo) {
     init(options);
     if (conninfo.find('\0') != std::string::npos) {
         throw usage_error("idem postgres: the connection string contains a NUL byte");
     }
+    connect_owned();
+}
+
+inline void Driver::connect_owned() {
     // client_encoding and application_name come first: the expanded conninfo overrides them.
     const char* const keys[] = {"client_encoding", "fallback_application_name", "dbname", nullptr};
-    const char* const values[] = {"UTF8", "idem", conninfo.c_str(), nullptr};
+    const char* const values[] = {"UTF8", "idem", conninfo_.c_str(), nullptr};
     conn_ = PQconnectdbParams(keys, values, 1);
     if (conn_ == nullptr) throw store_unavailable("idem postgres: cannot connect: out of memory");
     if (PQstatus(conn_) != CONNECTION_OK) {
@@ -425,6 +453,44 @@ inline Driver::Driver(PGconn* conn, const PostgresOptions& options) : conn_(conn
 
 inline Driver::~Driver() {
     close_noexcept();
+}
+
+inline void Driver::forget_inherited() noexcept {
+    if (conn_ == nullptr) return;
+    if (owned_) {
+        const int fd = PQsocket(conn_);
+        bool detached = fd < 0;
+        if (!detached) {
+            const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+            if (null >= 0) {
+                detached = ::dup2(null, fd) == fd;
+                ::close(null);
+            }
+        }
+        // Without /dev/null in its place the socket stays open and the PGconn is leaked: better
+        // than a Terminate on the parent's session.
+        if (detached) PQfinish(conn_);
+    }
+    conn_ = nullptr;
+    notices_routed_ = false;
+    forget_prepared();
+    end_transaction();
+    rollback_pending_ = false;
+    session_timeout_pid_ = 0;
+    backend_pid_ = 0;
+}
+
+inline void Driver::ping(std::string_view what) {
+    for (int attempt = 0;; ++attempt) {
+        ready(what);
+        try {
+            run(control("SELECT 1", what));
+            return;
+        } catch (const store_unavailable&) {
+            // A socket found dead by this round trip: one reconnect (ready()), then the answer.
+            if (attempt > 0 || PQstatus(conn_) == CONNECTION_OK) throw;
+        }
+    }
 }
 
 inline void Driver::init(const PostgresOptions& options) {

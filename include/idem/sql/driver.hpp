@@ -110,6 +110,21 @@
 ///     // The transaction object ended (committed or rolled back): forget per-transaction state.
 ///     void end_transaction() noexcept;
 ///
+///     // -- probe and fork (optional: without them the core falls back to begin + rollback for
+///     //    ping(), and refuses any use of the store in a fork()ed child with usage_error)
+///     // One cheap check that the database answers now (PostgreSQL: SELECT 1, reconnecting a
+///     // dead connection once; SQLite: BEGIN IMMEDIATE + ROLLBACK). Throws like begin().
+///     void ping(std::string_view what);
+///     // Whether the driver opened its connection (a path, a conninfo) rather than borrowed it.
+///     bool owns_connection() const noexcept;
+///     // In a fork()ed child, owned only: forget_inherited(), then open a new connection set up
+///     // as the first. @throws store_unavailable when that fails (the next use tries again).
+///     void reopen_after_fork();
+///     // Drop a connection opened by another process without a byte to the server or the file
+///     // (no Terminate, no checkpoint, no ROLLBACK, no DEALLOCATE): the parent still uses it.
+///     // A borrowed connection is only forgotten. Called by the core, also from ~basic_store.
+///     void forget_inherited() noexcept;
+///
 ///     // -- the effect's own SQL, with the backend's placeholders: in the transaction
 ///     //    (sql::context::transaction) or alone (sql::context::alone, autocommit).
 ///     //    Errors → store_error with the server's message and the SQL; lock and busy timeouts →

@@ -23,6 +23,11 @@
 #include <utility>
 #include <vector>
 
+#include <type_traits>
+
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "idem/blob.hpp"
@@ -93,9 +98,32 @@ std::vector<ClaimResult> claim_each(Driver& driver, OwnClaims& own, std::string_
 template <class Driver>
 class basic_transaction;
 
+/// Whether a driver has the fork hooks of sql/driver.hpp (owns_connection(),
+/// reopen_after_fork(), forget_inherited()) and ping(). A driver without them still compiles:
+/// its store refuses any use in a fork()ed child, and ping() falls back to begin + rollback.
+template <class, class = void>
+struct has_fork_hooks : std::false_type {};
+template <class D>
+struct has_fork_hooks<D, std::void_t<decltype(std::declval<const D&>().owns_connection()),
+                                     decltype(std::declval<D&>().reopen_after_fork()),
+                                     decltype(std::declval<D&>().forget_inherited())>>
+    : std::true_type {};
+template <class, class = void>
+struct has_driver_ping : std::false_type {};
+template <class D>
+struct has_driver_ping<D, std::void_t<decltype(std::declval<D&>().ping(std::string_view()))>>
+    : std::true_type {};
+
 /// @brief A SQL store over @p Driver. One connection; it may be shared by threads: every
 /// operation (begin() up to the end of its transaction, purge(), find_claim(), ...) holds the
 /// store's mutex, and a transaction must end on the thread that began it.
+///
+/// Fork: the store remembers the process that opened its connection. Its first use in a
+/// fork()ed child (a pre-fork worker pool) drops the inherited connection without a word to the
+/// server or the file (the parent still uses it) and opens a new one when the store opened the
+/// first (a path, a conninfo); a borrowed connection cannot be reopened by the store: usage_error.
+/// A transaction begun before fork() cannot go on in the child. Fork while no thread is inside
+/// an operation of the store (its mutex would stay locked in the child).
 template <class Driver>
 class basic_store {
   public:
@@ -118,6 +146,26 @@ class basic_store {
         Lock lock(*this, "begin()");
         driver_.begin("begin()");
         return Transaction(*this, std::move(lock));
+    }
+
+    /// @brief One cheap check that the store answers now, for idem::probe_store() (the circuit
+    /// breaker's probe): PostgreSQL runs `SELECT 1` (a round trip; a connection found dead is
+    /// reconnected once), SQLite `BEGIN IMMEDIATE` + `ROLLBACK` (another writer holding the
+    /// database past the busy timeout answers store_timeout).
+    /// @throws store_unavailable, store_timeout; usage_error as begin() does.
+    void ping() {
+        Lock lock(*this, "ping()");
+        if constexpr (has_driver_ping<Driver>::value) {
+            driver_.ping("ping()");
+        } else {
+            driver_.begin("ping()");
+            const bool ok = driver_.rollback_noexcept();
+            driver_.end_transaction();
+            if (!ok) {
+                throw store_unavailable(fmt::format("idem {}: ping(): rollback failed: {}",
+                                                    Driver::name, driver_.last_error()));
+            }
+        }
     }
 
     /// @brief Deletes claims whose claimed_at is older than clock() - @p older_than, outbox
@@ -285,7 +333,11 @@ class basic_store {
         : driver_(std::forward<Args>(args)...), clock_(std::move(clock)) {
         ensure_schema(driver_);
     }
-    ~basic_store() = default;
+    ~basic_store() {
+        // In a fork()ed child that never reopened it, the connection is the parent's: dropped
+        // without a word to the server or the file (no Terminate, no checkpoint).
+        if (connection_pid_ != ::getpid()) forget_inherited();
+    }
 
     [[nodiscard]] Driver& driver() noexcept { return driver_; }
     [[nodiscard]] const Driver& driver() const noexcept { return driver_; }
@@ -307,7 +359,46 @@ class basic_store {
         }
         mutex_.lock();
         owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+        const pid_t pid = ::getpid();
+        if (pid != connection_pid_) {
+            try {
+                adopt_after_fork(what, pid);
+            } catch (...) {
+                unlock();
+                throw;
+            }
+        }
     }
+
+    /// First use in a fork()ed child: the inherited connection is the parent's too (a PGconn's
+    /// socket would interleave two processes' protocol messages; SQLite forbids using a
+    /// connection across fork()). An owned one is dropped and opened anew; a borrowed one
+    /// cannot be: usage_error.
+    void adopt_after_fork(std::string_view what, pid_t pid) {
+        if constexpr (has_fork_hooks<Driver>::value) {
+            if (!driver_.owns_connection()) {
+                forget_inherited();
+                throw usage_error(fmt::format(
+                    "idem {}: {} in a fork()ed child (pid {}) on the connection the {} borrowed "
+                    "in process {}: a connection must not be used by two processes, and the "
+                    "store cannot reopen one it did not open. Open the connection (and the store) "
+                    "after fork(), in the child, or let the store open it from a path / "
+                    "connection string, which it then reopens in each child",
+                    Driver::name, what, pid, Driver::store_class, connection_pid_));
+            }
+            driver_.reopen_after_fork();
+            connection_pid_ = pid;
+        } else {
+            throw usage_error(fmt::format(
+                "idem {}: {} in a fork()ed child (pid {}) on a connection opened in process {}: "
+                "this driver cannot reopen it; construct the {} after fork(), in the child",
+                Driver::name, what, pid, connection_pid_, Driver::store_class));
+        }
+    }
+    void forget_inherited() noexcept {
+        if constexpr (has_fork_hooks<Driver>::value) driver_.forget_inherited();
+    }
+    [[nodiscard]] bool inherited() const noexcept { return connection_pid_ != ::getpid(); }
     void unlock() noexcept {
         owner_.store(std::thread::id{}, std::memory_order_relaxed);
         mutex_.unlock();
@@ -334,6 +425,7 @@ class basic_store {
     Clock clock_;
     std::mutex mutex_;
     std::atomic<std::thread::id> owner_{};
+    pid_t connection_pid_ = ::getpid();  ///< the process whose connection driver_ holds
 };
 
 /// @brief One transaction on the store's connection, holding the store's mutex.
@@ -516,6 +608,10 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
                 "idem {}: rollback() on a transaction that was already committed", Driver::name));
         }
         if (state_ == State::rolled_back) return;
+        if (store_->inherited()) {
+            end_noexcept();  // begun before fork(): nothing is sent on the parent's connection
+            return;
+        }
         Driver& driver = store_->driver_;
         const bool ok = driver.rollback_noexcept();
         const std::string error = ok ? std::string() : driver.last_error();
@@ -577,6 +673,12 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
             throw usage_error(
                 fmt::format("idem {}: {} on a moved-from transaction", Driver::name, what));
         }
+        if (state_ == State::active && store_->inherited()) {
+            throw usage_error(fmt::format(
+                "idem {}: {} in a fork()ed child on a transaction begun in the parent: it runs "
+                "on the parent's connection; end transactions before fork()",
+                Driver::name, what));
+        }
         if (state_ != State::active) {
             throw usage_error(fmt::format(
                 "idem {}: {} on a transaction that was already {}{}", Driver::name, what,
@@ -619,6 +721,13 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
     }
 
     void end_noexcept() noexcept {
+        if (active() && store_->inherited()) {
+            // Begun before fork(): its ROLLBACK belongs to the parent, on the parent's connection.
+            state_ = State::rolled_back;
+            own_claims_.clear();
+            lock_.unlock();
+            return;
+        }
         if (active()) {
             store_->driver_.rollback_noexcept();
             finish(State::rolled_back);

@@ -201,22 +201,11 @@ class Driver {
 
     /// Opens (creating if needed) the database file and owns the connection.
     Driver(const std::string& path, const SqliteOptions& options)
-        : owned_(true), busy_timeout_(options.busy_timeout) {
+        : owned_(true), busy_timeout_(options.busy_timeout), path_(path), options_(options) {
         if (path.find('\0') != std::string::npos) {
             throw usage_error("idem sqlite: the database path contains a NUL byte");
         }
-        sqlite3* db = nullptr;
-        const int rc = sqlite3_open_v2(
-            path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-            nullptr);
-        if (rc != SQLITE_OK) {
-            std::string message =
-                fmt::format("idem sqlite: cannot open '{}': {}", path, error_text(db, rc));
-            sqlite3_close_v2(db);
-            throw store_unavailable(message);
-        }
-        db_ = db;
-        start(options);
+        open_owned();
     }
 
     /// Uses the consumer's own connection, which it never closes.
@@ -241,6 +230,55 @@ class Driver {
     ~Driver() { close_noexcept(); }
 
     [[nodiscard]] sqlite3* db() const noexcept { return db_; }
+
+    // -- fork() and ping (sql/driver.hpp) --------------------------------------------------
+
+    [[nodiscard]] bool owns_connection() const noexcept { return owned_; }
+    /// In a fork()ed child: drops the parent's connection (forget_inherited) and opens the
+    /// file again, set up as the first time (busy timeout, WAL, synchronous).
+    void reopen_after_fork() {
+        forget_inherited();
+        open_owned();
+    }
+    /// Drops a connection opened in another process without checkpointing or writing. Idle
+    /// (the usual case) it is closed with SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE: no checkpoint, no
+    /// WAL deletion, and the file's lock bookkeeping this process copied from the parent is
+    /// released, so the new connection takes SQLite's locks for real (POSIX record locks belong
+    /// to a process and are not inherited: closing touches none of the parent's). Inside a
+    /// transaction (fork() while one was open) closing would roll it back into the parent's
+    /// file: the connection and its statements are abandoned instead.
+    void forget_inherited() noexcept {
+        if (db_ == nullptr) return;
+        if (owned_ && !tx_open_ && sqlite3_get_autocommit(db_) != 0) {
+            sqlite3_db_config(db_, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
+            close_noexcept();
+            return;
+        }
+        for (sqlite3_stmt*& stmt : own_)
+            stmt = nullptr;
+        for (auto& entry : cache_)
+            entry.second->stmt = nullptr;
+        cache_.clear();
+        for (auto* slots : {&claim_rows_, &claim_rows_returning_}) {
+            for (auto& statement : *slots) {
+                if (statement) statement->stmt = nullptr;
+                statement.reset();
+            }
+        }
+        db_ = nullptr;
+        end_transaction();
+        rollback_pending_ = false;
+    }
+    /// BEGIN IMMEDIATE + ROLLBACK: the database is there and writable within the busy timeout.
+    void ping(std::string_view what) {
+        open_transaction(what);
+        const bool ok = rollback_noexcept();
+        end_transaction();
+        if (!ok) {
+            throw store_unavailable(
+                fmt::format("idem sqlite: {}: ROLLBACK failed: {}", what, last_error()));
+        }
+    }
 
     static std::string_view text(std::string_view value) noexcept { return value; }
     static void check_outbox(const OutboxIntent&) noexcept {}
@@ -472,6 +510,7 @@ class Driver {
     }
 
     void setup(const SqliteOptions& options);
+    void open_owned();
     void open_transaction(std::string_view what);
     void close_noexcept() noexcept;
 
@@ -500,6 +539,8 @@ class Driver {
     sqlite3* db_ = nullptr;
     bool owned_ = false;
     std::chrono::milliseconds busy_timeout_;
+    std::string path_;       // owned: what reopen_after_fork() opens again
+    SqliteOptions options_;  // owned: and how it sets it up
     sql::statement_table statements_ = sql::sqlite_statements();
     std::array<sqlite3_stmt*, sql::statement_count> own_{};
     std::unordered_map<std::string_view, std::unique_ptr<Cached>> cache_;
@@ -529,6 +570,21 @@ inline void Driver::close_noexcept() noexcept {
     if (owned_) sqlite3_close_v2(db_);
     db_ = nullptr;
 }
+inline void Driver::open_owned() {
+    sqlite3* db = nullptr;
+    const int rc =
+        sqlite3_open_v2(path_.c_str(), &db,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+    if (rc != SQLITE_OK) {
+        std::string message =
+            fmt::format("idem sqlite: cannot open '{}': {}", path_, error_text(db, rc));
+        sqlite3_close_v2(db);
+        throw store_unavailable(message);
+    }
+    db_ = db;
+    start(options_);
+}
+
 inline void Driver::setup(const SqliteOptions& options) {
     const auto ms = options.busy_timeout.count();
     sqlite3_busy_timeout(db_, ms <= 0 ? 0 : ms >= INT_MAX ? INT_MAX : static_cast<int>(ms));
