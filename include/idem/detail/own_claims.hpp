@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "idem/config.hpp"
-#include "idem/store.hpp"
+#include "idem/contract/records.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace detail {
