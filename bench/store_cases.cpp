@@ -186,7 +186,7 @@ void run_memory_cases() {
                 handler.emplace(*store, idem::Policy{scope}, effect);
                 state.ResumeTiming();
             }
-            const idem::Delivery delivery{message_id(++seq), 1};
+            const idem::Delivery delivery{message_id(++seq), 1u};
             if (!processed(state, handler->handle(delivery, order))) break;
         }
         benchmark::DoNotOptimize(effects);
