@@ -22,6 +22,7 @@
 #include "idem/circuit_breaker.hpp"
 #include "idem/idem.hpp"
 #include "idem/store/postgres.hpp"
+#include "idem/store/redis_connection.hpp"
 #include "idem/store/sqlite.hpp"
 #include "support/postgres_server.hpp"
 #include "support/redis_server.hpp"

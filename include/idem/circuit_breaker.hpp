@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"  // has_ping, has_rollback
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 
@@ -179,20 +180,6 @@ class CircuitBreaker {
     std::atomic<std::size_t> probes_{0};
     std::atomic<std::size_t> failed_probes_{0};
 };
-
-namespace detail {
-
-template <class, class = void>
-struct has_ping : std::false_type {};
-template <class S>
-struct has_ping<S, std::void_t<decltype(std::declval<S&>().ping())>> : std::true_type {};
-
-template <class, class = void>
-struct has_rollback : std::false_type {};
-template <class T>
-struct has_rollback<T, std::void_t<decltype(std::declval<T&>().rollback())>> : std::true_type {};
-
-}  // namespace detail
 
 /// @brief The cheap probe of any store: its ping() if it has one, else a transaction begun and
 /// rolled back (on SQLite BEGIN IMMEDIATE, which a locked database refuses; on a network store a

@@ -1,8 +1,14 @@
 #pragma once
 /// @file
 /// @brief IdempotentHandler: wraps a user's effect so each message has its effect exactly once.
+///
+/// handle() and handle_batch() run one attempt pipeline per message (claim → fingerprint →
+/// poison → effect → settle, after the delivery was validated); alone and in a batch differ only
+/// in their strategy (detail::SingleStrategy, detail::BatchSavepointStrategy,
+/// detail::BatchUnclaimStrategy), chosen at compile time. Calling the effect is effect.hpp's.
 
 #include <chrono>
+#include <cstddef>
 #include <exception>
 #include <optional>
 #include <string>
@@ -15,124 +21,82 @@
 
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/delivery.hpp"
+#include "idem/effect.hpp"
 #include "idem/error.hpp"
 #include "idem/observer.hpp"
 #include "idem/outcome.hpp"
 #include "idem/payload.hpp"
 #include "idem/policy.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 
 namespace detail {
 
-template <class Effect, class Tx, class Body>
-inline constexpr bool effect_takes_delivery_v =
-    std::is_invocable_v<Effect&, Tx&, const Body&, const Delivery&>;
+/// How a message keeps its claim but none of the effect's writes (rejected, or malformed).
+enum class Undo {
+    effect_savepoint,    ///< the effect ran in a savepoint: roll back to it, record, go on
+    second_transaction,  ///< roll the whole transaction back; claim and record in a new one
+};
 
-template <class Effect, class Tx, class Body>
-inline constexpr bool effect_fits_v =
-    effect_takes_delivery_v<Effect, Tx, Body> || std::is_invocable_v<Effect&, Tx&, const Body&>;
-
-template <class Effect, class Tx, class Body>
-auto invoke_effect(Effect& effect, Tx& tx, const Body& body, const Delivery& delivery) {
-    if constexpr (effect_takes_delivery_v<Effect, Tx, Body>) {
-        return effect(tx, body, delivery);
-    } else {
-        return effect(tx, body);
+/// @brief handle(): one message in its own transaction, so nothing to isolate: a failure or a
+/// deferral rolls the transaction back, and a store error fails the attempt. The effect gets a
+/// savepoint only where savepoints are cheap (memory, Redis); on SQL stores the common path goes
+/// without one and the rare rejected or malformed outcome is recorded in a second transaction.
+template <class Tx>
+struct SingleStrategy {
+    static constexpr Undo undo =
+        cheap_savepoints<Tx>::value ? Undo::effect_savepoint : Undo::second_transaction;
+    static constexpr bool contains_failures = false;  ///< a failure ends the transaction
+    void isolate(Tx& /*tx*/) noexcept {}
+    void keep(Tx& /*tx*/) noexcept {}
+    void drop(Tx& /*tx*/) noexcept {}
+    template <class ClaimNow>
+    ClaimResult claim(ClaimNow&& claim_now) {
+        return claim_now();
     }
-}
+};
 
-template <class Effect, class Tx, class Body>
-using effect_result_t =
-    decltype(invoke_effect(std::declval<Effect&>(), std::declval<Tx&>(),
-                           std::declval<const Body&>(), std::declval<const Delivery&>()));
-
-/// Runs an effect and turns a void return into EffectResult::applied().
-template <class Effect, class Tx, class Body>
-EffectResult run_effect(Effect& effect, Tx& tx, const Body& body, const Delivery& delivery) {
-    if constexpr (std::is_void_v<effect_result_t<Effect, Tx, Body>>) {
-        invoke_effect(effect, tx, body, delivery);
-        return EffectResult::applied();
-    } else {
-        return invoke_effect(effect, tx, body, delivery);
+/// @brief handle_batch() on a store that claims one id per call: each message in a savepoint of
+/// its own, around its claim, so one that fails or defers leaves nothing (not even its claim)
+/// while the others commit together.
+template <class Tx>
+struct BatchSavepointStrategy {
+    static constexpr Undo undo = Undo::effect_savepoint;
+    static constexpr bool contains_failures = true;  ///< a failed message rolls back alone
+    void isolate(Tx& tx) { tx.savepoint(); }
+    void keep(Tx& tx) { tx.release_savepoint(); }
+    void drop(Tx& tx) { tx.rollback_to_savepoint(); }
+    template <class ClaimNow>
+    ClaimResult claim(ClaimNow&& claim_now) {
+        return claim_now();
     }
-}
+};
 
-// Effect wrappers (with_fingerprint, reconcile_expired, without_overlapping) expose inner();
-// the handler looks through the chain for the capabilities it needs.
-template <class E, class = void>
-struct has_inner : std::false_type {};
-template <class E>
-struct has_inner<E, std::void_t<decltype(std::declval<E&>().inner())>> : std::true_type {};
-
-template <class E, class Body, class = void>
-struct has_fingerprint : std::false_type {};
-template <class E, class Body>
-struct has_fingerprint<
-    E, Body, std::void_t<decltype(std::declval<E&>().fingerprint(std::declval<const Body&>()))>>
-    : std::true_type {};
-
-template <class E, class Body>
-constexpr bool chain_has_fingerprint() {
-    if constexpr (has_fingerprint<E, Body>::value) {
-        return true;
-    } else if constexpr (has_inner<E>::value) {
-        return chain_has_fingerprint<std::remove_reference_t<decltype(std::declval<E&>().inner())>,
-                                     Body>();
-    } else {
-        return false;
+/// @brief handle_batch() on a store that claimed the whole batch up front (claim_many): the claim
+/// lies outside any message savepoint, so a message that fails or defers gives it back with
+/// unclaim().
+template <class Tx>
+struct BatchUnclaimStrategy {
+    static constexpr Undo undo = Undo::effect_savepoint;
+    static constexpr bool contains_failures = true;
+    const ClaimResult& claimed;  ///< this message's answer from claim_many
+    std::string_view scope;
+    std::string_view id;
+    void isolate(Tx& /*tx*/) noexcept {}
+    void keep(Tx& /*tx*/) noexcept {}
+    void drop(Tx& tx) {
+        if (claimed.status == ClaimStatus::claimed) tx.unclaim(scope, id);
     }
-}
-
-/// The fingerprint of the body's stable part, from the first wrapper in the chain that has one.
-template <class E, class Body>
-std::string chain_fingerprint(E& effect, const Body& body) {
-    if constexpr (has_fingerprint<E, Body>::value) {
-        return effect.fingerprint(body);
-    } else {
-        return chain_fingerprint(effect.inner(), body);
+    template <class ClaimNow>
+    ClaimResult claim(ClaimNow&& /*claim_now*/) const {
+        return claimed;
     }
-}
+};
 
-template <class E, class Tx, class Body, class = void>
-struct has_reconcile : std::false_type {};
-template <class E, class Tx, class Body>
-struct has_reconcile<
-    E, Tx, Body,
-    std::void_t<decltype(std::declval<E&>().reconcile(
-        std::declval<Tx&>(), std::declval<const Body&>(), std::declval<const Delivery&>()))>>
-    : std::true_type {};
-
-/// The reconcile callback's answer for a message too old for its gateway key, if the chain has
-/// one.
-template <class E, class Tx, class Body>
-std::optional<EffectResult> chain_reconcile(E& effect, Tx& tx, const Body& body,
-                                            const Delivery& delivery) {
-    if constexpr (has_reconcile<E, Tx, Body>::value) {
-        return EffectResult(effect.reconcile(tx, body, delivery));
-    } else if constexpr (has_inner<E>::value) {
-        return chain_reconcile(effect.inner(), tx, body, delivery);
-    } else {
-        return std::nullopt;
-    }
-}
-
-template <class Effect, class Tx, class Body>
-constexpr bool check_effect() {
-    constexpr bool fits = effect_fits_v<Effect, Tx, Body>;
-    static_assert(fits,
-                  "idem: the effect must be callable as effect(Transaction&, const Body&) or "
-                  "effect(Transaction&, const Body&, const idem::Delivery&), where Transaction "
-                  "is the store's transaction type and Body the type passed to handle()");
-    if constexpr (fits) {
-        using R = effect_result_t<Effect, Tx, Body>;
-        static_assert(std::is_void_v<R> || std::is_convertible_v<R, EffectResult>,
-                      "idem: the effect must return void or idem::EffectResult");
-    }
-    return true;
-}
+template <class Strategy>
+inline constexpr bool effect_savepoint_v = Strategy::undo == Undo::effect_savepoint;
 
 }  // namespace detail
 
@@ -290,6 +254,16 @@ class IdempotentHandler {
         hook.message_id = delivery.message_id;
         hook.acked_in_commit = false;
     }
+    /// What one attempt ended with. A rejected or malformed message under
+    /// Undo::second_transaction comes back with needs_second_transaction: its transaction must
+    /// roll back, and record_without_effect() records the outcome in another.
+    struct Attempt {
+        Attempt() = default;
+        Attempt(Outcome settled, bool second = false)  // NOLINT(google-explicit-constructor)
+            : outcome(std::move(settled)), needs_second_transaction(second) {}
+        Outcome outcome;
+        bool needs_second_transaction = false;
+    };
 
     void report(const Delivery& delivery, const Outcome& outcome) noexcept {
         counters_.count(delivery, outcome.disposition);
@@ -301,24 +275,23 @@ class IdempotentHandler {
         }
     }
 
+    /// handle(): validate, then one attempt in its own transaction.
     template <class Body>
     Outcome decide(const Delivery& delivery, const Body& body, CommitHook* hook = nullptr) {
         if (auto reason = unclaimable_reason(delivery)) {
             return park_malformed_delivery(delivery, body, std::move(*reason), hook);
         }
         try {
-            bool again_without_effect = false;
-            Outcome outcome;
+            Attempt attempted;
             {
                 Transaction tx = begin_transaction(hook, hook != nullptr ? 1 : 0);
-                outcome =
-                    process(tx, delivery, body, /*in_batch=*/false, nullptr, &again_without_effect);
-                if (!again_without_effect) {
-                    if (writes_something(outcome.disposition)) tx.commit();
-                    return outcome;  // otherwise tx rolls back: nothing stored
+                attempted = attempt(tx, delivery, body, detail::SingleStrategy<Transaction>{});
+                if (!attempted.needs_second_transaction) {
+                    commit_if_stored(tx, attempted.outcome);
+                    return std::move(attempted.outcome);  // or tx rolls back: nothing stored
                 }
             }  // rolled back: the effect's writes are gone, the claim with them
-            return record_without_effect(delivery, body, std::move(outcome), hook);
+            return record_without_effect(delivery, body, std::move(attempted.outcome), hook);
         } catch (const std::exception& e) {
             return failure(e);
         } catch (...) {
@@ -337,16 +310,12 @@ class IdempotentHandler {
         // Another worker finished it, or holds it, meanwhile.
         if (claim.status == ClaimStatus::duplicate) return duplicate_outcome(claim);
         if (claim.status == ClaimStatus::in_progress) return in_progress_outcome();
-        if (outcome.disposition == Disposition::dead_lettered) {
-            park(tx, delivery, body, outcome.reason);
-        } else {
-            tx.record_outcome(policy_.scope(), delivery.message_id, outcome.disposition,
-                              outcome.reason);
-        }
-        tx.commit();
+        record_or_park(tx, delivery, body, outcome.disposition, outcome.reason);
+        commit_if_stored(tx, outcome);
         return outcome;
     }
 
+    /// handle_batch(): every message through the same attempt, in ONE transaction.
     template <class Body>
     std::vector<Outcome> decide_batch(const Delivery* deliveries, const Body* bodies,
                                       std::size_t count, CommitHook* hooks = nullptr) {
@@ -361,18 +330,22 @@ class IdempotentHandler {
                 claims = claim_all(tx, deliveries, bodies, count);
             }
             for (std::size_t i = 0; i < count; ++i) {
-                if (auto reason = unclaimable_reason(deliveries[i])) {
-                    tx.dead_letter(make_dead_letter(deliveries[i], bodies[i], *reason));
+                const Delivery& delivery = deliveries[i];
+                if (auto reason = unclaimable_reason(delivery)) {
+                    tx.dead_letter(make_dead_letter(delivery, bodies[i], *reason));
                     outcomes[i] = {Disposition::dead_lettered, std::move(*reason)};
+                } else if constexpr (detail::has_claim_many<Transaction>::value) {
+                    outcomes[i] = attempt(tx, delivery, bodies[i],
+                                          detail::BatchUnclaimStrategy<Transaction>{
+                                              claims[i], policy_.scope(), delivery.message_id})
+                                      .outcome;
                 } else {
-                    outcomes[i] = process(tx, deliveries[i], bodies[i], /*in_batch=*/true,
-                                          claims.empty() ? nullptr : &claims[i]);
+                    outcomes[i] = attempt(tx, delivery, bodies[i],
+                                          detail::BatchSavepointStrategy<Transaction>{})
+                                      .outcome;
                 }
             }
-            bool any_write = false;
-            for (const auto& outcome : outcomes)
-                any_write = any_write || writes_something(outcome.disposition);
-            if (any_write) tx.commit();
+            commit_if_stored(tx, outcomes);
         } catch (const std::exception& e) {
             // Nothing of this batch committed, so nothing is acked. Duplicates too: one may be a
             // second copy of an id this very batch claimed.
@@ -386,6 +359,232 @@ class IdempotentHandler {
         }
         return outcomes;
     }
+
+    /// Begins a transaction, sets the policy's claim terms and offers it the broker's commit
+    /// hooks (ignored by a store without the capability).
+    Transaction begin_transaction(CommitHook* hooks = nullptr, std::size_t hook_count = 0) {
+        Transaction tx = store_->begin();
+        if constexpr (detail::has_set_terms<Transaction>::value) {
+            tx.set_terms(ClaimTerms{policy_.lease(), policy_.retention()});
+        }
+        for (std::size_t i = 0; i < hook_count; ++i)
+            attach_commit_hook(tx, hooks[i]);
+        return tx;
+    }
+
+    /// The commit of handle()'s transactions: only when the outcome stored something (else the
+    /// transaction rolls back as it ends).
+    static void commit_if_stored(Transaction& tx, const Outcome& outcome) {
+        if (writes_something(outcome.disposition)) tx.commit();
+    }
+
+    /// The commit of handle_batch()'s transaction: when any outcome stored something.
+    static void commit_if_stored(Transaction& tx, const std::vector<Outcome>& outcomes) {
+        bool any_write = false;
+        for (const auto& outcome : outcomes)
+            any_write = any_write || writes_something(outcome.disposition);
+        if (any_write) tx.commit();
+    }
+
+    // ---- the attempt: one message inside a transaction, alone or in a batch ----
+
+    /// claim → fingerprint → poison → effect → settle; the outcome is recorded, not committed.
+    /// The strategy says how the message is kept apart from the others in the transaction
+    /// (isolate / keep / drop) and how it keeps its claim without the effect's writes (undo).
+    template <class Strategy, class Body>
+    Attempt attempt(Transaction& tx, const Delivery& delivery, const Body& body,
+                    Strategy strategy) {
+        static_assert(!Strategy::contains_failures || detail::effect_savepoint_v<Strategy>,
+                      "a strategy that contains a failure undoes the effect by its savepoint");
+        strategy.isolate(tx);
+        const std::string fingerprint = fingerprint_of(body);
+        const ClaimResult claim =
+            strategy.claim([&] { return claim_one<Body>(tx, delivery.message_id, fingerprint); });
+        if (auto stop = check_claim(tx, delivery, body, claim, fingerprint, strategy)) {
+            return std::move(*stop);
+        }
+        if (auto parked = check_poison(tx, delivery, body, claim, strategy)) {
+            return std::move(*parked);
+        }
+        return effect_step(tx, delivery, body, strategy);
+    }
+
+    /// A duplicate is acked, or dead-lettered when its fingerprint says the id was reused for
+    /// another payload; in_progress leaves nothing. A new claim goes on.
+    template <class Strategy, class Body>
+    std::optional<Outcome> check_claim(Transaction& tx, const Delivery& delivery, const Body& body,
+                                       const ClaimResult& claim, const std::string& fingerprint,
+                                       Strategy& strategy) {
+        if (claim.status == ClaimStatus::duplicate) {
+            if (!fingerprint.empty() && !claim.fingerprint.empty() &&
+                claim.fingerprint != fingerprint) {
+                // Not a redelivery: the producer reused an id for another message. Acking it as
+                // a duplicate would silently drop that message.
+                std::string reason =
+                    "id reused with a different payload (fingerprint differs from the first "
+                    "delivery's)";
+                tx.dead_letter(make_dead_letter(delivery, body, reason));
+                strategy.keep(tx);
+                return Outcome{Disposition::dead_lettered, std::move(reason)};
+            }
+            strategy.keep(tx);
+            return duplicate_outcome(claim);
+        }
+        if (claim.status == ClaimStatus::in_progress) {
+            strategy.drop(tx);
+            return in_progress_outcome();
+        }
+        return std::nullopt;
+    }
+
+    /// Parks a new claim, with the claim, before its effect: count 0, or the poison limit.
+    template <class Strategy, class Body>
+    std::optional<Outcome> check_poison(Transaction& tx, const Delivery& delivery, const Body& body,
+                                        const ClaimResult& claim, Strategy& strategy) {
+        std::string reason;
+        if (delivery.delivery_count.value() == 0) {
+            // A usable id with count 0 (a broker field not mapped): parked WITH its claim, so a
+            // later delivery of the same id is a duplicate of this dead letter rather than a
+            // second outcome (an effect) for one message.
+            reason = zero_count_reason;
+        } else {
+            // Duplicate detection came first: a processed message whose acks kept failing is a
+            // duplicate, never a dead letter.
+            // A lease store counts the times the effect started; otherwise the broker's count
+            // is all there is (it also grows with deliveries that never reached the effect).
+            const std::uint32_t attempts = claim.attempts.value_or(delivery.delivery_count.value());
+            if (attempts < policy_.max_deliveries()) return std::nullopt;
+            reason = fmt::format(
+                "poison: {} {} {} reached max_deliveries {}; the effect was not run on this "
+                "delivery; earlier deliveries may have run it",
+                claim.attempts ? "attempt" : "delivery count", attempts,
+                claim.attempts ? "(effect starts)" : "(broker)", policy_.max_deliveries());
+        }
+        park(tx, delivery, body, reason);
+        strategy.keep(tx);
+        return Outcome{Disposition::dead_lettered, std::move(reason)};
+    }
+
+    /// The effect (or the reconcile callback, for a message older than the gateway's keys), in
+    /// the effect's savepoint when the strategy undoes by one. What it throws ends here: a
+    /// contained failure undoes the message alone, otherwise the transaction fails.
+    template <class Strategy, class Body>
+    Attempt effect_step(Transaction& tx, const Delivery& delivery, const Body& body,
+                        Strategy& strategy) {
+        if constexpr (detail::effect_savepoint_v<Strategy>) tx.savepoint();
+        EffectResult result = EffectResult::applied();
+        try {
+            if (auto too_old = older_than_gateway_keys(delivery)) {
+                auto reconciled = detail::chain_reconcile(*effect_, tx, body, delivery);
+                if (!reconciled) return park_too_old(tx, delivery, body, strategy, *too_old);
+                result = std::move(*reconciled);
+            } else {
+                result = detail::run_effect(*effect_, tx, body, delivery);
+            }
+        } catch (const malformed_message& e) {
+            return settle_without_effect(tx, delivery, body, strategy, Disposition::dead_lettered,
+                                         fmt::format("malformed message: {}", e.what()));
+        } catch (const redaction_failed&) {
+            throw;  // the too-old message's dead letter: failed as a whole, like the other parks
+        } catch (const store_error& e) {
+            if constexpr (!Strategy::contains_failures) {
+                throw;
+            } else {
+                // The message's own savepoints also recover a transaction a failed statement
+                // aborted (PostgreSQL); if even that fails, the whole batch fails.
+                return abandon(
+                    tx, strategy,
+                    failed_outcome(fmt::format("store error: {}", e.what()), failure_cause_of(e)));
+            }
+        } catch (const std::exception& e) {
+            return abandon(tx, strategy,
+                           failed_outcome(fmt::format("effect threw: {}", e.what()),
+                                          FailureCause::effect_threw));
+        } catch (...) {
+            return abandon(tx, strategy,
+                           failed_outcome("effect threw a non-standard exception",
+                                          FailureCause::effect_threw));
+        }
+        return settle(tx, delivery, body, strategy, result);
+    }
+
+    /// The effect's answer recorded on the claim (processed), without its writes (rejected), or
+    /// nothing at all (deferred).
+    template <class Strategy, class Body>
+    Attempt settle(Transaction& tx, const Delivery& delivery, const Body& body, Strategy& strategy,
+                   const EffectResult& result) {
+        switch (result.kind()) {
+            case EffectResult::Kind::applied:
+                if constexpr (detail::effect_savepoint_v<Strategy>) tx.release_savepoint();
+                tx.record_outcome(policy_.scope(), delivery.message_id, Disposition::processed, {});
+                strategy.keep(tx);
+                return Outcome{Disposition::processed, {}};
+            case EffectResult::Kind::rejected:
+                // The refusal is final: keep the claim (so redeliveries are duplicates) but none
+                // of the effect's writes.
+                return settle_without_effect(tx, delivery, body, strategy, Disposition::rejected,
+                                             result.reason());
+            case EffectResult::Kind::deferred:  // nothing stored, not even the claim
+                if constexpr (detail::effect_savepoint_v<Strategy>) tx.rollback_to_savepoint();
+                strategy.drop(tx);
+                return Outcome{Disposition::deferred, result.reason(), result.retry_after()};
+        }
+        return failed_outcome("unknown effect result", FailureCause::other);
+    }
+
+    /// Rejected or parked as malformed, keeping the claim but not the effect's writes: by the
+    /// effect's savepoint, here, or in a second transaction (record_without_effect).
+    template <class Strategy, class Body>
+    Attempt settle_without_effect([[maybe_unused]] Transaction& tx,
+                                  [[maybe_unused]] const Delivery& delivery,
+                                  [[maybe_unused]] const Body& body,
+                                  [[maybe_unused]] Strategy& strategy, Disposition disposition,
+                                  std::string reason) {
+        if constexpr (Strategy::undo == detail::Undo::second_transaction) {
+            return Attempt(Outcome{disposition, std::move(reason)},
+                           /*second=*/true);
+        } else {
+            tx.rollback_to_savepoint();
+            record_or_park(tx, delivery, body, disposition, reason);
+            strategy.keep(tx);
+            return Outcome{disposition, std::move(reason)};
+        }
+    }
+
+    /// A message too old for the gateway's keys, with no reconcile callback: nothing ran since
+    /// the claim, so it is parked in this transaction.
+    template <class Strategy, class Body>
+    Attempt park_too_old(Transaction& tx, const Delivery& delivery, const Body& body,
+                         Strategy& strategy, std::string reason) {
+        if constexpr (detail::effect_savepoint_v<Strategy>) tx.rollback_to_savepoint();
+        park(tx, delivery, body, reason);
+        strategy.keep(tx);
+        return Outcome{Disposition::dead_lettered, std::move(reason)};
+    }
+
+    /// A failure in the effect step: contained (a batch), the message's savepoints undo it
+    /// alone; otherwise the whole transaction rolls back as it ends.
+    template <class Strategy>
+    static Attempt abandon([[maybe_unused]] Transaction& tx, [[maybe_unused]] Strategy& strategy,
+                           Outcome failed) {
+        if constexpr (Strategy::contains_failures) {
+            tx.rollback_to_savepoint();
+            strategy.drop(tx);
+        }
+        return failed;
+    }
+
+    template <class Body>
+    void record_or_park(Transaction& tx, const Delivery& delivery, const Body& body,
+                        Disposition disposition, const std::string& reason) {
+        if (disposition == Disposition::dead_lettered) {
+            park(tx, delivery, body, reason);
+        } else {
+            tx.record_outcome(policy_.scope(), delivery.message_id, disposition, reason);
+        }
+    }
+
+    // ---- the pieces ----
 
     /// One claim per delivery with a usable id, in one call; malformed ones get a placeholder
     /// (they never reach process()).
@@ -441,18 +640,6 @@ class IdempotentHandler {
         return {Disposition::in_progress, "another worker holds the claim"};
     }
 
-    /// Begins a transaction and offers it the broker's commit hooks (ignored by a store
-    /// without the capability).
-    Transaction begin_transaction(CommitHook* hooks = nullptr, std::size_t hook_count = 0) {
-        Transaction tx = store_->begin();
-        if constexpr (detail::has_set_terms<Transaction>::value) {
-            tx.set_terms(ClaimTerms{policy_.lease(), policy_.retention()});
-        }
-        for (std::size_t i = 0; i < hook_count; ++i)
-            attach_commit_hook(tx, hooks[i]);
-        return tx;
-    }
-
     /// Outcomes stored by the commit: the claim with its outcome (and a dead letter).
     static bool writes_something(Disposition d) noexcept {
         return d == Disposition::processed || d == Disposition::rejected ||
@@ -468,166 +655,6 @@ class IdempotentHandler {
             return failed_outcome(fmt::format("store error: {}", error.what()), cause);
         }
         return failed_outcome(fmt::format("error: {}", error.what()), cause);
-    }
-
-    /// One message inside @p tx: claim, duplicate and poison checks, the effect, its outcome
-    /// recorded (not committed). In a batch the message sits in its own savepoint, so a message
-    /// that fails or defers leaves nothing (not even its claim) while the others commit; alone,
-    /// the caller's commit or rollback does that.
-    template <class Body>
-    Outcome process(Transaction& tx, const Delivery& delivery, const Body& body, bool in_batch,
-                    const ClaimResult* claimed_before = nullptr,
-                    bool* again_without_effect = nullptr) {
-        const std::string& scope = policy_.scope();
-        const std::string& id = delivery.message_id;
-        // In a batch the message needs a savepoint of its own around its claim, unless the
-        // claim was made up front (claim_many): then a failure gives it back with unclaim().
-        const bool own_savepoint = in_batch && claimed_before == nullptr;
-        if (own_savepoint) tx.savepoint();
-        auto keep_message = [&] {
-            if (own_savepoint) tx.release_savepoint();
-        };
-        auto drop_message = [&] {
-            if (own_savepoint) tx.rollback_to_savepoint();
-            if constexpr (detail::has_claim_many<Transaction>::value) {
-                if (claimed_before != nullptr && claimed_before->status == ClaimStatus::claimed) {
-                    tx.unclaim(scope, id);
-                }
-            }
-        };
-
-        const std::string fingerprint = fingerprint_of(body);
-        const ClaimResult claim =
-            claimed_before != nullptr ? *claimed_before : claim_one<Body>(tx, id, fingerprint);
-        if (claim.status == ClaimStatus::duplicate) {
-            if (!fingerprint.empty() && !claim.fingerprint.empty() &&
-                claim.fingerprint != fingerprint) {
-                // Not a redelivery: the producer reused an id for another message. Acking it as
-                // a duplicate would silently drop that message.
-                std::string reason =
-                    "id reused with a different payload (fingerprint differs from the first "
-                    "delivery's)";
-                tx.dead_letter(make_dead_letter(delivery, body, reason));
-                keep_message();
-                return {Disposition::dead_lettered, std::move(reason)};
-            }
-            keep_message();
-            return duplicate_outcome(claim);
-        }
-        if (claim.status == ClaimStatus::in_progress) {
-            drop_message();
-            return in_progress_outcome();
-        }
-        // A usable id with count 0 (a broker field not mapped): parked WITH its claim, so a later
-        // delivery of the same id is a duplicate of this dead letter rather than a second
-        // outcome (an effect) for one message.
-        if (delivery.delivery_count.value() == 0) {
-            std::string reason(zero_count_reason);
-            park(tx, delivery, body, reason);
-            keep_message();
-            return {Disposition::dead_lettered, std::move(reason)};
-        }
-        // Duplicate detection came first: a processed message whose acks kept failing is a
-        // duplicate, never a dead letter.
-        // A lease store counts the times the effect started; otherwise the broker's count is
-        // all there is (it also grows with deliveries that never reached the effect).
-        const std::uint32_t attempts = claim.attempts.value_or(delivery.delivery_count.value());
-        if (attempts >= policy_.max_deliveries()) {
-            std::string reason = fmt::format(
-                "poison: {} {} {} reached max_deliveries {}; the effect was not run on this "
-                "delivery; earlier deliveries may have run it",
-                claim.attempts ? "attempt" : "delivery count", attempts,
-                claim.attempts ? "(effect starts)" : "(broker)", policy_.max_deliveries());
-            park(tx, delivery, body, reason);
-            keep_message();
-            return {Disposition::dead_lettered, std::move(reason)};
-        }
-
-        // The effect's savepoint lets a rejected or malformed message keep its claim but drop
-        // the effect's writes. Alone, on a store where a savepoint costs statements (SQLite,
-        // PostgreSQL), the common path goes without one: those rare outcomes roll the whole
-        // transaction back and record themselves in a second one (record_without_effect).
-        const bool effect_savepoint = in_batch || detail::cheap_savepoints<Transaction>::value ||
-                                      again_without_effect == nullptr;
-        auto undo_effect = [&] {
-            if (effect_savepoint) tx.rollback_to_savepoint();
-        };
-        // Rejected or parked without the effect's writes: here, or in a second transaction.
-        auto settle_without_effect = [&](Disposition disposition, std::string reason) -> Outcome {
-            if (!effect_savepoint) {
-                *again_without_effect = true;
-                return {disposition, std::move(reason)};
-            }
-            tx.rollback_to_savepoint();
-            if (disposition == Disposition::dead_lettered) {
-                park(tx, delivery, body, reason);
-            } else {
-                tx.record_outcome(scope, id, disposition, reason);
-            }
-            keep_message();
-            return {disposition, std::move(reason)};
-        };
-
-        if (effect_savepoint) tx.savepoint();
-        EffectResult result = EffectResult::applied();
-        try {
-            if (auto too_old = older_than_gateway_keys(delivery)) {
-                auto reconciled = detail::chain_reconcile(*effect_, tx, body, delivery);
-                if (!reconciled) {
-                    // Nothing ran since the claim: park in this transaction.
-                    undo_effect();
-                    park(tx, delivery, body, *too_old);
-                    keep_message();
-                    return {Disposition::dead_lettered, std::move(*too_old)};
-                }
-                result = std::move(*reconciled);
-            } else {
-                result = detail::run_effect(*effect_, tx, body, delivery);
-            }
-        } catch (const malformed_message& e) {
-            return settle_without_effect(Disposition::dead_lettered,
-                                         fmt::format("malformed message: {}", e.what()));
-        } catch (const redaction_failed&) {
-            throw;  // the too-old message's dead letter: failed as a whole, like the other parks
-        } catch (const store_error& e) {
-            if (!in_batch) throw;
-            // The message's own savepoints also recover a transaction a failed statement
-            // aborted (PostgreSQL); if even that fails, the whole batch fails.
-            tx.rollback_to_savepoint();
-            drop_message();
-            return failed_outcome(fmt::format("store error: {}", e.what()), failure_cause_of(e));
-        } catch (const std::exception& e) {
-            if (in_batch) {
-                tx.rollback_to_savepoint();
-                drop_message();
-            }
-            return failed_outcome(fmt::format("effect threw: {}", e.what()),
-                                  FailureCause::effect_threw);
-        } catch (...) {
-            if (in_batch) {
-                tx.rollback_to_savepoint();
-                drop_message();
-            }
-            return failed_outcome("effect threw a non-standard exception",
-                                  FailureCause::effect_threw);
-        }
-
-        switch (result.kind()) {
-            case EffectResult::Kind::applied:
-                if (effect_savepoint) tx.release_savepoint();
-                tx.record_outcome(scope, id, Disposition::processed, {});
-                keep_message();
-                return {Disposition::processed, {}};
-            case EffectResult::Kind::rejected:
-                // The refusal is final: keep the claim (so redeliveries are duplicates) but none
-                // of the effect's writes.
-                return settle_without_effect(Disposition::rejected, result.reason());
-            case EffectResult::Kind::deferred:  // nothing stored, not even the claim
-                undo_effect();
-                drop_message();
-                return {Disposition::deferred, result.reason(), result.retry_after()};
-        }
-        return failed_outcome("unknown effect result", FailureCause::other);
     }
 
     /// Why the message must not reach a gateway whose keys have expired, if it must not.

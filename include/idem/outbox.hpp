@@ -40,59 +40,12 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/error.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 
 namespace detail {
-
-template <class, class = void>
-struct has_add_outbox : std::false_type {};
-template <class T>
-struct has_add_outbox<
-    T, std::void_t<decltype(std::declval<T&>().add_outbox(std::declval<const OutboxIntent&>()))>>
-    : std::is_convertible<
-          decltype(std::declval<T&>().add_outbox(std::declval<const OutboxIntent&>())), bool> {};
-
-template <class, class = void>
-struct has_lease_outbox : std::false_type {};
-template <class S>
-struct has_lease_outbox<S, std::void_t<decltype(std::declval<S&>().lease_outbox(
-                               std::size_t{}, std::chrono::milliseconds{}))>>
-    : std::is_convertible<decltype(std::declval<S&>().lease_outbox(std::size_t{},
-                                                                   std::chrono::milliseconds{})),
-                          std::vector<OutboxRow>> {};
-
-template <class, class = void>
-struct has_mark_outbox_sent : std::false_type {};
-template <class S>
-struct has_mark_outbox_sent<
-    S, std::void_t<decltype(std::declval<S&>().mark_outbox_sent(std::int64_t{}))>>
-    : std::true_type {};
-
-template <class, class = void>
-struct has_mark_outbox_failed : std::false_type {};
-template <class S>
-struct has_mark_outbox_failed<
-    S, std::void_t<decltype(std::declval<S&>().mark_outbox_failed(
-           std::int64_t{}, std::string_view{}, std::chrono::system_clock::time_point{}, bool{}))>>
-    : std::true_type {};
-
-template <class S>
-constexpr bool check_relay_store() {
-    static_assert(has_lease_outbox<S>::value,
-                  "idem::Relay: the store has no outbox: it must provide "
-                  "lease_outbox(std::size_t limit, std::chrono::milliseconds lease) returning "
-                  "std::vector<idem::OutboxRow> (MemoryStore, SqliteStore and PostgresStore do)");
-    static_assert(has_mark_outbox_sent<S>::value,
-                  "idem::Relay: the store must provide mark_outbox_sent(std::int64_t id)");
-    static_assert(has_mark_outbox_failed<S>::value,
-                  "idem::Relay: the store must provide mark_outbox_failed(std::int64_t id, "
-                  "std::string_view error, std::chrono::system_clock::time_point retry_at, "
-                  "bool park)");
-    return true;
-}
 
 template <class Sender>
 constexpr bool check_sender() {

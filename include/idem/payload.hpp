@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "idem/config.hpp"
+#include "idem/effect.hpp"
 #include "idem/policy.hpp"
 
 IDEM_BEGIN_NAMESPACE
@@ -144,12 +145,7 @@ std::string payload_of(const Body& body) {
     }
 }
 
-// The effect chain (wrappers expose inner()), walked for the keep_no_payload mark.
-template <class E, class = void>
-struct payload_has_inner : std::false_type {};
-template <class E>
-struct payload_has_inner<E, std::void_t<decltype(std::declval<E&>().inner())>> : std::true_type {};
-
+// The effect chain (wrappers expose inner(), effect.hpp), walked for the keep_no_payload mark.
 template <class E, class = void>
 struct marks_no_payload : std::false_type {};
 template <class E>
@@ -160,7 +156,7 @@ template <class E>
 constexpr bool chain_keeps_no_payload() {
     if constexpr (marks_no_payload<E>::value) {
         return true;
-    } else if constexpr (payload_has_inner<E>::value) {
+    } else if constexpr (has_inner<E>::value) {
         return chain_keeps_no_payload<
             std::remove_reference_t<decltype(std::declval<E&>().inner())>>();
     } else {

@@ -41,6 +41,7 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/detail/traits.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 
@@ -390,11 +391,6 @@ template <class State, class Event, std::size_t N>
 }
 
 namespace detail {
-
-template <class T>
-struct is_optional : std::false_type {};
-template <class T>
-struct is_optional<std::optional<T>> : std::true_type {};
 
 template <class M, class = void>
 struct has_event_member : std::false_type {};

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "idem/config.hpp"
-#include "idem/store.hpp"
+#include "idem/contract/records.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace sql {

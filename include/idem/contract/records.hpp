@@ -1,0 +1,124 @@
+#pragma once
+/// @file
+/// @brief The values a store exchanges with the handler and its users (ClaimResult,
+/// ClaimStatus, ClaimTerms, ClaimRecord, DeadLetter, the outbox records, PurgeResult), and what
+/// the stores share to build them: the time helpers (to_unix_ms / from_unix_ms). The SQL
+/// stores' decoding of a stored outcome is sql/stored_outcome.hpp. The capabilities a store
+/// offers are in contract/store.hpp.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "idem/config.hpp"
+#include "idem/error.hpp"
+#include "idem/outcome.hpp"
+
+IDEM_BEGIN_NAMESPACE
+
+/// @brief The time source a store stamps claims with; replaceable in tests of retention.
+using Clock = std::function<std::chrono::system_clock::time_point()>;
+
+/// @brief Answer of Transaction::claim().
+enum class ClaimStatus {
+    claimed,      ///< this transaction now owns the id
+    duplicate,    ///< a finished run already recorded an outcome for it
+    in_progress,  ///< another live worker holds it (lease stores, lock timeouts)
+};
+
+struct ClaimResult {
+    ClaimStatus status = ClaimStatus::claimed;
+    /// For a duplicate: the outcome the earlier run recorded.
+    Disposition recorded = Disposition::processed;
+    /// For a duplicate: the payload fingerprint stored with the first claim (empty if none).
+    std::string fingerprint{};
+    /// Stores that keep a claim across attempts (leases) count the times the effect started,
+    /// this one included; the poison check then uses it instead of the broker's count.
+    std::optional<std::uint32_t> attempts{};
+};
+
+/// @brief What a handler's policy asks of the claims it makes, for stores that hold claims as
+/// leases and expire them themselves (Redis).
+struct ClaimTerms {
+    /// How long the claim is held before another worker may take it over; unset: the store's
+    /// default.
+    std::optional<std::chrono::milliseconds> lease{};
+    /// How long a finished claim is kept.
+    std::chrono::seconds retention{};
+};
+
+/// @brief A stored claim, for inspection and tests.
+struct ClaimRecord {
+    std::string scope;
+    std::string message_id;
+    Disposition disposition = Disposition::processed;
+    std::string reason;
+    std::chrono::system_clock::time_point claimed_at{};
+    /// Fingerprint of the payload's stable part, when the handler computes one.
+    std::string fingerprint{};
+};
+
+/// @brief An effect that leaves the database, written in the claim's transaction and shipped
+/// later by a Relay with its idempotency key (see outbox.hpp).
+struct OutboxIntent {
+    std::string destination;      ///< where the relay sends it (a rail, a queue, a topic)
+    std::string idempotency_key;  ///< unique; the receiver dedupes on it
+    std::string payload;
+};
+
+/// @brief A stored outbox intent with its delivery state.
+struct OutboxRow {
+    std::int64_t id = 0;  ///< insertion order: the relay ships in this order
+    std::string destination;
+    std::string idempotency_key;
+    std::string payload;
+    std::chrono::system_clock::time_point created_at{};
+    std::optional<std::chrono::system_clock::time_point> sent_at{};
+    std::uint32_t attempts = 0;  ///< failed sends so far
+    std::string last_error;
+    std::chrono::system_clock::time_point next_attempt_at{};
+    bool parked = false;  ///< gave up after too many failures; a human looks at it
+};
+
+/// @brief Answer of Store::purge(older_than): what it deleted. Dead letters, unsent intents and
+/// parked intents are never purged: they wait for a relay or a human.
+struct PurgeResult {
+    std::size_t claims = 0;         ///< claims whose claimed_at is before the cutoff
+    std::size_t sent_intents = 0;   ///< outbox intents sent before the cutoff
+    std::size_t expired_locks = 0;  ///< locks held with hold_lock() that have expired
+};
+
+/// @brief A parked message: what it was, why it was parked, and its payload, so nothing is lost.
+struct DeadLetter {
+    std::string scope;
+    std::string message_id;
+    std::uint32_t delivery_count = 0;
+    std::string reason;
+    std::string payload;
+    std::chrono::system_clock::time_point created_at{};
+};
+
+namespace detail {
+
+/// Milliseconds since the Unix epoch: how every store keeps its times.
+inline std::int64_t to_unix_ms(std::chrono::system_clock::time_point tp) noexcept {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(tp.time_since_epoch()).count();
+}
+
+inline std::chrono::system_clock::time_point from_unix_ms(std::int64_t ms) noexcept {
+    return std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            std::chrono::milliseconds(ms)));
+}
+
+
+}  // namespace detail
+
+IDEM_END_NAMESPACE
