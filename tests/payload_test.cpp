@@ -189,7 +189,15 @@ using Params = ::testing::Types<Param<MemoryEnv, TextBody>, Param<MemoryEnv, Typ
                                 Param<SqliteEnv, TextBody>, Param<SqliteEnv, TypedBody>
 #endif
                                 >;
-TYPED_TEST_SUITE(DeadLetterPayload, Params);
+// Named, and with the names argument given: clang's -Wpedantic refuses an empty variadic
+// argument in C++17.
+struct ParamNames {
+    template <class P>
+    static std::string GetName(int index) {
+        return std::to_string(index);
+    }
+};
+TYPED_TEST_SUITE(DeadLetterPayload, Params, ParamNames);
 
 TYPED_TEST(DeadLetterPayload, EveryPathStoresTheRedactedPayloadAloneAndInABatch) {
     using Kind = typename TypeParam::Kind;
