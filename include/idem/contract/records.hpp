@@ -118,7 +118,6 @@ inline std::chrono::system_clock::time_point from_unix_ms(std::int64_t ms) noexc
             std::chrono::milliseconds(ms)));
 }
 
-
 }  // namespace detail
 
 IDEM_END_NAMESPACE
