@@ -14,7 +14,7 @@ include_guard(GLOBAL)
 
 # Every component idem knows about, whether this build provides it or not. idemConfig.cmake uses
 # it to tell "unknown component" from "component not built in this install".
-set(IDEM_KNOWN_COMPONENTS sqlite postgres redis)
+set(IDEM_KNOWN_COMPONENTS sqlite postgres redis mysql)
 
 function(idem_add_component name)
     cmake_parse_arguments(PARSE_ARGV 1 arg "" "TARGET" "")

@@ -59,9 +59,11 @@ set(IDEM_INSTALL_PKGCONFIGDIR "${CMAKE_INSTALL_LIBDIR}/pkgconfig"
 set(idem_pc_requires_sqlite "sqlite3")
 set(idem_pc_requires_postgres "libpq")
 set(idem_pc_requires_redis "hiredis")
+set(idem_pc_requires_mysql "libmariadb")
 set(idem_pc_description_sqlite "idem's SQLite store (idem::SqliteStore)")
 set(idem_pc_description_postgres "idem's PostgreSQL store (idem::PostgresStore)")
 set(idem_pc_description_redis "idem's Redis store and stream consumer (idem::RedisStore)")
+set(idem_pc_description_mysql "idem's MySQL / MariaDB store (idem::MysqlStore)")
 
 set(idem_pc_modules idem)
 set(idem_pc_name_idem "idem")

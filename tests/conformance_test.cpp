@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "idem/idem.hpp"
+#include "support/mysql_env.hpp"
 #include "support/postgres_env.hpp"
 #include "support/redis_env.hpp"
+#include "support/require_mariadb.hpp"
 #include "support/require_postgres.hpp"
 #include "support/require_redis.hpp"
 #include "support/store_envs.hpp"
@@ -34,6 +36,7 @@ class StoreConformance : public ::testing::Test {
         // A real server or nothing: skipped outside CI, a failure in CI (CI=true).
         if constexpr (std::is_same_v<Env, idem_test::PostgresEnv>) IDEM_REQUIRE_POSTGRES();
         if constexpr (std::is_same_v<Env, idem_test::RedisEnv>) IDEM_REQUIRE_REDIS();
+        if constexpr (std::is_same_v<typename Env::Store, idem::MysqlStore>) IDEM_REQUIRE_MARIADB();
     }
 
     /// A handler whose effect writes one row keyed by the body through the claim's transaction.
@@ -44,20 +47,23 @@ class StoreConformance : public ::testing::Test {
     }
 };
 
-using Stores = ::testing::Types<idem_test::MemoryEnv, idem_test::SqliteEnv, idem_test::PostgresEnv,
-                                idem_test::RedisEnv>;
+using Stores =
+    ::testing::Types<idem_test::MemoryEnv, idem_test::SqliteEnv, idem_test::PostgresEnv,
+                     idem_test::RedisEnv, idem_test::MysqlEnv, idem_test::MysqlReadCommittedEnv>;
 
 // Every store fits the Store concept: the C++17 trait, and the C++20 concept where available.
 static_assert(idem::detail::is_store_v<idem::MemoryStore>);
 static_assert(idem::detail::is_store_v<idem::SqliteStore>);
 static_assert(idem::detail::is_store_v<idem::PostgresStore>);
 static_assert(idem::detail::is_store_v<idem::RedisStore>);
+static_assert(idem::detail::is_store_v<idem::MysqlStore>);
 static_assert(!idem::detail::is_store_v<int>);
 #if IDEM_HAS_CONCEPTS
 static_assert(idem::IdempotencyStore<idem::MemoryStore>);
 static_assert(idem::IdempotencyStore<idem::SqliteStore>);
 static_assert(idem::IdempotencyStore<idem::PostgresStore>);
 static_assert(idem::IdempotencyStore<idem::RedisStore>);
+static_assert(idem::IdempotencyStore<idem::MysqlStore>);
 static_assert(!idem::IdempotencyStore<std::string>);
 #endif
 struct StoreNames {

@@ -26,7 +26,9 @@
 #include "idem/store/memory.hpp"
 #include "idem/store/sqlite.hpp"
 #include "idem/testing/crash.hpp"
+#include "support/mysql_env.hpp"
 #include "support/postgres_env.hpp"
+#include "support/require_mariadb.hpp"
 #include "support/require_postgres.hpp"
 #include "support/store_envs.hpp"
 #include "support/temp_dir.hpp"
@@ -138,6 +140,7 @@ class Outbox : public ::testing::Test {
 
     void SetUp() override {
         if constexpr (std::is_same_v<Env, idem_test::PostgresEnv>) IDEM_REQUIRE_POSTGRES();
+        if constexpr (std::is_same_v<Env, idem_test::MysqlEnv>) IDEM_REQUIRE_MARIADB();
     }
 
     /// Options on the environment's clock (the store's clock too).
@@ -181,7 +184,8 @@ class Outbox : public ::testing::Test {
     }
 };
 
-using Stores = ::testing::Types<idem_test::MemoryEnv, idem_test::SqliteEnv, idem_test::PostgresEnv>;
+using Stores = ::testing::Types<idem_test::MemoryEnv, idem_test::SqliteEnv, idem_test::PostgresEnv,
+                                idem_test::MysqlEnv>;
 struct StoreNames {
     template <class T>
     static std::string GetName(int) {
@@ -834,6 +838,14 @@ TEST(OutboxConcurrency, ThreeRelaysOnPostgresShareTheWorkWithSkipLocked) {
     const std::string database = server.fresh_database();
     relays_share_the_work(
         [&] { return std::make_unique<idem::PostgresStore>(server.conninfo(database)); }, 3);
+}
+
+TEST(OutboxConcurrency, ThreeRelaysOnMysqlShareTheWorkWithSkipLocked) {
+    IDEM_REQUIRE_MARIADB();
+    const std::string database = idem_test::fresh_mariadb_database();
+    relays_share_the_work(
+        [&] { return std::make_unique<idem::MysqlStore>(idem_test::mariadb_endpoint(database)); },
+        3);
 }
 
 }  // namespace

@@ -4,16 +4,19 @@
 #include <string>
 
 #include <idem/idem.hpp>
+#include <idem/store/mysql.hpp>
 #include <idem/store/postgres.hpp>
 #include <idem/store/redis.hpp>
 #include <idem/store/sqlite.hpp>
 
 int main() {
     static_assert(IDEM_VERSION_MAJOR == 0 && IDEM_VERSION_MINOR == 1, "unexpected idem version");
-    // The postgres and redis components link and its store fits (no server is needed to check
-    // that).
+    // The postgres, redis and mysql components link and its store fits (no server is needed to
+    // check that).
     static_assert(idem::detail::is_store_v<idem::PostgresStore>, "PostgresStore must fit");
     static_assert(idem::detail::is_store_v<idem::RedisStore>, "RedisStore must fit");
+    static_assert(idem::detail::is_store_v<idem::MysqlStore>, "MysqlStore must fit");
+    if (mysql_get_client_version() == 0) return 1;  // libmariadb links
     idem::SqliteStore store(":memory:");
     int runs = 0;
     auto handler = idem::make_handler(store, idem::Policy{"consumer-check"},

@@ -786,6 +786,7 @@ class Driver {
         return out;
     }
     /// The first argument's literal.
+    [[nodiscard]] std::string literal() const { return {}; }
     template <class First, class... Rest>
     std::string literal(const First& first, const Rest&...) const {
         std::string out;
