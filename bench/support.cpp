@@ -823,7 +823,7 @@ std::string hex_literal(std::string_view bytes) {
 
 RawMysql::RawMysql(idem_test::MariadbServer& server, const std::string& effects_table)
     : effects_(effects_table) {
-    idem_test::mariadb_detail::library_init();
+    idem::testing::detail::library_init();
     conn_ = mysql_init(nullptr);
     if (conn_ == nullptr ||
         mysql_real_connect(conn_, server.host().c_str(), server.user().c_str(), "", "idem_test",

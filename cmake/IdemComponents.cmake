@@ -1,33 +1,136 @@
-# Bookkeeping for idem's optional components (backends). See the top-level CMakeLists.txt.
+# idem's optional components (backends): one idem_add_backend() call declares one.
 #
-# Every component <name>:
-#   * is an INTERFACE target idem_<name> with EXPORT_NAME <name> and an alias idem::<name>;
-#   * is registered here with idem_add_component(<name> TARGET idem_<name>);
-#   * has cmake/idem-<name>-dependencies.cmake, included by idemConfig.cmake only when the
-#     component is requested, which finds what the target links (find_dependency(...)).
-#   * names the pkg-config module(s) of what it links in IdemInstall.cmake
-#     (idem_pc_requires_<name>), for its idem-<name>.pc.
-# IdemInstall.cmake then installs it in its own export set, idem-<name>-targets.cmake, and
-# writes idem-<name>.pc.
+#   idem_add_backend(<name>
+#       DESCRIPTION <text>          what it provides (the option's help, idem-<name>.pc)
+#       HEADERS <header>...         its public headers, relative to include/ (idem/store/x.hpp)
+#       FIND_PACKAGE <Package> LINK <target>...   its client library: a CMake package, or
+#       PKG_CONFIG <module> LIBRARY_HEADER <hdr>  a pkg-config module (target idem::<module>)
+#       [PC_REQUIRES <module>...])  the pkg-config Requires of idem-<name>.pc (default: <module>)
+#
+# It declares the option IDEM_WITH_<NAME> (ON: its client library is required; OFF: not looked
+# for), and when the option is ON:
+#   * looks the client library up (find_package(<Package> REQUIRED), or the pkg-config module
+#     through idem_find_pkgconfig_library());
+#   * adds the INTERFACE target idem_<name> (EXPORT_NAME <name>) and its alias idem::<name>,
+#     linking idem::idem and the client library;
+#   * generates idem-<name>-dependencies.cmake (find_dependency(<Package>), or the pkg-config
+#     lookup), which idemConfig.cmake includes only when the component is requested;
+#   * registers the component for IdemInstall.cmake: its own export set
+#     (idem-<name>-targets.cmake), the dependency file, idem-<name>.pc, and
+#     find_package(idem COMPONENTS <name>).
+# Every backend is a known component, whether the option is ON or not (idemConfig.cmake tells
+# "unknown component" from "component not built in this install").
+#
+# A component whose HEADERS are not all in include/ yet (a backend being written) still gets its
+# target in this build, but is not installed: no export, no .pc, and find_package(idem
+# COMPONENTS <name>) says it is not part of the installation.
+#
+# Global properties read by IdemInstall.cmake and tests/: IDEM_KNOWN_COMPONENTS,
+# IDEM_COMPONENTS (built here), IDEM_INSTALLED_COMPONENTS (built and installed),
+# IDEM_COMPONENT_TARGET_<name>, IDEM_COMPONENT_PC_REQUIRES_<name>,
+# IDEM_COMPONENT_DESCRIPTION_<name>, IDEM_COMPONENT_DEPENDENCIES_<name> (the generated file),
+# IDEM_COMPONENT_HELPERS_<name> (cmake files the dependency file includes).
 
 include_guard(GLOBAL)
+include("${CMAKE_CURRENT_LIST_DIR}/IdemFindPkgConfigLibrary.cmake")
 
-# Every component idem knows about, whether this build provides it or not. idemConfig.cmake uses
-# it to tell "unknown component" from "component not built in this install".
-set(IDEM_KNOWN_COMPONENTS sqlite postgres redis mysql)
+function(idem_add_backend name)
+    cmake_parse_arguments(PARSE_ARGV 1 arg "" "DESCRIPTION;FIND_PACKAGE;PKG_CONFIG;LIBRARY_HEADER"
+                          "HEADERS;LINK;PC_REQUIRES")
+    set(where "idem_add_backend(${name})")
+    if(arg_UNPARSED_ARGUMENTS)
+        message(FATAL_ERROR "${where}: unknown arguments ${arg_UNPARSED_ARGUMENTS}")
+    endif()
+    if(NOT arg_DESCRIPTION OR NOT arg_HEADERS)
+        message(FATAL_ERROR "${where}: DESCRIPTION and HEADERS are required")
+    endif()
+    if((arg_FIND_PACKAGE AND arg_PKG_CONFIG) OR (NOT arg_FIND_PACKAGE AND NOT arg_PKG_CONFIG))
+        message(FATAL_ERROR "${where}: give exactly one of FIND_PACKAGE and PKG_CONFIG")
+    endif()
+    if(arg_FIND_PACKAGE AND NOT arg_LINK)
+        message(FATAL_ERROR "${where}: FIND_PACKAGE needs LINK <its imported target>")
+    endif()
+    if(arg_PKG_CONFIG AND NOT arg_LIBRARY_HEADER)
+        message(FATAL_ERROR "${where}: PKG_CONFIG needs LIBRARY_HEADER <how idem includes it>")
+    endif()
+    get_property(known GLOBAL PROPERTY IDEM_KNOWN_COMPONENTS)
+    if(name IN_LIST known)
+        message(FATAL_ERROR "${where}: declared twice")
+    endif()
+    set_property(GLOBAL APPEND PROPERTY IDEM_KNOWN_COMPONENTS ${name})
 
-function(idem_add_component name)
-    cmake_parse_arguments(PARSE_ARGV 1 arg "" "TARGET" "")
-    if(NOT name IN_LIST IDEM_KNOWN_COMPONENTS)
-        message(FATAL_ERROR "idem: add '${name}' to IDEM_KNOWN_COMPONENTS in ${CMAKE_CURRENT_FUNCTION_LIST_FILE}")
+    string(TOUPPER "${name}" upper)
+    set(option IDEM_WITH_${upper})
+    if(arg_FIND_PACKAGE)
+        set(needs "${arg_FIND_PACKAGE}")
+    else()
+        set(needs "pkg-config module ${arg_PKG_CONFIG}")
     endif()
-    if(NOT arg_TARGET OR NOT TARGET ${arg_TARGET})
-        message(FATAL_ERROR "idem_add_component(${name}): TARGET '${arg_TARGET}' does not exist")
+    option(${option} "Provide the idem::${name} target: ${arg_DESCRIPTION} (needs ${needs})" ON)
+    if(NOT ${option})
+        return()
     endif()
-    set(deps "${PROJECT_SOURCE_DIR}/cmake/idem-${name}-dependencies.cmake")
-    if(NOT EXISTS "${deps}")
-        message(FATAL_ERROR "idem_add_component(${name}): ${deps} is missing")
+
+    # The client library.
+    set(deps_file "${PROJECT_BINARY_DIR}/cmake/idem-${name}-dependencies.cmake")
+    set(helpers "")
+    string(CONCAT deps_text "# Generated by idem_add_backend(${name}) (cmake/IdemComponents.cmake). Included by\n"
+                  "# idemConfig.cmake only when the ${name} component is requested; on failure it sets\n"
+                  "# idem_FOUND to FALSE (with idem_NOT_FOUND_MESSAGE) and returns from this file.\n")
+    if(arg_FIND_PACKAGE)
+        find_package(${arg_FIND_PACKAGE} REQUIRED)
+        set(link ${arg_LINK})
+        string(APPEND deps_text "find_dependency(${arg_FIND_PACKAGE})\n")
+        set(pc_requires "${arg_PC_REQUIRES}")
+        if(NOT pc_requires)
+            message(FATAL_ERROR "${where}: FIND_PACKAGE needs PC_REQUIRES <pkg-config module>")
+        endif()
+    else()
+        string(MAKE_C_IDENTIFIER "${arg_PKG_CONFIG}" library)
+        set(link idem::${library})
+        idem_find_pkgconfig_library(${link} MODULE ${arg_PKG_CONFIG} HEADER ${arg_LIBRARY_HEADER}
+            RESULT found REQUIRED HINT "Install it (scripts/deps.sh), or configure with -D${option}=OFF")
+        set(helpers "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/IdemFindPkgConfigLibrary.cmake")
+        string(APPEND deps_text
+            "include(\"\${CMAKE_CURRENT_LIST_DIR}/IdemFindPkgConfigLibrary.cmake\")\n"
+            "idem_find_pkgconfig_library(${link} MODULE ${arg_PKG_CONFIG} HEADER ${arg_LIBRARY_HEADER}\n"
+            "                            RESULT _idem_${library}_found)\n"
+            "if(NOT _idem_${library}_found)\n"
+            "    set(idem_FOUND FALSE)\n"
+            "    set(idem_NOT_FOUND_MESSAGE \"idem::${name} needs pkg-config module '${arg_PKG_CONFIG}' "
+            "and <${arg_LIBRARY_HEADER}>\")\n"
+            "    return()\n"
+            "endif()\n")
+        set(pc_requires "${arg_PC_REQUIRES}")
+        if(NOT pc_requires)
+            set(pc_requires "${arg_PKG_CONFIG}")
+        endif()
     endif()
+    file(CONFIGURE OUTPUT "${deps_file}" CONTENT "${deps_text}" @ONLY)
+
+    # The target.
+    add_library(idem_${name} INTERFACE)
+    add_library(idem::${name} ALIAS idem_${name})
+    set_target_properties(idem_${name} PROPERTIES EXPORT_NAME ${name})
+    target_link_libraries(idem_${name} INTERFACE idem::idem ${link})
     set_property(GLOBAL APPEND PROPERTY IDEM_COMPONENTS ${name})
-    set_property(GLOBAL PROPERTY IDEM_COMPONENT_TARGET_${name} ${arg_TARGET})
+    set_property(GLOBAL PROPERTY IDEM_COMPONENT_TARGET_${name} idem_${name})
+    list(JOIN pc_requires ", " pc_requires)
+    set_property(GLOBAL PROPERTY IDEM_COMPONENT_PC_REQUIRES_${name} "${pc_requires}")
+    set_property(GLOBAL PROPERTY IDEM_COMPONENT_DESCRIPTION_${name} "${arg_DESCRIPTION}")
+    set_property(GLOBAL PROPERTY IDEM_COMPONENT_DEPENDENCIES_${name} "${deps_file}")
+    set_property(GLOBAL PROPERTY IDEM_COMPONENT_HELPERS_${name} "${helpers}")
+
+    # Installed only once its headers are there.
+    set(missing "")
+    foreach(header IN LISTS arg_HEADERS)
+        if(NOT EXISTS "${PROJECT_SOURCE_DIR}/include/${header}")
+            list(APPEND missing "include/${header}")
+        endif()
+    endforeach()
+    if(missing)
+        message(STATUS "idem: idem::${name} is built but not installed (no ${missing} yet)")
+    else()
+        set_property(GLOBAL APPEND PROPERTY IDEM_INSTALLED_COMPONENTS ${name})
+    endif()
 endfunction()

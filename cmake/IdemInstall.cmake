@@ -16,22 +16,27 @@ install(EXPORT idem-targets
         NAMESPACE idem::
         DESTINATION "${IDEM_INSTALL_CMAKEDIR}")
 
-# One export set per component, loaded only when requested.
-get_property(IDEM_INSTALLED_COMPONENTS GLOBAL PROPERTY IDEM_COMPONENTS)
+# One export set per component, loaded only when requested (idem_add_backend() registered the
+# components whose headers exist).
+get_property(IDEM_KNOWN_COMPONENTS GLOBAL PROPERTY IDEM_KNOWN_COMPONENTS)
+get_property(IDEM_INSTALLED_COMPONENTS GLOBAL PROPERTY IDEM_INSTALLED_COMPONENTS)
+set(idem_installed_helpers "")
 foreach(component IN LISTS IDEM_INSTALLED_COMPONENTS)
     get_property(component_target GLOBAL PROPERTY IDEM_COMPONENT_TARGET_${component})
+    get_property(component_deps GLOBAL PROPERTY IDEM_COMPONENT_DEPENDENCIES_${component})
+    get_property(component_helpers GLOBAL PROPERTY IDEM_COMPONENT_HELPERS_${component})
     install(TARGETS ${component_target} EXPORT idem-${component}-targets)
     install(EXPORT idem-${component}-targets
             FILE idem-${component}-targets.cmake
             NAMESPACE idem::
             DESTINATION "${IDEM_INSTALL_CMAKEDIR}")
-    install(FILES "${PROJECT_SOURCE_DIR}/cmake/idem-${component}-dependencies.cmake"
-            DESTINATION "${IDEM_INSTALL_CMAKEDIR}")
+    install(FILES "${component_deps}" DESTINATION "${IDEM_INSTALL_CMAKEDIR}")
+    list(APPEND idem_installed_helpers ${component_helpers})
 endforeach()
-# idem-redis-dependencies.cmake builds idem::hiredis with this helper.
-if("redis" IN_LIST IDEM_INSTALLED_COMPONENTS)
-    install(FILES "${PROJECT_SOURCE_DIR}/cmake/IdemFindHiredis.cmake"
-            DESTINATION "${IDEM_INSTALL_CMAKEDIR}")
+# What the dependency files include (IdemFindPkgConfigLibrary.cmake for hiredis, libmariadb).
+list(REMOVE_DUPLICATES idem_installed_helpers)
+if(idem_installed_helpers)
+    install(FILES ${idem_installed_helpers} DESTINATION "${IDEM_INSTALL_CMAKEDIR}")
 endif()
 
 configure_package_config_file(
@@ -56,25 +61,16 @@ install(FILES "${PROJECT_SOURCE_DIR}/LICENSE" DESTINATION "${CMAKE_INSTALL_DATAD
 # hold absolute paths (pkg-config then filters system directories such as /usr/include).
 set(IDEM_INSTALL_PKGCONFIGDIR "${CMAKE_INSTALL_LIBDIR}/pkgconfig"
     CACHE STRING "Where idem's pkg-config files are installed (relative to the prefix)")
-set(idem_pc_requires_sqlite "sqlite3")
-set(idem_pc_requires_postgres "libpq")
-set(idem_pc_requires_redis "hiredis")
-set(idem_pc_requires_mysql "libmariadb")
-set(idem_pc_description_sqlite "idem's SQLite store (idem::SqliteStore)")
-set(idem_pc_description_postgres "idem's PostgreSQL store (idem::PostgresStore)")
-set(idem_pc_description_redis "idem's Redis store and stream consumer (idem::RedisStore)")
-set(idem_pc_description_mysql "idem's MySQL / MariaDB store (idem::MysqlStore)")
-
 set(idem_pc_modules idem)
 set(idem_pc_name_idem "idem")
 set(idem_pc_description_idem
     "Exactly-once effect for C++17 message consumers under at-least-once delivery (header-only)")
 set(idem_pc_requires_idem "fmt")
 foreach(component IN LISTS IDEM_INSTALLED_COMPONENTS)
-    if(NOT DEFINED idem_pc_requires_${component})
-        message(FATAL_ERROR "idem: name the pkg-config module(s) of component '${component}' "
-                            "(idem_pc_requires_${component}) in ${CMAKE_CURRENT_LIST_FILE}")
-    endif()
+    get_property(idem_pc_requires_${component} GLOBAL
+                 PROPERTY IDEM_COMPONENT_PC_REQUIRES_${component})
+    get_property(idem_pc_description_${component} GLOBAL
+                 PROPERTY IDEM_COMPONENT_DESCRIPTION_${component})
     list(APPEND idem_pc_modules idem-${component})
     set(idem_pc_name_idem-${component} "idem-${component}")
     set(idem_pc_description_idem-${component} "${idem_pc_description_${component}}")

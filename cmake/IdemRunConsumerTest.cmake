@@ -10,7 +10,9 @@
 #                      the prefix's pkgconfig dir), and run what it built
 # Inputs (-D): IDEM_SOURCE_DIR IDEM_BUILD_DIR CONSUMER_SOURCE_DIR CONSUMER_WORK_DIR
 #   CONSUMER_GENERATOR CONSUMER_MAKE_PROGRAM CONSUMER_CXX_COMPILER CONSUMER_CXX_STANDARD
-#   CONSUMER_CXX_FLAGS CONSUMER_BUILD_TYPE; for pkgconfig also CONSUMER_GNU_MAKE,
+#   CONSUMER_CXX_FLAGS CONSUMER_BUILD_TYPE; CONSUMER_COMPONENTS (the components the consumer
+#   uses, comma-separated) and CONSUMER_IDEM_OPTIONS (IDEM_WITH_<NAME>=ON|OFF,..., handed to
+#   idem in add_subdirectory mode); for pkgconfig also CONSUMER_GNU_MAKE,
 #   CONSUMER_PKG_CONFIG and CONSUMER_PKGCONFIG_DIR (relative to the prefix)
 cmake_minimum_required(VERSION 3.18)
 
@@ -48,6 +50,7 @@ endif()
 if(CONSUMER_BUILD_TYPE)
     list(APPEND configure_args "-DCMAKE_BUILD_TYPE=${CONSUMER_BUILD_TYPE}")
 endif()
+list(APPEND configure_args "-DIDEM_CONSUMER_COMPONENTS=${CONSUMER_COMPONENTS}")
 
 if(CONSUMER_MODE STREQUAL "find_package" OR CONSUMER_MODE STREQUAL "unknown_component"
    OR CONSUMER_MODE STREQUAL "pkgconfig")
@@ -65,6 +68,10 @@ if(CONSUMER_MODE STREQUAL "find_package" OR CONSUMER_MODE STREQUAL "unknown_comp
 elseif(CONSUMER_MODE STREQUAL "add_subdirectory")
     list(APPEND configure_args -DIDEM_CONSUMER_USE_SUBDIRECTORY=ON
                                "-DIDEM_SOURCE_DIR=${IDEM_SOURCE_DIR}")
+    string(REPLACE "," ";" idem_options "${CONSUMER_IDEM_OPTIONS}")
+    foreach(option IN LISTS idem_options)
+        list(APPEND configure_args "-D${option}")
+    endforeach()
 else()
     message(FATAL_ERROR "unknown CONSUMER_MODE '${CONSUMER_MODE}'")
 endif()

@@ -24,6 +24,7 @@ fi
         -DIDEM_BUILD_EXAMPLES=ON \
         -DIDEM_WITH_POSTGRES=OFF \
         -DIDEM_WITH_REDIS=OFF \
+        -DIDEM_WITH_MYSQL=OFF \
         -DIDEM_WERROR=OFF
     cmake --build build/demo -j 2 --target payment_capture
 } >&2

@@ -3,12 +3,14 @@
 #
 #   scripts/test.sh                  all configurations, in this order:
 #     gcc17    g++ C++17, Debug: every test
+#     core     g++ C++17, Debug, every backend OFF (IDEM_WITH_SQLITE/POSTGRES/REDIS/MYSQL=OFF):
+#              the core tests build and pass without SQLite, libpq, hiredis or libmariadb
 #     clang20  clang++ C++20, Debug: every test
 #     asan     clang++ C++17, AddressSanitizer + UndefinedBehaviorSanitizer: every test
 #     tsan     clang++ C++17, ThreadSanitizer: the tests labelled `concurrency`
 #     format   clang-format --dry-run -Werror over include/ tests/ examples/
 #   scripts/test.sh --quick          gcc17 only
-#   scripts/test.sh --config NAME    one configuration (NAME as above, or a..e)
+#   scripts/test.sh --config NAME    one configuration (NAME as above, or a..f)
 #
 # Installs missing Debian packages first (scripts/deps.sh). Stops at the first failure with a
 # non-zero status; prints one summary line per configuration at the end.
@@ -17,12 +19,12 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$(pwd)"
 
-ALL_CONFIGS=(gcc17 clang20 asan tsan format)
+ALL_CONFIGS=(gcc17 core clang20 asan tsan format)
 JOBS=2
 export CTEST_PARALLEL_LEVEL=$JOBS
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 
-usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 configs=("${ALL_CONFIGS[@]}")
 while (($#)); do
@@ -32,8 +34,8 @@ while (($#)); do
             [[ $# -ge 2 ]] || { echo "test.sh: --config needs a name" >&2; exit 2; }
             case "$2" in
                 a) configs=(gcc17) ;; b) configs=(clang20) ;; c) configs=(asan) ;;
-                d) configs=(tsan) ;; e) configs=(format) ;;
-                gcc17 | clang20 | asan | tsan | format) configs=("$2") ;;
+                d) configs=(tsan) ;; e) configs=(format) ;; f) configs=(core) ;;
+                gcc17 | core | clang20 | asan | tsan | format) configs=("$2") ;;
                 *) echo "test.sh: unknown config '$2' (one of: ${ALL_CONFIGS[*]})" >&2; exit 2 ;;
             esac
             shift ;;
@@ -94,6 +96,13 @@ run_ctest() {
 run_gcc17() {
     configure_and_build gcc17 g++ 17
     run_ctest gcc17
+}
+
+run_core() {
+    # --no-tests=error: the core tests must be there even with every backend off.
+    configure_and_build core g++ 17 -DIDEM_WITH_SQLITE=OFF -DIDEM_WITH_POSTGRES=OFF \
+        -DIDEM_WITH_REDIS=OFF -DIDEM_WITH_MYSQL=OFF
+    run_ctest core -- --no-tests=error
 }
 
 run_clang20() {

@@ -139,7 +139,7 @@ TEST(MariadbServer, AuthenticationIsReal) {
     EXPECT_EQ(c.value("SELECT @@skip_grant_tables"), "0");
 
     auto refused = [&](const std::string& user, const char* password) -> std::string {
-        idem_test::mariadb_detail::library_init();
+        idem::testing::detail::library_init();
         MYSQL* m = mysql_init(nullptr);
         const unsigned int protocol = MYSQL_PROTOCOL_TCP;
         mysql_options(m, MYSQL_OPT_PROTOCOL, &protocol);

@@ -264,7 +264,7 @@ TEST_F(MysqlStoreTest, BinaryIdsAndLongScopesRoundTrip) {
 }
 
 TEST_F(MysqlStoreTest, ABorrowedConnectionIsUsedAndNeverClosed) {
-    idem_test::mariadb_detail::library_init();
+    idem::testing::detail::library_init();
     MYSQL* conn = mysql_init(nullptr);
     ASSERT_NE(conn, nullptr);
     auto& server = idem_test::shared_mariadb();

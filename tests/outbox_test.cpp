@@ -26,11 +26,15 @@
 #include "idem/store/memory.hpp"
 #include "idem/store/sqlite.hpp"
 #include "idem/testing/crash.hpp"
-#include "support/mysql_env.hpp"
+#include "support/store_envs.hpp"  // IDEM_HAS_<NAME>: which stores this build has
+#if IDEM_HAS_POSTGRES
 #include "support/postgres_env.hpp"
-#include "support/require_mariadb.hpp"
 #include "support/require_postgres.hpp"
-#include "support/store_envs.hpp"
+#endif
+#if IDEM_HAS_MYSQL
+#include "support/mysql_env.hpp"
+#include "support/require_mariadb.hpp"
+#endif
 #include "support/temp_dir.hpp"
 
 namespace {
@@ -139,8 +143,12 @@ class Outbox : public ::testing::Test {
     typename Env::Store& store() { return *env.store; }
 
     void SetUp() override {
+#if IDEM_HAS_POSTGRES
         if constexpr (std::is_same_v<Env, idem_test::PostgresEnv>) IDEM_REQUIRE_POSTGRES();
+#endif
+#if IDEM_HAS_MYSQL
         if constexpr (std::is_same_v<Env, idem_test::MysqlEnv>) IDEM_REQUIRE_MARIADB();
+#endif
     }
 
     /// Options on the environment's clock (the store's clock too).
@@ -184,8 +192,16 @@ class Outbox : public ::testing::Test {
     }
 };
 
-using Stores = ::testing::Types<idem_test::MemoryEnv, idem_test::SqliteEnv, idem_test::PostgresEnv,
-                                idem_test::MysqlEnv>;
+using Stores = ::testing::Types<idem_test::MemoryEnv, idem_test::SqliteEnv
+#if IDEM_HAS_POSTGRES
+                                ,
+                                idem_test::PostgresEnv
+#endif
+#if IDEM_HAS_MYSQL
+                                ,
+                                idem_test::MysqlEnv
+#endif
+                                >;
 struct StoreNames {
     template <class T>
     static std::string GetName(int) {
@@ -832,6 +848,7 @@ TEST(OutboxConcurrency, TwoRelaysOnOneSqliteFileSendEachIntentOnce) {
         2);
 }
 
+#if IDEM_HAS_POSTGRES
 TEST(OutboxConcurrency, ThreeRelaysOnPostgresShareTheWorkWithSkipLocked) {
     IDEM_REQUIRE_POSTGRES();
     auto& server = idem_test::shared_postgres();
@@ -839,7 +856,9 @@ TEST(OutboxConcurrency, ThreeRelaysOnPostgresShareTheWorkWithSkipLocked) {
     relays_share_the_work(
         [&] { return std::make_unique<idem::PostgresStore>(server.conninfo(database)); }, 3);
 }
+#endif
 
+#if IDEM_HAS_MYSQL
 TEST(OutboxConcurrency, ThreeRelaysOnMysqlShareTheWorkWithSkipLocked) {
     IDEM_REQUIRE_MARIADB();
     const std::string database = idem_test::fresh_mariadb_database();
@@ -847,5 +866,6 @@ TEST(OutboxConcurrency, ThreeRelaysOnMysqlShareTheWorkWithSkipLocked) {
         [&] { return std::make_unique<idem::MysqlStore>(idem_test::mariadb_endpoint(database)); },
         3);
 }
+#endif
 
 }  // namespace

@@ -13,8 +13,11 @@
 
 #include "idem/idem.hpp"
 #include "idem/store/memory.hpp"
+#include "support/backends.hpp"
+#if IDEM_HAS_SQLITE
 #include "idem/store/sqlite.hpp"
 #include "support/temp_dir.hpp"
+#endif
 
 namespace {
 
@@ -64,6 +67,7 @@ struct MemoryEnv {
         return out;
     }
 };
+#if IDEM_HAS_SQLITE
 struct SqliteEnv {
     idem_test::TempDir dir;
     idem::SqliteStore store{dir.file("idem.db")};
@@ -81,6 +85,7 @@ struct SqliteEnv {
         return out;
     }
 };
+#endif  // IDEM_HAS_SQLITE
 
 template <class E, class B>
 struct Param {
@@ -178,8 +183,12 @@ std::vector<Outcome> run_path(Store& store, Path path, idem::PolicyOptions optio
 
 template <class P>
 class DeadLetterPayload : public ::testing::Test {};
-using Params = ::testing::Types<Param<MemoryEnv, TextBody>, Param<MemoryEnv, TypedBody>,
-                                Param<SqliteEnv, TextBody>, Param<SqliteEnv, TypedBody>>;
+using Params = ::testing::Types<Param<MemoryEnv, TextBody>, Param<MemoryEnv, TypedBody>
+#if IDEM_HAS_SQLITE
+                                ,
+                                Param<SqliteEnv, TextBody>, Param<SqliteEnv, TypedBody>
+#endif
+                                >;
 TYPED_TEST_SUITE(DeadLetterPayload, Params);
 
 TYPED_TEST(DeadLetterPayload, EveryPathStoresTheRedactedPayloadAloneAndInABatch) {

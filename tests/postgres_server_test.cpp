@@ -205,8 +205,8 @@ TEST(PostgresServer, Kill9ThenStartRecoversCommittedDataOnly) {
 
     pg.kill9();
     EXPECT_FALSE(pg.running());
-    EXPECT_TRUE(idem_test::pg_detail::process_gone(postmaster));
-    EXPECT_TRUE(idem_test::pg_detail::process_gone(backend));
+    EXPECT_TRUE(idem_test::process_gone(postmaster));
+    EXPECT_TRUE(idem_test::process_gone(backend));
     res = PQexec(in_flight.get(), "COMMIT");
     EXPECT_NE(PQresultStatus(res), PGRES_COMMAND_OK);
     PQclear(res);
@@ -239,7 +239,7 @@ TEST(PostgresServer, DestructorStopsServerAndRemovesTempDir) {
         EXPECT_EQ(dir.filename().string().rfind("idem-pg-", 0), 0U) << dir;
     }
     EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
-    EXPECT_TRUE(idem_test::pg_detail::process_gone(postmaster));
+    EXPECT_TRUE(idem_test::process_gone(postmaster));
     EXPECT_FALSE(accepts_connections(conninfo));
 }
 
@@ -264,8 +264,8 @@ TEST(PostgresServer, WatchdogCleansUpWhenTheOwnerIsKilled) {
     const std::string conninfo =
         "host=127.0.0.1 port=" + std::to_string(orphan.port) + " user=idem dbname=idem_test";
     EXPECT_TRUE(eventually([&] {
-        return idem_test::pg_detail::process_gone(orphan.pid) &&
-               !std::filesystem::exists(orphan.dir) && !accepts_connections(conninfo);
+        return idem_test::process_gone(orphan.pid) && !std::filesystem::exists(orphan.dir) &&
+               !accepts_connections(conninfo);
     })) << "postmaster "
         << orphan.pid << " or " << orphan.dir.string() << " survived its owner";
 }

@@ -1,7 +1,5 @@
 #include "idem/state_machine.hpp"
 
-#include <sqlite3.h>
-
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -16,8 +14,11 @@
 
 #include "idem/idem.hpp"
 #include "idem/store/memory.hpp"
+#include "support/backends.hpp"
+#if IDEM_HAS_SQLITE
 #include "idem/store/sqlite.hpp"
 #include "support/temp_dir.hpp"
+#endif
 
 // The enums and their to_string() live in their own namespace so the guard's reasons find the
 // names by ADL, as a user's would.
@@ -787,6 +788,7 @@ TEST(GuardedHandler, CreationEventOnMemoryStore) {
                                         [&] { return store.get("payments", "42").value_or(""); });
 }
 
+#if IDEM_HAS_SQLITE
 TEST(GuardedHandler, CreationEventOnSqliteStore) {
     idem_test::TempDir dir;
     idem::SqliteStore store{dir.file("payments.db")};
@@ -811,5 +813,6 @@ TEST(GuardedHandler, CreationEventOnSqliteStore) {
         return store.query_text("SELECT state FROM payments WHERE id = 42").value_or("");
     });
 }
+#endif  // IDEM_HAS_SQLITE
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/contract/commit_hook.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/observer.hpp"
@@ -207,6 +208,21 @@ class IdempotentHandler {
         return outcome;
     }
 
+    /// @brief handle() for a broker that can ack inside the store's commit: @p hook
+    /// (idem/contract/commit_hook.hpp) is offered to the transaction; a store that can do it
+    /// (a RedisStore on the stream's database) acks in its commit and sets
+    /// hook.acked_in_commit, any other ignores it. Ack yourself only when acked_in_commit is
+    /// false and should_ack(outcome).
+    template <class Body>
+    Outcome handle(const Delivery& delivery, const Body& body, CommitHook& hook) {
+        static_assert(detail::check_effect<Effect, Transaction, Body>(),
+                      "idem: effect does not fit (see above)");
+        bind_hook(hook, delivery);
+        Outcome outcome = decide(delivery, body, &hook);
+        report(delivery, outcome);
+        return outcome;
+    }
+
     /// @brief Handles many deliveries in ONE store transaction: each message in its own
     /// savepoint, so one that fails or defers rolls back alone while the others commit together.
     /// Returns one Outcome per delivery, in order; ack (should_ack) only after this returns —
@@ -229,6 +245,29 @@ class IdempotentHandler {
         return outcomes;
     }
 
+    /// @brief handle_batch() with one commit hook per delivery (@p hooks[i] for
+    /// @p deliveries[i]): the batch's commit acks each message it completes whose hook its
+    /// store can do, setting that hook's acked_in_commit; the others are the caller's to ack.
+    template <class Body>
+    std::vector<Outcome> handle_batch(const std::vector<Delivery>& deliveries,
+                                      const std::vector<Body>& bodies,
+                                      std::vector<CommitHook>& hooks) {
+        static_assert(detail::check_effect<Effect, Transaction, Body>(),
+                      "idem: effect does not fit (see above)");
+        if (deliveries.size() != bodies.size() || deliveries.size() != hooks.size()) {
+            throw usage_error(fmt::format(
+                "idem::IdempotentHandler::handle_batch: {} deliveries, {} bodies, {} hooks",
+                deliveries.size(), bodies.size(), hooks.size()));
+        }
+        for (std::size_t i = 0; i < hooks.size(); ++i)
+            bind_hook(hooks[i], deliveries[i]);
+        std::vector<Outcome> outcomes =
+            decide_batch(deliveries.data(), bodies.data(), deliveries.size(), hooks.data());
+        for (std::size_t i = 0; i < outcomes.size(); ++i)
+            report(deliveries[i], outcomes[i]);
+        return outcomes;
+    }
+
     [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
     [[nodiscard]] Counters counters() const noexcept { return counters_.snapshot(); }
     [[nodiscard]] Store& store() noexcept { return *store_; }
@@ -245,6 +284,13 @@ class IdempotentHandler {
     void set_clock(Clock clock) { clock_ = std::move(clock); }
 
   private:
+    /// Stamps @p hook with the claim it belongs to, for the store to match it to its work.
+    void bind_hook(CommitHook& hook, const Delivery& delivery) const {
+        hook.scope = policy_.scope();
+        hook.message_id = delivery.message_id;
+        hook.acked_in_commit = false;
+    }
+
     void report(const Delivery& delivery, const Outcome& outcome) noexcept {
         counters_.count(delivery, outcome.disposition);
         if (observer_ != nullptr) {
@@ -256,15 +302,15 @@ class IdempotentHandler {
     }
 
     template <class Body>
-    Outcome decide(const Delivery& delivery, const Body& body) {
+    Outcome decide(const Delivery& delivery, const Body& body, CommitHook* hook = nullptr) {
         if (auto reason = unclaimable_reason(delivery)) {
-            return park_malformed_delivery(delivery, body, std::move(*reason));
+            return park_malformed_delivery(delivery, body, std::move(*reason), hook);
         }
         try {
             bool again_without_effect = false;
             Outcome outcome;
             {
-                Transaction tx = begin_transaction();
+                Transaction tx = begin_transaction(hook, hook != nullptr ? 1 : 0);
                 outcome =
                     process(tx, delivery, body, /*in_batch=*/false, nullptr, &again_without_effect);
                 if (!again_without_effect) {
@@ -272,7 +318,7 @@ class IdempotentHandler {
                     return outcome;  // otherwise tx rolls back: nothing stored
                 }
             }  // rolled back: the effect's writes are gone, the claim with them
-            return record_without_effect(delivery, body, std::move(outcome));
+            return record_without_effect(delivery, body, std::move(outcome), hook);
         } catch (const std::exception& e) {
             return failure(e);
         } catch (...) {
@@ -284,8 +330,9 @@ class IdempotentHandler {
     /// as malformed), on a store whose savepoints cost a statement each: the first transaction
     /// rolled back, this one claims again and records the outcome the effect gave.
     template <class Body>
-    Outcome record_without_effect(const Delivery& delivery, const Body& body, Outcome outcome) {
-        Transaction tx = begin_transaction();
+    Outcome record_without_effect(const Delivery& delivery, const Body& body, Outcome outcome,
+                                  CommitHook* hook = nullptr) {
+        Transaction tx = begin_transaction(hook, hook != nullptr ? 1 : 0);
         const ClaimResult claim = claim_one<Body>(tx, delivery.message_id, fingerprint_of(body));
         // Another worker finished it, or holds it, meanwhile.
         if (claim.status == ClaimStatus::duplicate) return duplicate_outcome(claim);
@@ -302,11 +349,11 @@ class IdempotentHandler {
 
     template <class Body>
     std::vector<Outcome> decide_batch(const Delivery* deliveries, const Body* bodies,
-                                      std::size_t count) {
+                                      std::size_t count, CommitHook* hooks = nullptr) {
         std::vector<Outcome> outcomes(count);
         if (count == 0) return outcomes;
         try {
-            Transaction tx = begin_transaction();
+            Transaction tx = begin_transaction(hooks, hooks != nullptr ? count : 0);
             // Stores that can claim many ids in one call (SQLite, PostgreSQL, Redis) do so up
             // front: one statement or round trip for the batch instead of one per message.
             std::vector<ClaimResult> claims;
@@ -394,11 +441,15 @@ class IdempotentHandler {
         return {Disposition::in_progress, "another worker holds the claim"};
     }
 
-    Transaction begin_transaction() {
+    /// Begins a transaction and offers it the broker's commit hooks (ignored by a store
+    /// without the capability).
+    Transaction begin_transaction(CommitHook* hooks = nullptr, std::size_t hook_count = 0) {
         Transaction tx = store_->begin();
         if constexpr (detail::has_set_terms<Transaction>::value) {
             tx.set_terms(ClaimTerms{policy_.lease(), policy_.retention()});
         }
+        for (std::size_t i = 0; i < hook_count; ++i)
+            attach_commit_hook(tx, hooks[i]);
         return tx;
     }
 
@@ -607,10 +658,10 @@ class IdempotentHandler {
     /// A delivery with no usable id cannot be claimed; it is parked with its reason so nothing
     /// is lost. If even that fails the outcome is failed (no ack) and the broker keeps it.
     template <class Body>
-    Outcome park_malformed_delivery(const Delivery& delivery, const Body& body,
-                                    std::string reason) {
+    Outcome park_malformed_delivery(const Delivery& delivery, const Body& body, std::string reason,
+                                    CommitHook* hook = nullptr) {
         try {
-            Transaction tx = store_->begin();
+            Transaction tx = begin_transaction(hook, hook != nullptr ? 1 : 0);
             tx.dead_letter(make_dead_letter(delivery, body, reason));
             tx.commit();
             return {Disposition::dead_lettered, std::move(reason)};

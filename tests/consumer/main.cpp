@@ -1,30 +1,64 @@
 // A user's program built against an installed idem (find_package) or add_subdirectory: it wraps
-// a handler on the SQLite store and checks the redelivery is a duplicate.
+// a handler on the SQLite store (the memory store in a build without it) and checks the
+// redelivery is a duplicate. IDEM_CONSUMER_HAS_<NAME>: the components it was given.
 #include <cstdio>
 #include <string>
 
 #include <idem/idem.hpp>
-#include <idem/store/mysql.hpp>
+#include <idem/store/memory.hpp>
+#if IDEM_CONSUMER_HAS_POSTGRES
 #include <idem/store/postgres.hpp>
+#endif
+#if IDEM_CONSUMER_HAS_REDIS
 #include <idem/store/redis.hpp>
+#endif
+#if IDEM_CONSUMER_HAS_MYSQL
+#include <idem/store/mysql.hpp>
+#endif
+#if IDEM_CONSUMER_HAS_SQLITE
 #include <idem/store/sqlite.hpp>
+#endif
+
+#if IDEM_CONSUMER_HAS_REDIS
+// redis_testing.cpp: idem/testing/redis_server.hpp compiles and links (no server is started).
+bool idem_consumer_redis_testing_kit_links();
+#endif
 
 int main() {
     static_assert(IDEM_VERSION_MAJOR == 0 && IDEM_VERSION_MINOR == 1, "unexpected idem version");
-    // The postgres, redis and mysql components link and its store fits (no server is needed to
-    // check that).
+    // The postgres, redis and mysql components link and its store fits (no server is needed to check
+    // that).
+#if IDEM_CONSUMER_HAS_POSTGRES
     static_assert(idem::detail::is_store_v<idem::PostgresStore>, "PostgresStore must fit");
+#endif
+#if IDEM_CONSUMER_HAS_REDIS
     static_assert(idem::detail::is_store_v<idem::RedisStore>, "RedisStore must fit");
+    if (!idem_consumer_redis_testing_kit_links()) {
+        std::printf("idem-consumer FAILED: idem::testing::RedisServer\n");
+        return 1;
+    }
+#endif
+#if IDEM_CONSUMER_HAS_MYSQL
     static_assert(idem::detail::is_store_v<idem::MysqlStore>, "MysqlStore must fit");
     if (mysql_get_client_version() == 0) return 1;  // libmariadb links
-    idem::SqliteStore store(":memory:");
+#endif
     int runs = 0;
+#if IDEM_CONSUMER_HAS_SQLITE
+    idem::SqliteStore store(":memory:");
     auto handler = idem::make_handler(store, idem::Policy{"consumer-check"},
                                       [&](auto& tx, const std::string& body) {
                                           ++runs;
                                           tx.execute("CREATE TABLE IF NOT EXISTS t(v TEXT)");
                                           tx.execute("INSERT INTO t(v) VALUES (?)", body);
                                       });
+#else
+    idem::MemoryStore store;
+    auto handler = idem::make_handler(store, idem::Policy{"consumer-check"},
+                                      [&](auto& tx, const std::string& body) {
+                                          ++runs;
+                                          tx.put("t", body, body);
+                                      });
+#endif
     auto first = handler.handle(idem::Delivery{"m-1", 1u}, std::string("hello"));
     auto second = handler.handle(idem::Delivery{"m-1", 2u}, std::string("hello"));
     if (first.disposition != idem::Disposition::processed ||

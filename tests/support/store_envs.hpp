@@ -3,7 +3,11 @@
 // controllable clock, how an effect writes a row through the claim's transaction, how to count
 // committed rows, and how to make the next commit really fail.
 
+#include "backends.hpp"
+
+#if IDEM_HAS_SQLITE
 #include <sqlite3.h>
+#endif
 
 #include <chrono>
 #include <cstddef>
@@ -12,8 +16,10 @@
 #include <string>
 
 #include "idem/store/memory.hpp"
-#include "idem/store/sqlite.hpp"
 #include "temp_dir.hpp"
+#if IDEM_HAS_SQLITE
+#include "idem/store/sqlite.hpp"
+#endif
 
 namespace idem_test {
 
@@ -48,6 +54,7 @@ struct MemoryEnv {
     bool has_effect(const std::string& key) { return store->get("effects", key).has_value(); }
 };
 
+#if IDEM_HAS_SQLITE
 /// Runs one query returning a single integer on a connection (test-side reads only).
 inline long long sqlite_count(sqlite3* db, const char* sql, const std::string* blob = nullptr) {
     sqlite3_stmt* stmt = nullptr;
@@ -108,5 +115,6 @@ struct SqliteEnv {
         return sqlite_count(store->db(), "SELECT count(*) FROM effects WHERE k = ?", &key) > 0;
     }
 };
+#endif  // IDEM_HAS_SQLITE
 
 }  // namespace idem_test

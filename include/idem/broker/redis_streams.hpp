@@ -15,7 +15,6 @@
 #include <string>
 #include <string_view>
 #include <thread>
-#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -24,12 +23,15 @@
 
 #include "idem/circuit_breaker.hpp"
 #include "idem/config.hpp"
+#include "idem/contract/commit_hook.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/handler.hpp"
 #include "idem/outcome.hpp"
-#include "idem/store.hpp"
-#include "idem/store/redis.hpp"
+#include "idem/redis/connection.hpp"
+#include "idem/redis/endpoint.hpp"
+#include "idem/redis/reply.hpp"
+#include "idem/redis/stream_ack.hpp"
 
 IDEM_BEGIN_NAMESPACE
 
@@ -179,8 +181,8 @@ redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
 return redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
 )";
 
-inline const RedisScript& stream_dead_letter_ack_script() {
-    static const RedisScript script{"stream dead letter", stream_dead_letter_ack_source};
+inline const redis::Script& stream_dead_letter_ack_script() {
+    static const redis::Script script{"stream dead letter", stream_dead_letter_ack_source};
     return script;
 }
 
@@ -217,7 +219,7 @@ inline bool stream_id_less(std::string_view a, std::string_view b) {
 
 /// An entry of an XREADGROUP / XAUTOCLAIM reply: [id, [name, value, ...]]. Nothing for an entry
 /// deleted from the stream (nil, or an id with nil fields).
-inline std::optional<StreamEntry> parse_stream_entry(const RedisReply& reply,
+inline std::optional<StreamEntry> parse_stream_entry(const redis::Reply& reply,
                                                      const std::string& stream) {
     if (!reply.is_array() || reply.elements.size() < 2 || !reply.elements[1].is_array()) {
         return std::nullopt;
@@ -244,9 +246,10 @@ inline std::optional<StreamEntry> parse_stream_entry(const RedisReply& reply,
 /// and in_progress stay pending and come back after the visibility timeout. A handler that throws
 /// counts as failed. Nothing is acked whose outcome is unknown.
 ///
-/// Built from an IdempotentHandler on a RedisStore of the same server and database, the ack
-/// (and the dead-letter stream entry) is part of the handler's commit: a Redis-only effect, its
-/// claim and its ack commit together.
+/// Built from an IdempotentHandler whose store accepts its commit hook (idem::CommitHook carrying
+/// a redis::StreamAck: a RedisStore of the same server and database), the ack (and the
+/// dead-letter stream entry) is part of the handler's commit: a Redis-only effect, its claim and
+/// its ack commit together. With any other store the consumer acks after the handler returns.
 ///
 /// With StreamConsumerOptions::handle_in_batches each poll's entries go to the handler together
 /// (IdempotentHandler::handle_batch: one transaction) and are acked in one round trip, or in the
@@ -388,11 +391,11 @@ class StreamConsumer {
     static constexpr std::chrono::milliseconds max_backoff{1000};
 
     struct Private {};
-    /// Calls the handler; a non-null StreamAck asks it to ack in its commit.
-    using Dispatch = std::function<Outcome(const Delivery&, const StreamEntry&, StreamAck*)>;
-    /// Calls handle_batch; non-null StreamAcks (one per entry) ask its commit to ack them.
+    /// Calls the handler; a non-null hook asks it to ack in its commit.
+    using Dispatch = std::function<Outcome(const Delivery&, const StreamEntry&, CommitHook*)>;
+    /// Calls handle_batch; non-null hooks (one per entry) ask its commit to ack them.
     using BatchDispatch = std::function<std::vector<Outcome>(
-        const std::vector<Delivery>&, const std::vector<StreamEntry>&, std::vector<StreamAck>*)>;
+        const std::vector<Delivery>&, const std::vector<StreamEntry>&, std::vector<CommitHook>*)>;
 
     struct Item {
         StreamEntry entry;
@@ -417,19 +420,14 @@ class StreamConsumer {
     static Dispatch plain(Handler handler) {
         if (!handler) throw usage_error("idem::StreamConsumer: the handler is empty");
         return [handler = std::move(handler)](const Delivery& delivery, const StreamEntry& entry,
-                                              StreamAck*) { return handler(delivery, entry); };
+                                              CommitHook*) { return handler(delivery, entry); };
     }
 
     template <class Store, class Effect>
     static Dispatch idempotent(IdempotentHandler<Store, Effect>& handler) {
         return [&handler](const Delivery& delivery, const StreamEntry& entry,
-                          [[maybe_unused]] StreamAck* ack) -> Outcome {
-            if constexpr (std::is_same_v<Store, RedisStore>) {
-                if (ack != nullptr) {
-                    RedisStore::AckWithNextCommit in_commit(handler.store(), *ack);
-                    return handler.handle(delivery, entry);
-                }
-            }
+                          CommitHook* hook) -> Outcome {
+            if (hook != nullptr) return handler.handle(delivery, entry, *hook);
             return handler.handle(delivery, entry);
         };
     }
@@ -437,26 +435,20 @@ class StreamConsumer {
     template <class Store, class Effect>
     static BatchDispatch idempotent_batch(IdempotentHandler<Store, Effect>& handler) {
         return [&handler](const std::vector<Delivery>& deliveries,
-                          const std::vector<StreamEntry>& entries,
-                          [[maybe_unused]] std::vector<StreamAck>* acks) {
-            if constexpr (std::is_same_v<Store, RedisStore>) {
-                if (acks != nullptr) {
-                    RedisStore::AckWithNextCommit in_commit(handler.store(), *acks);
-                    return handler.handle_batch(deliveries, entries);
-                }
-            }
+                          const std::vector<StreamEntry>& entries, std::vector<CommitHook>* hooks) {
+            if (hooks != nullptr) return handler.handle_batch(deliveries, entries, *hooks);
             return handler.handle_batch(deliveries, entries);
         };
     }
 
+    /// Whether the handler's store would do this consumer's stream acks in its commit: asked
+    /// once, of the store's commit-hook capability (no store type is named here).
     template <class Store, class Effect>
     static bool acks_in_commit_of(IdempotentHandler<Store, Effect>& handler,
                                   const RedisEndpoint& endpoint) {
-        if constexpr (std::is_same_v<Store, RedisStore>) {
-            return handler.store().endpoint().same_database(endpoint);
-        } else {
-            return false;
-        }
+        redis::StreamAck ack;
+        ack.endpoint = endpoint;
+        return accepts_commit_hook(handler.store(), CommitHook{std::move(ack)});
     }
 
     static StreamConsumerOptions validated(StreamConsumerOptions options,
@@ -525,7 +517,7 @@ class StreamConsumer {
 
     void ensure_group() {
         if (group_ready_ || !options_.create_group) return;
-        RedisReply reply = connection_.command(
+        redis::Reply reply = connection_.command(
             {"XGROUP", "CREATE", options_.stream, options_.group, "0", "MKSTREAM"});
         if (reply.is_error() && reply.str.rfind("BUSYGROUP", 0) != 0) {
             throw store_error(
@@ -537,7 +529,7 @@ class StreamConsumer {
 
     /// Takes over entries idle past the visibility timeout, with their true delivery counts.
     void reclaim(std::vector<Item>& batch) {
-        RedisReply reply =
+        redis::Reply reply =
             checked({"XAUTOCLAIM", options_.stream, options_.group, options_.consumer,
                      std::to_string(options_.visibility_timeout.count()), cursor_, "COUNT",
                      std::to_string(options_.batch_size)},
@@ -548,7 +540,7 @@ class StreamConsumer {
         cursor_ = reply.elements[0].str.empty() ? std::string("0-0") : reply.elements[0].str;
         std::vector<StreamEntry> entries;
         std::vector<std::string> deleted;
-        for (const RedisReply& element : reply.elements[1].elements) {
+        for (const redis::Reply& element : reply.elements[1].elements) {
             if (auto entry = detail::parse_stream_entry(element, options_.stream)) {
                 entries.push_back(std::move(*entry));
             } else if (element.is_array() && !element.elements.empty()) {
@@ -588,12 +580,12 @@ class StreamConsumer {
         const std::size_t page = std::max<std::size_t>(entries.size() * 2, 32);
         std::string start = first;
         while (counts.size() < wanted.size()) {
-            RedisReply reply = checked({"XPENDING", options_.stream, options_.group, start, last,
-                                        std::to_string(page), options_.consumer},
-                                       "XPENDING");
+            redis::Reply reply = checked({"XPENDING", options_.stream, options_.group, start, last,
+                                          std::to_string(page), options_.consumer},
+                                         "XPENDING");
             if (!reply.is_array())
                 throw store_error("idem::StreamConsumer: XPENDING: unexpected reply");
-            for (const RedisReply& row : reply.elements) {
+            for (const redis::Reply& row : reply.elements) {
                 if (!row.is_array() || row.elements.size() < 4) continue;
                 const std::string& id = row.elements[0].str;
                 if (wanted.count(id) != 0) {
@@ -614,11 +606,11 @@ class StreamConsumer {
             command.push_back(std::to_string(options_.block.count()));
         }
         command.insert(command.end(), {"STREAMS", options_.stream, ">"});
-        RedisReply reply = checked(command, "XREADGROUP");
+        redis::Reply reply = checked(command, "XREADGROUP");
         if (reply.is_nil() || !reply.is_array()) return;  // nothing new within the block time
-        for (const RedisReply& stream : reply.elements) {
+        for (const redis::Reply& stream : reply.elements) {
             if (!stream.is_array() || stream.elements.size() < 2) continue;
-            for (const RedisReply& element : stream.elements[1].elements) {
+            for (const redis::Reply& element : stream.elements[1].elements) {
                 if (auto entry = detail::parse_stream_entry(element, options_.stream)) {
                     read_.fetch_add(1, std::memory_order_relaxed);
                     batch.push_back(Item{std::move(*entry), 1});
@@ -643,24 +635,24 @@ class StreamConsumer {
         return delivery;
     }
 
-    /// What the store's commit needs to ack the entry (and park it, if dead-lettered).
-    StreamAck stream_ack_of(const StreamEntry& entry, const Delivery& delivery) const {
-        StreamAck ack;
+    /// The commit hook asking the store's commit to ack the entry (and park it, if
+    /// dead-lettered); the handler stamps it with its scope and the message id.
+    CommitHook commit_hook_of(const StreamEntry& entry, const Delivery& delivery) const {
+        redis::StreamAck ack;
+        ack.endpoint = endpoint();
         ack.stream = options_.stream;
         ack.group = options_.group;
         ack.entry_id = entry.id;
         ack.dead_letter_stream = options_.dead_letter_stream;
         ack.fields = entry.fields;
         ack.delivery_count = delivery.delivery_count.value();
-        ack.scope = scope_;
-        ack.message_id = delivery.message_id;
-        return ack;
+        return CommitHook{std::move(ack)};
     }
 
     /// The handler's outcome; one that throws counts as failed.
-    Outcome call(const Delivery& delivery, const StreamEntry& entry, StreamAck* ack) {
+    Outcome call(const Delivery& delivery, const StreamEntry& entry, CommitHook* hook) {
         try {
-            return dispatch_(delivery, entry, ack);
+            return dispatch_(delivery, entry, hook);
         } catch (const std::exception& e) {
             return failed_outcome(fmt::format("handler threw: {}", e.what()), failure_cause_of(e));
         } catch (...) {
@@ -671,12 +663,13 @@ class StreamConsumer {
     void handle(const Item& item) {
         const StreamEntry& entry = item.entry;
         const Delivery delivery = delivery_of(entry, item.delivery_count);
-        std::optional<StreamAck> ack;
-        if (acks_in_commit_) ack.emplace(stream_ack_of(entry, delivery));
-        const Outcome outcome = call(delivery, entry, ack ? &*ack : nullptr);
+        std::optional<CommitHook> hook;
+        if (acks_in_commit_) hook.emplace(commit_hook_of(entry, delivery));
+        const Outcome outcome = call(delivery, entry, hook ? &*hook : nullptr);
         if (breaker_.trips_on(outcome)) breaker_.open();
 
-        if (ack && ack->acked) {  // the commit acked it (and parked it, if it was a dead letter)
+        if (hook && hook->acked_in_commit) {  // the commit acked it (and parked it, if it was a
+                                              // dead letter)
             acked_in_commit_.fetch_add(1, std::memory_order_relaxed);
             acked_.fetch_add(1, std::memory_order_relaxed);
             if (outcome.disposition == Disposition::dead_lettered) {
@@ -709,17 +702,17 @@ class StreamConsumer {
             deliveries.push_back(delivery_of(item.entry, item.delivery_count));
             entries.push_back(std::move(item.entry));
         }
-        std::vector<StreamAck> acks;
+        std::vector<CommitHook> hooks;
         if (acks_in_commit_) {
-            acks.reserve(entries.size());
+            hooks.reserve(entries.size());
             for (std::size_t i = 0; i < entries.size(); ++i)
-                acks.push_back(stream_ack_of(entries[i], deliveries[i]));
+                hooks.push_back(commit_hook_of(entries[i], deliveries[i]));
         }
 
         std::vector<Outcome> outcomes;
         if (batch_dispatch_) {
             try {
-                outcomes = batch_dispatch_(deliveries, entries, acks_in_commit_ ? &acks : nullptr);
+                outcomes = batch_dispatch_(deliveries, entries, acks_in_commit_ ? &hooks : nullptr);
                 if (outcomes.size() != entries.size()) {
                     throw store_error(
                         fmt::format("handle_batch returned {} outcomes for {} entries",
@@ -744,21 +737,21 @@ class StreamConsumer {
         for (const Outcome& outcome : outcomes) {
             if (breaker_.trips_on(outcome)) breaker_.open();
         }
-        ack_all(entries, deliveries, outcomes, acks);
+        ack_all(entries, deliveries, outcomes, hooks);
         return outcomes.size();
     }
 
     /// Acks what the outcomes say in one round trip: one XACK for the ordinary acks, pipelined
     /// with one dead-letter script per dead letter (the ones the commit did not ack already).
     void ack_all(const std::vector<StreamEntry>& entries, const std::vector<Delivery>& deliveries,
-                 const std::vector<Outcome>& outcomes, const std::vector<StreamAck>& acks) {
+                 const std::vector<Outcome>& outcomes, const std::vector<CommitHook>& hooks) {
         std::vector<std::vector<std::string>> commands;
         std::vector<std::string> xack{"XACK", options_.stream, options_.group};
         std::size_t plain_acks = 0;
         for (std::size_t i = 0; i < outcomes.size(); ++i) {
             const Outcome& outcome = outcomes[i];
             const bool dead_lettered = to_dead_letters(outcome);
-            if (!acks.empty() && acks[i].acked) {  // the commit acked (and parked) it
+            if (!hooks.empty() && hooks[i].acked_in_commit) {  // the commit acked (and parked) it
                 acked_in_commit_.fetch_add(1, std::memory_order_relaxed);
                 acked_.fetch_add(1, std::memory_order_relaxed);
                 if (dead_lettered) dead_lettered_.fetch_add(1, std::memory_order_relaxed);
@@ -774,7 +767,7 @@ class StreamConsumer {
         if (plain_acks != 0) commands.insert(commands.begin(), std::move(xack));
         if (commands.empty()) return;
 
-        const std::vector<RedisReply> replies = connection_.pipeline(commands);
+        const std::vector<redis::Reply> replies = connection_.pipeline(commands);
         std::optional<store_error> error;
         for (std::size_t k = 0; k < replies.size(); ++k) {
             const bool is_xack = plain_acks != 0 && k == 0;
@@ -806,7 +799,7 @@ class StreamConsumer {
     /// The dead-letter script as one command of a pipeline (EVAL: no script cache to miss).
     std::vector<std::string> dead_letter_eval(const StreamEntry& entry, const Delivery& delivery,
                                               const std::string& reason) const {
-        std::vector<std::string> xadd = detail::stream_dead_letter_command(
+        std::vector<std::string> xadd = redis::stream_dead_letter_command(
             options_.dead_letter_stream, entry.id, entry.fields, reason, scope_,
             delivery.message_id, delivery.delivery_count.value());
         std::vector<std::string> command{"EVAL",
@@ -824,15 +817,15 @@ class StreamConsumer {
     /// Adds the entry to the dead-letter stream and acks it, atomically: either both or neither.
     void dead_letter_and_ack(const StreamEntry& entry, const Delivery& delivery,
                              const std::string& reason) {
-        std::vector<std::string> xadd = detail::stream_dead_letter_command(
+        std::vector<std::string> xadd = redis::stream_dead_letter_command(
             options_.dead_letter_stream, entry.id, entry.fields, reason, scope_,
             delivery.message_id, delivery.delivery_count.value());
         // XADD <key> * <fields...> → ARGV: group, entry id, <fields...>
         std::vector<std::string> args{options_.group, entry.id};
         args.insert(args.end(), std::make_move_iterator(xadd.begin() + 3),
                     std::make_move_iterator(xadd.end()));
-        RedisReply reply = connection_.eval(detail::stream_dead_letter_ack_script(),
-                                            {options_.dead_letter_stream, options_.stream}, args);
+        redis::Reply reply = connection_.eval(detail::stream_dead_letter_ack_script(),
+                                              {options_.dead_letter_stream, options_.stream}, args);
         if (reply.is_error()) {
             throw store_error(fmt::format(
                 "idem::StreamConsumer: moving entry {} of {} to {} failed on {} (not acked): {}",
@@ -841,14 +834,14 @@ class StreamConsumer {
         }
     }
 
-    RedisReply checked(const std::vector<std::string>& command, std::string_view what) {
-        RedisReply reply = connection_.command(command);
+    redis::Reply checked(const std::vector<std::string>& command, std::string_view what) {
+        redis::Reply reply = connection_.command(command);
         if (!reply.is_error()) return reply;
         throw reply_error(reply, what);
     }
 
     /// The store_error for an error reply to @p what; NOGROUP also has the group created again.
-    store_error reply_error(const RedisReply& reply, std::string_view what) {
+    store_error reply_error(const redis::Reply& reply, std::string_view what) {
         if (reply.str.rfind("NOGROUP", 0) == 0) {
             group_ready_ = false;  // e.g. a server restarted without persistence: create it again
             return store_error(fmt::format(
@@ -880,7 +873,7 @@ class StreamConsumer {
     }
 
     StreamConsumerOptions options_;
-    RedisConnection connection_;
+    redis::Connection connection_;
     Dispatch dispatch_;
     BatchDispatch batch_dispatch_;  ///< empty for a plain handler
     std::string scope_;  ///< the handler's policy scope, for dead letters; empty for a plain one

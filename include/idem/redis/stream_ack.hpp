@@ -1,8 +1,8 @@
 #pragma once
 /// @file
-/// @brief idem::redis::StreamAck (idem::StreamAck): a stream entry a commit acks, and the
-/// dead-letter stream entry of a stream message. Shared by RedisStore's commit and the Redis
-/// Streams consumer. Link idem::redis.
+/// @brief idem::redis::StreamAck (idem::StreamAck): the request of an idem::CommitHook asking a
+/// RedisStore's commit to ack a stream entry, and the dead-letter stream entry of a stream
+/// message. Shared by RedisStore's commit and the Redis Streams consumer. Link idem::redis.
 
 #include <cstdint>
 #include <string>
@@ -11,28 +11,32 @@
 #include <vector>
 
 #include "idem/config.hpp"
+#include "idem/redis/endpoint.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {
 
-/// @brief A consumer reading a stream on the same Redis asks the next transaction begun on its
-/// thread to ack the entry in the commit itself (see RedisStore::AckWithNextCommit in
-/// idem/store/redis.hpp), so for
-/// Redis-only effects the ack is part of the transaction.
+/// @brief What a Redis Streams consumer asks a RedisStore's commit to do for one entry, carried
+/// as the request of an idem::CommitHook (idem/contract/commit_hook.hpp): XACK the entry (and,
+/// when the commit parks the message as a dead letter, first XADD it to the dead-letter stream),
+/// atomically with the claim and the effect's writes. A RedisStore honours it only when
+/// `endpoint` is its own server and database (Endpoint::same_database); otherwise the hook is
+/// ignored and the consumer acks after the commit.
+///
+/// @code
+/// idem::CommitHook hook{idem::redis::StreamAck{endpoint, "orders", "capture", entry_id}};
+/// auto outcome = handler.handle(delivery, body, hook);
+/// if (!hook.acked_in_commit && idem::should_ack(outcome)) xack(entry_id);
+/// @endcode
 struct StreamAck {
-    std::string stream;
-    std::string group;
-    std::string entry_id;
+    Endpoint endpoint{};  ///< the server and database the stream is on
+    std::string stream{};
+    std::string group{};
+    std::string entry_id{};
     /// Where a dead letter of this entry also goes, with the entry's fields; empty: nowhere.
     std::string dead_letter_stream{};
     std::vector<std::pair<std::string, std::string>> fields{};
     std::uint32_t delivery_count = 0;
-    bool acked = false;  ///< set when a commit included the XACK
-    /// The claim this entry is delivered as: the handler's policy scope and the message id (the
-    /// entry id, or the id field's value). A batch commit matches its claims and dead letters to
-    /// the entries by these; a single ack does not need them.
-    std::string scope{};
-    std::string message_id{};
 };
 
 /// The dead-letter stream entry of a stream message: why, where from, then its own fields.

@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/contract/commit_hook.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/policy.hpp"
@@ -94,8 +95,9 @@ struct RedisPersistence {
 ///   after its latest claim. claim_many(): the same for a batch's ids, the SETs
 ///   pipelined in one round trip.
 /// - commit(): one round trip, a script that checks every lease is still ours, runs the queued
-///   Redis writes (write(), the consumer's XACK), stores dead letters and marks the claims done.
-///   A lease lost to another worker writes nothing and throws commit_failed ("lease lost").
+///   Redis writes (write(), the XACKs of attach()ed commit hooks), stores dead letters and marks
+///   the claims done. A lease lost to another worker writes nothing and throws commit_failed
+///   ("lease lost").
 /// - rollback (destructor, or an effect that threw): frees only this transaction's leases, so a
 ///   redelivery runs the work; the attempt count stays for the poison check.
 ///
@@ -154,28 +156,14 @@ class RedisStore {
     /// @brief Starts a transaction. No round trip: Redis is contacted by claim() and commit().
     [[nodiscard]] Transaction begin();
 
-    /// @brief While alive, the next transaction this thread begins on this store acks @p ack's
-    /// stream entry in its commit (and, if that commit writes a dead letter, adds the entry to
-    /// the dead-letter stream). Used by StreamConsumer when stream and store share a server.
-    class AckWithNextCommit {
-      public:
-        AckWithNextCommit(RedisStore& store, redis::StreamAck& ack) noexcept {
-            pending() = Pending{&store, &ack, nullptr};
-        }
-        /// @brief A batch (IdempotentHandler::handle_batch): the commit acks each entry of
-        /// @p acks whose message it completes — matched by redis::StreamAck::scope and message_id
-        /// to a claim it marks processed, rejected or dead_lettered (an id's first entry: later
-        /// entries of the same id are its duplicates), or else to a dead letter it stores (one
-        /// per entry, in order) — and adds the dead-lettered ones to their dead-letter stream.
-        /// Entries it does not complete (failed, deferred, in_progress, duplicate) are left to
-        /// the caller; `acked` is set on exactly those the commit acked.
-        AckWithNextCommit(RedisStore& store, std::vector<redis::StreamAck>& acks) noexcept {
-            pending() = Pending{&store, nullptr, &acks};
-        }
-        ~AckWithNextCommit() { pending() = Pending{}; }
-        AckWithNextCommit(const AckWithNextCommit&) = delete;
-        AckWithNextCommit& operator=(const AckWithNextCommit&) = delete;
-    };
+    /// @brief Whether this store's transactions do @p hook in their commit: a stream ack
+    /// (redis::StreamAck, from StreamConsumer or your own loop) on this store's server and
+    /// database. The ack (and a dead letter's dead-letter stream entry) is then part of the
+    /// commit script; otherwise the hook is ignored and the broker acks after the commit.
+    [[nodiscard]] bool accepts_commit_hook(const CommitHook& hook) const noexcept {
+        const auto* ack = hook.request_as<redis::StreamAck>();
+        return ack != nullptr && ack->endpoint.same_database(endpoint());
+    }
 
     /// @brief The claim record, or nothing when there is none or it was released.
     std::optional<ClaimRecord> find_claim(std::string_view scope, std::string_view id) {
@@ -350,25 +338,6 @@ class RedisStore {
   private:
     friend class Transaction;
 
-    struct Pending {
-        RedisStore* store = nullptr;
-        redis::StreamAck* ack = nullptr;
-        std::vector<redis::StreamAck>* acks = nullptr;
-    };
-    static Pending& pending() noexcept {
-        thread_local Pending value;
-        return value;
-    }
-
-    Pending take_pending_acks() noexcept {
-        Pending& p = pending();
-        if (p.store != this) return Pending{};
-        Pending taken = p;
-        p.ack = nullptr;  // one transaction takes them
-        p.acks = nullptr;
-        return taken;
-    }
-
     static Disposition disposition_from(const std::string& text) {
         Disposition d = Disposition::processed;
         return from_string(text, d) ? d : Disposition::processed;
@@ -505,8 +474,7 @@ class RedisStore::Transaction {
           savepoints_(std::move(other.savepoints_)),
           locks_(std::move(other.locks_)),
           released_(std::move(other.released_)),
-          ack_(std::exchange(other.ack_, nullptr)),
-          acks_(std::exchange(other.acks_, nullptr)) {}
+          hooks_(std::move(other.hooks_)) {}
     Transaction& operator=(Transaction&&) = delete;
     Transaction(const Transaction&) = delete;
     Transaction& operator=(const Transaction&) = delete;
@@ -608,6 +576,21 @@ class RedisStore::Transaction {
         write("XACK", stream, group, entry);
     }
 
+    /// @brief The commit-hook capability (idem/contract/commit_hook.hpp; the handler calls it
+    /// right after begin()): true when @p hook is a stream ack (redis::StreamAck) on this
+    /// store's server and database. Its commit then XACKs the entry of each hook whose message
+    /// it completes (processed, rejected, dead_lettered; a dead letter is first added to the
+    /// hook's dead-letter stream), in the commit script — no extra round trip — and sets
+    /// CommitHook::acked_in_commit. False, and nothing changes, for any other hook: the broker
+    /// acks after the commit. @p hook must outlive the transaction.
+    bool attach(CommitHook& hook) {
+        active();
+        hook.acked_in_commit = false;
+        if (!store_->accepts_commit_hook(hook)) return false;
+        hooks_.push_back(&hook);
+        return true;
+    }
+
     void savepoint() {
         active();
         savepoints_.push_back(
@@ -666,15 +649,9 @@ class RedisStore::Transaction {
         const std::size_t num_keys = call.count();
 
         call.add(store_->now_arg()).add(token_).add(claims_.size());
-        bool dead_lettered = !letters_.empty();
-        const std::string* dead_letter_reason = nullptr;
         for (const auto& held : claims_) {
             call.add(held.outcome.empty() ? std::string_view("in_progress") : held.outcome)
                 .add(held.reason);
-            if (held.outcome == to_string(Disposition::dead_lettered)) {
-                dead_lettered = true;
-                dead_letter_reason = &held.reason;
-            }
         }
         call.add(letters_.size());
         for (const auto& letter : letters_) {
@@ -688,37 +665,20 @@ class RedisStore::Transaction {
             } else {
                 call.add(detail::to_unix_ms(letter.created_at));
             }
-            dead_letter_reason = &letter.reason;
         }
-        // The consumer's acks (and dead-letter stream entries) run after the effect's writes.
+        // The attached stream acks (and dead-letter stream entries) run after the effect's
+        // writes.
         Commands acks;
-        if (ack_ != nullptr) {
-            if (dead_lettered && !ack_->dead_letter_stream.empty()) {
-                const std::string none;
-                const std::string& scope = claims_.empty()
-                                               ? (letters_.empty() ? none : letters_[0].scope)
-                                               : claims_[0].scope;
-                const std::string& id = claims_.empty()
-                                            ? (letters_.empty() ? none : letters_[0].message_id)
-                                            : claims_[0].id;
-                acks.add(redis::stream_dead_letter_command(
-                    ack_->dead_letter_stream, ack_->entry_id, ack_->fields,
-                    dead_letter_reason != nullptr ? *dead_letter_reason : none, scope, id,
-                    ack_->delivery_count));
-            }
-            acks.add({"XACK", ack_->stream, ack_->group, ack_->entry_id});
-        }
-        const std::vector<redis::StreamAck*> batch_acked =
-            acks_ != nullptr ? batch_ack_commands(acks) : std::vector<redis::StreamAck*>{};
+        const std::vector<CommitHook*> acked_hooks =
+            hooks_.empty() ? std::vector<CommitHook*>{} : hook_commands(acks);
         call.add(command_count_ + acks.count).append(commands_).append(acks.args);
 
         redis::Reply reply = store_->with_connection(
             [&](redis::Connection& c) { return c.eval(redis::complete_script(), num_keys, call); });
         store_->check_script(reply, "commit");
         if (reply.type == redis::Reply::Type::string && reply.str == "ok") {
-            if (ack_ != nullptr) ack_->acked = true;
-            for (redis::StreamAck* acked : batch_acked)
-                acked->acked = true;
+            for (CommitHook* hook : acked_hooks)
+                hook->acked_in_commit = true;
             claims_.clear();  // done: nothing left to release
             released_.clear();
             finish();
@@ -1014,22 +974,22 @@ class RedisStore::Transaction {
         });
     }
 
-    explicit Transaction(RedisStore& store) : Transaction(store, store.take_pending_acks()) {}
-    Transaction(RedisStore& store, Pending pending)
+    explicit Transaction(RedisStore& store)
         : store_(&store),
           token_(redis::new_lease_token()),
           lease_(store.options_.lease),
-          retention_(store.options_.retention),
-          ack_(pending.ack),
-          acks_(pending.acks) {}
+          retention_(store.options_.retention) {}
 
-    /// A batch's acks: adds to @p out the dead-letter stream entries and then the XACKs of the
-    /// entries this commit completes, and returns those entries. For each (scope, message id): a
-    /// claim with a final outcome is the id's first entry's (claims go to an id's first copy;
-    /// later copies are its duplicates, acked by the caller); without a claim, dead letters pair
-    /// with the entries in order when there is exactly one per entry (a malformed entry, an id
-    /// reused with another payload). Anything else is left alone.
-    std::vector<redis::StreamAck*> batch_ack_commands(Commands& out) {
+    /// The attached hooks' acks: adds to @p out the dead-letter stream entries and then the
+    /// XACKs of the entries this commit completes, and returns their hooks. Hooks are matched to
+    /// the transaction's work by CommitHook::scope and message_id (set by the handler). For each
+    /// (scope, message id): a claim with a final outcome (processed, rejected, dead_lettered) is
+    /// the id's first hook's (claims go to an id's first copy; later copies in a batch are its
+    /// duplicates, acked by the caller); without a claim, dead letters pair with the hooks in
+    /// order when there is exactly one per hook (a malformed delivery, an id reused with another
+    /// payload). Anything else (failed, deferred, in_progress, duplicate, a request this store
+    /// does not know) is left to the caller.
+    std::vector<CommitHook*> hook_commands(Commands& out) {
         // Entries and dead letters grouped by (scope, message id), in one pass each.
         auto group_key = [](std::string_view scope, std::string_view id) {
             std::string key = std::to_string(scope.size());
@@ -1038,30 +998,33 @@ class RedisStore::Transaction {
             return key;
         };
         std::vector<std::string> order;
-        std::unordered_map<std::string, std::vector<redis::StreamAck*>> copies_of;
-        for (auto& ack : *acks_) {
-            auto [it, added] = copies_of.try_emplace(group_key(ack.scope, ack.message_id));
+        std::unordered_map<std::string, std::vector<CommitHook*>> copies_of;
+        for (CommitHook* hook : hooks_) {
+            if (hook->request_as<redis::StreamAck>() == nullptr)
+                continue;  // not a stream ack (any more)
+            auto [it, added] = copies_of.try_emplace(group_key(hook->scope, hook->message_id));
             if (added) order.push_back(it->first);
-            it->second.push_back(&ack);
+            it->second.push_back(hook);
         }
         std::unordered_map<std::string, std::vector<const DeadLetter*>> letters_of;
         for (const auto& letter : letters_)
             letters_of[group_key(letter.scope, letter.message_id)].push_back(&letter);
 
-        std::vector<redis::StreamAck*> acked;
+        std::vector<CommitHook*> acked;
         Commands xacks;
-        auto add = [&](redis::StreamAck& ack, const std::string* dead_letter_reason) {
+        auto add = [&](CommitHook& hook, const std::string* dead_letter_reason) {
+            const redis::StreamAck& ack = *hook.request_as<redis::StreamAck>();
             if (dead_letter_reason != nullptr && !ack.dead_letter_stream.empty()) {
                 out.add(redis::stream_dead_letter_command(
                     ack.dead_letter_stream, ack.entry_id, ack.fields, *dead_letter_reason,
-                    ack.scope, ack.message_id, ack.delivery_count));
+                    hook.scope, hook.message_id, ack.delivery_count));
             }
             xacks.add({"XACK", ack.stream, ack.group, ack.entry_id});
-            acked.push_back(&ack);
+            acked.push_back(&hook);
         };
         for (const std::string& key : order) {
-            const std::vector<redis::StreamAck*>& copies = copies_of[key];
-            redis::StreamAck& first = *copies.front();
+            const std::vector<CommitHook*>& copies = copies_of[key];
+            CommitHook& first = *copies.front();
             const std::size_t held = find_held(first.scope, first.message_id);
             if (held < claims_.size()) {
                 const Claim& claim = claims_[held];
@@ -1109,6 +1072,7 @@ class RedisStore::Transaction {
         claims_.clear();
         released_.clear();
         locks_.clear();
+        hooks_.clear();
     }
 
     RedisStore* store_;
@@ -1121,10 +1085,9 @@ class RedisStore::Transaction {
     std::size_t command_count_ = 0;
     std::vector<Mark> savepoints_;
     std::vector<std::string> locks_;
-    std::vector<std::string> released_;  ///< keys of unclaim()ed leases, freed at the end
-    redis::StreamAck* ack_ = nullptr;
-    std::vector<redis::StreamAck>* acks_ = nullptr;  ///< a batch's entries (AckWithNextCommit)
-    mutable std::size_t last_found_ = 0;             ///< find_held()'s hint
+    std::vector<std::string> released_;   ///< keys of unclaim()ed leases, freed at the end
+    std::vector<CommitHook*> hooks_;      ///< attach()ed stream acks, done by the commit
+    mutable std::size_t last_found_ = 0;  ///< find_held()'s hint
 };
 
 inline RedisStore::Transaction RedisStore::begin() {
