@@ -26,8 +26,8 @@ bool idem_consumer_redis_testing_kit_links();
 
 int main() {
     static_assert(IDEM_VERSION_MAJOR == 0 && IDEM_VERSION_MINOR == 1, "unexpected idem version");
-    // The postgres, redis and mysql components link and its store fits (no server is needed to check
-    // that).
+    // The postgres, redis and mysql components link and their stores fit (no server is needed to
+    // check that).
 #if IDEM_CONSUMER_HAS_POSTGRES
     static_assert(idem::detail::is_store_v<idem::PostgresStore>, "PostgresStore must fit");
 #endif
