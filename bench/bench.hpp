@@ -25,6 +25,7 @@
 #include "idem/delivery.hpp"
 #include "idem/outcome.hpp"
 #include "idem/store/redis_connection.hpp"
+#include "support/mariadb_server.hpp"
 #include "support/postgres_server.hpp"
 #include "support/redis_server.hpp"
 
@@ -118,6 +119,7 @@ void add_pinning(Json& line, bool pinned, pid_t server_pid);
 idem_test::RedisServer& redis_server();
 idem::RedisEndpoint redis_endpoint();
 idem_test::PostgresServer& postgres_server();
+idem_test::MariadbServer& mariadb_server();
 
 /// Resident set size of this process in KiB (/proc/self/statm).
 long long rss_kb();
@@ -244,6 +246,9 @@ inline constexpr auto sqlite_effect = [](auto& tx, const Order& o) {
 inline constexpr auto postgres_effect = [](auto& tx, const Order& o) {
     tx.execute("INSERT INTO idem_effects(order_id, amount) VALUES ($1, $2)", o.order_id, o.amount);
 };
+inline constexpr auto mysql_effect = [](auto& tx, const Order& o) {
+    tx.execute("INSERT INTO idem_effects(order_id, amount) VALUES (?, ?)", o.order_id, o.amount);
+};
 inline constexpr auto redis_claim_only_effect = [](auto&, const Order&) {};
 inline constexpr auto redis_write_effect = [](auto& tx, const Order& o) {
     tx.write("SET", "fx:" + o.order_id, "1");
@@ -318,6 +323,28 @@ void pg_exec(const std::string& conninfo, const std::string& sql);
 /// An effects table of the PostgreSQL cases (idem side), shaped like RawPostgres's.
 void create_postgres_effects(const std::string& conninfo, const std::string& table);
 
+/// One libmariadb connection (text protocol, as MysqlStore's driver): START TRANSACTION, INSERT
+/// claim (raw_claims shaped like idem_claims, its hashed unique key included), INSERT effect,
+/// COMMIT, a round trip each.
+class RawMysql {
+  public:
+    /// Creates raw_claims and @p effects_table (if missing) in the server's idem_test database.
+    RawMysql(idem_test::MariadbServer& server, const std::string& effects_table);
+    ~RawMysql();
+    RawMysql(const RawMysql&) = delete;
+    RawMysql& operator=(const RawMysql&) = delete;
+
+    void begin();
+    void commit();
+    void insert_claim(std::string_view scope, std::string_view id);
+    void insert_effect(std::string_view order_id, std::int64_t amount);
+
+  private:
+    void simple(const std::string& sql);
+    MYSQL* conn_ = nullptr;
+    std::string effects_;
+};
+
 /// A plain hiredis connection for the raw Redis twins and for filling streams.
 class RawRedis {
   public:
@@ -349,6 +376,7 @@ class RawRedis {
 void run_memory_cases();
 void run_sqlite_cases();
 void run_postgres_cases();
+void run_mysql_cases();
 void run_redis_cases();
 void run_e2e_cases();
 void run_rss_case();

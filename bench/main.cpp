@@ -56,6 +56,8 @@ const std::vector<std::string> bench_names{"rss_flat",
                                            "postgres_single",
                                            "postgres_statement_costs (with postgres_single)",
                                            "postgres_batch",
+                                           "mysql_single",
+                                           "mysql_batch",
                                            "redis_single",
                                            "redis_batch",
                                            "redis_single_write",
@@ -189,6 +191,7 @@ int main(int argc, char** argv) {
     guarded("memory", idem_bench::run_memory_cases);
     guarded("sqlite", idem_bench::run_sqlite_cases);
     guarded("postgres", idem_bench::run_postgres_cases);
+    guarded("mysql", idem_bench::run_mysql_cases);
     guarded("redis", idem_bench::run_redis_cases);
     guarded("e2e", idem_bench::run_e2e_cases);
     idem_bench::note(fmt::format(

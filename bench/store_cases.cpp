@@ -9,6 +9,11 @@
 //                                                                          INSERT effect, COMMIT
 //   postgres_batch   handle_batch of 100                              vs  BEGIN, 200 INSERTs,
 //                                                                          COMMIT
+//   mysql_single     handler.handle on MysqlStore (MariaDB)           vs  START TRANSACTION, INSERT
+//                                                                          claim, INSERT effect,
+//                                                                          COMMIT
+//   mysql_batch      handle_batch of 100                              vs  the same 200 INSERTs in
+//                                                                          one transaction
 //   redis_single     handler.handle on RedisStore: claim + complete   vs  one SET NX (hiredis)
 //   redis_batch      handle_batch of 100                              vs  100 SET NX pipelined
 //   redis_single_write  the same with one tx.write (SET) in the effect vs  one SET NX
@@ -31,6 +36,7 @@
 #include "bench.hpp"
 #include "idem/idem.hpp"
 #include "idem/store/memory.hpp"
+#include "idem/store/mysql.hpp"
 #include "idem/store/postgres.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
@@ -394,6 +400,53 @@ void run_postgres_cases() {
         Json line =
             postgres_statement_costs(raw, handler, idem_seq, raw_seq, idem_backend, raw_backend);
         add_pinning(line, pin.active(), idem_backend);
+        emit(line);
+    }
+    benchmark::ClearRegisteredBenchmarks();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void run_mysql_cases() {
+    const bool single = selected("mysql_single");
+    const bool batch = selected("mysql_batch");
+    if (!single && !batch) return;
+
+    auto& server = mariadb_server();
+    PinScope pin;
+    RawMysql raw{server, "raw_effects"};
+    idem::MysqlEndpoint endpoint;
+    endpoint.host = server.host();
+    endpoint.port = static_cast<unsigned>(server.port());
+    endpoint.user = server.user();
+    endpoint.database = "idem_test";
+    idem::MysqlStore store{endpoint};
+    store.execute(
+        "CREATE TABLE IF NOT EXISTS idem_effects(id BIGINT AUTO_INCREMENT PRIMARY KEY, "
+        "order_id VARCHAR(64) NOT NULL, amount BIGINT NOT NULL) ENGINE=InnoDB");
+    auto handler = idem::make_handler(store, idem::Policy{scope}, mysql_effect);
+    std::uint64_t idem_seq = 0;
+    std::uint64_t raw_seq = 0;
+
+    add_idem<Shape::single>("mysql_single/idem", handler, idem_seq);
+    add_raw<Shape::single>("mysql_single/raw", raw, raw_seq);
+    add_idem<Shape::batch>("mysql_batch/idem", handler, idem_seq);
+    add_raw<Shape::batch>("mysql_batch/raw", raw, raw_seq);
+
+    const std::string settings = "MariaDB 10.11, InnoDB, innodb_flush_log_at_trx_commit=1";
+    if (single) {
+        Json line;
+        const Alternated result = compare("mysql_single", "mysql", 1, line);
+        add_pinning(line, pin.active(), server.pid());
+        line.str("mysql", settings);
+        ratio_target(line, result, 0.90);
+        emit(line);
+    }
+    if (batch) {
+        Json line;
+        compare("mysql_batch", "mysql", batch_size, line);
+        add_pinning(line, pin.active(), server.pid());
+        line.str("mysql", settings);
         emit(line);
     }
     benchmark::ClearRegisteredBenchmarks();

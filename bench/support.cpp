@@ -232,6 +232,10 @@ std::unique_ptr<idem_test::PostgresServer>& postgres_slot() {
     static std::unique_ptr<idem_test::PostgresServer> slot;
     return slot;
 }
+std::unique_ptr<idem_test::MariadbServer>& mariadb_slot() {
+    static std::unique_ptr<idem_test::MariadbServer> slot;
+    return slot;
+}
 }  // namespace
 
 idem_test::RedisServer& redis_server() {
@@ -256,6 +260,10 @@ idem::RedisEndpoint redis_endpoint() {
 
 idem_test::PostgresServer& postgres_server() {
     return started(postgres_slot(), "PostgreSQL");
+}
+
+idem_test::MariadbServer& mariadb_server() {
+    return started(mariadb_slot(), "MariaDB");
 }
 
 long long rss_kb() {
@@ -799,6 +807,69 @@ std::size_t RawRedis::set_nx_pipelined(const std::vector<std::string>& keys) {
         if (reply->type == REDIS_REPLY_STATUS) ++set;
     }
     return set;
+}
+
+// ---------------------------------------------------------------------------------------------
+// RawMysql
+
+namespace {
+std::string hex_literal(std::string_view bytes) {
+    std::string out = "X'";
+    for (const char c : bytes)
+        out += fmt::format("{:02X}", static_cast<unsigned char>(c));
+    return out + "'";
+}
+}  // namespace
+
+RawMysql::RawMysql(idem_test::MariadbServer& server, const std::string& effects_table)
+    : effects_(effects_table) {
+    idem::testing::detail::library_init();
+    conn_ = mysql_init(nullptr);
+    if (conn_ == nullptr ||
+        mysql_real_connect(conn_, server.host().c_str(), server.user().c_str(), "", "idem_test",
+                           static_cast<unsigned>(server.port()), nullptr, 0) == nullptr) {
+        throw std::runtime_error(std::string("RawMysql: connect: ") + mysql_error(conn_));
+    }
+    simple("SET SESSION innodb_lock_wait_timeout = 5");  // as MysqlStore's session
+    // The same shape as idem's idem_claims (sql/schema.hpp, mysql_schema_ddl).
+    simple(
+        "CREATE TABLE IF NOT EXISTS raw_claims(scope BLOB NOT NULL, message_id BLOB NOT NULL, "
+        "claim_key BINARY(32) AS (UNHEX(SHA2(CONCAT(LPAD(LENGTH(scope), 10, '0'), scope, "
+        "message_id), 256))) STORED, claimed_at BIGINT NOT NULL, outcome VARBINARY(32) NOT NULL, "
+        "reason BLOB NOT NULL, fingerprint BLOB NOT NULL, UNIQUE KEY(claim_key), "
+        "KEY(claimed_at)) ENGINE=InnoDB");
+    simple(
+        fmt::format("CREATE TABLE IF NOT EXISTS {}(id BIGINT AUTO_INCREMENT PRIMARY KEY, "
+                    "order_id VARCHAR(64) NOT NULL, amount BIGINT NOT NULL) ENGINE=InnoDB",
+                    effects_table));
+}
+
+RawMysql::~RawMysql() {
+    if (conn_ != nullptr) mysql_close(conn_);
+}
+
+void RawMysql::simple(const std::string& sql) {
+    if (mysql_real_query(conn_, sql.data(), static_cast<unsigned long>(sql.size())) != 0) {
+        throw std::runtime_error(fmt::format("RawMysql: {}: {}", sql, mysql_error(conn_)));
+    }
+}
+
+void RawMysql::begin() {
+    simple("START TRANSACTION");
+}
+void RawMysql::commit() {
+    simple("COMMIT");
+}
+void RawMysql::insert_claim(std::string_view scope, std::string_view id) {
+    simple(
+        fmt::format("INSERT INTO raw_claims(scope, message_id, claimed_at, outcome, reason, "
+                    "fingerprint) VALUES ({}, {}, {}, 'processed', X'', X'') ON DUPLICATE KEY "
+                    "UPDATE claimed_at = claimed_at",
+                    hex_literal(scope), hex_literal(id), now_ms()));
+}
+void RawMysql::insert_effect(std::string_view order_id, std::int64_t amount) {
+    simple(fmt::format("INSERT INTO {}(order_id, amount) VALUES ('{}', {})", effects_, order_id,
+                       amount));
 }
 
 }  // namespace idem_bench

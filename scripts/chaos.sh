@@ -5,6 +5,7 @@
 # idem_chaos, e.g.
 #   ./scripts/chaos.sh --store redis --messages 2000
 #   ./scripts/chaos.sh --store postgres --workers 6 --seed 7
+#   ./scripts/chaos.sh --store mysql --messages 2000     # its own mariadbd
 #   ./scripts/chaos.sh --naive            # the negative control: divergences > 0, exit status 1
 #   ./scripts/chaos.sh --help
 # Installs missing Debian packages first (scripts/deps.sh). Build output goes to stderr, so stdout

@@ -21,6 +21,10 @@
 #include "support/redis_env.hpp"
 #include "support/require_redis.hpp"
 #endif
+#if IDEM_HAS_MYSQL
+#include "support/mysql_env.hpp"
+#include "support/require_mariadb.hpp"
+#endif
 
 namespace {
 
@@ -41,6 +45,9 @@ class StoreConformance : public ::testing::Test {
 #endif
 #if IDEM_HAS_REDIS
         if constexpr (std::is_same_v<Env, idem_test::RedisEnv>) IDEM_REQUIRE_REDIS();
+#endif
+#if IDEM_HAS_MYSQL
+        if constexpr (std::is_same_v<typename Env::Store, idem::MysqlStore>) IDEM_REQUIRE_MARIADB();
 #endif
     }
 
@@ -65,6 +72,10 @@ using Stores = ::testing::Types<idem_test::MemoryEnv
 #if IDEM_HAS_REDIS
                                 ,
                                 idem_test::RedisEnv
+#endif
+#if IDEM_HAS_MYSQL
+                                ,
+                                idem_test::MysqlEnv, idem_test::MysqlReadCommittedEnv
 #endif
                                 >;
 

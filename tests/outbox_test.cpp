@@ -31,6 +31,10 @@
 #include "support/postgres_env.hpp"
 #include "support/require_postgres.hpp"
 #endif
+#if IDEM_HAS_MYSQL
+#include "support/mysql_env.hpp"
+#include "support/require_mariadb.hpp"
+#endif
 #include "support/temp_dir.hpp"
 
 namespace {
@@ -142,6 +146,9 @@ class Outbox : public ::testing::Test {
 #if IDEM_HAS_POSTGRES
         if constexpr (std::is_same_v<Env, idem_test::PostgresEnv>) IDEM_REQUIRE_POSTGRES();
 #endif
+#if IDEM_HAS_MYSQL
+        if constexpr (std::is_same_v<Env, idem_test::MysqlEnv>) IDEM_REQUIRE_MARIADB();
+#endif
     }
 
     /// Options on the environment's clock (the store's clock too).
@@ -189,6 +196,10 @@ using Stores = ::testing::Types<idem_test::MemoryEnv, idem_test::SqliteEnv
 #if IDEM_HAS_POSTGRES
                                 ,
                                 idem_test::PostgresEnv
+#endif
+#if IDEM_HAS_MYSQL
+                                ,
+                                idem_test::MysqlEnv
 #endif
                                 >;
 struct StoreNames {
@@ -844,6 +855,16 @@ TEST(OutboxConcurrency, ThreeRelaysOnPostgresShareTheWorkWithSkipLocked) {
     const std::string database = server.fresh_database();
     relays_share_the_work(
         [&] { return std::make_unique<idem::PostgresStore>(server.conninfo(database)); }, 3);
+}
+#endif
+
+#if IDEM_HAS_MYSQL
+TEST(OutboxConcurrency, ThreeRelaysOnMysqlShareTheWorkWithSkipLocked) {
+    IDEM_REQUIRE_MARIADB();
+    const std::string database = idem_test::fresh_mariadb_database();
+    relays_share_the_work(
+        [&] { return std::make_unique<idem::MysqlStore>(idem_test::mariadb_endpoint(database)); },
+        3);
 }
 #endif
 

@@ -9,11 +9,13 @@
 #include <cstdint>
 #include <string>
 
+#include "idem/mysql/options.hpp"
+
 #include <sys/types.h>
 
 namespace chaos {
 
-enum class StoreKind { sqlite, postgres, redis };
+enum class StoreKind { sqlite, postgres, redis, mysql };
 
 inline const char* to_string(StoreKind kind) {
     switch (kind) {
@@ -23,8 +25,23 @@ inline const char* to_string(StoreKind kind) {
             return "postgres";
         case StoreKind::redis:
             return "redis";
+        case StoreKind::mysql:
+            return "mysql";
     }
     return "?";
+}
+
+/// --store mysql: the workers' --db is "host:port/database" (user root, no password: the
+/// driver's own MariaDB test server).
+inline idem::MysqlEndpoint mysql_endpoint_of(const std::string& db) {
+    idem::MysqlEndpoint endpoint;
+    const auto colon = db.find(':');
+    const auto slash = db.find('/');
+    endpoint.host = db.substr(0, colon);
+    endpoint.port = static_cast<unsigned>(std::stoul(db.substr(colon + 1, slash - colon - 1)));
+    endpoint.database = db.substr(slash + 1);
+    endpoint.user = "root";
+    return endpoint;
 }
 
 /// The named crash windows: where a worker may kill itself (raise(SIGKILL)).

@@ -1,8 +1,8 @@
-// idem_chaos (driver): starts redis-server (and PostgreSQL for --store postgres) on free loopback
-// ports in temp dirs, produces the capture messages, runs K worker processes (this executable
-// with --worker), kills random workers with SIGKILL at random moments and restarts them, waits
-// until the stream is drained, stops the workers and verifies every order. Prints a summary and,
-// as its last stdout line, one JSON object.
+// idem_chaos (driver): starts redis-server (and PostgreSQL / MariaDB for --store postgres / mysql)
+// on free loopback ports in temp dirs, produces the capture messages, runs K worker processes (this
+// executable with --worker), kills random workers with SIGKILL at random moments and restarts them,
+// waits until the stream is drained, stops the workers and verifies every order. Prints a summary
+// and, as its last stdout line, one JSON object.
 
 #include <libpq-fe.h>
 #include <signal.h>
@@ -32,9 +32,11 @@
 
 #include "chaos.hpp"
 #include "gateway.hpp"
+#include "idem/store/mysql.hpp"
 #include "idem/store/postgres.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
+#include "support/mariadb_server.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
 #include "support/redis_server.hpp"
@@ -306,6 +308,14 @@ CapturesByOrder postgres_captures(const idem_test::PostgresServer& server) {
     return out;
 }
 
+CapturesByOrder mysql_captures(idem_test::MariadbServer& server) {
+    CapturesByOrder out;
+    for (const auto& row :
+         server.client().query("SELECT order_id, gateway_reference FROM captures"))
+        out[std::stol(row.at(0).value_or("0"))].push_back(row.at(1).value_or(""));
+    return out;
+}
+
 CapturesByOrder redis_captures(idem::RedisConnection& redis, long messages) {
     std::vector<std::string> keys;
     for (long order = 1; order <= messages; ++order)
@@ -363,6 +373,9 @@ int run_driver(const Options& o) {
     if (o.store == StoreKind::postgres && !idem_test::PostgresServer::available(&why)) {
         return missing_server("PostgreSQL", why);
     }
+    if (o.store == StoreKind::mysql && !idem_test::MariadbServer::available(&why)) {
+        return missing_server("MariaDB", why);
+    }
     struct sigaction action {};
     action.sa_handler = on_interrupt;
     sigemptyset(&action.sa_mask);
@@ -384,6 +397,7 @@ int run_driver(const Options& o) {
     idem::RedisConnection redis{endpoint};
 
     std::optional<idem_test::PostgresServer> pg;
+    std::optional<idem_test::MariadbServer> maria;
     RunDir run_dir;
     std::string db;
     switch (o.store) {
@@ -403,6 +417,16 @@ int run_driver(const Options& o) {
                 "NULL)");
             db = pg->conninfo();
             idem::PostgresStore store{db};  // creates idem's tables once, before the workers race
+            break;
+        }
+        case StoreKind::mysql: {
+            say("starting MariaDB");
+            maria.emplace();
+            maria->client().exec(
+                "CREATE TABLE captures(order_id BIGINT NOT NULL, gateway_reference TEXT NOT "
+                "NULL) ENGINE=InnoDB");
+            db = fmt::format("{}:{}/idem_test", maria->host(), maria->port());
+            idem::MysqlStore store{mysql_endpoint_of(db)};  // idem's tables, before the race
             break;
         }
         case StoreKind::redis:
@@ -488,6 +512,13 @@ int run_driver(const Options& o) {
         case StoreKind::postgres: {
             captures_by_order = postgres_captures(*pg);
             idem::PostgresStore store{db};
+            for (const auto& letter : store.dead_letters())
+                dead_lettered_ids.insert(letter.message_id);
+            break;
+        }
+        case StoreKind::mysql: {
+            captures_by_order = mysql_captures(*maria);
+            idem::MysqlStore store{mysql_endpoint_of(db)};
             for (const auto& letter : store.dead_letters())
                 dead_lettered_ids.insert(letter.message_id);
             break;

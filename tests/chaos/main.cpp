@@ -12,7 +12,8 @@
 namespace {
 
 constexpr const char* usage =
-    "usage: idem_chaos [--store sqlite|postgres|redis] [--messages N] [--workers K] [--seed S]\n"
+    "usage: idem_chaos [--store sqlite|postgres|redis|mysql] [--messages N] [--workers K] [--seed "
+    "S]\n"
     "                  [--naive] [--kill-rate P] [--kill-interval-ms MS] [--visibility-ms MS]\n"
     "                  [--latency-ms MS] [--inflight-ms MS] [--max-deliveries N] [--timeout S]\n"
     "\n"
@@ -73,9 +74,11 @@ chaos::Options parse(int argc, char** argv) {
                 o.store = chaos::StoreKind::postgres;
             } else if (store == "redis") {
                 o.store = chaos::StoreKind::redis;
+            } else if (store == "mysql") {
+                o.store = chaos::StoreKind::mysql;
             } else {
-                throw std::invalid_argument("--store is sqlite, postgres or redis, not '" + store +
-                                            "'");
+                throw std::invalid_argument("--store is sqlite, postgres, redis or mysql, not '" +
+                                            store + "'");
             }
         } else if (arg == "--messages") {
             o.messages = number(arg, value(), 1, 10'000'000);

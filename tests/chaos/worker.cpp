@@ -29,6 +29,7 @@
 #include "gateway.hpp"
 #include "idem/broker/redis_streams.hpp"
 #include "idem/idem.hpp"
+#include "idem/store/mysql.hpp"
 #include "idem/store/postgres.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
@@ -102,6 +103,9 @@ void record_capture(idem::PostgresStore::Transaction& tx, long order,
     tx.execute("INSERT INTO captures(order_id, gateway_reference) VALUES ($1, $2)", order,
                reference);
 }
+void record_capture(idem::MysqlStore::Transaction& tx, long order, const std::string& reference) {
+    tx.execute("INSERT INTO captures(order_id, gateway_reference) VALUES (?, ?)", order, reference);
+}
 void record_capture(idem::RedisStore::Transaction& tx, long order, const std::string& reference) {
     tx.write("RPUSH", redis_captures_key(order), reference);  // applied by the commit script
 }
@@ -136,7 +140,8 @@ idem::Outcome naive_capture(Store& store, idem::RedisConnection& redis, GatewayC
     const std::string reference = gateway.capture(fresh_key, capture.order_id, capture.amount);
     windows.maybe_die(after_external_call);
     windows.maybe_die(before_commit);
-    if constexpr (std::is_same_v<Store, idem::SqliteStore>) {
+    if constexpr (std::is_same_v<Store, idem::SqliteStore> ||
+                  std::is_same_v<Store, idem::MysqlStore>) {
         store.execute("INSERT INTO captures(order_id, gateway_reference) VALUES (?, ?)",
                       capture.order_id, reference);
     } else if constexpr (std::is_same_v<Store, idem::PostgresStore>) {
@@ -264,6 +269,12 @@ int run_worker(const Options& options) {
             case StoreKind::redis: {
                 idem::RedisStore store{endpoint};
                 return consume(store, options, endpoint, random);
+            }
+            case StoreKind::mysql: {
+                auto store = with_retries("MysqlStore", [&] {
+                    return std::make_unique<idem::MysqlStore>(mysql_endpoint_of(options.db));
+                });
+                return consume(*store, options, endpoint, random);
             }
         }
     } catch (const std::exception& e) {

@@ -12,6 +12,9 @@
 #if IDEM_CONSUMER_HAS_REDIS
 #include <idem/store/redis.hpp>
 #endif
+#if IDEM_CONSUMER_HAS_MYSQL
+#include <idem/store/mysql.hpp>
+#endif
 #if IDEM_CONSUMER_HAS_SQLITE
 #include <idem/store/sqlite.hpp>
 #endif
@@ -23,8 +26,8 @@ bool idem_consumer_redis_testing_kit_links();
 
 int main() {
     static_assert(IDEM_VERSION_MAJOR == 0 && IDEM_VERSION_MINOR == 1, "unexpected idem version");
-    // The postgres and redis components link and its store fits (no server is needed to check
-    // that).
+    // The postgres, redis and mysql components link and their stores fit (no server is needed to
+    // check that).
 #if IDEM_CONSUMER_HAS_POSTGRES
     static_assert(idem::detail::is_store_v<idem::PostgresStore>, "PostgresStore must fit");
 #endif
@@ -34,6 +37,10 @@ int main() {
         std::printf("idem-consumer FAILED: idem::testing::RedisServer\n");
         return 1;
     }
+#endif
+#if IDEM_CONSUMER_HAS_MYSQL
+    static_assert(idem::detail::is_store_v<idem::MysqlStore>, "MysqlStore must fit");
+    if (mysql_get_client_version() == 0) return 1;  // libmariadb links
 #endif
     int runs = 0;
 #if IDEM_CONSUMER_HAS_SQLITE

@@ -98,6 +98,45 @@ inline std::vector<std::string> postgres_schema_ddl(std::string_view prefix, int
     return ddl;
 }
 
+/// MySQL / MariaDB's DDL (InnoDB). Binary values are BLOBs; the unique keys are SHA-256 hashes
+/// in stored generated columns (InnoDB indexes at most 3072 bytes; a 512-byte id and its scope
+/// would not fit a plain composite key, and a prefix key is not unique).
+inline std::vector<std::string> mysql_schema_ddl(int from_version) {
+    std::vector<std::string> ddl;
+    if (from_version < 1) {
+        ddl = {
+            "CREATE TABLE IF NOT EXISTS idem_claims("
+            "scope BLOB NOT NULL, message_id BLOB NOT NULL, "
+            "claim_key BINARY(32) AS (UNHEX(SHA2(CONCAT(LPAD(LENGTH(scope), 10, '0'), scope, "
+            "message_id), 256))) STORED, "
+            "claimed_at BIGINT NOT NULL, outcome VARBINARY(32) NOT NULL, reason BLOB NOT NULL, "
+            "fingerprint BLOB NOT NULL, UNIQUE KEY idem_claims_key(claim_key), "
+            "KEY idem_claims_claimed_at(claimed_at)) ENGINE=InnoDB",
+            "CREATE TABLE IF NOT EXISTS idem_dead_letters("
+            "id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, scope BLOB NOT NULL, "
+            "message_id BLOB NOT NULL, delivery_count BIGINT NOT NULL, reason BLOB NOT NULL, "
+            "payload LONGBLOB NOT NULL, created_at BIGINT NOT NULL) ENGINE=InnoDB",
+            "CREATE TABLE IF NOT EXISTS idem_locks("
+            "lock_key BLOB NOT NULL, "
+            "lock_hash BINARY(32) AS (UNHEX(SHA2(lock_key, 256))) STORED, "
+            "owner BLOB NOT NULL, expires_at BIGINT NOT NULL, "
+            "UNIQUE KEY idem_locks_key(lock_hash), KEY idem_locks_expires_at(expires_at)) "
+            "ENGINE=InnoDB",
+            "CREATE TABLE IF NOT EXISTS idem_outbox("
+            "id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, destination BLOB NOT NULL, "
+            "idempotency_key BLOB NOT NULL, "
+            "key_hash BINARY(32) AS (UNHEX(SHA2(idempotency_key, 256))) STORED, "
+            "payload LONGBLOB NOT NULL, created_at BIGINT NOT NULL, sent_at BIGINT NULL, "
+            "attempts INT NOT NULL DEFAULT 0, last_error BLOB NOT NULL, "
+            "next_attempt_at BIGINT NOT NULL, lease_until BIGINT NULL, "
+            "parked TINYINT(1) NOT NULL DEFAULT 0, UNIQUE KEY idem_outbox_key(key_hash), "
+            // The relay's query (unsent, unparked, by id) and purge() (sent by age).
+            "KEY idem_outbox_unsent(sent_at, parked, id)) ENGINE=InnoDB",
+        };
+    }
+    return ddl;
+}
+
 /// @throws store_error when @p version is newer than this build understands.
 template <class Driver>
 void check_not_newer(const Driver& driver, std::int64_t version) {

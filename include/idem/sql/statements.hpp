@@ -211,5 +211,76 @@ inline statement_table postgres_statements(std::string_view prefix) {
     return t;
 }
 
+/// MySQL / MariaDB (MariaDB 10.6+, MySQL 8.0+): `?N` placeholders that the driver renders as
+/// literals (binary values as `X'…'`), `INSERT … ON DUPLICATE KEY UPDATE` (affected rows: 1
+/// inserted, 0 there already — the driver refuses CLIENT_FOUND_ROWS), `FOR UPDATE SKIP LOCKED`,
+/// integers for booleans. The unique keys are SHA-256 hashes (stored generated columns) of the
+/// binary values, so any scope and id fit InnoDB's 3072-byte index limit: every lookup gives the
+/// hash and the values themselves. lock_hold is the driver's own (hold_lock()); outbox_lease is
+/// the SELECT … FOR UPDATE SKIP LOCKED, the driver adds the UPDATE (no UPDATE … RETURNING).
+inline std::string mysql_claim_key(std::string_view scope, std::string_view id) {
+    const std::string s(scope);
+    const std::string i(id);
+    return "UNHEX(SHA2(CONCAT(LPAD(LENGTH(" + s + "), 10, '0'), " + s + ", " + i + "), 256))";
+}
+
+inline statement_table mysql_statements() {
+    const std::string cols(outbox_columns);
+    const std::string claim =
+        " WHERE claim_key = " + mysql_claim_key("?1", "?2") + " AND scope = ?1 AND message_id = ?2";
+    const std::string lock = " WHERE lock_hash = UNHEX(SHA2(?1, 256)) AND lock_key = ?1";
+    statement_table t;
+    t[stmt::begin_tx] = "START TRANSACTION";
+    t[stmt::commit_tx] = "COMMIT";
+    t[stmt::rollback_tx] = "ROLLBACK";
+    t[stmt::savepoint] = "SAVEPOINT idem_effect";
+    t[stmt::rollback_to_savepoint] = "ROLLBACK TO SAVEPOINT idem_effect";
+    t[stmt::release_savepoint] = "RELEASE SAVEPOINT idem_effect";
+    // Not INSERT IGNORE: it would also turn a truncation or a NOT NULL violation into a warning.
+    t[stmt::claim_insert] =
+        "INSERT INTO idem_claims(scope, message_id, claimed_at, outcome, reason, fingerprint) "
+        "VALUES (?1, ?2, ?3, 'processed', X'', ?4) ON DUPLICATE KEY UPDATE claimed_at = claimed_at";
+    // A locking read: under REPEATABLE READ a plain SELECT would read the transaction's snapshot
+    // and miss a claim that committed while the INSERT waited.
+    t[stmt::claim_outcome] =
+        "SELECT outcome, fingerprint FROM idem_claims" + claim + " LOCK IN SHARE MODE";
+    t[stmt::record_update] = "UPDATE idem_claims SET outcome = ?3, reason = ?4" + claim;
+    t[stmt::claim_delete] = "DELETE FROM idem_claims" + claim;
+    t[stmt::dead_letter_insert] =
+        "INSERT INTO idem_dead_letters(scope, message_id, delivery_count, reason, payload, "
+        "created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+    t[stmt::purge_claims] = "DELETE FROM idem_claims WHERE claimed_at < ?1 LIMIT ?2";
+    t[stmt::purge_outbox] = "DELETE FROM idem_outbox WHERE sent_at < ?1 AND parked = 0 LIMIT ?2";
+    t[stmt::purge_locks] = "DELETE FROM idem_locks WHERE expires_at < ?1 LIMIT ?2";
+    t[stmt::find_claim] =
+        "SELECT scope, message_id, claimed_at, outcome, reason, fingerprint FROM idem_claims" +
+        claim;
+    t[stmt::all_dead_letters] =
+        "SELECT scope, message_id, delivery_count, reason, payload, created_at "
+        "FROM idem_dead_letters ORDER BY id";
+    // try_lock(): the row lock is the transaction's lock (placeholder row: owner '', expired).
+    t[stmt::lock_advisory] =
+        "SET STATEMENT innodb_lock_wait_timeout = 0 FOR INSERT INTO idem_locks(lock_key, owner, "
+        "expires_at) VALUES (?1, X'', 0) ON DUPLICATE KEY UPDATE lock_key = lock_key";
+    t[stmt::lock_live] = "SELECT 1 FROM idem_locks" + lock + " AND expires_at > ?2 FOR UPDATE";
+    t[stmt::lock_hold] = "UPDATE idem_locks SET owner = ?2, expires_at = ?3" + lock +
+                         " AND (owner = ?2 OR expires_at <= ?4)";
+    t[stmt::lock_release] = "DELETE FROM idem_locks" + lock + " AND owner = ?2";
+    t[stmt::outbox_insert] =
+        "INSERT INTO idem_outbox(destination, idempotency_key, payload, created_at, "
+        "next_attempt_at, attempts, last_error, parked) VALUES (?1, ?2, ?3, ?4, ?4, 0, X'', 0) "
+        "ON DUPLICATE KEY UPDATE id = id";
+    t[stmt::outbox_lease] = "SELECT " + cols +
+                            " FROM idem_outbox WHERE sent_at IS NULL AND parked = 0 AND "
+                            "next_attempt_at <= ?2 AND (lease_until IS NULL OR lease_until <= ?2) "
+                            "ORDER BY id LIMIT ?3 FOR UPDATE SKIP LOCKED";
+    t[stmt::outbox_sent] = "UPDATE idem_outbox SET sent_at = ?2, lease_until = NULL WHERE id = ?1";
+    t[stmt::outbox_failed] =
+        "UPDATE idem_outbox SET attempts = attempts + 1, last_error = ?2, next_attempt_at = ?3, "
+        "parked = ?4, lease_until = NULL WHERE id = ?1";
+    t[stmt::outbox_all] = "SELECT " + cols + " FROM idem_outbox ORDER BY id";
+    return t;
+}
+
 }  // namespace sql
 IDEM_END_NAMESPACE

@@ -1,0 +1,882 @@
+#pragma once
+/// @file
+/// @brief idem::mysql::Driver: MySQL / MariaDB (libmariadb, Connector/C) under the SQL store
+/// written once (sql/store.hpp). It opens or borrows a `MYSQL*`, renders parameters as literals
+/// (binary values as `X'…'` hex, text through mysql_real_escape_string), sets
+/// innodb_lock_wait_timeout (and the isolation level, when asked) once per session, reconnects a
+/// broken connection before the next transaction, notices when the server rolled a transaction
+/// back (a deadlock) so nothing runs after it in autocommit, and maps the server's errors to
+/// idem's exceptions. With idem/store/mysql.hpp, the only idem header that includes <mysql.h>.
+
+#include <mysql.h>
+
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "idem/blob.hpp"
+#include "idem/config.hpp"
+#include "idem/error.hpp"
+#include "idem/mysql/options.hpp"
+#include "idem/outcome.hpp"
+#include "idem/sql/bind_traits.hpp"
+#include "idem/sql/driver.hpp"
+#include "idem/sql/own_claims.hpp"
+#include "idem/sql/schema.hpp"
+#include "idem/sql/statements.hpp"
+#include "idem/sql/store.hpp"
+#include "idem/sql/stored_outcome.hpp"
+#include "idem/store.hpp"
+
+IDEM_BEGIN_NAMESPACE
+namespace mysql {
+
+// Server and client error numbers (mysqld_error.h, errmsg.h).
+inline constexpr unsigned er_lock_wait_timeout = 1205;
+inline constexpr unsigned er_lock_deadlock = 1213;
+
+/// The connection is gone: the server went away, closed or killed it, or cannot be reached.
+inline bool is_lost(unsigned code) noexcept {
+    switch (code) {
+        case 1053:  // ER_SERVER_SHUTDOWN
+        case 1927:  // ER_CONNECTION_KILLED
+        case 2002:  // CR_CONNECTION_ERROR
+        case 2003:  // CR_CONN_HOST_ERROR
+        case 2006:  // CR_SERVER_GONE_ERROR
+        case 2013:  // CR_SERVER_LOST
+        case 2026:  // CR_SSL_CONNECTION_ERROR
+        case 2055:  // CR_SERVER_LOST_EXTENDED
+        case 4031:  // ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8)
+            return true;
+        default:
+            return false;
+    }
+}
+
+/// A lock or statement timeout, a deadlock: retrying later may work.
+inline bool is_timeout(unsigned code) noexcept {
+    return code == er_lock_wait_timeout || code == er_lock_deadlock ||
+           code == 1969 /* ER_STATEMENT_TIMEOUT (MariaDB) */ ||
+           code == 3024 /* ER_QUERY_TIMEOUT (MySQL) */;
+}
+
+/// One row of a stored result (sql/driver.hpp's Row): text protocol, binary-safe lengths.
+class Row {
+  public:
+    Row(MYSQL_ROW row, const unsigned long* lengths) noexcept : row_(row), lengths_(lengths) {}
+    [[nodiscard]] std::string bytes(int column) const {
+        const auto c = static_cast<std::size_t>(column);
+        return row_[c] == nullptr ? std::string() : std::string(row_[c], lengths_[c]);
+    }
+    [[nodiscard]] std::int64_t int64(int column) const {
+        const auto c = static_cast<std::size_t>(column);
+        std::int64_t value = 0;
+        if (row_[c] != nullptr) std::from_chars(row_[c], row_[c] + lengths_[c], value);
+        return value;
+    }
+    [[nodiscard]] bool boolean(int column) const { return int64(column) != 0; }
+    [[nodiscard]] bool is_null(int column) const noexcept {
+        return row_[static_cast<std::size_t>(column)] == nullptr;
+    }
+
+  private:
+    MYSQL_ROW row_;
+    const unsigned long* lengths_;
+};
+
+/// MysqlStore's transaction face: conn().
+template <class Tx>
+class TransactionFace {
+  public:
+    /// @brief The connection, for the effect's own SQL inside this transaction (no COMMIT,
+    /// ROLLBACK or DDL: DDL commits implicitly in MySQL).
+    [[nodiscard]] MYSQL* conn() const noexcept {
+        const auto* driver = static_cast<const Tx&>(*this).driver_or_null();
+        return driver != nullptr ? driver->conn() : nullptr;
+    }
+};
+
+/// The MySQL / MariaDB driver (the contract: sql/driver.hpp).
+class Driver {
+  public:
+    static constexpr std::string_view name = "mysql";
+    static constexpr std::string_view store_class = "MysqlStore";
+    template <class Tx>
+    using transaction_face = TransactionFace<Tx>;
+    using Row = mysql::Row;
+
+    Driver(const MysqlEndpoint& endpoint, const MysqlOptions& options) : owned_(true) {
+        init(options);
+        if (endpoint.database.empty()) {
+            throw usage_error("idem mysql: MysqlEndpoint::database must name the database");
+        }
+        endpoint_ = endpoint;
+        connect("connecting");
+    }
+
+    Driver(MYSQL* conn, const MysqlOptions& options) : conn_(conn), owned_(false) {
+        if (conn_ == nullptr)
+            throw usage_error("idem mysql: MysqlStore needs a connection, got null");
+        try {
+            init(options);
+            if ((conn_->client_flag & CLIENT_FOUND_ROWS) != 0) {
+                throw usage_error(
+                    "idem mysql: the borrowed connection was opened with CLIENT_FOUND_ROWS; idem "
+                    "tells a new claim from an existing one by the rows an upsert changed, which "
+                    "that flag hides. Open the connection without it");
+            }
+            if (in_transaction()) {
+                throw usage_error(
+                    "idem mysql: the borrowed connection is inside a transaction; construct the "
+                    "MysqlStore outside any transaction (it may create its tables)");
+            }
+            setup_session("setting up the session");
+        } catch (...) {
+            conn_ = nullptr;  // borrowed: never closed
+            throw;
+        }
+    }
+
+    Driver(const Driver&) = delete;
+    Driver& operator=(const Driver&) = delete;
+    ~Driver() {
+        if (owned_ && conn_ != nullptr) mysql_close(conn_);
+    }
+
+    [[nodiscard]] MYSQL* conn() const noexcept { return conn_; }
+    /// Sessions opened (1 + reconnects); for tests.
+    [[nodiscard]] unsigned sessions() const noexcept { return sessions_; }
+
+    /// Reasons and last errors are BLOBs: any bytes, sent as hex.
+    static Blob text(std::string_view value) noexcept { return Blob{value}; }
+    static void check_outbox(const OutboxIntent&) noexcept {}
+
+    // -- outside a transaction ----------------------------------------------------------------
+
+    template <class OnRow, class... Args>
+    std::int64_t run(sql::stmt which, std::string_view what, sql::access mode, OnRow&& on_row,
+                     const Args&... args) {
+        ready(what);
+        const std::string sql = render_own(which, args...);
+        if (mode == sql::access::read && autocommit()) return must(sql, Kind::idem, what, on_row);
+        // One statement committed on its own; lease_outbox: SELECT … SKIP LOCKED, then UPDATE.
+        std::int64_t changed = 0;
+        alone(what, [&] {
+            if (which == sql::stmt::outbox_lease) {
+                std::vector<std::int64_t> ids;
+                changed = must(sql, Kind::idem, what, [&](const Row& row) {
+                    ids.push_back(row.int64(0));
+                    on_row(row);
+                });
+                if (ids.empty()) return;
+                std::string update =
+                    fmt::format("UPDATE idem_outbox SET lease_until = {} WHERE id IN ({})",
+                                literal(args...), fmt::join(ids, ", "));
+                must(update, Kind::idem, what, sql::no_rows{});
+                return;
+            }
+            changed = must(sql, Kind::idem, what, on_row);
+            if (changed == 0 && which == sql::stmt::outbox_sent) {
+                // Unchanged (sent again at the same millisecond) is not "no such intent".
+                changed =
+                    must(fmt::format("SELECT id FROM idem_outbox WHERE id = {}", literal(args...)),
+                         Kind::idem, what, sql::no_rows{});
+            }
+        });
+        return changed;
+    }
+
+    bool hold_lock(std::string_view key, std::string_view owner, std::int64_t expires_ms,
+                   std::int64_t now_ms) {
+        ready("hold_lock()");
+        bool ours = false;
+        alone("hold_lock", [&] {
+            // The row (inserted: ours), without waiting for a transaction holding try_lock().
+            std::int64_t inserted = 0;
+            const std::string take =
+                "SET STATEMENT innodb_lock_wait_timeout = 0 FOR INSERT INTO idem_locks(lock_key, "
+                "owner, expires_at) VALUES (" +
+                render_list(Blob{key}, Blob{owner}, expires_ms) +
+                ") ON DUPLICATE KEY UPDATE lock_key = lock_key";
+            const unsigned code = exec(take, sql::no_rows{}, inserted);
+            if (code == er_lock_wait_timeout) return;  // a transaction holds it: not ours
+            if (code != 0) raise(code, Kind::idem, "hold_lock", take);
+            if (inserted == 1) {
+                ours = true;
+                return;
+            }
+            must(render_own(sql::stmt::lock_hold, Blob{key}, Blob{owner}, expires_ms, now_ms),
+                 Kind::idem, "hold_lock", sql::no_rows{});
+            must("SELECT owner FROM idem_locks WHERE lock_hash = UNHEX(SHA2(" +
+                     render_list(Blob{key}) + ", 256))",
+                 Kind::idem, "hold_lock", [&](const Row& row) { ours = row.bytes(0) == owner; });
+        });
+        return ours;
+    }
+
+    // -- the transaction ----------------------------------------------------------------------
+
+    void begin(std::string_view what) {
+        ready(what);
+        std::int64_t n = 0;
+        unsigned code = exec("START TRANSACTION", sql::no_rows{}, n);
+        if (code != 0 && is_lost(code)) {
+            // Nothing was sent in a transaction yet: reconnecting is safe.
+            reconnect(what);
+            code = exec("START TRANSACTION", sql::no_rows{}, n);
+        }
+        if (code != 0) raise(code, Kind::idem, what, "START TRANSACTION");
+        tx_open_ = true;
+        rolled_back_ = false;
+        tx_error_.clear();
+    }
+
+    template <class... Args>
+    void write(sql::stmt which, std::string_view what, const Args&... args) {
+        if (rolled_back_) return;  // commit() fails; nothing may run in autocommit now
+        must(render_own(which, args...), Kind::idem, what, sql::no_rows{});
+    }
+
+    template <class OnRow, class... Args>
+    std::int64_t query(sql::stmt which, std::string_view what, OnRow&& on_row,
+                       const Args&... args) {
+        refuse_if_rolled_back(what);
+        return must(render_own(which, args...), Kind::idem, what, on_row);
+    }
+
+    sql::tx_health health(bool /*after_user_sql*/, std::string& cause) const {
+        if (broken_) {
+            cause = fmt::format(
+                "the connection to MySQL was lost{}{}; the transaction is gone and nothing it "
+                "wrote is stored",
+                tx_error_.empty() ? "" : ": ", tx_error_);
+            return sql::tx_health::lost;
+        }
+        if (rolled_back_) return sql::tx_health::ok;  // each member refuses; commit() fails
+        // COMMIT / ROLLBACK or DDL (an implicit commit) through the connection.
+        if (tx_open_ && (conn_->server_status & SERVER_STATUS_IN_TRANS) == 0) {
+            return sql::tx_health::ended;
+        }
+        return sql::tx_health::ok;
+    }
+
+    ClaimResult claim(sql::OwnClaims& own, std::string_view scope, std::string_view id,
+                      std::string_view fingerprint, std::int64_t now_ms) {
+        refuse_if_rolled_back("claim");
+        const std::string insert =
+            render_own(sql::stmt::claim_insert, Blob{scope}, Blob{id}, now_ms, Blob{fingerprint});
+        // Rarely more than one pass: only when the row we waited for vanished again (purge).
+        for (int attempt = 0; attempt < 3; ++attempt) {
+            std::int64_t inserted = 0;
+            const unsigned code = exec(insert, sql::no_rows{}, inserted);
+            if (code == er_lock_wait_timeout) {
+                // Another live transaction holds this id past innodb_lock_wait_timeout. InnoDB
+                // undid this statement only (unless innodb_rollback_on_timeout: then
+                // rolled_back_ says so and commit() fails).
+                ClaimResult result;
+                result.status = ClaimStatus::in_progress;
+                return result;
+            }
+            if (code != 0) raise(code, Kind::idem, "claim", {});
+            if (inserted == 1) {
+                own.add(scope, id, fingerprint);
+                return ClaimResult{};  // claimed
+            }
+            std::optional<ClaimResult> stored;
+            must(render_own(sql::stmt::claim_outcome, Blob{scope}, Blob{id}), Kind::idem,
+                 "claim (reading the recorded outcome)", [&](const Row& row) {
+                     stored = sql::stored_duplicate(row.bytes(0), row.bytes(1), name);
+                 });
+            if (stored) return *stored;
+        }
+        throw store_unavailable(
+            "idem mysql: claim: the conflicting claim kept disappearing (purged while claiming?)");
+    }
+
+    std::vector<ClaimResult> claim_many(sql::OwnClaims& own, std::string_view scope,
+                                        const std::vector<std::string_view>& ids,
+                                        const std::vector<std::string>& fingerprints,
+                                        std::int64_t now_ms) {
+        return sql::claim_each(*this, own, scope, ids, fingerprints, now_ms);
+    }
+
+    bool try_lock(std::string_view key, std::int64_t now_ms) {
+        refuse_if_rolled_back("try_lock");
+        // The idem_locks row locked until this transaction ends (a placeholder when new); a
+        // transaction holding it already makes the INSERT time out at once (wait 0).
+        const std::string take = render_own(sql::stmt::lock_advisory, Blob{key});
+        std::int64_t n = 0;
+        const unsigned code = exec(take, sql::no_rows{}, n);
+        if (code == er_lock_wait_timeout) return false;
+        if (code != 0) raise(code, Kind::idem, "try_lock", {});
+        bool held = false;
+        must(render_own(sql::stmt::lock_live, Blob{key}, now_ms), Kind::idem, "try_lock",
+             [&](const Row&) { held = true; });
+        return !held;
+    }
+
+    void savepoint() { write(sql::stmt::savepoint, "savepoint"); }
+    void rollback_to_savepoint() {
+        write(sql::stmt::rollback_to_savepoint, "rollback_to_savepoint");
+        write(sql::stmt::release_savepoint, "rollback_to_savepoint (release)");
+    }
+    void release_savepoint() { write(sql::stmt::release_savepoint, "release_savepoint"); }
+
+    void commit() {
+        if (rolled_back_) {
+            const bool clean = rollback_noexcept();
+            throw commit_failed(fmt::format(
+                "idem mysql: commit failed: the server had rolled the transaction back ({}); "
+                "nothing it wrote is stored{}",
+                tx_error_, clean ? "" : " (and the rollback failed)"));
+        }
+        std::int64_t n = 0;
+        const unsigned code = exec("COMMIT", sql::no_rows{}, n);
+        if (code == 0) return;
+        const std::string message = error_message(code);
+        if (is_lost(code)) {
+            broken_ = true;
+            throw store_unavailable(fmt::format(
+                "idem mysql: commit: the outcome is unknown: {} (a redelivery finds the claim if "
+                "the commit went through)",
+                message));
+        }
+        const bool clean = rollback_noexcept();
+        throw commit_failed(fmt::format("idem mysql: commit failed: {}; rolled back{}", message,
+                                        clean ? "" : " (and the rollback failed too)"));
+    }
+
+    bool rollback_noexcept() noexcept {
+        if (conn_ == nullptr || broken_) return true;  // the server ends a dead session's tx
+        const bool ok = mysql_real_query(conn_, "ROLLBACK", 8) == 0;
+        if (!ok && is_lost(mysql_errno(conn_))) broken_ = true;
+        if (schema_locked_ && !broken_) {
+            const char* release = "DO RELEASE_LOCK(CONCAT('idem_schema:', DATABASE()))";
+            mysql_real_query(conn_, release, std::strlen(release));
+        }
+        schema_locked_ = false;
+        return ok || broken_;
+    }
+
+    [[nodiscard]] std::string last_error() const {
+        return conn_ != nullptr ? mysql_error(conn_) : "no connection";
+    }
+
+    void end_transaction() noexcept {
+        tx_open_ = false;
+        rolled_back_ = false;
+        tx_error_.clear();
+    }
+
+    // -- the effect's own SQL: `?` placeholders ------------------------------------------------
+
+    template <class... Args>
+    std::int64_t execute(sql::context where, std::string_view sql, const Args&... args) {
+        return user(where, "execute", sql, sql::no_rows{}, args...);
+    }
+    template <class... Args>
+    std::optional<std::int64_t> query_int(sql::context where, std::string_view sql,
+                                          const Args&... args) {
+        std::optional<std::string> text = query_text(where, sql, args...);
+        if (!text) return std::nullopt;
+        std::int64_t value = 0;
+        const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
+        if (ec != std::errc() || end != text->data() + text->size()) {
+            throw store_error(fmt::format(
+                "idem mysql: query_int: the first column is '{}', not an integer; SQL: {}", *text,
+                sql));
+        }
+        return value;
+    }
+    template <class... Args>
+    std::optional<std::string> query_text(sql::context where, std::string_view sql,
+                                          const Args&... args) {
+        std::optional<std::string> value;
+        bool first = true;
+        user(
+            where, "query", sql,
+            [&](const Row& row) {
+                if (first && !row.is_null(0)) value = row.bytes(0);
+                first = false;
+            },
+            args...);
+        return value;
+    }
+
+    // -- the schema -----------------------------------------------------------------------------
+
+    std::optional<std::int64_t> stored_schema_version() {
+        std::int64_t tables = 0;
+        must(
+            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() "
+            "AND table_name = 'idem_schema'",
+            Kind::idem, "reading the idem schema", [&](const Row& row) { tables = row.int64(0); });
+        if (tables == 0) return std::nullopt;
+        return read_schema_version();
+    }
+    void begin_schema_change() {
+        // DDL commits implicitly in MySQL: a named lock (per database) serializes the
+        // processes that start at once on an empty database instead of a transaction.
+        std::int64_t got = 0;
+        must("SELECT GET_LOCK(CONCAT('idem_schema:', DATABASE()), 60)", Kind::idem,
+             "locking the idem schema", [&](const Row& row) { got = row.int64(0); });
+        if (got != 1) {
+            throw store_timeout(
+                "idem mysql: waited 60 s for another process creating the idem "
+                "schema (GET_LOCK)");
+        }
+        schema_locked_ = true;
+        execute_ddl("CREATE TABLE IF NOT EXISTS idem_schema(version INT NOT NULL) ENGINE=InnoDB");
+    }
+    void execute_ddl(std::string_view sql) {
+        must(std::string(sql), Kind::idem, "creating the idem schema", sql::no_rows{});
+    }
+    std::optional<std::int64_t> read_schema_version() {
+        std::optional<std::int64_t> version;
+        must("SELECT MAX(version) FROM idem_schema", Kind::idem, "reading the idem schema version",
+             [&](const Row& row) {
+                 if (!row.is_null(0)) version = row.int64(0);
+             });
+        return version;
+    }
+    void write_schema_version(int version) {
+        execute_ddl("DELETE FROM idem_schema");
+        execute_ddl(fmt::format("INSERT INTO idem_schema(version) VALUES ({})", version));
+    }
+    void commit_schema_change() {
+        execute_ddl("DO RELEASE_LOCK(CONCAT('idem_schema:', DATABASE()))");
+        schema_locked_ = false;
+    }
+    [[nodiscard]] std::string schema_location() const {
+        return conn_ != nullptr && conn_->db != nullptr
+                   ? fmt::format("the database '{}'", conn_->db)
+                   : std::string("the database");
+    }
+    [[nodiscard]] std::string_view schema_elsewhere() const noexcept {
+        return "another database (MysqlEndpoint::database)";
+    }
+    [[nodiscard]] std::vector<std::string> schema_ddl(int from_version) const {
+        return sql::mysql_schema_ddl(from_version);
+    }
+
+  private:
+    enum class Kind { idem, user };  // which exception a server error becomes
+
+    void init(const MysqlOptions& options) {
+        static const bool library = mysql_library_init(0, nullptr, nullptr) == 0;
+        if (!library) throw store_unavailable("idem mysql: mysql_library_init failed");
+        if (options.lock_wait_timeout.count() < 1 ||
+            options.lock_wait_timeout.count() > 1073741824) {
+            throw usage_error(
+                "idem mysql: lock_wait_timeout must be between 1 s and 1073741824 s "
+                "(innodb_lock_wait_timeout)");
+        }
+        if (options.read_timeout.count() > 0 && options.read_timeout <= options.lock_wait_timeout) {
+            throw usage_error(
+                "idem mysql: read_timeout must be longer than lock_wait_timeout, or a claim "
+                "waiting for a row lock would be cut off as a lost connection");
+        }
+        options_ = options;
+    }
+
+    void connect(std::string_view what) {
+        MYSQL* conn = mysql_init(nullptr);
+        if (conn == nullptr) throw store_unavailable("idem mysql: mysql_init: out of memory");
+        const auto seconds = [](std::chrono::seconds s) {
+            return static_cast<unsigned>(s.count() < 0 ? 0 : s.count());
+        };
+        const unsigned connect_s = seconds(options_.connect_timeout);
+        const unsigned read_s = seconds(options_.read_timeout);
+        const unsigned write_s = seconds(options_.write_timeout);
+        const my_bool no = 0;
+        mysql_options(conn, MYSQL_OPT_CONNECT_TIMEOUT, &connect_s);
+        mysql_options(conn, MYSQL_OPT_READ_TIMEOUT, &read_s);
+        mysql_options(conn, MYSQL_OPT_WRITE_TIMEOUT, &write_s);
+        mysql_options(conn, MYSQL_OPT_RECONNECT, &no);  // never behind idem's back
+        mysql_options(conn, MYSQL_SET_CHARSET_NAME, "utf8mb4");
+        const MysqlEndpoint& e = endpoint_;
+        const char* socket = e.unix_socket.empty() ? nullptr : e.unix_socket.c_str();
+        if (mysql_real_connect(conn, socket != nullptr ? "localhost" : e.host.c_str(),
+                               e.user.c_str(), e.password.c_str(), e.database.c_str(), e.port,
+                               socket, 0) == nullptr) {
+            const std::string message = fmt::format(
+                "idem mysql: {}: cannot connect to {}: {} ({})", what,
+                socket != nullptr ? e.unix_socket : fmt::format("{}:{}", e.host, e.port),
+                mysql_error(conn), mysql_errno(conn));
+            mysql_close(conn);
+            throw store_unavailable(message);
+        }
+        conn_ = conn;
+        broken_ = false;
+        try {
+            setup_session(what);
+        } catch (...) {
+            mysql_close(conn_);
+            conn_ = nullptr;
+            throw;
+        }
+    }
+
+    /// innodb_lock_wait_timeout and the isolation level, once per session.
+    void setup_session(std::string_view what) {
+        std::string set = fmt::format("SET SESSION innodb_lock_wait_timeout = {}",
+                                      options_.lock_wait_timeout.count());
+        must(set, Kind::idem, what, sql::no_rows{});
+        if (options_.isolation) {
+            must(*options_.isolation == MysqlIsolation::read_committed
+                     ? "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
+                     : "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+                 Kind::idem, what, sql::no_rows{});
+        }
+        session_ = mysql_thread_id(conn_);
+        ++sessions_;
+    }
+
+    void reconnect(std::string_view what) {
+        if (owned_) {
+            MYSQL* old = std::exchange(conn_, nullptr);
+            if (old != nullptr) mysql_close(old);
+            connect(what);
+            return;
+        }
+        // Borrowed: libmariadb reconnects the same handle with its own parameters.
+        if (mariadb_reconnect(conn_) != 0) {
+            broken_ = true;
+            throw store_unavailable(fmt::format(
+                "idem mysql: {}: the connection to MySQL broke and reconnecting failed: {}", what,
+                mysql_error(conn_)));
+        }
+        broken_ = false;
+        setup_session(what);
+    }
+
+    [[nodiscard]] bool autocommit() const noexcept {
+        return (conn_->server_status & SERVER_STATUS_AUTOCOMMIT) != 0;
+    }
+    [[nodiscard]] bool in_transaction() const noexcept {
+        return (conn_->server_status & SERVER_STATUS_IN_TRANS) != 0;
+    }
+
+    /// Before work outside an idem transaction and before begin().
+    void ready(std::string_view what) {
+        if (conn_ == nullptr || broken_) reconnect(what);
+        if (mysql_thread_id(conn_) != session_) setup_session(what);  // reset by the consumer
+        if (in_transaction()) {
+            throw usage_error(fmt::format(
+                "idem mysql: {}: the connection is already inside a transaction. idem needs its "
+                "own START TRANSACTION so the claim and the effect commit together: commit or "
+                "roll back your transaction first, and write the effect's rows through the idem "
+                "transaction (Transaction::execute() or Transaction::conn())",
+                what));
+        }
+    }
+
+    /// A write outside any transaction, atomically (also on a session with autocommit off).
+    template <class Body>
+    void alone(std::string_view what, Body&& body) {
+        must("START TRANSACTION", Kind::idem, what, sql::no_rows{});
+        try {
+            body();
+            must("COMMIT", Kind::idem, what, sql::no_rows{});
+        } catch (...) {
+            rollback_noexcept();
+            throw;
+        }
+    }
+
+    void refuse_if_rolled_back(std::string_view what) const {
+        if (!rolled_back_) return;
+        throw store_unavailable(fmt::format(
+            "idem mysql: {}: the server rolled the transaction back earlier ({}); nothing it "
+            "wrote is stored",
+            what, tx_error_));
+    }
+
+    [[nodiscard]] std::string error_message(unsigned code) const {
+        return fmt::format("{} (MySQL error {})", mysql_error(conn_), code);
+    }
+
+    /// Runs one statement; on_row per result row. @return 0 or the error number (the error is
+    /// also noted: a lost connection, a transaction the server rolled back).
+    template <class OnRow>
+    unsigned exec(const std::string& sql, OnRow&& on_row, std::int64_t& count) {
+        count = 0;
+        if (mysql_real_query(conn_, sql.data(), static_cast<unsigned long>(sql.size())) != 0) {
+            return failed();
+        }
+        for (;;) {
+            if (MYSQL_RES* result = mysql_store_result(conn_)) {
+                std::int64_t rows = 0;
+                while (MYSQL_ROW row = mysql_fetch_row(result)) {
+                    ++rows;
+                    try {
+                        on_row(Row(row, mysql_fetch_lengths(result)));
+                    } catch (...) {
+                        mysql_free_result(result);
+                        while (mysql_next_result(conn_) == 0)
+                            mysql_free_result(mysql_store_result(conn_));
+                        throw;
+                    }
+                }
+                mysql_free_result(result);
+                count = rows;
+            } else if (mysql_field_count(conn_) != 0) {
+                return failed();
+            } else {
+                count = static_cast<std::int64_t>(mysql_affected_rows(conn_));
+            }
+            const int next = mysql_next_result(conn_);
+            if (next < 0) return 0;
+            if (next > 0) return failed();
+        }
+    }
+
+    unsigned failed() {
+        const unsigned code = mysql_errno(conn_);
+        last_message_ = error_message(code);
+        if (is_lost(code)) {
+            broken_ = true;
+        } else if (tx_open_ && !rolled_back_) {
+            // A deadlock (and with innodb_rollback_on_timeout a lock wait timeout) rolls the
+            // whole transaction back: later statements would run in autocommit. Ask.
+            bool inside = false;
+            if (mysql_real_query(conn_, "SELECT @@in_transaction", 23) == 0) {
+                if (MYSQL_RES* result = mysql_store_result(conn_)) {
+                    MYSQL_ROW row = mysql_fetch_row(result);
+                    inside = row != nullptr && row[0] != nullptr && row[0][0] == '1';
+                    mysql_free_result(result);
+                }
+            } else if (is_lost(mysql_errno(conn_))) {
+                broken_ = true;
+            }
+            if (!inside && !broken_) {
+                rolled_back_ = true;
+                rolled_back_timeout_ = is_timeout(code);
+            }
+        }
+        if (tx_open_ && tx_error_.empty()) tx_error_ = last_message_;
+        return code;
+    }
+
+    [[noreturn]] void raise(unsigned code, Kind kind, std::string_view what, std::string_view sql) {
+        std::string message = fmt::format("idem mysql: {} failed: {}", what, last_message_);
+        if (kind == Kind::user && !sql.empty()) message += fmt::format("; SQL: {}", sql);
+        if (is_lost(code)) throw store_unavailable(message);
+        if (is_timeout(code)) throw store_timeout(message);
+        if (kind == Kind::user) throw store_error(message);
+        throw store_unavailable(message);
+    }
+
+    /// exec() that throws on failure. @return rows read, or the affected rows.
+    template <class OnRow>
+    std::int64_t must(const std::string& sql, Kind kind, std::string_view what, OnRow&& on_row) {
+        std::int64_t count = 0;
+        const unsigned code = exec(sql, on_row, count);
+        if (code != 0) raise(code, kind, what, sql);
+        return count;
+    }
+
+    template <class OnRow, class... Args>
+    std::int64_t user(sql::context where, std::string_view what, std::string_view sql,
+                      OnRow&& on_row, const Args&... args) {
+        const std::string text = render_user(sql, args...);
+        if (where == sql::context::alone) {
+            ready(fmt::format("MysqlStore::{}()", what));
+        } else if (rolled_back_) {
+            const std::string message = fmt::format(
+                "idem mysql: {}: the server rolled the transaction back earlier ({}); SQL: {}",
+                what, tx_error_, sql);
+            if (rolled_back_timeout_) throw store_timeout(message);
+            throw store_unavailable(message);
+        }
+        return must(text, Kind::user, what, on_row);
+    }
+
+    // -- literals ------------------------------------------------------------------------------
+
+    void append_hex(std::string& out, std::string_view bytes) const {
+        static constexpr char digits[] = "0123456789ABCDEF";
+        out += "X'";
+        for (const char c : bytes) {
+            const auto b = static_cast<unsigned char>(c);
+            out += digits[b >> 4];
+            out += digits[b & 0xF];
+        }
+        out += '\'';
+    }
+
+    void append_text(std::string& out, std::string_view text) const {
+        std::string buffer(text.size() * 2 + 1, '\0');
+        const unsigned long n = mysql_real_escape_string(conn_, buffer.data(), text.data(),
+                                                         static_cast<unsigned long>(text.size()));
+        out += '\'';
+        out.append(buffer.data(), n);
+        out += '\'';
+    }
+
+    template <class T>
+    void append(std::string& out, const T& value) const {
+        if constexpr (std::is_same_v<T, Blob>) {
+            append_hex(out, value.bytes);
+        } else if constexpr (std::is_same_v<T, std::nullptr_t> ||
+                             std::is_same_v<T, std::nullopt_t>) {
+            out += "NULL";
+        } else if constexpr (sql::is_optional<T>::value) {
+            if (value) {
+                append(out, *value);
+            } else {
+                out += "NULL";
+            }
+        } else if constexpr (std::is_same_v<T, bool>) {
+            out += value ? "1" : "0";
+        } else if constexpr (sql::is_char_v<T>) {
+            static_assert(sql::always_false<T>,
+                          "idem: a single character would be bound as its code point; pass a "
+                          "std::string_view for text or cast to an integer type");
+        } else if constexpr (std::is_integral_v<T>) {
+            out += fmt::format("{}", value);
+        } else if constexpr (std::is_floating_point_v<T>) {
+            if (!std::isfinite(value)) {
+                throw usage_error("idem mysql: MySQL stores no infinity or NaN");
+            }
+            out += fmt::format("{}", value);
+        } else if constexpr (std::is_array_v<T>) {
+            static_assert(std::is_same_v<std::remove_cv_t<std::remove_extent_t<T>>, char>,
+                          "idem: only char arrays (string literals) can be bound as text");
+            const void* nul = std::memchr(value, 0, std::extent_v<T>);
+            append_text(out, std::string_view(
+                                 value, nul != nullptr ? static_cast<std::size_t>(
+                                                             static_cast<const char*>(nul) - value)
+                                                       : std::extent_v<T>));
+        } else if constexpr (std::is_same_v<T, const char*> || std::is_same_v<T, char*>) {
+            if (value == nullptr) {
+                out += "NULL";
+            } else {
+                append_text(out, std::string_view(value));
+            }
+        } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+            append_text(out, std::string_view(value));
+        } else {
+            static_assert(sql::always_false<T>,
+                          "idem: execute()/query_*() bind integers, floating point, bool, "
+                          "std::string / std::string_view / const char* (text), "
+                          "idem::Blob{bytes} (binary), nullptr / std::nullopt (NULL) and "
+                          "std::optional of those");
+        }
+    }
+
+    template <class... Args>
+    std::vector<std::string> literals(const Args&... args) const {
+        std::vector<std::string> out(sizeof...(Args));
+        [[maybe_unused]] std::size_t i = 0;
+        (append(out[i++], args), ...);
+        return out;
+    }
+    /// The first argument's literal.
+    [[nodiscard]] std::string literal() const { return {}; }
+    template <class First, class... Rest>
+    std::string literal(const First& first, const Rest&...) const {
+        std::string out;
+        append(out, first);
+        return out;
+    }
+    template <class... Args>
+    std::string render_list(const Args&... args) const {
+        return fmt::format("{}", fmt::join(literals(args...), ", "));
+    }
+
+    /// idem's statement with `?N` replaced by the N-th argument's literal.
+    template <class... Args>
+    std::string render_own(sql::stmt which, const Args&... args) const {
+        const std::string& text = statements_[which];
+        const std::vector<std::string> values = literals(args...);
+        std::string out;
+        out.reserve(text.size() + 64);
+        for (std::size_t i = 0; i < text.size(); ++i) {
+            if (text[i] != '?') {
+                out += text[i];
+                continue;
+            }
+            std::size_t n = 0;
+            while (i + 1 < text.size() && text[i + 1] >= '0' && text[i + 1] <= '9')
+                n = n * 10 + static_cast<std::size_t>(text[++i] - '0');
+            out += values.at(n - 1);
+        }
+        return out;
+    }
+
+    /// The effect's SQL with each `?` outside quotes and comments replaced by its literal.
+    template <class... Args>
+    std::string render_user(std::string_view sql, const Args&... args) const {
+        const std::vector<std::string> values = literals(args...);
+        std::string out;
+        out.reserve(sql.size() + 64);
+        std::size_t used = 0;
+        for (std::size_t i = 0; i < sql.size(); ++i) {
+            const char c = sql[i];
+            if (c == '\'' || c == '"' || c == '`') {
+                std::size_t j = i + 1;
+                while (j < sql.size() && sql[j] != c) {
+                    if (sql[j] == '\\' && c != '`') ++j;
+                    ++j;
+                }
+                out.append(sql.substr(i, j + 1 - i));
+                i = j;
+            } else if (c == '#' || (c == '-' && sql.substr(i, 3) == "-- ")) {
+                const std::size_t end = std::min(sql.find('\n', i), sql.size());
+                out.append(sql.substr(i, end - i));
+                i = end - 1;
+            } else if (c == '/' && sql.substr(i, 2) == "/*") {
+                const std::size_t end = std::min(sql.find("*/", i + 2), sql.size() - 2) + 2;
+                out.append(sql.substr(i, end - i));
+                i = end - 1;
+            } else if (c == '?') {
+                if (used < values.size()) {
+                    out += values[used];
+                } else {
+                    out += c;
+                }
+                ++used;
+            } else {
+                out += c;
+            }
+        }
+        if (used != values.size()) {
+            throw usage_error(fmt::format(
+                "idem mysql: the SQL has {} parameter(s) but {} value(s) were given; SQL: {}", used,
+                values.size(), sql));
+        }
+        return out;
+    }
+
+    MYSQL* conn_ = nullptr;
+    bool owned_ = false;
+    MysqlEndpoint endpoint_;
+    MysqlOptions options_;
+    sql::statement_table statements_ = sql::mysql_statements();
+    unsigned long session_ = 0;  ///< thread id whose session has our settings
+    unsigned sessions_ = 0;
+    bool broken_ = false;       ///< the connection is lost; the next begin() reconnects
+    bool tx_open_ = false;      ///< a transaction of this driver is running
+    bool rolled_back_ = false;  ///< the server rolled it back (deadlock …): refuse, fail commit
+    bool rolled_back_timeout_ = false;
+    bool schema_locked_ = false;  ///< GET_LOCK('idem_schema:<db>') held
+    std::string tx_error_;        ///< first failure inside the transaction
+    std::string last_message_;
+};
+
+}  // namespace mysql
+IDEM_END_NAMESPACE

@@ -1,0 +1,48 @@
+#pragma once
+/// @file
+/// @brief idem::MysqlEndpoint and idem::MysqlOptions: where MysqlStore connects and how it uses
+/// its connection (included by idem/store/mysql.hpp).
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "idem/config.hpp"
+#include "idem/store.hpp"
+
+IDEM_BEGIN_NAMESPACE
+
+/// @brief A MySQL / MariaDB server and database for a connection the store opens and owns.
+struct MysqlEndpoint {
+    std::string host = "127.0.0.1";  ///< ignored when unix_socket is set
+    unsigned port = 3306;
+    std::string user;
+    std::string password;  ///< never repeated in messages
+    std::string database;  ///< required: the idem tables live here, beside the effect's own
+    std::string unix_socket{};
+};
+
+/// @brief Transaction isolation for the store's sessions (`SET SESSION TRANSACTION ISOLATION
+/// LEVEL …`); empty leaves the server's / session's own (InnoDB: REPEATABLE READ).
+enum class MysqlIsolation { read_committed, repeatable_read };
+
+/// @brief How MysqlStore uses its connection.
+struct MysqlOptions {
+    /// `SET SESSION innodb_lock_wait_timeout` (whole seconds, at least 1), once per session (a
+    /// reconnect is a new one), on an owned or a borrowed connection: how long a claim waits
+    /// for another transaction holding the same id (→ ClaimStatus::in_progress) and any
+    /// statement waits for a row lock (→ store_timeout). Keep it below the broker's visibility
+    /// timeout and below read_timeout.
+    std::chrono::seconds lock_wait_timeout{5};
+    /// Isolation of every transaction on the store's sessions; empty: the session's own.
+    std::optional<MysqlIsolation> isolation{};
+    /// Owned connections: MYSQL_OPT_CONNECT_TIMEOUT, MYSQL_OPT_READ_TIMEOUT and
+    /// MYSQL_OPT_WRITE_TIMEOUT (a silent partition becomes an error instead of a hang).
+    std::chrono::seconds connect_timeout{5};
+    std::chrono::seconds read_timeout{30};
+    std::chrono::seconds write_timeout{30};
+    /// Time source for claimed_at / created_at / purge() / locks / outbox; empty = system_clock.
+    Clock clock{};
+};
+
+IDEM_END_NAMESPACE

@@ -1,0 +1,141 @@
+#pragma once
+// The MySQL / MariaDB environment of the typed conformance and outbox suites (see store_envs.hpp
+// for the others): a fresh database per environment on the process's shared MariaDB server
+// (mariadb_server.hpp, started once per test binary), the store on a controllable clock, an
+// effects table written through the claim's transaction, and a commit that really fails.
+//
+// InnoDB refuses nothing at COMMIT (no deferred constraints), so make_commit_fail() makes the
+// server roll the transaction back: a real deadlock with a heavier transaction on a second
+// connection, which InnoDB resolves by rolling back the lighter one, the effect's. The effect
+// swallows the store_timeout; nothing of the transaction may then be stored, and commit() must
+// fail.
+//
+// Without MariaDB server binaries the constructor starts nothing and leaves `store` null; the
+// fixture's SetUp() calls IDEM_REQUIRE_MARIADB() (a skip, or a failure under CI=true).
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "idem/blob.hpp"
+#include "idem/error.hpp"
+#include "idem/store/mysql.hpp"
+#include "mariadb_server.hpp"
+#include "store_envs.hpp"
+
+namespace idem_test {
+
+/// A new database on the shared server; its name.
+inline std::string fresh_mariadb_database() {
+    static std::atomic<int> next{0};
+    const std::string name = "idem_" + std::to_string(::getpid()) + "_" + std::to_string(++next);
+    shared_mariadb().client("").exec("CREATE DATABASE " + name);
+    return name;
+}
+
+inline idem::MysqlEndpoint mariadb_endpoint(const std::string& database) {
+    auto& server = shared_mariadb();
+    idem::MysqlEndpoint endpoint;
+    endpoint.host = server.host();
+    endpoint.port = static_cast<unsigned>(server.port());
+    endpoint.user = server.user();
+    endpoint.database = database;
+    return endpoint;
+}
+
+template <class Traits>
+struct BasicMysqlEnv {
+    using Store = idem::MysqlStore;
+    static constexpr const char* name = Traits::name;
+
+    std::string database;
+    time_point now = test_epoch();
+    std::unique_ptr<Store> store;
+
+    BasicMysqlEnv() {
+        if (!MariadbServer::available()) return;
+        database = fresh_mariadb_database();
+        shared_mariadb().client(database).exec(
+            "CREATE TABLE effects(k BLOB NOT NULL) ENGINE=InnoDB;"
+            "CREATE TABLE deadlock_rows(id INT PRIMARY KEY) ENGINE=InnoDB;"
+            "INSERT INTO deadlock_rows VALUES (1), (2);"
+            "CREATE TABLE ballast(id INT) ENGINE=InnoDB");
+        idem::MysqlOptions options;
+        options.clock = [this] { return now; };
+        options.isolation = Traits::isolation;
+        store = std::make_unique<Store>(mariadb_endpoint(database), options);
+    }
+    BasicMysqlEnv(const BasicMysqlEnv&) = delete;
+    BasicMysqlEnv& operator=(const BasicMysqlEnv&) = delete;
+    ~BasicMysqlEnv() {
+        store.reset();
+        if (database.empty()) return;
+        try {
+            shared_mariadb().client("").exec("DROP DATABASE IF EXISTS " + database);
+        } catch (...) {  // a leftover database dies with the test server
+        }
+    }
+
+    template <class Tx>
+    static void write_effect(Tx& tx, const std::string& key) {
+        tx.execute("INSERT INTO effects(k) VALUES (?)", idem::Blob{key});
+    }
+
+    /// A deadlock the server resolves by rolling the effect's transaction back (see above).
+    template <class Tx>
+    void make_commit_fail(Tx& tx) {
+        MariadbClient heavy = shared_mariadb().client(database);
+        heavy.exec(
+            "START TRANSACTION; INSERT INTO ballast SELECT seq FROM seq_1_to_500; "
+            "SELECT id FROM deadlock_rows WHERE id = 1 FOR UPDATE");
+        tx.execute("SELECT id FROM deadlock_rows WHERE id = 2 FOR UPDATE");
+        std::thread waiter([&] {
+            try {
+                heavy.exec("SELECT id FROM deadlock_rows WHERE id = 2 FOR UPDATE");
+            } catch (...) {
+            }
+        });
+        MariadbClient watch = shared_mariadb().client(database);
+        for (int i = 0; i < 500; ++i) {
+            if (watch.value("SELECT COUNT(*) FROM information_schema.innodb_trx "
+                            "WHERE trx_state = 'LOCK WAIT'") != std::optional<std::string>("0")) {
+                break;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        try {
+            tx.execute("SELECT id FROM deadlock_rows WHERE id = 1 FOR UPDATE");
+        } catch (const idem::store_timeout&) {  // 1213: the effect's transaction is gone
+        }
+        waiter.join();
+        heavy.exec("ROLLBACK");
+    }
+
+    std::size_t effect_rows() {
+        return static_cast<std::size_t>(
+            store->query_int("SELECT COUNT(*) FROM effects").value_or(-1));
+    }
+    bool has_effect(const std::string& key) {
+        return store->query_int("SELECT COUNT(*) FROM effects WHERE k = ?", idem::Blob{key})
+                   .value_or(0) > 0;
+    }
+};
+
+struct MysqlDefaults {
+    static constexpr const char* name = "mysql";
+    static constexpr std::optional<idem::MysqlIsolation> isolation{};  // InnoDB: REPEATABLE READ
+};
+struct MysqlReadCommitted {
+    static constexpr const char* name = "mysql_read_committed";
+    static constexpr std::optional<idem::MysqlIsolation> isolation =
+        idem::MysqlIsolation::read_committed;
+};
+
+using MysqlEnv = BasicMysqlEnv<MysqlDefaults>;
+using MysqlReadCommittedEnv = BasicMysqlEnv<MysqlReadCommitted>;
+
+}  // namespace idem_test
