@@ -3,7 +3,8 @@
 /// @brief The libpq layer of idem's PostgreSQL driver (namespace idem::postgres): the values a
 /// pipeline sends (Command, Statement, the binding of parameters as text or binary BYTEA), the
 /// reading of results, the classification of SQLSTATEs into idem's exceptions, and libpq's own
-/// notice hooks. With postgres/driver.hpp and idem/store/postgres.hpp, the only idem headers
+/// notice hooks. With postgres/session.hpp (the session: postgres::Connection),
+/// postgres/driver.hpp and idem/store/postgres.hpp, the only idem headers
 /// that include <libpq-fe.h>.
 
 #include <libpq-fe.h>

@@ -1,15 +1,14 @@
 #pragma once
 /// @file
 /// @brief idem::postgres::Driver: PostgreSQL (libpq) under the SQL store written once
-/// (sql/store.hpp). It owns or borrows the `PGconn*`: connects, reconnects (PQreset), keeps
-/// idem's and the effect's statements prepared per session (and resyncs them when the session
-/// lost some), sends what a transaction does not need answered at once in one libpq pipeline
-/// with the next statement, routes notices, sets lock_timeout per session (owned) or per
-/// transaction (borrowed), and maps SQLSTATEs to idem's exceptions (postgres/connection.hpp).
+/// (sql/store.hpp). Its session (the `PGconn*`, owned or borrowed: connect, reconnect, the
+/// prepared statements per session, the pipelined round trip, notices, lock_timeout per owned
+/// session, fork safety) is a postgres::Connection (postgres/session.hpp); the driver keeps
+/// idem's and the effect's statements, the claims, the transaction (what it queues to send with
+/// the next statement, its first failure) and lock_timeout per transaction on a borrowed
+/// connection. SQLSTATEs map to idem's exceptions as postgres/connection.hpp says.
 
-#include <fcntl.h>
 #include <libpq-fe.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -18,7 +17,6 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +34,7 @@
 #include "idem/outcome.hpp"
 #include "idem/postgres/connection.hpp"
 #include "idem/postgres/options.hpp"
+#include "idem/postgres/session.hpp"
 #include "idem/sql/driver.hpp"
 #include "idem/sql/own_claims.hpp"
 #include "idem/sql/schema.hpp"
@@ -83,7 +82,7 @@ class Driver {
     /// Effect statements (SQL and parameter kinds) kept prepared; further ones are not.
     static constexpr std::size_t max_cached_statements = 256;
     /// The oldest server this store runs on (ON CONFLICT, SKIP LOCKED, to_regclass(text)).
-    static constexpr int min_server_version = 100000;
+    static constexpr int min_server_version = Connection::min_server_version;
     template <class Tx>
     using transaction_face = TransactionFace<Tx>;
     using Row = postgres::Row;
@@ -94,30 +93,29 @@ class Driver {
     Driver& operator=(const Driver&) = delete;
     ~Driver();
 
-    [[nodiscard]] PGconn* conn() const noexcept { return conn_; }
+    [[nodiscard]] PGconn* conn() const noexcept { return conn_.get(); }
 
     // -- fork() and ping (sql/driver.hpp) -----------------------------------------------------
 
-    [[nodiscard]] bool owns_connection() const noexcept { return owned_; }
+    [[nodiscard]] bool owns_connection() const noexcept { return conn_.owned(); }
     /// In a fork()ed child: drops the parent's connection (forget_inherited) and connects anew
     /// with the same conninfo: a session of the child's own.
     void reopen_after_fork() {
         forget_inherited();
-        connect_owned();
+        conn_.connect_owned();
     }
-    /// Drops a connection opened in another process without a byte to the server: PQfinish (and
-    /// PQreset) would send Terminate on the socket the parent still uses, ending the parent's
-    /// session. The socket's descriptor is first replaced by /dev/null (dup2), so PQfinish only
-    /// frees memory and closes this process's descriptor; a borrowed connection is left as it is
-    /// (the consumer's). Nothing else is sent: no DEALLOCATE, no ROLLBACK.
-    void forget_inherited() noexcept;
+    /// Drops a connection opened in another process without a byte to the server
+    /// (Connection::forget_inherited(): no Terminate, no DEALLOCATE, no ROLLBACK) and the
+    /// transaction's state.
+    void forget_inherited() noexcept {
+        conn_.forget_inherited();
+        end_transaction();
+    }
     /// One round trip (`SELECT 1`); a connection found dead is reconnected (PQreset) and asked
     /// again once. @throws store_unavailable while the server does not answer.
     void ping(std::string_view what);
     [[nodiscard]] const std::string& schema() const noexcept { return schema_; }
-    [[nodiscard]] std::uint64_t round_trips() const noexcept {
-        return round_trips_.load(std::memory_order_relaxed);
-    }
+    [[nodiscard]] std::uint64_t round_trips() const noexcept { return conn_.round_trips(); }
 
     /// Reasons and last errors are TEXT: valid UTF-8 without NULs.
     static std::string text(std::string_view value) { return valid_utf8(value); }
@@ -170,14 +168,16 @@ class Driver {
     }
 
     sql::tx_health health(bool /*after_user_sql*/, std::string& cause) const {
-        if (PQstatus(conn_) != CONNECTION_OK) {
+        if (PQstatus(conn()) != CONNECTION_OK) {
             cause = fmt::format(
                 "the connection to PostgreSQL was lost{}{}; the transaction is gone and nothing "
                 "it wrote is stored",
                 tx_error_.empty() ? "" : ": ", tx_error_);
             return sql::tx_health::lost;
         }
-        if (tx_begun_ && PQtransactionStatus(conn_) == PQTRANS_IDLE) return sql::tx_health::ended;
+        if (tx_begun_ && PQtransactionStatus(conn()) == PQTRANS_IDLE) {
+            return sql::tx_health::ended;
+        }
         return sql::tx_health::ok;
     }
 
@@ -195,7 +195,7 @@ class Driver {
     void release_savepoint();
     void commit();
     bool rollback_noexcept() noexcept;
-    [[nodiscard]] std::string last_error() const { return connection_error(); }
+    [[nodiscard]] std::string last_error() const { return conn_.error(); }
     void end_transaction() noexcept {
         tx_open_ = false;
         tx_begun_ = false;
@@ -312,20 +312,17 @@ class Driver {
         return std::move(exchange.results[exchange.first]);
     }
 
+    /// What the connection reports into the transaction: the first failure inside it.
+    struct Recorder {
+        Driver* driver;
+        void operator()(const std::string& message) const {
+            if (driver->tx_open_ && driver->tx_error_.empty()) driver->tx_error_ = message;
+        }
+    };
+    [[nodiscard]] Recorder recorder() noexcept { return Recorder{this}; }
+
     void init(const PostgresOptions& options);
-    void connect_owned();
-    void setup();
-    void ready(std::string_view what);
-    void reconnect(std::string_view what);
-    void forget_prepared() noexcept;
-    void resync_prepared();
-    void close_noexcept() noexcept;
-    /// Installs notice_receiver on conn_ as PostgresOptions::on_notice describes.
-    void route_notices();
-    /// Puts libpq's receiver back on a borrowed connection if route_notices() replaced it.
-    void restore_notices() noexcept;
-    static void notice_receiver(void* driver, const PGresult* notice) noexcept;
-    [[nodiscard]] std::string connection_error() const;
+    void ready(std::string_view what) { conn_.ready(what, recorder()); }
 
     template <class... Args>
     Command own(sql::stmt which, std::string_view what, const Args&... args);
@@ -337,15 +334,18 @@ class Driver {
     Command user(std::string_view sql, std::string_view what, const Args&... args);
 
     /// Sends @p commands as one pipeline; throws store_unavailable when the connection is lost.
-    std::vector<Result> round_trip(std::vector<Command>& commands);
+    std::vector<Result> round_trip(std::vector<Command>& commands) {
+        return conn_.round_trip(commands, recorder());
+    }
     /// The queued commands + @p commands in one round trip; throws the first failure of a queued
     /// command when @p check_queued.
     Exchange tx_exchange(std::vector<Command> commands, bool check_queued = true);
     /// One command outside a transaction (the connection must be idle); throws on failure.
-    Result run(Command command);
+    Result run(Command command) { return conn_.run(std::move(command), recorder()); }
 
-    [[noreturn]] void fail(const Command& command, const PGresult* result, std::string_view what);
-    [[noreturn]] void connection_lost(std::string_view what);
+    [[noreturn]] void fail(const Command& command, const PGresult* result, std::string_view what) {
+        postgres::fail(command, result, what, recorder());
+    }
 
     /// One id not claimed by this transaction before: insert, or read the stored claim. With
     /// @p guarded, inside its own savepoint, so a lock timeout leaves the transaction usable.
@@ -355,20 +355,12 @@ class Driver {
     static ClaimResult stored_claim(const PGresult* result, int row, int outcome_column,
                                     int fingerprint_column);
 
-    PGconn* conn_ = nullptr;
-    bool owned_ = false;
-    std::string conninfo_;  ///< owned: what reopen_after_fork() connects with
-    std::function<void(std::string_view)> on_notice_;
-    bool notices_routed_ = false;   ///< notice_receiver is installed on conn_
-    bool chain_processor_ = false;  ///< also pass notices to the consumer's notice processor
     std::chrono::milliseconds lock_timeout_{5000};
     std::string schema_;
     std::string table_prefix_;  // "schema".
-    bool prepare_ = true;
     unsigned store_number_ = 0;
     std::string begin_sql_ = "BEGIN";
-    std::string set_timeout_sql_;
-    int session_timeout_pid_ = 0;  ///< backend whose session has our lock_timeout (owned only)
+    std::string set_timeout_sql_;  ///< per transaction, on a borrowed connection
     std::string commit_sql_ = "COMMIT";
     std::string savepoint_sql_ = "SAVEPOINT idem_effect";
     std::string rollback_to_sql_ = "ROLLBACK TO SAVEPOINT idem_effect";
@@ -379,105 +371,35 @@ class Driver {
     std::string claim_release_sql_ = "RELEASE SAVEPOINT idem_claims";
     std::array<Statement, sql::statement_count> own_{};
     std::unordered_map<std::string, std::unique_ptr<Statement>> cache_;
-    std::atomic<std::uint64_t> round_trips_{0};
-    int backend_pid_ = 0;
-    std::vector<Command> queued_;    // commands of the open transaction not sent yet
-    bool tx_open_ = false;           // a transaction of this driver is running
-    bool tx_begun_ = false;          // its BEGIN reached the server
-    std::string tx_error_;           // first failure inside it
-    bool rollback_pending_ = false;  // our ROLLBACK failed: the connection is still in our tx
-    bool resync_prepared_ = false;   // the session lost some of our prepared statements
+    // After the statements it tracks: closed (a borrowed one DEALLOCATEs them) before they go.
+    Connection conn_;
+    std::vector<Command> queued_;  // commands of the open transaction not sent yet
+    bool tx_open_ = false;         // a transaction of this driver is running
+    bool tx_begun_ = false;        // its BEGIN reached the server
+    std::string tx_error_;         // first failure inside it
 };
 
 // ---------------------------------------------------------------------------------------------
 // The connection
 
-inline Driver::Driver(const std::string& conninfo, const PostgresOptions& options)
-    : owned_(true), conninfo_(conninfo) {
+inline Driver::Driver(const std::string& conninfo, const PostgresOptions& options) {
     init(options);
     if (conninfo.find('\0') != std::string::npos) {
         throw usage_error("idem postgres: the connection string contains a NUL byte");
     }
-    connect_owned();
+    conn_.open(conninfo);
 }
 
-inline void Driver::connect_owned() {
-    // client_encoding and application_name come first: the expanded conninfo overrides them.
-    const char* const keys[] = {"client_encoding", "fallback_application_name", "dbname", nullptr};
-    const char* const values[] = {"UTF8", "idem", conninfo_.c_str(), nullptr};
-    conn_ = PQconnectdbParams(keys, values, 1);
-    if (conn_ == nullptr) throw store_unavailable("idem postgres: cannot connect: out of memory");
-    if (PQstatus(conn_) != CONNECTION_OK) {
-        const std::string message =
-            fmt::format("idem postgres: cannot connect: {}", connection_error());
-        close_noexcept();
-        throw store_unavailable(message);
-    }
-    try {
-        route_notices();
-        setup();
-    } catch (...) {
-        close_noexcept();
-        throw;
-    }
-}
-
-inline Driver::Driver(PGconn* conn, const PostgresOptions& options) : conn_(conn), owned_(false) {
-    if (conn_ == nullptr) {
+inline Driver::Driver(PGconn* conn, const PostgresOptions& options) {
+    if (conn == nullptr) {
         throw usage_error("idem postgres: PostgresStore needs a connection, got null");
     }
-    try {
-        init(options);
-        if (PQstatus(conn_) != CONNECTION_OK) {
-            throw store_unavailable(fmt::format(
-                "idem postgres: the borrowed connection is broken: {}", connection_error()));
-        }
-        if (PQpipelineStatus(conn_) != PQ_PIPELINE_OFF || PQisnonblocking(conn_) != 0) {
-            throw usage_error(
-                "idem postgres: the borrowed connection is in pipeline or non-blocking mode; "
-                "PostgresStore needs a blocking connection outside pipeline mode");
-        }
-        if (PQtransactionStatus(conn_) != PQTRANS_IDLE) {
-            throw usage_error(
-                "idem postgres: the borrowed connection is inside a transaction (or busy); "
-                "construct the PostgresStore outside any transaction (it may create its tables)");
-        }
-        route_notices();
-        setup();
-    } catch (...) {
-        restore_notices();
-        conn_ = nullptr;  // borrowed: never closed
-        throw;
-    }
+    init(options);
+    conn_.borrow(conn);
 }
 
 inline Driver::~Driver() {
-    close_noexcept();
-}
-
-inline void Driver::forget_inherited() noexcept {
-    if (conn_ == nullptr) return;
-    if (owned_) {
-        const int fd = PQsocket(conn_);
-        bool detached = fd < 0;
-        if (!detached) {
-            const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-            if (null >= 0) {
-                detached = ::dup2(null, fd) == fd;
-                ::close(null);
-            }
-        }
-        // Without /dev/null in its place the socket stays open and the PGconn is leaked: better
-        // than a Terminate on the parent's session.
-        if (detached) PQfinish(conn_);
-    }
-    conn_ = nullptr;
-    notices_routed_ = false;
-    forget_prepared();
-    end_transaction();
-    rollback_pending_ = false;
-    session_timeout_pid_ = 0;
-    backend_pid_ = 0;
+    conn_.close_noexcept();
 }
 
 inline void Driver::ping(std::string_view what) {
@@ -488,7 +410,7 @@ inline void Driver::ping(std::string_view what) {
             return;
         } catch (const store_unavailable&) {
             // A socket found dead by this round trip: one reconnect (ready()), then the answer.
-            if (attempt > 0 || PQstatus(conn_) == CONNECTION_OK) throw;
+            if (attempt > 0 || PQstatus(conn()) == CONNECTION_OK) throw;
         }
     }
 }
@@ -496,8 +418,6 @@ inline void Driver::ping(std::string_view what) {
 inline void Driver::init(const PostgresOptions& options) {
     static std::atomic<unsigned> stores{0};
     store_number_ = ++stores;
-    on_notice_ = options.on_notice;
-    prepare_ = options.prepare_statements;
     if (options.lock_timeout.count() < 0) {
         throw usage_error("idem postgres: lock_timeout must not be negative (0 waits forever)");
     }
@@ -516,194 +436,15 @@ inline void Driver::init(const PostgresOptions& options) {
     for (std::size_t i = 0; i < own_.size(); ++i) {
         own_[i].sql = texts.text[i];
         own_[i].name = fmt::format("idem_{}_{}", store_number_, i);
+        conn_.track(own_[i]);
     }
-}
-
-inline std::string Driver::connection_error() const {
-    std::string message = postgres::trimmed(PQerrorMessage(conn_));
-    return message.empty() ? std::string("unknown libpq error") : message;
-}
-
-inline void Driver::close_noexcept() noexcept {
-    if (conn_ == nullptr) return;
-    if (owned_) {
-        PQfinish(conn_);
-    } else if (PQstatus(conn_) == CONNECTION_OK && PQtransactionStatus(conn_) == PQTRANS_IDLE &&
-               PQpipelineStatus(conn_) == PQ_PIPELINE_OFF) {
-        // Leave the borrowed session as we found it: drop our prepared statements.
-        try {
-            std::string sql;
-            for (const Statement& statement : own_) {
-                if (statement.prepared) sql += fmt::format("DEALLOCATE {};", statement.name);
-            }
-            for (const auto& entry : cache_) {
-                if (entry.second->prepared) {
-                    sql += fmt::format("DEALLOCATE {};", entry.second->name);
-                }
-            }
-            if (!sql.empty()) PQclear(PQexec(conn_, sql.c_str()));
-        } catch (...) {
-        }
-    }
-    if (!owned_) restore_notices();
-    conn_ = nullptr;
-}
-
-inline void Driver::route_notices() {
-    const auto& libpq = postgres::libpq_notice_hooks();
-    if (owned_) {
-        // Our own connection: nobody else listens, so nothing reaches stderr.
-        PQsetNoticeReceiver(conn_, &Driver::notice_receiver, this);
-        notices_routed_ = true;
-        return;
-    }
-    if (!on_notice_ || libpq.receiver == nullptr) return;  // the consumer's connection as it is
-    if (PQsetNoticeReceiver(conn_, nullptr, nullptr) != libpq.receiver) {
-        return;  // the consumer's own receiver: neither chainable nor restorable, so kept
-    }
-    chain_processor_ = PQsetNoticeProcessor(conn_, nullptr, nullptr) != libpq.processor;
-    PQsetNoticeReceiver(conn_, &Driver::notice_receiver, this);
-    notices_routed_ = true;
-}
-
-inline void Driver::restore_notices() noexcept {
-    if (!notices_routed_ || owned_ || conn_ == nullptr) return;
-    // libpq's receiver ignores its argument (a new PGconn has it null).
-    PQsetNoticeReceiver(conn_, postgres::libpq_notice_hooks().receiver, nullptr);
-    notices_routed_ = false;
-}
-
-inline void Driver::notice_receiver(void* store, const PGresult* notice) noexcept {
-    const auto* self = static_cast<const Driver*>(store);
-    if (self->on_notice_) {
-        std::string_view text = PQresultErrorMessage(notice);
-        while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) {
-            text.remove_suffix(1);
-        }
-        try {
-            self->on_notice_(text);
-        } catch (...) {
-            // Never through libpq's C frames.
-        }
-    }
-    if (self->chain_processor_) {
-        // libpq's receiver hands the notice to the connection's processor (the consumer's).
-        postgres::libpq_notice_hooks().receiver(nullptr, notice);
-    }
-}
-
-inline void Driver::forget_prepared() noexcept {
-    for (Statement& statement : own_)
-        statement.prepared = false;
-    for (auto& entry : cache_)
-        entry.second->prepared = false;
-    resync_prepared_ = false;
-}
-
-inline void Driver::resync_prepared() {
-    forget_prepared();
-    const std::string prefix = fmt::format("idem_{}_", store_number_);
-    Result names =
-        run(adhoc("SELECT name FROM pg_catalog.pg_prepared_statements "
-                  "WHERE left(name, length($1)) = $1",
-                  "reading the prepared statements", prefix));
-    for (int row = 0; row < PQntuples(names.get()); ++row) {
-        const std::string name = postgres::bytes_of(names.get(), row, 0);
-        for (Statement& statement : own_)
-            if (statement.name == name) statement.prepared = true;
-        for (auto& entry : cache_)
-            if (entry.second->name == name) entry.second->prepared = true;
-    }
-}
-
-inline void Driver::setup() {
-    if (PQserverVersion(conn_) < min_server_version) {
-        throw store_unavailable(fmt::format(
-            "idem postgres: the server is version {}; PostgresStore needs PostgreSQL 10 or later",
-            PQserverVersion(conn_)));
-    }
-    backend_pid_ = PQbackendPID(conn_);
-}
-
-inline void Driver::reconnect(std::string_view what) {
-    PQreset(conn_);
-    forget_prepared();
-    rollback_pending_ = false;
-    if (PQstatus(conn_) != CONNECTION_OK) {
-        throw store_unavailable(fmt::format(
-            "idem postgres: {}: the connection to PostgreSQL broke and reconnecting failed: {}",
-            what, connection_error()));
-    }
-    backend_pid_ = PQbackendPID(conn_);
-}
-
-inline void Driver::ready(std::string_view what) {
-    if (PQstatus(conn_) != CONNECTION_OK) reconnect(what);
-    if (PQbackendPID(conn_) != backend_pid_) {
-        // Someone reset the (borrowed) connection: the session and its statements are new.
-        forget_prepared();
-        backend_pid_ = PQbackendPID(conn_);
-    }
-    if (PQpipelineStatus(conn_) != PQ_PIPELINE_OFF) {
-        throw usage_error(fmt::format(
-            "idem postgres: {}: the connection is in pipeline mode; leave it first", what));
-    }
-    if (PQisnonblocking(conn_) != 0) {
-        throw usage_error(fmt::format(
-            "idem postgres: {}: the connection is in non-blocking mode; PostgresStore needs a "
-            "blocking connection (PQsetnonblocking(conn, 0))",
-            what));
-    }
-    PGTransactionStatusType status = PQtransactionStatus(conn_);
-    if (status != PQTRANS_IDLE && rollback_pending_) {
-        rollback_noexcept();
-        status = PQtransactionStatus(conn_);
-    }
-    if (status == PQTRANS_UNKNOWN) {
-        reconnect(what);
-        status = PQtransactionStatus(conn_);
-    }
-    if (status == PQTRANS_IDLE && resync_prepared_) resync_prepared();
-    if (status != PQTRANS_IDLE) {
-        throw usage_error(fmt::format(
-            "idem postgres: {}: the connection is already inside a transaction (or busy with a "
-            "query). idem needs its own BEGIN so the claim and the effect commit together: "
-            "commit or roll back your transaction first, and write the effect's rows through the "
-            "idem transaction (Transaction::execute() or Transaction::conn())",
-            what));
-    }
+    conn_.configure(options.on_notice, options.prepare_statements,
+                    fmt::format("idem_{}_", store_number_));
 }
 
 inline bool Driver::rollback_noexcept() noexcept {
     queued_.clear();
-    if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK) {
-        rollback_pending_ = false;  // the server rolls back a transaction whose session died
-        return true;
-    }
-    if (PQpipelineStatus(conn_) != PQ_PIPELINE_OFF) {
-        for (int nulls = 0; nulls < 2;) {
-            PGresult* result = PQgetResult(conn_);
-            if (result == nullptr) {
-                ++nulls;
-            } else {
-                nulls = 0;
-                PQclear(result);
-            }
-            if (PQstatus(conn_) != CONNECTION_OK) break;
-        }
-        PQexitPipelineMode(conn_);
-    }
-    if (PQtransactionStatus(conn_) == PQTRANS_ACTIVE) {
-        while (PGresult* result = PQgetResult(conn_))
-            PQclear(result);
-    }
-    if (PQtransactionStatus(conn_) != PQTRANS_IDLE) {
-        round_trips_.fetch_add(1, std::memory_order_relaxed);
-        PQclear(PQexec(conn_, "ROLLBACK"));
-    }
-    rollback_pending_ =
-        PQstatus(conn_) == CONNECTION_OK && PQtransactionStatus(conn_) != PQTRANS_IDLE;
-    return !rollback_pending_;
+    return conn_.rollback_noexcept();
 }
 
 template <class... Args>
@@ -744,7 +485,7 @@ Command Driver::user(std::string_view sql, std::string_view what, const Args&...
     command.result_format = 0;  // text: the effect's columns may be of any type
     command.sql.assign(sql.data(), sql.size());
     postgres::add_params(command, args...);
-    if (!prepare_) return command;
+    if (!conn_.prepares()) return command;
     // Cached per SQL text and parameter kinds (a BYTEA parameter is typed at PREPARE).
     std::string key;
     key.reserve(command.types.size() + 1 + sql.size());
@@ -759,138 +500,11 @@ Command Driver::user(std::string_view sql, std::string_view what, const Args&...
         statement->sql = command.sql;
         statement->name = fmt::format("idem_{}_u{}", store_number_, cache_.size());
         found = cache_.emplace(std::move(key), std::move(statement)).first;
+        conn_.track(*found->second);
     }
     command.statement = found->second.get();
     command.sql.clear();
     return command;
-}
-
-inline std::vector<Result> Driver::round_trip(std::vector<Command>& commands) {
-    using postgres::failed;
-    std::vector<Result> results(commands.size());
-    if (commands.empty()) return results;
-    if (PQenterPipelineMode(conn_) != 1) {
-        throw store_unavailable(
-            fmt::format("idem postgres: cannot start a pipeline: {}", connection_error()));
-    }
-    round_trips_.fetch_add(1, std::memory_order_relaxed);
-
-    struct Slot {
-        std::size_t command;
-        Statement* preparing;  // a Parse of this statement, or null: the command itself
-    };
-    std::vector<Slot> slots;
-    slots.reserve(commands.size() * 2);
-    std::string send_error;
-    std::vector<const char*> values;
-    std::vector<int> lengths;
-    for (std::size_t i = 0; i < commands.size() && send_error.empty(); ++i) {
-        const Command& command = commands[i];
-        const int count = static_cast<int>(command.values.size());
-        Statement* statement = prepare_ ? command.statement : nullptr;
-        if (statement != nullptr && !statement->prepared) {
-            const bool queued = std::any_of(slots.begin(), slots.end(), [&](const Slot& slot) {
-                return slot.preparing == statement;
-            });
-            if (!queued) {
-                if (statement->types.empty()) statement->types = command.types;
-                if (PQsendPrepare(conn_, statement->name.c_str(), statement->sql.c_str(), count,
-                                  statement->types.empty() ? nullptr : statement->types.data()) !=
-                    1) {
-                    send_error = connection_error();
-                    break;
-                }
-                slots.push_back(Slot{i, statement});
-            }
-        }
-        values.assign(command.values.size(), nullptr);
-        lengths.assign(command.values.size(), 0);
-        for (std::size_t k = 0; k < command.values.size(); ++k) {
-            if (command.nulls[k] == 0) values[k] = command.values[k].c_str();
-            lengths[k] = static_cast<int>(command.values[k].size());
-        }
-        const int sent =
-            statement != nullptr
-                ? PQsendQueryPrepared(conn_, statement->name.c_str(), count, values.data(),
-                                      lengths.data(), command.formats.data(), command.result_format)
-                : PQsendQueryParams(conn_, command.text().c_str(), count, command.types.data(),
-                                    values.data(), lengths.data(), command.formats.data(),
-                                    command.result_format);
-        if (sent != 1) {
-            send_error = connection_error();
-            break;
-        }
-        slots.push_back(Slot{i, nullptr});
-    }
-
-    bool broken = PQpipelineSync(conn_) != 1;
-    for (const Slot& slot : slots) {
-        if (broken) break;
-        Result first;
-        while (PGresult* raw = PQgetResult(conn_)) {
-            Result result(raw);
-            if (!first || (!failed(first.get()) && failed(result.get()))) first = std::move(result);
-        }
-        if (slot.preparing != nullptr) {
-            // 42P05: it survived a partial DEALLOCATE; the name is this store's, so it is ours.
-            if (postgres::succeeded(first.get()) || postgres::sqlstate(first.get()) == "42P05") {
-                slot.preparing->prepared = true;
-            }
-            if (failed(first.get())) {
-                results[slot.command] = std::move(first);  // the command inherits the failure
-            }
-        } else if (!results[slot.command]) {
-            results[slot.command] = std::move(first);
-        }
-        broken = PQstatus(conn_) != CONNECTION_OK;
-    }
-    // Up to the sync point; a lost connection ends the stream with an error and nulls.
-    for (int nulls = 0; !broken && nulls < 2;) {
-        PGresult* raw = PQgetResult(conn_);
-        if (raw == nullptr) {
-            ++nulls;
-            continue;
-        }
-        const bool sync = PQresultStatus(raw) == PGRES_PIPELINE_SYNC;
-        PQclear(raw);
-        if (sync) break;
-        nulls = 0;
-        broken = PQstatus(conn_) != CONNECTION_OK;
-    }
-    if (PQexitPipelineMode(conn_) != 1 && PQstatus(conn_) == CONNECTION_OK) {
-        while (PGresult* raw = PQgetResult(conn_))
-            PQclear(raw);
-        PQexitPipelineMode(conn_);
-    }
-    for (const auto& result : results) {
-        // "prepared statement does not exist": the session lost statements (DEALLOCATE, DISCARD
-        // ALL, a pooler); ready() asks the server which ones are left before the next use.
-        if (postgres::sqlstate(result.get()) == "26000") resync_prepared_ = true;
-    }
-    if (PQstatus(conn_) != CONNECTION_OK) {
-        // Keep the server's own reason (e.g. "terminating connection due to administrator
-        // command") when it sent one.
-        for (const auto& result : results) {
-            if (failed(result.get())) {
-                connection_lost(postgres::server_message(result.get()));
-            }
-        }
-        connection_lost(connection_error());
-    }
-    if (!send_error.empty()) {
-        throw store_unavailable(
-            fmt::format("idem postgres: sending a statement failed: {}", send_error));
-    }
-    return results;
-}
-
-inline void Driver::connection_lost(std::string_view why) {
-    std::string message = fmt::format(
-        "idem postgres: the connection to PostgreSQL was lost ({}); the open transaction, if "
-        "any, is gone, and the store reconnects on the next begin()",
-        why);
-    if (tx_open_ && tx_error_.empty()) tx_error_ = message;
-    throw store_unavailable(message);
 }
 
 inline Driver::Exchange Driver::tx_exchange(std::vector<Command> commands, bool check_queued) {
@@ -901,7 +515,7 @@ inline Driver::Exchange Driver::tx_exchange(std::vector<Command> commands, bool 
     for (Command& command : commands)
         exchange.commands.push_back(std::move(command));
     exchange.results = round_trip(exchange.commands);
-    const PGTransactionStatusType status = PQtransactionStatus(conn_);
+    const PGTransactionStatusType status = PQtransactionStatus(conn());
     if (status == PQTRANS_INTRANS || status == PQTRANS_INERROR) tx_begun_ = true;
     if (check_queued) {
         for (std::size_t i = 0; i < exchange.first; ++i) {
@@ -913,51 +527,18 @@ inline Driver::Exchange Driver::tx_exchange(std::vector<Command> commands, bool 
     return exchange;
 }
 
-inline Result Driver::run(Command command) {
-    std::vector<Command> commands;
-    commands.push_back(std::move(command));
-    std::vector<Result> results = round_trip(commands);
-    if (!postgres::succeeded(results[0].get())) {
-        fail(commands[0], results[0].get(), commands[0].what);
-    }
-    return std::move(results[0]);
-}
-
 inline void Driver::flush() {
     if (queued_.empty()) return;
     tx_exchange({});
 }
 
-inline void Driver::fail(const Command& command, const PGresult* result, std::string_view what) {
-    namespace pg = postgres;
-    const std::string_view state = pg::sqlstate(result);
-    std::string message = fmt::format(
-        "idem postgres: {} failed: {}", what,
-        result != nullptr ? pg::server_message(result) : std::string("no answer from the server"));
-    if (command.user) {
-        message += fmt::format("; SQL: {}", command.text());
-        if (state == "42601" && command.text().find('?') != std::string::npos) {
-            message += " (PostgreSQL's placeholders are $1, $2, …, not ?)";
-        }
-    }
-    if (tx_open_ && tx_error_.empty()) tx_error_ = message;
-    if (pg::is_timeout(state)) throw store_timeout(message);
-    if (command.user && state == "08P01") throw usage_error(message);  // wrong parameter count
-    if (pg::is_unavailable(state) || !command.user) throw store_unavailable(message);
-    throw store_error(message);
-}
-
 inline void Driver::begin(std::string_view what) {
     ready(what);
     queued_.clear();
-    if (owned_) {
+    if (conn_.owned()) {
         // Our own session: set the lock timeout once per session (a reconnect is a new one),
         // not in every transaction.
-        if (session_timeout_pid_ != PQbackendPID(conn_)) {
-            run(control(fmt::format("SET lock_timeout = {}", lock_timeout_.count()),
-                        "begin (SET lock_timeout)"));
-            session_timeout_pid_ = PQbackendPID(conn_);
-        }
+        conn_.set_session_lock_timeout(lock_timeout_, recorder());
         queued_.push_back(control(begin_sql_, "begin"));
     } else {
         // A borrowed session keeps its own setting outside our transactions.
