@@ -147,8 +147,8 @@ class PrometheusObserver final : public Observer {
     void set_circuit_open(std::string_view consumer, bool open) {
         set_gauge(circuit_open_, consumer, open ? 1.0 : 0.0);
     }
-    /// idem_pending{consumer}: messages delivered to the consumer and not yet acked (e.g.
-    /// StreamConsumerStats' pending count).
+    /// idem_pending{consumer}: messages delivered to the consumer and not yet acked (e.g. the
+    /// count XPENDING reports for it).
     void set_pending(std::string_view consumer, std::uint64_t pending) {
         set_gauge(pending_, consumer, static_cast<double>(pending));
     }
