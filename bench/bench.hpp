@@ -374,6 +374,7 @@ class RawRedis {
 // The cases
 
 void run_memory_cases();
+void run_observer_cases();  ///< memory_observed: PrometheusObserver overhead
 void run_sqlite_cases();
 void run_postgres_cases();
 void run_mysql_cases();

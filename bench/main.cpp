@@ -51,6 +51,7 @@ const char* const usage_text =
 
 const std::vector<std::string> bench_names{"rss_flat",
                                            "memory_single",
+                                           "memory_observed",
                                            "sqlite_single",
                                            "sqlite_batch",
                                            "postgres_single",
@@ -189,6 +190,7 @@ int main(int argc, char** argv) {
     // The RSS run first: nothing allocated and freed by other cases hides its growth.
     guarded("rss_flat", idem_bench::run_rss_case);
     guarded("memory", idem_bench::run_memory_cases);
+    guarded("memory_observed", idem_bench::run_observer_cases);
     guarded("sqlite", idem_bench::run_sqlite_cases);
     guarded("postgres", idem_bench::run_postgres_cases);
     guarded("mysql", idem_bench::run_mysql_cases);

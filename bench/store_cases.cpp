@@ -1,5 +1,6 @@
 // The store cases, each an idem benchmark and its raw twin (Google Benchmark), run alternately:
 //   memory_single    handler.handle on MemoryStore (trivial effect)  vs  begin/claim/record/commit
+//   memory_observed  the same with a PrometheusObserver               vs  the same without observer
 //   sqlite_single    handler.handle, one transaction per message      vs  BEGIN IMMEDIATE; INSERT
 //                                                                          claim; INSERT effect;
 //                                                                          COMMIT (prepared)
@@ -35,6 +36,7 @@
 
 #include "bench.hpp"
 #include "idem/idem.hpp"
+#include "idem/observers/prometheus.hpp"
 #include "idem/store/memory.hpp"
 #include "idem/store/mysql.hpp"
 #include "idem/store/postgres.hpp"
@@ -166,6 +168,32 @@ void add_raw(const std::string& name, Raw& raw, std::uint64_t& seq, Meter meter 
     });
 }
 
+/// handler.handle on a MemoryStore (trivial effect), with @p observer (may be null); a fresh
+/// store every memory_reset_every messages, untimed.
+void memory_handler_loop(benchmark::State& state, idem::Observer* observer) {
+    std::uint64_t effects = 0;
+    auto effect = [&effects](idem::MemoryStore::Transaction&, const Order&) { ++effects; };
+    using Handler = idem::IdempotentHandler<idem::MemoryStore, decltype(effect)>;
+    auto store = std::make_unique<idem::MemoryStore>();
+    std::optional<Handler> handler;
+    handler.emplace(*store, idem::Policy{scope}, effect, observer);
+    const Order order{"o", 1};
+    std::uint64_t seq = 0;
+    for (auto _ : state) {
+        if (seq % memory_reset_every == memory_reset_every - 1) {
+            state.PauseTiming();
+            handler.reset();
+            store = std::make_unique<idem::MemoryStore>();
+            handler.emplace(*store, idem::Policy{scope}, effect, observer);
+            state.ResumeTiming();
+        }
+        const idem::Delivery delivery{message_id(++seq), 1u};
+        if (!processed(state, handler->handle(delivery, order))) break;
+    }
+    benchmark::DoNotOptimize(effects);
+    state.counters["msgs"] = static_cast<double>(seq);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -175,29 +203,7 @@ void run_memory_cases() {
     // A fresh store every memory_reset_every messages (untimed), on both sides: the claims map
     // stays the size of a unit test's (a std::map that grows without bound would measure cache
     // misses of its own nodes, not the handler).
-    add("memory_single/idem", [](benchmark::State& state) {
-        std::uint64_t effects = 0;
-        auto effect = [&effects](idem::MemoryStore::Transaction&, const Order&) { ++effects; };
-        using Handler = idem::IdempotentHandler<idem::MemoryStore, decltype(effect)>;
-        auto store = std::make_unique<idem::MemoryStore>();
-        std::optional<Handler> handler;
-        handler.emplace(*store, idem::Policy{scope}, effect);
-        const Order order{"o", 1};
-        std::uint64_t seq = 0;
-        for (auto _ : state) {
-            if (seq % memory_reset_every == memory_reset_every - 1) {
-                state.PauseTiming();
-                handler.reset();
-                store = std::make_unique<idem::MemoryStore>();
-                handler.emplace(*store, idem::Policy{scope}, effect);
-                state.ResumeTiming();
-            }
-            const idem::Delivery delivery{message_id(++seq), 1u};
-            if (!processed(state, handler->handle(delivery, order))) break;
-        }
-        benchmark::DoNotOptimize(effects);
-        state.counters["msgs"] = static_cast<double>(seq);
-    });
+    add("memory_single/idem", [](benchmark::State& state) { memory_handler_loop(state, nullptr); });
     add("memory_single/raw", [](benchmark::State& state) {
         auto store = std::make_unique<idem::MemoryStore>();
         std::uint64_t effects = 0;
@@ -235,6 +241,27 @@ void run_memory_cases() {
             .str("target", "idem ns_per_msg < 1000 (met); idem - raw < 1000 (met_overhead)")
             .boolean("met", idem_ns < 1000)
             .boolean("met_overhead", overhead < 1000);
+    }
+    emit(line);
+    benchmark::ClearRegisteredBenchmarks();
+}
+
+void run_observer_cases() {
+    if (!selected("memory_observed")) return;
+    // The PrometheusObserver's cost per message: the same handler with it (idem) and without an
+    // observer (raw), alternated in the same run.
+    idem::PrometheusObserver metrics;
+    add("memory_observed/idem",
+        [&metrics](benchmark::State& state) { memory_handler_loop(state, &metrics); });
+    add("memory_observed/raw",
+        [](benchmark::State& state) { memory_handler_loop(state, nullptr); });
+    Json line;
+    const Alternated result = compare("memory_observed", "memory", 1, line);
+    if (result.error.empty()) {
+        line.num("observed_ns_per_msg", result.idem_ns())
+            .num("unobserved_ns_per_msg", result.raw_ns())
+            .num("observer_ns_per_msg", result.idem_ns() - result.raw_ns())
+            .str("observer", "PrometheusObserver (counters + idem_handle_seconds)");
     }
     emit(line);
     benchmark::ClearRegisteredBenchmarks();

@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "idem/idem.hpp"
@@ -179,6 +181,44 @@ TEST_F(MemoryHandler, ThrowingObserverDoesNotChangeTheOutcome) {
     auto handler = counting_handler(&observer);
     EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("o")).disposition,
               Disposition::processed);
+}
+
+struct TimingObserver : idem::Observer {
+    std::vector<std::chrono::nanoseconds> timed;
+    int untimed = 0;
+    void on_outcome(std::string_view, const Delivery&, const idem::Outcome&) override { ++untimed; }
+    void on_timed_outcome(std::string_view, const Delivery&, const idem::Outcome&,
+                          std::chrono::nanoseconds handled_in) override {
+        timed.push_back(handled_in);
+    }
+};
+
+TEST_F(MemoryHandler, ObserverIsToldHowLongHandleTook) {
+    TimingObserver observer;
+    auto handler = idem::make_handler(
+        store, idem::Policy{"capture"},
+        [](auto&, const std::string&) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        },
+        &observer);
+    (void)handler.handle(Delivery{"m-1", 1u}, std::string("o"));
+    (void)handler.handle_batch(std::vector<Delivery>{{"m-2", 1u}, {"m-3", 1u}},
+                               std::vector<std::string>{"o", "o"});
+    ASSERT_EQ(observer.timed.size(), 3u);
+    EXPECT_EQ(observer.untimed, 0);
+    EXPECT_GE(observer.timed[0], std::chrono::milliseconds(5));
+    EXPECT_LT(observer.timed[0], std::chrono::seconds(10));
+    // A batch's messages share its time: each gets its share, at least one effect's sleep.
+    EXPECT_GE(observer.timed[1], std::chrono::milliseconds(5));
+    EXPECT_EQ(observer.timed[1], observer.timed[2]);
+}
+
+TEST_F(MemoryHandler, AnObserverWithoutTimingStillSeesEveryOutcome) {
+    RecordingObserver observer;  // overrides on_outcome() only: the default forwards to it
+    auto handler = counting_handler(&observer);
+    (void)handler.handle(Delivery{"m-1", 1u}, std::string("o"));
+    (void)handler.handle_batch(std::vector<Delivery>{{"m-2", 1u}}, std::vector<std::string>{"o"});
+    EXPECT_EQ(observer.seen.size(), 2u);
 }
 
 TEST_F(MemoryHandler, CountersPerScope) {

@@ -167,8 +167,9 @@ class IdempotentHandler {
     Outcome handle(const Delivery& delivery, const Body& body) {
         static_assert(detail::check_effect<Effect, Transaction, Body>(),
                       "idem: effect does not fit (see above)");
+        const Stopwatch watch(observer_ != nullptr);
         Outcome outcome = decide(delivery, body);
-        report(delivery, outcome);
+        report(delivery, outcome, watch.elapsed());
         return outcome;
     }
 
@@ -182,8 +183,9 @@ class IdempotentHandler {
         static_assert(detail::check_effect<Effect, Transaction, Body>(),
                       "idem: effect does not fit (see above)");
         bind_hook(hook, delivery);
+        const Stopwatch watch(observer_ != nullptr);
         Outcome outcome = decide(delivery, body, &hook);
-        report(delivery, outcome);
+        report(delivery, outcome, watch.elapsed());
         return outcome;
     }
 
@@ -202,10 +204,12 @@ class IdempotentHandler {
                 fmt::format("idem::IdempotentHandler::handle_batch: {} deliveries but {} bodies",
                             deliveries.size(), bodies.size()));
         }
+        const Stopwatch watch(observer_ != nullptr);
         std::vector<Outcome> outcomes =
             decide_batch(deliveries.data(), bodies.data(), deliveries.size());
+        const auto share = watch.share(outcomes.size());
         for (std::size_t i = 0; i < outcomes.size(); ++i)
-            report(deliveries[i], outcomes[i]);
+            report(deliveries[i], outcomes[i], share);
         return outcomes;
     }
 
@@ -225,10 +229,12 @@ class IdempotentHandler {
         }
         for (std::size_t i = 0; i < hooks.size(); ++i)
             bind_hook(hooks[i], deliveries[i]);
+        const Stopwatch watch(observer_ != nullptr);
         std::vector<Outcome> outcomes =
             decide_batch(deliveries.data(), bodies.data(), deliveries.size(), hooks.data());
+        const auto share = watch.share(outcomes.size());
         for (std::size_t i = 0; i < outcomes.size(); ++i)
-            report(deliveries[i], outcomes[i]);
+            report(deliveries[i], outcomes[i], share);
         return outcomes;
     }
 
@@ -265,11 +271,34 @@ class IdempotentHandler {
         bool needs_second_transaction = false;
     };
 
-    void report(const Delivery& delivery, const Outcome& outcome) noexcept {
+    /// Times handle() for the observer: reads steady_clock only when @p on (an observer is
+    /// set), so a handler without one never touches the clock.
+    class Stopwatch {
+      public:
+        explicit Stopwatch(bool on) noexcept {
+            if (on) start_ = std::chrono::steady_clock::now();
+        }
+        [[nodiscard]] std::chrono::nanoseconds elapsed() const noexcept {
+            if (start_ == std::chrono::steady_clock::time_point{}) return {};
+            return std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::steady_clock::now() - start_);
+        }
+        /// One message's share of a batch of @p n.
+        [[nodiscard]] std::chrono::nanoseconds share(std::size_t n) const noexcept {
+            const auto total = elapsed();
+            return n == 0 ? total : total / static_cast<std::chrono::nanoseconds::rep>(n);
+        }
+
+      private:
+        std::chrono::steady_clock::time_point start_{};
+    };
+
+    void report(const Delivery& delivery, const Outcome& outcome,
+                std::chrono::nanoseconds handled_in) noexcept {
         counters_.count(delivery, outcome.disposition);
         if (observer_ != nullptr) {
             try {
-                observer_->on_outcome(policy_.scope(), delivery, outcome);
+                observer_->on_timed_outcome(policy_.scope(), delivery, outcome, handled_in);
             } catch (...) {  // observing must never change an outcome
             }
         }

@@ -3,6 +3,7 @@
 /// @brief Observability: per-scope counters and an observer hook that sees every outcome.
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <iterator>
 #include <map>
@@ -35,11 +36,23 @@ struct Counters {
 /// @brief Receives every outcome with its reason. Called on the handling thread after the
 /// outcome is final (after the commit); must be thread-safe if the handler is shared.
 /// Exceptions it throws are swallowed: observing must never change an outcome.
+///
+/// The handler calls on_timed_outcome() (only when an observer is set, so a handler without one
+/// never reads the clock); its default forwards to on_outcome(), so an observer written before
+/// timing existed keeps working unchanged.
 class Observer {
   public:
     virtual ~Observer() = default;
     virtual void on_outcome(std::string_view scope, const Delivery& delivery,
                             const Outcome& outcome) = 0;
+    /// @brief on_outcome() with the time the handler spent on this delivery (steady_clock,
+    /// around handle(); in handle_batch() each message gets the batch's time divided by the
+    /// number of messages, since they share one transaction).
+    virtual void on_timed_outcome(std::string_view scope, const Delivery& delivery,
+                                  const Outcome& outcome, std::chrono::nanoseconds handled_in) {
+        static_cast<void>(handled_in);
+        on_outcome(scope, delivery, outcome);
+    }
 };
 
 namespace detail {
