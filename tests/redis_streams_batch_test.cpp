@@ -1,0 +1,331 @@
+// idem::StreamConsumer's batch mode against a real redis-server: one handle_batch per poll
+// and one round trip for the acks, with SQLite and Redis stores.
+
+#include "support/redis_streams_test_env.hpp"
+
+namespace idem_test::redis_streams {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// 6. Batch mode: one handle_batch per poll, one round trip for the acks
+
+/// The first batch of the batch-mode scenarios: orders 1 and 2 process, 3 throws on its first
+/// attempt only, 4 always throws (poison at max_deliveries 3), order 1 again (a duplicate in the
+/// same batch) and an entry without the id field (malformed).
+struct FirstBatch {
+    std::string one, two, flaky, poison, one_again, malformed;
+};
+
+const Fields poison_fields{{"order", "4"}, {"kind", "poison"}};
+const Fields malformed_fields{{"customer", "9"}};
+
+StreamConsumerOptions batch_options(std::chrono::milliseconds visibility_timeout) {
+    auto options = fast_options("orders");
+    options.id_field = "order";
+    options.handle_in_batches = true;
+    options.visibility_timeout = visibility_timeout;
+    return options;
+}
+
+/// The effect's rule for an entry, shared by the batch scenarios.
+void misbehave(const StreamEntry& e, int& flaky_runs) {
+    if (e.field("kind") == std::string_view("poison")) throw std::runtime_error("cannot parse");
+    if (e.field("kind") == std::string_view("flaky") && ++flaky_runs == 1) {
+        throw std::runtime_error("gateway timeout");
+    }
+}
+
+class StreamBatchTest : public StreamConsumerTest {
+  protected:
+    /// Connects the store's pooled connection and loads its claim and commit scripts, so the
+    /// round trips counted next are the batch's own.
+    static void warm_up(idem::RedisStore& store) {
+        auto warm =
+            idem::make_handler(store, idem::Policy{"warm-up"}, [](auto&, const std::string&) {});
+        const auto outcomes = warm.handle_batch(std::vector<Delivery>{Delivery{"w", 1u}},
+                                                std::vector<std::string>{"x"});
+        ASSERT_EQ(outcomes.at(0).disposition, Disposition::processed);
+    }
+
+    FirstBatch add_first_batch() {
+        FirstBatch b;
+        b.one = xadd("orders", {{"order", "1"}});
+        b.two = xadd("orders", {{"order", "2"}});
+        b.flaky = xadd("orders", {{"order", "3"}, {"kind", "flaky"}});
+        b.poison = xadd("orders", poison_fields);
+        b.one_again = xadd("orders", {{"order", "1"}});
+        b.malformed = xadd("orders", malformed_fields);
+        return b;
+    }
+
+    /// After the first batch's poll: 6 read; 1, 2, the duplicate and the malformed entry acked
+    /// (that one dead-lettered), the flaky and the poison entry pending; @p in_commit of the
+    /// acks made in the store's commit.
+    void expect_first_batch_done(const StreamConsumer& consumer, const FirstBatch& b,
+                                 std::size_t in_commit) {
+        EXPECT_EQ(pending_ids("orders"), (std::vector<std::string>{b.flaky, b.poison}));
+        const auto stats = consumer.stats();
+        EXPECT_EQ(stats.read, 6u);
+        EXPECT_EQ(stats.acked, 4u);
+        EXPECT_EQ(stats.dead_lettered, 1u);
+        EXPECT_EQ(stats.not_acked, 2u);
+        EXPECT_EQ(stats.acked_in_commit, in_commit);
+    }
+
+    /// The second batch: order 2 again (a duplicate across batches) and a new order 5.
+    void add_second_batch() {
+        xadd("orders", {{"order", "2"}});
+        xadd("orders", {{"order", "5"}});
+    }
+
+    /// After the second batch is acked: 8 read, 3 reclaimed once and 4 twice (parked on its
+    /// third delivery), nothing pending; @p in_commit acks in the store's commit in all.
+    void expect_second_batch_done(const StreamConsumer& consumer, std::size_t in_commit) {
+        const auto stats = consumer.stats();
+        EXPECT_EQ(stats.read, 8u);
+        EXPECT_EQ(stats.reclaimed, 3u);  // 3 once, 4 twice
+        EXPECT_EQ(stats.dead_lettered, 2u);
+        EXPECT_EQ(stats.not_acked, 3u);
+        EXPECT_EQ(stats.acked_in_commit, in_commit);
+        EXPECT_TRUE(pending_ids("orders").empty());
+    }
+
+    /// The dead-letter stream at the end: the malformed entry, then the poison one.
+    void expect_dead_letters(const FirstBatch& b, const std::string& scope) {
+        const auto letters = dead_letters();
+        ASSERT_EQ(letters.size(), 2u);
+        expect_letter(letters[0], "empty message id",
+                      {{"idem-scope", scope},
+                       {"idem-message-id", ""},
+                       {"idem-entry-id", b.malformed},
+                       {"idem-delivery-count", "1"}},
+                      malformed_fields);
+        expect_letter(letters[1], "max_deliveries",
+                      {{"idem-scope", scope},
+                       {"idem-message-id", "4"},
+                       {"idem-entry-id", b.poison},
+                       {"idem-delivery-count", "3"}},
+                      poison_fields);
+    }
+};
+
+TEST_F(StreamBatchTest, SqliteBatchIsOneHandleBatchAndTheConsumerAcksWithOneXack) {
+    idem_test::TempDir dir;
+    idem::SqliteStore store{dir.file("idem.db")};
+    store.execute("CREATE TABLE effects(order_id TEXT NOT NULL)");
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 3;
+    int flaky_runs = 0;
+    int effect_runs = 0;
+    auto handler = idem::make_handler(
+        store, idem::Policy{"capture", policy}, [&](auto& tx, const StreamEntry& e) {
+            ++effect_runs;
+            misbehave(e, flaky_runs);
+            tx.execute("INSERT INTO effects(order_id) VALUES (?)", std::string(*e.field("order")));
+        });
+    StreamConsumer consumer{endpoint(), batch_options(100ms), handler};
+    ASSERT_FALSE(consumer.acks_in_commit());
+    auto effects = [&](const std::string& order) {
+        return store.query_int("SELECT count(*) FROM effects WHERE order_id = ?", order).value();
+    };
+
+    const FirstBatch b = add_first_batch();
+    client_->exec({"CONFIG", "RESETSTAT"});
+    EXPECT_EQ(consumer.poll_once(), 6u);
+    // One XACK for 1, 2 and the duplicate, pipelined with one dead-letter script (whose own XACK
+    // the server counts too) for the malformed entry.
+    EXPECT_EQ(command_calls("xack"), 2);
+    EXPECT_EQ(command_calls("eval"), 1);
+    expect_first_batch_done(consumer, b, 0);
+    EXPECT_EQ(effects("1"), 1);
+    EXPECT_EQ(effects("2"), 1);
+    EXPECT_EQ(effects("3"), 0);  // its savepoint rolled back alone
+    EXPECT_EQ(effect_runs, 4);   // 1, 2, 3, 4: the duplicate and the malformed entry never ran
+
+    // Order 2 again (a duplicate across batches) and a new order 5; 3 and 4 come back after the
+    // visibility timeout: 3 processes, 4 fails again and is parked on its third delivery.
+    add_second_batch();
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 8; }));
+    expect_second_batch_done(consumer, 0);
+    for (const char* order : {"1", "2", "3", "5"})
+        EXPECT_EQ(effects(order), 1) << "order " << order;
+    EXPECT_EQ(effects("4"), 0);
+    EXPECT_EQ(flaky_runs, 2);
+    expect_dead_letters(b, "capture");
+    EXPECT_EQ(store.dead_letters().size(), 2u);
+}
+
+TEST_F(StreamBatchTest, RedisStoreBatchCommitAcksWhatItCompletesAndParksItsDeadLetters) {
+    idem::RedisStore store{endpoint(), store_options(300ms)};
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 3;
+    int flaky_runs = 0;
+    int effect_runs = 0;
+    auto handler = idem::make_handler(store, idem::Policy{"count", policy},
+                                      [&](auto& tx, const StreamEntry& e) {
+                                          ++effect_runs;
+                                          misbehave(e, flaky_runs);
+                                          count_order(tx, e);
+                                      });
+    StreamConsumer consumer{endpoint(), batch_options(300ms), handler};
+    ASSERT_TRUE(consumer.acks_in_commit());
+
+    warm_up(store);
+    const FirstBatch b = add_first_batch();
+    const std::size_t before = store.round_trips();
+    EXPECT_EQ(consumer.poll_once(), 6u);
+    // Failures and all: the claims pipelined, then one commit (the failed claims are freed in it).
+    EXPECT_EQ(store.round_trips() - before, 2u);
+    // 1, 2 and the malformed entry acked in the commit; the second copy of order 1 is a
+    // duplicate, acked by the consumer.
+    expect_first_batch_done(consumer, b, 3);
+    EXPECT_EQ(counter("effects:1"), 1);
+    EXPECT_EQ(counter("effects:2"), 1);
+    EXPECT_EQ(counter("effects:3"), 0);
+    EXPECT_EQ(effect_runs, 4);
+    EXPECT_EQ(store.attempts("count", "3"), 1u);  // its lease was given back, the attempt kept
+    EXPECT_FALSE(store.find_claim("count", "3"));
+
+    add_second_batch();
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 8; }));
+    // + 3 (second attempt), 4 (poison, parked in the commit) and 5 acked in the commit; the
+    // second order 2 is a duplicate the consumer acks.
+    expect_second_batch_done(consumer, 6);
+    for (const char* order : {"1", "2", "3", "5"})
+        EXPECT_EQ(counter(std::string("effects:") + order), 1) << "order " << order;
+    EXPECT_EQ(counter("effects:4"), 0);
+    EXPECT_EQ(flaky_runs, 2);
+    expect_dead_letters(b, "count");
+    EXPECT_EQ(store.dead_letters().size(), 2u);
+    auto poison = store.find_claim("count", "4");
+    ASSERT_TRUE(poison);
+    EXPECT_EQ(poison->disposition, Disposition::dead_lettered);
+}
+
+TEST_F(StreamBatchTest, RedisStoreBatchOfNFreshEntriesCostsTwoStoreRoundTrips) {
+    idem::RedisStore store{endpoint(), store_options(1s)};
+    auto handler = idem::make_handler(store, idem::Policy{"count"}, count_order);
+    auto options = batch_options(1s);
+    options.batch_size = 32;
+    StreamConsumer consumer{endpoint(), options, handler};
+
+    warm_up(store);
+
+    constexpr int n = 20;
+    for (int i = 0; i < n; ++i)
+        xadd("orders", {{"order", std::to_string(i)}});
+    std::size_t before = store.round_trips();
+    ASSERT_EQ(consumer.poll_once(), std::size_t{n});
+    EXPECT_EQ(store.round_trips() - before, 2u);  // the claims pipelined, then the commit
+    EXPECT_EQ(consumer.stats().acked_in_commit, std::size_t{n});
+    EXPECT_EQ(consumer.stats().acked, std::size_t{n});
+    EXPECT_EQ(pending("orders"), 0);
+    for (int i = 0; i < n; ++i)
+        EXPECT_EQ(counter("effects:" + std::to_string(i)), 1);
+
+    // The same orders again: all duplicates. One round trip of claims, no commit; the consumer
+    // acks them all with one XACK.
+    for (int i = 0; i < n; ++i)
+        xadd("orders", {{"order", std::to_string(i)}});
+    before = store.round_trips();
+    client_->exec({"CONFIG", "RESETSTAT"});
+    ASSERT_EQ(consumer.poll_once(), std::size_t{n});
+    EXPECT_EQ(store.round_trips() - before, 1u);
+    EXPECT_EQ(command_calls("xack"), 1);
+    EXPECT_EQ(consumer.stats().acked_in_commit, std::size_t{n});
+    EXPECT_EQ(consumer.stats().acked, std::size_t{2 * n});
+    EXPECT_EQ(pending("orders"), 0);
+    for (int i = 0; i < n; ++i)
+        EXPECT_EQ(counter("effects:" + std::to_string(i)), 1);
+}
+
+TEST_F(StreamBatchTest, RedisStoreBatchCommitParksEveryMalformedEntryOfTheBatch) {
+    idem::RedisStore store{endpoint(), store_options(1s)};
+    auto handler = idem::make_handler(store, idem::Policy{"count"}, count_order);
+    StreamConsumer consumer{endpoint(), batch_options(1s), handler};
+    // Entries without the id field all have the empty message id: the commit pairs its dead
+    // letters with them in order.
+    const std::string first = xadd("orders", {{"customer", "1"}});
+    xadd("orders", {{"order", "1"}});
+    const std::string second = xadd("orders", {{"customer", "2"}});
+    ASSERT_EQ(consumer.poll_once(), 3u);
+    EXPECT_EQ(consumer.stats().acked_in_commit, 3u);
+    EXPECT_EQ(consumer.stats().dead_lettered, 2u);
+    EXPECT_EQ(pending("orders"), 0);
+    EXPECT_EQ(counter("effects:1"), 1);
+    const auto letters = dead_letters();
+    ASSERT_EQ(letters.size(), 2u);
+    EXPECT_EQ(letters[0].meta.at("idem-entry-id"), first);
+    EXPECT_EQ(letters[0].original, (Fields{{"customer", "1"}}));
+    EXPECT_EQ(letters[1].meta.at("idem-entry-id"), second);
+    EXPECT_EQ(letters[1].original, (Fields{{"customer", "2"}}));
+}
+
+TEST_F(StreamBatchTest, PlainHandlerIsCalledPerEntryAndItsAcksGoInOneRoundTrip) {
+    std::vector<std::string> seen;
+    auto options = fast_options("orders");
+    options.handle_in_batches = true;
+    StreamConsumer consumer{endpoint(), options, [&](const Delivery&, const StreamEntry& e) {
+                                const std::string order(*e.field("order"));
+                                seen.push_back(order);
+                                if (order == "bad")
+                                    return Outcome{Disposition::dead_lettered, "bad"};
+                                if (order == "later")
+                                    return Outcome{Disposition::deferred, "later"};
+                                if (order == "boom") throw std::runtime_error("boom");
+                                return Outcome{Disposition::processed, {}};
+                            }};
+    xadd("orders", {{"order", "1"}});
+    const std::string later = xadd("orders", {{"order", "later"}});
+    xadd("orders", {{"order", "bad"}});
+    const std::string boom = xadd("orders", {{"order", "boom"}});
+    xadd("orders", {{"order", "2"}});
+    client_->exec({"CONFIG", "RESETSTAT"});
+    EXPECT_EQ(consumer.poll_once(), 5u);
+    EXPECT_EQ(seen, (std::vector<std::string>{"1", "later", "bad", "boom", "2"}));
+    EXPECT_EQ(command_calls("xack"), 2);  // 1 and 2 together; the dead letter's script
+    EXPECT_EQ(command_calls("eval"), 1);
+    EXPECT_EQ(pending_ids("orders"), (std::vector<std::string>{later, boom}));
+    const auto stats = consumer.stats();
+    EXPECT_EQ(stats.acked, 3u);
+    EXPECT_EQ(stats.dead_lettered, 1u);
+    EXPECT_EQ(stats.not_acked, 2u);
+    const auto letters = dead_letters();
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_EQ(letters[0].meta.at("idem-reason"), "bad");
+}
+
+TEST_F(StreamBatchTest, BatchSizeBoundsTheWholeBatch) {
+    std::vector<std::string> seen;
+    auto options = fast_options("orders");
+    options.handle_in_batches = true;
+    options.batch_size = 3;
+    StreamConsumer consumer{endpoint(), options, [&](const Delivery&, const StreamEntry& e) {
+                                seen.emplace_back(*e.field("order"));
+                                return Outcome{Disposition::processed, {}};
+                            }};
+    for (int i = 1; i <= 5; ++i)
+        xadd("orders", {{"order", std::to_string(i)}});
+    EXPECT_EQ(consumer.poll_once(), 3u);
+    EXPECT_EQ(consumer.poll_once(), 2u);
+    EXPECT_EQ(seen, (std::vector<std::string>{"1", "2", "3", "4", "5"}));
+    EXPECT_EQ(pending("orders"), 0);
+}
+
+TEST_F(StreamBatchTest, StopBeforeTheBatchLeavesItPending) {
+    int calls = 0;
+    auto options = fast_options("orders");
+    options.handle_in_batches = true;
+    StreamConsumer consumer{endpoint(), options, [&](const Delivery&, const StreamEntry&) {
+                                ++calls;
+                                return Outcome{Disposition::processed, {}};
+                            }};
+    xadd("orders", {{"order", "1"}});
+    consumer.request_stop();
+    EXPECT_EQ(consumer.poll_once(), 0u);
+    EXPECT_EQ(calls, 0);
+    EXPECT_EQ(consumer.stats().read, 0u);
+}
+
+}  // namespace
+}  // namespace idem_test::redis_streams

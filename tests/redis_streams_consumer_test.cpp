@@ -1,0 +1,394 @@
+// idem::StreamConsumer against a real redis-server: options, failed handlers, deleted
+// entries and streams, the ack inside a RedisStore commit, a slow but live lease holder, a
+// graceful stop and a server restart.
+
+#include "support/redis_streams_test_env.hpp"
+
+namespace idem_test::redis_streams {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+TEST(StreamConsumerOptions, InvalidOptionsAreRefusedWithTheReason) {
+    auto handler = [](const Delivery&, const StreamEntry&) { return Outcome{}; };
+    auto refused = [&](StreamConsumerOptions options, const std::string& says,
+                       idem::RedisEndpoint endpoint = {}) {
+        try {
+            StreamConsumer consumer{endpoint, std::move(options), handler};
+            ADD_FAILURE() << "accepted; expected a refusal mentioning: " << says;
+        } catch (const idem::usage_error& e) {
+            EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+        }
+    };
+    auto base = fast_options("orders");
+    auto o = base;
+    o.stream.clear();
+    refused(o, "options.stream is empty");
+    o = base;
+    o.group.clear();
+    refused(o, "options.group is empty");
+    o = base;
+    o.consumer.clear();
+    refused(o, "options.consumer is empty");
+    o = base;
+    o.batch_size = 0;
+    refused(o, "batch_size is 0");
+    o = base;
+    o.block = 0ms;
+    refused(o, "block must be positive");
+    o = base;
+    o.visibility_timeout = 0ms;
+    refused(o, "visibility_timeout must be positive");
+    o = base;
+    o.dead_letter_stream = "orders";
+    refused(o, "dead_letter_stream is the stream itself");
+    o = base;
+    o.block = 6000ms;
+    refused(o, "shorter than the endpoint's command_timeout (5000 ms)");
+
+    EXPECT_THROW(StreamConsumer(idem::RedisEndpoint{}, base, StreamConsumer::Handler{}),
+                 idem::usage_error);
+    StreamConsumer consumer{idem::RedisEndpoint{}, base, handler};
+    EXPECT_EQ(consumer.options().dead_letter_stream, "orders:dead-letters");
+    EXPECT_FALSE(consumer.acks_in_commit());
+}
+
+TEST(StreamConsumerOptions, LeaseLongerThanTheVisibilityTimeoutIsRefusedNamingBoth) {
+    const idem::RedisEndpoint endpoint;  // nothing connects before the first poll
+    idem::RedisStore store{endpoint};    // default lease 30 s
+    auto handler =
+        idem::make_handler(store, idem::Policy{"capture"}, [](auto&, const StreamEntry&) {});
+    auto options = fast_options("orders");
+    options.visibility_timeout = 200ms;
+    try {
+        StreamConsumer consumer{endpoint, options, handler};
+        FAIL() << "a 30 s lease against a 200 ms visibility timeout must be refused";
+    } catch (const idem::usage_error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("30000 ms"), std::string::npos) << what;
+        EXPECT_NE(what.find("200 ms"), std::string::npos) << what;
+        EXPECT_NE(what.find("p99"), std::string::npos) << what;
+    }
+    options.visibility_timeout = 30s;
+    StreamConsumer consumer{endpoint, options, handler};
+    EXPECT_TRUE(consumer.acks_in_commit());
+
+    idem::RedisEndpoint other = endpoint;
+    other.db = 1;  // another database: the commit cannot include the ack
+    StreamConsumer elsewhere{other, options, handler};
+    EXPECT_FALSE(elsewhere.acks_in_commit());
+}
+
+TEST(StreamPayload, IsReadableUnambiguousAscii) {
+    StreamEntry entry{"s", "1-0", {{"order", "8814"}, {"note", std::string("a\"b\\c\0\xff", 7)}}};
+    EXPECT_EQ(idem::idem_payload(entry), R"([["order","8814"],["note","a\"b\\c\u0000\u00ff"]])");
+    StreamEntry one{"s", "1-0", {{"a", "b\",\"c"}}};
+    StreamEntry two{"s", "1-0", {{"a", "b"}, {"c", ""}}};
+    EXPECT_NE(idem::idem_payload(one), idem::idem_payload(two));
+    EXPECT_EQ(entry.field("order"), std::optional<std::string_view>("8814"));
+    EXPECT_EQ(entry.field("missing"), std::nullopt);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loop robustness
+
+TEST_F(StreamConsumerTest, ThrowingHandlerIsFailedAndNeverEscapesTheLoop) {
+    int calls = 0;
+    StreamConsumer consumer{endpoint(), fast_options("orders"),
+                            [&](const Delivery&, const StreamEntry&) -> Outcome {
+                                ++calls;
+                                throw std::runtime_error("bug in the handler");
+                            }};
+    xadd("orders", {{"order", "1"}});
+    ASSERT_TRUE(poll_until(consumer, [&] { return calls == 2; }));  // read, then reclaimed
+    EXPECT_EQ(consumer.stats().not_acked, 2u);
+    EXPECT_EQ(consumer.stats().acked, 0u);
+    EXPECT_EQ(pending("orders"), 1);
+}
+
+TEST_F(StreamConsumerTest, PendingEntryDeletedFromTheStreamIsSkipped) {
+    int calls = 0;
+    StreamConsumer consumer{endpoint(), fast_options("orders"),
+                            [&](const Delivery&, const StreamEntry&) {
+                                ++calls;
+                                return Outcome{Disposition::failed, "not yet"};
+                            }};
+    const std::string id = xadd("orders", {{"order", "1"}});
+    ASSERT_TRUE(poll_until(consumer, [&] { return calls == 1; }));
+    client_->exec({"XDEL", "orders", id});
+    const auto until = Clock::now() + 400ms;  // several visibility timeouts
+    while (Clock::now() < until)
+        consumer.poll_once();
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(consumer.stats().reclaimed, 0u);
+    EXPECT_EQ(pending("orders"), 0);
+}
+
+TEST_F(StreamConsumerTest, GroupIsCreatedAgainWhenTheStreamWasDeleted) {
+    std::vector<std::string> handled;
+    StreamConsumer consumer{endpoint(), fast_options("orders"),
+                            [&](const Delivery&, const StreamEntry& e) {
+                                handled.emplace_back(*e.field("order"));
+                                return Outcome{Disposition::processed, {}};
+                            }};
+    xadd("orders", {{"order", "1"}});
+    ASSERT_TRUE(poll_until(consumer, [&] { return handled.size() == 1; }));
+    client_->exec({"DEL", "orders"});  // the group goes with the stream
+    EXPECT_THROW(consumer.poll_once(), idem::store_error);
+    EXPECT_EQ(consumer.stats().connection_errors, 0u);  // an error reply, not a lost connection
+    xadd("orders", {{"order", "2"}});
+    ASSERT_TRUE(poll_until(consumer, [&] { return handled.size() == 2; }));
+    EXPECT_EQ(handled[1], "2");
+    EXPECT_EQ(pending("orders"), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Ack inside the RedisStore commit
+
+TEST_F(StreamConsumerTest, RedisStoreAcksInTheCommitAndParksPoisonInTheSameCommit) {
+    idem::RedisStore store{endpoint(), store_options(200ms)};
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 2;
+    int effect_runs = 0;
+    auto handler = idem::make_handler(store, idem::Policy{"count", policy},
+                                      [&](auto& tx, const StreamEntry& e) {
+                                          ++effect_runs;
+                                          if (e.field("kind") == std::string_view("poison")) {
+                                              throw std::runtime_error("cannot parse");
+                                          }
+                                          count_order(tx, e);
+                                      });
+    auto options = fast_options("orders");
+    options.id_field = "order";
+    options.visibility_timeout = 200ms;
+    StreamConsumer consumer{endpoint(), options, handler};
+    ASSERT_TRUE(consumer.acks_in_commit());
+
+    xadd("orders", {{"order", "7"}});
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
+    EXPECT_EQ(consumer.stats().acked_in_commit, 1u);
+    EXPECT_EQ(counter("effects:7"), 1);
+    EXPECT_EQ(pending("orders"), 0);
+
+    // The producer sends order 7 again: a duplicate, acked by the consumer, no second effect.
+    xadd("orders", {{"order", "7"}});
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 2; }));
+    EXPECT_EQ(consumer.stats().acked_in_commit, 1u);
+    EXPECT_EQ(counter("effects:7"), 1);
+    EXPECT_EQ(effect_runs, 1);
+    EXPECT_EQ(pending("orders"), 0);
+
+    const Fields poison{{"order", "8"}, {"kind", "poison"}};
+    const std::string poison_id = xadd("orders", poison);
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+    EXPECT_EQ(consumer.stats().acked_in_commit, 2u);  // the dead letter's commit acked it
+    EXPECT_EQ(consumer.stats().acked, 3u);
+    EXPECT_EQ(pending("orders"), 0);
+    EXPECT_EQ(counter("effects:8"), 0);
+    const auto letters = dead_letters();
+    ASSERT_EQ(letters.size(), 1u);
+    expect_letter(letters[0], "attempt 2 (effect starts) reached max_deliveries 2",
+                  {{"idem-scope", "count"},
+                   {"idem-message-id", "8"},
+                   {"idem-entry-id", poison_id},
+                   {"idem-delivery-count", "2"}},
+                  poison);
+    ASSERT_EQ(store.dead_letters().size(), 1u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. A slow but live holder
+
+TEST_F(StreamConsumerTest, SlowLiveHolderIsNotDeadLetteredByRedeliveriesAndCompletesOnce) {
+    idem::RedisStore store{endpoint(), store_options(5s)};
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 3;
+    std::atomic<int> effect_runs{0};
+    std::atomic<bool> effect_started{false};
+    std::atomic<bool> release{false};
+    auto handler =
+        idem::make_handler(store, idem::Policy{"slow", policy}, [&](auto& tx, const StreamEntry&) {
+            ++effect_runs;
+            effect_started = true;
+            wait_for([&] { return release.load(); });
+            tx.write("INCR", "slow:effects");
+        });
+
+    // A: configured as advised, lease (5 s) = visibility timeout (5 s); acks in its commit.
+    auto a_options = fast_options("orders", "a");
+    a_options.visibility_timeout = 5s;
+    StreamConsumer a{endpoint(), a_options, handler};
+    ASSERT_TRUE(a.acks_in_commit());
+
+    // B: a peer whose visibility timeout (100 ms) is far below the lease, so it takes the entry
+    // over again and again while A is still working within its lease — what a handler slower
+    // than its p99, or a fleet with mismatched settings, looks like to the broker. The typed
+    // constructor would refuse this pairing (lease > visibility timeout), so B wraps the same
+    // handler in a plain std::function, which the consumer cannot check.
+    std::vector<std::uint32_t> b_counts;
+    std::vector<Disposition> b_outcomes;
+    StreamConsumer b{endpoint(), fast_options("orders", "b"),
+                     [&](const Delivery& d, const StreamEntry& e) {
+                         Outcome outcome = handler.handle(d, e);
+                         b_counts.push_back(d.delivery_count.value());
+                         b_outcomes.push_back(outcome.disposition);
+                         return outcome;
+                     }};
+
+    const std::string id = xadd("orders", {{"order", "1"}});
+    std::atomic<bool> a_done{false};
+    std::string a_error;
+    std::thread worker([&] {
+        try {
+            a.poll_once();
+        } catch (const std::exception& e) {
+            a_error = e.what();
+        }
+        a_done = true;
+    });
+    ASSERT_TRUE(wait_for([&] { return effect_started.load(); }));
+    // B redelivers until the broker's count is past max_deliveries (3).
+    const bool redelivered =
+        poll_until(b, [&] { return !b_counts.empty() && b_counts.back() > policy.max_deliveries; });
+    release = true;
+    worker.join();
+    ASSERT_TRUE(redelivered);
+    EXPECT_TRUE(a_error.empty()) << a_error;
+
+    EXPECT_GE(b_counts.size(), 3u);
+    for (Disposition d : b_outcomes)
+        EXPECT_EQ(d, Disposition::in_progress);
+    EXPECT_EQ(b.stats().acked, 0u);
+    EXPECT_EQ(effect_runs.load(), 1);
+    EXPECT_EQ(counter("slow:effects"), 1);
+    EXPECT_EQ(a.stats().acked_in_commit, 1u);
+    EXPECT_EQ(a.stats().dead_lettered, 0u);
+    EXPECT_EQ(pending("orders"), 0);
+    EXPECT_TRUE(xrange("orders:dead-letters").empty());
+    EXPECT_TRUE(store.dead_letters().empty());
+    EXPECT_EQ(store.attempts("slow", id), 1u);  // B's redeliveries never started the effect
+    auto record = store.find_claim("slow", id);
+    ASSERT_TRUE(record);
+    EXPECT_EQ(record->disposition, Disposition::processed);
+
+    // Acked: nothing comes back to B any more.
+    const auto before = b_counts.size();
+    const auto until = Clock::now() + 300ms;
+    while (Clock::now() < until)
+        b.poll_once();
+    EXPECT_EQ(b_counts.size(), before);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Graceful stop
+
+TEST_F(StreamConsumerTest, RunReturnsSoonAfterRequestStop) {
+    auto options = fast_options("orders");
+    options.block = 300ms;
+    StreamConsumer consumer{endpoint(), options, [](const Delivery&, const StreamEntry&) {
+                                return Outcome{Disposition::processed, {}};
+                            }};
+    std::thread worker([&] { consumer.run(); });
+    std::this_thread::sleep_for(100ms);  // let it reach a blocking read
+    const auto asked = Clock::now();
+    consumer.request_stop();
+    worker.join();
+    EXPECT_TRUE(consumer.stop_requested());
+    EXPECT_LT(Clock::now() - asked, options.block + 1500ms);
+    EXPECT_EQ(consumer.poll_once(), 0u);  // stopped: reads nothing
+}
+
+TEST_F(StreamConsumerTest, StopFinishesTheEntryInHandAndLeavesTheRestPending) {
+    std::atomic<int> calls{0};
+    std::atomic<bool> in_handler{false};
+    std::atomic<bool> release{false};
+    StreamConsumer consumer{endpoint(), fast_options("orders"),
+                            [&](const Delivery&, const StreamEntry&) {
+                                ++calls;
+                                in_handler = true;
+                                wait_for([&] { return release.load(); });
+                                return Outcome{Disposition::processed, {}};
+                            }};
+    xadd("orders", {{"order", "1"}});
+    xadd("orders", {{"order", "2"}});  // read in the same batch, never handled
+    std::atomic<bool> returned{false};
+    std::thread worker([&] {
+        consumer.run();
+        returned = true;
+    });
+    ASSERT_TRUE(wait_for([&] { return in_handler.load(); }));
+    const auto asked = Clock::now();
+    consumer.request_stop();
+    std::this_thread::sleep_for(100ms);
+    EXPECT_FALSE(returned.load()) << "run() must finish the entry in hand first";
+    release = true;
+    worker.join();
+    EXPECT_LT(Clock::now() - asked, 2s);
+    EXPECT_EQ(calls.load(), 1);
+    EXPECT_EQ(consumer.stats().read, 2u);
+    EXPECT_EQ(consumer.stats().acked, 1u);
+    EXPECT_EQ(pending("orders"), 1);  // the second: taken over after the visibility timeout
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Redis restart
+
+TEST(StreamConsumerRestart, NothingAckedWithoutAnOutcomeAndProcessingContinues) {
+    IDEM_REQUIRE_REDIS();
+    idem_test::RedisServer server;  // its own: this test kills it
+    idem_test::RedisClient client = server.client();
+    auto options = fast_options("orders");
+
+    // poll_once(): the server dies while the handler works; the ack cannot be sent, so the entry
+    // stays pending across the restart and comes back.
+    std::vector<std::pair<std::string, std::uint32_t>> seen;
+    StreamConsumer consumer{
+        endpoint_of(server), options, [&](const Delivery& d, const StreamEntry& e) {
+            seen.emplace_back(std::string(*e.field("order")), d.delivery_count.value());
+            if (seen.size() == 1) server.kill9();
+            return Outcome{Disposition::processed, {}};
+        }};
+    client.str({"XADD", "orders", "*", "order", "1"});
+    EXPECT_THROW(consumer.poll_once(), idem::store_error);
+    EXPECT_EQ(consumer.stats().connection_errors, 1u);
+    EXPECT_EQ(consumer.stats().acked, 0u);
+    EXPECT_THROW(consumer.poll_once(), idem::store_unavailable);  // still down
+    server.start();
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
+    ASSERT_EQ(seen.size(), 2u);
+    EXPECT_EQ(seen[1].first, "1");
+    EXPECT_GE(seen[1].second, 2u);  // a redelivery, not a new read
+    EXPECT_EQ(client.array({"XPENDING", "orders", "workers"}).at(0), "0");
+
+    // run(): keeps going through a crash and a restart.
+    std::mutex mutex;
+    std::vector<std::string> handled;
+    StreamConsumer runner{endpoint_of(server), fast_options("orders", "c2"),
+                          [&](const Delivery&, const StreamEntry& e) {
+                              std::lock_guard<std::mutex> lock(mutex);
+                              handled.emplace_back(*e.field("order"));
+                              return Outcome{Disposition::processed, {}};
+                          }};
+    auto handled_count = [&] {
+        std::lock_guard<std::mutex> lock(mutex);
+        return handled.size();
+    };
+    std::thread worker([&] { runner.run(); });
+    client.str({"XADD", "orders", "*", "order", "2"});
+    ASSERT_TRUE(wait_for([&] { return handled_count() == 1; }));
+    server.kill9();
+    ASSERT_TRUE(wait_for([&] { return runner.stats().connection_errors >= 2; }));
+    server.start();
+    client.str({"XADD", "orders", "*", "order", "3"});
+    const bool continued = wait_for([&] { return handled_count() == 2; });
+    runner.request_stop();
+    worker.join();
+    ASSERT_TRUE(continued);
+    EXPECT_EQ(handled, (std::vector<std::string>{"2", "3"}));
+    EXPECT_EQ(runner.stats().acked, 2u);
+    EXPECT_EQ(client.array({"XPENDING", "orders", "workers"}).at(0), "0");
+}
+
+}  // namespace
+}  // namespace idem_test::redis_streams
