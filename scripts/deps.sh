@@ -29,6 +29,7 @@ IDEM_DEB_PACKAGES=(
     libmariadb-dev      # libmariadb (Connector/C, mysql.h), the MySQL/MariaDB store's client
     libbenchmark-dev    # Google Benchmark: bench/ (scripts/bench.sh)
     prometheus          # promtool: checks the rendered metrics and docs/alerts.yml
+    libspdlog-dev       # spdlog (built on the system fmt): the idem::spdlog logging adapter
 )
 
 check_only=0

@@ -2,6 +2,7 @@
 // a handler on the SQLite store (the memory store in a build without it) and checks the
 // redelivery is a duplicate. IDEM_CONSUMER_HAS_<NAME>: the components it was given.
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include <idem/idem.hpp>
@@ -17,6 +18,10 @@
 #endif
 #if IDEM_CONSUMER_HAS_SQLITE
 #include <idem/store/sqlite.hpp>
+#endif
+#if IDEM_CONSUMER_HAS_SPDLOG
+#include <spdlog/sinks/null_sink.h>
+#include <idem/observers/spdlog.hpp>
 #endif
 
 #if IDEM_CONSUMER_HAS_REDIS
@@ -41,6 +46,13 @@ int main() {
 #if IDEM_CONSUMER_HAS_MYSQL
     static_assert(idem::detail::is_store_v<idem::MysqlStore>, "MysqlStore must fit");
     if (mysql_get_client_version() == 0) return 1;  // libmariadb links
+#endif
+#if IDEM_CONSUMER_HAS_SPDLOG
+    // The spdlog component brings spdlog (built on the same fmt) and its adapter links.
+    idem::LoggingObserver logs(idem::spdlog_logger(std::make_shared<spdlog::logger>(
+        "idem-consumer", std::make_shared<spdlog::sinks::null_sink_mt>())));
+    logs.on_outcome("consumer-check", idem::Delivery{"m-0", 1u},
+                    idem::failed_outcome("check", idem::FailureCause::other));
 #endif
     int runs = 0;
 #if IDEM_CONSUMER_HAS_SQLITE
