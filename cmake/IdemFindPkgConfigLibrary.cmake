@@ -2,7 +2,7 @@
 #                             [HINT <text>]):
 # defines the imported target <target> (e.g. idem::hiredis) from the pkg-config file of <module>,
 # for client libraries that ship a pkg-config file but no CMake targets (Debian's hiredis and
-# libmariadb). <header> is how idem includes the library's header (<hiredis/hiredis.h>,
+# libmariadb, cpp-httplib). <header> is how idem includes the library's header (<hiredis/hiredis.h>,
 # <mysql.h>): its directory becomes the target's include directory. Used by the build
 # (idem_add_backend, IdemComponents.cmake) and by the generated
 # idem-<component>-dependencies.cmake of an installed package. Sets <var> to TRUE or FALSE in the
@@ -50,6 +50,11 @@ function(idem_find_pkgconfig_library target)
         INTERFACE_INCLUDE_DIRECTORIES "${${prefix}_INCLUDE_DIR}")
     if(other_libraries)
         set_property(TARGET ${target} PROPERTY INTERFACE_LINK_LIBRARIES ${other_libraries})
+    endif()
+    # The module's other compile flags: the -D of a library whose header depends on how it was
+    # built (Debian's cpp-httplib: -DCPPHTTPLIB_OPENSSL_SUPPORT ..., which change its classes).
+    if(${prefix}_CFLAGS_OTHER)
+        set_property(TARGET ${target} PROPERTY INTERFACE_COMPILE_OPTIONS ${${prefix}_CFLAGS_OTHER})
     endif()
     set(${arg_RESULT} TRUE PARENT_SCOPE)
 endfunction()

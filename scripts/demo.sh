@@ -25,6 +25,8 @@ fi
         -DIDEM_WITH_POSTGRES=OFF \
         -DIDEM_WITH_REDIS=OFF \
         -DIDEM_WITH_MYSQL=OFF \
+        -DIDEM_WITH_SPDLOG=OFF \
+        -DIDEM_WITH_HTTP=OFF \
         -DIDEM_WERROR=OFF
     cmake --build build/demo -j 2 --target payment_capture
 } >&2

@@ -28,8 +28,9 @@ IDEM_DEB_PACKAGES=(
     mariadb-server      # MariaDB 10.11 (mariadb-install-db, mariadbd): tests start their own
     libmariadb-dev      # libmariadb (Connector/C, mysql.h), the MySQL/MariaDB store's client
     libbenchmark-dev    # Google Benchmark: bench/ (scripts/bench.sh)
-    prometheus          # promtool: checks the rendered metrics and docs/alerts.yml
+    prometheus          # promtool, and the server the /metrics scrape test starts
     libspdlog-dev       # spdlog (built on the system fmt): the idem::spdlog logging adapter
+    libcpp-httplib-dev  # cpp-httplib, idem::http's /metrics endpoint (and the scrape test's client)
 )
 
 check_only=0

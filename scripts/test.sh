@@ -3,8 +3,9 @@
 #
 #   scripts/test.sh                  all configurations, in this order:
 #     gcc17    g++ C++17, Debug: every test
-#     core     g++ C++17, Debug, every backend OFF (IDEM_WITH_SQLITE/POSTGRES/REDIS/MYSQL/SPDLOG=OFF):
-#              the core tests build and pass without SQLite, libpq, hiredis, libmariadb or spdlog
+#     core     g++ C++17, Debug, every backend OFF (IDEM_WITH_SQLITE/POSTGRES/REDIS/MYSQL/SPDLOG/HTTP=OFF):
+#              the core tests build and pass without SQLite, libpq, hiredis, libmariadb, spdlog or
+#              cpp-httplib
 #     clang20  clang++ C++20, Debug: every test
 #     asan     clang++ C++17, AddressSanitizer + UndefinedBehaviorSanitizer: every test
 #     tsan     clang++ C++17, ThreadSanitizer: the tests labelled `concurrency`
@@ -101,7 +102,7 @@ run_gcc17() {
 run_core() {
     # --no-tests=error: the core tests must be there even with every backend off.
     configure_and_build core g++ 17 -DIDEM_WITH_SQLITE=OFF -DIDEM_WITH_POSTGRES=OFF \
-        -DIDEM_WITH_REDIS=OFF -DIDEM_WITH_MYSQL=OFF -DIDEM_WITH_SPDLOG=OFF
+        -DIDEM_WITH_REDIS=OFF -DIDEM_WITH_MYSQL=OFF -DIDEM_WITH_SPDLOG=OFF -DIDEM_WITH_HTTP=OFF
     run_ctest core -- --no-tests=error
 }
 

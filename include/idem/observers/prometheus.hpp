@@ -6,7 +6,8 @@
 /// @code
 /// idem::PrometheusObserver metrics;
 /// auto handler = idem::make_handler(store, idem::Policy{"payments"}, effect, &metrics);
-/// // ... serve metrics.render() at /metrics with your HTTP server of choice
+/// // ... serve metrics.render() at /metrics with your HTTP server of choice, or
+/// auto endpoint = idem::serve_metrics(metrics, 9464);  // idem/observers/http.hpp (idem::http)
 /// @endcode
 ///
 /// Metrics (every counter per `scope`, the handler's Policy scope):
