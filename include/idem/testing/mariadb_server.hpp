@@ -346,6 +346,19 @@ class MariadbServer : public ServerProcess {
     /// installs sharing /tmp (parallel test binaries) were seen to delete each other's.
     [[nodiscard]] std::filesystem::path tmp_dir() const { return dir() / "tmp"; }
 
+    /// What the bootstrap and the server are started with alike: the user and InnoDB options,
+    /// the environment, our dir, the log, a process group of their own.
+    void prepare_spawn(Spawn& s, int log) const {
+        for (auto& a : detail::user_args())
+            s.argv.push_back(std::move(a));
+        for (auto& a : innodb_args())
+            s.argv.push_back(std::move(a));
+        s.env = child_env();
+        s.cwd = dir();
+        s.out_fd = log;
+        s.new_process_group = true;
+    }
+
     void install_db() {
         std::filesystem::create_directories(tmp_dir());
         const int log = open_log("install-db.log");
@@ -358,14 +371,7 @@ class MariadbServer : public ServerProcess {
                   "--skip-test-db",
                   "--skip-name-resolve",
                   "--skip-log-bin"};
-        for (auto& a : detail::user_args())
-            s.argv.push_back(std::move(a));
-        for (auto& a : innodb_args())
-            s.argv.push_back(std::move(a));
-        s.env = child_env();
-        s.cwd = dir();
-        s.out_fd = log;
-        s.new_process_group = true;
+        prepare_spawn(s, log);
         const pid_t pid = spawn_handing_over(s, log);
         const auto status = wait_for(pid, std::chrono::seconds(120));
         if (!status) kill_group_and_reap(pid);
@@ -398,14 +404,7 @@ class MariadbServer : public ServerProcess {
                   "--max-connections=100",
                   "--innodb-buffer-pool-load-at-startup=OFF",
                   "--innodb-buffer-pool-dump-at-shutdown=OFF"};
-        for (auto& a : detail::user_args())
-            s.argv.push_back(std::move(a));
-        for (auto& a : innodb_args())
-            s.argv.push_back(std::move(a));
-        s.env = child_env();
-        s.cwd = dir();
-        s.out_fd = log;
-        s.new_process_group = true;
+        prepare_spawn(s, log);
         const pid_t pid = spawn_handing_over(s, log);
 
         MariadbClient probe{host(), port, "", user(), std::chrono::seconds(1)};
