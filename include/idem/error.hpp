@@ -49,6 +49,15 @@ class commit_failed : public store_error {
     using store_error::store_error;
 };
 
+/// @brief The commit was applied, but fewer replicas than asked confirmed it in time (Redis
+/// `WAIT`, RedisOptions::replicas_to_ack): a failover before they catch up loses it. Its outcome
+/// is unknown, so it is `failed` and never acked: the redelivery finds it as a duplicate if it
+/// survived, or runs it again if it was lost.
+class commit_unconfirmed : public store_error {
+  public:
+    using store_error::store_error;
+};
+
 /// @brief Thrown by a store's fault injection (see MemoryStore::inject).
 class injected_fault : public store_unavailable {
   public:

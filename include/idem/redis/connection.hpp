@@ -133,6 +133,28 @@ class Connection {
         return reply;
     }
 
+    /// @brief Runs a script by EVALSHA and then @p after (plain commands, e.g. `WAIT`) in the
+    /// same round trip, on this connection; the script's reply first, then one per command.
+    /// When the server did not know the script nothing of it ran: it is loaded and the whole
+    /// exchange is repeated once. Error replies are returned.
+    std::vector<Reply> eval_then(const Script& script, std::size_t num_keys,
+                                 const Args& keys_then_args, const std::vector<Args>& after) {
+        auto send = [&] {
+            ensure_connected();
+            ++round_trips_;
+            append_evalsha(sha_of(script), num_keys, keys_then_args);
+            for (const auto& args : after)
+                append({}, args);
+            return read_replies(1 + after.size());
+        };
+        std::vector<Reply> replies = send();
+        if (is_noscript(replies.front())) {
+            shas_.erase(script.source);
+            replies = send();
+        }
+        return replies;
+    }
+
     /// @brief Runs one script many times in one round trip (pipelined EVALSHA), loading it first
     /// if this connection has not yet; a server that lost its script cache gets it again and
     /// the calls are repeated once. Replies in order; error replies are returned.

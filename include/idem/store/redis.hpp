@@ -74,6 +74,14 @@ struct RedisOptions {
     /// restarted, CLIENT KILL, a proxy dropped it) is replaced, so the call does not fail on it.
     /// Zero: ping before every reuse.
     std::chrono::milliseconds ping_idle_after{10'000};
+    /// Replicas that must have every commit before it counts. 0 (the default): the master's
+    /// answer is enough, and a failover before its replicas caught up loses the commit although
+    /// it was reported (and acked). Otherwise `WAIT replicas_to_ack replicas_timeout` follows the
+    /// commit script on the same connection, in the same round trip, and a commit fewer replicas
+    /// confirmed throws commit_unconfirmed: `failed` (outcome unknown), never acked.
+    int replicas_to_ack = 0;
+    /// How long WAIT waits for them; positive, and shorter than the endpoint's command_timeout.
+    std::chrono::milliseconds replicas_timeout{1'000};
 };
 
 /// @brief What the store found out about the server's persistence (RedisStore::persistence()).
@@ -123,6 +131,18 @@ class RedisStore {
         }
         if (options_.max_connections == 0) {
             throw usage_error("idem::RedisStore: max_connections must be at least 1");
+        }
+        if (options_.replicas_to_ack < 0) {
+            throw usage_error("idem::RedisStore: replicas_to_ack must be 0 (no WAIT) or more");
+        }
+        if (options_.replicas_to_ack > 0 &&
+            (options_.replicas_timeout.count() <= 0 ||
+             options_.replicas_timeout >= pool_.endpoint().command_timeout)) {
+            throw usage_error(fmt::format(
+                "idem::RedisStore: replicas_timeout ({} ms) must be positive and shorter than the "
+                "endpoint's command_timeout ({} ms): WAIT {} 0 would wait for ever",
+                options_.replicas_timeout.count(), pool_.endpoint().command_timeout.count(),
+                options_.replicas_to_ack));
         }
         if (options_.key_prefix.find_first_of("{}") != std::string::npos) {
             throw usage_error(
@@ -673,10 +693,11 @@ class RedisStore::Transaction {
             hooks_.empty() ? std::vector<CommitHook*>{} : hook_commands(acks);
         call.add(command_count_ + acks.count).append(commands_).append(acks.args);
 
-        redis::Reply reply = store_->with_connection(
-            [&](redis::Connection& c) { return c.eval(redis::complete_script(), num_keys, call); });
+        std::optional<redis::Reply> replicas;  // WAIT's answer, with replicas_to_ack
+        redis::Reply reply = commit_round_trip(num_keys, call, replicas);
         store_->check_script(reply, "commit");
         if (reply.type == redis::Reply::Type::string && reply.str == "ok") {
+            if (replicas) confirm_replicated(*replicas);
             for (CommitHook* hook : acked_hooks)
                 hook->acked_in_commit = true;
             claims_.clear();  // done: nothing left to release
@@ -963,6 +984,49 @@ class RedisStore::Transaction {
             claims_.push_back(std::move(held));
         }
         return result;
+    }
+
+    /// The commit script, followed by `WAIT` in the same round trip when the store asks replicas
+    /// to confirm commits (@p replicas then holds WAIT's reply).
+    redis::Reply commit_round_trip(std::size_t num_keys, const redis::Args& call,
+                                   std::optional<redis::Reply>& replicas) {
+        const RedisOptions& options = store_->options_;
+        if (options.replicas_to_ack == 0) {
+            return store_->with_connection([&](redis::Connection& c) {
+                return c.eval(redis::complete_script(), num_keys, call);
+            });
+        }
+        redis::Args wait;
+        wait.add("WAIT").add(options.replicas_to_ack).add(options.replicas_timeout.count());
+        std::vector<redis::Reply> replies = store_->with_connection([&](redis::Connection& c) {
+            return c.eval_then(redis::complete_script(), num_keys, call, {wait});
+        });
+        replicas = std::move(replies.at(1));
+        return std::move(replies.front());
+    }
+
+    /// After a commit the master applied: fewer replicas than asked have it, so a failover may
+    /// still lose it. Nothing is left to release (the claims are done); the transaction ends and
+    /// the commit is reported unconfirmed, which the handler turns into `failed` (no ack).
+    void confirm_replicated(const redis::Reply& replicas) {
+        const RedisOptions& options = store_->options_;
+        if (!replicas.is_error() && replicas.type == redis::Reply::Type::integer &&
+            replicas.integer >= options.replicas_to_ack) {
+            return;
+        }
+        std::string message = fmt::format(
+            "commit not confirmed: the master on {} applied it but {} within {} ms (WAIT {} {}); "
+            "a failover now would lose it, so its outcome is unknown and it must not be acked",
+            store_->endpoint().describe(),
+            replicas.is_error() ? fmt::format("WAIT failed ({})", replicas.str)
+                                : fmt::format("only {} of {} replicas confirmed it",
+                                              replicas.integer, options.replicas_to_ack),
+            options.replicas_timeout.count(), options.replicas_to_ack,
+            options.replicas_timeout.count());
+        claims_.clear();  // committed on the master: not ours to release any more
+        released_.clear();
+        finish();
+        throw commit_unconfirmed(message);
     }
 
     /// Frees the leases of @p keys that this transaction's token still holds.
