@@ -91,9 +91,9 @@ struct RedisPersistence {
     std::string appendfsync{};
 };
 
-/// @brief Claims as leases in ONE Redis server (no Sentinel discovery, no Cluster redirects
-/// yet: docs/redis.md). Thread-safe: each call takes a connection from a small pool, so handlers
-/// on several threads share one store.
+/// @brief Claims as leases in ONE Redis server, or the master a group of Sentinels names
+/// (RedisEndpoint::sentinel; no Cluster redirects yet: docs/redis.md). Thread-safe: each call takes
+/// a connection from a small pool, so handlers on several threads share one store.
 ///
 /// - claim(): one round trip, `SET … NX PX … GET`: absent → leased to this transaction's token
 ///   (attempt 1); finished → duplicate with the recorded outcome. A record leased by another

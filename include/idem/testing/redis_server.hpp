@@ -259,6 +259,10 @@ class RedisServer : public ServerProcess {
     /// tail.
     explicit RedisServer(Persistence persistence = aof_always)
         : RedisServer(Setup{persistence, {}, {}}) {}
+    /// The same with @p extra_args at the end of redis-server's command line (a replica, a
+    /// Cluster node).
+    RedisServer(Persistence persistence, std::vector<std::string> extra_args)
+        : RedisServer(Setup{persistence, std::move(extra_args), {}}) {}
     explicit RedisServer(Setup setup) : ServerProcess(traits()), setup_(std::move(setup)) {
         const auto found = detail::find_redis_server();
         if (found.path.empty()) throw std::runtime_error("RedisServer: " + found.why);
