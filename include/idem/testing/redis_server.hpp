@@ -245,8 +245,12 @@ class RedisServer : public ServerProcess {
 
     /// Starts redis-server and waits until it answers. Throws std::runtime_error with the log's
     /// tail.
-    explicit RedisServer(Persistence persistence = aof_always)
-        : ServerProcess(traits()), persistence_(persistence) {
+    explicit RedisServer(Persistence persistence = aof_always) : RedisServer(persistence, {}) {}
+
+    /// The same with @p extra_args at the end of redis-server's command line (a Redis Cluster
+    /// node: redis_cluster.hpp).
+    RedisServer(Persistence persistence, std::vector<std::string> extra_args)
+        : ServerProcess(traits()), persistence_(persistence), extra_args_(std::move(extra_args)) {
         const auto found = detail::find_redis_server();
         if (found.path.empty()) throw std::runtime_error("RedisServer: " + found.why);
         binary_ = found.path;
@@ -274,6 +278,7 @@ class RedisServer : public ServerProcess {
   private:
     std::filesystem::path binary_;
     Persistence persistence_ = aof_always;
+    std::vector<std::string> extra_args_;
 
     static Traits traits() {
         Traits t;
@@ -316,6 +321,7 @@ class RedisServer : public ServerProcess {
                   "no",
                   "--logfile",
                   log_file().string()};
+        s.argv.insert(s.argv.end(), extra_args_.begin(), extra_args_.end());
         s.env = {"PATH=/usr/bin:/bin", "LC_ALL=C", "HOME=" + dir().string()};
         s.cwd = dir();
         s.out_fd = log;  // what redis says before it opens --logfile (bad options)
