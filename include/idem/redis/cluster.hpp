@@ -254,12 +254,18 @@ class Router {
             become_cluster();
         }
         redo_redirected(replies, [&](std::size_t i) {
-            return routed(
-                calls[i].slot,
-                [&](Connection& c) {
-                    return c.eval(script, calls[i].num_keys, calls[i].keys_then_args);
-                },
-                nullptr);
+            try {
+                return routed(
+                    calls[i].slot,
+                    [&](Connection& c) {
+                        return c.eval(script, calls[i].num_keys, calls[i].keys_then_args);
+                    },
+                    nullptr);
+            } catch (const store_error& e) {
+                if (unreachable == nullptr) throw;
+                (*unreachable)[i] = e.what();
+                return Reply{};
+            }
         });
         return replies;
     }
