@@ -222,7 +222,10 @@ class RedisStore {
         std::vector<Ordered> found;
         for (const std::string& key : scan(keys_.glob() + "d{*")) {
             redis::Reply entries = checked_on(
-                key, [&](redis::Connection& c) { return c.command({"XRANGE", key, "-", "+"}); },
+                key,
+                [&](redis::Connection& c) {
+                    return c.command({"XRANGE", key, "-", "+"});
+                },
                 "XRANGE");
             for (const redis::Reply& entry : entries.elements) {
                 if (entry.elements.size() < 2) continue;
@@ -363,8 +366,8 @@ class RedisStore {
         const std::string key = claim_key(scope, id);
         redis::Args get;
         get.add("GET").add(key);
-        redis::Reply reply =
-            checked_on(key, [&](redis::Connection& c) { return c.command(get); }, "GET");
+        redis::Reply reply = checked_on(
+            key, [&](redis::Connection& c) { return c.command(get); }, "GET");
         if (reply.is_nil()) return std::nullopt;
         auto record = redis::Record::decode(reply.str);
         if (!record) {
@@ -625,11 +628,12 @@ class RedisStore::Transaction {
         commands_.add(sizeof...(Args));
         (commands_.add(args), ...);
         ++command_count_;
-        if (store_->router_.known_cluster()) {  // where it goes: its key's slot (the first argument)
+        if (store_->router_
+                .known_cluster()) {  // where it goes: its key's slot (the first argument)
             std::string key;
             if constexpr (sizeof...(Args) > 1) key = redis::to_arg(std::get<1>(std::tie(args...)));
-            write_places_.push_back(WritePlace{commands_.mark(), redis::hash_slot(key),
-                                               current_owner()});
+            write_places_.push_back(
+                WritePlace{commands_.mark(), redis::hash_slot(key), current_owner()});
         }
     }
 
@@ -992,9 +996,9 @@ class RedisStore::Transaction {
         }
         std::vector<std::string> unreachable;
         std::vector<redis::Reply> replies =
-            calls.empty() ? std::vector<redis::Reply>{}
-                          : store_->router_.eval_each(redis::complete_script(), calls,
-                                                      &unreachable);
+            calls.empty()
+                ? std::vector<redis::Reply>{}
+                : store_->router_.eval_each(redis::complete_script(), calls, &unreachable);
 
         std::vector<bool> done(claims_.size(), false);  ///< committed (or parked by the script)
         std::vector<partial_commit::Id> committed;
@@ -1048,8 +1052,8 @@ class RedisStore::Transaction {
                 redis::complete_script(), later_calls, &later_unreachable);
             for (std::size_t g = 0; g < later_calls.size(); ++g) {
                 bool parked = false;
-                const std::string problem = commit_problem(
-                    later_replies[g], later_unreachable[g], after[later_slots[g]], &parked);
+                const std::string problem = commit_problem(later_replies[g], later_unreachable[g],
+                                                           after[later_slots[g]], &parked);
                 if (problem.empty()) continue;
                 // The claims are done but these writes of their effect are not: say so.
                 const std::string text = fmt::format(
@@ -1163,9 +1167,9 @@ class RedisStore::Transaction {
         }
         if (contested.empty()) return results;
 
-        std::vector<redis::Reply> answers =
-            store_->router_.known_cluster() ? claim_per_slot(held, contested)
-                                            : claim_in_one_script(held, contested);
+        std::vector<redis::Reply> answers = store_->router_.known_cluster()
+                                                ? claim_per_slot(held, contested)
+                                                : claim_in_one_script(held, contested);
         // An id this transaction held before the call is its own duplicate; a second copy of an
         // id in this call the script already answers so (the first copy made the lease ours).
         for (std::size_t k = 0; k < contested.size(); ++k) {
@@ -1224,8 +1228,7 @@ class RedisStore::Transaction {
             }
             calls.push_back(std::move(call));
         }
-        std::vector<redis::Reply> replies =
-            store_->router_.eval_each(redis::claim_script(), calls);
+        std::vector<redis::Reply> replies = store_->router_.eval_each(redis::claim_script(), calls);
         std::vector<redis::Reply> answers(contested.size());
         std::size_t g = 0;
         for (const auto& [slot, positions] : groups) {
@@ -1498,10 +1501,10 @@ class RedisStore::Transaction {
     std::size_t command_count_ = 0;
     std::vector<Mark> savepoints_;
     std::vector<std::string> locks_;
-    std::vector<std::string> released_;   ///< keys of unclaim()ed leases, freed at the end
-    std::vector<CommitHook*> hooks_;      ///< attach()ed stream acks, done by the commit
+    std::vector<std::string> released_;     ///< keys of unclaim()ed leases, freed at the end
+    std::vector<CommitHook*> hooks_;        ///< attach()ed stream acks, done by the commit
     std::vector<WritePlace> write_places_;  ///< on a cluster: one per queued write
-    mutable std::size_t last_found_ = 0;  ///< find_held()'s hint
+    mutable std::size_t last_found_ = 0;    ///< find_held()'s hint
 };
 
 inline RedisStore::Transaction RedisStore::begin() {

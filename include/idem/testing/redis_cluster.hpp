@@ -197,10 +197,7 @@ class RedisCluster {
         for (std::size_t i = 0; i < nodes_.size(); ++i) {
             if (i == move.to || i == move.from || !nodes_[i]->running()) continue;
             try {
-                RedisClient other = client(i);
-                const auto role = other.array({"ROLE"});
-                if (!role.empty() && role[0] == "master")
-                    other.exec({"CLUSTER", "SETSLOT", s, "NODE", id});
+                if (is_master(i)) client(i).exec({"CLUSTER", "SETSLOT", s, "NODE", id});
             } catch (const std::exception&) {  // it learns from the others
             }
         }
@@ -251,13 +248,17 @@ class RedisCluster {
             limit);
     }
 
+    /// Whether node @p node is running as a master now (INFO replication).
+    bool is_master(std::size_t node) {
+        if (!nodes_.at(node)->running()) return false;
+        RedisClient c = client(node);
+        return c.str({"INFO", "replication"}).value_or("").find("role:master") != std::string::npos;
+    }
+
     /// FLUSHALL on every live master.
     void flushall() {
-        for (const auto& node : nodes_) {
-            if (!node->running()) continue;
-            RedisClient c = node->client();
-            const auto role = c.array({"ROLE"});
-            if (!role.empty() && role[0] == "master") c.exec({"FLUSHALL"});
+        for (std::size_t i = 0; i < nodes_.size(); ++i) {
+            if (nodes_[i]->running() && is_master(i)) client(i).exec({"FLUSHALL"});
         }
     }
 
