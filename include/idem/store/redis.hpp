@@ -956,16 +956,24 @@ class RedisStore::Transaction {
                 "idem::RedisStore: on a Redis Cluster, queue writes after the first claim (the "
                 "store learns the cluster's slots then)");
         }
-        std::map<std::uint16_t, SlotGroup> groups;
+        // In the order the transaction first touched each slot: one node's scripts run in that
+        // order (dead letters of a batch keep their order on each node).
+        std::vector<std::pair<std::uint16_t, SlotGroup>> groups;
+        std::unordered_map<std::uint16_t, std::size_t> group_at;
+        auto group = [&](std::uint16_t slot) -> SlotGroup& {
+            auto [it, added] = group_at.try_emplace(slot, groups.size());
+            if (added) groups.emplace_back(slot, SlotGroup{});
+            return groups[it->second].second;
+        };
         for (std::size_t i = 0; i < claims_.size(); ++i)
-            groups[redis::hash_slot(claims_[i].key)].claims.push_back(i);
+            group(redis::hash_slot(claims_[i].key)).claims.push_back(i);
         for (std::size_t d = 0; d < letters_.size(); ++d) {
             const DeadLetter& letter = letters_[d];
-            groups[redis::hash_slot(store_->dead_letter_key(letter.scope, letter.message_id))]
+            group(redis::hash_slot(store_->dead_letter_key(letter.scope, letter.message_id)))
                 .letters.push_back(d);
         }
         for (const std::string& key : released_)
-            groups[redis::hash_slot(key)].released.push_back(&key);
+            group(redis::hash_slot(key)).released.push_back(&key);
         std::vector<LaterWrite> later;
         std::size_t start = 0;
         const std::string_view encoded = commands_.resp();
@@ -977,9 +985,9 @@ class RedisStore::Transaction {
             start_count = place.end.count;
             const bool with_owner =
                 !place.owner.empty() && redis::hash_slot(place.owner) == place.slot;
-            const bool beside_claims = place.owner.empty() && groups.count(place.slot) != 0;
+            const bool beside_claims = place.owner.empty() && group_at.count(place.slot) != 0;
             if (with_owner || beside_claims) {
-                Commands& commands = groups[place.slot].commands;
+                Commands& commands = group(place.slot).commands;
                 commands.args.append_encoded(resp, count);
                 ++commands.count;
             } else {
@@ -990,9 +998,9 @@ class RedisStore::Transaction {
 
         std::vector<redis::SlotCall> calls;
         std::vector<const SlotGroup*> called;
-        for (const auto& [slot, group] : groups) {
-            calls.push_back(completion_call(slot, group));
-            called.push_back(&group);
+        for (const auto& [slot, slot_group] : groups) {
+            calls.push_back(completion_call(slot, slot_group));
+            called.push_back(&slot_group);
         }
         std::vector<std::string> unreachable;
         std::vector<redis::Reply> replies =
