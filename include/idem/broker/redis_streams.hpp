@@ -28,6 +28,7 @@
 #include "idem/error.hpp"
 #include "idem/handler.hpp"
 #include "idem/outcome.hpp"
+#include "idem/redis/cluster.hpp"
 #include "idem/redis/connection.hpp"
 #include "idem/redis/endpoint.hpp"
 #include "idem/redis/reply.hpp"
@@ -873,7 +874,7 @@ class StreamConsumer {
     }
 
     StreamConsumerOptions options_;
-    redis::Connection connection_;
+    redis::FollowingConnection connection_;  ///< follows the stream's slot on a Redis Cluster
     Dispatch dispatch_;
     BatchDispatch batch_dispatch_;  ///< empty for a plain handler
     std::string scope_;  ///< the handler's policy scope, for dead letters; empty for a plain one

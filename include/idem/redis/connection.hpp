@@ -186,6 +186,26 @@ class Connection {
         return replies;
     }
 
+    /// @brief eval_many() with each call's keys and then arguments already encoded: call i has
+    /// @p num_keys[i] keys at the front of @p calls[i]. One round trip (two after NOSCRIPT).
+    std::vector<Reply> eval_pipeline(const Script& script, const std::vector<std::size_t>& num_keys,
+                                     const std::vector<const Args*>& calls) {
+        auto send = [&] {
+            ensure_connected();
+            ++round_trips_;
+            const std::string& sha = sha_of(script);
+            for (std::size_t i = 0; i < calls.size(); ++i)
+                append_evalsha(sha, num_keys[i], *calls[i]);
+            return read_replies(calls.size());
+        };
+        std::vector<Reply> replies = send();
+        if (!replies.empty() && is_noscript(replies.front())) {
+            shas_.erase(script.source);
+            replies = send();
+        }
+        return replies;
+    }
+
     /// @brief Drops the connection (the next call reconnects). Never throws.
     void disconnect() noexcept {
         context_.reset();
