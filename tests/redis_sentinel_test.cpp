@@ -194,6 +194,7 @@ Tally failover_run(int replicas_to_ack, long messages) {
             c.block = 50ms;
             c.visibility_timeout = 1s;
             c.create_group = false;
+            c.id_field = "id";  // the order id is the message id: the claim's hash tag
             c.circuit_breaker.initial_backoff = 50ms;
             c.circuit_breaker.max_backoff = 400ms;
             idem::StreamConsumer consumer{

@@ -317,8 +317,15 @@ class Router {
     /// Replies in order; a call a node redirected runs again where the redirect says. A node
     /// that cannot be reached does not stop the others: its calls' replies are left nil and
     /// @p unreachable (when given) gets the error's text for each of them.
+    ///
+    /// With @p wait (a `WAIT` command), each node's pipeline ends with it, and @p waited[i] is the
+    /// reply of the WAIT that followed call i on its node (nil when the node was unreachable).
     std::vector<Reply> eval_each(const Script& script, const std::vector<SlotCall>& calls,
-                                 std::vector<std::string>* unreachable = nullptr) {
+                                 std::vector<std::string>* unreachable = nullptr,
+                                 const Args* wait = nullptr, std::vector<Reply>* waited = nullptr) {
+        if (waited != nullptr) waited->assign(calls.size(), Reply{});
+        std::vector<Args> after;
+        if (wait != nullptr) after.push_back(*wait);
         detect();
         std::vector<Reply> replies(calls.size());
         if (unreachable != nullptr) unreachable->assign(calls.size(), std::string());
@@ -338,10 +345,13 @@ class Router {
                 args.push_back(&calls[i].keys_then_args);
             }
             try {
-                std::vector<Reply> got = with_node(
-                    *node, [&](Connection& c) { return c.eval_pipeline(script, num_keys, args); });
-                for (std::size_t k = 0; k < indexes.size(); ++k)
+                std::vector<Reply> got = with_node(*node, [&](Connection& c) {
+                    return c.eval_pipeline(script, num_keys, args, after);
+                });
+                for (std::size_t k = 0; k < indexes.size(); ++k) {
                     replies[indexes[k]] = std::move(got[k]);
+                    if (waited != nullptr && wait != nullptr) (*waited)[indexes[k]] = got.back();
+                }
             } catch (const store_error& e) {
                 if (unreachable == nullptr) throw;
                 for (std::size_t i : indexes)
@@ -357,7 +367,13 @@ class Router {
                 return routed(
                     calls[i].slot,
                     [&](Connection& c) {
-                        return c.eval(script, calls[i].num_keys, calls[i].keys_then_args);
+                        if (wait == nullptr) {
+                            return c.eval(script, calls[i].num_keys, calls[i].keys_then_args);
+                        }
+                        std::vector<Reply> got =
+                            c.eval_then(script, calls[i].num_keys, calls[i].keys_then_args, after);
+                        if (waited != nullptr) (*waited)[i] = got.back();
+                        return std::move(got.front());
                     },
                     nullptr);
             } catch (const store_error& e) {

@@ -188,15 +188,20 @@ class Connection {
 
     /// @brief eval_many() with each call's keys and then arguments already encoded: call i has
     /// @p num_keys[i] keys at the front of @p calls[i]. One round trip (two after NOSCRIPT).
+    /// Commands in @p after (e.g. `WAIT`) follow the calls in the same round trip; their replies
+    /// come after the calls'.
     std::vector<Reply> eval_pipeline(const Script& script, const std::vector<std::size_t>& num_keys,
-                                     const std::vector<const Args*>& calls) {
+                                     const std::vector<const Args*>& calls,
+                                     const std::vector<Args>& after = {}) {
         auto send = [&] {
             ensure_connected();
             ++round_trips_;
             const std::string& sha = sha_of(script);
             for (std::size_t i = 0; i < calls.size(); ++i)
                 append_evalsha(sha, num_keys[i], *calls[i]);
-            return read_replies(calls.size());
+            for (const auto& args : after)
+                append({}, args);
+            return read_replies(calls.size() + after.size());
         };
         std::vector<Reply> replies = send();
         if (!replies.empty() && is_noscript(replies.front())) {
@@ -260,9 +265,9 @@ class Connection {
                                                 endpoint_.describe()));
         }
         if (context->err != 0) {
-            throw store_unavailable(fmt::format("idem: cannot connect to Redis at {}{}: {}",
-                                                endpoint_.describe(), at(address),
-                                                context->errstr));
+            throw store_unavailable(
+                fmt::format("idem: cannot connect to Redis at {}{}: {}", endpoint_.describe(),
+                            endpoint_.via_sentinel() ? at(address) : "", context->errstr));
         }
         redisSetTimeout(context.get(), to_timeval(endpoint_.command_timeout));
         context_ = std::move(context);

@@ -1025,10 +1025,16 @@ class RedisStore::Transaction {
             called.push_back(&slot_group);
         }
         std::vector<std::string> unreachable;
+        // With replicas_to_ack, each node's pipeline ends with WAIT: a group its replicas did not
+        // confirm is applied on its master but unconfirmed, and not reported as committed.
+        const std::optional<redis::Args> wait = wait_command();
+        std::vector<redis::Reply> waited;
+        const redis::Args* wait_args = wait ? &*wait : nullptr;
         std::vector<redis::Reply> replies =
-            calls.empty()
-                ? std::vector<redis::Reply>{}
-                : store_->router_.eval_each(redis::complete_script(), calls, &unreachable);
+            calls.empty() ? std::vector<redis::Reply>{}
+                          : store_->router_.eval_each(redis::complete_script(), calls, &unreachable,
+                                                      wait_args, &waited);
+        bool only_unconfirmed = true;
 
         std::vector<bool> done(claims_.size(), false);  ///< committed (or parked by the script)
         std::vector<partial_commit::Id> committed;
@@ -1036,12 +1042,14 @@ class RedisStore::Transaction {
         bool only_unreachable = true;
         for (std::size_t g = 0; g < called.size(); ++g) {
             bool parked = false;
-            const std::string problem =
-                commit_problem(replies[g], unreachable[g], *called[g], &parked);
+            std::string problem = commit_problem(replies[g], unreachable[g], *called[g], &parked);
             if (problem.empty() || parked) {
                 for (std::size_t i : called[g]->claims)
                     done[i] = true;
             }
+            const bool unconfirmed = problem.empty() && wait && !confirmed(waited[g]);
+            if (unconfirmed) problem = unconfirmed_text(waited[g]);
+            only_unconfirmed = only_unconfirmed && unconfirmed;
             if (problem.empty()) {
                 for (std::size_t i : called[g]->claims)
                     committed.emplace_back(claims_[i].scope, claims_[i].id);
@@ -1078,13 +1086,19 @@ class RedisStore::Transaction {
                 later_slots.push_back(slot);
             }
             std::vector<std::string> later_unreachable;
-            std::vector<redis::Reply> later_replies = store_->router_.eval_each(
-                redis::complete_script(), later_calls, &later_unreachable);
+            std::vector<redis::Reply> later_waited;
+            std::vector<redis::Reply> later_replies =
+                store_->router_.eval_each(redis::complete_script(), later_calls, &later_unreachable,
+                                          wait_args, &later_waited);
             for (std::size_t g = 0; g < later_calls.size(); ++g) {
                 bool parked = false;
-                const std::string problem = commit_problem(later_replies[g], later_unreachable[g],
-                                                           after[later_slots[g]], &parked);
+                std::string problem = commit_problem(later_replies[g], later_unreachable[g],
+                                                     after[later_slots[g]], &parked);
+                if (problem.empty() && wait && !confirmed(later_waited[g])) {
+                    problem = unconfirmed_text(later_waited[g]);
+                }
                 if (problem.empty()) continue;
+                only_unconfirmed = false;
                 // The claims are done but these writes of their effect are not: say so.
                 const std::string text = fmt::format(
                     "the claim committed but its writes outside the claim's hash slot did not "
@@ -1125,6 +1139,7 @@ class RedisStore::Transaction {
                 std::move(committed));
         }
         if (only_unreachable) throw store_unavailable("idem: Redis commit: " + first_problem);
+        if (wait && only_unconfirmed) throw commit_unconfirmed(first_problem);
         throw commit_failed(first_problem);
     }
 
@@ -1398,31 +1413,35 @@ class RedisStore::Transaction {
     /// to confirm commits (@p replicas then holds WAIT's reply).
     redis::Reply commit_round_trip(std::size_t num_keys, const redis::Args& call,
                                    std::optional<redis::Reply>& replicas) {
-        const RedisOptions& options = store_->options_;
-        if (options.replicas_to_ack == 0) {
+        const std::optional<redis::Args> wait = wait_command();
+        if (!wait) {
             return store_->with_connection([&](redis::Connection& c) {
                 return c.eval(redis::complete_script(), num_keys, call);
             });
         }
-        redis::Args wait;
-        wait.add("WAIT").add(options.replicas_to_ack).add(options.replicas_timeout.count());
         std::vector<redis::Reply> replies = store_->with_connection([&](redis::Connection& c) {
-            return c.eval_then(redis::complete_script(), num_keys, call, {wait});
+            return c.eval_then(redis::complete_script(), num_keys, call, {*wait});
         });
         replicas = std::move(replies.at(1));
         return std::move(replies.front());
     }
 
-    /// After a commit the master applied: fewer replicas than asked have it, so a failover may
-    /// still lose it. Nothing is left to release (the claims are done); the transaction ends and
-    /// the commit is reported unconfirmed, which the handler turns into `failed` (no ack).
-    void confirm_replicated(const redis::Reply& replicas) {
+    /// `WAIT replicas_to_ack replicas_timeout`, when the store asks replicas to confirm commits.
+    [[nodiscard]] std::optional<redis::Args> wait_command() const {
         const RedisOptions& options = store_->options_;
-        if (!replicas.is_error() && replicas.type == redis::Reply::Type::integer &&
-            replicas.integer >= options.replicas_to_ack) {
-            return;
-        }
-        std::string message = fmt::format(
+        if (options.replicas_to_ack == 0) return std::nullopt;
+        redis::Args wait;
+        wait.add("WAIT").add(options.replicas_to_ack).add(options.replicas_timeout.count());
+        return wait;
+    }
+    /// Whether WAIT's reply says enough replicas have the commit.
+    [[nodiscard]] bool confirmed(const redis::Reply& replicas) const {
+        return !replicas.is_error() && replicas.type == redis::Reply::Type::integer &&
+               replicas.integer >= store_->options_.replicas_to_ack;
+    }
+    [[nodiscard]] std::string unconfirmed_text(const redis::Reply& replicas) const {
+        const RedisOptions& options = store_->options_;
+        return fmt::format(
             "commit not confirmed: the master on {} applied it but {} within {} ms (WAIT {} {}); "
             "a failover now would lose it, so its outcome is unknown and it must not be acked",
             store_->endpoint().describe(),
@@ -1431,6 +1450,14 @@ class RedisStore::Transaction {
                                               replicas.integer, options.replicas_to_ack),
             options.replicas_timeout.count(), options.replicas_to_ack,
             options.replicas_timeout.count());
+    }
+
+    /// After a commit the master applied: fewer replicas than asked have it, so a failover may
+    /// still lose it. Nothing is left to release (the claims are done); the transaction ends and
+    /// the commit is reported unconfirmed, which the handler turns into `failed` (no ack).
+    void confirm_replicated(const redis::Reply& replicas) {
+        if (confirmed(replicas)) return;
+        std::string message = unconfirmed_text(replicas);
         claims_.clear();  // committed on the master: not ours to release any more
         released_.clear();
         finish();
