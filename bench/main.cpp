@@ -62,6 +62,7 @@ const std::vector<std::string> bench_names{"rss_flat",
                                            "redis_single",
                                            "redis_batch",
                                            "redis_single_write",
+                                           "redis_replicas_to_ack",
                                            "redis_server_time (with redis_*)",
                                            "e2e_stream_sqlite",
                                            "e2e_stream_postgres"};

@@ -18,6 +18,9 @@
 //   redis_single     handler.handle on RedisStore: claim + complete   vs  one SET NX (hiredis)
 //   redis_batch      handle_batch of 100                              vs  100 SET NX pipelined
 //   redis_single_write  the same with one tx.write (SET) in the effect vs  one SET NX
+//   redis_replicas_to_ack  redis_single with replicas_to_ack = 1 (WAIT 1 in the commit's round
+//                    trip), a replica attached       vs  the same handler without it, same master
+//                                                          and replica
 
 #include <benchmark/benchmark.h>
 
@@ -574,7 +577,8 @@ void run_redis_cases() {
     const bool single = selected("redis_single");
     const bool batch = selected("redis_batch");
     const bool with_write = selected("redis_single_write");
-    if (!single && !batch && !with_write) return;
+    const bool replicas = selected("redis_replicas_to_ack");
+    if (!single && !batch && !with_write && !replicas) return;
 
     auto& server = redis_server();
     PinScope pin;
@@ -602,6 +606,17 @@ void run_redis_cases() {
     add("redis_single/raw", raw_single);
     add_idem<Shape::single>("redis_single_write/idem", writing_handler, idem_seq, idem_meter);
     add("redis_single_write/raw", raw_single);
+    // The cost of replicas_to_ack: the same handler on a store that WAITs for one replica, and
+    // (the "raw" side) on the store above, which does not; the replica is attached for both.
+    idem::RedisOptions waiting_options;
+    waiting_options.replicas_to_ack = 1;
+    waiting_options.replicas_timeout = std::chrono::milliseconds(1000);
+    idem::RedisStore waiting_store{redis_endpoint(), waiting_options};
+    auto waiting_handler =
+        idem::make_handler(waiting_store, idem::Policy{scope}, redis_claim_only_effect);
+    const Meter waiting_meter{[&waiting_store] { return waiting_store.round_trips(); }, server_pid};
+    add_idem<Shape::single>("redis_replicas_to_ack/idem", waiting_handler, idem_seq, waiting_meter);
+    add_idem<Shape::single>("redis_replicas_to_ack/raw", handler, idem_seq, idem_meter);
     add_idem<Shape::batch>("redis_batch/idem", handler, idem_seq, idem_meter);
     add("redis_batch/raw", [&](benchmark::State& state) {
         std::vector<std::string> keys;
@@ -649,6 +664,29 @@ void run_redis_cases() {
         add_pinning(line, pin.active(), server_pid);
         line.str("effect", "one tx.write(\"SET\", \"fx:<order>\", \"1\"), applied by the commit");
         line.str("note", "no target: redis_single is the case issue 6 sets one for");
+        emit(line);
+    }
+    if (replicas) {
+        // A replica of the bench's server, in sync before the case and stopped after it.
+        RawRedis master{server.host(), server.port()};
+        master.command({"CONFIG", "SET", "repl-diskless-sync-delay", "0"});
+        idem_test::RedisServer replica{idem_test::RedisServer::Setup{
+            idem_test::RedisServer::aof_always,
+            {"--replicaof", server.host(), std::to_string(server.port())},
+            {}}};
+        for (int i = 0; master.command({"WAIT", "1", "100"})->integer < 1; ++i) {
+            if (i > 200)
+                throw std::runtime_error("redis_replicas_to_ack: the replica did not sync");
+            master.command({"SET", "replica-probe", "1"});
+        }
+        Json line;
+        compare("redis_replicas_to_ack", "redis", 1, line);
+        add_pinning(line, pin.active(), server_pid);
+        line.str("raw", "the same handler and master without replicas_to_ack (no WAIT)");
+        line.str("redis",
+                 "one replica (not pinned), both appendonly yes, appendfsync always, data dirs on "
+                 "tmpfs");
+        line.str("note", "no target: the price of replica-acknowledged commits");
         emit(line);
     }
     note("redis_server_time");

@@ -25,6 +25,10 @@
 #include "support/mysql_env.hpp"
 #include "support/require_mariadb.hpp"
 #endif
+#if IDEM_CONFORMANCE_ON_REDIS_CLUSTER  // redis_cluster_conformance_test: this file again
+#include "support/redis_cluster_env.hpp"
+#include "support/require_redis_cluster.hpp"
+#endif
 
 namespace {
 
@@ -46,6 +50,9 @@ class StoreConformance : public ::testing::Test {
 #if IDEM_HAS_REDIS
         if constexpr (std::is_same_v<Env, idem_test::RedisEnv>) IDEM_REQUIRE_REDIS();
 #endif
+#if IDEM_CONFORMANCE_ON_REDIS_CLUSTER
+        if constexpr (std::is_same_v<Env, idem_test::RedisClusterEnv>) IDEM_REQUIRE_REDIS_CLUSTER();
+#endif
 #if IDEM_HAS_MYSQL
         if constexpr (std::is_same_v<typename Env::Store, idem::MysqlStore>) IDEM_REQUIRE_MARIADB();
 #endif
@@ -59,7 +66,12 @@ class StoreConformance : public ::testing::Test {
     }
 };
 
-// The stores of this build: the memory store always, each backend's when it is on.
+// The stores of this build: the memory store always, each backend's when it is on. Built again
+// as redis_cluster_conformance_test: a RedisStore given one node of a Redis Cluster only (one
+// cluster per process, so that binary runs as one ctest test).
+#if IDEM_CONFORMANCE_ON_REDIS_CLUSTER
+using Stores = ::testing::Types<idem_test::RedisClusterEnv>;
+#else
 using Stores = ::testing::Types<idem_test::MemoryEnv
 #if IDEM_HAS_SQLITE
                                 ,
@@ -78,6 +90,7 @@ using Stores = ::testing::Types<idem_test::MemoryEnv
                                 idem_test::MysqlEnv, idem_test::MysqlReadCommittedEnv
 #endif
                                 >;
+#endif
 
 // Every store fits the Store concept: the C++17 trait, and the C++20 concept where available.
 template <class... Envs>

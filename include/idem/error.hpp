@@ -5,6 +5,9 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "idem/config.hpp"
 
@@ -47,6 +50,40 @@ class store_timeout : public store_error {
 class commit_failed : public store_error {
   public:
     using store_error::store_error;
+};
+
+/// @brief The commit was applied, but fewer replicas than asked confirmed it in time (Redis
+/// `WAIT`, RedisOptions::replicas_to_ack): a failover before they catch up loses it. Its outcome
+/// is unknown, so it is `failed` and never acked: the redelivery finds it as a duplicate if it
+/// survived, or runs it again if it was lost.
+class commit_unconfirmed : public store_error {
+  public:
+    using store_error::store_error;
+};
+
+/// @brief A commit that applied only part of its transaction: a store whose transaction spans
+/// several independent units (a Redis Cluster's hash slots, each committed atomically on its
+/// own) committed the claims of some messages and not of the others. committed() names the
+/// (scope, message id) of every claim (and dead letter) that IS stored; everything else the
+/// transaction wrote is not. The handler reports those messages' outcomes as they are and the
+/// others as `failed`.
+class partial_commit : public commit_failed {
+  public:
+    using Id = std::pair<std::string, std::string>;  ///< (scope, message id)
+    partial_commit(const std::string& what, std::vector<Id> committed)
+        : commit_failed(what), committed_(std::move(committed)) {}
+
+    [[nodiscard]] const std::vector<Id>& committed() const noexcept { return committed_; }
+    /// Whether the claim (or dead letter) of (@p scope, @p message_id) was committed.
+    [[nodiscard]] bool committed(std::string_view scope, std::string_view message_id) const {
+        for (const Id& id : committed_) {
+            if (id.first == scope && id.second == message_id) return true;
+        }
+        return false;
+    }
+
+  private:
+    std::vector<Id> committed_;
 };
 
 /// @brief Base of broker failures in a consumer adapter (RabbitMQ, NATS): the broker could not

@@ -193,7 +193,8 @@ class IdempotentHandler {
     /// savepoint, so one that fails or defers rolls back alone while the others commit together.
     /// Returns one Outcome per delivery, in order; ack (should_ack) only after this returns —
     /// the batch is committed by then. If the commit fails, every outcome that needed it is
-    /// `failed`.
+    /// `failed`; if it commits only part of the batch (partial_commit: a Redis Cluster's slot
+    /// groups), the committed messages keep their outcomes and the others are `failed`.
     template <class Body>
     std::vector<Outcome> handle_batch(const std::vector<Delivery>& deliveries,
                                       const std::vector<Body>& bodies) {
@@ -375,6 +376,19 @@ class IdempotentHandler {
                 }
             }
             commit_if_stored(tx, outcomes);
+        } catch (const partial_commit& e) {
+            // Some of the batch committed (a Redis Cluster's slot groups): those outcomes stand,
+            // the others are failed as below.
+            const Outcome failed = failure(e);
+            for (std::size_t i = 0; i < count; ++i) {
+                if (e.committed(policy_.scope(), deliveries[i].message_id)) continue;
+                Outcome& outcome = outcomes[i];
+                if (outcome.disposition != Disposition::in_progress &&
+                    outcome.disposition != Disposition::deferred) {
+                    outcome = failed_outcome("batch: " + failed.reason, failed.cause);
+                }
+                if (hooks != nullptr) hooks[i].acked_in_commit = false;
+            }
         } catch (const std::exception& e) {
             // Nothing of this batch committed, so nothing is acked. Duplicates too: one may be a
             // second copy of an id this very batch claimed.

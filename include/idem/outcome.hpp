@@ -99,8 +99,11 @@ enum class FailureCause : std::uint8_t {
     store_unavailable,  ///< the store cannot be reached (connection refused or lost, I/O error)
     store_timeout,      ///< the store did not answer in time (busy or lock timeout)
     commit_failed,      ///< the commit was refused (on Redis also: the lease was lost)
-    store_error,        ///< another store error (an error reply, a failed statement)
-    other,              ///< anything else (a non-store exception outside the effect)
+    /// the commit was applied but not confirmed by enough replicas (RedisOptions::replicas_to_ack):
+    /// outcome unknown, a failover may lose it
+    commit_unconfirmed,
+    store_error,  ///< another store error (an error reply, a failed statement)
+    other,        ///< anything else (a non-store exception outside the effect)
 };
 
 /// @brief Name of a failure cause, for logs.
@@ -116,6 +119,8 @@ enum class FailureCause : std::uint8_t {
             return "store_timeout";
         case FailureCause::commit_failed:
             return "commit_failed";
+        case FailureCause::commit_unconfirmed:
+            return "commit_unconfirmed";
         case FailureCause::store_error:
             return "store_error";
         case FailureCause::other:
@@ -128,9 +133,13 @@ inline std::ostream& operator<<(std::ostream& out, FailureCause c) {
     return out << to_string(c);
 }
 
-/// @brief The cause a store or other exception stands for (commit_failed before the classes it
-/// may also be, then store_timeout, store_unavailable, any other store_error).
+/// @brief The cause a store or other exception stands for (commit_failed and commit_unconfirmed
+/// before the classes they may also be, then store_timeout, store_unavailable, any other
+/// store_error).
 [[nodiscard]] inline FailureCause failure_cause_of(const std::exception& error) noexcept {
+    if (dynamic_cast<const commit_unconfirmed*>(&error) != nullptr) {
+        return FailureCause::commit_unconfirmed;
+    }
     if (dynamic_cast<const commit_failed*>(&error) != nullptr) return FailureCause::commit_failed;
     if (dynamic_cast<const store_timeout*>(&error) != nullptr) return FailureCause::store_timeout;
     if (dynamic_cast<const store_unavailable*>(&error) != nullptr) {

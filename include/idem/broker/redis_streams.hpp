@@ -29,6 +29,7 @@
 #include "idem/error.hpp"
 #include "idem/handler.hpp"
 #include "idem/outcome.hpp"
+#include "idem/redis/cluster.hpp"
 #include "idem/redis/connection.hpp"
 #include "idem/redis/endpoint.hpp"
 #include "idem/redis/reply.hpp"
@@ -767,7 +768,7 @@ class StreamConsumer {
     }
 
     StreamConsumerOptions options_;
-    redis::Connection connection_;
+    redis::FollowingConnection connection_;  ///< follows the stream's slot on a Redis Cluster
     broker::Dispatch<StreamEntry> dispatch_;
     bool acks_in_commit_;
     broker::Loop loop_;  ///< after options_ and dispatch_: built from both

@@ -14,7 +14,8 @@
 /// Tx::dead_letter(const DeadLetter&)                     has_dead_letter         handler
 /// Tx::savepoint(), rollback_to_savepoint(),              has_savepoints          handler
 ///     release_savepoint()
-/// Tx::commit()  (throws store_error / commit_failed)     has_commit              handler
+/// Tx::commit()  (throws store_error / commit_failed;    has_commit              handler
+///   partial_commit when only some claims committed)
 /// ---- optional ----------------------------------------------------------------------------
 /// static constexpr bool Tx::cheap_savepoints             cheap_savepoints        handle()
 ///     (default true; SQL says false: a single message's effect then runs without one)

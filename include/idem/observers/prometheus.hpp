@@ -264,7 +264,7 @@ class PrometheusObserver final : public Observer {
 
   private:
     static constexpr std::size_t disposition_count = 7;
-    static constexpr std::size_t cause_count = 7;
+    static constexpr std::size_t cause_count = 8;
     static constexpr std::size_t index(Disposition d) noexcept {
         return static_cast<std::size_t>(d);
     }

@@ -27,6 +27,7 @@
 #include "idem/redis/endpoint.hpp"
 #include "idem/redis/reply.hpp"
 #include "idem/redis/resp.hpp"
+#include "idem/redis/sentinel.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {
@@ -133,6 +134,28 @@ class Connection {
         return reply;
     }
 
+    /// @brief Runs a script by EVALSHA and then @p after (plain commands, e.g. `WAIT`) in the
+    /// same round trip, on this connection; the script's reply first, then one per command.
+    /// When the server did not know the script nothing of it ran: it is loaded and the whole
+    /// exchange is repeated once. Error replies are returned.
+    std::vector<Reply> eval_then(const Script& script, std::size_t num_keys,
+                                 const Args& keys_then_args, const std::vector<Args>& after) {
+        auto send = [&] {
+            ensure_connected();
+            ++round_trips_;
+            append_evalsha(sha_of(script), num_keys, keys_then_args);
+            for (const auto& args : after)
+                append({}, args);
+            return read_replies(1 + after.size());
+        };
+        std::vector<Reply> replies = send();
+        if (is_noscript(replies.front())) {
+            shas_.erase(script.source);
+            replies = send();
+        }
+        return replies;
+    }
+
     /// @brief Runs one script many times in one round trip (pipelined EVALSHA), loading it first
     /// if this connection has not yet; a server that lost its script cache gets it again and
     /// the calls are repeated once. Replies in order; error replies are returned.
@@ -156,6 +179,31 @@ class Connection {
         };
         std::vector<Reply> replies = send();
         // A restarted server has no scripts: every reply is NOSCRIPT, nothing ran.
+        if (!replies.empty() && is_noscript(replies.front())) {
+            shas_.erase(script.source);
+            replies = send();
+        }
+        return replies;
+    }
+
+    /// @brief eval_many() with each call's keys and then arguments already encoded: call i has
+    /// @p num_keys[i] keys at the front of @p calls[i]. One round trip (two after NOSCRIPT).
+    /// Commands in @p after (e.g. `WAIT`) follow the calls in the same round trip; their replies
+    /// come after the calls'.
+    std::vector<Reply> eval_pipeline(const Script& script, const std::vector<std::size_t>& num_keys,
+                                     const std::vector<const Args*>& calls,
+                                     const std::vector<Args>& after = {}) {
+        auto send = [&] {
+            ensure_connected();
+            ++round_trips_;
+            const std::string& sha = sha_of(script);
+            for (std::size_t i = 0; i < calls.size(); ++i)
+                append_evalsha(sha, num_keys[i], *calls[i]);
+            for (const auto& args : after)
+                append({}, args);
+            return read_replies(calls.size() + after.size());
+        };
+        std::vector<Reply> replies = send();
         if (!replies.empty() && is_noscript(replies.front())) {
             shas_.erase(script.source);
             replies = send();
@@ -203,7 +251,13 @@ class Connection {
     void ensure_connected() {
         if (context_ && pid_ == ::getpid()) return;
         if (context_) forget_inherited();
-        redisContext* raw = redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port,
+        // With Sentinels: wherever they say the master is now.
+        MasterAddress address{endpoint_.host, endpoint_.port};
+        if (endpoint_.via_sentinel()) {
+            address = locate_master(endpoint_);
+            ++round_trips_;  // the question to a Sentinel
+        }
+        redisContext* raw = redisConnectWithTimeout(address.host.c_str(), address.port,
                                                     to_timeval(endpoint_.connect_timeout));
         std::unique_ptr<redisContext, ContextFree> context(raw);
         if (!context) {
@@ -211,8 +265,9 @@ class Connection {
                                                 endpoint_.describe()));
         }
         if (context->err != 0) {
-            throw store_unavailable(fmt::format("idem: cannot connect to Redis at {}: {}",
-                                                endpoint_.describe(), context->errstr));
+            throw store_unavailable(
+                fmt::format("idem: cannot connect to Redis at {}{}: {}", endpoint_.describe(),
+                            endpoint_.via_sentinel() ? at(address) : "", context->errstr));
         }
         redisSetTimeout(context.get(), to_timeval(endpoint_.command_timeout));
         context_ = std::move(context);
@@ -227,6 +282,7 @@ class Connection {
                 expect_ok(auth, "AUTH");
             }
             if (endpoint_.db != 0) expect_ok({"SELECT", std::to_string(endpoint_.db)}, "SELECT");
+            if (endpoint_.via_sentinel()) expect_master(address);
         } catch (...) {
             disconnect();
             throw;
@@ -240,6 +296,25 @@ class Connection {
     void forget_inherited() noexcept {
         context_.reset();
         shas_.clear();
+    }
+
+    static std::string at(const MasterAddress& address) {
+        return fmt::format(" (at {}:{})", address.host, address.port);
+    }
+
+    /// The Sentinels' answer may be stale (a failover under way, a Sentinel that has not heard
+    /// yet): a server that is not a master is never written to. The next call asks again.
+    void expect_master(const MasterAddress& address) {
+        ++round_trips_;
+        append({"ROLE"});
+        const Reply role = read_reply();
+        if (is_master_role(role)) return;
+        throw store_unavailable(fmt::format(
+            "idem: the Sentinels named {}:{} as the master of {}, but it is a {} (a failover under "
+            "way?); nothing was sent to it, the next call asks them again",
+            address.host, address.port, endpoint_.describe(),
+            role.is_array() && !role.elements.empty() ? role.elements[0].str
+                                                      : "server of no role"));
     }
 
     void expect_ok(const std::vector<std::string>& args, const char* what) {
@@ -292,7 +367,17 @@ class Connection {
             fail("reading a reply");
         }
         std::unique_ptr<void, ReplyFree> reply(raw);
-        return copy_reply(static_cast<redisReply*>(raw));
+        Reply copied = copy_reply(static_cast<redisReply*>(raw));
+        if (endpoint_.via_sentinel() && is_readonly_error(copied)) {
+            // The master became a replica (a failover): nothing was written. The replies still
+            // in flight go with the connection; the next call asks the Sentinels again.
+            disconnect();
+            throw store_unavailable(fmt::format(
+                "idem: Redis {} answered READONLY: the server is a replica now (a failover); "
+                "nothing was written, the next call asks the Sentinels for the master: {}",
+                endpoint_.describe(), copied.str));
+        }
+        return copied;
     }
     std::vector<Reply> read_replies(std::size_t count) {
         std::vector<Reply> replies;

@@ -1,10 +1,12 @@
 #pragma once
 /// @file
-/// @brief idem::redis::Endpoint (user-facing as idem::RedisEndpoint): where a Redis server is and
-/// how long to wait for it. Link idem::redis.
+/// @brief idem::redis::Endpoint (user-facing as idem::RedisEndpoint): where a Redis server is (an
+/// address, or a master found through Sentinels) and how long to wait for it. Link idem::redis.
 
 #include <chrono>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -13,21 +15,63 @@
 IDEM_BEGIN_NAMESPACE
 namespace redis {
 
-/// @brief Where a Redis server is and how long to wait for it.
-struct Endpoint {
+/// @brief The address of one Redis Sentinel.
+struct SentinelAddress {
     std::string host = "127.0.0.1";
-    int port = 6379;
-    int db = 0;              ///< SELECTed after connecting (standalone servers only)
-    std::string username{};  ///< ACL user (Redis 6+); empty: AUTH with the password only
-    std::string password{};  ///< empty: no AUTH
+    int port = 26379;
+
+    friend bool operator==(const SentinelAddress& a, const SentinelAddress& b) {
+        return a.host == b.host && a.port == b.port;
+    }
+};
+
+/// @brief Where a Redis server is and how long to wait for it: one address, or (with
+/// `sentinels` and `master_name`) the master a group of Redis Sentinels names, wherever it is now
+/// (redis/sentinel.hpp; every connect asks them, and checks the answer with ROLE).
+struct Endpoint {
+    std::string host = "127.0.0.1";  ///< unused with sentinels
+    int port = 6379;                 ///< unused with sentinels
+    int db = 0;                      ///< SELECTed after connecting (standalone servers only)
+    std::string username{};          ///< ACL user (Redis 6+); empty: AUTH with the password only
+    std::string password{};          ///< empty: no AUTH
     std::chrono::milliseconds connect_timeout{2000};
     /// Per command. A command that times out is `failed` for the handler (never an ack); its
     /// effect on the server is unknown, which the lease and the claim record make harmless.
     std::chrono::milliseconds command_timeout{5000};
+    /// Not empty: ask these Sentinels (in order, the first that answers) for the address of the
+    /// master named `master_name`, at every connect. A connection whose server turns out to be a
+    /// replica (ROLE, or a READONLY error after a failover) is dropped and the next call asks
+    /// again; nothing is ever written to a replica.
+    std::vector<SentinelAddress> sentinels{};
+    std::string master_name{};        ///< the name the Sentinels monitor the master under
+    std::string sentinel_password{};  ///< AUTH for the Sentinels themselves; empty: none
 
-    [[nodiscard]] std::string describe() const { return fmt::format("{}:{}/{}", host, port, db); }
-    /// Same server and database: a consumer and a store that agree here can share a commit.
+    /// @brief The master @p name as @p sentinels know it (the other fields keep their defaults).
+    [[nodiscard]] static Endpoint sentinel(std::string name,
+                                           std::vector<SentinelAddress> sentinels) {
+        Endpoint endpoint;
+        endpoint.master_name = std::move(name);
+        endpoint.sentinels = std::move(sentinels);
+        return endpoint;
+    }
+
+    /// Whether the address comes from Sentinels.
+    [[nodiscard]] bool via_sentinel() const noexcept { return !sentinels.empty(); }
+
+    [[nodiscard]] std::string describe() const {
+        if (!via_sentinel()) return fmt::format("{}:{}/{}", host, port, db);
+        std::string list;
+        for (const auto& s : sentinels)
+            list += fmt::format("{}{}:{}", list.empty() ? "" : ",", s.host, s.port);
+        return fmt::format("master '{}' of Sentinels {}/{}", master_name, list, db);
+    }
+    /// Same server and database: a consumer and a store that agree here can share a commit
+    /// (with Sentinels: the same master name, Sentinels and database).
     [[nodiscard]] bool same_database(const Endpoint& other) const {
+        if (via_sentinel() || other.via_sentinel()) {
+            return master_name == other.master_name && sentinels == other.sentinels &&
+                   db == other.db;
+        }
         return host == other.host && port == other.port && db == other.db;
     }
 };
@@ -36,5 +80,7 @@ struct Endpoint {
 
 /// @brief The user-facing name of redis::Endpoint.
 using RedisEndpoint = redis::Endpoint;
+/// @brief The user-facing name of redis::SentinelAddress.
+using RedisSentinelAddress = redis::SentinelAddress;
 
 IDEM_END_NAMESPACE

@@ -131,6 +131,13 @@ class Args {
         return *this;
     }
 
+    /// @p count arguments already encoded as RESP (a slice of another Args' resp()).
+    Args& append_encoded(std::string_view resp, std::size_t count) {
+        resp_.append(resp);
+        count_ += count;
+        return *this;
+    }
+
     [[nodiscard]] std::size_t count() const noexcept { return count_; }
     [[nodiscard]] bool empty() const noexcept { return count_ == 0; }
     /// The arguments as RESP, without the command's `*<count>` header.

@@ -12,12 +12,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -29,6 +31,7 @@
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/policy.hpp"
+#include "idem/redis/cluster.hpp"
 #include "idem/redis/connection.hpp"
 #include "idem/redis/endpoint.hpp"
 #include "idem/redis/keys.hpp"
@@ -74,6 +77,14 @@ struct RedisOptions {
     /// restarted, CLIENT KILL, a proxy dropped it) is replaced, so the call does not fail on it.
     /// Zero: ping before every reuse.
     std::chrono::milliseconds ping_idle_after{10'000};
+    /// Replicas that must have every commit before it counts. 0 (the default): the master's
+    /// answer is enough, and a failover before its replicas caught up loses the commit although
+    /// it was reported (and acked). Otherwise `WAIT replicas_to_ack replicas_timeout` follows the
+    /// commit script on the same connection, in the same round trip, and a commit fewer replicas
+    /// confirmed throws commit_unconfirmed: `failed` (outcome unknown), never acked.
+    int replicas_to_ack = 0;
+    /// How long WAIT waits for them; positive, and shorter than the endpoint's command_timeout.
+    std::chrono::milliseconds replicas_timeout{1'000};
 };
 
 /// @brief What the store found out about the server's persistence (RedisStore::persistence()).
@@ -83,9 +94,15 @@ struct RedisPersistence {
     std::string appendfsync{};
 };
 
-/// @brief Claims as leases in ONE Redis server (no Sentinel discovery, no Cluster redirects
-/// yet: docs/redis.md). Thread-safe: each call takes a connection from a small pool, so handlers
-/// on several threads share one store.
+/// @brief Claims as leases in one Redis server, the master a group of Sentinels names
+/// (RedisEndpoint::sentinel), or a Redis Cluster (docs/redis.md). Thread-safe: each call takes a
+/// connection from a small pool (one per cluster node), so handlers on several threads share one
+/// store.
+///
+/// Cluster mode is detected, not configured: given the address of any node (or several seed
+/// nodes) the store asks `INFO cluster`, learns the slot map and sends each command and script to
+/// the master of its keys' hash slot, following MOVED and ASK (redis::Router, redis/cluster.hpp).
+/// A transaction whose keys span slots commits per slot group (see commit()).
 ///
 /// - claim(): one round trip, `SET … NX PX … GET`: absent → leased to this transaction's token
 ///   (attempt 1); finished → duplicate with the recorded outcome. A record leased by another
@@ -112,11 +129,16 @@ class RedisStore {
     class Transaction;
 
     explicit RedisStore(RedisEndpoint endpoint, RedisOptions options = {})
+        : RedisStore(std::vector<RedisEndpoint>{std::move(endpoint)}, std::move(options)) {}
+
+    /// @brief A store given several seed nodes of a Redis Cluster (or one server): the first
+    /// that answers is asked whether it is a cluster node, and for the slot map.
+    explicit RedisStore(std::vector<RedisEndpoint> seeds, RedisOptions options = {})
         : options_(std::move(options)),
           keys_(options_.key_prefix),
-          pool_(std::move(endpoint),
-                redis::PoolOptions{options_.max_connections, options_.pool_wait_timeout,
-                                   options_.ping_idle_after}) {
+          router_(std::move(seeds),
+                  redis::PoolOptions{options_.max_connections, options_.pool_wait_timeout,
+                                     options_.ping_idle_after}) {
         claim_with_set_.store(options_.claim_with_set, std::memory_order_relaxed);
         if (options_.lease.count() <= 0) {
             throw usage_error("idem::RedisStore: the default lease must be positive");
@@ -124,14 +146,27 @@ class RedisStore {
         if (options_.max_connections == 0) {
             throw usage_error("idem::RedisStore: max_connections must be at least 1");
         }
+        if (options_.replicas_to_ack < 0) {
+            throw usage_error("idem::RedisStore: replicas_to_ack must be 0 (no WAIT) or more");
+        }
+        if (options_.replicas_to_ack > 0 &&
+            (options_.replicas_timeout.count() <= 0 ||
+             options_.replicas_timeout >= router_.endpoint().command_timeout)) {
+            throw usage_error(fmt::format(
+                "idem::RedisStore: replicas_timeout ({} ms) must be positive and shorter than the "
+                "endpoint's command_timeout ({} ms): WAIT {} 0 would wait for ever",
+                options_.replicas_timeout.count(), router_.endpoint().command_timeout.count(),
+                options_.replicas_to_ack));
+        }
         if (options_.key_prefix.find_first_of("{}") != std::string::npos) {
             throw usage_error(
                 "idem::RedisStore: the key prefix must not contain braces (they would change the "
                 "keys' Cluster hash tags)");
         }
         // The persistence check, now if the server answers (a store on a server without AOF
-        // does not start), else on first use.
+        // does not start), else on first use; on a cluster, on each master's first use.
         if (!options_.accept_no_persistence) {
+            router_.set_first_use([this](redis::Connection& c) { check_persistence(c); });
             try {
                 with_connection([](redis::Connection&) { return 0; });
             } catch (const store_error&) {  // unreachable for now: checked on first use
@@ -141,7 +176,16 @@ class RedisStore {
     RedisStore(const RedisStore&) = delete;
     RedisStore& operator=(const RedisStore&) = delete;
 
-    [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return pool_.endpoint(); }
+    /// The address given (the first seed node, on a cluster).
+    [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return router_.endpoint(); }
+    /// @brief Whether the store talks to a Redis Cluster (asks the server on the first call
+    /// that reaches it). @throws store_unavailable when no seed answers yet.
+    [[nodiscard]] bool is_cluster() { return router_.is_cluster(); }
+    /// @brief The cluster redirects followed so far (MOVED, ASK, TRYAGAIN / CLUSTERDOWN waits,
+    /// slot-map reads); all zero on a standalone server.
+    [[nodiscard]] redis::RedirectCounts redirects() const noexcept { return router_.redirects(); }
+    /// @brief The router (slot map, pools per node): for tests and tools.
+    [[nodiscard]] redis::Router& router() noexcept { return router_; }
     [[nodiscard]] const RedisOptions& options() const noexcept { return options_; }
     /// Whether new ids are claimed with `SET … NX … GET` (RedisOptions::claim_with_set, until a
     /// server before 7.0 refuses it) rather than the claim script.
@@ -160,9 +204,12 @@ class RedisStore {
     /// (redis::StreamAck, from StreamConsumer or your own loop) on this store's server and
     /// database. The ack (and a dead letter's dead-letter stream entry) is then part of the
     /// commit script; otherwise the hook is ignored and the broker acks after the commit.
+    /// On a Redis Cluster never: a stream and a claim are in different hash slots, so the
+    /// XACK cannot be in the claim's commit script; the consumer then acks after the commit.
     [[nodiscard]] bool accepts_commit_hook(const CommitHook& hook) const noexcept {
         const auto* ack = hook.request_as<redis::StreamAck>();
-        return ack != nullptr && ack->endpoint.same_database(endpoint());
+        return ack != nullptr && !router_.known_cluster() &&
+               ack->endpoint.same_database(endpoint());
     }
 
     /// @brief The claim record, or nothing when there is none or it was released.
@@ -195,9 +242,12 @@ class RedisStore {
         };
         std::vector<Ordered> found;
         for (const std::string& key : scan(keys_.glob() + "d{*")) {
-            redis::Reply entries = with_connection([&](redis::Connection& c) {
-                return c.checked({"XRANGE", key, "-", "+"}, "XRANGE");
-            });
+            redis::Reply entries = checked_on(
+                key,
+                [&](redis::Connection& c) {
+                    return c.command({"XRANGE", key, "-", "+"});
+                },
+                "XRANGE");
             for (const redis::Reply& entry : entries.elements) {
                 if (entry.elements.size() < 2) continue;
                 Ordered item;
@@ -242,20 +292,16 @@ class RedisStore {
         const std::int64_t cutoff_ms =
             (now.empty() ? server_now_ms() : redis::parse_int(now)) -
             std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count();
-        for (const auto& batch : batches(scan(keys_.glob() + "c{*"))) {
-            redis::Reply reply = with_connection([&](redis::Connection& c) {
-                return c.eval(redis::purge_claims_script(), batch,
-                              {std::to_string(cutoff_ms), now});
-            });
+        for (const redis::Reply& reply :
+             run_in_batches(redis::purge_claims_script(), scan(keys_.glob() + "c{*"),
+                            {std::to_string(cutoff_ms), now})) {
             check_script(reply, "purge");
             if (reply.elements.size() == 2) {
                 result.claims += static_cast<std::size_t>(reply.elements[0].integer);
             }
         }
-        for (const auto& batch : batches(scan(keys_.glob() + "l{*"))) {
-            redis::Reply reply = with_connection([&](redis::Connection& c) {
-                return c.eval(redis::purge_locks_script(), batch, {now});
-            });
+        for (const redis::Reply& reply :
+             run_in_batches(redis::purge_locks_script(), scan(keys_.glob() + "l{*"), {now})) {
             check_script(reply, "purge");
             result.expired_locks += static_cast<std::size_t>(reply.integer);
         }
@@ -266,8 +312,9 @@ class RedisStore {
     /// another owner holds it and it has not expired.
     bool hold_lock(std::string_view key, std::string_view owner,
                    std::chrono::milliseconds expire_after) {
-        redis::Reply reply = with_connection([&](redis::Connection& c) {
-            return c.eval(redis::lock_script(), {lock_key(key)},
+        const std::string lock = lock_key(key);
+        redis::Reply reply = router_.on_key(lock, [&](redis::Connection& c) {
+            return c.eval(redis::lock_script(), {lock},
                           {std::string(owner), std::to_string(expire_after.count()), now_arg()});
         });
         check_script(reply, "lock");
@@ -275,8 +322,9 @@ class RedisStore {
     }
     /// @brief Releases a lock @p owner holds; false when it holds none.
     bool release_lock(std::string_view key, std::string_view owner) {
-        redis::Reply reply = with_connection([&](redis::Connection& c) {
-            return c.eval(redis::unlock_script(), {lock_key(key)}, {std::string(owner)});
+        const std::string lock = lock_key(key);
+        redis::Reply reply = router_.on_key(lock, [&](redis::Connection& c) {
+            return c.eval(redis::unlock_script(), {lock}, {std::string(owner)});
         });
         check_script(reply, "unlock");
         return reply.integer == 1;
@@ -292,29 +340,22 @@ class RedisStore {
     }
     [[nodiscard]] std::string lock_key(std::string_view key) const { return keys_.lock(key); }
 
-    /// @brief Runs @p fn with a pooled connection (reconnecting if it was dropped). Waits up to
-    /// RedisOptions::pool_wait_timeout when max_connections are in use.
+    /// @brief Runs @p fn with a pooled connection (reconnecting if it was dropped): to the
+    /// server, or on a cluster to one of its masters (for keyless commands; with_connection_for()
+    /// routes by key). Waits up to RedisOptions::pool_wait_timeout when max_connections are in
+    /// use.
     /// @throws store_timeout when no connection became free in time; usage_error when the server
     /// has no AOF (RedisOptions::accept_no_persistence).
     template <class Fn>
     auto with_connection(Fn&& fn) -> decltype(fn(std::declval<redis::Connection&>())) {
-        std::unique_ptr<redis::Connection> connection = pool_.acquire();
-        struct Return {
-            RedisStore* store;
-            std::unique_ptr<redis::Connection>& connection;
-            std::size_t before;
-            ~Return() {
-                store->round_trips_.fetch_add(connection->round_trips() - before,
-                                              std::memory_order_relaxed);
-                store->pool_.give_back(std::move(connection));
-            }
-        } give_back{this, connection, connection->round_trips()};
-        if (!options_.accept_no_persistence &&
-            !persistence_checked_.load(std::memory_order_acquire)) {
-            check_persistence(*connection);
-            give_back.before = connection->round_trips();  // the check is not the caller's cost
-        }
-        return fn(*connection);
+        return router_.on_any(std::forward<Fn>(fn));
+    }
+
+    /// @brief Runs @p fn, which sends ONE command or script on keys of @p key's hash slot, on
+    /// the node serving that slot (the server, standalone), following the cluster's redirects.
+    template <class Fn>
+    redis::Reply with_connection_for(std::string_view key, Fn&& fn) {
+        return router_.on_key(key, std::forward<Fn>(fn));
     }
 
     /// @brief What the persistence check found; nothing before the first call that reached the
@@ -326,9 +367,7 @@ class RedisStore {
 
     /// @brief Request/reply exchanges with Redis so far, over all pooled connections (a
     /// pipeline counts once): the cost tests and benchmarks check.
-    [[nodiscard]] std::size_t round_trips() const noexcept {
-        return round_trips_.load(std::memory_order_relaxed);
-    }
+    [[nodiscard]] std::size_t round_trips() const noexcept { return router_.round_trips(); }
 
     /// @brief Milliseconds since the epoch on the store's clock (the server's by default).
     std::int64_t now_ms() {
@@ -345,10 +384,11 @@ class RedisStore {
 
     /// The stored record of (scope, id), as it is (any state); nothing when there is none.
     std::optional<redis::Record> read_record(std::string_view scope, std::string_view id) {
+        const std::string key = claim_key(scope, id);
         redis::Args get;
-        get.add("GET").add(claim_key(scope, id));
-        redis::Reply reply =
-            with_connection([&](redis::Connection& c) { return c.checked(get, "GET"); });
+        get.add("GET").add(key);
+        redis::Reply reply = checked_on(
+            key, [&](redis::Connection& c) { return c.command(get); }, "GET");
         if (reply.is_nil()) return std::nullopt;
         auto record = redis::Record::decode(reply.str);
         if (!record) {
@@ -357,9 +397,9 @@ class RedisStore {
         }
         if (record->times_before_expiry) {
             redis::Args expiry;
-            expiry.add("PEXPIRETIME").add(claim_key(scope, id));
-            redis::Reply at = with_connection(
-                [&](redis::Connection& c) { return c.checked(expiry, "PEXPIRETIME"); });
+            expiry.add("PEXPIRETIME").add(key);
+            redis::Reply at = checked_on(
+                key, [&](redis::Connection& c) { return c.command(expiry); }, "PEXPIRETIME");
             record->resolve(at.integer);
         }
         return record;
@@ -381,19 +421,72 @@ class RedisStore {
 
     std::vector<std::string> scan(const std::string& pattern) {
         std::vector<std::string> keys;
-        std::string cursor = "0";
-        do {
-            redis::Reply reply = with_connection([&](redis::Connection& c) {
-                return c.checked({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, "SCAN");
-            });
-            if (reply.elements.size() != 2) throw store_error("idem: Redis SCAN: unexpected reply");
-            cursor = reply.elements[0].str;
-            for (auto& key : reply.elements[1].elements)
-                keys.push_back(std::move(key.str));
-        } while (cursor != "0");
+        router_.on_each_master([&](redis::Connection& c) {  // every master of a cluster
+            std::string cursor = "0";
+            do {
+                redis::Reply reply =
+                    c.checked({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, "SCAN");
+                if (reply.elements.size() != 2)
+                    throw store_error("idem: Redis SCAN: unexpected reply");
+                cursor = reply.elements[0].str;
+                for (auto& key : reply.elements[1].elements)
+                    keys.push_back(std::move(key.str));
+            } while (cursor != "0");
+            return 0;
+        });
         std::sort(keys.begin(), keys.end());  // SCAN may return a key twice
         keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
         return keys;
+    }
+
+    /// @p script over @p keys, 256 keys a call, with @p args: one call per batch on a standalone
+    /// server; on a cluster the keys are batched per hash slot and the calls pipelined per node.
+    std::vector<redis::Reply> run_in_batches(const redis::Script& script,
+                                             std::vector<std::string> keys,
+                                             const std::vector<std::string>& args) {
+        std::vector<redis::Reply> replies;
+        if (!router_.is_cluster()) {
+            for (const auto& batch : batches(std::move(keys))) {
+                replies.push_back(with_connection(
+                    [&](redis::Connection& c) { return c.eval(script, batch, args); }));
+            }
+            return replies;
+        }
+        std::vector<redis::SlotCall> calls;
+        for (const auto& [slot, group] : by_slot(keys)) {
+            for (const auto& batch : batches(group)) {
+                redis::SlotCall call;
+                call.slot = slot;
+                call.num_keys = batch.size();
+                for (const auto& key : batch)
+                    call.keys_then_args.add(key);
+                for (const auto& arg : args)
+                    call.keys_then_args.add(arg);
+                calls.push_back(std::move(call));
+            }
+        }
+        return router_.eval_each(script, calls);
+    }
+
+    /// @p keys grouped by hash slot, in slot order.
+    static std::map<std::uint16_t, std::vector<std::string>> by_slot(
+        const std::vector<std::string>& keys) {
+        std::map<std::uint16_t, std::vector<std::string>> out;
+        for (const auto& key : keys)
+            out[redis::hash_slot(key)].push_back(key);
+        return out;
+    }
+
+    /// One command on @p key's slot; an error reply throws store_error naming @p what.
+    template <class Fn>
+    redis::Reply checked_on(std::string_view key, Fn&& fn, std::string_view what) {
+        redis::Reply reply = router_.on_key(key, std::forward<Fn>(fn));
+        if (reply.is_error()) {
+            throw store_error(fmt::format("idem: Redis {} failed on {}: {}", what,
+                                          router_.master_of(redis::hash_slot(key)).describe(),
+                                          reply.str));
+        }
+        return reply;
     }
 
     static std::vector<std::vector<std::string>> batches(std::vector<std::string> keys) {
@@ -445,16 +538,13 @@ class RedisStore {
                 "or set RedisOptions::accept_no_persistence to accept the risk",
                 endpoint().describe()));
         }
-        persistence_checked_.store(true, std::memory_order_release);
     }
 
     RedisOptions options_;
     redis::KeyLayout keys_;
-    redis::Pool pool_;  ///< connections to the endpoint
+    redis::Router router_;  ///< connections to the server, or to each master of a cluster
     mutable std::mutex persistence_mutex_;
-    std::atomic<bool> persistence_checked_{false};
     std::optional<RedisPersistence> persistence_;
-    std::atomic<std::size_t> round_trips_{0};
     std::atomic<bool> claim_with_set_{true};
 };
 
@@ -474,7 +564,8 @@ class RedisStore::Transaction {
           savepoints_(std::move(other.savepoints_)),
           locks_(std::move(other.locks_)),
           released_(std::move(other.released_)),
-          hooks_(std::move(other.hooks_)) {}
+          hooks_(std::move(other.hooks_)),
+          write_places_(std::move(other.write_places_)) {}
     Transaction& operator=(Transaction&&) = delete;
     Transaction(const Transaction&) = delete;
     Transaction& operator=(const Transaction&) = delete;
@@ -558,6 +649,13 @@ class RedisStore::Transaction {
         commands_.add(sizeof...(Args));
         (commands_.add(args), ...);
         ++command_count_;
+        if (store_->router_
+                .known_cluster()) {  // where it goes: its key's slot (the first argument)
+            std::string key;
+            if constexpr (sizeof...(Args) > 1) key = redis::to_arg(std::get<1>(std::tie(args...)));
+            write_places_.push_back(
+                WritePlace{commands_.mark(), redis::hash_slot(key), current_owner()});
+        }
     }
 
     /// @brief Runs a read now, outside the transaction (it does not see this transaction's
@@ -567,6 +665,13 @@ class RedisStore::Transaction {
         active();
         redis::Args command;
         (command.add(args), ...);
+        if constexpr (sizeof...(Args) > 1) {
+            if (store_->router_.is_cluster()) {  // routed by its key, the first argument
+                const std::string key = redis::to_arg(std::get<1>(std::tie(args...)));
+                return store_->checked_on(
+                    key, [&](redis::Connection& c) { return c.command(command); }, "read");
+            }
+        }
         return store_->with_connection(
             [&](redis::Connection& c) { return c.checked(command, "read"); });
     }
@@ -607,13 +712,15 @@ class RedisStore::Transaction {
         savepoints_.pop_back();
         commands_.truncate(mark.commands);
         command_count_ = mark.command_count;
+        if (write_places_.size() > command_count_) write_places_.resize(command_count_);
         letters_.resize(mark.letters);
         if (claims_.size() > mark.claims) {
-            redis::Args keys;
+            std::vector<std::string> keys;
             for (std::size_t i = mark.claims; i < claims_.size(); ++i)
-                keys.add(claims_[i].key);
+                keys.push_back(claims_[i].key);
             claims_.resize(mark.claims);
-            store_->check_script(release(keys), "release");
+            for (const redis::Reply& reply : release(keys))
+                store_->check_script(reply, "release");
         }
     }
     void release_savepoint() {
@@ -635,8 +742,18 @@ class RedisStore::Transaction {
     /// @throws commit_failed when a lease was lost (nothing written) or a write failed;
     /// store_unavailable / store_timeout when Redis could not be reached (outcome unknown: the
     /// lease then expires, or the commit did happen and a redelivery is a duplicate).
+    ///
+    /// On a Redis Cluster the script runs once per hash slot of the transaction's claims (each
+    /// with its claims' dead letters, its freed leases and the writes whose key is in that
+    /// slot), pipelined per node: atomic per slot, not across slots. Writes to other slots run
+    /// after, once their message's claim committed (at most once, not atomically with it). When
+    /// some slot groups commit and others do not, throws partial_commit naming what committed.
     void commit() {
         active();
+        if (store_->router_.is_cluster()) {
+            commit_per_slot();
+            return;
+        }
         // The script's KEYS, then its ARGV (layout at redis_complete_source()), encoded once.
         redis::Args call;
         call.reserve(256 + 96 * claims_.size() + commands_.resp().size());
@@ -673,10 +790,11 @@ class RedisStore::Transaction {
             hooks_.empty() ? std::vector<CommitHook*>{} : hook_commands(acks);
         call.add(command_count_ + acks.count).append(commands_).append(acks.args);
 
-        redis::Reply reply = store_->with_connection(
-            [&](redis::Connection& c) { return c.eval(redis::complete_script(), num_keys, call); });
+        std::optional<redis::Reply> replicas;  // WAIT's answer, with replicas_to_ack
+        redis::Reply reply = commit_round_trip(num_keys, call, replicas);
         store_->check_script(reply, "commit");
         if (reply.type == redis::Reply::Type::string && reply.str == "ok") {
+            if (replicas) confirm_replicated(*replicas);
             for (CommitHook* hook : acked_hooks)
                 hook->acked_in_commit = true;
             claims_.clear();  // done: nothing left to release
@@ -718,11 +836,9 @@ class RedisStore::Transaction {
         if (store_ == nullptr) return;
         try {
             if (!claims_.empty() || !released_.empty()) {
-                redis::Args keys;
-                for (const auto& key : released_)
-                    keys.add(key);
+                std::vector<std::string> keys = released_;
                 for (const auto& held : claims_)
-                    keys.add(held.key);
+                    keys.push_back(held.key);
                 (void)release(keys);
             }
         } catch (...) {  // unreachable: the lease expires on its own
@@ -768,6 +884,273 @@ class RedisStore::Transaction {
             ++count;
         }
     };
+
+    /// One hash slot's share of a cluster commit: one complete-script call.
+    struct SlotGroup {
+        std::vector<std::size_t> claims;   ///< into claims_
+        std::vector<std::size_t> letters;  ///< into letters_
+        std::vector<const std::string*> released;
+        Commands commands;
+    };
+    /// Where a queued write goes on a cluster: its key's slot, and the claim of its message.
+    struct WritePlace {
+        redis::Args::Mark end;  ///< where its encoding ends in commands_
+        std::uint16_t slot;
+        std::string owner;  ///< the claim key of the message it was queued for; empty: none
+    };
+    /// A queued write outside its claim's slot (run after the claims committed).
+    struct LaterWrite {
+        std::uint16_t slot;
+        const std::string* owner;  ///< the claim key of its message; null: none
+        std::string_view resp;     ///< {argc, args...} as encoded in commands_
+        std::size_t count;
+    };
+
+    /// The complete script's call for @p group (layout at complete_source()).
+    redis::SlotCall completion_call(std::uint16_t slot, const SlotGroup& group) const {
+        redis::SlotCall call;
+        call.slot = slot;
+        redis::Args& a = call.keys_then_args;
+        for (std::size_t i : group.claims)
+            a.add(claims_[i].key);
+        for (std::size_t d : group.letters)
+            a.add(store_->dead_letter_key(letters_[d].scope, letters_[d].message_id));
+        for (const std::string* key : group.released)
+            a.add(*key);
+        call.num_keys = a.count();
+        a.add(store_->now_arg()).add(token_).add(group.claims.size());
+        for (std::size_t i : group.claims) {
+            const Claim& held = claims_[i];
+            a.add(held.outcome.empty() ? std::string_view("in_progress") : held.outcome)
+                .add(held.reason);
+        }
+        a.add(group.letters.size());
+        for (std::size_t d : group.letters) {
+            const DeadLetter& letter = letters_[d];
+            a.add(letter.scope)
+                .add(letter.message_id)
+                .add(letter.delivery_count)
+                .add(letter.reason)
+                .add(letter.payload);
+            if (letter.created_at == std::chrono::system_clock::time_point{}) {
+                a.add(std::string_view());
+            } else {
+                a.add(detail::to_unix_ms(letter.created_at));
+            }
+        }
+        a.add(group.commands.count).append(group.commands.args);
+        return call;
+    }
+
+    /// Why one slot group's commit reply is not "ok" (empty when it is).
+    std::string commit_problem(const redis::Reply& reply, const std::string& unreachable,
+                               const SlotGroup& group, bool* parked) const {
+        *parked = false;
+        if (!unreachable.empty()) return "Redis unreachable, outcome unknown: " + unreachable;
+        if (reply.is_error()) return "the commit script failed: " + reply.str;
+        if (reply.type == redis::Reply::Type::string && reply.str == "ok") return {};
+        const std::string status = reply.elements.empty() ? std::string() : reply.elements[0].str;
+        if (status == "lease_lost" && reply.elements.size() > 2) {
+            const std::size_t index =
+                static_cast<std::size_t>(redis::parse_int(reply.elements[1].str)) - 1;
+            const Claim& held = claims_.at(group.claims.at(index));
+            return fmt::format(
+                "lease lost: the claim on {}/{} expired and another worker took it over ({}); "
+                "nothing of its hash slot was written",
+                held.scope, held.id,
+                reply.elements[2].str == "leased" ? "it holds it now" : reply.elements[2].str);
+        }
+        if (status == "partial" && reply.elements.size() > 2) {
+            *parked = true;
+            return reply.elements[2].str +
+                   "; the claim is parked as a dead letter so a redelivery does not apply them "
+                   "twice";
+        }
+        return fmt::format("a Redis write of the commit failed before anything was applied: {}",
+                           reply.elements.size() > 2 ? reply.elements[2].str : "unknown reply");
+    }
+
+    /// commit() on a Redis Cluster: one complete-script call per hash slot, pipelined per node,
+    /// then the writes outside their claims' slots; truthful about what committed.
+    void commit_per_slot() {
+        if (write_places_.size() != command_count_) {
+            throw usage_error(
+                "idem::RedisStore: on a Redis Cluster, queue writes after the first claim (the "
+                "store learns the cluster's slots then)");
+        }
+        // In the order the transaction first touched each slot: one node's scripts run in that
+        // order (dead letters of a batch keep their order on each node).
+        std::vector<std::pair<std::uint16_t, SlotGroup>> groups;
+        std::unordered_map<std::uint16_t, std::size_t> group_at;
+        auto group = [&](std::uint16_t slot) -> SlotGroup& {
+            auto [it, added] = group_at.try_emplace(slot, groups.size());
+            if (added) groups.emplace_back(slot, SlotGroup{});
+            return groups[it->second].second;
+        };
+        for (std::size_t i = 0; i < claims_.size(); ++i)
+            group(redis::hash_slot(claims_[i].key)).claims.push_back(i);
+        for (std::size_t d = 0; d < letters_.size(); ++d) {
+            const DeadLetter& letter = letters_[d];
+            group(redis::hash_slot(store_->dead_letter_key(letter.scope, letter.message_id)))
+                .letters.push_back(d);
+        }
+        for (const std::string& key : released_)
+            group(redis::hash_slot(key)).released.push_back(&key);
+        std::vector<LaterWrite> later;
+        std::size_t start = 0;
+        const std::string_view encoded = commands_.resp();
+        std::size_t start_count = 0;
+        for (const WritePlace& place : write_places_) {
+            const std::string_view resp = encoded.substr(start, place.end.bytes - start);
+            const std::size_t count = place.end.count - start_count;
+            start = place.end.bytes;
+            start_count = place.end.count;
+            const bool with_owner =
+                !place.owner.empty() && redis::hash_slot(place.owner) == place.slot;
+            const bool beside_claims = place.owner.empty() && group_at.count(place.slot) != 0;
+            if (with_owner || beside_claims) {
+                Commands& commands = group(place.slot).commands;
+                commands.args.append_encoded(resp, count);
+                ++commands.count;
+            } else {
+                later.push_back(LaterWrite{place.slot, place.owner.empty() ? nullptr : &place.owner,
+                                           resp, count});
+            }
+        }
+
+        std::vector<redis::SlotCall> calls;
+        std::vector<const SlotGroup*> called;
+        for (const auto& [slot, slot_group] : groups) {
+            calls.push_back(completion_call(slot, slot_group));
+            called.push_back(&slot_group);
+        }
+        std::vector<std::string> unreachable;
+        // With replicas_to_ack, each node's pipeline ends with WAIT: a group its replicas did not
+        // confirm is applied on its master but unconfirmed, and not reported as committed.
+        const std::optional<redis::Args> wait = wait_command();
+        std::vector<redis::Reply> waited;
+        const redis::Args* wait_args = wait ? &*wait : nullptr;
+        std::vector<redis::Reply> replies =
+            calls.empty() ? std::vector<redis::Reply>{}
+                          : store_->router_.eval_each(redis::complete_script(), calls, &unreachable,
+                                                      wait_args, &waited);
+        bool only_unconfirmed = true;
+
+        std::vector<bool> done(claims_.size(), false);  ///< committed (or parked by the script)
+        std::vector<partial_commit::Id> committed;
+        std::string first_problem;
+        bool only_unreachable = true;
+        for (std::size_t g = 0; g < called.size(); ++g) {
+            bool parked = false;
+            std::string problem = commit_problem(replies[g], unreachable[g], *called[g], &parked);
+            if (problem.empty() || parked) {
+                for (std::size_t i : called[g]->claims)
+                    done[i] = true;
+            }
+            const bool unconfirmed = problem.empty() && wait && !confirmed(waited[g]);
+            if (unconfirmed) problem = unconfirmed_text(waited[g]);
+            only_unconfirmed = only_unconfirmed && unconfirmed;
+            if (problem.empty()) {
+                for (std::size_t i : called[g]->claims)
+                    committed.emplace_back(claims_[i].scope, claims_[i].id);
+                for (std::size_t d : called[g]->letters)
+                    committed.emplace_back(letters_[d].scope, letters_[d].message_id);
+                continue;
+            }
+            if (first_problem.empty()) first_problem = problem;
+            only_unreachable = only_unreachable && !unreachable[g].empty();
+        }
+
+        // The writes outside their claims' slots, for the messages whose claim committed.
+        auto owner_committed = [&](const std::string* owner) {
+            if (owner == nullptr) return first_problem.empty();
+            for (std::size_t i = 0; i < claims_.size(); ++i) {
+                if (claims_[i].key == *owner) return bool(done[i]);
+            }
+            return false;
+        };
+        std::map<std::uint16_t, SlotGroup> after;
+        std::map<std::uint16_t, std::vector<const std::string*>> owners_of;
+        for (const LaterWrite& write : later) {
+            if (!owner_committed(write.owner)) continue;
+            Commands& commands = after[write.slot].commands;
+            commands.args.append_encoded(write.resp, write.count);
+            ++commands.count;
+            owners_of[write.slot].push_back(write.owner);
+        }
+        if (!after.empty()) {
+            std::vector<redis::SlotCall> later_calls;
+            std::vector<std::uint16_t> later_slots;
+            for (const auto& [slot, group] : after) {
+                later_calls.push_back(completion_call(slot, group));
+                later_slots.push_back(slot);
+            }
+            std::vector<std::string> later_unreachable;
+            std::vector<redis::Reply> later_waited;
+            std::vector<redis::Reply> later_replies =
+                store_->router_.eval_each(redis::complete_script(), later_calls, &later_unreachable,
+                                          wait_args, &later_waited);
+            for (std::size_t g = 0; g < later_calls.size(); ++g) {
+                bool parked = false;
+                std::string problem = commit_problem(later_replies[g], later_unreachable[g],
+                                                     after[later_slots[g]], &parked);
+                if (problem.empty() && wait && !confirmed(later_waited[g])) {
+                    problem = unconfirmed_text(later_waited[g]);
+                }
+                if (problem.empty()) continue;
+                only_unconfirmed = false;
+                // The claims are done but these writes of their effect are not: say so.
+                const std::string text = fmt::format(
+                    "the claim committed but its writes outside the claim's hash slot did not "
+                    "({}); they are not retried",
+                    problem);
+                if (first_problem.empty()) first_problem = text;
+                only_unreachable = false;
+                for (const std::string* owner : owners_of[later_slots[g]]) {
+                    for (std::size_t i = 0; i < claims_.size(); ++i) {
+                        if (owner == nullptr || claims_[i].key != *owner) continue;
+                        committed.erase(
+                            std::remove(committed.begin(), committed.end(),
+                                        partial_commit::Id{claims_[i].scope, claims_[i].id}),
+                            committed.end());
+                    }
+                }
+            }
+        }
+
+        if (first_problem.empty()) {
+            claims_.clear();  // done: nothing left to release
+            released_.clear();
+            finish();
+            return;
+        }
+        // What committed or was parked is not ours to release any more; the rest is freed.
+        std::vector<Claim> left;
+        for (std::size_t i = 0; i < claims_.size(); ++i) {
+            if (!done[i]) left.push_back(std::move(claims_[i]));
+        }
+        claims_ = std::move(left);
+        rollback();
+        if (!committed.empty()) {
+            throw partial_commit(
+                fmt::format("only part of the transaction committed on the Redis Cluster "
+                            "({} of its messages): {}",
+                            committed.size(), first_problem),
+                std::move(committed));
+        }
+        if (only_unreachable) throw store_unavailable("idem: Redis commit: " + first_problem);
+        if (wait && only_unconfirmed) throw commit_unconfirmed(first_problem);
+        throw commit_failed(first_problem);
+    }
+
+    /// The claim key of the message whose effect is running: the first claim held without an
+    /// outcome (claims are recorded in order); empty when there is none.
+    std::string current_owner() const {
+        for (const Claim& held : claims_) {
+            if (held.outcome.empty()) return held.key;
+        }
+        return {};
+    }
 
     /// The index of the claim held on (scope, id), or claims_.size(). Starts after the last one
     /// found: a batch records its outcomes in claim order, so each search is one step, not a
@@ -829,6 +1212,23 @@ class RedisStore::Transaction {
         }
         if (contested.empty()) return results;
 
+        std::vector<redis::Reply> answers = store_->router_.known_cluster()
+                                                ? claim_per_slot(held, contested)
+                                                : claim_in_one_script(held, contested);
+        // An id this transaction held before the call is its own duplicate; a second copy of an
+        // id in this call the script already answers so (the first copy made the lease ours).
+        for (std::size_t k = 0; k < contested.size(); ++k) {
+            const std::size_t i = contested[k];
+            std::optional<ClaimResult> own;
+            if (held_before > 0) own = own_claim(held[i].scope, held[i].id);
+            results[i] = own ? *own : take(std::move(held[i]), answers[k]);
+        }
+        return results;
+    }
+
+    /// The claim script for the @p contested of @p held, in one call; one answer per id.
+    std::vector<redis::Reply> claim_in_one_script(const std::vector<Claim>& held,
+                                                  const std::vector<std::size_t>& contested) {
         redis::Args call;
         call.reserve(128 * contested.size() + 128);
         for (std::size_t i : contested)
@@ -840,21 +1240,56 @@ class RedisStore::Transaction {
             return c.eval(redis::claim_script(), contested.size(), call);
         });
         store_->check_script(reply, "claim");
-        std::vector<redis::Reply> one;  // one id: the script answers it alone
-        if (contested.size() == 1) one.push_back(std::move(reply));
-        std::vector<redis::Reply>& answers = contested.size() == 1 ? one : reply.elements;
+        std::vector<redis::Reply> answers;  // one id: the script answers it alone
+        if (contested.size() == 1) {
+            answers.push_back(std::move(reply));
+        } else {
+            answers = std::move(reply.elements);
+        }
         if (answers.size() != contested.size()) {
             throw store_error("idem: Redis claim script: unexpected reply");
         }
-        // An id this transaction held before the call is its own duplicate; a second copy of an
-        // id in this call the script already answers so (the first copy made the lease ours).
-        for (std::size_t k = 0; k < contested.size(); ++k) {
-            const std::size_t i = contested[k];
-            std::optional<ClaimResult> own;
-            if (held_before > 0) own = own_claim(held[i].scope, held[i].id);
-            results[i] = own ? *own : take(std::move(held[i]), answers[k]);
+        return answers;
+    }
+
+    /// The same on a cluster: one script per hash slot, pipelined per node.
+    std::vector<redis::Reply> claim_per_slot(const std::vector<Claim>& held,
+                                             const std::vector<std::size_t>& contested) {
+        std::map<std::uint16_t, std::vector<std::size_t>> groups;  // slot -> positions in contested
+        for (std::size_t k = 0; k < contested.size(); ++k)
+            groups[redis::hash_slot(held[contested[k]].key)].push_back(k);
+        std::vector<redis::SlotCall> calls;
+        const std::string now = store_->now_arg();
+        for (const auto& [slot, positions] : groups) {
+            redis::SlotCall call;
+            call.slot = slot;
+            call.num_keys = positions.size();
+            for (std::size_t k : positions)
+                call.keys_then_args.add(held[contested[k]].key);
+            call.keys_then_args.add(token_).add(lease_.count()).add(retention_ms()).add(now);
+            for (std::size_t k : positions) {
+                const Claim& c = held[contested[k]];
+                call.keys_then_args.add(redis::Record::fields(c.fingerprint, c.scope, c.id));
+            }
+            calls.push_back(std::move(call));
         }
-        return results;
+        std::vector<redis::Reply> replies = store_->router_.eval_each(redis::claim_script(), calls);
+        std::vector<redis::Reply> answers(contested.size());
+        std::size_t g = 0;
+        for (const auto& [slot, positions] : groups) {
+            redis::Reply& reply = replies[g++];
+            store_->check_script(reply, "claim");
+            if (positions.size() == 1) {
+                answers[positions.front()] = std::move(reply);
+                continue;
+            }
+            if (reply.elements.size() != positions.size()) {
+                throw store_error("idem: Redis claim script: unexpected reply");
+            }
+            for (std::size_t k = 0; k < positions.size(); ++k)
+                answers[positions[k]] = std::move(reply.elements[k]);
+        }
+        return answers;
     }
 
     /// The SET round trip of claim_all(). Decides what it can into @p results and lists the
@@ -884,8 +1319,17 @@ class RedisStore::Transaction {
                 .add(retention)
                 .add("GET");
         }
-        std::vector<redis::Reply> replies =
-            store_->with_connection([&](redis::Connection& c) { return c.pipeline(sets); });
+        std::vector<redis::Reply> replies;
+        if (store_->router_.is_cluster()) {  // one pipeline per node
+            std::vector<std::uint16_t> slots;
+            slots.reserve(held.size());
+            for (const auto& claim : held)
+                slots.push_back(redis::hash_slot(claim.key));
+            replies = store_->router_.pipeline(sets, slots);
+        } else {
+            replies =
+                store_->with_connection([&](redis::Connection& c) { return c.pipeline(sets); });
+        }
         if (!replies.empty() && replies[0].is_error() &&
             replies[0].str.rfind("ERR syntax error", 0) == 0) {
             store_->claim_with_set_.store(false, std::memory_order_relaxed);
@@ -965,13 +1409,84 @@ class RedisStore::Transaction {
         return result;
     }
 
-    /// Frees the leases of @p keys that this transaction's token still holds.
-    redis::Reply release(const redis::Args& keys) {
-        redis::Args call = keys;
-        call.add(token_);
-        return store_->with_connection([&](redis::Connection& c) {
-            return c.eval(redis::release_script(), keys.count(), call);
+    /// The commit script, followed by `WAIT` in the same round trip when the store asks replicas
+    /// to confirm commits (@p replicas then holds WAIT's reply).
+    redis::Reply commit_round_trip(std::size_t num_keys, const redis::Args& call,
+                                   std::optional<redis::Reply>& replicas) {
+        const std::optional<redis::Args> wait = wait_command();
+        if (!wait) {
+            return store_->with_connection([&](redis::Connection& c) {
+                return c.eval(redis::complete_script(), num_keys, call);
+            });
+        }
+        std::vector<redis::Reply> replies = store_->with_connection([&](redis::Connection& c) {
+            return c.eval_then(redis::complete_script(), num_keys, call, {*wait});
         });
+        replicas = std::move(replies.at(1));
+        return std::move(replies.front());
+    }
+
+    /// `WAIT replicas_to_ack replicas_timeout`, when the store asks replicas to confirm commits.
+    [[nodiscard]] std::optional<redis::Args> wait_command() const {
+        const RedisOptions& options = store_->options_;
+        if (options.replicas_to_ack == 0) return std::nullopt;
+        redis::Args wait;
+        wait.add("WAIT").add(options.replicas_to_ack).add(options.replicas_timeout.count());
+        return wait;
+    }
+    /// Whether WAIT's reply says enough replicas have the commit.
+    [[nodiscard]] bool confirmed(const redis::Reply& replicas) const {
+        return !replicas.is_error() && replicas.type == redis::Reply::Type::integer &&
+               replicas.integer >= store_->options_.replicas_to_ack;
+    }
+    [[nodiscard]] std::string unconfirmed_text(const redis::Reply& replicas) const {
+        const RedisOptions& options = store_->options_;
+        return fmt::format(
+            "commit not confirmed: the master on {} applied it but {} within {} ms (WAIT {} {}); "
+            "a failover now would lose it, so its outcome is unknown and it must not be acked",
+            store_->endpoint().describe(),
+            replicas.is_error() ? fmt::format("WAIT failed ({})", replicas.str)
+                                : fmt::format("only {} of {} replicas confirmed it",
+                                              replicas.integer, options.replicas_to_ack),
+            options.replicas_timeout.count(), options.replicas_to_ack,
+            options.replicas_timeout.count());
+    }
+
+    /// After a commit the master applied: fewer replicas than asked have it, so a failover may
+    /// still lose it. Nothing is left to release (the claims are done); the transaction ends and
+    /// the commit is reported unconfirmed, which the handler turns into `failed` (no ack).
+    void confirm_replicated(const redis::Reply& replicas) {
+        if (confirmed(replicas)) return;
+        std::string message = unconfirmed_text(replicas);
+        claims_.clear();  // committed on the master: not ours to release any more
+        released_.clear();
+        finish();
+        throw commit_unconfirmed(message);
+    }
+
+    /// Frees the leases of @p keys that this transaction's token still holds: one script (one
+    /// per hash slot on a cluster, pipelined per node).
+    std::vector<redis::Reply> release(const std::vector<std::string>& keys) {
+        if (!store_->router_.known_cluster()) {
+            redis::Args call;
+            for (const auto& key : keys)
+                call.add(key);
+            call.add(token_);
+            return {store_->with_connection([&](redis::Connection& c) {
+                return c.eval(redis::release_script(), keys.size(), call);
+            })};
+        }
+        std::vector<redis::SlotCall> calls;
+        for (const auto& [slot, group] : by_slot(keys)) {
+            redis::SlotCall call;
+            call.slot = slot;
+            call.num_keys = group.size();
+            for (const auto& key : group)
+                call.keys_then_args.add(key);
+            call.keys_then_args.add(token_);
+            calls.push_back(std::move(call));
+        }
+        return store_->router_.eval_each(redis::release_script(), calls);
     }
 
     explicit Transaction(RedisStore& store)
@@ -1073,6 +1588,7 @@ class RedisStore::Transaction {
         released_.clear();
         locks_.clear();
         hooks_.clear();
+        write_places_.clear();
     }
 
     RedisStore* store_;
@@ -1085,9 +1601,10 @@ class RedisStore::Transaction {
     std::size_t command_count_ = 0;
     std::vector<Mark> savepoints_;
     std::vector<std::string> locks_;
-    std::vector<std::string> released_;   ///< keys of unclaim()ed leases, freed at the end
-    std::vector<CommitHook*> hooks_;      ///< attach()ed stream acks, done by the commit
-    mutable std::size_t last_found_ = 0;  ///< find_held()'s hint
+    std::vector<std::string> released_;     ///< keys of unclaim()ed leases, freed at the end
+    std::vector<CommitHook*> hooks_;        ///< attach()ed stream acks, done by the commit
+    std::vector<WritePlace> write_places_;  ///< on a cluster: one per queued write
+    mutable std::size_t last_found_ = 0;    ///< find_held()'s hint
 };
 
 inline RedisStore::Transaction RedisStore::begin() {

@@ -49,6 +49,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -243,14 +244,35 @@ class RedisServer : public ServerProcess {
     /// (`appendonly no`, no RDB: a restart loses every key), which RedisStore refuses by default.
     enum Persistence { aof_always, no_aof };
 
+    /// How to start it, beyond the defaults.
+    struct Setup {
+        Persistence persistence = aof_always;
+        /// More redis-server options, after the fixture's own (e.g. {"--replicaof", "127.0.0.1",
+        /// "7001"} for a replica).
+        std::vector<std::string> arguments{};
+        /// Not empty: a Sentinel (`redis-server <dir>/sentinel.conf --sentinel`) whose config
+        /// file starts with this text (Sentinel rewrites the file as it learns).
+        std::string sentinel_config{};
+    };
+
     /// Starts redis-server and waits until it answers. Throws std::runtime_error with the log's
     /// tail.
     explicit RedisServer(Persistence persistence = aof_always)
-        : ServerProcess(traits()), persistence_(persistence) {
+        : RedisServer(Setup{persistence, {}, {}}) {}
+    /// The same with @p extra_args at the end of redis-server's command line (a replica, a
+    /// Cluster node).
+    RedisServer(Persistence persistence, std::vector<std::string> extra_args)
+        : RedisServer(Setup{persistence, std::move(extra_args), {}}) {}
+    explicit RedisServer(Setup setup) : ServerProcess(traits()), setup_(std::move(setup)) {
         const auto found = detail::find_redis_server();
         if (found.path.empty()) throw std::runtime_error("RedisServer: " + found.why);
         binary_ = found.path;
         adopt_dir(make_temp_dir("IDEM_TEST_REDIS_TMPDIR", "idem-redis-"));
+        if (sentinel()) {
+            std::ofstream config(dir() / "sentinel.conf");
+            config << setup_.sentinel_config << '\n';
+            if (!config) throw std::runtime_error("RedisServer: cannot write sentinel.conf");
+        }
         start_on_free_port();
     }
 
@@ -271,9 +293,22 @@ class RedisServer : public ServerProcess {
     /// Graceful shutdown (SIGTERM: the AOF is flushed). No-op when stopped.
     void stop() { stop_with(SIGTERM, std::chrono::seconds(30)); }
 
+    /// Whether this is a Sentinel (Setup::sentinel_config).
+    [[nodiscard]] bool sentinel() const { return !setup_.sentinel_config.empty(); }
+
+    /// SIGSTOP / SIGCONT: a server that hangs (its connections stay open, nothing answers).
+    void pause() const { signal_server(SIGSTOP); }
+    void resume() const { signal_server(SIGCONT); }
+
   private:
     std::filesystem::path binary_;
-    Persistence persistence_ = aof_always;
+    Setup setup_;
+
+    void signal_server(int signal) const {
+        if (pid() <= 0 || ::kill(pid(), signal) != 0) {
+            throw std::runtime_error("RedisServer: cannot signal redis-server (not running)");
+        }
+    }
 
     static Traits traits() {
         Traits t;
@@ -297,25 +332,21 @@ class RedisServer : public ServerProcess {
         const auto log_offset = log_size();
         const int log = open_log();
         Spawn s;
-        s.argv = {binary_.string(),
-                  "--port",
-                  std::to_string(port),
-                  "--bind",
-                  "127.0.0.1",
-                  "--protected-mode",
-                  "no",
-                  "--dir",
-                  dir().string(),
-                  "--appendonly",
-                  persistence_ == aof_always ? "yes" : "no",
-                  "--appendfsync",
-                  "always",
-                  "--save",
-                  "",
-                  "--daemonize",
-                  "no",
-                  "--logfile",
-                  log_file().string()};
+        if (sentinel())
+            s.argv = {binary_.string(), (dir() / "sentinel.conf").string(), "--sentinel"};
+        const std::vector<std::string> common = {
+            "--port",    std::to_string(port), "--bind",
+            "127.0.0.1", "--protected-mode",   "no",
+            "--dir",     dir().string(),       "--daemonize",
+            "no",        "--logfile",          log_file().string()};
+        if (!sentinel()) s.argv = {binary_.string()};
+        s.argv.insert(s.argv.end(), common.begin(), common.end());
+        if (!sentinel()) {
+            s.argv.insert(s.argv.end(),
+                          {"--appendonly", setup_.persistence == aof_always ? "yes" : "no",
+                           "--appendfsync", "always", "--save", ""});
+        }
+        s.argv.insert(s.argv.end(), setup_.arguments.begin(), setup_.arguments.end());
         s.env = {"PATH=/usr/bin:/bin", "LC_ALL=C", "HOME=" + dir().string()};
         s.cwd = dir();
         s.out_fd = log;  // what redis says before it opens --logfile (bad options)
@@ -330,10 +361,16 @@ class RedisServer : public ServerProcess {
         return true;
     }
 
-    /// PONG (not -LOADING while the AOF is replayed) from a server whose dir is ours.
+    /// PONG (not -LOADING while the AOF is replayed) from a server whose dir is ours (a
+    /// Sentinel, which has no CONFIG: whose config file is ours).
     bool answers_as_ours(RedisClient& probe) const {
         try {
             if (probe.str({"PING"}) != "PONG") return false;
+            if (sentinel()) {
+                const auto info = probe.str({"INFO", "server"});
+                return info && info->find("config_file:" + (dir() / "sentinel.conf").string()) !=
+                                   std::string::npos;
+            }
             const auto reply = probe.array({"CONFIG", "GET", "dir"});
             std::error_code ec;
             return reply.size() == 2 && reply[1] &&

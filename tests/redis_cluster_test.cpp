@@ -1,0 +1,364 @@
+// RedisStore on a real Redis Cluster (3 masters, 3 replicas; testing/redis_cluster.hpp), given
+// ONE node's address: cluster mode found by itself, 10,000 ids over every slot range processed
+// once and then all duplicates (in batches: one round trip per node, not per message), slots
+// moved by hand while messages are handled (MOVED and ASK both followed, counted), a batch whose
+// slot groups do not all commit reporting each message truthfully, and the StreamConsumer
+// draining a stream on the cluster. One cluster per process: this binary is one ctest test.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <iostream>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/broker/redis_streams.hpp"
+#include "idem/idem.hpp"
+#include "idem/redis/cluster.hpp"
+#include "idem/store/redis.hpp"
+#include "support/redis_cluster.hpp"
+#include "support/redis_server.hpp"
+#include "support/require_redis_cluster.hpp"
+
+namespace {
+
+using idem::Delivery;
+using idem::Disposition;
+using idem::redis::hash_slot;
+
+class RedisClusterTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        IDEM_REQUIRE_REDIS_CLUSTER();
+        cluster_ = &idem_test::shared_redis_cluster();
+        ASSERT_TRUE(cluster_->wait_until_ok(std::chrono::seconds(20)));
+        cluster_->flushall();
+    }
+
+    idem::RedisEndpoint node(std::size_t i) const {
+        idem::RedisEndpoint endpoint;
+        endpoint.host = cluster_->host();
+        endpoint.port = cluster_->port(i);
+        return endpoint;
+    }
+
+    /// An effect key in the claim's hash slot: the claim key's tag is {scope:id}.
+    static std::string effect_key(const std::string& scope, const std::string& id) {
+        return "fx{" + scope + ":" + id + "}";
+    }
+
+    /// The value of every key in @p keys, read straight from the masters (not through the store).
+    std::map<std::string, std::string> read_all(const std::vector<std::string>& keys) {
+        std::map<std::string, std::string> out;
+        std::map<std::size_t, std::size_t> master_of_slot;
+        for (const auto& key : keys) {
+            const std::uint16_t slot = hash_slot(key);
+            auto it = master_of_slot.find(slot);
+            if (it == master_of_slot.end())
+                it = master_of_slot.emplace(slot, cluster_->master_index_of(slot)).first;
+            idem_test::RedisClient c = cluster_->client(it->second);
+            if (auto value = c.str({"GET", key})) out[key] = *value;
+        }
+        return out;
+    }
+
+    idem_test::RedisCluster* cluster_ = nullptr;
+};
+
+TEST(RedisHashSlot, FollowsTheClusterSpecification) {
+    EXPECT_EQ(idem::redis::crc16("123456789"), 0x31C3);  // the spec's check value
+    EXPECT_EQ(hash_slot("foo"), 12182);
+    EXPECT_EQ(hash_slot("{user1000}.following"), hash_slot("{user1000}.followers"));
+    EXPECT_EQ(hash_slot("{user1000}.following"), hash_slot("user1000"));
+    EXPECT_EQ(hash_slot("foo{}{bar}"), idem::redis::crc16("foo{}{bar}") % 16384);  // empty tag
+    EXPECT_EQ(hash_slot("foo{{bar}}zap"), hash_slot("{bar"));
+    EXPECT_EQ(hash_slot("foo{bar}{zap}"), hash_slot("bar"));
+    idem::redis::KeyLayout keys("idem:");
+    EXPECT_EQ(hash_slot(keys.claim("s", "m-1")), hash_slot(keys.dead_letter("s", "m-1")));
+}
+
+TEST_F(RedisClusterTest, OneNodesAddressIsEnoughToFindTheCluster) {
+    for (std::size_t i : {std::size_t{0}, cluster_->size() - 1}) {  // a master, then a replica
+        idem::RedisStore store(node(i));
+        EXPECT_TRUE(store.is_cluster());
+        auto handler = idem::make_handler(store, idem::Policy{"detect"},
+                                          [](auto& tx, const std::string& body) {
+                                              tx.write("SET", effect_key("detect", body), "1");
+                                          });
+        for (int k = 0; k < 30; ++k) {
+            const std::string id = "m-" + std::to_string(i) + "-" + std::to_string(k);
+            const auto outcome = handler.handle(Delivery{id, 1u}, id);
+            EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+        }
+        EXPECT_EQ(store.redirects().moved, 0u) << "routed by the slot map, not by MOVED";
+        // The persistence check ran on every master.
+        ASSERT_TRUE(store.persistence().has_value());
+        EXPECT_TRUE(store.persistence()->aof_enabled);
+    }
+    // A standalone server is not taken for a cluster, and costs no extra round trip.
+    idem_test::RedisServer standalone;
+    idem::RedisEndpoint plain;
+    plain.host = standalone.host();
+    plain.port = standalone.port();
+    idem::RedisStore store(plain);
+    EXPECT_FALSE(store.is_cluster());
+    auto tx = store.begin();
+    const std::size_t before = store.round_trips();
+    EXPECT_EQ(tx.claim("s", "one").status, idem::ClaimStatus::claimed);
+    EXPECT_EQ(store.round_trips() - before, 1u);
+}
+
+TEST_F(RedisClusterTest, TenThousandIdsOverEverySlotRangeAreProcessedOnceThenDuplicates) {
+    idem::RedisStore store(node(0));
+    const std::string scope = "spread";
+    auto handler =
+        idem::make_handler(store, idem::Policy{scope}, [&](auto& tx, const std::string& id) {
+            tx.write("SET", effect_key(scope, id), "applied");
+        });
+    constexpr std::size_t total = 10'000;
+    constexpr std::size_t batch = 500;
+    std::vector<std::string> ids;
+    std::set<std::uint16_t> slots;
+    std::set<std::size_t> masters;
+    for (std::size_t i = 0; i < total; ++i) {
+        ids.push_back("order-" + std::to_string(i));
+        slots.insert(hash_slot(store.claim_key(scope, ids.back())));
+    }
+    for (std::uint16_t slot : {std::uint16_t{0}, std::uint16_t{8000}, std::uint16_t{16383}})
+        masters.insert(cluster_->master_index_of(slot));
+    EXPECT_EQ(masters.size(), 3u) << "the three slot ranges are on three masters";
+    EXPECT_GT(slots.size(), 7000u) << "the ids cover most of the 16384 slots";
+
+    auto run = [&](Disposition expected) -> std::size_t {
+        std::size_t most_round_trips = 0;
+        for (std::size_t start = 0; start < total; start += batch) {
+            std::vector<Delivery> deliveries;
+            std::vector<std::string> bodies;
+            for (std::size_t i = start; i < start + batch; ++i) {
+                deliveries.push_back(Delivery{ids[i], 1u});
+                bodies.push_back(ids[i]);
+            }
+            const std::size_t before = store.round_trips();
+            const auto outcomes = handler.handle_batch(deliveries, bodies);
+            if (start != 0)
+                most_round_trips = std::max(most_round_trips, store.round_trips() - before);
+            for (std::size_t k = 0; k < outcomes.size(); ++k) {
+                if (outcomes[k].disposition != expected) {
+                    ADD_FAILURE() << ids[start + k] << ": " << outcomes[k].reason;
+                    return most_round_trips;
+                }
+            }
+        }
+        return most_round_trips;
+    };
+    // Claims: one SET pipeline per node; the commit: one pipeline of slot-group scripts per node.
+    EXPECT_LE(run(Disposition::processed), 2 * masters.size());
+    EXPECT_LE(run(Disposition::duplicate), masters.size()) << "duplicates: the SETs only";
+
+    std::vector<std::string> keys;
+    for (const auto& id : ids)
+        keys.push_back(effect_key(scope, id));
+    const auto effects = read_all(keys);
+    EXPECT_EQ(effects.size(), total);
+    for (const auto& [key, value] : effects)
+        ASSERT_EQ(value, "applied") << key;
+    EXPECT_EQ(handler.counters().processed, total);
+    EXPECT_EQ(handler.counters().duplicates, total);
+}
+
+TEST_F(RedisClusterTest, SlotsMovedWhileMessagesAreHandledLoseNothingAndApplyNothingTwice) {
+    idem::RedisStore store(node(0));
+    const std::string scope = "reshard";
+    auto handler = idem::make_handler(
+        store, idem::Policy{scope},
+        [&](auto& tx, const std::string& id) { tx.write("INCR", effect_key(scope, id)); });
+    // Ids of two slots to move, and ids everywhere else.
+    const std::uint16_t moved_slots[] = {hash_slot(store.claim_key(scope, "m-0")),
+                                         hash_slot(store.claim_key(scope, "m-1"))};
+    std::map<std::uint16_t, std::vector<std::string>> of_slot;
+    std::vector<std::string> elsewhere;
+    for (std::size_t i = 0;
+         of_slot[moved_slots[0]].size() < 24 || of_slot[moved_slots[1]].size() < 24; ++i) {
+        const std::string id = "m-" + std::to_string(i);
+        const std::uint16_t slot = hash_slot(store.claim_key(scope, id));
+        if (slot == moved_slots[0] || slot == moved_slots[1]) {
+            of_slot[slot].push_back(id);
+        } else if (elsewhere.size() < 300) {
+            elsewhere.push_back(id);
+        }
+    }
+    std::vector<std::string> all = elsewhere;
+    std::size_t next_elsewhere = 0;
+    auto handle = [&](const std::string& id) {
+        const auto outcome = handler.handle(Delivery{id, 1u}, id);
+        EXPECT_TRUE(outcome.disposition == Disposition::processed ||
+                    outcome.disposition == Disposition::duplicate)
+            << id << ": " << outcome.reason;
+    };
+    auto some_elsewhere = [&](std::size_t n) {
+        for (std::size_t k = 0; k < n && next_elsewhere < elsewhere.size(); ++k)
+            handle(elsewhere[next_elsewhere++]);
+    };
+    for (std::uint16_t slot : moved_slots) {
+        std::vector<std::string>& ids = of_slot[slot];
+        all.insert(all.end(), ids.begin(), ids.end());
+        // Before: claimed and committed on the slot's first master.
+        for (std::size_t k = 0; k < 8; ++k)
+            handle(ids[k]);
+        some_elsewhere(40);
+        const std::size_t to = cluster_->other_master(cluster_->master_index_of(slot));
+        cluster_->begin_move(slot, to);
+        cluster_->move_keys(slot, 8);  // the records of the first 4 ids (claim + effect)
+        // Mid-move: new ids of the slot are not on the old node any more -> ASK to the new one;
+        // the moved ones are duplicates there (ASK), those not moved yet answer on the old one.
+        for (std::size_t k = 0; k < 8; ++k)
+            handle(ids[k]);  // all duplicates now
+        for (std::size_t k = 8; k < 16; ++k)
+            handle(ids[k]);
+        some_elsewhere(40);
+        cluster_->move_keys(slot);
+        cluster_->end_move(slot);
+        // After: the store's map still names the old node -> MOVED, then the new one.
+        for (std::size_t k = 16; k < ids.size(); ++k)
+            handle(ids[k]);
+        some_elsewhere(40);
+    }
+    some_elsewhere(elsewhere.size());
+    const idem::redis::RedirectCounts seen = store.redirects();
+    EXPECT_GT(seen.moved, 0u);
+    EXPECT_GT(seen.ask, 0u);
+    std::cout << "[ reshard  ] MOVED " << seen.moved << ", ASK " << seen.ask << ", TRYAGAIN "
+              << seen.retries << ", slot maps read " << seen.refreshes << " for " << all.size()
+              << " messages\n";
+
+    // A second pass: every id a duplicate; every effect applied exactly once.
+    for (const auto& id : all) {
+        const auto outcome = handler.handle(Delivery{id, 2u}, id);
+        EXPECT_EQ(outcome.disposition, Disposition::duplicate) << id << ": " << outcome.reason;
+    }
+    std::vector<std::string> keys;
+    for (const auto& id : all)
+        keys.push_back(effect_key(scope, id));
+    const auto effects = read_all(keys);
+    EXPECT_EQ(effects.size(), all.size()) << "nothing lost";
+    for (const auto& [key, value] : effects)
+        EXPECT_EQ(value, "1") << key << " applied more than once";
+}
+
+TEST_F(RedisClusterTest, ABatchWhoseSlotGroupsDoNotAllCommitReportsEachMessageTruthfully) {
+    idem::RedisStore store(node(0));
+    const std::string scope = "partial";
+    const std::string victim = "m-3";
+    auto handler =
+        idem::make_handler(store, idem::Policy{scope}, [&](auto& tx, const std::string& id) {
+            tx.write("SET", effect_key(scope, id), "applied");
+            if (id == victim) {  // another worker takes this claim over behind our back
+                const std::string key = store.claim_key(scope, id);
+                idem_test::RedisClient c =
+                    cluster_->client(cluster_->master_index_of(hash_slot(key)));
+                auto record = idem::detail::RedisClaimRecord::decode(*c.str({"GET", key}));
+                record->state = "leased";
+                record->token = "0123456789abcdef0123456789abcdef";
+                c.exec({"SET", key, record->encode(), "KEEPTTL"});
+            }
+        });
+    std::vector<Delivery> deliveries;
+    std::vector<std::string> bodies;
+    for (int i = 0; i < 8; ++i) {
+        deliveries.push_back(Delivery{"m-" + std::to_string(i), 1u});
+        bodies.push_back("m-" + std::to_string(i));
+    }
+    const auto outcomes = handler.handle_batch(deliveries, bodies);
+    std::vector<std::string> keys;
+    for (const auto& id : bodies)
+        keys.push_back(effect_key(scope, id));
+    const auto effects = read_all(keys);
+    for (std::size_t i = 0; i < outcomes.size(); ++i) {
+        if (bodies[i] == victim) {
+            EXPECT_EQ(outcomes[i].disposition, Disposition::failed);
+            EXPECT_NE(outcomes[i].reason.find("lease lost"), std::string::npos)
+                << outcomes[i].reason;
+            EXPECT_EQ(effects.count(keys[i]), 0u) << "its slot group wrote nothing";
+        } else {
+            EXPECT_EQ(outcomes[i].disposition, Disposition::processed) << outcomes[i].reason;
+            EXPECT_EQ(effects.count(keys[i]), 1u);
+            EXPECT_EQ(store.find_claim(scope, bodies[i])->disposition, Disposition::processed);
+        }
+    }
+}
+
+TEST_F(RedisClusterTest, TheStreamConsumerDrainsAStreamAndAcksAfterTheCommit) {
+    idem::RedisStore store(node(0));
+    const std::string scope = "drain";
+    auto handler = idem::make_handler(store, idem::Policy{scope},
+                                      [&](auto& tx, const idem::StreamEntry& entry) {
+                                          tx.write("INCR", effect_key(scope, entry.id));
+                                      });
+    // The stream on a node other than the one given: the consumer follows MOVED to it.
+    std::string stream = "{orders}";
+    for (int i = 0; cluster_->master_index_of(hash_slot(stream)) == 0; ++i)
+        stream = "{orders-" + std::to_string(i) + "}";
+    idem_test::RedisClient producer =
+        cluster_->client(cluster_->master_index_of(hash_slot(stream)));
+    constexpr int total = 300;
+    std::vector<std::string> entry_ids;
+    for (int i = 0; i < total; ++i)
+        entry_ids.push_back(*producer.str({"XADD", stream, "*", "n", std::to_string(i)}));
+
+    for (bool batches : {false, true}) {
+        const std::string group = batches ? "batches" : "singles";
+        idem::StreamConsumerOptions options;
+        options.stream = stream;
+        options.group = group;
+        options.consumer = "worker-1";
+        options.batch_size = 64;
+        options.block = std::chrono::milliseconds(50);
+        options.handle_in_batches = batches;
+        idem::StreamConsumer consumer(node(0), options, handler);
+        EXPECT_FALSE(consumer.acks_in_commit()) << "stream and claims are in different slots";
+        std::size_t handled = 0;
+        for (int poll = 0; poll < 100 && handled < total; ++poll)
+            handled += consumer.poll_once();
+        EXPECT_EQ(handled, static_cast<std::size_t>(total));
+        EXPECT_EQ(consumer.stats().acked, static_cast<std::size_t>(total));
+        const auto pending = producer.array({"XPENDING", stream, group});
+        ASSERT_FALSE(pending.empty());
+        EXPECT_EQ(pending[0], "0") << "every entry acked";
+    }
+    std::vector<std::string> keys;
+    for (const auto& id : entry_ids)
+        keys.push_back(effect_key(scope, id));
+    const auto effects = read_all(keys);
+    EXPECT_EQ(effects.size(), static_cast<std::size_t>(total));
+    for (const auto& [key, value] : effects)
+        EXPECT_EQ(value, "1") << key << ": the second group's copies are duplicates";
+}
+
+TEST_F(RedisClusterTest, PurgeAndDeadLettersScanEveryMaster) {
+    idem::RedisStore store(node(0));
+    auto handler = idem::make_handler(store, idem::Policy{"scan"}, [](auto&, const std::string&) {
+        throw idem::malformed_message("unreadable body");  // dead-lettered with its claim
+    });
+    std::set<std::size_t> masters;
+    for (int i = 0; i < 60; ++i) {
+        const std::string id = "poison-" + std::to_string(i);
+        masters.insert(cluster_->master_index_of(hash_slot(store.dead_letter_key("scan", id))));
+        EXPECT_EQ(handler.handle(Delivery{id, 1u}, id).disposition, Disposition::dead_lettered);
+    }
+    EXPECT_EQ(masters.size(), 3u);
+    EXPECT_EQ(store.dead_letters().size(), 60u);
+    EXPECT_TRUE(store.hold_lock("job", "me", std::chrono::milliseconds(60'000)));
+    EXPECT_FALSE(store.hold_lock("job", "you", std::chrono::milliseconds(60'000)));
+    EXPECT_TRUE(store.release_lock("job", "me"));
+    const idem::PurgeResult purged = store.purge(std::chrono::hours(-1));  // everything is older
+    EXPECT_EQ(purged.claims, 60u);
+    EXPECT_EQ(store.dead_letters().size(), 60u) << "dead letters are kept";
+    EXPECT_FALSE(store.find_claim("scan", "poison-0").has_value());
+}
+
+}  // namespace

@@ -1,0 +1,204 @@
+// RedisOptions::replicas_to_ack against a real master and replica (redis-server --replicaof), both
+// started once for this binary: WAIT rides in the commit's round trip, a commit the replica
+// confirmed is on the replica, and a commit the replica could not confirm (SIGSTOPped) is failed
+// with its true meaning (commit_unconfirmed: applied on the master, maybe lost on failover) and is
+// never acked by the StreamConsumer.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "idem/broker/redis_streams.hpp"
+#include "idem/idem.hpp"
+#include "idem/store/redis.hpp"
+#include "support/redis_env.hpp"
+#include "support/redis_server.hpp"
+#include "support/require_redis.hpp"
+
+namespace {
+
+using idem::Delivery;
+using idem::Disposition;
+using idem::FailureCause;
+using namespace std::chrono_literals;
+
+/// The master and its replica, once per test binary.
+struct Pair {
+    idem_test::RedisServer master;
+    idem_test::RedisServer replica;
+
+    Pair()
+        // No 5 s wait for more replicas before the first (diskless) sync.
+        : master(idem_test::RedisServer::Setup{
+              idem_test::RedisServer::aof_always, {"--repl-diskless-sync-delay", "0"}, {}}),
+          replica(idem_test::RedisServer::Setup{
+              idem_test::RedisServer::aof_always,
+              {"--replicaof", "127.0.0.1", std::to_string(master.port())},
+              {}}) {
+        // Ready when a write reaches the replica: WAIT answers 1.
+        auto client = master.client();
+        const auto deadline = std::chrono::steady_clock::now() + 20s;
+        for (;;) {
+            client.exec({"INCR", "ready"});
+            if (client.integer({"WAIT", "1", "100"}) == 1) return;
+            if (std::chrono::steady_clock::now() >= deadline) {
+                throw std::runtime_error("the replica did not come online: " + replica.log_tail());
+            }
+            std::this_thread::sleep_for(20ms);
+        }
+    }
+};
+
+Pair& pair() {
+    static Pair servers;
+    return servers;
+}
+
+class RedisReplicasTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        IDEM_REQUIRE_REDIS();
+        pair().master.flushall();
+        // WAIT 1 with no write since returns at once: the FLUSHALL is on the replica too.
+        pair().master.client().exec({"WAIT", "1", "5000"});
+    }
+
+    static std::unique_ptr<idem::RedisStore> store(int replicas_to_ack) {
+        idem::RedisOptions options;
+        options.replicas_to_ack = replicas_to_ack;
+        options.replicas_timeout = 300ms;
+        return std::make_unique<idem::RedisStore>(idem_test::redis_endpoint(pair().master),
+                                                  options);
+    }
+    static auto handler(idem::RedisStore& store) {
+        return idem::make_handler(
+            store, idem::Policy{"orders"},
+            [](auto& tx, const std::string& body) { tx.write("INCR", "effects:" + body); });
+    }
+    /// A claim record as the replica has it (nothing when it has none).
+    static std::optional<std::string> on_replica(idem::RedisStore& store, const std::string& id) {
+        return pair().replica.client().str({"GET", store.claim_key("orders", id)});
+    }
+
+    /// Resumes a SIGSTOPped replica even when an assertion fails.
+    struct Paused {
+        Paused() { pair().replica.pause(); }
+        ~Paused() {
+            try {
+                pair().replica.resume();
+            } catch (...) {
+            }
+        }
+    };
+};
+
+TEST_F(RedisReplicasTest, WaitRidesInTheCommitsRoundTripAndTheReplicaHasTheCommit) {
+    auto plain = store(0);
+    auto confirmed = store(1);
+    auto plain_handler = handler(*plain);
+    auto confirmed_handler = handler(*confirmed);
+    // Warm-up: the persistence check and the scripts load once per connection.
+    ASSERT_EQ(plain_handler.handle(Delivery{"warm-a", 1u}, std::string("w")).disposition,
+              Disposition::processed);
+    const auto warm = confirmed_handler.handle(Delivery{"warm-b", 1u}, std::string("w"));
+    ASSERT_EQ(warm.disposition, Disposition::processed) << warm.reason;
+
+    const std::size_t plain_before = plain->round_trips();
+    ASSERT_EQ(plain_handler.handle(Delivery{"a", 1u}, std::string("a")).disposition,
+              Disposition::processed);
+    const std::size_t plain_trips = plain->round_trips() - plain_before;
+
+    const std::size_t confirmed_before = confirmed->round_trips();
+    const auto outcome = confirmed_handler.handle(Delivery{"b", 1u}, std::string("b"));
+    ASSERT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+    EXPECT_EQ(confirmed->round_trips() - confirmed_before, plain_trips)
+        << "WAIT must be pipelined with the commit, not a round trip of its own";
+    EXPECT_EQ(plain_trips, 2u);  // the claim, the commit
+
+    // WAIT answered 1: the replica has the finished claim the moment the handler returns.
+    const auto record = on_replica(*confirmed, "b");
+    ASSERT_TRUE(record.has_value()) << "a confirmed commit is not on the replica";
+    EXPECT_EQ(record->rfind("done|", 0), 0u) << *record;
+}
+
+TEST_F(RedisReplicasTest, ACommitTheReplicaDidNotConfirmIsFailedUnconfirmedAndADuplicateLater) {
+    auto confirmed = store(1);
+    auto h = handler(*confirmed);
+    ASSERT_EQ(h.handle(Delivery{"warm", 1u}, std::string("w")).disposition, Disposition::processed);
+    idem::Outcome outcome;
+    {
+        Paused replica_stopped;
+        outcome = h.handle(Delivery{"x", 1u}, std::string("x"));
+    }
+    EXPECT_EQ(outcome.disposition, Disposition::failed);
+    EXPECT_EQ(outcome.cause, FailureCause::commit_unconfirmed) << outcome.reason;
+    EXPECT_FALSE(idem::should_ack(outcome));
+    EXPECT_FALSE(outcome.store_unreachable()) << "the master answered; only its replica lags";
+    EXPECT_NE(outcome.reason.find("0 of 1 replicas"), std::string::npos) << outcome.reason;
+    EXPECT_NE(outcome.reason.find("must not be acked"), std::string::npos) << outcome.reason;
+
+    // It was applied on the master (the outcome was unknown, not "nothing stored"): with the
+    // master still there, the redelivery is a duplicate and the effect ran once.
+    auto claim = confirmed->find_claim("orders", "x");
+    ASSERT_TRUE(claim.has_value());
+    EXPECT_EQ(claim->disposition, Disposition::processed);
+    const auto again = h.handle(Delivery{"x", 2u}, std::string("x"));
+    EXPECT_EQ(again.disposition, Disposition::duplicate) << again.reason;
+    EXPECT_EQ(pair().master.client().integer({"GET", "effects:x"}), 1);
+}
+
+TEST_F(RedisReplicasTest, TheStreamConsumerNeverAcksAnUnconfirmedCommit) {
+    // The stream on a server of its own (the process's shared one): the consumer acks after the
+    // commit, so an ack of an unconfirmed commit would outlive a failover that loses the commit.
+    auto& broker = idem_test::shared_redis();
+    broker.flushall();
+    auto confirmed = store(1);
+    auto h = handler(*confirmed);
+    ASSERT_EQ(h.handle(Delivery{"warm", 1u}, std::string("w")).disposition, Disposition::processed);
+    auto client = broker.client();
+    const auto entry = client.str({"XADD", "orders", "*", "body", "y"});
+    ASSERT_TRUE(entry.has_value());
+
+    idem::StreamConsumerOptions options;
+    options.stream = "orders";
+    options.group = "g";
+    options.consumer = "c1";
+    options.block = 50ms;
+    options.circuit_breaker.initial_backoff = 10ms;
+    idem::StreamConsumer consumer{idem_test::redis_endpoint(broker), options,
+                                  [&](const Delivery& delivery, const idem::StreamEntry& e) {
+                                      return h.handle(delivery,
+                                                      std::string(e.field("body").value_or("")));
+                                  }};
+    {
+        Paused replica_stopped;
+        EXPECT_EQ(consumer.poll_once(), 1u);
+    }
+    const auto stats = consumer.stats();
+    EXPECT_EQ(stats.acked, 0u);
+    EXPECT_EQ(stats.not_acked, 1u);
+    // Still pending in the group: it comes back after the visibility timeout.
+    idem::RedisConnection reader{idem_test::redis_endpoint(broker)};
+    const auto pending = reader.checked({"XPENDING", "orders", "g"}, "XPENDING");
+    ASSERT_FALSE(pending.elements.empty());
+    EXPECT_EQ(pending.elements[0].integer, 1);
+}
+
+TEST_F(RedisReplicasTest, ATimeoutThatWouldOutlastTheCommandTimeoutIsRefused) {
+    idem::RedisOptions options;
+    options.replicas_to_ack = 1;
+    options.replicas_timeout = 0ms;
+    EXPECT_THROW(idem::RedisStore(idem_test::redis_endpoint(pair().master), options),
+                 idem::usage_error);
+    options.replicas_timeout = 5s;  // the endpoint's command_timeout
+    EXPECT_THROW(idem::RedisStore(idem_test::redis_endpoint(pair().master), options),
+                 idem::usage_error);
+    options.replicas_to_ack = -1;
+    EXPECT_THROW(idem::RedisStore(idem_test::redis_endpoint(pair().master), options),
+                 idem::usage_error);
+}
+
+}  // namespace

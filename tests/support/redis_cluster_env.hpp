@@ -1,0 +1,82 @@
+#pragma once
+// The Redis Cluster environment of the typed conformance suite (redis_cluster_conformance_test:
+// conformance_test.cpp built with IDEM_CONFORMANCE_ON_REDIS_CLUSTER): the process's test cluster
+// (3 masters, 3 replicas), emptied for each environment, and a store given ONE node's address —
+// it finds out by itself that it is a cluster. The effects set is a key of its own hash slot, so
+// the suite also runs the commit's writes outside the claim's slot.
+//
+// Without redis-server / redis-cli the constructor starts nothing and leaves `store` null (the
+// fixture calls IDEM_REQUIRE_REDIS_CLUSTER() in SetUp()).
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "idem/redis/cluster.hpp"
+#include "idem/store/redis.hpp"
+#include "redis_cluster.hpp"
+#include "store_envs.hpp"
+
+namespace idem_test {
+
+struct RedisClusterEnv {
+    using Store = idem::RedisStore;
+    static constexpr const char* name = "redis_cluster";
+    static constexpr const char* effects_key = "conformance:effects";
+
+    time_point now = test_epoch();
+    std::unique_ptr<Store> store;
+    RedisCluster* cluster = nullptr;
+
+    RedisClusterEnv() {
+        if (!RedisCluster::available()) return;
+        cluster = &shared_redis_cluster();
+        cluster->flushall();
+        idem::RedisOptions options;
+        options.clock = [this] { return now; };
+        idem::RedisEndpoint one_node;
+        one_node.host = cluster->host();
+        one_node.port = cluster->port(0);
+        store = std::make_unique<Store>(one_node, options);
+    }
+
+    template <class Tx>
+    static void write_effect(Tx& tx, const std::string& key) {
+        tx.write("SADD", effects_key, key);
+    }
+    /// Another worker took the expired lease over and gave it up: this transaction's token no
+    /// longer holds the claim, so its commit must write nothing. Every master's claims.
+    template <class Tx>
+    void make_commit_fail(Tx&) {
+        for (std::size_t i = 0; i < cluster->size(); ++i) {
+            if (!cluster->is_master(i)) continue;
+            RedisClient c = cluster->client(i);
+            for (const auto& key : c.array({"KEYS", store->options().key_prefix + "c{*"})) {
+                if (!key) continue;
+                auto value = c.str({"GET", *key});
+                if (!value) continue;
+                auto r = idem::detail::RedisClaimRecord::decode(*value);
+                if (!r) continue;
+                r->state = "free";
+                r->token.clear();
+                c.exec({"SET", *key, r->encode(), "KEEPTTL"});
+            }
+        }
+    }
+    std::size_t effect_rows() {
+        return static_cast<std::size_t>(effects().integer({"SCARD", effects_key}).value_or(0));
+    }
+    bool has_effect(const std::string& key) {
+        return effects().integer({"SISMEMBER", effects_key, key}).value_or(0) == 1;
+    }
+
+  private:
+    /// A client on the master of the effects key's slot.
+    RedisClient effects() {
+        return cluster->client(cluster->master_index_of(idem::redis::hash_slot(effects_key)));
+    }
+};
+
+}  // namespace idem_test
