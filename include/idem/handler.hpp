@@ -338,7 +338,7 @@ class IdempotentHandler {
         const ClaimResult claim = claim_one<Body>(tx, delivery.message_id, fingerprint_of(body));
         // Another worker finished it, or holds it, meanwhile.
         if (claim.status == ClaimStatus::duplicate) return duplicate_outcome(claim);
-        if (claim.status == ClaimStatus::in_progress) return in_progress_outcome();
+        if (claim.status == ClaimStatus::in_progress) return in_progress_outcome(claim);
         record_or_park(tx, delivery, body, outcome.disposition, outcome.reason);
         commit_if_stored(tx, outcome);
         return outcome;
@@ -461,7 +461,7 @@ class IdempotentHandler {
         }
         if (claim.status == ClaimStatus::in_progress) {
             strategy.drop(tx);
-            return in_progress_outcome();
+            return in_progress_outcome(claim);
         }
         return std::nullopt;
     }
@@ -665,8 +665,12 @@ class IdempotentHandler {
         outcome.recorded = claim.recorded;
         return outcome;
     }
-    static Outcome in_progress_outcome() {
-        return {Disposition::in_progress, "another worker holds the claim"};
+    /// Not acked; retry_after is what is left of the holder's lease when the store knows it,
+    /// so a consumer can nack (or hide the message) for that long instead of at once.
+    static Outcome in_progress_outcome(const ClaimResult& claim) {
+        Outcome outcome{Disposition::in_progress, "another worker holds the claim"};
+        outcome.retry_after = claim.retry_after;
+        return outcome;
     }
 
     /// Outcomes stored by the commit: the claim with its outcome (and a dead letter).

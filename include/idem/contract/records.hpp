@@ -42,6 +42,9 @@ struct ClaimResult {
     /// Stores that keep a claim across attempts (leases) count the times the effect started,
     /// this one included; the poison check then uses it instead of the broker's count.
     std::optional<std::uint32_t> attempts{};
+    /// For in_progress on a lease store: how long the holder's lease still runs (the earliest
+    /// a redelivery can take it over); unset when the store cannot tell (SQL lock timeouts).
+    std::optional<std::chrono::milliseconds> retry_after{};
 };
 
 /// @brief What a handler's policy asks of the claims it makes, for stores that hold claims as

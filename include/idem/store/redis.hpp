@@ -958,6 +958,8 @@ class RedisStore::Transaction {
             result.recorded = disposition_from(answer.elements[1].str);
         } else if (status == "in_progress") {
             result.status = ClaimStatus::in_progress;
+            // The script's detail is what is left of the holder's lease, in milliseconds.
+            result.retry_after = std::chrono::milliseconds(redis::parse_int(answer.elements[1].str));
         } else {
             result.status = ClaimStatus::claimed;
             claims_.push_back(std::move(held));
