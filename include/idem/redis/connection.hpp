@@ -163,6 +163,32 @@ class Connection {
         return replies;
     }
 
+    /// @brief Connects now (if not connected) and loads @p scripts that this connection has not
+    /// loaded yet, their SCRIPT LOADs pipelined in one round trip: the first EVALSHA of each then
+    /// costs no SCRIPT LOAD.
+    /// @throws store_unavailable / store_timeout; store_error when the server refuses a script.
+    void preload(std::initializer_list<const Script*> scripts) {
+        ensure_connected();
+        std::vector<const Script*> missing;
+        for (const Script* script : scripts) {
+            if (shas_.find(script->source) == shas_.end()) missing.push_back(script);
+        }
+        if (missing.empty()) return;
+        std::vector<std::vector<std::string>> loads;
+        loads.reserve(missing.size());
+        for (const Script* script : missing)
+            loads.push_back({"SCRIPT", "LOAD", script->source});
+        std::vector<Reply> loaded = pipeline(loads);
+        for (std::size_t i = 0; i < missing.size(); ++i) {
+            if (loaded[i].is_error()) {
+                throw store_error(fmt::format("idem: Redis refused the {} script on {}: {}",
+                                              missing[i]->name, endpoint_.describe(),
+                                              loaded[i].str));
+            }
+            shas_.emplace(missing[i]->source, std::move(loaded[i].str));
+        }
+    }
+
     /// @brief Drops the connection (the next call reconnects). Never throws.
     void disconnect() noexcept {
         context_.reset();

@@ -330,6 +330,43 @@ class RedisStore {
         return round_trips_.load(std::memory_order_relaxed);
     }
 
+    /// @brief Connects ahead: opens @p connections pooled connections (at most max_connections),
+    /// runs the persistence check, and loads the store's scripts on each, so the first messages
+    /// pay neither the connect nor a `SCRIPT LOAD` (a message then costs its round trips only:
+    /// docs/performance.md). Its own round trips count in round_trips(). A server that restarts
+    /// later forgets the scripts; they are loaded again on first use, as without warm_up().
+    /// @throws store_unavailable / store_timeout when Redis cannot be reached; usage_error when
+    /// it has no AOF (RedisOptions::accept_no_persistence).
+    void warm_up(std::size_t connections = 1) {
+        connections = std::max<std::size_t>(1, std::min(connections, options_.max_connections));
+        std::vector<std::unique_ptr<redis::Connection>> held;
+        held.reserve(connections);
+        auto give_back_all = [&]() noexcept {
+            for (auto& connection : held)
+                pool_.give_back(std::move(connection));
+            held.clear();
+        };
+        try {
+            for (std::size_t i = 0; i < connections; ++i)
+                held.push_back(pool_.acquire());  // all at once: each is another connection
+            for (auto& connection : held) {
+                const std::size_t before = connection->round_trips();
+                if (!options_.accept_no_persistence &&
+                    !persistence_checked_.load(std::memory_order_acquire)) {
+                    check_persistence(*connection);
+                }
+                connection->preload({&redis::claim_script(), &redis::complete_script(),
+                                     &redis::release_script()});
+                round_trips_.fetch_add(connection->round_trips() - before,
+                                       std::memory_order_relaxed);
+            }
+        } catch (...) {
+            give_back_all();
+            throw;
+        }
+        give_back_all();
+    }
+
     /// @brief Milliseconds since the epoch on the store's clock (the server's by default).
     std::int64_t now_ms() {
         return options_.clock ? detail::to_unix_ms(options_.clock()) : server_now_ms();
