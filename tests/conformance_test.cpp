@@ -44,18 +44,32 @@ class StoreConformance : public ::testing::Test {
         if constexpr (std::is_same_v<Env, idem_test::PostgresEnv>) IDEM_REQUIRE_POSTGRES();
 #endif
 #if IDEM_HAS_REDIS
-        if constexpr (std::is_same_v<Env, idem_test::RedisEnv>) IDEM_REQUIRE_REDIS();
+        if constexpr (std::is_same_v<typename Env::Store, idem::RedisStore>) IDEM_REQUIRE_REDIS();
 #endif
 #if IDEM_HAS_MYSQL
         if constexpr (std::is_same_v<typename Env::Store, idem::MysqlStore>) IDEM_REQUIRE_MARIADB();
 #endif
     }
 
+    /// A handler on this store; in an environment of local effects (RedisLocalEnv) the effect is
+    /// declared local (idem::local_effect), so the suite checks that mode's contract too.
+    template <class Effect>
+    auto make(idem::Policy policy, Effect&& effect) {
+        if constexpr (idem_test::local_effects_v<Env>) {
+            return idem::make_handler(store(), std::move(policy),
+                                      idem::local_effect(std::forward<Effect>(effect)));
+        } else {
+            return idem::make_handler(store(), std::move(policy), std::forward<Effect>(effect));
+        }
+    }
+    /// Whether the effect runs before the claim (local effects on a store that claims and
+    /// commits in one step): a duplicate's effect then runs, and its writes are dropped.
+    static constexpr bool effect_runs_before_claim = idem_test::local_effects_v<Env>;
+
     /// A handler whose effect writes one row keyed by the body through the claim's transaction.
     auto writer(std::string scope = "conformance", idem::PolicyOptions options = {}) {
-        return idem::make_handler(
-            store(), idem::Policy{std::move(scope), options},
-            [](auto& tx, const std::string& body) { Env::write_effect(tx, body); });
+        return make(idem::Policy{std::move(scope), options},
+                    [](auto& tx, const std::string& body) { Env::write_effect(tx, body); });
     }
 };
 
@@ -71,7 +85,7 @@ using Stores = ::testing::Types<idem_test::MemoryEnv
 #endif
 #if IDEM_HAS_REDIS
                                 ,
-                                idem_test::RedisEnv
+                                idem_test::RedisEnv, idem_test::RedisLocalEnv
 #endif
 #if IDEM_HAS_MYSQL
                                 ,
@@ -142,7 +156,7 @@ TYPED_TEST(StoreConformance, PoisonLimitDeadLettersWithoutRunningTheEffect) {
     // running. SQL stores count the broker's deliveries, lease stores the attempts they saw
     // start: both reach 5 here.
     int runs = 0;
-    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
+    auto handler = this->make(idem::Policy{"conformance"},
                                       [&](auto& tx, const std::string& body) {
                                           ++runs;
                                           TypeParam::write_effect(tx, body);
@@ -194,7 +208,7 @@ TYPED_TEST(StoreConformance, DuplicateDetectionComesBeforeThePoisonCheck) {
 
 TYPED_TEST(StoreConformance, ThrowingEffectLeavesNothingAndIsNotAcked) {
     int calls = 0;
-    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
+    auto handler = this->make(idem::Policy{"conformance"},
                                       [&](auto& tx, const std::string& body) {
                                           TypeParam::write_effect(tx, body);
                                           if (++calls == 1) throw std::runtime_error("gateway 503");
@@ -213,7 +227,7 @@ TYPED_TEST(StoreConformance, ThrowingEffectLeavesNothingAndIsNotAcked) {
 
 TYPED_TEST(StoreConformance, FailedCommitLeavesNothingAndIsNotAcked) {
     bool sabotage = true;
-    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
+    auto handler = this->make(idem::Policy{"conformance"},
                                       [&](auto& tx, const std::string& body) {
                                           TypeParam::write_effect(tx, body);
                                           if (sabotage) this->env.make_commit_fail(tx);
@@ -230,7 +244,7 @@ TYPED_TEST(StoreConformance, FailedCommitLeavesNothingAndIsNotAcked) {
 }
 
 TYPED_TEST(StoreConformance, RejectedKeepsTheClaimButNotTheEffectsWrites) {
-    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
+    auto handler = this->make(idem::Policy{"conformance"},
                                       [](auto& tx, const std::string& body) {
                                           TypeParam::write_effect(tx, body);
                                           return idem::EffectResult::rejected("stale event");
@@ -251,7 +265,7 @@ TYPED_TEST(StoreConformance, RejectedKeepsTheClaimButNotTheEffectsWrites) {
 
 TYPED_TEST(StoreConformance, DeferredStoresNothingAndIsNotAcked) {
     bool early = true;
-    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
+    auto handler = this->make(idem::Policy{"conformance"},
                                       [&](auto& tx, const std::string& body) {
                                           TypeParam::write_effect(tx, body);
                                           return early ? idem::EffectResult::deferred("too early")
@@ -269,7 +283,7 @@ TYPED_TEST(StoreConformance, DeferredStoresNothingAndIsNotAcked) {
 }
 
 TYPED_TEST(StoreConformance, MalformedMessageIsDeadLetteredWithItsPayload) {
-    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
+    auto handler = this->make(idem::Policy{"conformance"},
                                       [](auto& tx, const std::string& body) {
                                           TypeParam::write_effect(tx, body);
                                           throw idem::malformed_message("amount is not a number");
@@ -469,7 +483,7 @@ TYPED_TEST(StoreConformance, BatchCommitsTogetherAndAFailingMessageRollsBackAlon
     idem::PolicyOptions options;
     options.max_deliveries = 3;
     int runs = 0;
-    auto handler = idem::make_handler(this->store(), idem::Policy{"batch", options},
+    auto handler = this->make(idem::Policy{"batch", options},
                                       [&](auto& tx, const std::string& body) {
                                           ++runs;
                                           TypeParam::write_effect(tx, body);
@@ -522,7 +536,7 @@ TYPED_TEST(StoreConformance, BatchCommitsTogetherAndAFailingMessageRollsBackAlon
 // message, with the repeats and the committed ids on both sides of the chunk boundaries.
 TYPED_TEST(StoreConformance, LargeBatchesClaimEachIdOnceAcrossChunks) {
     int runs = 0;
-    auto handler = idem::make_handler(this->store(), idem::Policy{"chunks"},
+    auto handler = this->make(idem::Policy{"chunks"},
                                       [&](auto& tx, const std::string& body) {
                                           ++runs;
                                           TypeParam::write_effect(tx, body);
@@ -586,7 +600,7 @@ TYPED_TEST(StoreConformance, LargeBatchesClaimEachIdOnceAcrossChunks) {
 
 TYPED_TEST(StoreConformance, BatchWhoseCommitFailsAcksNothing) {
     bool sabotage = true;
-    auto handler = idem::make_handler(this->store(), idem::Policy{"batch"},
+    auto handler = this->make(idem::Policy{"batch"},
                                       [&](auto& tx, const std::string& body) {
                                           TypeParam::write_effect(tx, body);
                                           if (sabotage && body == "b") {
@@ -634,8 +648,7 @@ std::string idem_payload(const Order& o) {
 
 TYPED_TEST(StoreConformance, ReusedIdWithAnotherPayloadIsDeadLetteredNotAcked) {
     int runs = 0;
-    auto handler = idem::make_handler(
-        this->store(), idem::Policy{"orders"},
+    auto handler = this->make(idem::Policy{"orders"},
         idem::with_fingerprint([](const Order& o) { return o.id + "|" + std::to_string(o.amount); },
                                [&](auto& tx, const Order& o) {
                                    ++runs;
@@ -651,7 +664,10 @@ TYPED_TEST(StoreConformance, ReusedIdWithAnotherPayloadIsDeadLetteredNotAcked) {
     EXPECT_EQ(reused.disposition, Disposition::dead_lettered);
     EXPECT_TRUE(idem::should_ack(reused));
     EXPECT_NE(reused.reason.find("id reused with a different payload"), std::string::npos);
-    EXPECT_EQ(runs, 1);
+    // A local effect runs before the claim is checked (its writes then dropped): the duplicate's
+    // and the reused id's runs left nothing.
+    EXPECT_EQ(runs, TestFixture::effect_runs_before_claim ? 3 : 1);
+    EXPECT_EQ(this->env.effect_rows(), 1u);
     auto letters = this->store().dead_letters();
     ASSERT_EQ(letters.size(), 1u);
     EXPECT_EQ(letters[0].payload, "o-2:999");  // the reused message is kept, not lost
@@ -668,8 +684,7 @@ TYPED_TEST(StoreConformance, ReusedIdWithAnotherPayloadIsDeadLetteredNotAcked) {
 TYPED_TEST(StoreConformance, TakeoverOfAReleasedClaimStoresTheNewPayloadsFingerprint) {
     std::vector<long> ran;
     bool fail_next = true;
-    auto handler = idem::make_handler(
-        this->store(), idem::Policy{"orders"},
+    auto handler = this->make(idem::Policy{"orders"},
         idem::with_fingerprint([](const Order& o) { return o.id + "|" + std::to_string(o.amount); },
                                [&](auto& tx, const Order& o) {
                                    if (std::exchange(fail_next, false))
@@ -693,7 +708,15 @@ TYPED_TEST(StoreConformance, TakeoverOfAReleasedClaimStoresTheNewPayloadsFingerp
     EXPECT_EQ(again.disposition, Disposition::dead_lettered) << again.reason;
     EXPECT_NE(again.reason.find("id reused with a different payload"), std::string::npos)
         << again.reason;
-    EXPECT_EQ(ran, std::vector<long>{200});
+    if constexpr (TestFixture::effect_runs_before_claim) {
+        // Ran before their claims were checked (B's redelivery, A's): their writes were dropped.
+        EXPECT_EQ(ran, (std::vector<long>{200, 200, 100}));
+    } else {
+        EXPECT_EQ(ran, std::vector<long>{200});
+    }
+    EXPECT_TRUE(this->env.has_effect("o-2"));
+    EXPECT_FALSE(this->env.has_effect("o-1"));
+    EXPECT_EQ(this->env.effect_rows(), 1u);
     auto letters = this->store().dead_letters();
     ASSERT_EQ(letters.size(), 1u);
     EXPECT_EQ(letters[0].payload, "o-1:100");
@@ -706,7 +729,7 @@ TYPED_TEST(StoreConformance, DeadLetterPayloadIsRedactedBeforeTheStoreKeepsIt) {
     options.redact_payload = idem::mask_card_numbers;
     // malformed_message rather than the delivery count: a lease store counts attempts itself.
     auto unusable = [](auto&, const std::string&) { throw idem::malformed_message("bad card"); };
-    auto handler = idem::make_handler(this->store(), idem::Policy{"orders", options}, unusable);
+    auto handler = this->make(idem::Policy{"orders", options}, unusable);
     EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("pan=4111111111111111")).disposition,
               Disposition::dead_lettered);
     const std::vector<std::string> bodies{"pan=5500005555555559", "pan=4222222222222"};
@@ -723,7 +746,7 @@ TYPED_TEST(StoreConformance, DeadLetterPayloadIsRedactedBeforeTheStoreKeepsIt) {
     options.redact_payload = [](std::string_view) -> std::string {
         throw std::runtime_error("redactor down");
     };
-    auto broken = idem::make_handler(this->store(), idem::Policy{"orders", options}, unusable);
+    auto broken = this->make(idem::Policy{"orders", options}, unusable);
     auto failed = broken.handle(Delivery{"m-3", 1u}, std::string("pan=4111111111111111"));
     EXPECT_EQ(failed.disposition, Disposition::failed);
     EXPECT_NE(failed.reason.find("redact_payload threw: redactor down"), std::string::npos)
@@ -734,9 +757,8 @@ TYPED_TEST(StoreConformance, DeadLetterPayloadIsRedactedBeforeTheStoreKeepsIt) {
 
 TYPED_TEST(StoreConformance, ClaimWithoutFingerprintCannotBeComparedSoItIsADuplicate) {
     auto plain =
-        idem::make_handler(this->store(), idem::Policy{"orders"}, [](auto&, const Order&) {});
-    auto fingerprinted = idem::make_handler(
-        this->store(), idem::Policy{"orders"},
+        this->make(idem::Policy{"orders"}, [](auto&, const Order&) {});
+    auto fingerprinted = this->make(idem::Policy{"orders"},
         idem::with_fingerprint([](const Order& o) { return o.id; }, [](auto&, const Order&) {}));
     EXPECT_EQ(plain.handle(Delivery{"m-1", 1u}, Order{"o-1", 1, ""}).disposition,
               Disposition::processed);
@@ -752,7 +774,7 @@ idem::Policy with_key_lifetime(std::chrono::seconds lifetime) {
 
 TYPED_TEST(StoreConformance, MessageOlderThanTheGatewayKeyLifetimeIsNotSentBlindly) {
     int gateway_calls = 0;
-    auto handler = idem::make_handler(this->store(), with_key_lifetime(std::chrono::hours(24)),
+    auto handler = this->make(with_key_lifetime(std::chrono::hours(24)),
                                       [&](auto& tx, const std::string& body) {
                                           ++gateway_calls;
                                           TypeParam::write_effect(tx, body);
@@ -786,8 +808,7 @@ TYPED_TEST(StoreConformance, MessageOlderThanTheGatewayKeyLifetimeIsNotSentBlind
 
 TYPED_TEST(StoreConformance, ReconcileCallbackTakesMessagesOlderThanTheKeyLifetime) {
     int gateway_calls = 0, reconciled = 0;
-    auto handler = idem::make_handler(
-        this->store(), with_key_lifetime(std::chrono::hours(24)),
+    auto handler = this->make(with_key_lifetime(std::chrono::hours(24)),
         idem::reconcile_expired(
             [&](auto&, const std::string&) { ++gateway_calls; },
             [&](auto& tx, const std::string& body) {
@@ -806,8 +827,7 @@ TYPED_TEST(StoreConformance, ReconcileCallbackTakesMessagesOlderThanTheKeyLifeti
 
 TYPED_TEST(StoreConformance, OverlapLockDefersWhileAnotherJobHoldsTheEntity) {
     int runs = 0;
-    auto refund = idem::make_handler(
-        this->store(), idem::Policy{"refund"},
+    auto refund = this->make(idem::Policy{"refund"},
         idem::without_overlapping([](const Order& o) { return idem::key("invoice", o.id); },
                                   idem::OverlapOptions{},
                                   [&](auto& tx, const Order& o) {
@@ -837,8 +857,7 @@ TYPED_TEST(StoreConformance, OverlapLockDefersWhileAnotherJobHoldsTheEntity) {
 }
 
 TYPED_TEST(StoreConformance, OverlapLockExpiresWhenItsHolderDies) {
-    auto job = idem::make_handler(
-        this->store(), idem::Policy{"capture"},
+    auto job = this->make(idem::Policy{"capture"},
         idem::without_overlapping(
             [](const Order& o) { return o.id; }, idem::OverlapOptions{},
             [](auto& tx, const Order& o) { TypeParam::write_effect(tx, o.id); }));
@@ -855,8 +874,7 @@ TYPED_TEST(StoreConformance, OverlapLockExpiresWhenItsHolderDies) {
 TYPED_TEST(StoreConformance, OverlapLockCanDropTheBlockedCopy) {
     idem::OverlapOptions drop;
     drop.on_contention = idem::OnContention::drop;
-    auto job = idem::make_handler(
-        this->store(), idem::Policy{"reindex"},
+    auto job = this->make(idem::Policy{"reindex"},
         idem::without_overlapping(
             [](const Order& o) { return o.id; }, drop,
             [](auto& tx, const Order& o) { TypeParam::write_effect(tx, o.id); }));

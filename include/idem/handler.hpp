@@ -311,6 +311,9 @@ class IdempotentHandler {
             return park_malformed_delivery(delivery, body, std::move(*reason), hook);
         }
         try {
+            if constexpr (runs_before_claim) {
+                if (auto done = decide_local(delivery, body, hook)) return std::move(*done);
+            }
             Attempt attempted;
             {
                 Transaction tx = begin_transaction(hook, hook != nullptr ? 1 : 0);
@@ -326,6 +329,83 @@ class IdempotentHandler {
         } catch (...) {
             return failed_outcome("non-standard exception", FailureCause::other);
         }
+    }
+
+    /// A local effect (local_effect(): only queued writes) on a store that claims and commits
+    /// in one step: handle() runs the effect first, with no claim held, and sends its writes with
+    /// the claim in one call (decide_local).
+    static constexpr bool runs_before_claim =
+        detail::chain_only_transaction_writes<Effect>() &&
+        detail::has_claim_and_commit<Transaction>::value;
+
+    /// The effect, then ONE claim_and_commit() with its writes. Nothing (the ordinary path takes
+    /// the message, claim first) when the message needs its claim before the effect: a count at
+    /// the poison limit or 0 (the effect must not run), a message older than the gateway's keys;
+    /// or when the answer needs the ordinary path's steps: a deferral, a malformed message, a
+    /// reused id (fingerprint differs), a takeover at the limit. The effect is local, so running
+    /// it again there leaves no trace.
+    template <class Body>
+    std::optional<Outcome> decide_local(const Delivery& delivery, const Body& body,
+                                        CommitHook* hook) {
+        const std::uint32_t count = delivery.delivery_count.value();
+        if (count == 0 || count >= policy_.max_deliveries() || older_than_gateway_keys(delivery)) {
+            return std::nullopt;
+        }
+        Transaction tx = begin_transaction(hook, hook != nullptr ? 1 : 0);
+        const std::string fingerprint = fingerprint_of(body);
+        ClaimAndCommit request;
+        request.scope = policy_.scope();
+        request.message_id = delivery.message_id;
+        request.fingerprint = fingerprint;
+        request.max_attempts = policy_.max_deliveries();
+        std::string reason;
+        std::optional<Outcome> threw;
+        tx.savepoint();
+        try {
+            EffectResult result = detail::run_effect(*effect_, tx, body, delivery);
+            switch (result.kind()) {
+                case EffectResult::Kind::applied:
+                    tx.release_savepoint();
+                    request.outcome = Disposition::processed;
+                    break;
+                case EffectResult::Kind::rejected:  // the claim without the effect's writes
+                    tx.rollback_to_savepoint();
+                    reason = result.reason();
+                    request.outcome = Disposition::rejected;
+                    request.reason = reason;
+                    break;
+                case EffectResult::Kind::deferred:  // a duplicate is not deferred: claim first
+                    return std::nullopt;
+            }
+        } catch (const malformed_message&) {
+            return std::nullopt;  // parked with its claim by the ordinary path
+        } catch (const store_error&) {
+            throw;  // failed, as on the ordinary path
+        } catch (const std::exception& e) {
+            threw = failed_outcome(fmt::format("effect threw: {}", e.what()),
+                                   FailureCause::effect_threw);
+        } catch (...) {
+            threw = failed_outcome("effect threw a non-standard exception",
+                                   FailureCause::effect_threw);
+        }
+        if (threw) tx.rollback_to_savepoint();  // the attempt is counted, nothing applied
+        const ClaimAndCommitResult answer = tx.claim_and_commit(request);
+        switch (answer.status) {
+            case ClaimAndCommitStatus::committed:
+                if (threw) return threw;
+                return Outcome{*request.outcome, std::move(reason)};
+            case ClaimAndCommitStatus::duplicate:
+                if (!fingerprint.empty() && !answer.claim.fingerprint.empty() &&
+                    answer.claim.fingerprint != fingerprint) {
+                    return std::nullopt;  // dead-lettered as a reused id by the ordinary path
+                }
+                return duplicate_outcome(answer.claim);
+            case ClaimAndCommitStatus::in_progress:
+                return in_progress_outcome(answer.claim);
+            case ClaimAndCommitStatus::at_limit:
+                return std::nullopt;
+        }
+        return std::nullopt;
     }
 
     /// The rare outcomes that keep the claim but none of the effect's writes (rejected, or parked

@@ -8,6 +8,7 @@
 #include "idem/error.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/handler.hpp"
+#include "idem/effects/local.hpp"
 #include "idem/key.hpp"
 #include "idem/observer.hpp"
 #include "idem/outbox.hpp"

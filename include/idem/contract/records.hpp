@@ -57,6 +57,37 @@ struct ClaimTerms {
     std::chrono::seconds retention{};
 };
 
+/// @brief What Tx::claim_and_commit() is asked (a local effect's one step; effects/local.hpp):
+/// claim (scope, message_id) and, only if it is new or its claim was released or has expired,
+/// commit the transaction's queued writes with the claim recorded as `outcome`.
+struct ClaimAndCommit {
+    std::string_view scope;
+    std::string_view message_id;
+    std::string_view fingerprint;  ///< stored with a new claim, as claim()'s
+    /// processed or rejected, recorded with the claim (and acked by attached hooks); unset: the
+    /// effect threw, so the attempt is counted, nothing is applied and the id stays free.
+    std::optional<Disposition> outcome{};
+    std::string_view reason;
+    /// The poison limit: a takeover whose attempt would reach it applies nothing (at_limit), so
+    /// the handler takes the ordinary path, which dead-letters it.
+    std::uint32_t max_attempts = 5;
+};
+
+/// @brief Answer of Tx::claim_and_commit().
+enum class ClaimAndCommitStatus {
+    committed,    ///< claimed and committed (or, for an unset outcome, the attempt counted)
+    duplicate,    ///< a finished run recorded it: nothing applied
+    in_progress,  ///< another live worker holds it: nothing applied
+    at_limit,     ///< a takeover would reach max_attempts: nothing applied
+};
+
+struct ClaimAndCommitResult {
+    ClaimAndCommitStatus status = ClaimAndCommitStatus::committed;
+    /// What claim() would have answered: for a duplicate its recorded outcome and fingerprint,
+    /// for in_progress retry_after; attempts (this one included) when the store knows it.
+    ClaimResult claim{};
+};
+
 /// @brief A stored claim, for inspection and tests.
 struct ClaimRecord {
     std::string scope;

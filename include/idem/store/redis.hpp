@@ -356,7 +356,7 @@ class RedisStore {
                     check_persistence(*connection);
                 }
                 connection->preload({&redis::claim_script(), &redis::complete_script(),
-                                     &redis::release_script()});
+                                     &redis::release_script(), &redis::claim_commit_script()});
                 round_trips_.fetch_add(connection->round_trips() - before,
                                        std::memory_order_relaxed);
             }
@@ -765,6 +765,103 @@ class RedisStore::Transaction {
         } catch (...) {  // unreachable: the lease expires on its own
         }
         finish();
+    }
+
+    /// @brief The claim-and-commit capability (idem/contract/store.hpp), for a local effect
+    /// (idem::local_effect) that already ran on this transaction with no claim held: ONE round
+    /// trip, one script, that claims @p request's id and, only if it is new (or its claim was
+    /// released or its lease expired), applies the queued writes and the attached hooks' XACKs
+    /// and records the claim done with the outcome; otherwise it applies nothing and answers
+    /// duplicate or in_progress (with the lease's time left), or at_limit when a takeover would
+    /// reach request.max_attempts. An unset outcome (the effect threw) counts the attempt and
+    /// leaves the id free. Ends the transaction. Only on a transaction that holds nothing yet.
+    /// @throws commit_failed when a queued write failed (as commit()); store_unavailable /
+    /// store_timeout when Redis could not be reached (outcome unknown: a redelivery finds it).
+    ClaimAndCommitResult claim_and_commit(const ClaimAndCommit& request) {
+        active();
+        if (!claims_.empty() || !letters_.empty() || !released_.empty()) {
+            throw usage_error(
+                "idem::RedisStore: claim_and_commit() on a transaction that already holds claims "
+                "or dead letters");
+        }
+        const std::string key = store_->claim_key(request.scope, request.message_id);
+        const std::string_view outcome =
+            request.outcome ? to_string(*request.outcome) : std::string_view();
+        // The hooks' acks, for the outcome this call records (none for a failed effect).
+        Commands acks;
+        std::vector<CommitHook*> acked_hooks;
+        if (request.outcome && !hooks_.empty()) {
+            claims_.push_back(Claim{std::string(request.scope), std::string(request.message_id),
+                                    key, std::string(request.fingerprint), outcome,
+                                    std::string(request.reason)});
+            acked_hooks = hook_commands(acks);
+            claims_.clear();  // no lease is held: nothing to release
+        }
+        redis::Args call;
+        call.reserve(256 + key.size() + commands_.resp().size() + acks.args.resp().size());
+        call.add(key).add(store_->dead_letter_key(request.scope, request.message_id));
+        call.add(store_->now_arg())
+            .add(retention_ms())
+            .add(lease_.count())
+            .add(request.max_attempts)
+            .add(outcome)
+            .add(request.reason)
+            .add(redis::Record::fields(request.fingerprint, request.scope, request.message_id))
+            .add(command_count_ + acks.count)
+            .append(commands_)
+            .append(acks.args);
+        redis::Reply reply = store_->with_connection([&](redis::Connection& c) {
+            return c.eval(redis::claim_commit_script(), 2, call);
+        });
+        finish();
+        store_->check_script(reply, "claim and commit");
+        ClaimAndCommitResult result;
+        if (reply.type == redis::Reply::Type::string && reply.str == "ok") {
+            result.status = ClaimAndCommitStatus::committed;
+            result.claim.attempts = 1;
+            for (CommitHook* hook : acked_hooks)
+                hook->acked_in_commit = true;
+            return result;
+        }
+        const std::string status = reply.elements.empty() ? std::string() : reply.elements[0].str;
+        if (status == "command_failed" || status == "partial") {
+            const std::string detail =
+                reply.elements.size() > 2 ? reply.elements[2].str : "unknown reply";
+            if (status == "partial") {
+                throw commit_failed(detail +
+                                    "; the claim is parked as a dead letter so a redelivery does "
+                                    "not apply them twice");
+            }
+            throw commit_failed(fmt::format(
+                "a Redis write of the commit failed before anything was applied: {}; the attempt "
+                "is counted and the id stays free",
+                detail));
+        }
+        if (reply.elements.size() != 4) {
+            throw store_error("idem: Redis claim-and-commit script: unexpected reply");
+        }
+        result.claim.fingerprint = std::move(reply.elements[2].str);
+        result.claim.attempts =
+            static_cast<std::uint32_t>(redis::parse_int(reply.elements[3].str));
+        if (status == "duplicate") {
+            result.status = ClaimAndCommitStatus::duplicate;
+            result.claim.status = ClaimStatus::duplicate;
+            result.claim.recorded = disposition_from(reply.elements[1].str);
+        } else if (status == "in_progress") {
+            result.status = ClaimAndCommitStatus::in_progress;
+            result.claim.status = ClaimStatus::in_progress;
+            result.claim.retry_after =
+                std::chrono::milliseconds(redis::parse_int(reply.elements[1].str));
+        } else if (status == "limit") {
+            result.status = ClaimAndCommitStatus::at_limit;
+        } else if (status == "committed") {
+            result.status = ClaimAndCommitStatus::committed;
+            for (CommitHook* hook : acked_hooks)
+                hook->acked_in_commit = true;
+        } else {
+            throw store_error("idem: Redis claim-and-commit script: unexpected reply " + status);
+        }
+        return result;
     }
 
     /// @brief The token fencing this transaction's leases (for logs and tests).
