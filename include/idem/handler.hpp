@@ -95,10 +95,30 @@ struct BatchUnclaimStrategy {
     }
 };
 
+/// @brief One message whose claim came before the attempt, with the previous message's commit
+/// (PipelinedLoop, pipeline.hpp): otherwise handle()'s, its effect in a savepoint (the loop
+/// needs cheap savepoints: Redis).
+template <class Tx>
+struct PreclaimedStrategy {
+    static constexpr Undo undo = Undo::effect_savepoint;
+    static constexpr bool contains_failures = false;
+    const ClaimResult& claimed;
+    void isolate(Tx& /*tx*/) noexcept {}
+    void keep(Tx& /*tx*/) noexcept {}
+    void drop(Tx& /*tx*/) noexcept {}
+    template <class ClaimNow>
+    ClaimResult claim(ClaimNow&& /*claim_now*/) const {
+        return claimed;
+    }
+};
+
 template <class Strategy>
 inline constexpr bool effect_savepoint_v = Strategy::undo == Undo::effect_savepoint;
 
 }  // namespace detail
+
+template <class Handler, class Tag>
+class PipelinedLoop;
 
 /// @brief Wraps a user's effect with a claim stored in the same transaction as the work, the
 /// delivery-count poison check and outcome recording. See docs/contract.md for the table.
@@ -123,6 +143,7 @@ class IdempotentHandler {
 
   public:
     using Transaction = std::remove_reference_t<detail::transaction_t<Store>>;
+    using EffectType = Effect;
 
     IdempotentHandler(Store& store, Policy policy, Effect effect, Observer* observer = nullptr)
         : store_(&store),
@@ -254,6 +275,9 @@ class IdempotentHandler {
     void set_clock(Clock clock) { clock_ = std::move(clock); }
 
   private:
+    template <class Handler, class Tag>
+    friend class PipelinedLoop;
+
     /// Stamps @p hook with the claim it belongs to, for the store to match it to its work.
     void bind_hook(CommitHook& hook, const Delivery& delivery) const {
         hook.scope = policy_.scope();

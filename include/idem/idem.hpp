@@ -15,6 +15,7 @@
 #include "idem/outcome.hpp"
 #include "idem/overlap.hpp"
 #include "idem/payload.hpp"
+#include "idem/pipeline.hpp"
 #include "idem/policy.hpp"
 #include "idem/reconcile.hpp"
 #include "idem/state_machine.hpp"

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <string>
@@ -86,6 +87,17 @@ struct ClaimAndCommitResult {
     /// What claim() would have answered: for a duplicate its recorded outcome and fingerprint,
     /// for in_progress retry_after; attempts (this one included) when the store knows it.
     ClaimResult claim{};
+};
+
+/// @brief Answer of Tx::commit_with_next_claim(): one transaction's commit and the next
+/// transaction's claim, sent in one round trip.
+struct CommitAndClaimResult {
+    /// Null when the commit went through; else what commit() would have thrown (commit_failed,
+    /// a store error): the committing transaction is rolled back, its message is `failed`.
+    std::exception_ptr commit_error{};
+    /// The next transaction's claim, as claim() answers it, whatever the commit's fate: the
+    /// two are different ids, so a refused commit does not touch the fresh lease.
+    ClaimResult next{};
 };
 
 /// @brief A stored claim, for inspection and tests.

@@ -133,6 +133,26 @@ class Connection {
         return reply;
     }
 
+    /// @brief Runs @p script by EVALSHA and then @p then, pipelined in ONE round trip; the
+    /// script's reply first, then one per command. A server that lost its script cache answers
+    /// NOSCRIPT (the script did not run; the commands did): the script is loaded and run again
+    /// alone. Error replies are returned.
+    std::vector<Reply> eval_then(const Script& script, std::size_t num_keys,
+                                 const Args& keys_then_args, const std::vector<Args>& then) {
+        ensure_connected();
+        const std::string& sha = sha_of(script);
+        ++round_trips_;
+        append_evalsha(sha, num_keys, keys_then_args);
+        for (const auto& args : then)
+            append({}, args);
+        std::vector<Reply> replies = read_replies(1 + then.size());
+        if (is_noscript(replies.front())) {
+            shas_.erase(script.source);
+            replies.front() = eval(script, num_keys, keys_then_args);
+        }
+        return replies;
+    }
+
     /// @brief Runs one script many times in one round trip (pipelined EVALSHA), loading it first
     /// if this connection has not yet; a server that lost its script cache gets it again and
     /// the calls are repeated once. Replies in order; error replies are returned.

@@ -674,79 +674,11 @@ class RedisStore::Transaction {
     /// lease then expires, or the commit did happen and a redelivery is a duplicate).
     void commit() {
         active();
-        // The script's KEYS, then its ARGV (layout at redis_complete_source()), encoded once.
-        redis::Args call;
-        call.reserve(256 + 96 * claims_.size() + commands_.resp().size());
-        for (const auto& held : claims_)
-            call.add(held.key);
-        for (const auto& letter : letters_)
-            call.add(store_->dead_letter_key(letter.scope, letter.message_id));
-        for (const auto& key : released_)
-            call.add(key);
-        const std::size_t num_keys = call.count();
-
-        call.add(store_->now_arg()).add(token_).add(claims_.size());
-        for (const auto& held : claims_) {
-            call.add(held.outcome.empty() ? std::string_view("in_progress") : held.outcome)
-                .add(held.reason);
-        }
-        call.add(letters_.size());
-        for (const auto& letter : letters_) {
-            call.add(letter.scope)
-                .add(letter.message_id)
-                .add(letter.delivery_count)
-                .add(letter.reason)
-                .add(letter.payload);
-            if (letter.created_at == std::chrono::system_clock::time_point{}) {
-                call.add(std::string_view());
-            } else {
-                call.add(detail::to_unix_ms(letter.created_at));
-            }
-        }
-        // The attached stream acks (and dead-letter stream entries) run after the effect's
-        // writes.
-        Commands acks;
-        const std::vector<CommitHook*> acked_hooks =
-            hooks_.empty() ? std::vector<CommitHook*>{} : hook_commands(acks);
-        call.add(command_count_ + acks.count).append(commands_).append(acks.args);
-
-        redis::Reply reply = store_->with_connection(
-            [&](redis::Connection& c) { return c.eval(redis::complete_script(), num_keys, call); });
-        store_->check_script(reply, "commit");
-        if (reply.type == redis::Reply::Type::string && reply.str == "ok") {
-            for (CommitHook* hook : acked_hooks)
-                hook->acked_in_commit = true;
-            claims_.clear();  // done: nothing left to release
-            released_.clear();
-            finish();
-            return;
-        }
-        const std::string status = reply.elements.empty() ? std::string() : reply.elements[0].str;
-        if (status == "lease_lost") {
-            const std::size_t index =
-                static_cast<std::size_t>(redis::parse_int(reply.elements.at(1).str)) - 1;
-            const auto& held = claims_.at(index);
-            std::string message = fmt::format(
-                "lease lost: the claim on {}/{} expired and another worker took it over ({}); "
-                "nothing was written",
-                held.scope, held.id,
-                reply.elements.at(2).str == "leased" ? "it holds it now"
-                                                     : reply.elements.at(2).str);
-            rollback();
-            throw commit_failed(message);
-        }
-        if (status == "partial") {
-            claims_.clear();  // parked by the script: not ours to release any more
-            std::string message = reply.elements.at(2).str;
-            rollback();
-            throw commit_failed(message +
-                                "; the claim is parked as a dead letter so a "
-                                "redelivery does not apply them twice");
-        }
-        std::string detail = reply.elements.size() > 2 ? reply.elements[2].str : "unknown reply";
-        rollback();
-        throw commit_failed(fmt::format(
-            "a Redis write of the commit failed before anything was applied: {}", detail));
+        PreparedCommit prepared = prepare_commit();
+        redis::Reply reply = store_->with_connection([&](redis::Connection& c) {
+            return c.eval(redis::complete_script(), prepared.num_keys, prepared.call);
+        });
+        settle_commit(reply, prepared.acked_hooks);
     }
 
     /// @brief Frees this transaction's leases and locks. A no-op after commit. Never throws:
@@ -864,6 +796,59 @@ class RedisStore::Transaction {
         return result;
     }
 
+    /// @brief The commit-with-next-claim capability (idem/contract/store.hpp; used by
+    /// idem::PipelinedLoop): this transaction's commit and @p next's claim of (scope, id) in
+    /// ONE round trip (the commit script and the claim's `SET … NX PX … GET`, pipelined). The
+    /// commit's fate is in the result (commit_error null: committed; else this transaction is
+    /// rolled back, as a failed commit() leaves it); @p next's claim is answered as claim()
+    /// would, whatever the commit's fate: a refused commit leaves the fresh lease in place (a
+    /// different id). An id another worker holds or released needs the claim script: one more
+    /// round trip, as claim(). Without SET claims (a server before 7.0) the commit and the
+    /// claim go one after the other.
+    /// @throws store_unavailable / store_timeout when the round trip failed: both outcomes are
+    /// unknown (the commit may have happened; the claim's lease, if it was taken, expires).
+    CommitAndClaimResult commit_with_next_claim(Transaction& next, std::string_view scope,
+                                                std::string_view id,
+                                                std::string_view fingerprint = {}) {
+        active();
+        next.active();
+        CommitAndClaimResult result;
+        if (next.store_ != store_ || !store_->claim_with_set_.load(std::memory_order_relaxed) ||
+            next.find_held(scope, id) < next.claims_.size()) {
+            try {
+                commit();
+            } catch (const store_error&) {
+                result.commit_error = std::current_exception();
+            }
+            result.next = next.claim(scope, id, fingerprint);
+            return result;
+        }
+        PreparedCommit prepared = prepare_commit();
+        std::vector<Claim> held{Claim{std::string(scope), std::string(id),
+                                      store_->claim_key(scope, id), std::string(fingerprint),
+                                      {}, {}}};
+        const std::vector<redis::Args> sets = next.set_claims(held);
+        std::vector<redis::Reply> replies = store_->with_connection([&](redis::Connection& c) {
+            return c.eval_then(redis::complete_script(), prepared.num_keys, prepared.call, sets);
+        });
+        try {
+            settle_commit(replies.front(), prepared.acked_hooks);
+        } catch (const store_error&) {
+            result.commit_error = std::current_exception();
+        }
+        std::vector<redis::Reply> claim_replies(std::make_move_iterator(replies.begin() + 1),
+                                                std::make_move_iterator(replies.end()));
+        std::vector<ClaimResult> results(1);
+        std::vector<std::size_t> contested;
+        if (!next.read_set_claims(held, claim_replies, results, 0, contested) ||
+            !contested.empty()) {
+            result.next = next.claim(scope, id, fingerprint);  // the SET wrote nothing
+        } else {
+            result.next = std::move(results.front());
+        }
+        return result;
+    }
+
     /// @brief The token fencing this transaction's leases (for logs and tests).
     [[nodiscard]] const std::string& token() const noexcept { return token_; }
     [[nodiscard]] RedisStore& store() noexcept { return *store_; }
@@ -902,6 +887,90 @@ class RedisStore::Transaction {
             ++count;
         }
     };
+
+    /// The commit script's call (KEYS, then ARGV: layout at complete_source()), encoded once,
+    /// and the attached hooks it acks.
+    struct PreparedCommit {
+        redis::Args call;
+        std::size_t num_keys = 0;
+        std::vector<CommitHook*> acked_hooks;
+    };
+    PreparedCommit prepare_commit() {
+        PreparedCommit prepared;
+        redis::Args& call = prepared.call;
+        call.reserve(256 + 96 * claims_.size() + commands_.resp().size());
+        for (const auto& held : claims_)
+            call.add(held.key);
+        for (const auto& letter : letters_)
+            call.add(store_->dead_letter_key(letter.scope, letter.message_id));
+        for (const auto& key : released_)
+            call.add(key);
+        prepared.num_keys = call.count();
+
+        call.add(store_->now_arg()).add(token_).add(claims_.size());
+        for (const auto& held : claims_) {
+            call.add(held.outcome.empty() ? std::string_view("in_progress") : held.outcome)
+                .add(held.reason);
+        }
+        call.add(letters_.size());
+        for (const auto& letter : letters_) {
+            call.add(letter.scope)
+                .add(letter.message_id)
+                .add(letter.delivery_count)
+                .add(letter.reason)
+                .add(letter.payload);
+            if (letter.created_at == std::chrono::system_clock::time_point{}) {
+                call.add(std::string_view());
+            } else {
+                call.add(detail::to_unix_ms(letter.created_at));
+            }
+        }
+        // The attached stream acks (and dead-letter stream entries) run after the effect's
+        // writes.
+        Commands acks;
+        if (!hooks_.empty()) prepared.acked_hooks = hook_commands(acks);
+        call.add(command_count_ + acks.count).append(commands_).append(acks.args);
+
+        return prepared;
+    }
+    /// Reads the commit script's reply: done, or rolled back and commit_failed thrown.
+    void settle_commit(const redis::Reply& reply, const std::vector<CommitHook*>& acked_hooks) {
+        store_->check_script(reply, "commit");
+        if (reply.type == redis::Reply::Type::string && reply.str == "ok") {
+            for (CommitHook* hook : acked_hooks)
+                hook->acked_in_commit = true;
+            claims_.clear();  // done: nothing left to release
+            released_.clear();
+            finish();
+            return;
+        }
+        const std::string status = reply.elements.empty() ? std::string() : reply.elements[0].str;
+        if (status == "lease_lost") {
+            const std::size_t index =
+                static_cast<std::size_t>(redis::parse_int(reply.elements.at(1).str)) - 1;
+            const auto& held = claims_.at(index);
+            std::string message = fmt::format(
+                "lease lost: the claim on {}/{} expired and another worker took it over ({}); "
+                "nothing was written",
+                held.scope, held.id,
+                reply.elements.at(2).str == "leased" ? "it holds it now"
+                                                     : reply.elements.at(2).str);
+            rollback();
+            throw commit_failed(message);
+        }
+        if (status == "partial") {
+            claims_.clear();  // parked by the script: not ours to release any more
+            std::string message = reply.elements.at(2).str;
+            rollback();
+            throw commit_failed(message +
+                                "; the claim is parked as a dead letter so a "
+                                "redelivery does not apply them twice");
+        }
+        std::string detail = reply.elements.size() > 2 ? reply.elements[2].str : "unknown reply";
+        rollback();
+        throw commit_failed(fmt::format(
+            "a Redis write of the commit failed before anything was applied: {}", detail));
+    }
 
     /// The index of the claim held on (scope, id), or claims_.size(). Starts after the last one
     /// found: a batch records its outcomes in claim order, so each search is one step, not a
@@ -996,6 +1065,14 @@ class RedisStore::Transaction {
     /// know `SET … NX … GET`, which then stays off for this store.
     bool claim_with_set(std::vector<Claim>& held, std::vector<ClaimResult>& results,
                         std::size_t held_before, std::vector<std::size_t>& contested) {
+        const std::vector<redis::Args> sets = set_claims(held);
+        std::vector<redis::Reply> replies =
+            store_->with_connection([&](redis::Connection& c) { return c.pipeline(sets); });
+        return read_set_claims(held, replies, results, held_before, contested);
+    }
+
+    /// The `SET … NX PX … GET` of each of @p held (claim_with_set()).
+    std::vector<redis::Args> set_claims(const std::vector<Claim>& held) const {
         // A new record: attempt 1, claimed and leased now — the server's now, which a plain SET
         // cannot read, so the times say "the expiry minus the retention" (see redis_lua_now).
         const std::string now = store_->now_arg();
@@ -1018,8 +1095,14 @@ class RedisStore::Transaction {
                 .add(retention)
                 .add("GET");
         }
-        std::vector<redis::Reply> replies =
-            store_->with_connection([&](redis::Connection& c) { return c.pipeline(sets); });
+        return sets;
+    }
+
+    /// Reads the replies of set_claims(@p held) into @p results and @p contested, as
+    /// claim_with_set() says.
+    bool read_set_claims(std::vector<Claim>& held, std::vector<redis::Reply>& replies,
+                         std::vector<ClaimResult>& results, std::size_t held_before,
+                         std::vector<std::size_t>& contested) {
         if (!replies.empty() && replies[0].is_error() &&
             replies[0].str.rfind("ERR syntax error", 0) == 0) {
             store_->claim_with_set_.store(false, std::memory_order_relaxed);
