@@ -156,12 +156,11 @@ TYPED_TEST(StoreConformance, PoisonLimitDeadLettersWithoutRunningTheEffect) {
     // running. SQL stores count the broker's deliveries, lease stores the attempts they saw
     // start: both reach 5 here.
     int runs = 0;
-    auto handler = this->make(idem::Policy{"conformance"},
-                                      [&](auto& tx, const std::string& body) {
-                                          ++runs;
-                                          TypeParam::write_effect(tx, body);
-                                          throw std::runtime_error("gateway 503");
-                                      });
+    auto handler = this->make(idem::Policy{"conformance"}, [&](auto& tx, const std::string& body) {
+        ++runs;
+        TypeParam::write_effect(tx, body);
+        throw std::runtime_error("gateway 503");
+    });
     for (std::uint32_t count = 1; count <= 4; ++count) {
         EXPECT_EQ(
             handler.handle(Delivery{"m-poison", count}, std::string("payload-bytes")).disposition,
@@ -208,11 +207,10 @@ TYPED_TEST(StoreConformance, DuplicateDetectionComesBeforeThePoisonCheck) {
 
 TYPED_TEST(StoreConformance, ThrowingEffectLeavesNothingAndIsNotAcked) {
     int calls = 0;
-    auto handler = this->make(idem::Policy{"conformance"},
-                                      [&](auto& tx, const std::string& body) {
-                                          TypeParam::write_effect(tx, body);
-                                          if (++calls == 1) throw std::runtime_error("gateway 503");
-                                      });
+    auto handler = this->make(idem::Policy{"conformance"}, [&](auto& tx, const std::string& body) {
+        TypeParam::write_effect(tx, body);
+        if (++calls == 1) throw std::runtime_error("gateway 503");
+    });
     auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("row"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_FALSE(idem::should_ack(outcome));
@@ -227,11 +225,10 @@ TYPED_TEST(StoreConformance, ThrowingEffectLeavesNothingAndIsNotAcked) {
 
 TYPED_TEST(StoreConformance, FailedCommitLeavesNothingAndIsNotAcked) {
     bool sabotage = true;
-    auto handler = this->make(idem::Policy{"conformance"},
-                                      [&](auto& tx, const std::string& body) {
-                                          TypeParam::write_effect(tx, body);
-                                          if (sabotage) this->env.make_commit_fail(tx);
-                                      });
+    auto handler = this->make(idem::Policy{"conformance"}, [&](auto& tx, const std::string& body) {
+        TypeParam::write_effect(tx, body);
+        if (sabotage) this->env.make_commit_fail(tx);
+    });
     auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("row"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_NE(outcome.reason.find("commit failed"), std::string::npos) << outcome.reason;
@@ -244,11 +241,10 @@ TYPED_TEST(StoreConformance, FailedCommitLeavesNothingAndIsNotAcked) {
 }
 
 TYPED_TEST(StoreConformance, RejectedKeepsTheClaimButNotTheEffectsWrites) {
-    auto handler = this->make(idem::Policy{"conformance"},
-                                      [](auto& tx, const std::string& body) {
-                                          TypeParam::write_effect(tx, body);
-                                          return idem::EffectResult::rejected("stale event");
-                                      });
+    auto handler = this->make(idem::Policy{"conformance"}, [](auto& tx, const std::string& body) {
+        TypeParam::write_effect(tx, body);
+        return idem::EffectResult::rejected("stale event");
+    });
     auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("row"));
     EXPECT_EQ(outcome.disposition, Disposition::rejected);
     EXPECT_TRUE(idem::should_ack(outcome));
@@ -265,12 +261,10 @@ TYPED_TEST(StoreConformance, RejectedKeepsTheClaimButNotTheEffectsWrites) {
 
 TYPED_TEST(StoreConformance, DeferredStoresNothingAndIsNotAcked) {
     bool early = true;
-    auto handler = this->make(idem::Policy{"conformance"},
-                                      [&](auto& tx, const std::string& body) {
-                                          TypeParam::write_effect(tx, body);
-                                          return early ? idem::EffectResult::deferred("too early")
-                                                       : idem::EffectResult::applied();
-                                      });
+    auto handler = this->make(idem::Policy{"conformance"}, [&](auto& tx, const std::string& body) {
+        TypeParam::write_effect(tx, body);
+        return early ? idem::EffectResult::deferred("too early") : idem::EffectResult::applied();
+    });
     auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("row"));
     EXPECT_EQ(outcome.disposition, Disposition::deferred);
     EXPECT_FALSE(idem::should_ack(outcome));
@@ -283,11 +277,10 @@ TYPED_TEST(StoreConformance, DeferredStoresNothingAndIsNotAcked) {
 }
 
 TYPED_TEST(StoreConformance, MalformedMessageIsDeadLetteredWithItsPayload) {
-    auto handler = this->make(idem::Policy{"conformance"},
-                                      [](auto& tx, const std::string& body) {
-                                          TypeParam::write_effect(tx, body);
-                                          throw idem::malformed_message("amount is not a number");
-                                      });
+    auto handler = this->make(idem::Policy{"conformance"}, [](auto& tx, const std::string& body) {
+        TypeParam::write_effect(tx, body);
+        throw idem::malformed_message("amount is not a number");
+    });
     auto outcome = handler.handle(Delivery{"m-bad", 1u}, std::string("{\"amount\":\"ten\"}"));
     EXPECT_EQ(outcome.disposition, Disposition::dead_lettered);
     EXPECT_NE(outcome.reason.find("amount is not a number"), std::string::npos);
@@ -483,20 +476,16 @@ TYPED_TEST(StoreConformance, BatchCommitsTogetherAndAFailingMessageRollsBackAlon
     idem::PolicyOptions options;
     options.max_deliveries = 3;
     int runs = 0;
-    auto handler = this->make(idem::Policy{"batch", options},
-                                      [&](auto& tx, const std::string& body) {
-                                          ++runs;
-                                          TypeParam::write_effect(tx, body);
-                                          if (body == "throws")
-                                              throw std::runtime_error("gateway 503");
-                                          if (body == "defers")
-                                              return idem::EffectResult::deferred("too early");
-                                          if (body == "rejects")
-                                              return idem::EffectResult::rejected("stale");
-                                          if (body == "malformed")
-                                              throw idem::malformed_message("no amount");
-                                          return idem::EffectResult::applied();
-                                      });
+    auto handler =
+        this->make(idem::Policy{"batch", options}, [&](auto& tx, const std::string& body) {
+            ++runs;
+            TypeParam::write_effect(tx, body);
+            if (body == "throws") throw std::runtime_error("gateway 503");
+            if (body == "defers") return idem::EffectResult::deferred("too early");
+            if (body == "rejects") return idem::EffectResult::rejected("stale");
+            if (body == "malformed") throw idem::malformed_message("no amount");
+            return idem::EffectResult::applied();
+        });
     const std::vector<Delivery> deliveries = {
         Delivery{"m-1", 1u},     Delivery{"m-done", 2u},   Delivery{"m-throw", 1u},
         Delivery{"m-defer", 1u}, Delivery{"m-reject", 1u}, Delivery{"", 1u},
@@ -536,12 +525,11 @@ TYPED_TEST(StoreConformance, BatchCommitsTogetherAndAFailingMessageRollsBackAlon
 // message, with the repeats and the committed ids on both sides of the chunk boundaries.
 TYPED_TEST(StoreConformance, LargeBatchesClaimEachIdOnceAcrossChunks) {
     int runs = 0;
-    auto handler = this->make(idem::Policy{"chunks"},
-                                      [&](auto& tx, const std::string& body) {
-                                          ++runs;
-                                          TypeParam::write_effect(tx, body);
-                                          if (body == "b-throw") throw std::runtime_error("boom");
-                                      });
+    auto handler = this->make(idem::Policy{"chunks"}, [&](auto& tx, const std::string& body) {
+        ++runs;
+        TypeParam::write_effect(tx, body);
+        if (body == "b-throw") throw std::runtime_error("boom");
+    });
     auto id = [](const char* prefix, int i) { return std::string(prefix) + std::to_string(i); };
     std::vector<Delivery> first;
     std::vector<std::string> first_bodies;
@@ -600,13 +588,12 @@ TYPED_TEST(StoreConformance, LargeBatchesClaimEachIdOnceAcrossChunks) {
 
 TYPED_TEST(StoreConformance, BatchWhoseCommitFailsAcksNothing) {
     bool sabotage = true;
-    auto handler = this->make(idem::Policy{"batch"},
-                                      [&](auto& tx, const std::string& body) {
-                                          TypeParam::write_effect(tx, body);
-                                          if (sabotage && body == "b") {
-                                              this->env.make_commit_fail(tx);
-                                          }
-                                      });
+    auto handler = this->make(idem::Policy{"batch"}, [&](auto& tx, const std::string& body) {
+        TypeParam::write_effect(tx, body);
+        if (sabotage && body == "b") {
+            this->env.make_commit_fail(tx);
+        }
+    });
     const std::vector<Delivery> deliveries = {{"m-1", 1u}, {"m-2", 1u}, {"m-1", 1u}};
     const std::vector<std::string> bodies = {"a", "b", "a"};
     auto outcomes = handler.handle_batch(deliveries, bodies);
@@ -648,7 +635,8 @@ std::string idem_payload(const Order& o) {
 
 TYPED_TEST(StoreConformance, ReusedIdWithAnotherPayloadIsDeadLetteredNotAcked) {
     int runs = 0;
-    auto handler = this->make(idem::Policy{"orders"},
+    auto handler = this->make(
+        idem::Policy{"orders"},
         idem::with_fingerprint([](const Order& o) { return o.id + "|" + std::to_string(o.amount); },
                                [&](auto& tx, const Order& o) {
                                    ++runs;
@@ -684,7 +672,8 @@ TYPED_TEST(StoreConformance, ReusedIdWithAnotherPayloadIsDeadLetteredNotAcked) {
 TYPED_TEST(StoreConformance, TakeoverOfAReleasedClaimStoresTheNewPayloadsFingerprint) {
     std::vector<long> ran;
     bool fail_next = true;
-    auto handler = this->make(idem::Policy{"orders"},
+    auto handler = this->make(
+        idem::Policy{"orders"},
         idem::with_fingerprint([](const Order& o) { return o.id + "|" + std::to_string(o.amount); },
                                [&](auto& tx, const Order& o) {
                                    if (std::exchange(fail_next, false))
@@ -756,9 +745,9 @@ TYPED_TEST(StoreConformance, DeadLetterPayloadIsRedactedBeforeTheStoreKeepsIt) {
 }
 
 TYPED_TEST(StoreConformance, ClaimWithoutFingerprintCannotBeComparedSoItIsADuplicate) {
-    auto plain =
-        this->make(idem::Policy{"orders"}, [](auto&, const Order&) {});
-    auto fingerprinted = this->make(idem::Policy{"orders"},
+    auto plain = this->make(idem::Policy{"orders"}, [](auto&, const Order&) {});
+    auto fingerprinted = this->make(
+        idem::Policy{"orders"},
         idem::with_fingerprint([](const Order& o) { return o.id; }, [](auto&, const Order&) {}));
     EXPECT_EQ(plain.handle(Delivery{"m-1", 1u}, Order{"o-1", 1, ""}).disposition,
               Disposition::processed);
@@ -775,10 +764,10 @@ idem::Policy with_key_lifetime(std::chrono::seconds lifetime) {
 TYPED_TEST(StoreConformance, MessageOlderThanTheGatewayKeyLifetimeIsNotSentBlindly) {
     int gateway_calls = 0;
     auto handler = this->make(with_key_lifetime(std::chrono::hours(24)),
-                                      [&](auto& tx, const std::string& body) {
-                                          ++gateway_calls;
-                                          TypeParam::write_effect(tx, body);
-                                      });
+                              [&](auto& tx, const std::string& body) {
+                                  ++gateway_calls;
+                                  TypeParam::write_effect(tx, body);
+                              });
     handler.set_clock([this] { return this->env.now; });
     const auto now = this->env.now;
     auto old =
@@ -808,7 +797,8 @@ TYPED_TEST(StoreConformance, MessageOlderThanTheGatewayKeyLifetimeIsNotSentBlind
 
 TYPED_TEST(StoreConformance, ReconcileCallbackTakesMessagesOlderThanTheKeyLifetime) {
     int gateway_calls = 0, reconciled = 0;
-    auto handler = this->make(with_key_lifetime(std::chrono::hours(24)),
+    auto handler = this->make(
+        with_key_lifetime(std::chrono::hours(24)),
         idem::reconcile_expired(
             [&](auto&, const std::string&) { ++gateway_calls; },
             [&](auto& tx, const std::string& body) {
@@ -827,7 +817,8 @@ TYPED_TEST(StoreConformance, ReconcileCallbackTakesMessagesOlderThanTheKeyLifeti
 
 TYPED_TEST(StoreConformance, OverlapLockDefersWhileAnotherJobHoldsTheEntity) {
     int runs = 0;
-    auto refund = this->make(idem::Policy{"refund"},
+    auto refund = this->make(
+        idem::Policy{"refund"},
         idem::without_overlapping([](const Order& o) { return idem::key("invoice", o.id); },
                                   idem::OverlapOptions{},
                                   [&](auto& tx, const Order& o) {
@@ -858,9 +849,9 @@ TYPED_TEST(StoreConformance, OverlapLockDefersWhileAnotherJobHoldsTheEntity) {
 
 TYPED_TEST(StoreConformance, OverlapLockExpiresWhenItsHolderDies) {
     auto job = this->make(idem::Policy{"capture"},
-        idem::without_overlapping(
-            [](const Order& o) { return o.id; }, idem::OverlapOptions{},
-            [](auto& tx, const Order& o) { TypeParam::write_effect(tx, o.id); }));
+                          idem::without_overlapping(
+                              [](const Order& o) { return o.id; }, idem::OverlapOptions{},
+                              [](auto& tx, const Order& o) { TypeParam::write_effect(tx, o.id); }));
     ASSERT_TRUE(this->store().hold_lock("42", "crashed-worker", std::chrono::minutes(3)));
     EXPECT_EQ(job.handle(Delivery{"m-1", 1u}, Order{"42", 1, ""}).disposition,
               Disposition::deferred);
@@ -875,9 +866,9 @@ TYPED_TEST(StoreConformance, OverlapLockCanDropTheBlockedCopy) {
     idem::OverlapOptions drop;
     drop.on_contention = idem::OnContention::drop;
     auto job = this->make(idem::Policy{"reindex"},
-        idem::without_overlapping(
-            [](const Order& o) { return o.id; }, drop,
-            [](auto& tx, const Order& o) { TypeParam::write_effect(tx, o.id); }));
+                          idem::without_overlapping(
+                              [](const Order& o) { return o.id; }, drop,
+                              [](auto& tx, const Order& o) { TypeParam::write_effect(tx, o.id); }));
     ASSERT_TRUE(this->store().hold_lock("7", "first-copy", std::chrono::minutes(1)));
     auto dropped = job.handle(Delivery{"m-1", 1u}, Order{"7", 1, ""});
     EXPECT_EQ(dropped.disposition, Disposition::rejected);

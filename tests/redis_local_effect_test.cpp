@@ -125,6 +125,25 @@ TEST_F(RedisLocalEffectTest, RejectedKeepsTheClaimWithoutTheWritesAndAThrowIsACo
     EXPECT_EQ(client().integer({"HGET", "views", "home"}), 1);
 }
 
+// Redis cannot undo a write: one failing after another was applied parks the claim (as the
+// two-step commit does), so the redelivery is a duplicate and the applied write stays single.
+TEST_F(RedisLocalEffectTest, AWriteFailingAfterOneWasAppliedParksTheClaim) {
+    auto handler = idem::make_handler(store(), idem::Policy{"views"},
+                                      idem::local_effect([](auto& tx, const std::string& page) {
+                                          tx.write("HINCRBY", "views", page, 1);
+                                          tx.write("HSET", "views");  // wrong arity: fails
+                                      }));
+    auto outcome = handler.handle(Delivery{"w-1", 1u}, std::string("home"));
+    EXPECT_EQ(outcome.disposition, Disposition::failed);
+    EXPECT_EQ(outcome.cause, idem::FailureCause::commit_failed);
+    EXPECT_EQ(store().find_claim("views", "w-1")->disposition, Disposition::dead_lettered);
+    ASSERT_EQ(store().dead_letters().size(), 1u);
+    EXPECT_NE(store().dead_letters()[0].reason.find("HSET"), std::string::npos);
+    EXPECT_EQ(handler.handle(Delivery{"w-1", 2u}, std::string("home")).disposition,
+              Disposition::duplicate);
+    EXPECT_EQ(client().integer({"HGET", "views", "home"}), 1);
+}
+
 // The lease store's poison check counts effect starts: a delivery whose count reaches the
 // limit takes the ordinary path, which parks a body whose attempts reach it before the effect.
 TEST_F(RedisLocalEffectTest, AtThePoisonLimitTheEffectNeverRunsAndTheMessageIsParked) {
@@ -187,8 +206,7 @@ TEST_F(RedisLocalEffectTest, TwoProcessesRacingOnTheSameIdsApplyEachIdsWritesOnc
         return std::make_unique<idem_test::ForkedChild>([&, backwards](const auto& send) {
             auto own = fresh_store();
             auto handler = idem::make_handler(
-                *own, idem::Policy{"race"},
-                idem::local_effect([](auto& tx, const std::string& id) {
+                *own, idem::Policy{"race"}, idem::local_effect([](auto& tx, const std::string& id) {
                     tx.write("INCR", "applied:" + id);
                     tx.write("INCR", "applied:total");
                 }));
@@ -242,8 +260,8 @@ TEST_F(RedisLocalEffectTest, KilledBeforeTheCallOrAfterItBeforeTheAckAppliesOnce
         ASSERT_TRUE(result.killed_at_window) << result.message;
         auto restarted = fresh_store();
         auto outcome = consume(*restarted, 2u);
-        EXPECT_EQ(outcome.disposition, window == Window::before_commit ? Disposition::processed
-                                                                        : Disposition::duplicate)
+        EXPECT_EQ(outcome.disposition,
+                  window == Window::before_commit ? Disposition::processed : Disposition::duplicate)
             << outcome.reason;
         EXPECT_EQ(counter("applied:" + id), 1) << idem::testing::to_string(window);
     }

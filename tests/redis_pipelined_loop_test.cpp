@@ -39,10 +39,9 @@ class PipelinedLoopTest : public ::testing::Test {
 };
 
 auto incrementing_handler(idem::RedisStore& store) {
-    return idem::make_handler(store, idem::Policy{"orders"},
-                              [](auto& tx, const std::string& id) {
-                                  tx.write("HINCRBY", "applied", id, 1);
-                              });
+    return idem::make_handler(store, idem::Policy{"orders"}, [](auto& tx, const std::string& id) {
+        tx.write("HINCRBY", "applied", id, 1);
+    });
 }
 
 template <class Settled>
@@ -115,7 +114,8 @@ TEST_F(PipelinedLoopTest, AFailedCommitFailsItsMessageAndKeepsTheNextOnesFreshLe
     EXPECT_EQ(store().find_claim("orders", "n+1")->disposition, Disposition::in_progress);
     EXPECT_EQ(tags(loop.flush()), std::vector<std::string>{"n+1:processed"});
     // The broker redelivers n: applied once.
-    EXPECT_EQ(tags(loop.handle(Delivery{"n", 2u}, std::string("n"), "n")), std::vector<std::string>{});
+    EXPECT_EQ(tags(loop.handle(Delivery{"n", 2u}, std::string("n"), "n")),
+              std::vector<std::string>{});
     EXPECT_EQ(tags(loop.flush()), std::vector<std::string>{"n:processed"});
     EXPECT_EQ(applied("n"), 1);
     EXPECT_EQ(applied("n+1"), 1);
@@ -162,10 +162,9 @@ TEST_F(PipelinedLoopTest, TheStreamAckGoesWithTheCommitAndALoopDroppedHoldingRel
 
 TEST(PipelinedLoopOnOtherStores, SettlesEachMessageAtOnce) {
     idem::MemoryStore store;
-    auto handler = idem::make_handler(store, idem::Policy{"orders"},
-                                      [](auto& tx, const std::string& id) {
-                                          tx.put("applied", id, "1");
-                                      });
+    auto handler =
+        idem::make_handler(store, idem::Policy{"orders"},
+                           [](auto& tx, const std::string& id) { tx.put("applied", id, "1"); });
     auto loop = idem::pipelined_loop(handler);
     static_assert(!decltype(loop)::pipelines);
     EXPECT_EQ(tags(loop.handle(Delivery{"a", 1u}, std::string("a"), "a")),

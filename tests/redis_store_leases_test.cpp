@@ -56,10 +56,9 @@ TEST_F(RedisStoreTest, InProgressCarriesTheLeasesRemainingTimeAsRetryAfter) {
     }
     idem::PolicyOptions options;
     options.lease = 30s;
-    auto handler = idem::make_handler(*b, idem::Policy{"refund", options},
-                                      [](auto& tx, const std::string& body) {
-                                          tx.write("SADD", "refunded", body);
-                                      });
+    auto handler = idem::make_handler(
+        *b, idem::Policy{"refund", options},
+        [](auto& tx, const std::string& body) { tx.write("SADD", "refunded", body); });
     now() += 5s;
     auto outcome = handler.handle(Delivery{"m-1", 2u}, std::string("r"));
     EXPECT_EQ(outcome.disposition, Disposition::in_progress);

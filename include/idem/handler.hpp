@@ -358,9 +358,8 @@ class IdempotentHandler {
     /// A local effect (local_effect(): only queued writes) on a store that claims and commits
     /// in one step: handle() runs the effect first, with no claim held, and sends its writes with
     /// the claim in one call (decide_local).
-    static constexpr bool runs_before_claim =
-        detail::chain_only_transaction_writes<Effect>() &&
-        detail::has_claim_and_commit<Transaction>::value;
+    static constexpr bool runs_before_claim = detail::chain_only_transaction_writes<Effect>() &&
+                                              detail::has_claim_and_commit<Transaction>::value;
 
     /// The effect, then ONE claim_and_commit() with its writes. Nothing (the ordinary path takes
     /// the message, claim first) when the message needs its claim before the effect: a count at
@@ -409,8 +408,8 @@ class IdempotentHandler {
             threw = failed_outcome(fmt::format("effect threw: {}", e.what()),
                                    FailureCause::effect_threw);
         } catch (...) {
-            threw = failed_outcome("effect threw a non-standard exception",
-                                   FailureCause::effect_threw);
+            threw =
+                failed_outcome("effect threw a non-standard exception", FailureCause::effect_threw);
         }
         if (threw) tx.rollback_to_savepoint();  // the attempt is counted, nothing applied
         const ClaimAndCommitResult answer = tx.claim_and_commit(request);

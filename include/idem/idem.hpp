@@ -5,10 +5,10 @@
 
 #include "idem/config.hpp"
 #include "idem/delivery.hpp"
+#include "idem/effects/local.hpp"
 #include "idem/error.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/handler.hpp"
-#include "idem/effects/local.hpp"
 #include "idem/key.hpp"
 #include "idem/observer.hpp"
 #include "idem/outbox.hpp"

@@ -125,8 +125,8 @@ class PipelinedLoop {
                       "idem: effect does not fit (see above)");
         std::vector<Settled> out;
         if constexpr (!pipelines) {
-            Outcome outcome = hook ? handler_->handle(delivery, body, *hook)
-                                   : handler_->handle(delivery, body);
+            Outcome outcome =
+                hook ? handler_->handle(delivery, body, *hook) : handler_->handle(delivery, body);
             const bool acked = hook && hook->acked_in_commit;
             out.push_back(Settled{std::move(tag), delivery, std::move(outcome), acked});
             return out;
@@ -143,8 +143,11 @@ class PipelinedLoop {
             if (hook) h.bind_hook(*hook, delivery);
             const typename Handler::Stopwatch watch(h.observer_ != nullptr);
             auto fresh = std::make_unique<Held>(Held{h.begin_transaction(hook.get(), hook ? 1 : 0),
-                                                     std::move(tag), delivery, Outcome{},
-                                                     std::move(hook), {}});
+                                                     std::move(tag),
+                                                     delivery,
+                                                     Outcome{},
+                                                     std::move(hook),
+                                                     {}});
             const std::string fingerprint = h.fingerprint_of(body);
             ClaimResult claim;
             try {
@@ -166,10 +169,9 @@ class PipelinedLoop {
                 } else {
                     claim = h.template claim_one<Body>(fresh->tx, delivery.message_id, fingerprint);
                 }
-                fresh->outcome =
-                    h.attempt(fresh->tx, delivery, body,
-                              detail::PreclaimedStrategy<Transaction>{claim})
-                        .outcome;
+                fresh->outcome = h.attempt(fresh->tx, delivery, body,
+                                           detail::PreclaimedStrategy<Transaction>{claim})
+                                     .outcome;
             } catch (const std::exception& e) {
                 fresh->outcome = Handler::failure(e);
             }
@@ -198,10 +200,10 @@ class PipelinedLoop {
     /// (rolled back unless its commit went through).
     void settle(std::vector<Settled>& out, Held&& held, Outcome outcome) {
         handler_->report(held.delivery, outcome, held.handled_in);
-        const bool acked = held.hook && held.hook->acked_in_commit &&
-                           outcome.disposition != Disposition::failed;
-        out.push_back(Settled{std::move(held.tag), std::move(held.delivery), std::move(outcome),
-                              acked});
+        const bool acked =
+            held.hook && held.hook->acked_in_commit && outcome.disposition != Disposition::failed;
+        out.push_back(
+            Settled{std::move(held.tag), std::move(held.delivery), std::move(outcome), acked});
         Transaction ended = std::move(held.tx);
         (void)ended;
     }

@@ -103,4 +103,3 @@ struct RedisLocalEnv : RedisEnv {
 };
 
 }  // namespace idem_test
-

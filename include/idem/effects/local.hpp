@@ -58,7 +58,8 @@ class LocalEffect {
 ///
 /// @code
 /// auto count = idem::make_handler(store, idem::Policy{"page-views"},
-///     idem::local_effect([](auto& tx, const View& v) { tx.write("HINCRBY", "views", v.page, 1); }));
+///     idem::local_effect([](auto& tx, const View& v) { tx.write("HINCRBY", "views", v.page, 1);
+///     }));
 /// @endcode
 template <class Effect>
 LocalEffect<std::decay_t<Effect>> local_effect(Effect&& effect) {

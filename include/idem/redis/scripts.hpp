@@ -234,25 +234,22 @@ return 'ok'
 // transaction's queued writes, already computed with no claim held) in ONE script. KEYS: the
 // claim record, its dead letters. ARGV: now, retention_ms, lease_ms, max_attempts, outcome
 // (processed or rejected; '' for an effect that threw: count the attempt, apply nothing, leave
-// the id free), reason, the record's fields ("#fp|#scope|#id\n" fp scope id), n_commands,
-// {argc, args...} * n_commands. A new id (or a released or expired claim) has the writes applied
-// and the claim recorded done with the outcome; anything else applies nothing. Answers 'ok' (a
-// new id, committed), or {status, detail, fingerprint, attempts}: duplicate (detail: the
-// recorded outcome), in_progress (the lease's time left), limit (a takeover would reach
-// max_attempts: nothing applied, take the ordinary path), committed (a takeover or a counted
-// failure; detail: the state taken over); or {command_failed | partial, k, why} as the commit.
+// the id free), reason, the record's fields ("#fp|#scope|#id\n" fp scope id), the whole record
+// of a new id (made by the client, as the SET claim's), n_commands, {argc, args...} *
+// n_commands. A new id (or a released or expired claim) has the writes applied and the claim
+// recorded done with the outcome; anything else applies nothing. Answers 'ok' (a new id,
+// committed), or {status, detail, fingerprint, attempts}: duplicate (detail: the recorded
+// outcome), in_progress (the lease's time left), limit (a takeover would reach max_attempts:
+// nothing applied, take the ordinary path), committed (a takeover or a counted failure; detail:
+// the state taken over); or {command_failed | partial, k, why} as the commit.
 inline const std::string& claim_commit_source() {
-    // The common case (a new id) is one SET NX and the writes, with no `local function` made
-    // (each builds a closure per call) and no number formatted; the rest makes its helpers.
+    // The common case (a new id) is one SET NX of the client's record and the writes, with no
+    // `local function` made (each builds a closure per call) and no string built; the rest
+    // makes its helpers.
     static const std::string source = std::string(R"(
-local key, retention, own_fields, outcome = KEYS[1], ARGV[2], ARGV[7], ARGV[5]
-local stamp = ARGV[1]
-if stamp == '' then stamp = '~' .. retention end  -- "the expiry minus the retention" (record.hpp)
-local rest = '1|' .. stamp .. '|' .. stamp .. '|' .. ARGV[3] .. '|' .. own_fields
-local head = outcome == '' and 'free|||' or 'done||' .. outcome .. '|'
-local tail = outcome == '' and '' or ARGV[6]
+local key, outcome = KEYS[1], ARGV[5]
 local answer = 'ok'
-if not redis.call('SET', key, head .. rest .. tail, 'NX', 'PX', retention) then
+if not redis.call('SET', key, ARGV[8], 'NX', 'PX', ARGV[2]) then
 )") + lua_now + lua_int + lua_split + lua_fields +
                                       R"(
   local now = now_text(ARGV[1])
@@ -267,19 +264,27 @@ if not redis.call('SET', key, head .. rest .. tail, 'NX', 'PX', retention) then
   -- claim's time stay; the fields are the taker's; the retention restarts).
   local attempts = int(r.attempts + 1)
   if tonumber(attempts) >= tonumber(ARGV[4]) then return {'limit', r.state, fp, attempts} end
-  rest = attempts .. '|' .. int(r.claimed_at) .. '|' .. now .. '|' .. ARGV[3] .. '|' .. own_fields
-  redis.call('SET', key, head .. rest .. tail, 'PX', retention)
+  local rest = attempts .. '|' .. int(r.claimed_at) .. '|' .. now .. '|' .. ARGV[3] .. '|' ..
+               ARGV[7]
+  if outcome == '' then
+    redis.call('SET', key, 'free|||' .. rest, 'PX', ARGV[2])
+  else
+    redis.call('SET', key, 'done||' .. outcome .. '|' .. rest .. ARGV[6], 'PX', ARGV[2])
+  end
   answer = {'committed', r.state, '', attempts}
 end
 if outcome == '' then  -- a failed effect: the attempt is counted, nothing else
   if answer == 'ok' then return {'committed', 'new', '', '1'} end
   return answer
 end
-local i = 9
-for k = 1, tonumber(ARGV[8]) do
+local i = 10
+for k = 1, tonumber(ARGV[9]) do
   local argc = tonumber(ARGV[i])
   local result = redis.pcall(unpack(ARGV, i + 1, i + argc))
   if type(result) == 'table' and result.err then
+    -- The record as written above, from attempts on (its header is 'done||<outcome>|').
+    local rest = string.sub(redis.call('GET', key), 8 + #outcome)
+    rest = string.sub(rest, 1, #rest - #ARGV[6])
     if k == 1 then  -- nothing applied: the attempt stays counted, the id free
       redis.call('SET', key, 'free|||' .. rest, 'KEEPTTL')
       return {'command_failed', '1', result.err}

@@ -729,22 +729,33 @@ class RedisStore::Transaction {
             acked_hooks = hook_commands(acks);
             claims_.clear();  // no lease is held: nothing to release
         }
+        // A new id's record, whole (layout: record.hpp): attempt 1, claimed now — the server's
+        // now as "the expiry minus the retention" when the store reads no clock of its own.
+        const std::string fields =
+            redis::Record::fields(request.fingerprint, request.scope, request.message_id);
+        const std::string now = store_->now_arg();
+        const std::string stamp = now.empty() ? '~' + std::to_string(retention_ms()) : now;
+        std::string new_record =
+            request.outcome ? "done||" + std::string(outcome) + '|' : std::string("free|||");
+        new_record.append("1|").append(stamp).append("|").append(stamp).append("|");
+        new_record.append(std::to_string(lease_.count())).append("|").append(fields);
+        if (request.outcome) new_record.append(request.reason);
         redis::Args call;
-        call.reserve(256 + key.size() + commands_.resp().size() + acks.args.resp().size());
+        call.reserve(256 + 2 * fields.size() + commands_.resp().size() + acks.args.resp().size());
         call.add(key).add(store_->dead_letter_key(request.scope, request.message_id));
-        call.add(store_->now_arg())
+        call.add(now)
             .add(retention_ms())
             .add(lease_.count())
             .add(request.max_attempts)
             .add(outcome)
             .add(request.reason)
-            .add(redis::Record::fields(request.fingerprint, request.scope, request.message_id))
+            .add(fields)
+            .add(new_record)
             .add(command_count_ + acks.count)
             .append(commands_)
             .append(acks.args);
-        redis::Reply reply = store_->with_connection([&](redis::Connection& c) {
-            return c.eval(redis::claim_commit_script(), 2, call);
-        });
+        redis::Reply reply = store_->with_connection(
+            [&](redis::Connection& c) { return c.eval(redis::claim_commit_script(), 2, call); });
         finish();
         store_->check_script(reply, "claim and commit");
         ClaimAndCommitResult result;
@@ -773,8 +784,7 @@ class RedisStore::Transaction {
             throw store_error("idem: Redis claim-and-commit script: unexpected reply");
         }
         result.claim.fingerprint = std::move(reply.elements[2].str);
-        result.claim.attempts =
-            static_cast<std::uint32_t>(redis::parse_int(reply.elements[3].str));
+        result.claim.attempts = static_cast<std::uint32_t>(redis::parse_int(reply.elements[3].str));
         if (status == "duplicate") {
             result.status = ClaimAndCommitStatus::duplicate;
             result.claim.status = ClaimStatus::duplicate;
@@ -824,9 +834,12 @@ class RedisStore::Transaction {
             return result;
         }
         PreparedCommit prepared = prepare_commit();
-        std::vector<Claim> held{Claim{std::string(scope), std::string(id),
-                                      store_->claim_key(scope, id), std::string(fingerprint),
-                                      {}, {}}};
+        std::vector<Claim> held{Claim{std::string(scope),
+                                      std::string(id),
+                                      store_->claim_key(scope, id),
+                                      std::string(fingerprint),
+                                      {},
+                                      {}}};
         const std::vector<redis::Args> sets = next.set_claims(held);
         std::vector<redis::Reply> replies = store_->with_connection([&](redis::Connection& c) {
             return c.eval_then(redis::complete_script(), prepared.num_keys, prepared.call, sets);
@@ -1176,7 +1189,8 @@ class RedisStore::Transaction {
         } else if (status == "in_progress") {
             result.status = ClaimStatus::in_progress;
             // The script's detail is what is left of the holder's lease, in milliseconds.
-            result.retry_after = std::chrono::milliseconds(redis::parse_int(answer.elements[1].str));
+            result.retry_after =
+                std::chrono::milliseconds(redis::parse_int(answer.elements[1].str));
         } else {
             result.status = ClaimStatus::claimed;
             claims_.push_back(std::move(held));
