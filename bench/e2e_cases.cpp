@@ -466,6 +466,38 @@ int run_profile(const std::string& name, std::size_t messages) {
         auto handler = idem::make_handler(store, idem::Policy{scope}, redis_claim_only_effect);
         return profile_with(loop_single, handler, name, messages);
     }
+    if (name == "redis_single_local") {
+        idem::RedisStore store{redis_endpoint()};
+        store.warm_up();
+        auto handler =
+            idem::make_handler(store, idem::Policy{scope}, idem::local_effect(redis_write_effect));
+        return profile_with(loop_single, handler, name, messages);
+    }
+    if (name == "redis_single_write") {
+        idem::RedisStore store{redis_endpoint()};
+        auto handler = idem::make_handler(store, idem::Policy{scope}, redis_write_effect);
+        return profile_with(loop_single, handler, name, messages);
+    }
+    if (name == "redis_single_raw" || name == "redis_single_local_raw") {
+        // The raw twins: one SET NX; SET NX and the effect's SET pipelined.
+        auto& server = redis_server();
+        RawRedis raw{server.host(), server.port()};
+        const bool with_write = name == "redis_single_local_raw";
+        auto loop = [with_write](RawRedis& r, std::uint64_t& seq, std::size_t n) {
+            std::vector<std::vector<std::string>> both(2);
+            for (std::size_t i = 0; i < n; ++i) {
+                const std::string id = message_id(++seq) + "-raw";
+                if (!with_write) {
+                    (void)r.set_nx("raw:" + id);
+                    continue;
+                }
+                both[0] = {"SET", "raw:" + id, "1", "NX"};
+                both[1] = {"SET", "rawfx:" + id, "1"};
+                r.pipeline(both);
+            }
+        };
+        return profile_with(loop, raw, name, messages);
+    }
     if (name == "postgres_single") {
         const std::string conninfo = postgres_server().conninfo();
         idem::PostgresStore store{conninfo};
@@ -475,7 +507,8 @@ int run_profile(const std::string& name, std::size_t messages) {
     }
     note(
         "--profile: one of memory_single, sqlite_single, sqlite_batch, redis_single, "
-        "postgres_single, or memory_single_raw, sqlite_single_raw, sqlite_batch_raw");
+        "redis_single_write, redis_single_local, postgres_single, or memory_single_raw, "
+        "sqlite_single_raw, sqlite_batch_raw, redis_single_raw, redis_single_local_raw");
     return 2;
 }
 

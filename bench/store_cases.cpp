@@ -21,6 +21,12 @@
 //   redis_replicas_to_ack  redis_single with replicas_to_ack = 1 (WAIT 1 in the commit's round
 //                    trip), a replica attached       vs  the same handler without it, same master
 //                                                          and replica
+//   redis_single_local  redis_single_write's effect as idem::local_effect: claim, write and
+//                       completion in one script                       vs  SET NX + the same SET,
+//                                                                          pipelined (one trip)
+//   redis_stream_pipelined  a loop over a stream (XREADGROUP COUNT 100) through PipelinedLoop,
+//                       a StreamAck hook per entry (XACK in the commit), no effect write: each
+//                       commit goes with the next claim                vs  one SET NX
 
 #include <benchmark/benchmark.h>
 
@@ -578,7 +584,9 @@ void run_redis_cases() {
     const bool batch = selected("redis_batch");
     const bool with_write = selected("redis_single_write");
     const bool replicas = selected("redis_replicas_to_ack");
-    if (!single && !batch && !with_write && !replicas) return;
+    const bool local = selected("redis_single_local");
+    const bool stream_pipelined = selected("redis_stream_pipelined");
+    if (!single && !batch && !with_write && !replicas && !local && !stream_pipelined) return;
 
     auto& server = redis_server();
     PinScope pin;
@@ -586,6 +594,9 @@ void run_redis_cases() {
     RawRedis raw{server.host(), server.port()};
     auto handler = idem::make_handler(store, idem::Policy{scope}, redis_claim_only_effect);
     auto writing_handler = idem::make_handler(store, idem::Policy{scope}, redis_write_effect);
+    auto local_handler =
+        idem::make_handler(store, idem::Policy{scope}, idem::local_effect(redis_write_effect));
+    store.warm_up();
     std::uint64_t idem_seq = 0;
     std::uint64_t raw_seq = 0;
     const pid_t server_pid = server.pid();
@@ -617,6 +628,72 @@ void run_redis_cases() {
     const Meter waiting_meter{[&waiting_store] { return waiting_store.round_trips(); }, server_pid};
     add_idem<Shape::single>("redis_replicas_to_ack/idem", waiting_handler, idem_seq, waiting_meter);
     add_idem<Shape::single>("redis_replicas_to_ack/raw", handler, idem_seq, idem_meter);
+    add_idem<Shape::single>("redis_single_local/idem", local_handler, idem_seq, idem_meter);
+    add("redis_single_local/raw", [&](benchmark::State& state) {
+        std::vector<std::vector<std::string>> both(2);
+        counted(state, raw_seq, raw_meter, [&] {
+            for (auto _ : state) {
+                const std::string id = message_id(++raw_seq);
+                both[0] = {"SET", "raw:" + id, "1", "NX"};
+                both[1] = {"SET", "rawfx:" + id, "1"};
+                raw.pipeline(both);
+            }
+        });
+    });
+    // The stream: filled 100 entries at a time outside the timing, read with XREADGROUP (timed,
+    // on a connection of its own: not in the store's round trips), each entry through the loop
+    // with its stream ack as the commit hook.
+    RawRedis feeder{server.host(), server.port()};
+    const std::string stream = "bench:pipelined";
+    feeder.command({"DEL", stream});
+    feeder.command({"XGROUP", "CREATE", stream, "g", "0", "MKSTREAM"});
+    add("redis_stream_pipelined/idem", [&](benchmark::State& state) {
+        auto loop = idem::pipelined_loop(handler);
+        std::vector<std::pair<std::string, std::string>> entries;  // entry id, message id
+        std::size_t next = 0;
+        std::size_t not_acked = 0;
+        auto check = [&](const auto& settled) {
+            for (const auto& s : settled) {
+                if (s.outcome.disposition != idem::Disposition::processed || !s.acked_in_commit)
+                    ++not_acked;
+            }
+        };
+        counted(state, idem_seq, idem_meter, [&] {
+            for (auto _ : state) {
+                if (next == entries.size()) {
+                    check(loop.flush());  // before the next read, as a loop does
+                    state.PauseTiming();
+                    std::vector<std::vector<std::string>> adds;
+                    for (int i = 0; i < 100; ++i) {
+                        adds.push_back({"XADD", stream, "*", "order",
+                                        message_id(idem_seq + 1 + static_cast<std::uint64_t>(i))});
+                    }
+                    feeder.pipeline(adds);
+                    state.ResumeTiming();
+                    auto reply = feeder.command(
+                        {"XREADGROUP", "GROUP", "g", "c", "COUNT", "100", "STREAMS", stream, ">"});
+                    entries.clear();
+                    next = 0;
+                    const redisReply* items = reply->element[0]->element[1];
+                    for (std::size_t i = 0; i < items->elements; ++i) {
+                        const redisReply* item = items->element[i];
+                        const redisReply* fields = item->element[1];
+                        entries.emplace_back(
+                            std::string(item->element[0]->str, item->element[0]->len),
+                            std::string(fields->element[1]->str, fields->element[1]->len));
+                    }
+                }
+                const auto& [entry_id, id] = entries[next++];
+                ++idem_seq;
+                idem::CommitHook hook{
+                    idem::redis::StreamAck{store.endpoint(), stream, "g", entry_id}};
+                check(loop.handle(idem::Delivery{id, 1u}, Order{id, 1}, entry_id, std::move(hook)));
+            }
+            check(loop.flush());
+        });
+        if (not_acked > 0) state.SkipWithError("an entry was not processed and acked in commit");
+    });
+    add("redis_stream_pipelined/raw", raw_single);
     add_idem<Shape::batch>("redis_batch/idem", handler, idem_seq, idem_meter);
     add("redis_batch/raw", [&](benchmark::State& state) {
         std::vector<std::string> keys;
@@ -687,6 +764,29 @@ void run_redis_cases() {
                  "one replica (not pinned), both appendonly yes, appendfsync always, data dirs on "
                  "tmpfs");
         line.str("note", "no target: the price of replica-acknowledged commits");
+        emit(line);
+    }
+    if (local) {
+        Json line;
+        const Alternated result = compare("redis_single_local", "redis", 1, line);
+        add_pinning(line, pin.active(), server_pid);
+        line.str("effect",
+                 "idem::local_effect: one tx.write(\"SET\", \"fx:<order>\", \"1\"), sent "
+                 "with the claim in one script");
+        line.str("raw", "SET NX + the same SET, pipelined: one round trip");
+        ratio_target(line, result, 0.70);
+        emit(line);
+    }
+    if (stream_pipelined) {
+        Json line;
+        const Alternated result = compare("redis_stream_pipelined", "redis", 1, line);
+        add_pinning(line, pin.active(), server_pid);
+        line.str("loop",
+                 "XREADGROUP COUNT 100, then per entry PipelinedLoop::handle with a StreamAck "
+                 "hook (XACK in the commit), flush() per read; no effect write. A user loop: "
+                 "StreamConsumer is not wired to the loop yet");
+        line.str("raw", "one SET NX per message");
+        ratio_target(line, result, 0.60);
         emit(line);
     }
     note("redis_server_time");

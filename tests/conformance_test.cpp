@@ -48,7 +48,7 @@ class StoreConformance : public ::testing::Test {
         if constexpr (std::is_same_v<Env, idem_test::PostgresEnv>) IDEM_REQUIRE_POSTGRES();
 #endif
 #if IDEM_HAS_REDIS
-        if constexpr (std::is_same_v<Env, idem_test::RedisEnv>) IDEM_REQUIRE_REDIS();
+        if constexpr (std::is_same_v<typename Env::Store, idem::RedisStore>) IDEM_REQUIRE_REDIS();
 #endif
 #if IDEM_CONFORMANCE_ON_REDIS_CLUSTER
         if constexpr (std::is_same_v<Env, idem_test::RedisClusterEnv>) IDEM_REQUIRE_REDIS_CLUSTER();
@@ -58,11 +58,25 @@ class StoreConformance : public ::testing::Test {
 #endif
     }
 
+    /// A handler on this store; in an environment of local effects (RedisLocalEnv) the effect is
+    /// declared local (idem::local_effect), so the suite checks that mode's contract too.
+    template <class Effect>
+    auto make(idem::Policy policy, Effect&& effect) {
+        if constexpr (idem_test::local_effects_v<Env>) {
+            return idem::make_handler(store(), std::move(policy),
+                                      idem::local_effect(std::forward<Effect>(effect)));
+        } else {
+            return idem::make_handler(store(), std::move(policy), std::forward<Effect>(effect));
+        }
+    }
+    /// Whether the effect runs before the claim (local effects on a store that claims and
+    /// commits in one step): a duplicate's effect then runs, and its writes are dropped.
+    static constexpr bool effect_runs_before_claim = idem_test::local_effects_v<Env>;
+
     /// A handler whose effect writes one row keyed by the body through the claim's transaction.
     auto writer(std::string scope = "conformance", idem::PolicyOptions options = {}) {
-        return idem::make_handler(
-            store(), idem::Policy{std::move(scope), options},
-            [](auto& tx, const std::string& body) { Env::write_effect(tx, body); });
+        return make(idem::Policy{std::move(scope), options},
+                    [](auto& tx, const std::string& body) { Env::write_effect(tx, body); });
     }
 };
 
@@ -83,7 +97,7 @@ using Stores = ::testing::Types<idem_test::MemoryEnv
 #endif
 #if IDEM_HAS_REDIS
                                 ,
-                                idem_test::RedisEnv
+                                idem_test::RedisEnv, idem_test::RedisLocalEnv
 #endif
 #if IDEM_HAS_MYSQL
                                 ,
@@ -155,12 +169,11 @@ TYPED_TEST(StoreConformance, PoisonLimitDeadLettersWithoutRunningTheEffect) {
     // running. SQL stores count the broker's deliveries, lease stores the attempts they saw
     // start: both reach 5 here.
     int runs = 0;
-    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
-                                      [&](auto& tx, const std::string& body) {
-                                          ++runs;
-                                          TypeParam::write_effect(tx, body);
-                                          throw std::runtime_error("gateway 503");
-                                      });
+    auto handler = this->make(idem::Policy{"conformance"}, [&](auto& tx, const std::string& body) {
+        ++runs;
+        TypeParam::write_effect(tx, body);
+        throw std::runtime_error("gateway 503");
+    });
     for (std::uint32_t count = 1; count <= 4; ++count) {
         EXPECT_EQ(
             handler.handle(Delivery{"m-poison", count}, std::string("payload-bytes")).disposition,
@@ -207,11 +220,10 @@ TYPED_TEST(StoreConformance, DuplicateDetectionComesBeforeThePoisonCheck) {
 
 TYPED_TEST(StoreConformance, ThrowingEffectLeavesNothingAndIsNotAcked) {
     int calls = 0;
-    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
-                                      [&](auto& tx, const std::string& body) {
-                                          TypeParam::write_effect(tx, body);
-                                          if (++calls == 1) throw std::runtime_error("gateway 503");
-                                      });
+    auto handler = this->make(idem::Policy{"conformance"}, [&](auto& tx, const std::string& body) {
+        TypeParam::write_effect(tx, body);
+        if (++calls == 1) throw std::runtime_error("gateway 503");
+    });
     auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("row"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_FALSE(idem::should_ack(outcome));
@@ -226,11 +238,10 @@ TYPED_TEST(StoreConformance, ThrowingEffectLeavesNothingAndIsNotAcked) {
 
 TYPED_TEST(StoreConformance, FailedCommitLeavesNothingAndIsNotAcked) {
     bool sabotage = true;
-    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
-                                      [&](auto& tx, const std::string& body) {
-                                          TypeParam::write_effect(tx, body);
-                                          if (sabotage) this->env.make_commit_fail(tx);
-                                      });
+    auto handler = this->make(idem::Policy{"conformance"}, [&](auto& tx, const std::string& body) {
+        TypeParam::write_effect(tx, body);
+        if (sabotage) this->env.make_commit_fail(tx);
+    });
     auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("row"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_NE(outcome.reason.find("commit failed"), std::string::npos) << outcome.reason;
@@ -243,11 +254,10 @@ TYPED_TEST(StoreConformance, FailedCommitLeavesNothingAndIsNotAcked) {
 }
 
 TYPED_TEST(StoreConformance, RejectedKeepsTheClaimButNotTheEffectsWrites) {
-    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
-                                      [](auto& tx, const std::string& body) {
-                                          TypeParam::write_effect(tx, body);
-                                          return idem::EffectResult::rejected("stale event");
-                                      });
+    auto handler = this->make(idem::Policy{"conformance"}, [](auto& tx, const std::string& body) {
+        TypeParam::write_effect(tx, body);
+        return idem::EffectResult::rejected("stale event");
+    });
     auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("row"));
     EXPECT_EQ(outcome.disposition, Disposition::rejected);
     EXPECT_TRUE(idem::should_ack(outcome));
@@ -264,12 +274,10 @@ TYPED_TEST(StoreConformance, RejectedKeepsTheClaimButNotTheEffectsWrites) {
 
 TYPED_TEST(StoreConformance, DeferredStoresNothingAndIsNotAcked) {
     bool early = true;
-    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
-                                      [&](auto& tx, const std::string& body) {
-                                          TypeParam::write_effect(tx, body);
-                                          return early ? idem::EffectResult::deferred("too early")
-                                                       : idem::EffectResult::applied();
-                                      });
+    auto handler = this->make(idem::Policy{"conformance"}, [&](auto& tx, const std::string& body) {
+        TypeParam::write_effect(tx, body);
+        return early ? idem::EffectResult::deferred("too early") : idem::EffectResult::applied();
+    });
     auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("row"));
     EXPECT_EQ(outcome.disposition, Disposition::deferred);
     EXPECT_FALSE(idem::should_ack(outcome));
@@ -282,11 +290,10 @@ TYPED_TEST(StoreConformance, DeferredStoresNothingAndIsNotAcked) {
 }
 
 TYPED_TEST(StoreConformance, MalformedMessageIsDeadLetteredWithItsPayload) {
-    auto handler = idem::make_handler(this->store(), idem::Policy{"conformance"},
-                                      [](auto& tx, const std::string& body) {
-                                          TypeParam::write_effect(tx, body);
-                                          throw idem::malformed_message("amount is not a number");
-                                      });
+    auto handler = this->make(idem::Policy{"conformance"}, [](auto& tx, const std::string& body) {
+        TypeParam::write_effect(tx, body);
+        throw idem::malformed_message("amount is not a number");
+    });
     auto outcome = handler.handle(Delivery{"m-bad", 1u}, std::string("{\"amount\":\"ten\"}"));
     EXPECT_EQ(outcome.disposition, Disposition::dead_lettered);
     EXPECT_NE(outcome.reason.find("amount is not a number"), std::string::npos);
@@ -482,20 +489,16 @@ TYPED_TEST(StoreConformance, BatchCommitsTogetherAndAFailingMessageRollsBackAlon
     idem::PolicyOptions options;
     options.max_deliveries = 3;
     int runs = 0;
-    auto handler = idem::make_handler(this->store(), idem::Policy{"batch", options},
-                                      [&](auto& tx, const std::string& body) {
-                                          ++runs;
-                                          TypeParam::write_effect(tx, body);
-                                          if (body == "throws")
-                                              throw std::runtime_error("gateway 503");
-                                          if (body == "defers")
-                                              return idem::EffectResult::deferred("too early");
-                                          if (body == "rejects")
-                                              return idem::EffectResult::rejected("stale");
-                                          if (body == "malformed")
-                                              throw idem::malformed_message("no amount");
-                                          return idem::EffectResult::applied();
-                                      });
+    auto handler =
+        this->make(idem::Policy{"batch", options}, [&](auto& tx, const std::string& body) {
+            ++runs;
+            TypeParam::write_effect(tx, body);
+            if (body == "throws") throw std::runtime_error("gateway 503");
+            if (body == "defers") return idem::EffectResult::deferred("too early");
+            if (body == "rejects") return idem::EffectResult::rejected("stale");
+            if (body == "malformed") throw idem::malformed_message("no amount");
+            return idem::EffectResult::applied();
+        });
     const std::vector<Delivery> deliveries = {
         Delivery{"m-1", 1u},     Delivery{"m-done", 2u},   Delivery{"m-throw", 1u},
         Delivery{"m-defer", 1u}, Delivery{"m-reject", 1u}, Delivery{"", 1u},
@@ -535,12 +538,11 @@ TYPED_TEST(StoreConformance, BatchCommitsTogetherAndAFailingMessageRollsBackAlon
 // message, with the repeats and the committed ids on both sides of the chunk boundaries.
 TYPED_TEST(StoreConformance, LargeBatchesClaimEachIdOnceAcrossChunks) {
     int runs = 0;
-    auto handler = idem::make_handler(this->store(), idem::Policy{"chunks"},
-                                      [&](auto& tx, const std::string& body) {
-                                          ++runs;
-                                          TypeParam::write_effect(tx, body);
-                                          if (body == "b-throw") throw std::runtime_error("boom");
-                                      });
+    auto handler = this->make(idem::Policy{"chunks"}, [&](auto& tx, const std::string& body) {
+        ++runs;
+        TypeParam::write_effect(tx, body);
+        if (body == "b-throw") throw std::runtime_error("boom");
+    });
     auto id = [](const char* prefix, int i) { return std::string(prefix) + std::to_string(i); };
     std::vector<Delivery> first;
     std::vector<std::string> first_bodies;
@@ -599,13 +601,12 @@ TYPED_TEST(StoreConformance, LargeBatchesClaimEachIdOnceAcrossChunks) {
 
 TYPED_TEST(StoreConformance, BatchWhoseCommitFailsAcksNothing) {
     bool sabotage = true;
-    auto handler = idem::make_handler(this->store(), idem::Policy{"batch"},
-                                      [&](auto& tx, const std::string& body) {
-                                          TypeParam::write_effect(tx, body);
-                                          if (sabotage && body == "b") {
-                                              this->env.make_commit_fail(tx);
-                                          }
-                                      });
+    auto handler = this->make(idem::Policy{"batch"}, [&](auto& tx, const std::string& body) {
+        TypeParam::write_effect(tx, body);
+        if (sabotage && body == "b") {
+            this->env.make_commit_fail(tx);
+        }
+    });
     const std::vector<Delivery> deliveries = {{"m-1", 1u}, {"m-2", 1u}, {"m-1", 1u}};
     const std::vector<std::string> bodies = {"a", "b", "a"};
     auto outcomes = handler.handle_batch(deliveries, bodies);
@@ -647,8 +648,8 @@ std::string idem_payload(const Order& o) {
 
 TYPED_TEST(StoreConformance, ReusedIdWithAnotherPayloadIsDeadLetteredNotAcked) {
     int runs = 0;
-    auto handler = idem::make_handler(
-        this->store(), idem::Policy{"orders"},
+    auto handler = this->make(
+        idem::Policy{"orders"},
         idem::with_fingerprint([](const Order& o) { return o.id + "|" + std::to_string(o.amount); },
                                [&](auto& tx, const Order& o) {
                                    ++runs;
@@ -664,7 +665,10 @@ TYPED_TEST(StoreConformance, ReusedIdWithAnotherPayloadIsDeadLetteredNotAcked) {
     EXPECT_EQ(reused.disposition, Disposition::dead_lettered);
     EXPECT_TRUE(idem::should_ack(reused));
     EXPECT_NE(reused.reason.find("id reused with a different payload"), std::string::npos);
-    EXPECT_EQ(runs, 1);
+    // A local effect runs before the claim is checked (its writes then dropped): the duplicate's
+    // and the reused id's runs left nothing.
+    EXPECT_EQ(runs, TestFixture::effect_runs_before_claim ? 3 : 1);
+    EXPECT_EQ(this->env.effect_rows(), 1u);
     auto letters = this->store().dead_letters();
     ASSERT_EQ(letters.size(), 1u);
     EXPECT_EQ(letters[0].payload, "o-2:999");  // the reused message is kept, not lost
@@ -681,8 +685,8 @@ TYPED_TEST(StoreConformance, ReusedIdWithAnotherPayloadIsDeadLetteredNotAcked) {
 TYPED_TEST(StoreConformance, TakeoverOfAReleasedClaimStoresTheNewPayloadsFingerprint) {
     std::vector<long> ran;
     bool fail_next = true;
-    auto handler = idem::make_handler(
-        this->store(), idem::Policy{"orders"},
+    auto handler = this->make(
+        idem::Policy{"orders"},
         idem::with_fingerprint([](const Order& o) { return o.id + "|" + std::to_string(o.amount); },
                                [&](auto& tx, const Order& o) {
                                    if (std::exchange(fail_next, false))
@@ -706,7 +710,15 @@ TYPED_TEST(StoreConformance, TakeoverOfAReleasedClaimStoresTheNewPayloadsFingerp
     EXPECT_EQ(again.disposition, Disposition::dead_lettered) << again.reason;
     EXPECT_NE(again.reason.find("id reused with a different payload"), std::string::npos)
         << again.reason;
-    EXPECT_EQ(ran, std::vector<long>{200});
+    if constexpr (TestFixture::effect_runs_before_claim) {
+        // Ran before their claims were checked (B's redelivery, A's): their writes were dropped.
+        EXPECT_EQ(ran, (std::vector<long>{200, 200, 100}));
+    } else {
+        EXPECT_EQ(ran, std::vector<long>{200});
+    }
+    EXPECT_TRUE(this->env.has_effect("o-2"));
+    EXPECT_FALSE(this->env.has_effect("o-1"));
+    EXPECT_EQ(this->env.effect_rows(), 1u);
     auto letters = this->store().dead_letters();
     ASSERT_EQ(letters.size(), 1u);
     EXPECT_EQ(letters[0].payload, "o-1:100");
@@ -719,7 +731,7 @@ TYPED_TEST(StoreConformance, DeadLetterPayloadIsRedactedBeforeTheStoreKeepsIt) {
     options.redact_payload = idem::mask_card_numbers;
     // malformed_message rather than the delivery count: a lease store counts attempts itself.
     auto unusable = [](auto&, const std::string&) { throw idem::malformed_message("bad card"); };
-    auto handler = idem::make_handler(this->store(), idem::Policy{"orders", options}, unusable);
+    auto handler = this->make(idem::Policy{"orders", options}, unusable);
     EXPECT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("pan=4111111111111111")).disposition,
               Disposition::dead_lettered);
     const std::vector<std::string> bodies{"pan=5500005555555559", "pan=4222222222222"};
@@ -736,7 +748,7 @@ TYPED_TEST(StoreConformance, DeadLetterPayloadIsRedactedBeforeTheStoreKeepsIt) {
     options.redact_payload = [](std::string_view) -> std::string {
         throw std::runtime_error("redactor down");
     };
-    auto broken = idem::make_handler(this->store(), idem::Policy{"orders", options}, unusable);
+    auto broken = this->make(idem::Policy{"orders", options}, unusable);
     auto failed = broken.handle(Delivery{"m-3", 1u}, std::string("pan=4111111111111111"));
     EXPECT_EQ(failed.disposition, Disposition::failed);
     EXPECT_NE(failed.reason.find("redact_payload threw: redactor down"), std::string::npos)
@@ -746,10 +758,9 @@ TYPED_TEST(StoreConformance, DeadLetterPayloadIsRedactedBeforeTheStoreKeepsIt) {
 }
 
 TYPED_TEST(StoreConformance, ClaimWithoutFingerprintCannotBeComparedSoItIsADuplicate) {
-    auto plain =
-        idem::make_handler(this->store(), idem::Policy{"orders"}, [](auto&, const Order&) {});
-    auto fingerprinted = idem::make_handler(
-        this->store(), idem::Policy{"orders"},
+    auto plain = this->make(idem::Policy{"orders"}, [](auto&, const Order&) {});
+    auto fingerprinted = this->make(
+        idem::Policy{"orders"},
         idem::with_fingerprint([](const Order& o) { return o.id; }, [](auto&, const Order&) {}));
     EXPECT_EQ(plain.handle(Delivery{"m-1", 1u}, Order{"o-1", 1, ""}).disposition,
               Disposition::processed);
@@ -765,11 +776,11 @@ idem::Policy with_key_lifetime(std::chrono::seconds lifetime) {
 
 TYPED_TEST(StoreConformance, MessageOlderThanTheGatewayKeyLifetimeIsNotSentBlindly) {
     int gateway_calls = 0;
-    auto handler = idem::make_handler(this->store(), with_key_lifetime(std::chrono::hours(24)),
-                                      [&](auto& tx, const std::string& body) {
-                                          ++gateway_calls;
-                                          TypeParam::write_effect(tx, body);
-                                      });
+    auto handler = this->make(with_key_lifetime(std::chrono::hours(24)),
+                              [&](auto& tx, const std::string& body) {
+                                  ++gateway_calls;
+                                  TypeParam::write_effect(tx, body);
+                              });
     handler.set_clock([this] { return this->env.now; });
     const auto now = this->env.now;
     auto old =
@@ -799,8 +810,8 @@ TYPED_TEST(StoreConformance, MessageOlderThanTheGatewayKeyLifetimeIsNotSentBlind
 
 TYPED_TEST(StoreConformance, ReconcileCallbackTakesMessagesOlderThanTheKeyLifetime) {
     int gateway_calls = 0, reconciled = 0;
-    auto handler = idem::make_handler(
-        this->store(), with_key_lifetime(std::chrono::hours(24)),
+    auto handler = this->make(
+        with_key_lifetime(std::chrono::hours(24)),
         idem::reconcile_expired(
             [&](auto&, const std::string&) { ++gateway_calls; },
             [&](auto& tx, const std::string& body) {
@@ -819,8 +830,8 @@ TYPED_TEST(StoreConformance, ReconcileCallbackTakesMessagesOlderThanTheKeyLifeti
 
 TYPED_TEST(StoreConformance, OverlapLockDefersWhileAnotherJobHoldsTheEntity) {
     int runs = 0;
-    auto refund = idem::make_handler(
-        this->store(), idem::Policy{"refund"},
+    auto refund = this->make(
+        idem::Policy{"refund"},
         idem::without_overlapping([](const Order& o) { return idem::key("invoice", o.id); },
                                   idem::OverlapOptions{},
                                   [&](auto& tx, const Order& o) {
@@ -850,11 +861,10 @@ TYPED_TEST(StoreConformance, OverlapLockDefersWhileAnotherJobHoldsTheEntity) {
 }
 
 TYPED_TEST(StoreConformance, OverlapLockExpiresWhenItsHolderDies) {
-    auto job = idem::make_handler(
-        this->store(), idem::Policy{"capture"},
-        idem::without_overlapping(
-            [](const Order& o) { return o.id; }, idem::OverlapOptions{},
-            [](auto& tx, const Order& o) { TypeParam::write_effect(tx, o.id); }));
+    auto job = this->make(idem::Policy{"capture"},
+                          idem::without_overlapping(
+                              [](const Order& o) { return o.id; }, idem::OverlapOptions{},
+                              [](auto& tx, const Order& o) { TypeParam::write_effect(tx, o.id); }));
     ASSERT_TRUE(this->store().hold_lock("42", "crashed-worker", std::chrono::minutes(3)));
     EXPECT_EQ(job.handle(Delivery{"m-1", 1u}, Order{"42", 1, ""}).disposition,
               Disposition::deferred);
@@ -868,11 +878,10 @@ TYPED_TEST(StoreConformance, OverlapLockExpiresWhenItsHolderDies) {
 TYPED_TEST(StoreConformance, OverlapLockCanDropTheBlockedCopy) {
     idem::OverlapOptions drop;
     drop.on_contention = idem::OnContention::drop;
-    auto job = idem::make_handler(
-        this->store(), idem::Policy{"reindex"},
-        idem::without_overlapping(
-            [](const Order& o) { return o.id; }, drop,
-            [](auto& tx, const Order& o) { TypeParam::write_effect(tx, o.id); }));
+    auto job = this->make(idem::Policy{"reindex"},
+                          idem::without_overlapping(
+                              [](const Order& o) { return o.id; }, drop,
+                              [](auto& tx, const Order& o) { TypeParam::write_effect(tx, o.id); }));
     ASSERT_TRUE(this->store().hold_lock("7", "first-copy", std::chrono::minutes(1)));
     auto dropped = job.handle(Delivery{"m-1", 1u}, Order{"7", 1, ""});
     EXPECT_EQ(dropped.disposition, Disposition::rejected);

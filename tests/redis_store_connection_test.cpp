@@ -40,6 +40,35 @@ TEST_F(RedisStoreTest, OneMessageCostsTwoRoundTripsAndABatchOfAHundredCostsTwo) 
         EXPECT_EQ(outcome.disposition, Disposition::duplicate);
 }
 
+// warm_up() connects and loads the scripts ahead, so the first message costs what every later
+// one does (claim, commit) instead of paying the commit script's SCRIPT LOAD.
+TEST_F(RedisStoreTest, AfterWarmUpTheFirstMessageCostsOnlyItsTwoRoundTrips) {
+    auto first_message_round_trips = [](idem::RedisStore& fresh, const char* id) {
+        auto handler = idem::make_handler(
+            fresh, idem::Policy{"capture"},
+            [](auto& tx, const std::string& order) { tx.write("HSET", "captures", order, "ch"); });
+        const auto before = fresh.round_trips();
+        EXPECT_EQ(handler.handle(Delivery{id, 1u}, std::string(id)).disposition,
+                  Disposition::processed);
+        return fresh.round_trips() - before;
+    };
+    auto cold = other_worker();
+    EXPECT_GT(first_message_round_trips(*cold, "m-cold"), 2u);  // + SCRIPT LOAD
+
+    auto warm = other_worker();
+    const auto before = warm->round_trips();
+    warm->warm_up(2);
+    EXPECT_GT(warm->round_trips(), before);  // the loads are counted, as warm_up's own
+    EXPECT_EQ(first_message_round_trips(*warm, "m-warm"), 2u);  // claim, commit
+    // A contested id goes through the claim script, loaded too: one more round trip, no load.
+    auto holder = warm->begin();
+    ASSERT_EQ(holder.claim("capture", "m-held").status, ClaimStatus::claimed);
+    auto second = warm->begin();
+    const auto contested = warm->round_trips();
+    EXPECT_EQ(second.claim("capture", "m-held").status, ClaimStatus::in_progress);
+    EXPECT_EQ(warm->round_trips() - contested, 2u);  // SET … NX GET, then the script
+}
+
 TEST_F(RedisStoreTest, AFailedMessageOfAPipelinedBatchGivesItsLeaseBack) {
     auto handler = idem::make_handler(store(), idem::Policy{"capture"},
                                       [](auto& tx, const std::string& order) {

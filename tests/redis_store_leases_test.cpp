@@ -39,6 +39,32 @@ TEST_F(RedisStoreTest, LiveLeaseIsInProgressAndAnExpiredOneIsTakenOverWithANewTo
     EXPECT_EQ(env_->record(store().claim_key("refund", "m-1")).value().token, b_tx.token());
 }
 
+// in_progress carries what is left of the holder's lease (the claim script computes it), so a
+// consumer can nack with that delay; the handler's outcome passes it on.
+TEST_F(RedisStoreTest, InProgressCarriesTheLeasesRemainingTimeAsRetryAfter) {
+    auto b = other_worker();
+    auto a_tx = store().begin();
+    a_tx.set_terms(idem::ClaimTerms{30s, idem::days(14)});
+    ASSERT_EQ(a_tx.claim("refund", "m-1").status, ClaimStatus::claimed);
+    now() += 12s;
+    {
+        auto b_tx = b->begin();
+        b_tx.set_terms(idem::ClaimTerms{30s, idem::days(14)});
+        auto held = b_tx.claim("refund", "m-1");
+        ASSERT_EQ(held.status, ClaimStatus::in_progress);
+        EXPECT_EQ(held.retry_after, std::optional<std::chrono::milliseconds>(18s));
+    }
+    idem::PolicyOptions options;
+    options.lease = 30s;
+    auto handler = idem::make_handler(
+        *b, idem::Policy{"refund", options},
+        [](auto& tx, const std::string& body) { tx.write("SADD", "refunded", body); });
+    now() += 5s;
+    auto outcome = handler.handle(Delivery{"m-1", 2u}, std::string("r"));
+    EXPECT_EQ(outcome.disposition, Disposition::in_progress);
+    EXPECT_EQ(outcome.retry_after, std::optional<std::chrono::milliseconds>(13s));
+}
+
 TEST_F(RedisStoreTest, CompletionIsFencedALostLeaseWritesNothing) {
     auto b = other_worker();
     auto a_tx = store().begin();

@@ -87,6 +87,26 @@ std::string chain_fingerprint(E& effect, const Body& body) {
     }
 }
 
+template <class E, class = void>
+struct declares_only_transaction_writes : std::false_type {};
+template <class E>
+struct declares_only_transaction_writes<E, std::void_t<decltype(E::only_transaction_writes)>>
+    : std::bool_constant<E::only_transaction_writes> {};
+
+/// Whether a wrapper in the chain (local_effect) declares that the effect's only effect is the
+/// transaction's queued writes.
+template <class E>
+constexpr bool chain_only_transaction_writes() {
+    if constexpr (declares_only_transaction_writes<E>::value) {
+        return true;
+    } else if constexpr (has_inner<E>::value) {
+        return chain_only_transaction_writes<
+            std::remove_reference_t<decltype(std::declval<E&>().inner())>>();
+    } else {
+        return false;
+    }
+}
+
 template <class E, class Tx, class Body, class = void>
 struct has_reconcile : std::false_type {};
 template <class E, class Tx, class Body>

@@ -95,10 +95,30 @@ struct BatchUnclaimStrategy {
     }
 };
 
+/// @brief One message whose claim came before the attempt, with the previous message's commit
+/// (PipelinedLoop, pipeline.hpp): otherwise handle()'s, its effect in a savepoint (the loop
+/// needs cheap savepoints: Redis).
+template <class Tx>
+struct PreclaimedStrategy {
+    static constexpr Undo undo = Undo::effect_savepoint;
+    static constexpr bool contains_failures = false;
+    const ClaimResult& claimed;
+    void isolate(Tx& /*tx*/) noexcept {}
+    void keep(Tx& /*tx*/) noexcept {}
+    void drop(Tx& /*tx*/) noexcept {}
+    template <class ClaimNow>
+    ClaimResult claim(ClaimNow&& /*claim_now*/) const {
+        return claimed;
+    }
+};
+
 template <class Strategy>
 inline constexpr bool effect_savepoint_v = Strategy::undo == Undo::effect_savepoint;
 
 }  // namespace detail
+
+template <class Handler, class Tag>
+class PipelinedLoop;
 
 /// @brief Wraps a user's effect with a claim stored in the same transaction as the work, the
 /// delivery-count poison check and outcome recording. See docs/contract.md for the table.
@@ -123,6 +143,7 @@ class IdempotentHandler {
 
   public:
     using Transaction = std::remove_reference_t<detail::transaction_t<Store>>;
+    using EffectType = Effect;
 
     IdempotentHandler(Store& store, Policy policy, Effect effect, Observer* observer = nullptr)
         : store_(&store),
@@ -255,6 +276,9 @@ class IdempotentHandler {
     void set_clock(Clock clock) { clock_ = std::move(clock); }
 
   private:
+    template <class Handler, class Tag>
+    friend class PipelinedLoop;
+
     /// Stamps @p hook with the claim it belongs to, for the store to match it to its work.
     void bind_hook(CommitHook& hook, const Delivery& delivery) const {
         hook.scope = policy_.scope();
@@ -312,6 +336,9 @@ class IdempotentHandler {
             return park_malformed_delivery(delivery, body, std::move(*reason), hook);
         }
         try {
+            if constexpr (runs_before_claim) {
+                if (auto done = decide_local(delivery, body, hook)) return std::move(*done);
+            }
             Attempt attempted;
             {
                 Transaction tx = begin_transaction(hook, hook != nullptr ? 1 : 0);
@@ -329,6 +356,85 @@ class IdempotentHandler {
         }
     }
 
+    /// A local effect (local_effect(): only queued writes) on a store that claims and commits
+    /// in one step: handle() runs the effect first, with no claim held, and sends its writes with
+    /// the claim in one call (decide_local).
+    static constexpr bool runs_before_claim = detail::chain_only_transaction_writes<Effect>() &&
+                                              detail::has_claim_and_commit<Transaction>::value;
+
+    /// The effect, then ONE claim_and_commit() with its writes. Nothing (the ordinary path takes
+    /// the message, claim first) when the message needs its claim before the effect: a count at
+    /// the poison limit or 0 (the effect must not run), a message older than the gateway's keys;
+    /// or when the answer needs the ordinary path's steps: a deferral, a malformed message, a
+    /// reused id (fingerprint differs), a takeover at the limit, a store that cannot send these
+    /// writes with the claim (not_attempted: a Redis Cluster write outside the claim's hash
+    /// slot). The effect is local, so running
+    /// it again there leaves no trace.
+    template <class Body>
+    std::optional<Outcome> decide_local(const Delivery& delivery, const Body& body,
+                                        CommitHook* hook) {
+        const std::uint32_t count = delivery.delivery_count.value();
+        if (count == 0 || count >= policy_.max_deliveries() || older_than_gateway_keys(delivery)) {
+            return std::nullopt;
+        }
+        Transaction tx = begin_transaction(hook, hook != nullptr ? 1 : 0);
+        const std::string fingerprint = fingerprint_of(body);
+        ClaimAndCommit request;
+        request.scope = policy_.scope();
+        request.message_id = delivery.message_id;
+        request.fingerprint = fingerprint;
+        request.max_attempts = policy_.max_deliveries();
+        std::string reason;
+        std::optional<Outcome> threw;
+        tx.savepoint();
+        try {
+            EffectResult result = detail::run_effect(*effect_, tx, body, delivery);
+            switch (result.kind()) {
+                case EffectResult::Kind::applied:
+                    tx.release_savepoint();
+                    request.outcome = Disposition::processed;
+                    break;
+                case EffectResult::Kind::rejected:  // the claim without the effect's writes
+                    tx.rollback_to_savepoint();
+                    reason = result.reason();
+                    request.outcome = Disposition::rejected;
+                    request.reason = reason;
+                    break;
+                case EffectResult::Kind::deferred:  // a duplicate is not deferred: claim first
+                    return std::nullopt;
+            }
+        } catch (const malformed_message&) {
+            return std::nullopt;  // parked with its claim by the ordinary path
+        } catch (const store_error&) {
+            throw;  // failed, as on the ordinary path
+        } catch (const std::exception& e) {
+            threw = failed_outcome(fmt::format("effect threw: {}", e.what()),
+                                   FailureCause::effect_threw);
+        } catch (...) {
+            threw =
+                failed_outcome("effect threw a non-standard exception", FailureCause::effect_threw);
+        }
+        if (threw) tx.rollback_to_savepoint();  // the attempt is counted, nothing applied
+        const ClaimAndCommitResult answer = tx.claim_and_commit(request);
+        switch (answer.status) {
+            case ClaimAndCommitStatus::committed:
+                if (threw) return threw;
+                return Outcome{*request.outcome, std::move(reason)};
+            case ClaimAndCommitStatus::duplicate:
+                if (!fingerprint.empty() && !answer.claim.fingerprint.empty() &&
+                    answer.claim.fingerprint != fingerprint) {
+                    return std::nullopt;  // dead-lettered as a reused id by the ordinary path
+                }
+                return duplicate_outcome(answer.claim);
+            case ClaimAndCommitStatus::in_progress:
+                return in_progress_outcome(answer.claim);
+            case ClaimAndCommitStatus::at_limit:
+            case ClaimAndCommitStatus::not_attempted:
+                return std::nullopt;
+        }
+        return std::nullopt;
+    }
+
     /// The rare outcomes that keep the claim but none of the effect's writes (rejected, or parked
     /// as malformed), on a store whose savepoints cost a statement each: the first transaction
     /// rolled back, this one claims again and records the outcome the effect gave.
@@ -339,7 +445,7 @@ class IdempotentHandler {
         const ClaimResult claim = claim_one<Body>(tx, delivery.message_id, fingerprint_of(body));
         // Another worker finished it, or holds it, meanwhile.
         if (claim.status == ClaimStatus::duplicate) return duplicate_outcome(claim);
-        if (claim.status == ClaimStatus::in_progress) return in_progress_outcome();
+        if (claim.status == ClaimStatus::in_progress) return in_progress_outcome(claim);
         record_or_park(tx, delivery, body, outcome.disposition, outcome.reason);
         commit_if_stored(tx, outcome);
         return outcome;
@@ -475,7 +581,7 @@ class IdempotentHandler {
         }
         if (claim.status == ClaimStatus::in_progress) {
             strategy.drop(tx);
-            return in_progress_outcome();
+            return in_progress_outcome(claim);
         }
         return std::nullopt;
     }
@@ -679,8 +785,12 @@ class IdempotentHandler {
         outcome.recorded = claim.recorded;
         return outcome;
     }
-    static Outcome in_progress_outcome() {
-        return {Disposition::in_progress, "another worker holds the claim"};
+    /// Not acked; retry_after is what is left of the holder's lease when the store knows it,
+    /// so a consumer can nack (or hide the message) for that long instead of at once.
+    static Outcome in_progress_outcome(const ClaimResult& claim) {
+        Outcome outcome{Disposition::in_progress, "another worker holds the claim"};
+        outcome.retry_after = claim.retry_after;
+        return outcome;
     }
 
     /// Outcomes stored by the commit: the claim with its outcome (and a dead letter).

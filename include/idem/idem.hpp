@@ -5,6 +5,7 @@
 
 #include "idem/config.hpp"
 #include "idem/delivery.hpp"
+#include "idem/effects/local.hpp"
 #include "idem/error.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/handler.hpp"
@@ -14,6 +15,7 @@
 #include "idem/outcome.hpp"
 #include "idem/overlap.hpp"
 #include "idem/payload.hpp"
+#include "idem/pipeline.hpp"
 #include "idem/policy.hpp"
 #include "idem/reconcile.hpp"
 #include "idem/state_machine.hpp"

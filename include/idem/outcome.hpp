@@ -155,6 +155,8 @@ struct Outcome {
     std::string reason;
     /// For a deferred outcome: how long the consumer should wait before the message comes back
     /// (e.g. the visibility timeout to set, or the delay of a requeue), when the effect says.
+    /// For in_progress on a lease store (Redis): what is left of the holder's lease, the
+    /// earliest a redelivery can take the claim over (unset where the store cannot tell: SQL).
     std::optional<std::chrono::milliseconds> retry_after{};
     /// For a failed outcome: why (FailureCause::none otherwise).
     FailureCause cause = FailureCause::none;

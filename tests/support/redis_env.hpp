@@ -76,4 +76,30 @@ struct RedisEnv {
     }
 };
 
+/// The same store with every effect of the suite declared local (idem::local_effect): the effect
+/// runs before the claim and its writes go with the claim in one script (claim_and_commit). No
+/// lease is held while it runs, so a commit cannot fail by a lost lease: make_commit_fail()
+/// queues a write that fails first instead (nothing applied, the attempt counted).
+struct RedisLocalEnv : RedisEnv {
+    static constexpr const char* name = "redis_local";
+    static constexpr bool local_effects = true;
+
+    template <class Tx>
+    static void write_effect(Tx& tx, const std::string& key) {
+        RedisEnv::write_effect(tx, key);
+    }
+    /// A write that fails in the script (HSET without a field: wrong arity, whatever the keys
+    /// hold), as the first of the commit, so nothing is applied: the effect's own write, queued
+    /// before this is called, is dropped with the savepoint the handler opened around the effect.
+    /// On the ordinary path (handle_batch, a count at the limit) a lease is held: it is lost as
+    /// in RedisEnv, which fails that commit before the write.
+    template <class Tx>
+    void make_commit_fail(Tx& tx) {
+        RedisEnv::make_commit_fail(tx);
+        tx.rollback_to_savepoint();
+        tx.savepoint();
+        tx.write("HSET", effects_key);
+    }
+};
+
 }  // namespace idem_test

@@ -14,6 +14,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "idem/store/memory.hpp"
 #include "temp_dir.hpp"
@@ -28,6 +29,16 @@ using time_point = std::chrono::system_clock::time_point;
 inline time_point test_epoch() {
     return time_point{} + std::chrono::hours(24 * 365 * 50);
 }
+
+/// Whether an environment declares its effects local (idem::local_effect): `static constexpr
+/// bool local_effects = true;` (RedisLocalEnv). The conformance suite then wraps every effect.
+template <class Env, class = void>
+struct local_effects : std::false_type {};
+template <class Env>
+struct local_effects<Env, std::void_t<decltype(Env::local_effects)>>
+    : std::bool_constant<Env::local_effects> {};
+template <class Env>
+inline constexpr bool local_effects_v = local_effects<Env>::value;
 
 struct MemoryEnv {
     using Store = idem::MemoryStore;

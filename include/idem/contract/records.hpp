@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <string>
@@ -42,6 +43,9 @@ struct ClaimResult {
     /// Stores that keep a claim across attempts (leases) count the times the effect started,
     /// this one included; the poison check then uses it instead of the broker's count.
     std::optional<std::uint32_t> attempts{};
+    /// For in_progress on a lease store: how long the holder's lease still runs (the earliest
+    /// a redelivery can take it over); unset when the store cannot tell (SQL lock timeouts).
+    std::optional<std::chrono::milliseconds> retry_after{};
 };
 
 /// @brief What a handler's policy asks of the claims it makes, for stores that hold claims as
@@ -52,6 +56,51 @@ struct ClaimTerms {
     std::optional<std::chrono::milliseconds> lease{};
     /// How long a finished claim is kept.
     std::chrono::seconds retention{};
+};
+
+/// @brief What Tx::claim_and_commit() is asked (a local effect's one step; effects/local.hpp):
+/// claim (scope, message_id) and, only if it is new or its claim was released or has expired,
+/// commit the transaction's queued writes with the claim recorded as `outcome`.
+struct ClaimAndCommit {
+    std::string_view scope;
+    std::string_view message_id;
+    std::string_view fingerprint;  ///< stored with a new claim, as claim()'s
+    /// processed or rejected, recorded with the claim (and acked by attached hooks); unset: the
+    /// effect threw, so the attempt is counted, nothing is applied and the id stays free.
+    std::optional<Disposition> outcome{};
+    std::string_view reason;
+    /// The poison limit: a takeover whose attempt would reach it applies nothing (at_limit), so
+    /// the handler takes the ordinary path, which dead-letters it.
+    std::uint32_t max_attempts = 5;
+};
+
+/// @brief Answer of Tx::claim_and_commit().
+enum class ClaimAndCommitStatus {
+    committed,    ///< claimed and committed (or, for an unset outcome, the attempt counted)
+    duplicate,    ///< a finished run recorded it: nothing applied
+    in_progress,  ///< another live worker holds it: nothing applied
+    at_limit,     ///< a takeover would reach max_attempts: nothing applied
+    /// the store cannot do these writes in one step with the claim (a Redis Cluster: a write
+    /// outside the claim's hash slot): nothing claimed, nothing applied; take the ordinary path
+    not_attempted,
+};
+
+struct ClaimAndCommitResult {
+    ClaimAndCommitStatus status = ClaimAndCommitStatus::committed;
+    /// What claim() would have answered: for a duplicate its recorded outcome and fingerprint,
+    /// for in_progress retry_after; attempts (this one included) when the store knows it.
+    ClaimResult claim{};
+};
+
+/// @brief Answer of Tx::commit_with_next_claim(): one transaction's commit and the next
+/// transaction's claim, sent in one round trip.
+struct CommitAndClaimResult {
+    /// Null when the commit went through; else what commit() would have thrown (commit_failed,
+    /// a store error): the committing transaction is rolled back, its message is `failed`.
+    std::exception_ptr commit_error{};
+    /// The next transaction's claim, as claim() answers it, whatever the commit's fate: the
+    /// two are different ids, so a refused commit does not touch the fresh lease.
+    ClaimResult next{};
 };
 
 /// @brief A stored claim, for inspection and tests.

@@ -23,6 +23,11 @@
 /// Store::default_lease() const -> milliseconds           has_default_lease       lease stores
 /// Tx::claim_many(scope, ids, fingerprints)               has_claim_many          handle_batch
 ///     + Tx::unclaim(scope, id)  (a failed message's claim given back)
+///     + Tx::unclaim(scope, id)  (a failed message's claim given back)
+/// Tx::claim_and_commit(const ClaimAndCommit&)            has_claim_and_commit    local_effect
+///     -> ClaimAndCommitResult  (claim + the queued writes in one step; Redis)
+/// Tx::commit_with_next_claim(Tx& next, scope, id, fp)    has_commit_with_next_claim  PipelinedLoop
+///     -> CommitAndClaimResult  (this commit + next's claim in one round trip; Redis)
 /// Tx::try_lock(key, expire_after) -> bool                has_try_lock            overlap
 /// Tx::add_outbox(const OutboxIntent&) -> bool            has_add_outbox          outbox()
 /// Store::lease_outbox(limit, lease) -> vector<OutboxRow> has_lease_outbox        Relay
@@ -134,6 +139,30 @@ struct has_claim_many<
                        std::declval<const std::vector<std::string>&>())),
                    decltype(std::declval<T&>().unclaim(std::string_view{}, std::string_view{}))>>
     : std::true_type {};
+
+/// A transaction that can claim an id and commit its queued writes in one step, for local
+/// effects (effects/local.hpp); without it a local effect takes the ordinary path.
+template <class, class = void>
+struct has_claim_and_commit : std::false_type {};
+template <class T>
+struct has_claim_and_commit<T, std::void_t<decltype(std::declval<T&>().claim_and_commit(
+                                   std::declval<const ClaimAndCommit&>()))>>
+    : std::is_convertible<decltype(std::declval<T&>().claim_and_commit(
+                              std::declval<const ClaimAndCommit&>())),
+                          ClaimAndCommitResult> {};
+
+/// A transaction that can send its commit with the next transaction's claim in one round trip
+/// (pipeline.hpp's PipelinedLoop); without it the loop commits and claims one after the other.
+template <class, class = void>
+struct has_commit_with_next_claim : std::false_type {};
+template <class T>
+struct has_commit_with_next_claim<
+    T, std::void_t<decltype(std::declval<T&>().commit_with_next_claim(
+           std::declval<T&>(), std::string_view{}, std::string_view{}, std::string_view{}))>>
+    : std::is_convertible<decltype(std::declval<T&>().commit_with_next_claim(
+                              std::declval<T&>(), std::string_view{}, std::string_view{},
+                              std::string_view{})),
+                          CommitAndClaimResult> {};
 
 /// A transaction whose savepoints cost no statement (memory, Redis: undo logs and queued writes)
 /// says `static constexpr bool cheap_savepoints = true;` (the default when it says nothing).

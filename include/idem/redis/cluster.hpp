@@ -275,6 +275,45 @@ class Router {
         }
     }
 
+    /// @brief Opens @p connections pooled connections at once to each master (the server, when
+    /// standalone), runs the first-use check where it has not passed yet, and @p fn on each (a
+    /// store's warm-up: it loads its scripts). Every round trip, the check's included, is
+    /// counted in round_trips(): it is the caller's own cost.
+    template <class Fn>
+    void on_connections_of_each_master(std::size_t connections, Fn&& fn) {
+        detect();
+        const std::vector<Node*> nodes = cluster_.load(std::memory_order_acquire)
+                                             ? masters()
+                                             : std::vector<Node*>{nodes_.front().get()};
+        for (Node* node : nodes) {
+            std::vector<std::unique_ptr<Connection>> held;
+            held.reserve(connections);
+            auto give_back_all = [&]() noexcept {
+                for (auto& connection : held)
+                    node->pool.give_back(std::move(connection));
+                held.clear();
+            };
+            try {
+                for (std::size_t i = 0; i < connections; ++i)
+                    held.push_back(node->pool.acquire());  // all at once: each is another one
+                for (auto& connection : held) {
+                    const std::size_t before = connection->round_trips();
+                    if (first_use_ && !node->checked.load(std::memory_order_acquire)) {
+                        first_use_(*connection);
+                        node->checked.store(true, std::memory_order_release);
+                    }
+                    fn(*connection);
+                    round_trips_.fetch_add(connection->round_trips() - before,
+                                           std::memory_order_relaxed);
+                }
+            } catch (...) {
+                give_back_all();
+                throw;
+            }
+            give_back_all();
+        }
+    }
+
     /// @brief Sends @p commands (command i's keys in @p slots[i]) in one round trip per node
     /// (one pipeline on a standalone server); replies in order. Commands a node redirected are
     /// sent again, one by one, where the redirect says.
@@ -370,8 +409,10 @@ class Router {
                         if (wait == nullptr) {
                             return c.eval(script, calls[i].num_keys, calls[i].keys_then_args);
                         }
+                        // WAIT must follow the script it confirms: sent again after NOSCRIPT.
                         std::vector<Reply> got =
-                            c.eval_then(script, calls[i].num_keys, calls[i].keys_then_args, after);
+                            c.eval_then(script, calls[i].num_keys, calls[i].keys_then_args,
+                                        {ThenCommand{wait, AfterNoscript::resend}});
                         if (waited != nullptr) (*waited)[i] = got.back();
                         return std::move(got.front());
                     },

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -38,6 +39,25 @@ namespace redis {
 struct Script {
     const char* name;    ///< for error messages
     const char* source;  ///< must outlive every connection that runs it (a string literal)
+};
+
+/// @brief What Connection::eval_then() does with a command it pipelined after its script when
+/// the server answered the script NOSCRIPT (it lost its script cache: the script did not run,
+/// the commands after it did).
+enum class AfterNoscript : std::uint8_t {
+    /// Send it again after the loaded script is re-run: a command about the script's effect
+    /// (`WAIT` confirms only the writes sent before it, so the first one confirmed nothing).
+    resend,
+    /// Keep the reply it gave, do not send it again: a command that must not run twice (the next
+    /// claim's `SET ... NX GET` already took its lease; a second one would find it taken).
+    keep_reply,
+};
+
+/// @brief A command Connection::eval_then() pipelines after its script, and what a NOSCRIPT
+/// answer does to it. @p args must outlive the call.
+struct ThenCommand {
+    const Args* args;
+    AfterNoscript after_noscript;
 };
 
 inline timeval to_timeval(std::chrono::milliseconds ms) {
@@ -134,25 +154,39 @@ class Connection {
         return reply;
     }
 
-    /// @brief Runs a script by EVALSHA and then @p after (plain commands, e.g. `WAIT`) in the
-    /// same round trip, on this connection; the script's reply first, then one per command.
-    /// When the server did not know the script nothing of it ran: it is loaded and the whole
-    /// exchange is repeated once. Error replies are returned.
+    /// @brief Runs @p script by EVALSHA and then the commands of @p then, pipelined in ONE round
+    /// trip; the script's reply first, then one per command. A server that lost its script cache
+    /// answers NOSCRIPT: the script did not run, the commands after it did. Each command's
+    /// ThenCommand::after_noscript says what happens then: the script is loaded and run again,
+    /// followed by the commands marked AfterNoscript::resend (their new replies replace the old);
+    /// those marked AfterNoscript::keep_reply are not sent again. Error replies are returned.
     std::vector<Reply> eval_then(const Script& script, std::size_t num_keys,
-                                 const Args& keys_then_args, const std::vector<Args>& after) {
-        auto send = [&] {
-            ensure_connected();
-            ++round_trips_;
-            append_evalsha(sha_of(script), num_keys, keys_then_args);
-            for (const auto& args : after)
-                append({}, args);
-            return read_replies(1 + after.size());
-        };
-        std::vector<Reply> replies = send();
-        if (is_noscript(replies.front())) {
-            shas_.erase(script.source);
-            replies = send();
+                                 const Args& keys_then_args, const std::vector<ThenCommand>& then) {
+        ensure_connected();
+        ++round_trips_;
+        append_evalsha(sha_of(script), num_keys, keys_then_args);
+        for (const ThenCommand& command : then)
+            append({}, *command.args);
+        std::vector<Reply> replies = read_replies(1 + then.size());
+        if (!is_noscript(replies.front())) return replies;
+        shas_.erase(script.source);
+        std::vector<std::size_t> resent;
+        for (std::size_t i = 0; i < then.size(); ++i) {
+            if (then[i].after_noscript == AfterNoscript::resend) resent.push_back(i);
         }
+        if (resent.empty()) {
+            replies.front() = eval(script, num_keys, keys_then_args);
+            return replies;
+        }
+        const std::string& sha = sha_of(script);
+        ++round_trips_;
+        append_evalsha(sha, num_keys, keys_then_args);
+        for (std::size_t i : resent)
+            append({}, *then[i].args);
+        std::vector<Reply> again = read_replies(1 + resent.size());
+        replies.front() = std::move(again.front());
+        for (std::size_t k = 0; k < resent.size(); ++k)
+            replies[1 + resent[k]] = std::move(again[1 + k]);
         return replies;
     }
 
@@ -189,7 +223,9 @@ class Connection {
     /// @brief eval_many() with each call's keys and then arguments already encoded: call i has
     /// @p num_keys[i] keys at the front of @p calls[i]. One round trip (two after NOSCRIPT).
     /// Commands in @p after (e.g. `WAIT`) follow the calls in the same round trip; their replies
-    /// come after the calls'.
+    /// come after the calls'. After NOSCRIPT the whole pipeline, @p after included, is sent again
+    /// (AfterNoscript::resend for every command: only commands about the calls' effect, as
+    /// `WAIT`, belong in @p after).
     std::vector<Reply> eval_pipeline(const Script& script, const std::vector<std::size_t>& num_keys,
                                      const std::vector<const Args*>& calls,
                                      const std::vector<Args>& after = {}) {
@@ -209,6 +245,32 @@ class Connection {
             replies = send();
         }
         return replies;
+    }
+
+    /// @brief Connects now (if not connected) and loads @p scripts that this connection has not
+    /// loaded yet, their SCRIPT LOADs pipelined in one round trip: the first EVALSHA of each then
+    /// costs no SCRIPT LOAD.
+    /// @throws store_unavailable / store_timeout; store_error when the server refuses a script.
+    void preload(std::initializer_list<const Script*> scripts) {
+        ensure_connected();
+        std::vector<const Script*> missing;
+        for (const Script* script : scripts) {
+            if (shas_.find(script->source) == shas_.end()) missing.push_back(script);
+        }
+        if (missing.empty()) return;
+        std::vector<std::vector<std::string>> loads;
+        loads.reserve(missing.size());
+        for (const Script* script : missing)
+            loads.push_back({"SCRIPT", "LOAD", script->source});
+        std::vector<Reply> loaded = pipeline(loads);
+        for (std::size_t i = 0; i < missing.size(); ++i) {
+            if (loaded[i].is_error()) {
+                throw store_error(fmt::format("idem: Redis refused the {} script on {}: {}",
+                                              missing[i]->name, endpoint_.describe(),
+                                              loaded[i].str));
+            }
+            shas_.emplace(missing[i]->source, std::move(loaded[i].str));
+        }
     }
 
     /// @brief Drops the connection (the next call reconnects). Never throws.

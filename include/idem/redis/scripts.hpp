@@ -1,6 +1,7 @@
 #pragma once
 /// @file
-/// @brief The Lua of the Redis store: claim, complete (the commit), release, lock, unlock and the
+/// @brief The Lua of the Redis store: claim, complete (the commit), claim-and-commit (a local
+/// effect's one round trip), release, lock, unlock and the
 /// purges, built from shared snippets, as idem::redis::Script values run by Connection::eval
 /// (EVALSHA, loaded again after NOSCRIPT). The claim record they read and write: record.hpp.
 /// Link idem::redis.
@@ -229,6 +230,83 @@ return 'ok'
     return source;
 }
 
+// The claim and the commit of a local effect (idem::local_effect: its only effect is the
+// transaction's queued writes, already computed with no claim held) in ONE script. KEYS: the
+// claim record, its dead letters. ARGV: now, retention_ms, lease_ms, max_attempts, outcome
+// (processed or rejected; '' for an effect that threw: count the attempt, apply nothing, leave
+// the id free), reason, the record's fields ("#fp|#scope|#id\n" fp scope id), the whole record
+// of a new id (made by the client, as the SET claim's), n_commands, {argc, args...} *
+// n_commands. A new id (or a released or expired claim) has the writes applied and the claim
+// recorded done with the outcome; anything else applies nothing. Answers 'ok' (a new id,
+// committed), or {status, detail, fingerprint, attempts}: duplicate (detail: the recorded
+// outcome), in_progress (the lease's time left), limit (a takeover would reach max_attempts:
+// nothing applied, take the ordinary path), committed (a takeover or a counted failure; detail:
+// the state taken over); or {command_failed | partial, k, why} as the commit.
+inline const std::string& claim_commit_source() {
+    // The common case (a new id) is one SET NX of the client's record and the writes, with no
+    // `local function` made (each builds a closure per call) and no string built; the rest
+    // makes its helpers.
+    static const std::string source = std::string(R"(
+local key, outcome = KEYS[1], ARGV[5]
+local answer = 'ok'
+if not redis.call('SET', key, ARGV[8], 'NX', 'PX', ARGV[2]) then
+)") + lua_now + lua_int + lua_split + lua_fields +
+                                      R"(
+  local now = now_text(ARGV[1])
+  local r = split(key, redis.call('GET', key))
+  local fp = fields(r.rest)
+  if r.state == 'done' then
+    return {'duplicate', r.outcome ~= '' and r.outcome or 'processed', fp, r.attempts}
+  end
+  local left = r.state == 'leased' and r.leased_at + r.lease_ms - now or 0
+  if left > 0 then return {'in_progress', int(left), fp, r.attempts} end
+  -- Released, or the lease ran out: taken over, one more attempt (the count and the first
+  -- claim's time stay; the fields are the taker's; the retention restarts).
+  local attempts = int(r.attempts + 1)
+  if tonumber(attempts) >= tonumber(ARGV[4]) then return {'limit', r.state, fp, attempts} end
+  local rest = attempts .. '|' .. int(r.claimed_at) .. '|' .. now .. '|' .. ARGV[3] .. '|' ..
+               ARGV[7]
+  if outcome == '' then
+    redis.call('SET', key, 'free|||' .. rest, 'PX', ARGV[2])
+  else
+    redis.call('SET', key, 'done||' .. outcome .. '|' .. rest .. ARGV[6], 'PX', ARGV[2])
+  end
+  answer = {'committed', r.state, '', attempts}
+end
+if outcome == '' then  -- a failed effect: the attempt is counted, nothing else
+  if answer == 'ok' then return {'committed', 'new', '', '1'} end
+  return answer
+end
+local i = 10
+for k = 1, tonumber(ARGV[9]) do
+  local argc = tonumber(ARGV[i])
+  local result = redis.pcall(unpack(ARGV, i + 1, i + argc))
+  if type(result) == 'table' and result.err then
+    -- The record as written above, from attempts on (its header is 'done||<outcome>|').
+    local rest = string.sub(redis.call('GET', key), 8 + #outcome)
+    rest = string.sub(rest, 1, #rest - #ARGV[6])
+    if k == 1 then  -- nothing applied: the attempt stays counted, the id free
+      redis.call('SET', key, 'free|||' .. rest, 'KEEPTTL')
+      return {'command_failed', '1', result.err}
+    end
+    local add_letter
+)" + lua_now + lua_fields + lua_add_letter +
+                                      R"(
+    -- Redis cannot undo writes 1..k-1: park the claim so a redelivery does not apply them again.
+    local why = 'Redis command ' .. k .. ' of the commit (' .. ARGV[i + 1] .. ') failed after ' ..
+                (k - 1) .. ' had been applied (Redis cannot roll back): ' .. result.err
+    redis.call('SET', key, 'done||dead_lettered|' .. rest .. why, 'KEEPTTL')
+    local _, scope, id = fields(rest)
+    add_letter(KEYS[2], scope, id, string.match(rest, '^%d+'), why, '', '')
+    return {'partial', tostring(k), why}
+  end
+  i = i + 1 + argc
+end
+return answer
+)";
+    return source;
+}
+
 // KEYS: claim records. ARGV: token. Frees only leases this token holds; attempts stay.
 inline const std::string& release_source() {
     static const std::string source = lua({lua_record, lua_held, lua_release}) + R"(
@@ -307,6 +385,10 @@ inline const Script& claim_script() {
 }
 inline const Script& complete_script() {
     static const Script script{"complete", complete_source().c_str()};
+    return script;
+}
+inline const Script& claim_commit_script() {
+    static const Script script{"claim and commit", claim_commit_source().c_str()};
     return script;
 }
 inline const Script& release_script() {

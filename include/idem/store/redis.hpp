@@ -369,6 +369,23 @@ class RedisStore {
     /// pipeline counts once): the cost tests and benchmarks check.
     [[nodiscard]] std::size_t round_trips() const noexcept { return router_.round_trips(); }
 
+    /// @brief Connects ahead: opens @p connections pooled connections (at most max_connections)
+    /// to the server, or on a Redis Cluster to each master, runs the persistence check, and loads
+    /// the store's scripts on each, so the first messages pay neither the connect nor a `SCRIPT
+    /// LOAD` (a message then costs its round trips only: docs/performance.md). Its own round trips
+    /// count in round_trips(). A server that restarts later forgets the scripts; they are loaded
+    /// again on first use, as without warm_up(). On a cluster, a master that joins later (a
+    /// failover, a resharding) is not warmed: its first use loads what it needs.
+    /// @throws store_unavailable / store_timeout when Redis cannot be reached; usage_error when
+    /// it has no AOF (RedisOptions::accept_no_persistence).
+    void warm_up(std::size_t connections = 1) {
+        connections = std::max<std::size_t>(1, std::min(connections, options_.max_connections));
+        router_.on_connections_of_each_master(connections, [](redis::Connection& connection) {
+            connection.preload({&redis::claim_script(), &redis::complete_script(),
+                                &redis::release_script(), &redis::claim_commit_script()});
+        });
+    }
+
     /// @brief Milliseconds since the epoch on the store's clock (the server's by default).
     std::int64_t now_ms() {
         return options_.clock ? detail::to_unix_ms(options_.clock()) : server_now_ms();
@@ -754,80 +771,9 @@ class RedisStore::Transaction {
             commit_per_slot();
             return;
         }
-        // The script's KEYS, then its ARGV (layout at redis_complete_source()), encoded once.
-        redis::Args call;
-        call.reserve(256 + 96 * claims_.size() + commands_.resp().size());
-        for (const auto& held : claims_)
-            call.add(held.key);
-        for (const auto& letter : letters_)
-            call.add(store_->dead_letter_key(letter.scope, letter.message_id));
-        for (const auto& key : released_)
-            call.add(key);
-        const std::size_t num_keys = call.count();
-
-        call.add(store_->now_arg()).add(token_).add(claims_.size());
-        for (const auto& held : claims_) {
-            call.add(held.outcome.empty() ? std::string_view("in_progress") : held.outcome)
-                .add(held.reason);
-        }
-        call.add(letters_.size());
-        for (const auto& letter : letters_) {
-            call.add(letter.scope)
-                .add(letter.message_id)
-                .add(letter.delivery_count)
-                .add(letter.reason)
-                .add(letter.payload);
-            if (letter.created_at == std::chrono::system_clock::time_point{}) {
-                call.add(std::string_view());
-            } else {
-                call.add(detail::to_unix_ms(letter.created_at));
-            }
-        }
-        // The attached stream acks (and dead-letter stream entries) run after the effect's
-        // writes.
-        Commands acks;
-        const std::vector<CommitHook*> acked_hooks =
-            hooks_.empty() ? std::vector<CommitHook*>{} : hook_commands(acks);
-        call.add(command_count_ + acks.count).append(commands_).append(acks.args);
-
-        std::optional<redis::Reply> replicas;  // WAIT's answer, with replicas_to_ack
-        redis::Reply reply = commit_round_trip(num_keys, call, replicas);
-        store_->check_script(reply, "commit");
-        if (reply.type == redis::Reply::Type::string && reply.str == "ok") {
-            if (replicas) confirm_replicated(*replicas);
-            for (CommitHook* hook : acked_hooks)
-                hook->acked_in_commit = true;
-            claims_.clear();  // done: nothing left to release
-            released_.clear();
-            finish();
-            return;
-        }
-        const std::string status = reply.elements.empty() ? std::string() : reply.elements[0].str;
-        if (status == "lease_lost") {
-            const std::size_t index =
-                static_cast<std::size_t>(redis::parse_int(reply.elements.at(1).str)) - 1;
-            const auto& held = claims_.at(index);
-            std::string message = fmt::format(
-                "lease lost: the claim on {}/{} expired and another worker took it over ({}); "
-                "nothing was written",
-                held.scope, held.id,
-                reply.elements.at(2).str == "leased" ? "it holds it now"
-                                                     : reply.elements.at(2).str);
-            rollback();
-            throw commit_failed(message);
-        }
-        if (status == "partial") {
-            claims_.clear();  // parked by the script: not ours to release any more
-            std::string message = reply.elements.at(2).str;
-            rollback();
-            throw commit_failed(message +
-                                "; the claim is parked as a dead letter so a "
-                                "redelivery does not apply them twice");
-        }
-        std::string detail = reply.elements.size() > 2 ? reply.elements[2].str : "unknown reply";
-        rollback();
-        throw commit_failed(fmt::format(
-            "a Redis write of the commit failed before anything was applied: {}", detail));
+        PreparedCommit prepared = prepare_commit();
+        CommitReplies replies = commit_round_trip(prepared);
+        settle_commit(replies.commit, prepared.acked_hooks, replies.replicas);
     }
 
     /// @brief Frees this transaction's leases and locks. A no-op after commit. Never throws:
@@ -844,6 +790,201 @@ class RedisStore::Transaction {
         } catch (...) {  // unreachable: the lease expires on its own
         }
         finish();
+    }
+
+    /// @brief The claim-and-commit capability (idem/contract/store.hpp), for a local effect
+    /// (idem::local_effect) that already ran on this transaction with no claim held: ONE round
+    /// trip, one script, that claims @p request's id and, only if it is new (or its claim was
+    /// released or its lease expired), applies the queued writes and the attached hooks' XACKs
+    /// and records the claim done with the outcome; otherwise it applies nothing and answers
+    /// duplicate or in_progress (with the lease's time left), or at_limit when a takeover would
+    /// reach request.max_attempts. An unset outcome (the effect threw) counts the attempt and
+    /// leaves the id free. Ends the transaction. Only on a transaction that holds nothing yet.
+    /// @throws commit_failed when a queued write failed (as commit()); store_unavailable /
+    /// store_timeout when Redis could not be reached (outcome unknown: a redelivery finds it).
+    ClaimAndCommitResult claim_and_commit(const ClaimAndCommit& request) {
+        active();
+        if (!claims_.empty() || !letters_.empty() || !released_.empty()) {
+            throw usage_error(
+                "idem::RedisStore: claim_and_commit() on a transaction that already holds claims "
+                "or dead letters");
+        }
+        const std::string key = store_->claim_key(request.scope, request.message_id);
+        // On a Redis Cluster the script runs on the claim's slot: only when every write is there
+        // too. Otherwise nothing is sent and the handler takes the ordinary path.
+        const bool cluster = store_->router_.is_cluster();
+        if (cluster && !shares_slot_with_writes(redis::hash_slot(key))) {
+            finish();
+            ClaimAndCommitResult result;
+            result.status = ClaimAndCommitStatus::not_attempted;
+            return result;
+        }
+        const std::string_view outcome =
+            request.outcome ? to_string(*request.outcome) : std::string_view();
+        // The hooks' acks, for the outcome this call records (none for a failed effect).
+        Commands acks;
+        std::vector<CommitHook*> acked_hooks;
+        if (request.outcome && !hooks_.empty()) {
+            claims_.push_back(Claim{std::string(request.scope), std::string(request.message_id),
+                                    key, std::string(request.fingerprint), outcome,
+                                    std::string(request.reason)});
+            acked_hooks = hook_commands(acks);
+            claims_.clear();  // no lease is held: nothing to release
+        }
+        // A new id's record, whole (layout: record.hpp): attempt 1, claimed now — the server's
+        // now as "the expiry minus the retention" when the store reads no clock of its own.
+        const std::string fields =
+            redis::Record::fields(request.fingerprint, request.scope, request.message_id);
+        const std::string now = store_->now_arg();
+        const std::string stamp = now.empty() ? '~' + std::to_string(retention_ms()) : now;
+        std::string new_record =
+            request.outcome ? "done||" + std::string(outcome) + '|' : std::string("free|||");
+        new_record.append("1|").append(stamp).append("|").append(stamp).append("|");
+        new_record.append(std::to_string(lease_.count())).append("|").append(fields);
+        if (request.outcome) new_record.append(request.reason);
+        redis::Args call;
+        call.reserve(256 + 2 * fields.size() + commands_.resp().size() + acks.args.resp().size());
+        call.add(key).add(store_->dead_letter_key(request.scope, request.message_id));
+        call.add(now)
+            .add(retention_ms())
+            .add(lease_.count())
+            .add(request.max_attempts)
+            .add(outcome)
+            .add(request.reason)
+            .add(fields)
+            .add(new_record)
+            .add(command_count_ + acks.count)
+            .append(commands_)
+            .append(acks.args);
+        auto run = [&](redis::Connection& c) { return c.eval(redis::claim_commit_script(), 2, call); };
+        redis::Reply reply = cluster ? store_->router_.on_key(key, run) : store_->with_connection(run);
+        finish();
+        store_->check_script(reply, "claim and commit");
+        ClaimAndCommitResult result;
+        if (reply.type == redis::Reply::Type::string && reply.str == "ok") {
+            result.status = ClaimAndCommitStatus::committed;
+            result.claim.attempts = 1;
+            for (CommitHook* hook : acked_hooks)
+                hook->acked_in_commit = true;
+            return result;
+        }
+        const std::string status = reply.elements.empty() ? std::string() : reply.elements[0].str;
+        if (status == "command_failed" || status == "partial") {
+            const std::string detail =
+                reply.elements.size() > 2 ? reply.elements[2].str : "unknown reply";
+            if (status == "partial") {
+                throw commit_failed(detail +
+                                    "; the claim is parked as a dead letter so a redelivery does "
+                                    "not apply them twice");
+            }
+            throw commit_failed(fmt::format(
+                "a Redis write of the commit failed before anything was applied: {}; the attempt "
+                "is counted and the id stays free",
+                detail));
+        }
+        if (reply.elements.size() != 4) {
+            throw store_error("idem: Redis claim-and-commit script: unexpected reply");
+        }
+        result.claim.fingerprint = std::move(reply.elements[2].str);
+        result.claim.attempts = static_cast<std::uint32_t>(redis::parse_int(reply.elements[3].str));
+        if (status == "duplicate") {
+            result.status = ClaimAndCommitStatus::duplicate;
+            result.claim.status = ClaimStatus::duplicate;
+            result.claim.recorded = disposition_from(reply.elements[1].str);
+        } else if (status == "in_progress") {
+            result.status = ClaimAndCommitStatus::in_progress;
+            result.claim.status = ClaimStatus::in_progress;
+            result.claim.retry_after =
+                std::chrono::milliseconds(redis::parse_int(reply.elements[1].str));
+        } else if (status == "limit") {
+            result.status = ClaimAndCommitStatus::at_limit;
+        } else if (status == "committed") {
+            result.status = ClaimAndCommitStatus::committed;
+            for (CommitHook* hook : acked_hooks)
+                hook->acked_in_commit = true;
+        } else {
+            throw store_error("idem: Redis claim-and-commit script: unexpected reply " + status);
+        }
+        return result;
+    }
+
+    /// @brief The commit-with-next-claim capability (idem/contract/store.hpp; used by
+    /// idem::PipelinedLoop): this transaction's commit and @p next's claim of (scope, id) in
+    /// ONE round trip (the commit script and the claim's `SET … NX PX … GET`, pipelined). The
+    /// commit's fate is in the result (commit_error null: committed; else this transaction is
+    /// rolled back, as a failed commit() leaves it); @p next's claim is answered as claim()
+    /// would, whatever the commit's fate: a refused commit leaves the fresh lease in place (a
+    /// different id). An id another worker holds or released needs the claim script: one more
+    /// round trip, as claim(). Without SET claims (a server before 7.0) the commit and the
+    /// claim go one after the other.
+    /// @throws store_unavailable / store_timeout when the round trip failed: both outcomes are
+    /// unknown (the commit may have happened; the claim's lease, if it was taken, expires).
+    CommitAndClaimResult commit_with_next_claim(Transaction& next, std::string_view scope,
+                                                std::string_view id,
+                                                std::string_view fingerprint = {}) {
+        active();
+        next.active();
+        CommitAndClaimResult result;
+        auto one_after_the_other = [&] {
+            try {
+                commit();
+            } catch (const store_error&) {
+                result.commit_error = std::current_exception();
+            }
+            result.next = next.claim(scope, id, fingerprint);
+            return result;
+        };
+        if (next.store_ != store_ || !store_->claim_with_set_.load(std::memory_order_relaxed) ||
+            next.find_held(scope, id) < next.claims_.size()) {
+            return one_after_the_other();
+        }
+        std::vector<Claim> held{Claim{std::string(scope),
+                                      std::string(id),
+                                      store_->claim_key(scope, id),
+                                      std::string(fingerprint),
+                                      {},
+                                      {}}};
+        // On a Redis Cluster one round trip reaches one node: only when every key of the commit
+        // and the next claim's key share a hash slot; otherwise two round trips, as without it.
+        const bool cluster = store_->router_.is_cluster();
+        const std::uint16_t slot = redis::hash_slot(held.front().key);
+        if (cluster && !(hooks_.empty() && commit_keys_in(slot) && shares_slot_with_writes(slot))) {
+            return one_after_the_other();
+        }
+        PreparedCommit prepared = prepare_commit();
+        const std::vector<redis::Args> sets = next.set_claims(held);
+        CommitReplies replies;
+        if (cluster) {
+            // Followed where the slot's redirects say. A redirected commit ran nothing, but the
+            // claim's SET may have run where the script was refused (TRYAGAIN during a
+            // migration): its first real answer is kept, as eval_then() keeps it after NOSCRIPT.
+            std::optional<redis::Reply> claim_answer;
+            replies.commit = store_->router_.on_slot(slot, [&](redis::Connection& c) {
+                replies = commit_round_trip(c, prepared, sets);
+                if (!claim_answer && !replies.next_claims.front().is_error()) {
+                    claim_answer = replies.next_claims.front();
+                }
+                return replies.commit;
+            });
+            if (claim_answer) replies.next_claims.front() = std::move(*claim_answer);
+        } else {
+            replies = store_->with_connection(
+                [&](redis::Connection& c) { return commit_round_trip(c, prepared, sets); });
+        }
+        try {
+            settle_commit(replies.commit, prepared.acked_hooks, replies.replicas);
+        } catch (const store_error&) {
+            result.commit_error = std::current_exception();
+        }
+        std::vector<ClaimResult> results(1);
+        std::vector<std::size_t> contested;
+        if (!next.read_set_claims(held, replies.next_claims, results, 0, contested) ||
+            !contested.empty()) {
+            result.next = next.claim(scope, id, fingerprint);  // the SET wrote nothing
+        } else {
+            result.next = std::move(results.front());
+        }
+        return result;
     }
 
     /// @brief The token fencing this transaction's leases (for logs and tests).
@@ -1143,6 +1284,31 @@ class RedisStore::Transaction {
         throw commit_failed(first_problem);
     }
 
+    /// Whether every write queued so far has its key in @p slot (on a cluster; a write queued
+    /// before the store knew it is on a cluster has no known slot: false).
+    [[nodiscard]] bool shares_slot_with_writes(std::uint16_t slot) const {
+        if (write_places_.size() != command_count_) return false;
+        for (const WritePlace& place : write_places_) {
+            if (place.slot != slot) return false;
+        }
+        return true;
+    }
+    /// Whether every key the commit script touches (claims, dead letters, freed leases) is in
+    /// @p slot.
+    [[nodiscard]] bool commit_keys_in(std::uint16_t slot) const {
+        for (const Claim& held : claims_) {
+            if (redis::hash_slot(held.key) != slot) return false;
+        }
+        for (const DeadLetter& letter : letters_) {
+            if (redis::hash_slot(store_->dead_letter_key(letter.scope, letter.message_id)) != slot)
+                return false;
+        }
+        for (const std::string& key : released_) {
+            if (redis::hash_slot(key) != slot) return false;
+        }
+        return true;
+    }
+
     /// The claim key of the message whose effect is running: the first claim held without an
     /// outcome (claims are recorded in order); empty when there is none.
     std::string current_owner() const {
@@ -1150,6 +1316,94 @@ class RedisStore::Transaction {
             if (held.outcome.empty()) return held.key;
         }
         return {};
+    }
+
+    /// The commit script's call (KEYS, then ARGV: layout at complete_source()), encoded once,
+    /// and the attached hooks it acks.
+    struct PreparedCommit {
+        redis::Args call;
+        std::size_t num_keys = 0;
+        std::vector<CommitHook*> acked_hooks;
+    };
+    PreparedCommit prepare_commit() {
+        PreparedCommit prepared;
+        redis::Args& call = prepared.call;
+        call.reserve(256 + 96 * claims_.size() + commands_.resp().size());
+        for (const auto& held : claims_)
+            call.add(held.key);
+        for (const auto& letter : letters_)
+            call.add(store_->dead_letter_key(letter.scope, letter.message_id));
+        for (const auto& key : released_)
+            call.add(key);
+        prepared.num_keys = call.count();
+
+        call.add(store_->now_arg()).add(token_).add(claims_.size());
+        for (const auto& held : claims_) {
+            call.add(held.outcome.empty() ? std::string_view("in_progress") : held.outcome)
+                .add(held.reason);
+        }
+        call.add(letters_.size());
+        for (const auto& letter : letters_) {
+            call.add(letter.scope)
+                .add(letter.message_id)
+                .add(letter.delivery_count)
+                .add(letter.reason)
+                .add(letter.payload);
+            if (letter.created_at == std::chrono::system_clock::time_point{}) {
+                call.add(std::string_view());
+            } else {
+                call.add(detail::to_unix_ms(letter.created_at));
+            }
+        }
+        // The attached stream acks (and dead-letter stream entries) run after the effect's
+        // writes.
+        Commands acks;
+        if (!hooks_.empty()) prepared.acked_hooks = hook_commands(acks);
+        call.add(command_count_ + acks.count).append(commands_).append(acks.args);
+
+        return prepared;
+    }
+    /// Reads the commit script's reply (and WAIT's, @p replicas, with replicas_to_ack): done;
+    /// or rolled back and commit_failed thrown; or applied but unconfirmed, commit_unconfirmed
+    /// thrown (confirm_replicated()).
+    void settle_commit(const redis::Reply& reply, const std::vector<CommitHook*>& acked_hooks,
+                       const std::optional<redis::Reply>& replicas) {
+        store_->check_script(reply, "commit");
+        if (reply.type == redis::Reply::Type::string && reply.str == "ok") {
+            if (replicas) confirm_replicated(*replicas);
+            for (CommitHook* hook : acked_hooks)
+                hook->acked_in_commit = true;
+            claims_.clear();  // done: nothing left to release
+            released_.clear();
+            finish();
+            return;
+        }
+        const std::string status = reply.elements.empty() ? std::string() : reply.elements[0].str;
+        if (status == "lease_lost") {
+            const std::size_t index =
+                static_cast<std::size_t>(redis::parse_int(reply.elements.at(1).str)) - 1;
+            const auto& held = claims_.at(index);
+            std::string message = fmt::format(
+                "lease lost: the claim on {}/{} expired and another worker took it over ({}); "
+                "nothing was written",
+                held.scope, held.id,
+                reply.elements.at(2).str == "leased" ? "it holds it now"
+                                                     : reply.elements.at(2).str);
+            rollback();
+            throw commit_failed(message);
+        }
+        if (status == "partial") {
+            claims_.clear();  // parked by the script: not ours to release any more
+            std::string message = reply.elements.at(2).str;
+            rollback();
+            throw commit_failed(message +
+                                "; the claim is parked as a dead letter so a "
+                                "redelivery does not apply them twice");
+        }
+        std::string detail = reply.elements.size() > 2 ? reply.elements[2].str : "unknown reply";
+        rollback();
+        throw commit_failed(fmt::format(
+            "a Redis write of the commit failed before anything was applied: {}", detail));
     }
 
     /// The index of the claim held on (scope, id), or claims_.size(). Starts after the last one
@@ -1297,6 +1551,23 @@ class RedisStore::Transaction {
     /// know `SET … NX … GET`, which then stays off for this store.
     bool claim_with_set(std::vector<Claim>& held, std::vector<ClaimResult>& results,
                         std::size_t held_before, std::vector<std::size_t>& contested) {
+        const std::vector<redis::Args> sets = set_claims(held);
+        std::vector<redis::Reply> replies;
+        if (store_->router_.is_cluster()) {  // one pipeline per node
+            std::vector<std::uint16_t> slots;
+            slots.reserve(held.size());
+            for (const auto& claim : held)
+                slots.push_back(redis::hash_slot(claim.key));
+            replies = store_->router_.pipeline(sets, slots);
+        } else {
+            replies =
+                store_->with_connection([&](redis::Connection& c) { return c.pipeline(sets); });
+        }
+        return read_set_claims(held, replies, results, held_before, contested);
+    }
+
+    /// The `SET … NX PX … GET` of each of @p held (claim_with_set()).
+    std::vector<redis::Args> set_claims(const std::vector<Claim>& held) const {
         // A new record: attempt 1, claimed and leased now — the server's now, which a plain SET
         // cannot read, so the times say "the expiry minus the retention" (see redis_lua_now).
         const std::string now = store_->now_arg();
@@ -1319,17 +1590,14 @@ class RedisStore::Transaction {
                 .add(retention)
                 .add("GET");
         }
-        std::vector<redis::Reply> replies;
-        if (store_->router_.is_cluster()) {  // one pipeline per node
-            std::vector<std::uint16_t> slots;
-            slots.reserve(held.size());
-            for (const auto& claim : held)
-                slots.push_back(redis::hash_slot(claim.key));
-            replies = store_->router_.pipeline(sets, slots);
-        } else {
-            replies =
-                store_->with_connection([&](redis::Connection& c) { return c.pipeline(sets); });
-        }
+        return sets;
+    }
+
+    /// Reads the replies of set_claims(@p held) into @p results and @p contested, as
+    /// claim_with_set() says.
+    bool read_set_claims(std::vector<Claim>& held, std::vector<redis::Reply>& replies,
+                         std::vector<ClaimResult>& results, std::size_t held_before,
+                         std::vector<std::size_t>& contested) {
         if (!replies.empty() && replies[0].is_error() &&
             replies[0].str.rfind("ERR syntax error", 0) == 0) {
             store_->claim_with_set_.store(false, std::memory_order_relaxed);
@@ -1402,6 +1670,9 @@ class RedisStore::Transaction {
             result.recorded = disposition_from(answer.elements[1].str);
         } else if (status == "in_progress") {
             result.status = ClaimStatus::in_progress;
+            // The script's detail is what is left of the holder's lease, in milliseconds.
+            result.retry_after =
+                std::chrono::milliseconds(redis::parse_int(answer.elements[1].str));
         } else {
             result.status = ClaimStatus::claimed;
             claims_.push_back(std::move(held));
@@ -1409,21 +1680,41 @@ class RedisStore::Transaction {
         return result;
     }
 
-    /// The commit script, followed by `WAIT` in the same round trip when the store asks replicas
-    /// to confirm commits (@p replicas then holds WAIT's reply).
-    redis::Reply commit_round_trip(std::size_t num_keys, const redis::Args& call,
-                                   std::optional<redis::Reply>& replicas) {
+    /// The replies of commit_round_trip().
+    struct CommitReplies {
+        redis::Reply commit;                   ///< the commit script's
+        std::optional<redis::Reply> replicas;  ///< WAIT's, with replicas_to_ack
+        std::vector<redis::Reply> next_claims;  ///< one per command of @p next_claims
+    };
+    /// The commit script of @p prepared, then `WAIT` when the store asks replicas to confirm
+    /// commits, then @p next_claims (commit_with_next_claim()'s `SET … NX GET`), in ONE round trip
+    /// on @p connection. After a NOSCRIPT the re-run script is followed by WAIT again (it confirms
+    /// only the writes before it: AfterNoscript::resend), not by the claims (they already ran:
+    /// AfterNoscript::keep_reply).
+    CommitReplies commit_round_trip(redis::Connection& connection, const PreparedCommit& prepared,
+                                    const std::vector<redis::Args>& next_claims = {}) const {
+        CommitReplies out;
         const std::optional<redis::Args> wait = wait_command();
-        if (!wait) {
-            return store_->with_connection([&](redis::Connection& c) {
-                return c.eval(redis::complete_script(), num_keys, call);
-            });
+        if (!wait && next_claims.empty()) {
+            out.commit = connection.eval(redis::complete_script(), prepared.num_keys, prepared.call);
+            return out;
         }
-        std::vector<redis::Reply> replies = store_->with_connection([&](redis::Connection& c) {
-            return c.eval_then(redis::complete_script(), num_keys, call, {*wait});
-        });
-        replicas = std::move(replies.at(1));
-        return std::move(replies.front());
+        std::vector<redis::ThenCommand> then;
+        then.reserve(1 + next_claims.size());
+        if (wait) then.push_back(redis::ThenCommand{&*wait, redis::AfterNoscript::resend});
+        for (const redis::Args& claim : next_claims)
+            then.push_back(redis::ThenCommand{&claim, redis::AfterNoscript::keep_reply});
+        std::vector<redis::Reply> replies =
+            connection.eval_then(redis::complete_script(), prepared.num_keys, prepared.call, then);
+        auto next = std::make_move_iterator(replies.begin());
+        out.commit = *next++;
+        if (wait) out.replicas = *next++;
+        out.next_claims.assign(next, std::make_move_iterator(replies.end()));
+        return out;
+    }
+    CommitReplies commit_round_trip(const PreparedCommit& prepared) const {
+        return store_->with_connection(
+            [&](redis::Connection& c) { return commit_round_trip(c, prepared); });
     }
 
     /// `WAIT replicas_to_ack replicas_timeout`, when the store asks replicas to confirm commits.

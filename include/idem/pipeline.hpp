@@ -1,0 +1,221 @@
+#pragma once
+/// @file
+/// @brief PipelinedLoop: for a consumer loop that handles deliveries one at a time, each
+/// message's commit goes out with the next message's claim, in ONE round trip (Redis), and a
+/// message is settled (acked) only once its commit's reply says it committed.
+
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "idem/config.hpp"
+#include "idem/contract/commit_hook.hpp"
+#include "idem/contract/store.hpp"
+#include "idem/delivery.hpp"
+#include "idem/handler.hpp"
+#include "idem/outcome.hpp"
+
+IDEM_BEGIN_NAMESPACE
+
+/// @brief Runs a handler over a sequence of deliveries, holding each processed message's
+/// commit until the next delivery comes, then sending that commit and the next claim together.
+///
+/// A message costs one round trip instead of two (claim, commit) when the next delivery is
+/// already at hand. Its outcome comes back from the call that sent its commit: handle() returns
+/// what settled during the call — the previous message, once its commit's reply came, and this
+/// one when it needed no commit (duplicate, in_progress, deferred, failed) — and flush() sends a
+/// held commit alone. Ack each Settled as its outcome says (should_ack, and not when
+/// acked_in_commit): never before it is returned, so a message is acked only after its commit
+/// said committed.
+///
+/// Call flush() before the loop blocks waiting for the next delivery (and before it stops): a
+/// held message keeps its lease until its commit goes, so a loop that waits with one held keeps
+/// the lease for the wait (a lease is held at most one effect longer than without the loop only
+/// when the next delivery is at hand). A loop destroyed with a message held rolls it back (its
+/// lease is released; not acked, the broker redelivers it).
+///
+/// If the held commit fails (lease lost, a write refused) that message is `failed` (not acked,
+/// nothing stored) and the next message's fresh lease is KEPT: it is another id, its claim is
+/// valid, and its effect runs. If the round trip itself fails (the connection dropped) both are
+/// `failed`: the commit may or may not have happened (its redelivery is then a duplicate or
+/// claims again) and the fresh lease, if it was taken, is released on a best-effort basis or
+/// expires.
+///
+/// On a store without commit_with_next_claim (everything but RedisStore) each handle() is the
+/// handler's handle(), settled at once. Not thread-safe: one loop per consumer thread.
+///
+/// @code
+/// idem::PipelinedLoop<decltype(handler), std::string> loop(handler);
+/// while (running) {
+///     auto entries = read_available();                   // without blocking
+///     if (entries.empty()) { ack_all(loop.flush()); wait_for_more(); continue; }
+///     for (auto& e : entries) ack_all(loop.handle(e.delivery, e.body, e.id));
+/// }
+/// ack_all(loop.flush());
+/// @endcode
+template <class Handler, class Tag = std::string>
+class PipelinedLoop {
+  public:
+    using Transaction = typename Handler::Transaction;
+    /// Whether the store sends a commit with the next claim (else handle() settles at once).
+    static constexpr bool pipelines = detail::has_commit_with_next_claim<Transaction>::value;
+
+    /// @brief One message's final outcome.
+    struct Settled {
+        Tag tag;                       ///< what handle() was given with it (an entry id, ...)
+        Delivery delivery;             ///< as handled
+        Outcome outcome;               ///< should_ack(outcome) says whether to ack
+        bool acked_in_commit = false;  ///< its commit hook's ack went with its commit
+    };
+
+    explicit PipelinedLoop(Handler& handler) : handler_(&handler) {}
+    PipelinedLoop(const PipelinedLoop&) = delete;
+    PipelinedLoop& operator=(const PipelinedLoop&) = delete;
+    ~PipelinedLoop() = default;  // a held transaction rolls back: not acked, redelivered
+
+    /// @brief Whether a processed message waits for its commit (flush() or the next handle()).
+    [[nodiscard]] bool holding() const noexcept { return held_ != nullptr; }
+
+    /// @brief Handles @p delivery (see the class); returns what settled, in order.
+    template <class Body>
+    std::vector<Settled> handle(const Delivery& delivery, const Body& body, Tag tag) {
+        return run(delivery, body, std::move(tag), nullptr);
+    }
+    /// @brief The same with a commit hook (a stream ack the store can do in the commit).
+    template <class Body>
+    std::vector<Settled> handle(const Delivery& delivery, const Body& body, Tag tag,
+                                CommitHook hook) {
+        return run(delivery, body, std::move(tag), std::make_unique<CommitHook>(std::move(hook)));
+    }
+
+    /// @brief Sends the held commit alone (one round trip) and returns its message, settled.
+    std::vector<Settled> flush() {
+        std::vector<Settled> out;
+        if (!held_) return out;
+        std::unique_ptr<Held> held = std::move(held_);
+        Outcome outcome = std::move(held->outcome);
+        try {
+            held->tx.commit();
+        } catch (const std::exception& e) {
+            outcome = Handler::failure(e);
+        }
+        settle(out, std::move(*held), std::move(outcome));
+        return out;
+    }
+
+  private:
+    struct Held {
+        Transaction tx;
+        Tag tag;
+        Delivery delivery;
+        Outcome outcome;  ///< what the attempt decided, final once the commit says committed
+        std::unique_ptr<CommitHook> hook;
+        std::chrono::nanoseconds handled_in{};
+    };
+
+    template <class Body>
+    std::vector<Settled> run(const Delivery& delivery, const Body& body, Tag tag,
+                             std::unique_ptr<CommitHook> hook) {
+        static_assert(detail::check_effect<typename Handler::EffectType, Transaction, Body>(),
+                      "idem: effect does not fit (see above)");
+        std::vector<Settled> out;
+        if constexpr (!pipelines) {
+            Outcome outcome =
+                hook ? handler_->handle(delivery, body, *hook) : handler_->handle(delivery, body);
+            const bool acked = hook && hook->acked_in_commit;
+            out.push_back(Settled{std::move(tag), delivery, std::move(outcome), acked});
+            return out;
+        } else {
+            if (unclaimable_reason(delivery)) {  // parked in a commit of its own
+                out = flush();
+                Outcome outcome = hook ? handler_->handle(delivery, body, *hook)
+                                       : handler_->handle(delivery, body);
+                const bool acked = hook && hook->acked_in_commit;
+                out.push_back(Settled{std::move(tag), delivery, std::move(outcome), acked});
+                return out;
+            }
+            Handler& h = *handler_;
+            if (hook) h.bind_hook(*hook, delivery);
+            const typename Handler::Stopwatch watch(h.observer_ != nullptr);
+            auto fresh = std::make_unique<Held>(Held{h.begin_transaction(hook.get(), hook ? 1 : 0),
+                                                     std::move(tag),
+                                                     delivery,
+                                                     Outcome{},
+                                                     std::move(hook),
+                                                     {}});
+            const std::string fingerprint = h.fingerprint_of(body);
+            ClaimResult claim;
+            try {
+                if (held_) {
+                    std::unique_ptr<Held> previous = std::move(held_);
+                    CommitAndClaimResult both;
+                    try {
+                        both = previous->tx.commit_with_next_claim(
+                            fresh->tx, h.policy_.scope(), delivery.message_id, fingerprint);
+                    } catch (const std::exception& e) {  // the round trip: both unknown
+                        Outcome failed = Handler::failure(e);
+                        settle(out, std::move(*previous), failed);
+                        throw;
+                    }
+                    Outcome previous_outcome = std::move(previous->outcome);
+                    if (both.commit_error) previous_outcome = failure_of(both.commit_error);
+                    settle(out, std::move(*previous), std::move(previous_outcome));
+                    claim = std::move(both.next);
+                } else {
+                    claim = h.template claim_one<Body>(fresh->tx, delivery.message_id, fingerprint);
+                }
+                fresh->outcome = h.attempt(fresh->tx, delivery, body,
+                                           detail::PreclaimedStrategy<Transaction>{claim})
+                                     .outcome;
+            } catch (const std::exception& e) {
+                fresh->outcome = Handler::failure(e);
+            }
+            fresh->handled_in = watch.elapsed();
+            if (Handler::writes_something(fresh->outcome.disposition)) {
+                held_ = std::move(fresh);  // its commit goes with the next claim, or flush()
+            } else {
+                Outcome outcome = std::move(fresh->outcome);
+                settle(out, std::move(*fresh), std::move(outcome));  // rolls back: nothing kept
+            }
+            return out;
+        }
+    }
+
+    static Outcome failure_of(const std::exception_ptr& error) {
+        try {
+            std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+            return Handler::failure(e);
+        } catch (...) {
+            return failed_outcome("non-standard exception", FailureCause::other);
+        }
+    }
+
+    /// Reports @p outcome for @p held's message and adds it to @p out; its transaction ends here
+    /// (rolled back unless its commit went through).
+    void settle(std::vector<Settled>& out, Held&& held, Outcome outcome) {
+        handler_->report(held.delivery, outcome, held.handled_in);
+        const bool acked =
+            held.hook && held.hook->acked_in_commit && outcome.disposition != Disposition::failed;
+        out.push_back(
+            Settled{std::move(held.tag), std::move(held.delivery), std::move(outcome), acked});
+        Transaction ended = std::move(held.tx);
+        (void)ended;
+    }
+
+    Handler* handler_;
+    std::unique_ptr<Held> held_;
+};
+
+/// @brief A PipelinedLoop over @p handler, deducing its type.
+template <class Tag = std::string, class Handler>
+PipelinedLoop<Handler, Tag> pipelined_loop(Handler& handler) {
+    return PipelinedLoop<Handler, Tag>(handler);
+}
+
+IDEM_END_NAMESPACE

@@ -1,0 +1,178 @@
+// idem::PipelinedLoop on a real redis-server: message N's commit and N+1's claim in one round
+// trip (counted by round_trips()), N settled only after its commit's reply, what a failed
+// commit or a dropped connection does to N and to N+1's fresh lease, and the loop on a store
+// without the capability.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "idem/idem.hpp"
+#include "idem/store/memory.hpp"
+#include "idem/store/redis.hpp"
+#include "support/redis_env.hpp"
+#include "support/redis_server.hpp"
+#include "support/require_redis.hpp"
+
+namespace {
+
+using idem::Delivery;
+using idem::Disposition;
+using namespace std::chrono_literals;
+
+class PipelinedLoopTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        IDEM_REQUIRE_REDIS();
+        env_ = std::make_unique<idem_test::RedisEnv>();
+        store().warm_up();
+    }
+    idem::RedisStore& store() { return *env_->store; }
+    idem_test::RedisClient& client() { return *env_->client; }
+    long long applied(const std::string& id) {
+        return client().integer({"HGET", "applied", id}).value_or(0);
+    }
+    std::unique_ptr<idem_test::RedisEnv> env_;
+};
+
+auto incrementing_handler(idem::RedisStore& store) {
+    return idem::make_handler(store, idem::Policy{"orders"}, [](auto& tx, const std::string& id) {
+        tx.write("HINCRBY", "applied", id, 1);
+    });
+}
+
+template <class Settled>
+std::vector<std::string> tags(const std::vector<Settled>& settled) {
+    std::vector<std::string> out;
+    for (const auto& s : settled)
+        out.push_back(s.tag + ":" + std::string(idem::to_string(s.outcome.disposition)));
+    return out;
+}
+
+TEST_F(PipelinedLoopTest, EachCommitGoesWithTheNextClaimAndSettlesOnlyAfterItsReply) {
+    auto handler = incrementing_handler(store());
+    idem::PipelinedLoop<decltype(handler)> loop(handler);
+    static_assert(decltype(loop)::pipelines);
+    const auto before = store().round_trips();
+    EXPECT_TRUE(loop.handle(Delivery{"m-0", 1u}, std::string("m-0"), "m-0").empty());
+    EXPECT_TRUE(loop.holding());
+    EXPECT_EQ(applied("m-0"), 0);  // not committed yet: nothing to ack
+    std::vector<std::string> settled;
+    for (int i = 1; i < 10; ++i) {
+        const std::string id = "m-" + std::to_string(i);
+        auto done = loop.handle(Delivery{id, 1u}, id, id);
+        ASSERT_EQ(done.size(), 1u);
+        EXPECT_EQ(done[0].tag, "m-" + std::to_string(i - 1));
+        EXPECT_EQ(done[0].outcome.disposition, Disposition::processed) << done[0].outcome.reason;
+        EXPECT_EQ(applied(done[0].tag), 1);  // settled means committed
+    }
+    auto last = loop.flush();
+    ASSERT_EQ(last.size(), 1u);
+    EXPECT_EQ(last[0].tag, "m-9");
+    EXPECT_FALSE(loop.holding());
+    // One claim, nine commit + next claim, one commit: 11 round trips for 10 messages (20 with
+    // handle()).
+    EXPECT_EQ(store().round_trips() - before, 11u);
+    EXPECT_EQ(handler.counters().processed, 10u);
+}
+
+TEST_F(PipelinedLoopTest, ADuplicateSettlesAtOnceAfterTheHeldMessage) {
+    auto handler = incrementing_handler(store());
+    ASSERT_EQ(handler.handle(Delivery{"old", 1u}, std::string("old")).disposition,
+              Disposition::processed);
+    idem::PipelinedLoop<decltype(handler)> loop(handler);
+    EXPECT_TRUE(loop.handle(Delivery{"a", 1u}, std::string("a"), "a").empty());
+    EXPECT_EQ(tags(loop.handle(Delivery{"old", 2u}, std::string("old"), "old")),
+              (std::vector<std::string>{"a:processed", "old:duplicate"}));
+    EXPECT_FALSE(loop.holding());
+    EXPECT_EQ(applied("old"), 1);
+}
+
+// Decided: a refused commit fails its own message only; the next message's fresh lease is
+// kept (another id, a valid claim) and its effect runs.
+TEST_F(PipelinedLoopTest, AFailedCommitFailsItsMessageAndKeepsTheNextOnesFreshLease) {
+    auto handler = incrementing_handler(store());
+    idem::PipelinedLoop<decltype(handler)> loop(handler);
+    EXPECT_TRUE(loop.handle(Delivery{"n", 1u}, std::string("n"), "n").empty());
+    // The held lease is lost behind the loop's back (expired and released by another worker).
+    auto record = env_->record(store().claim_key("orders", "n")).value();
+    record.state = "free";
+    record.token.clear();
+    client().exec({"SET", store().claim_key("orders", "n"), record.encode(), "KEEPTTL"});
+
+    auto settled = loop.handle(Delivery{"n+1", 1u}, std::string("n+1"), "n+1");
+    ASSERT_EQ(settled.size(), 1u);
+    EXPECT_EQ(settled[0].tag, "n");
+    EXPECT_EQ(settled[0].outcome.disposition, Disposition::failed);
+    EXPECT_EQ(settled[0].outcome.cause, idem::FailureCause::commit_failed);
+    EXPECT_FALSE(idem::should_ack(settled[0].outcome));
+    EXPECT_EQ(applied("n"), 0);
+    EXPECT_TRUE(loop.holding());  // n+1 claimed with the failed commit, effect run, held
+    EXPECT_EQ(store().find_claim("orders", "n+1")->disposition, Disposition::in_progress);
+    EXPECT_EQ(tags(loop.flush()), std::vector<std::string>{"n+1:processed"});
+    // The broker redelivers n: applied once.
+    EXPECT_EQ(tags(loop.handle(Delivery{"n", 2u}, std::string("n"), "n")),
+              std::vector<std::string>{});
+    EXPECT_EQ(tags(loop.flush()), std::vector<std::string>{"n:processed"});
+    EXPECT_EQ(applied("n"), 1);
+    EXPECT_EQ(applied("n+1"), 1);
+}
+
+// The round trip itself fails (the server dropped the connection): both outcomes are unknown,
+// both `failed`, nothing acked; the redeliveries apply each once.
+TEST_F(PipelinedLoopTest, ADroppedConnectionFailsBothAndTheRedeliveriesApplyEachOnce) {
+    auto handler = incrementing_handler(store());
+    idem::PipelinedLoop<decltype(handler)> loop(handler);
+    EXPECT_TRUE(loop.handle(Delivery{"x", 1u}, std::string("x"), "x").empty());
+    client().exec({"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"});
+    auto settled = loop.handle(Delivery{"y", 1u}, std::string("y"), "y");
+    EXPECT_EQ(tags(settled), (std::vector<std::string>{"x:failed", "y:failed"}));
+    EXPECT_FALSE(loop.holding());
+    for (const char* id : {"x", "y"}) {
+        auto again = loop.handle(Delivery{id, 2u}, std::string(id), id);
+        for (const auto& s : again)
+            EXPECT_EQ(s.outcome.disposition, Disposition::processed) << s.outcome.reason;
+    }
+    EXPECT_EQ(tags(loop.flush()), std::vector<std::string>{"y:processed"});
+    EXPECT_EQ(applied("x"), 1);
+    EXPECT_EQ(applied("y"), 1);
+}
+
+TEST_F(PipelinedLoopTest, TheStreamAckGoesWithTheCommitAndALoopDroppedHoldingReleasesIt) {
+    client().exec({"XGROUP", "CREATE", "orders", "g", "0", "MKSTREAM"});
+    const std::string entry = client().str({"XADD", "orders", "*", "id", "s-1"}).value();
+    client().exec({"XREADGROUP", "GROUP", "g", "c", "STREAMS", "orders", ">"});
+    auto handler = incrementing_handler(store());
+    {
+        idem::PipelinedLoop<decltype(handler)> loop(handler);
+        idem::CommitHook hook{idem::redis::StreamAck{store().endpoint(), "orders", "g", entry}};
+        EXPECT_TRUE(loop.handle(Delivery{"s-1", 1u}, std::string("s-1"), entry, hook).empty());
+        auto settled = loop.flush();
+        ASSERT_EQ(settled.size(), 1u);
+        EXPECT_TRUE(settled[0].acked_in_commit);
+        EXPECT_EQ(client().integer({"XACK", "orders", "g", entry}), 0);  // acked already
+        EXPECT_TRUE(loop.handle(Delivery{"s-2", 1u}, std::string("s-2"), "s-2").empty());
+    }  // dropped while holding s-2: rolled back, not committed
+    EXPECT_FALSE(store().find_claim("orders", "s-2").has_value());
+    EXPECT_EQ(applied("s-2"), 0);
+}
+
+TEST(PipelinedLoopOnOtherStores, SettlesEachMessageAtOnce) {
+    idem::MemoryStore store;
+    auto handler =
+        idem::make_handler(store, idem::Policy{"orders"},
+                           [](auto& tx, const std::string& id) { tx.put("applied", id, "1"); });
+    auto loop = idem::pipelined_loop(handler);
+    static_assert(!decltype(loop)::pipelines);
+    EXPECT_EQ(tags(loop.handle(Delivery{"a", 1u}, std::string("a"), "a")),
+              std::vector<std::string>{"a:processed"});
+    EXPECT_EQ(tags(loop.handle(Delivery{"a", 2u}, std::string("a"), "a")),
+              std::vector<std::string>{"a:duplicate"});
+    EXPECT_TRUE(loop.flush().empty());
+    EXPECT_EQ(store.count("applied"), 1u);
+}
+
+}  // namespace
