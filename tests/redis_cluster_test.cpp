@@ -3,7 +3,8 @@
 // once and then all duplicates (in batches: one round trip per node, not per message), slots
 // moved by hand while messages are handled (MOVED and ASK both followed, counted), a batch whose
 // slot groups do not all commit reporting each message truthfully, and the StreamConsumer
-// draining a stream on the cluster. One cluster per process: this binary is one ctest test.
+// draining a stream on the cluster; warm_up() on every master, a local effect and the
+// PipelinedLoop routed by their claim's slot. One cluster per process: this binary is one ctest test.
 
 #include <gtest/gtest.h>
 
@@ -359,6 +360,109 @@ TEST_F(RedisClusterTest, PurgeAndDeadLettersScanEveryMaster) {
     EXPECT_EQ(purged.claims, 60u);
     EXPECT_EQ(store.dead_letters().size(), 60u) << "dead letters are kept";
     EXPECT_FALSE(store.find_claim("scan", "poison-0").has_value());
+}
+
+// warm_up() reaches every master: after it, no node of the cluster pays a SCRIPT LOAD.
+TEST_F(RedisClusterTest, WarmUpLoadsTheScriptsOnEveryMaster) {
+    idem::RedisStore store(node(0));
+    store.warm_up();
+    auto handler = idem::make_handler(store, idem::Policy{"warm"},
+                                      [](auto& tx, const std::string& id) {
+                                          tx.write("SET", effect_key("warm", id), "1");
+                                      });
+    std::set<std::size_t> masters;
+    for (int i = 0; i < 30; ++i) {
+        const std::string id = "w-" + std::to_string(i);
+        masters.insert(cluster_->master_index_of(hash_slot(store.claim_key("warm", id))));
+        const std::size_t before = store.round_trips();
+        EXPECT_EQ(handler.handle(Delivery{id, 1u}, id).disposition, Disposition::processed);
+        EXPECT_EQ(store.round_trips() - before, 2u) << id << ": claim, commit, no SCRIPT LOAD";
+    }
+    EXPECT_EQ(masters.size(), 3u);
+}
+
+// A local effect's one script runs on its claim's slot when every write is in that slot too;
+// a write elsewhere sends nothing in one step (not_attempted) and the ordinary path takes the
+// message: claim, effect again (local: no trace), commit per slot. Both apply once.
+TEST_F(RedisClusterTest, ALocalEffectRunsInItsClaimsSlotOrTakesTheOrdinaryPath) {
+    idem::RedisStore store(node(0));
+    store.warm_up();
+    const std::string scope = "local";
+    int runs = 0;
+    auto handler = idem::make_handler(store, idem::Policy{scope},
+                                      idem::local_effect([&runs](auto& tx, const std::string& key) {
+                                          ++runs;
+                                          tx.write("INCR", key);
+                                      }));
+    const std::string same_slot = effect_key(scope, "m-1");
+    std::size_t before = store.round_trips();
+    auto outcome = handler.handle(Delivery{"m-1", 1u}, same_slot);
+    EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+    EXPECT_EQ(store.round_trips() - before, 1u) << "claim, write and completion in one script";
+    EXPECT_EQ(runs, 1);
+
+    const std::string elsewhere = "fx-elsewhere";
+    ASSERT_NE(hash_slot(elsewhere), hash_slot(store.claim_key(scope, "m-2")));
+    before = store.round_trips();
+    outcome = handler.handle(Delivery{"m-2", 1u}, elsewhere);
+    EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+    EXPECT_GE(store.round_trips() - before, 2u) << "the ordinary path: claim, then commit";
+    EXPECT_EQ(runs, 3) << "run before the claim, then again on the ordinary path";
+
+    EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, same_slot).disposition, Disposition::duplicate);
+    EXPECT_EQ(handler.handle(Delivery{"m-2", 2u}, elsewhere).disposition, Disposition::duplicate);
+    const auto effects = read_all({same_slot, elsewhere});
+    EXPECT_EQ(effects.at(same_slot), "1");
+    EXPECT_EQ(effects.at(elsewhere), "1");
+}
+
+// The PipelinedLoop on a cluster: a commit goes with the next claim in one round trip only when
+// all their keys share a hash slot (one node, one redirect target); otherwise the commit and the
+// claim go one after the other. Every message settles processed and is applied once.
+TEST_F(RedisClusterTest, ThePipelinedLoopSharesARoundTripOnlyWithinOneSlot) {
+    idem::RedisStore store(node(0));
+    store.warm_up();
+    const std::string scope = "loop";
+    auto handler = idem::make_handler(store, idem::Policy{scope},
+                                      [&](auto& tx, const std::string& id) {
+                                          tx.write("INCR", effect_key(scope, id));
+                                      });
+    const std::string first = "a";
+    const std::uint16_t slot = hash_slot(store.claim_key(scope, first));
+    std::string same;  // another id whose claim is in the same slot
+    for (int i = 0; same.empty(); ++i) {
+        const std::string id = "b-" + std::to_string(i);
+        if (hash_slot(store.claim_key(scope, id)) == slot) same = id;
+    }
+    const std::string other = "c";
+    ASSERT_NE(hash_slot(store.claim_key(scope, other)), slot);
+
+    idem::PipelinedLoop<decltype(handler)> loop(handler);
+    std::vector<std::string> settled;
+    auto note = [&](const auto& done) {
+        for (const auto& s : done) {
+            EXPECT_EQ(s.outcome.disposition, Disposition::processed) << s.outcome.reason;
+            settled.push_back(s.tag);
+        }
+    };
+    std::size_t before = store.round_trips();
+    note(loop.handle(Delivery{first, 1u}, first, first));
+    EXPECT_EQ(store.round_trips() - before, 1u);  // the claim
+    before = store.round_trips();
+    note(loop.handle(Delivery{same, 1u}, same, same));
+    EXPECT_EQ(store.round_trips() - before, 1u) << "one slot: the commit with the next claim";
+    before = store.round_trips();
+    note(loop.handle(Delivery{other, 1u}, other, other));
+    EXPECT_EQ(store.round_trips() - before, 2u) << "two slots: the commit, then the claim";
+    note(loop.flush());
+    EXPECT_EQ(settled, (std::vector<std::string>{first, same, other}));
+    for (const auto& id : {first, same, other})
+        EXPECT_EQ(handler.handle(Delivery{id, 2u}, id).disposition, Disposition::duplicate);
+    const auto effects =
+        read_all({effect_key(scope, first), effect_key(scope, same), effect_key(scope, other)});
+    ASSERT_EQ(effects.size(), 3u);
+    for (const auto& [key, value] : effects)
+        EXPECT_EQ(value, "1") << key;
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // started once for this binary: WAIT rides in the commit's round trip, a commit the replica
 // confirmed is on the replica, and a commit the replica could not confirm (SIGSTOPped) is failed
 // with its true meaning (commit_unconfirmed: applied on the master, maybe lost on failover) and is
-// never acked by the StreamConsumer.
+// never acked by the StreamConsumer; the PipelinedLoop's commit, WAIT, next claim round trip.
 
 #include <gtest/gtest.h>
 
@@ -148,6 +148,65 @@ TEST_F(RedisReplicasTest, ACommitTheReplicaDidNotConfirmIsFailedUnconfirmedAndAD
     const auto again = h.handle(Delivery{"x", 2u}, std::string("x"));
     EXPECT_EQ(again.disposition, Disposition::duplicate) << again.reason;
     EXPECT_EQ(pair().master.client().integer({"GET", "effects:x"}), 1);
+}
+
+// replicas_to_ack with the PipelinedLoop: one round trip carries N's commit, WAIT, then N+1's
+// claim. A commit the replica confirmed is on it when N settles; one it could not confirm fails
+// N alone (commit_unconfirmed, no ack) and N+1's fresh lease stands. After the master lost its
+// script cache (NOSCRIPT) the re-run commit is followed by WAIT again, not by the claim.
+TEST_F(RedisReplicasTest, ThePipelinedLoopSendsTheCommitThenWaitThenTheNextClaim) {
+    auto confirmed = store(1);
+    confirmed->warm_up();
+    auto h = handler(*confirmed);
+    idem::PipelinedLoop<decltype(h)> loop(h);
+    EXPECT_TRUE(loop.handle(Delivery{"p-1", 1u}, std::string("p-1"), "p-1").empty());
+    const std::size_t before = confirmed->round_trips();
+    auto settled = loop.handle(Delivery{"p-2", 1u}, std::string("p-2"), "p-2");
+    EXPECT_EQ(confirmed->round_trips() - before, 1u) << "commit, WAIT and the claim together";
+    ASSERT_EQ(settled.size(), 1u);
+    EXPECT_EQ(settled[0].tag, "p-1");
+    EXPECT_EQ(settled[0].outcome.disposition, Disposition::processed) << settled[0].outcome.reason;
+    auto record = on_replica(*confirmed, "p-1");
+    ASSERT_TRUE(record.has_value()) << "a confirmed commit is not on the replica";
+    EXPECT_EQ(record->rfind("done|", 0), 0u) << *record;
+
+    pair().master.client().exec({"SCRIPT", "FLUSH"});
+    settled = loop.handle(Delivery{"p-3", 1u}, std::string("p-3"), "p-3");
+    ASSERT_EQ(settled.size(), 1u);
+    EXPECT_EQ(settled[0].tag, "p-2");
+    EXPECT_EQ(settled[0].outcome.disposition, Disposition::processed) << settled[0].outcome.reason;
+    record = on_replica(*confirmed, "p-2");
+    ASSERT_TRUE(record.has_value()) << "WAIT was not sent again behind the re-run commit";
+    EXPECT_EQ(record->rfind("done|", 0), 0u) << *record;
+    EXPECT_TRUE(loop.holding());
+    EXPECT_EQ(confirmed->find_claim("orders", "p-3")->disposition, Disposition::in_progress)
+        << "the claim ran once, before the re-run commit, and is ours";
+
+    {
+        Paused replica_stopped;
+        settled = loop.handle(Delivery{"p-4", 1u}, std::string("p-4"), "p-4");
+    }
+    ASSERT_EQ(settled.size(), 1u);
+    EXPECT_EQ(settled[0].tag, "p-3");
+    EXPECT_EQ(settled[0].outcome.disposition, Disposition::failed);
+    EXPECT_EQ(settled[0].outcome.cause, FailureCause::commit_unconfirmed)
+        << settled[0].outcome.reason;
+    EXPECT_FALSE(idem::should_ack(settled[0].outcome));
+    EXPECT_TRUE(loop.holding()) << "p-4's claim stands beside p-3's unconfirmed commit";
+    EXPECT_EQ(confirmed->find_claim("orders", "p-4")->disposition, Disposition::in_progress);
+    settled = loop.flush();
+    ASSERT_EQ(settled.size(), 1u);
+    EXPECT_EQ(settled[0].tag, "p-4");
+    // The replica is back; whether it caught up within the timeout is not this test's point,
+    // only that the outcome says which it was.
+    EXPECT_TRUE(settled[0].outcome.disposition == Disposition::processed ||
+                settled[0].outcome.cause == FailureCause::commit_unconfirmed)
+        << settled[0].outcome.reason;
+    // p-3 was applied on the master: its redelivery is a duplicate, its effect ran once.
+    EXPECT_EQ(h.handle(Delivery{"p-3", 2u}, std::string("p-3")).disposition,
+              Disposition::duplicate);
+    for (const char* id : {"p-1", "p-2", "p-3", "p-4"})
+        EXPECT_EQ(pair().master.client().integer({"GET", std::string("effects:") + id}), 1) << id;
 }
 
 TEST_F(RedisReplicasTest, TheStreamConsumerNeverAcksAnUnconfirmedCommit) {
