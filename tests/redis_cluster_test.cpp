@@ -4,7 +4,8 @@
 // moved by hand while messages are handled (MOVED and ASK both followed, counted), a batch whose
 // slot groups do not all commit reporting each message truthfully, and the StreamConsumer
 // draining a stream on the cluster; warm_up() on every master, a local effect and the
-// PipelinedLoop routed by their claim's slot. One cluster per process: this binary is one ctest test.
+// PipelinedLoop routed by their claim's slot. One cluster per process: this binary is one ctest
+// test.
 
 #include <gtest/gtest.h>
 
@@ -366,10 +367,9 @@ TEST_F(RedisClusterTest, PurgeAndDeadLettersScanEveryMaster) {
 TEST_F(RedisClusterTest, WarmUpLoadsTheScriptsOnEveryMaster) {
     idem::RedisStore store(node(0));
     store.warm_up();
-    auto handler = idem::make_handler(store, idem::Policy{"warm"},
-                                      [](auto& tx, const std::string& id) {
-                                          tx.write("SET", effect_key("warm", id), "1");
-                                      });
+    auto handler = idem::make_handler(
+        store, idem::Policy{"warm"},
+        [](auto& tx, const std::string& id) { tx.write("SET", effect_key("warm", id), "1"); });
     std::set<std::size_t> masters;
     for (int i = 0; i < 30; ++i) {
         const std::string id = "w-" + std::to_string(i);
@@ -423,10 +423,9 @@ TEST_F(RedisClusterTest, ThePipelinedLoopSharesARoundTripOnlyWithinOneSlot) {
     idem::RedisStore store(node(0));
     store.warm_up();
     const std::string scope = "loop";
-    auto handler = idem::make_handler(store, idem::Policy{scope},
-                                      [&](auto& tx, const std::string& id) {
-                                          tx.write("INCR", effect_key(scope, id));
-                                      });
+    auto handler = idem::make_handler(
+        store, idem::Policy{scope},
+        [&](auto& tx, const std::string& id) { tx.write("INCR", effect_key(scope, id)); });
     const std::string first = "a";
     const std::uint16_t slot = hash_slot(store.claim_key(scope, first));
     std::string same;  // another id whose claim is in the same slot

@@ -283,9 +283,8 @@ class Router {
     template <class Fn>
     void on_connections_of_each_master(std::size_t connections, Fn&& fn) {
         detect();
-        const std::vector<Node*> nodes = cluster_.load(std::memory_order_acquire)
-                                             ? masters()
-                                             : std::vector<Node*>{&server()};
+        const std::vector<Node*> nodes =
+            cluster_.load(std::memory_order_acquire) ? masters() : std::vector<Node*>{&server()};
         for (Node* node : nodes) {
             std::vector<std::unique_ptr<Connection>> held;
             held.reserve(connections);

@@ -856,8 +856,11 @@ class RedisStore::Transaction {
             .add(command_count_ + acks.count)
             .append(commands_)
             .append(acks.args);
-        auto run = [&](redis::Connection& c) { return c.eval(redis::claim_commit_script(), 2, call); };
-        redis::Reply reply = cluster ? store_->router_.on_key(key, run) : store_->with_connection(run);
+        auto run = [&](redis::Connection& c) {
+            return c.eval(redis::claim_commit_script(), 2, call);
+        };
+        redis::Reply reply =
+            cluster ? store_->router_.on_key(key, run) : store_->with_connection(run);
         finish();
         store_->check_script(reply, "claim and commit");
         ClaimAndCommitResult result;
@@ -1682,8 +1685,8 @@ class RedisStore::Transaction {
 
     /// The replies of commit_round_trip().
     struct CommitReplies {
-        redis::Reply commit;                   ///< the commit script's
-        std::optional<redis::Reply> replicas;  ///< WAIT's, with replicas_to_ack
+        redis::Reply commit;                    ///< the commit script's
+        std::optional<redis::Reply> replicas;   ///< WAIT's, with replicas_to_ack
         std::vector<redis::Reply> next_claims;  ///< one per command of @p next_claims
     };
     /// The commit script of @p prepared, then `WAIT` when the store asks replicas to confirm
@@ -1696,7 +1699,8 @@ class RedisStore::Transaction {
         CommitReplies out;
         const std::optional<redis::Args> wait = wait_command();
         if (!wait && next_claims.empty()) {
-            out.commit = connection.eval(redis::complete_script(), prepared.num_keys, prepared.call);
+            out.commit =
+                connection.eval(redis::complete_script(), prepared.num_keys, prepared.call);
             return out;
         }
         std::vector<redis::ThenCommand> then;
