@@ -12,14 +12,17 @@
 namespace {
 
 constexpr const char* usage =
-    "usage: idem_chaos [--store sqlite|postgres|redis|mysql] [--messages N] [--workers K] [--seed "
+    "usage: idem_chaos [--store sqlite|postgres|redis|mysql|redis-cluster] [--messages N] "
+    "[--workers K] [--seed "
     "S]\n"
     "                  [--naive] [--kill-rate P] [--kill-interval-ms MS] [--visibility-ms MS]\n"
     "                  [--latency-ms MS] [--inflight-ms MS] [--max-deliveries N] [--timeout S]\n"
     "\n"
     "  --store           the idem store the workers use (default sqlite); redis-server always "
     "runs\n"
-    "                    (stream, gateway), PostgreSQL only for --store postgres\n"
+    "                    (stream, gateway), PostgreSQL only for --store postgres;\n"
+    "                    redis-cluster: a 3-master Redis Cluster (replicas_to_ack = 1) whose\n"
+    "                    slot-0 master is SIGKILLed a third of the way in\n"
     "  --messages        capture messages, order ids 1..N (default 2000)\n"
     "  --workers         worker processes (default 4)\n"
     "  --seed            seeds the driver's kills and each worker's self-kills (default 1)\n"
@@ -76,9 +79,12 @@ chaos::Options parse(int argc, char** argv) {
                 o.store = chaos::StoreKind::redis;
             } else if (store == "mysql") {
                 o.store = chaos::StoreKind::mysql;
+            } else if (store == "redis-cluster") {
+                o.store = chaos::StoreKind::redis_cluster;
             } else {
-                throw std::invalid_argument("--store is sqlite, postgres, redis or mysql, not '" +
-                                            store + "'");
+                throw std::invalid_argument(
+                    "--store is sqlite, postgres, redis, mysql or redis-cluster, not '" + store +
+                    "'");
             }
         } else if (arg == "--messages") {
             o.messages = number(arg, value(), 1, 10'000'000);
