@@ -379,6 +379,7 @@ void run_sqlite_cases();
 void run_postgres_cases();
 void run_mysql_cases();
 void run_redis_cases();
+void run_redis_cluster_cases();  ///< redis_cluster_single, redis_cluster_batch
 void run_e2e_cases();
 void run_rss_case();
 

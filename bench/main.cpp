@@ -64,6 +64,8 @@ const std::vector<std::string> bench_names{"rss_flat",
                                            "redis_single_write",
                                            "redis_replicas_to_ack",
                                            "redis_server_time (with redis_*)",
+                                           "redis_cluster_single",
+                                           "redis_cluster_batch",
                                            "e2e_stream_sqlite",
                                            "e2e_stream_postgres"};
 
@@ -196,6 +198,7 @@ int main(int argc, char** argv) {
     guarded("postgres", idem_bench::run_postgres_cases);
     guarded("mysql", idem_bench::run_mysql_cases);
     guarded("redis", idem_bench::run_redis_cases);
+    guarded("redis_cluster", idem_bench::run_redis_cluster_cases);
     guarded("e2e", idem_bench::run_e2e_cases);
     idem_bench::note(fmt::format(
         "done in {:.0f} s",

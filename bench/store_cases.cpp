@@ -21,9 +21,15 @@
 //   redis_replicas_to_ack  redis_single with replicas_to_ack = 1 (WAIT 1 in the commit's round
 //                    trip), a replica attached       vs  the same handler without it, same master
 //                                                          and replica
+//   redis_cluster_single  handler.handle on a RedisStore given one node of a 3-master Redis
+//                      Cluster (3 replicas)                          vs  one SET NX sent to the
+//                                                                        key's master (hiredis)
+//   redis_cluster_batch   handle_batch of 100 on the same cluster    vs  100 SET NX, pipelined
+//                                                                        per master
 
 #include <benchmark/benchmark.h>
 
+#include <array>
 #include <cctype>
 #include <chrono>
 #include <cstdint>
@@ -40,11 +46,13 @@
 #include "bench.hpp"
 #include "idem/idem.hpp"
 #include "idem/observers/prometheus.hpp"
+#include "idem/redis/cluster.hpp"
 #include "idem/store/memory.hpp"
 #include "idem/store/mysql.hpp"
 #include "idem/store/postgres.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
+#include "idem/testing/redis_cluster.hpp"
 
 namespace idem_bench {
 namespace {
@@ -691,6 +699,129 @@ void run_redis_cases() {
     }
     note("redis_server_time");
     emit(redis_server_time(raw, handler, idem_seq, raw_seq, server_pid));
+    benchmark::ClearRegisteredBenchmarks();
+}
+
+namespace {
+
+/// The raw twin of the cluster cases: a hiredis connection per master and the slot map read
+/// once (CLUSTER SLOTS), as any cluster-aware client does; each SET NX goes to its key's master.
+class RawCluster {
+  public:
+    explicit RawCluster(idem_test::RedisCluster& cluster) {
+        RawRedis first{cluster.host(), cluster.port(0)};
+        auto slots = first.command({"CLUSTER", "SLOTS"});
+        for (std::size_t r = 0; r < slots->elements; ++r) {
+            const redisReply* range = slots->element[r];
+            const redisReply* master = range->element[2];
+            const int port = static_cast<int>(master->element[1]->integer);
+            std::size_t node = nodes_.size();
+            for (std::size_t n = 0; n < ports_.size(); ++n)
+                if (ports_[n] == port) node = n;
+            if (node == nodes_.size()) {
+                ports_.push_back(port);
+                nodes_.push_back(std::make_unique<RawRedis>(cluster.host(), port));
+            }
+            for (long long slot = range->element[0]->integer; slot <= range->element[1]->integer;
+                 ++slot)
+                owner_[static_cast<std::size_t>(slot)] = node;
+        }
+    }
+    bool set_nx(const std::string& key) {
+        return nodes_[owner_[idem::redis::hash_slot(key)]]->set_nx(key);
+    }
+    /// One pipeline per master.
+    std::size_t set_nx_pipelined(const std::vector<std::string>& keys) {
+        std::vector<std::vector<std::string>> per_node(nodes_.size());
+        for (const auto& key : keys)
+            per_node[owner_[idem::redis::hash_slot(key)]].push_back(key);
+        std::size_t set = 0;
+        for (std::size_t n = 0; n < nodes_.size(); ++n) {
+            if (!per_node[n].empty()) set += nodes_[n]->set_nx_pipelined(per_node[n]);
+        }
+        return set;
+    }
+    [[nodiscard]] std::uint64_t round_trips() const {
+        std::uint64_t total = 0;
+        for (const auto& node : nodes_)
+            total += node->round_trips();
+        return total;
+    }
+
+  private:
+    std::vector<int> ports_;
+    std::vector<std::unique_ptr<RawRedis>> nodes_;
+    std::array<std::size_t, idem::redis::slot_count> owner_{};
+};
+
+}  // namespace
+
+void run_redis_cluster_cases() {
+    const bool single = selected("redis_cluster_single");
+    const bool batch = selected("redis_cluster_batch");
+    if (!single && !batch) return;
+    note("redis_cluster: starting 6 redis-server --cluster-enabled yes");
+    idem_test::RedisCluster cluster;
+    idem::RedisEndpoint one_node;
+    one_node.host = cluster.host();
+    one_node.port = cluster.port(0);
+    idem::RedisStore store{one_node};
+    RawCluster raw{cluster};
+    auto handler = idem::make_handler(store, idem::Policy{scope}, redis_claim_only_effect);
+    std::uint64_t idem_seq = 0;
+    std::uint64_t raw_seq = 0;
+    const Meter idem_meter{[&store] { return store.round_trips(); }, 0};
+    const Meter raw_meter{[&raw] { return raw.round_trips(); }, 0};
+
+    add_idem<Shape::single>("redis_cluster_single/idem", handler, idem_seq, idem_meter);
+    add("redis_cluster_single/raw", [&](benchmark::State& state) {
+        counted(state, raw_seq, raw_meter, [&] {
+            for (auto _ : state) {
+                if (!raw.set_nx("raw:" + message_id(++raw_seq))) {
+                    state.SkipWithError("SET NX refused a new key");
+                    break;
+                }
+            }
+        });
+    });
+    add_idem<Shape::batch>("redis_cluster_batch/idem", handler, idem_seq, idem_meter);
+    add("redis_cluster_batch/raw", [&](benchmark::State& state) {
+        std::vector<std::string> keys;
+        counted(state, raw_seq, raw_meter, [&] {
+            for (auto _ : state) {
+                keys.clear();
+                for (int i = 0; i < batch_size; ++i)
+                    keys.push_back("raw:" + message_id(++raw_seq));
+                if (raw.set_nx_pipelined(keys) != keys.size()) {
+                    state.SkipWithError("SET NX refused a new key");
+                    break;
+                }
+            }
+        });
+    });
+    const char* setup =
+        "3 masters + 3 replicas on this machine (appendonly yes, appendfsync always), client "
+        "and servers unpinned; the store was given one node's address";
+    std::optional<Alternated> single_result;
+    if (single) {
+        Json line;
+        single_result = compare("redis_cluster_single", "redis_cluster", 1, line);
+        line.str("redis", setup);
+        emit(line);
+    }
+    if (batch) {
+        Json line;
+        const Alternated result = compare("redis_cluster_batch", "redis_cluster", batch_size, line);
+        line.str("redis", setup);
+        if (result.error.empty()) add_versus(line, result, single_result);
+        emit(line);
+    }
+    const idem::redis::RedirectCounts seen = store.redirects();
+    emit(Json()
+             .str("bench", "redis_cluster_redirects")
+             .integer("moved", static_cast<long long>(seen.moved))
+             .integer("ask", static_cast<long long>(seen.ask))
+             .integer("slot_maps_read", static_cast<long long>(seen.refreshes)));
     benchmark::ClearRegisteredBenchmarks();
 }
 

@@ -194,6 +194,7 @@ class Router {
         : seeds_(std::move(seeds)), options_(options) {
         if (seeds_.empty()) throw usage_error("idem::redis::Router: no address given");
         nodes_.push_back(std::make_unique<Node>(seeds_.front(), options_));
+        server_.store(nodes_.front().get(), std::memory_order_release);
     }
     Router(const Router&) = delete;
     Router& operator=(const Router&) = delete;
@@ -249,7 +250,7 @@ class Router {
     Reply on_slot(std::uint16_t slot, Fn&& fn) {
         detect();
         if (!cluster_.load(std::memory_order_acquire)) {
-            Reply reply = with_node(*nodes_.front(), fn);
+            Reply reply = with_node(server(), fn);
             if (!is_redirect(reply)) return reply;
             become_cluster();  // INFO said nothing, but this is a cluster
         }
@@ -267,7 +268,7 @@ class Router {
     void on_each_master(Fn&& fn) {
         detect();
         if (!cluster_.load(std::memory_order_acquire)) {
-            with_node(*nodes_.front(), fn);
+            with_node(server(), fn);
             return;
         }
         for (Node* node : masters()) {
@@ -283,7 +284,7 @@ class Router {
         detect();
         if (!cluster_.load(std::memory_order_acquire)) {
             std::vector<Reply> replies =
-                with_node(*nodes_.front(), [&](Connection& c) { return c.pipeline(commands); });
+                with_node(server(), [&](Connection& c) { return c.pipeline(commands); });
             if (std::none_of(replies.begin(), replies.end(),
                              [](const Reply& r) { return is_redirect(r); })) {
                 return replies;
@@ -336,7 +337,7 @@ class Router {
         const bool cluster = cluster_.load(std::memory_order_acquire);
         auto groups = cluster ? by_node(slots)
                               : std::vector<std::pair<Node*, std::vector<std::size_t>>>{
-                                    {nodes_.front().get(), all_indexes(calls.size())}};
+                                    {&server(), all_indexes(calls.size())}};
         for (auto& [node, indexes] : groups) {
             std::vector<std::size_t> num_keys;
             std::vector<const Args*> args;
@@ -394,7 +395,7 @@ class Router {
     /// @brief The address of the master serving @p slot now (standalone: the server).
     Endpoint master_of(std::uint16_t slot) {
         detect();
-        if (!cluster_.load(std::memory_order_acquire)) return nodes_.front()->pool.endpoint();
+        if (!cluster_.load(std::memory_order_acquire)) return server().pool.endpoint();
         return node_for(slot).pool.endpoint();
     }
 
@@ -404,6 +405,10 @@ class Router {
         Pool pool;
         std::atomic<bool> checked{false};  ///< first_use_ ran and passed
     };
+
+    /// The standalone server (the first seed, or the seed that answered): read without the
+    /// mutex, which guards nodes_ growing.
+    Node& server() const noexcept { return *server_.load(std::memory_order_acquire); }
 
     static constexpr int max_redirects = 16;
     static constexpr int max_waits = 12;  ///< TRYAGAIN / CLUSTERDOWN: 10 ms doubling to 320 ms
@@ -556,7 +561,7 @@ class Router {
                 };
                 bool cluster = false;
                 if (i == 0) {
-                    Node& first = *nodes_.front();
+                    Node& first = server();
                     std::unique_ptr<Connection> connection = first.pool.acquire();
                     try {
                         cluster = ask(*connection);
@@ -570,7 +575,8 @@ class Router {
                     cluster = ask(probe);
                     if (!cluster) {  // a standalone server: the seed that answered
                         std::lock_guard<std::mutex> nodes_lock(mutex_);
-                        nodes_.front() = std::make_unique<Node>(seeds_[i], options_);
+                        nodes_.push_back(std::make_unique<Node>(seeds_[i], options_));
+                        server_.store(nodes_.back().get(), std::memory_order_release);
                     }
                 }
                 cluster_.store(cluster, std::memory_order_release);
@@ -674,7 +680,7 @@ class Router {
     }
 
     Node& any_master() {
-        if (!cluster_.load(std::memory_order_acquire)) return *nodes_.front();
+        if (!cluster_.load(std::memory_order_acquire)) return server();
         std::vector<Node*> all = masters();
         if (all.empty()) throw store_unavailable("idem: the Redis Cluster has no master");
         return *all.front();
@@ -720,9 +726,10 @@ class Router {
     std::mutex detect_mutex_;
     std::atomic<bool> detected_{false};
     std::atomic<bool> cluster_{false};
-    std::atomic<bool> stale_{false};            ///< read the slot map again before the next command
-    std::mutex mutex_;                          ///< nodes_, owners_
-    std::vector<std::unique_ptr<Node>> nodes_;  ///< [0]: the standalone server / first seed
+    std::atomic<bool> stale_{false};  ///< read the slot map again before the next command
+    std::mutex mutex_;                ///< nodes_, owners_
+    std::vector<std::unique_ptr<Node>> nodes_;
+    std::atomic<Node*> server_{nullptr};
     std::array<Node*, slot_count> owners_{};
     std::atomic<std::size_t> round_trips_{0};
     std::atomic<std::size_t> moved_{0};

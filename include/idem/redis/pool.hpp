@@ -1,7 +1,7 @@
 #pragma once
 /// @file
-/// @brief idem::redis::Pool: the connections to ONE address (a router for Cluster or Sentinel
-/// would own one pool per node). At most max_connections open (in use and idle together), a wait
+/// @brief idem::redis::Pool: the connections to ONE address (redis::Router, cluster.hpp, owns one
+/// per node of a Redis Cluster). At most max_connections open (in use and idle together), a wait
 /// of wait_timeout for one to come free, a PING for one idle longer than ping_idle_after, and a
 /// fresh pool in a fork()ed child. Link idem::redis.
 

@@ -593,8 +593,8 @@ class RedisStore::Transaction {
     /// @brief Claims many ids of one scope in ONE round trip (pipelined SETs; one more for the
     /// ids other workers hold or released, together); results in order. An id repeated in @p ids is
     /// a duplicate of its first copy. @p fingerprints is empty or one per id. Used by
-    /// IdempotentHandler::handle_batch. The keys of different ids are in different Cluster
-    /// slots: on a Cluster, handle one message per transaction (docs/redis.md).
+    /// IdempotentHandler::handle_batch. On a Redis Cluster the SETs are pipelined per node (one
+    /// round trip per node, not per id) and the contested ids' scripts per hash slot.
     std::vector<ClaimResult> claim_many(std::string_view scope,
                                         const std::vector<std::string_view>& ids,
                                         const std::vector<std::string>& fingerprints = {}) {
