@@ -6,6 +6,7 @@
 #   ./scripts/chaos.sh --store redis --messages 2000
 #   ./scripts/chaos.sh --store postgres --workers 6 --seed 7
 #   ./scripts/chaos.sh --store mysql --messages 2000     # its own mariadbd
+#   ./scripts/chaos.sh --store redis-cluster             # a 3-master cluster; a master killed too
 #   ./scripts/chaos.sh --naive            # the negative control: divergences > 0, exit status 1
 #   ./scripts/chaos.sh --help
 # Installs missing Debian packages first (scripts/deps.sh). Build output goes to stderr, so stdout

@@ -23,7 +23,9 @@ IDEM_DEB_PACKAGES=(
     util-linux          # setarch (TSan runs with ASLR off on high-entropy kernels)
     postgresql          # PostgreSQL server (initdb, postgres): tests start their own cluster
     libpq-dev           # libpq, the PostgreSQL store's client library (pg_config)
-    redis-server        # Redis server: tests start their own (AOF, appendfsync always)
+    redis-server        # Redis server: tests start their own (AOF, appendfsync always); also the
+                        # Sentinels (redis-server --sentinel: the redis-sentinel package is a link)
+    redis-tools         # redis-cli: redis-cli --cluster create for the Redis Cluster fixture
     libhiredis-dev      # hiredis, the Redis store's client library
     mariadb-server      # MariaDB 10.11 (mariadb-install-db, mariadbd): tests start their own
     libmariadb-dev      # libmariadb (Connector/C, mysql.h), the MySQL/MariaDB store's client

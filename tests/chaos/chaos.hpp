@@ -8,14 +8,16 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "idem/mysql/options.hpp"
+#include "idem/redis/endpoint.hpp"
 
 #include <sys/types.h>
 
 namespace chaos {
 
-enum class StoreKind { sqlite, postgres, redis, mysql };
+enum class StoreKind { sqlite, postgres, redis, mysql, redis_cluster };
 
 /// What carries the capture messages (--broker). The run's redis-server (gateway, counters) is
 /// there whatever the broker.
@@ -43,6 +45,8 @@ inline const char* to_string(StoreKind kind) {
             return "redis";
         case StoreKind::mysql:
             return "mysql";
+        case StoreKind::redis_cluster:
+            return "redis-cluster";
     }
     return "?";
 }
@@ -58,6 +62,24 @@ inline idem::MysqlEndpoint mysql_endpoint_of(const std::string& db) {
     endpoint.database = db.substr(slash + 1);
     endpoint.user = "root";
     return endpoint;
+}
+
+/// --store redis-cluster: the workers' --db is "host:port,host:port,..." (every node: seeds).
+inline std::vector<idem::RedisEndpoint> redis_cluster_seeds_of(const std::string& db) {
+    std::vector<idem::RedisEndpoint> seeds;
+    std::size_t start = 0;
+    while (start < db.size()) {
+        std::size_t end = db.find(',', start);
+        if (end == std::string::npos) end = db.size();
+        const std::string address = db.substr(start, end - start);
+        const auto colon = address.rfind(':');
+        idem::RedisEndpoint seed;
+        seed.host = address.substr(0, colon);
+        seed.port = std::stoi(address.substr(colon + 1));
+        seeds.push_back(seed);
+        start = end + 1;
+    }
+    return seeds;
 }
 
 /// The named crash windows: where a worker may kill itself (raise(SIGKILL)).

@@ -40,6 +40,7 @@
 #include "support/mariadb_server.hpp"
 #include "support/postgres_server.hpp"
 #include "support/process.hpp"
+#include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 
 extern char** environ;
@@ -293,6 +294,36 @@ CapturesByOrder mysql_captures(idem_test::MariadbServer& server) {
     return out;
 }
 
+/// --store redis-cluster: every "chaos:captures:<order>{<claim tag>}" list on every live master.
+CapturesByOrder redis_cluster_captures(idem_test::RedisCluster& cluster) {
+    CapturesByOrder out;
+    for (std::size_t node = 0; node < cluster.size(); ++node) {
+        if (!cluster.server(node).running() || !cluster.is_master(node)) continue;
+        idem::RedisEndpoint endpoint;
+        endpoint.host = cluster.host();
+        endpoint.port = cluster.port(node);
+        idem::RedisConnection redis{endpoint};
+        std::vector<std::string> keys;
+        std::string cursor = "0";
+        do {
+            const auto reply = redis.checked(
+                {"SCAN", cursor, "MATCH", "chaos:captures:*", "COUNT", "1000"}, "SCAN");
+            cursor = reply.elements.at(0).str;
+            for (const auto& key : reply.elements.at(1).elements)
+                keys.push_back(key.str);
+        } while (cursor != "0");
+        std::sort(keys.begin(), keys.end());
+        keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+        const auto lists = lists_of(redis, keys);
+        for (std::size_t k = 0; k < keys.size(); ++k) {
+            const std::string digits = keys[k].substr(std::strlen("chaos:captures:"));
+            auto& captures = out[std::stol(digits)];
+            captures.insert(captures.end(), lists[k].begin(), lists[k].end());
+        }
+    }
+    return out;
+}
+
 CapturesByOrder redis_captures(idem::RedisConnection& redis, long messages) {
     std::vector<std::string> keys;
     for (long order = 1; order <= messages; ++order)
@@ -358,6 +389,9 @@ int run_driver(const Options& o) {
     if (o.store == StoreKind::mysql && !idem_test::MariadbServer::available(&why)) {
         return missing_server("MariaDB", why);
     }
+    if (o.store == StoreKind::redis_cluster && !idem_test::RedisCluster::available(&why)) {
+        return missing_server("Redis Cluster (redis-server, redis-cli)", why);
+    }
     struct sigaction action {};
     action.sa_handler = on_interrupt;
     sigemptyset(&action.sa_mask);
@@ -380,6 +414,7 @@ int run_driver(const Options& o) {
 
     std::optional<idem_test::PostgresServer> pg;
     std::optional<idem_test::MariadbServer> maria;
+    std::optional<idem_test::RedisCluster> cluster;  // the store; the stream and gateway stay out
     RunDir run_dir;
     std::string db;
     switch (o.store) {
@@ -413,6 +448,14 @@ int run_driver(const Options& o) {
         }
         case StoreKind::redis:
             break;
+        case StoreKind::redis_cluster: {
+            say("starting a Redis Cluster");
+            cluster.emplace(3, 1, std::chrono::milliseconds(1000));
+            for (std::size_t node = 0; node < cluster->size(); ++node)
+                db += fmt::format("{}{}:{}", node == 0 ? "" : ",", cluster->host(),
+                                  cluster->port(node));
+            break;
+        }
     }
 
     // --- broker and producer ---------------------------------------------------------------------
@@ -439,6 +482,7 @@ int run_driver(const Options& o) {
     auto next_look = SteadyClock::now();
     bool drained = false;
     bool timed_out = false;
+    bool master_killed = false;
     while (!interrupted) {
         fleet.reap();
         const auto now = SteadyClock::now();
@@ -448,6 +492,19 @@ int run_driver(const Options& o) {
         }
         if (now >= next_look) {
             next_look = now + 50ms;
+            // --store redis-cluster: a third of the way in (by the deliveries the workers
+            // counted, whatever the broker), the master of slot 0 is SIGKILLed; once its replica
+            // took over, it comes back as that replica's replica.
+            if (cluster && !master_killed && get_int(redis, delivered_key) >= o.messages / 3) {
+                master_killed = true;
+                const std::size_t victim = cluster->master_index_of(0);
+                say("killing a Redis Cluster master");
+                cluster->kill_node(victim);
+                if (!cluster->wait_until_ok(std::chrono::seconds(60))) {
+                    throw std::runtime_error("the Redis Cluster did not recover from the kill");
+                }
+                cluster->restart_node(victim);
+            }
             if (broker->drained()) {
                 drained = true;
                 break;
@@ -497,6 +554,14 @@ int run_driver(const Options& o) {
         case StoreKind::redis: {
             captures_by_order = redis_captures(redis, o.messages);
             idem::RedisStore store{endpoint};
+            for (const auto& letter : store.dead_letters())
+                dead_lettered_ids.insert(letter.message_id);
+            break;
+        }
+        case StoreKind::redis_cluster: {
+            cluster->wait_until_ok(std::chrono::seconds(60));
+            captures_by_order = redis_cluster_captures(*cluster);
+            idem::RedisStore store{redis_cluster_seeds_of(db)};
             for (const auto& letter : store.dead_letters())
                 dead_lettered_ids.insert(letter.message_id);
             break;
@@ -598,6 +663,18 @@ int run_driver(const Options& o) {
     if (fleet.kills() == 0) {
         std::printf("idem_chaos: no worker was killed: the run proved nothing\n");
         status = std::max(status, exit_failed);
+    }
+    if (cluster) {
+        if (master_killed) {
+            std::printf(
+                "redis-cluster: the master of slot 0 was SIGKILLed a third of the way in; "
+                "its replica took over, the killed node came back as its replica\n");
+        } else {
+            std::printf(
+                "idem_chaos: no Redis Cluster master was killed: the run proved nothing "
+                "about a failover\n");
+            status = std::max(status, exit_failed);
+        }
     }
     std::printf(
         "{\"store\":\"%s\",\"broker\":\"%s\",\"messages\":%ld,\"workers\":%d,\"kills\":%ld,"

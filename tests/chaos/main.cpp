@@ -12,14 +12,16 @@
 namespace {
 
 constexpr const char* usage =
-    "usage: idem_chaos [--store sqlite|postgres|redis|mysql] [--broker redis|rabbitmq|nats]\n"
-    "                  [--messages N] [--workers K] [--seed S]\n"
+    "usage: idem_chaos [--store sqlite|postgres|redis|mysql|redis-cluster]\n"
+    "                  [--broker redis|rabbitmq|nats] [--messages N] [--workers K] [--seed S]\n"
     "                  [--naive] [--kill-rate P] [--kill-interval-ms MS] [--visibility-ms MS]\n"
     "                  [--latency-ms MS] [--inflight-ms MS] [--max-deliveries N] [--timeout S]\n"
     "\n"
     "  --store           the idem store the workers use (default sqlite); redis-server always "
     "runs\n"
-    "                    (gateway, counters), PostgreSQL only for --store postgres\n"
+    "                    (gateway, counters), PostgreSQL only for --store postgres;\n"
+    "                    redis-cluster: a 3-master Redis Cluster (replicas_to_ack = 1) whose\n"
+    "                    slot-0 master is SIGKILLed a third of the way in\n"
     "  --broker          what carries the messages (default redis: a Redis stream in the run's\n"
     "                    redis-server; rabbitmq: a quorum queue; nats: a JetStream stream)\n"
     "  --messages        capture messages, order ids 1..N (default 2000)\n"
@@ -78,9 +80,12 @@ chaos::Options parse(int argc, char** argv) {
                 o.store = chaos::StoreKind::redis;
             } else if (store == "mysql") {
                 o.store = chaos::StoreKind::mysql;
+            } else if (store == "redis-cluster") {
+                o.store = chaos::StoreKind::redis_cluster;
             } else {
-                throw std::invalid_argument("--store is sqlite, postgres, redis or mysql, not '" +
-                                            store + "'");
+                throw std::invalid_argument(
+                    "--store is sqlite, postgres, redis, mysql or redis-cluster, not '" + store +
+                    "'");
             }
         } else if (arg == "--broker") {
             const std::string broker = value();

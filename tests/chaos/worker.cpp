@@ -107,7 +107,9 @@ void record_capture(idem::MysqlStore::Transaction& tx, long order, const std::st
     tx.execute("INSERT INTO captures(order_id, gateway_reference) VALUES (?, ?)", order, reference);
 }
 void record_capture(idem::RedisStore::Transaction& tx, long order, const std::string& reference) {
-    tx.write("RPUSH", redis_captures_key(order), reference);  // applied by the commit script
+    // Applied by the commit script; on a Cluster in the claim's slot (its hash tag), atomically.
+    const std::string tag = tx.store().is_cluster() ? tx.claim_tag() : std::string();
+    tx.write("RPUSH", redis_captures_key(order) + tag, reference);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -257,6 +259,14 @@ int run_worker(const Options& options) {
             }
             case StoreKind::redis: {
                 idem::RedisStore store{endpoint};
+                return consume(store, options, endpoint, random);
+            }
+            case StoreKind::redis_cluster: {
+                // A master is killed mid-run: commits wait for a replica (WAIT 1).
+                idem::RedisOptions redis_options;
+                redis_options.replicas_to_ack = 1;
+                redis_options.replicas_timeout = std::chrono::milliseconds(200);
+                idem::RedisStore store{redis_cluster_seeds_of(options.db), redis_options};
                 return consume(store, options, endpoint, random);
             }
             case StoreKind::mysql: {

@@ -990,6 +990,17 @@ class RedisStore::Transaction {
         return result;
     }
 
+    /// @brief The hash tag (`{scope:id}`) of the claim whose effect is running; empty when there
+    /// is none. Append it to the effect's own keys (`"captures:42" + tx.claim_tag()`) and they
+    /// share the claim's Cluster slot, so the commit writes them atomically with the claim.
+    [[nodiscard]] std::string claim_tag() const {
+        const std::string owner = current_owner();
+        const std::size_t open = owner.find('{');
+        const std::size_t close = owner.find('}', open);
+        if (open == std::string::npos || close == std::string::npos) return {};
+        return owner.substr(open, close - open + 1);
+    }
+
     /// @brief The token fencing this transaction's leases (for logs and tests).
     [[nodiscard]] const std::string& token() const noexcept { return token_; }
     [[nodiscard]] RedisStore& store() noexcept { return *store_; }
