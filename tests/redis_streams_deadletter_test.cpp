@@ -64,6 +64,36 @@ TEST_F(StreamConsumerTest, PoisonReachesTheDeadLetterStreamAtMaxDeliveriesAndIsA
     EXPECT_EQ(stored[0].payload, R"([["order","42"],["amount","12.50"]])");
 }
 
+TEST_F(StreamConsumerTest, HealthReportsPendingEntriesAndTheDeadLetterDepth) {
+    idem::MemoryStore store;
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 2;
+    auto handler = idem::make_handler(store, idem::Policy{"capture", policy},
+                                      [&](auto&, const StreamEntry& e) {
+                                          if (e.field("poison")) throw std::runtime_error("bad");
+                                      });
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> reports;  // (pending, depth)
+    std::string named;
+    bool circuit_open = true;
+    auto options = fast_options("orders");
+    options.health_interval = std::chrono::milliseconds(0);
+    options.on_health = [&](const idem::ConsumerHealth& h) {
+        named = std::string(h.consumer) + " -> " + std::string(h.dead_letter_destination);
+        circuit_open = h.circuit_open;
+        reports.emplace_back(h.pending.value_or(999), h.dead_letter_depth.value_or(999));
+    };
+    StreamConsumer consumer{endpoint(), options, handler};
+    xadd("orders", {{"poison", "1"}});
+    ASSERT_TRUE(poll_until(consumer, [&] { return !reports.empty(); }));
+    EXPECT_EQ(reports.front(),
+              std::make_pair(std::uint64_t{1}, std::uint64_t{0}));  // held, 0 parked
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+    consumer.poll_once();
+    EXPECT_EQ(reports.back(), std::make_pair(std::uint64_t{0}, std::uint64_t{1}));  // parked
+    EXPECT_EQ(named, "orders/" + options.group + " -> orders:dead-letters");
+    EXPECT_FALSE(circuit_open);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. Malformed
 
@@ -152,6 +182,49 @@ TEST_F(StreamConsumerTest, HostileFieldsRoundTripThroughTheRedisStoreCommit) {
     }
     EXPECT_NE(stored[0].payload.find(R"(\u0000)"), std::string::npos);
     EXPECT_NE(stored[0].payload.find(R"(\u00ff)"), std::string::npos);
+}
+
+// The consumer's own dead-letter copy goes through the policy's redactor like the store's: on a
+// store whose consumer writes the dead-letter stream (memory) and on one whose commit does
+// (RedisStore, the commit hook).
+TEST_F(StreamConsumerTest, TheDeadLetterStreamKeepsOnlyTheRedactedFields) {
+    const Fields fields{{"order", "7"}, {"card", "4111 1111 1111 1111"}};
+    idem::PolicyOptions policy;
+    policy.redact_payload = idem::mask_card_numbers;
+    auto reject = [](auto&, const StreamEntry& e) -> void {
+        throw idem::malformed_message("card " + std::string(*e.field("card")) + " refused");
+    };
+    auto check = [&](const std::string& where) {
+        const auto letters = dead_letters();
+        ASSERT_EQ(letters.size(), 1u) << where;
+        const std::string reason = letters[0].meta.at("idem-reason");
+        EXPECT_EQ(reason.find("4111 1111 1111 1111"), std::string::npos) << where << ": " << reason;
+        EXPECT_NE(reason.find("card **** **** **** 1111 refused"), std::string::npos)
+            << where << ": " << reason;  // redacted once
+        ASSERT_EQ(letters[0].original.size(), 2u) << where;
+        EXPECT_EQ(letters[0].original[0], fields[0]) << where;
+        EXPECT_EQ(letters[0].original[1].second.find("1111 1111"), std::string::npos)
+            << where << ": " << letters[0].original[1].second;
+    };
+    {
+        idem::MemoryStore store;
+        auto handler = idem::make_handler(store, idem::Policy{"capture", policy}, reject);
+        StreamConsumer consumer{endpoint(), fast_options("orders"), handler};
+        xadd("orders", fields);
+        ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+        EXPECT_EQ(consumer.stats().acked_in_commit, 0u);
+        check("memory store, the consumer's copy");
+    }
+    server_->flushall();
+    {
+        idem::RedisStore store{endpoint(), store_options(100ms)};
+        auto handler = idem::make_handler(store, idem::Policy{"capture", policy}, reject);
+        StreamConsumer consumer{endpoint(), fast_options("orders"), handler};
+        xadd("orders", fields);
+        ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+        EXPECT_EQ(consumer.stats().acked_in_commit, 1u);
+        check("RedisStore, the commit's copy");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
