@@ -424,7 +424,8 @@ class IdempotentHandler {
         }
         try {
             if constexpr (runs_before_claim) {
-                if (auto done = decide_local(delivery, body, hook)) return std::move(*done);
+                if (auto done = decide_local(delivery, body, hook, measure))
+                    return std::move(*done);
             }
             Attempt attempted;
             {
@@ -459,7 +460,7 @@ class IdempotentHandler {
     /// it again there leaves no trace.
     template <class Body>
     std::optional<Outcome> decide_local(const Delivery& delivery, const Body& body,
-                                        CommitHook* hook) {
+                                        CommitHook* hook, detail::Measure* measure) {
         const std::uint32_t count = delivery.delivery_count.value();
         if (count == 0 || count >= policy_.max_deliveries() || older_than_gateway_keys(delivery)) {
             return std::nullopt;
@@ -475,7 +476,11 @@ class IdempotentHandler {
         std::optional<Outcome> threw;
         tx.savepoint();
         try {
-            EffectResult result = detail::run_effect(*effect_, tx, body, delivery);
+            EffectResult result = EffectResult::applied();
+            {
+                const detail::EffectTimer timer(measure);
+                result = detail::run_effect(*effect_, tx, body, delivery);
+            }
             switch (result.kind()) {
                 case EffectResult::Kind::applied:
                     tx.release_savepoint();
@@ -502,7 +507,10 @@ class IdempotentHandler {
                 failed_outcome("effect threw a non-standard exception", FailureCause::effect_threw);
         }
         if (threw) tx.rollback_to_savepoint();  // the attempt is counted, nothing applied
+        const auto sent = measure != nullptr ? std::chrono::steady_clock::now()
+                                             : std::chrono::steady_clock::time_point{};
         const ClaimAndCommitResult answer = tx.claim_and_commit(request);
+        if (measure != nullptr) measure->commit_in = detail::since(sent);
         switch (answer.status) {
             case ClaimAndCommitStatus::committed:
                 if (threw) return threw;
