@@ -278,7 +278,9 @@ void run_observer_cases() {
         line.num("observed_ns_per_msg", result.idem_ns())
             .num("unobserved_ns_per_msg", result.raw_ns())
             .num("observer_ns_per_msg", result.idem_ns() - result.raw_ns())
-            .str("observer", "PrometheusObserver (counters + idem_handle_seconds)");
+            .str("observer",
+                 "PrometheusObserver (counters + idem_handle_seconds, idem_effect_seconds, "
+                 "idem_commit_seconds)");
     }
     emit(line);
     benchmark::ClearRegisteredBenchmarks();
@@ -503,18 +505,25 @@ namespace {
 /// Where a Redis message's server time goes: SLOWLOG with a 0 µs threshold records how long
 /// each command ran inside redis-server (without reading, writing or the AOF fsync), for a few
 /// hundred messages of each kind; medians per command kind.
-template <class Handler>
-Json redis_server_time(RawRedis& raw, Handler& handler, std::uint64_t& idem_seq,
-                       std::uint64_t& raw_seq, pid_t server_pid) {
+template <class Handler, class LocalHandler>
+Json redis_server_time(RawRedis& raw, Handler& handler, LocalHandler& local_handler,
+                       std::uint64_t& idem_seq, std::uint64_t& raw_seq, pid_t server_pid) {
     constexpr int singles = 500;
     constexpr int batches = 10;
     raw.command({"CONFIG", "SET", "slowlog-max-len", "100000"});
     raw.command({"CONFIG", "SET", "slowlog-log-slower-than", "0"});
     raw.command({"SLOWLOG", "RESET"});
     const std::uint64_t cpu_before = task_cpu_ns(server_pid);
+    std::vector<std::vector<std::string>> both(2);
     for (int i = 0; i < singles; ++i) {
         require_processed(handle_next(handler, idem_seq), "redis_server_time");
         raw.set_nx("raw:" + message_id(++raw_seq));
+        // A local effect's one script, against its raw twin (SET NX + SET, pipelined).
+        require_processed(handle_next(local_handler, idem_seq), "redis_server_time");
+        const std::string id = message_id(++raw_seq);
+        both[0] = {"SET", "raw:" + id, "1", "NX"};
+        both[1] = {"SET", "rawfx:" + id, "1"};
+        raw.pipeline(both);
     }
     std::vector<idem::Delivery> deliveries;
     std::vector<Order> bodies;
@@ -537,7 +546,8 @@ Json redis_server_time(RawRedis& raw, Handler& handler, std::uint64_t& idem_seq,
     };
     const std::string claim_sha = sha_of(idem::detail::redis_claim_script());
     const std::string commit_sha = sha_of(idem::detail::redis_complete_script());
-    std::vector<double> claim, claim_batch, claim_set, commit, commit_batch, set_nx;
+    const std::string local_sha = sha_of(idem::redis::claim_commit_script());
+    std::vector<double> claim, claim_batch, claim_set, commit, commit_batch, set_nx, local, raw_fx;
     for (std::size_t i = 0; i < log->elements; ++i) {
         const redisReply* entry = log->element[i];
         if (entry->elements < 4) continue;
@@ -549,7 +559,9 @@ Json redis_server_time(RawRedis& raw, Handler& handler, std::uint64_t& idem_seq,
             c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
         const std::string sha(args->element[1]->str, args->element[1]->len);
         const std::string keys_arg(args->element[2]->str, args->element[2]->len);
-        if (name == "EVALSHA" && sha == claim_sha) {
+        if (name == "EVALSHA" && sha == local_sha) {
+            local.push_back(us);
+        } else if (name == "EVALSHA" && sha == claim_sha) {
             (keys_arg == "1" ? claim : claim_batch).push_back(us);
         } else if (name == "EVALSHA" && sha == commit_sha) {
             // One message's commit: its record as its one key (2 keys in the hash layout).
@@ -561,6 +573,7 @@ Json redis_server_time(RawRedis& raw, Handler& handler, std::uint64_t& idem_seq,
                 args->elements == 7 && key.substr(0, 5) == "idem:" &&
                 std::string_view(args->element[6]->str, args->element[6]->len) == "GET";
             if (key.substr(0, 4) == "raw:") set_nx.push_back(us);
+            if (key.substr(0, 6) == "rawfx:") raw_fx.push_back(us);
             if (claim_by_set) claim_set.push_back(us);
         }
     }
@@ -576,12 +589,14 @@ Json redis_server_time(RawRedis& raw, Handler& handler, std::uint64_t& idem_seq,
         .num("claim_script_batch100_us", median(claim_batch), 1)
         .num("commit_script_batch100_us", median(commit_batch), 1)
         .num("set_nx_us", median(set_nx), 1)
+        .num("local_claim_commit_script_us", median(local), 1)
+        .num("raw_plain_set_us", median(raw_fx), 1)
         .integer("claims_logged",
                  static_cast<long long>(claim_set.size() + claim.size() + claim_batch.size()))
         .integer("commits_logged", static_cast<long long>(commit.size() + commit_batch.size()))
         .integer("set_nx_logged", static_cast<long long>(set_nx.size()))
         .num("server_cpu_us_total", static_cast<double>(cpu_ns) / 1000, 0)
-        .integer("messages_each_side", singles + batches * batch_size);
+        .integer("messages_each_side", 2 * singles + batches * batch_size);
     return line;
 }
 
@@ -798,7 +813,7 @@ void run_redis_cases() {
         emit(line);
     }
     note("redis_server_time");
-    emit(redis_server_time(raw, handler, idem_seq, raw_seq, server_pid));
+    emit(redis_server_time(raw, handler, local_handler, idem_seq, raw_seq, server_pid));
     benchmark::ClearRegisteredBenchmarks();
 }
 

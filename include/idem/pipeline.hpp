@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -102,7 +103,7 @@ class PipelinedLoop {
         try {
             held->tx.commit();
         } catch (const std::exception& e) {
-            outcome = Handler::failure(e);
+            outcome = handler_->failure(e);
         }
         settle(out, std::move(*held), std::move(outcome));
         return out;
@@ -116,6 +117,10 @@ class PipelinedLoop {
         Outcome outcome;  ///< what the attempt decided, final once the commit says committed
         std::unique_ptr<CommitHook> hook;
         std::chrono::nanoseconds handled_in{};
+        detail::Measure measure{};
+        std::function<void(const Delivery&, const Outcome&, std::chrono::nanoseconds,
+                           const detail::Measure&)>
+            report{};
     };
 
     template <class Body>
@@ -147,6 +152,8 @@ class PipelinedLoop {
                                                      delivery,
                                                      Outcome{},
                                                      std::move(hook),
+                                                     {},
+                                                     {},
                                                      {}});
             const std::string fingerprint = h.fingerprint_of(body);
             ClaimResult claim;
@@ -158,7 +165,7 @@ class PipelinedLoop {
                         both = previous->tx.commit_with_next_claim(
                             fresh->tx, h.policy_.scope(), delivery.message_id, fingerprint);
                     } catch (const std::exception& e) {  // the round trip: both unknown
-                        Outcome failed = Handler::failure(e);
+                        Outcome failed = h.failure(e);
                         settle(out, std::move(*previous), failed);
                         throw;
                     }
@@ -170,12 +177,20 @@ class PipelinedLoop {
                     claim = h.template claim_one<Body>(fresh->tx, delivery.message_id, fingerprint);
                 }
                 fresh->outcome = h.attempt(fresh->tx, delivery, body,
-                                           detail::PreclaimedStrategy<Transaction>{claim})
+                                           detail::PreclaimedStrategy<Transaction>{claim},
+                                           watch.on() ? &fresh->measure : nullptr)
                                      .outcome;
             } catch (const std::exception& e) {
-                fresh->outcome = Handler::failure(e);
+                fresh->outcome = handler_->failure(e);
             }
             fresh->handled_in = watch.elapsed();
+            if (h.observer_ != nullptr) {
+                // The observer's report may read the body (a gateway key): it settles later.
+                fresh->report = [&h, body](const Delivery& d, const Outcome& o,
+                                           std::chrono::nanoseconds in, const detail::Measure& m) {
+                    h.report(d, body, o, in, m);
+                };
+            }
             if (Handler::writes_something(fresh->outcome.disposition)) {
                 held_ = std::move(fresh);  // its commit goes with the next claim, or flush()
             } else {
@@ -186,11 +201,11 @@ class PipelinedLoop {
         }
     }
 
-    static Outcome failure_of(const std::exception_ptr& error) {
+    Outcome failure_of(const std::exception_ptr& error) const {
         try {
             std::rethrow_exception(error);
         } catch (const std::exception& e) {
-            return Handler::failure(e);
+            return handler_->failure(e);
         } catch (...) {
             return failed_outcome("non-standard exception", FailureCause::other);
         }
@@ -199,7 +214,11 @@ class PipelinedLoop {
     /// Reports @p outcome for @p held's message and adds it to @p out; its transaction ends here
     /// (rolled back unless its commit went through).
     void settle(std::vector<Settled>& out, Held&& held, Outcome outcome) {
-        handler_->report(held.delivery, outcome, held.handled_in);
+        if (held.report) {
+            held.report(held.delivery, outcome, held.handled_in, held.measure);
+        } else {  // no observer: report() only counts
+            handler_->counters_.count(held.delivery, outcome.disposition);
+        }
         const bool acked =
             held.hook && held.hook->acked_in_commit && outcome.disposition != Disposition::failed;
         out.push_back(
