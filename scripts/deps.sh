@@ -30,6 +30,8 @@ IDEM_DEB_PACKAGES=(
     libbenchmark-dev    # Google Benchmark: bench/ (scripts/bench.sh)
     prometheus          # promtool, and the server the /metrics scrape test starts
     libspdlog-dev       # spdlog (built on the system fmt): the idem::spdlog logging adapter
+    rabbitmq-server     # RabbitMQ 3.10 (quorum queues): tests start their own node and epmd
+    librabbitmq-dev     # rabbitmq-c 0.11, idem::rabbitmq's AMQP client
     libcpp-httplib-dev  # cpp-httplib, idem::http's /metrics endpoint (and the scrape test's client)
 )
 
