@@ -116,7 +116,7 @@ TEST_F(RabbitmqClient, APublishNoQueueTakesFailsItsConfirm) {
     connection->declare_exchange(ch, "client-unbound", "fanout");
     rmq::Publish p;
     p.exchange = "client-unbound";
-    EXPECT_THROW(connection->publish_confirmed(ch, p, "lost?"), idem::store_error);
+    EXPECT_THROW(connection->publish_confirmed(ch, p, "lost?"), idem::broker_error);
     // The channel is still usable after a returned publish.
     const std::string queue = fresh_quorum_queue("client-bound");
     connection->bind_queue(ch, queue, "client-unbound", "");

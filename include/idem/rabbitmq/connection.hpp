@@ -5,9 +5,9 @@
 /// methods a consumer needs, manual acks, and publishes that wait for the publisher confirm.
 /// Link idem::rabbitmq.
 ///
-/// Failures are typed (idem/error.hpp): the connection lost or refused → store_unavailable
-/// (the connection is dropped; connect() again), no answer within rpc_timeout → store_timeout
-/// (dropped too: the method's effect is unknown), the broker closing one channel (a missing queue,
+/// Failures are typed (idem/error.hpp): the connection lost or refused, or no answer within
+/// rpc_timeout → broker_unavailable (the connection is dropped, a timed-out method's effect is
+/// unknown; connect() again), the broker closing one channel (a missing queue,
 /// inequivalent arguments, an unknown delivery tag) → rabbitmq::channel_error with the AMQP reply
 /// code; the connection stays usable and the channel must be opened again.
 ///
@@ -59,10 +59,10 @@ inline constexpr std::uint16_t reply_precondition_failed = 406;
 /// @brief The broker closed a channel (channel.close): the channel is gone, the connection is
 /// not. reply_code is the AMQP code (404 NOT_FOUND, 406 PRECONDITION_FAILED, ...), 0 for a
 /// consumer the broker cancelled (basic.cancel: its queue was deleted).
-class channel_error : public store_error {
+class channel_error : public broker_error {
   public:
     channel_error(std::uint16_t reply_code, const std::string& what)
-        : store_error(what), reply_code_(reply_code) {}
+        : broker_error(what), reply_code_(reply_code) {}
     [[nodiscard]] std::uint16_t reply_code() const noexcept { return reply_code_; }
 
   private:
@@ -215,7 +215,7 @@ inline std::string encode(amqp_table_t table) {
             return buffer;
         }
         if (status != AMQP_STATUS_TABLE_TOO_BIG || buffer.size() > (64u << 20)) {
-            throw store_error(fmt::format("idem::rabbitmq: encoding a header table failed: {}",
+            throw broker_error(fmt::format("idem::rabbitmq: encoding a header table failed: {}",
                                           amqp_error_string2(status)));
         }
         buffer.assign(buffer.size() * 2, '\0');
@@ -255,22 +255,22 @@ class Connection {
     [[nodiscard]] bool connected() const noexcept { return state_ != nullptr; }
 
     /// @brief Opens the socket and logs in; no-op when connected.
-    /// @throws store_unavailable when the broker cannot be reached or refuses the login.
+    /// @throws broker_unavailable when the broker cannot be reached or refuses the login.
     void connect() {
         if (state_ != nullptr) return;
         amqp_connection_state_t state = amqp_new_connection();
-        if (state == nullptr) throw store_unavailable("idem::rabbitmq: out of memory");
+        if (state == nullptr) throw broker_unavailable("idem::rabbitmq: out of memory");
         amqp_socket_t* socket = amqp_tcp_socket_new(state);
         if (socket == nullptr) {
             amqp_destroy_connection(state);
-            throw store_unavailable("idem::rabbitmq: cannot create a TCP socket");
+            throw broker_unavailable("idem::rabbitmq: cannot create a TCP socket");
         }
         timeval connect_tv = detail::to_timeval(endpoint_.connect_timeout);
         const int opened =
             amqp_socket_open_noblock(socket, endpoint_.host.c_str(), endpoint_.port, &connect_tv);
         if (opened != AMQP_STATUS_OK) {
             amqp_destroy_connection(state);
-            throw store_unavailable(fmt::format("idem::rabbitmq: connecting to {} failed: {}",
+            throw broker_unavailable(fmt::format("idem::rabbitmq: connecting to {} failed: {}",
                                                 endpoint_.describe(), amqp_error_string2(opened)));
         }
         timeval rpc_tv = detail::to_timeval(endpoint_.rpc_timeout);
@@ -283,7 +283,7 @@ class Connection {
         if (login.reply_type != AMQP_RESPONSE_NORMAL) {
             const std::string why = describe_reply(login);
             amqp_destroy_connection(state);
-            throw store_unavailable(fmt::format("idem::rabbitmq: logging in to {} as {} failed: {}",
+            throw broker_unavailable(fmt::format("idem::rabbitmq: logging in to {} as {} failed: {}",
                                                 endpoint_.describe(), endpoint_.user, why));
         }
         state_ = state;
@@ -438,7 +438,7 @@ class Connection {
 
     /// @brief The next delivery of any consuming channel, waiting up to @p timeout; nothing
     /// when none came. @throws channel_error when the broker closed a channel (or cancelled its
-    /// consumer) meanwhile, store_unavailable when the connection is lost.
+    /// consumer) meanwhile, broker_unavailable when the connection is lost.
     std::optional<Message> next_delivery(std::chrono::milliseconds timeout) {
         const auto deadline = std::chrono::steady_clock::now() + timeout;
         for (;;) {
@@ -458,8 +458,9 @@ class Connection {
 
     /// @brief basic.ack of @p message on the channel that delivered it. Returns false, sending
     /// nothing, when that channel was closed or reopened since (the delivery is the broker's
-    /// again). @throws store_unavailable when the connection breaks while sending.
+    /// again). @throws broker_unavailable when the connection breaks while sending.
     bool ack(const Message& message) {
+        take_in_arrived();
         if (!current(message)) return false;
         const int status = amqp_basic_ack(state_, message.channel, message.delivery_tag, 0);
         if (status != AMQP_STATUS_OK) lost("basic.ack", status);
@@ -469,6 +470,7 @@ class Connection {
     /// @brief basic.nack (requeue or not) of @p message; false, sending nothing, for a message
     /// of a stale channel (see ack()).
     bool nack(const Message& message, bool requeue) {
+        take_in_arrived();
         if (!current(message)) return false;
         const int status = amqp_basic_nack(state_, message.channel, message.delivery_tag, 0,
                                            requeue ? 1 : 0);
@@ -494,8 +496,9 @@ class Connection {
     /// @brief basic.publish on a confirm channel (confirm_select()), then waits (rpc_timeout) for
     /// the broker's confirm. Returns once the broker has taken responsibility for the message:
     /// routed to at least one queue (mandatory) and, for durable queues, written.
-    /// @throws store_error when the broker nacks it or no queue takes it (returned), store_timeout
-    /// when no confirm comes in time (the connection is dropped: it may or may not be there).
+    /// @throws broker_error when the broker nacks it or no queue takes it (returned),
+    /// broker_unavailable when no confirm comes in time (the connection is dropped: the message
+    /// may or may not be there).
     void publish_confirmed(std::uint16_t channel, const Publish& what, std::string_view body) {
         require_channel(channel, "basic.publish");
         if (!channels_.at(channel).confirms) confirm_select(channel);
@@ -517,13 +520,13 @@ class Connection {
                 c.returned = false;
                 c.nacked_from = 0;
                 if (nacked) {
-                    throw store_error(fmt::format(
+                    throw broker_error(fmt::format(
                         "idem::rabbitmq: the broker refused (nacked) a publish to exchange '{}' "
                         "routing key '{}'",
                         what.exchange, what.routing_key));
                 }
                 if (returned) {
-                    throw store_error(fmt::format(
+                    throw broker_error(fmt::format(
                         "idem::rabbitmq: no queue is bound to exchange '{}' for routing key '{}': "
                         "the message was returned (bind a queue to it)",
                         what.exchange, what.routing_key));
@@ -533,7 +536,7 @@ class Connection {
             const auto now = std::chrono::steady_clock::now();
             if (now >= deadline) {
                 drop();
-                throw store_timeout(fmt::format(
+                throw broker_unavailable(fmt::format(
                     "idem::rabbitmq: no publisher confirm from {} within {} ms (the message may "
                     "or may not be there)",
                     endpoint_.describe(), endpoint_.rpc_timeout.count()));
@@ -552,6 +555,18 @@ class Connection {
         bool returned = false;          ///< a basic.return since the last reported confirm
     };
 
+    /// Handles the frames that have already arrived, without waiting: a channel.close the broker
+    /// sent while the handler ran (a consumer timeout) must be seen before an ack goes out on
+    /// that channel, or the ack would be sent on a channel the broker has closed.
+    void take_in_arrived() {
+        while (state_ != nullptr) {
+            try {
+                if (!pump(std::chrono::milliseconds(0))) return;
+            } catch (const channel_error&) {  // that channel is forgotten; read on
+            }
+        }
+    }
+
     bool current(const Message& m) const noexcept {
         if (state_ == nullptr) return false;
         auto found = channels_.find(m.channel);
@@ -566,7 +581,7 @@ class Connection {
 
     void require_connected(std::string_view what) {
         if (state_ == nullptr) {
-            throw store_unavailable(
+            throw broker_unavailable(
                 fmt::format("idem::rabbitmq: {} on {}: not connected", what, endpoint_.describe()));
         }
     }
@@ -582,10 +597,10 @@ class Connection {
         const std::string text = amqp_error_string2(status);
         drop();
         if (status == AMQP_STATUS_TIMEOUT) {
-            throw store_timeout(fmt::format("idem::rabbitmq: {} on {} timed out", what,
+            throw broker_unavailable(fmt::format("idem::rabbitmq: {} on {} timed out", what,
                                             endpoint_.describe()));
         }
-        throw store_unavailable(fmt::format("idem::rabbitmq: {} on {} failed: {} (connection "
+        throw broker_unavailable(fmt::format("idem::rabbitmq: {} on {} failed: {} (connection "
                                             "dropped)",
                                             what, endpoint_.describe(), text));
     }
@@ -633,7 +648,7 @@ class Connection {
             amqp_connection_close_ok_t ok{};
             (void)amqp_send_method(state_, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
             drop();
-            throw store_unavailable(
+            throw broker_unavailable(
                 fmt::format("idem::rabbitmq: {} on {}: {}", what, endpoint_.describe(), why));
         }
         const bool timeout = r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
@@ -641,11 +656,11 @@ class Connection {
         const std::string why = describe_reply(r);
         drop();
         if (timeout) {
-            throw store_timeout(fmt::format("idem::rabbitmq: {} on {}: no answer within {} ms",
+            throw broker_unavailable(fmt::format("idem::rabbitmq: {} on {}: no answer within {} ms",
                                             what, endpoint_.describe(),
                                             endpoint_.rpc_timeout.count()));
         }
-        throw store_unavailable(fmt::format("idem::rabbitmq: {} on {} failed: {} (connection "
+        throw broker_unavailable(fmt::format("idem::rabbitmq: {} on {} failed: {} (connection "
                                             "dropped)",
                                             what, endpoint_.describe(), why));
     }
@@ -728,6 +743,10 @@ class Connection {
                                                    channel, endpoint_.describe()));
             }
             case AMQP_CHANNEL_CLOSE_METHOD: {
+                // A channel we no longer have: the broker repeated its close (a consumer timeout
+                // is re-sent every tick until the close-ok arrives) and we have answered once;
+                // a second close-ok would be a connection error.
+                if (channels_.count(channel) == 0) return true;
                 const auto* m = static_cast<const amqp_channel_close_t*>(frame.payload.method.decoded);
                 const std::uint16_t code = m->reply_code;
                 const std::string text = detail::string_of(m->reply_text);
@@ -744,7 +763,7 @@ class Connection {
                 amqp_connection_close_ok_t ok{};
                 (void)amqp_send_method(state_, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
                 drop();
-                throw store_unavailable(fmt::format("idem::rabbitmq: the broker closed the "
+                throw broker_unavailable(fmt::format("idem::rabbitmq: the broker closed the "
                                                     "connection to {}: {}",
                                                     endpoint_.describe(), why));
             }
@@ -760,7 +779,7 @@ class Connection {
         if (r.reply_type != AMQP_RESPONSE_NORMAL) {
             const std::string why = describe_reply(r);
             drop();
-            throw store_unavailable(fmt::format("idem::rabbitmq: reading a message from {} "
+            throw broker_unavailable(fmt::format("idem::rabbitmq: reading a message from {} "
                                                 "failed: {} (connection dropped)",
                                                 endpoint_.describe(), why));
         }
@@ -817,7 +836,7 @@ class Connection {
             const int status = amqp_decode_table(detail::bytes_of(what.encoded_headers),
                                                  pool.get(), &original, &offset);
             if (status != AMQP_STATUS_OK) {
-                throw store_error(fmt::format("idem::rabbitmq: the encoded headers do not decode: {}",
+                throw broker_error(fmt::format("idem::rabbitmq: the encoded headers do not decode: {}",
                                               amqp_error_string2(status)));
             }
         }

@@ -28,7 +28,7 @@
 ///   bases in the temp dir (the Erlang cookie is written to HOME), node name
 ///   rabbit-<port>@localhost, the AMQP listener, the Erlang distribution port and epmd all on
 ///   127.0.0.1 and free ports, no /etc/rabbitmq file read (its own rabbitmq.conf, an empty
-///   rabbitmq-env.conf, enabled_plugins `[]`: no management plugin).
+///   rabbitmq-env.conf and advanced.config, enabled_plugins `[]`: no management plugin).
 /// - epmd (the Erlang port mapper) is started by the fixture itself, in the foreground, on its own
 ///   port and 127.0.0.1, before the broker (which then finds it rather than daemonizing one): the
 ///   fixture knows its pid and stops it after the broker, so nothing is left behind.
@@ -92,6 +92,9 @@ struct RabbitmqOptions {
     /// consumer_timeout: a delivery unacked this long closes its channel (and is redelivered).
     /// RabbitMQ checks it about once a minute; 0 leaves the broker's default (30 min).
     std::chrono::milliseconds consumer_timeout{0};
+    /// How often a channel checks its consumer timeout (advanced.config channel_tick_interval;
+    /// the broker's default is 60 s). 0: the default.
+    std::chrono::milliseconds channel_tick_interval{0};
     /// More rabbitmq.conf lines, verbatim.
     std::vector<std::string> extra_config{};
 };
@@ -229,6 +232,13 @@ class RabbitmqServer : public ServerProcess {
         }
         for (const auto& line : options_.extra_config)
             conf << line << "\n";
+        std::ofstream advanced(dir() / "advanced.config", std::ios::trunc);
+        if (options_.channel_tick_interval.count() > 0) {
+            advanced << "[{rabbit, [{channel_tick_interval, "
+                     << options_.channel_tick_interval.count() << "}]}].\n";
+        } else {
+            advanced << "[].\n";
+        }
         std::ofstream(dir() / "enabled_plugins", std::ios::trunc) << "[].\n";
         std::ofstream(dir() / "rabbitmq-env.conf", std::ios::trunc) << "";
     }
@@ -256,6 +266,7 @@ class RabbitmqServer : public ServerProcess {
                  "RABBITMQ_DIST_PORT=" + std::to_string(dist_port_),
                  "RABBITMQ_CONFIG_FILE=" + d + "/rabbitmq.conf",
                  "RABBITMQ_CONF_ENV_FILE=" + d + "/rabbitmq-env.conf",
+                 "RABBITMQ_ADVANCED_CONFIG_FILE=" + d + "/advanced.config",
                  "RABBITMQ_ENABLED_PLUGINS_FILE=" + d + "/enabled_plugins",
                  "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}",
                  "ERL_EPMD_ADDRESS=127.0.0.1",
