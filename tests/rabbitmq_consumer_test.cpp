@@ -90,6 +90,7 @@ RabbitConsumerOptions fast_options(const std::string& queue) {
     options.block = 50ms;
     options.prefetch = 4;
     options.in_progress_delay = 200ms;
+    options.redelivery_delay = 0ms;  // failures: basic.nack with requeue, redelivered at once
     return options;
 }
 
@@ -443,6 +444,26 @@ TEST_F(RabbitConsumerTest, ADeferredRetryWaitsInTheRetryQueueAndKeepsItsCount) {
     EXPECT_EQ(consumer.stats().not_acked, 1u);
     EXPECT_EQ(admin->depth("later"), 0u);
     EXPECT_EQ(admin->depth("later.retry"), 0u);
+}
+
+TEST_F(RabbitConsumerTest, AFailureWaitsRedeliveryDelayBeforeItComesBack) {
+    admin->fresh_quorum_queue("failing");
+    std::vector<std::uint32_t> counts;
+    std::vector<Clock::time_point> at;
+    auto options = fast_options("failing");
+    options.redelivery_delay = 300ms;
+    RabbitConsumer consumer{endpoint(), options, [&](const Delivery& d, const RabbitMessage&) {
+                                counts.push_back(d.delivery_count.value());
+                                at.push_back(Clock::now());
+                                if (counts.size() < 3) return Outcome{Disposition::failed, "no"};
+                                return Outcome{Disposition::processed, ""};
+                            }};
+    admin->publish("failing", "flaky", "flaky-1");
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
+    EXPECT_EQ(counts, (std::vector<std::uint32_t>{1, 2, 3}));
+    EXPECT_GE(at[1] - at[0], 300ms);
+    EXPECT_GE(at[2] - at[1], 300ms);
+    EXPECT_EQ(admin->depth("failing.retry"), 0u);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -99,6 +99,12 @@ struct RabbitConsumerOptions {
     /// with this delay, so the message does not bounce between the queue and this consumer
     /// while the holder works. 0: basic.nack with requeue at once.
     std::chrono::milliseconds in_progress_delay{1000};
+    /// A failed outcome (the effect threw, the store failed), or a deferred one without its own
+    /// retry_after, goes to the retry queue with this delay: RabbitMQ itself redelivers a nacked
+    /// message at once, which would spend the poison limit (max_deliveries) within milliseconds
+    /// on a failure that needs a moment to clear (the role a visibility timeout plays on other
+    /// brokers). 0: basic.nack with requeue at once.
+    std::chrono::milliseconds redelivery_delay{1000};
     /// Declare what is missing at start: the queue (quorum, with queue_arguments), the
     /// dead-letter exchange (fanout) with a quorum queue of the same name bound to it, and the
     /// retry queue. Off: they must exist (a dead letter no queue takes is refused by the broker
@@ -134,11 +140,11 @@ using RabbitConsumerStats = broker::ConsumerStats;
 ///   time a delivery comes back (a nack with requeue, a closed channel or connection, a consumer
 ///   timeout).
 /// - ack (basic.ack) only after the handler returned an acking outcome, i.e. after its commit.
-/// - Not acked (failed, deferred, in_progress): basic.nack with requeue; with a delay
-///   (broker::redelivery_delay: a deferred effect's retry_after, a claim's remaining lease) the
-///   message is republished, confirmed, to the retry queue with that TTL and the original acked;
-///   the retry queue dead-letters it back to the queue when it expires, with its count carried
-///   in x-idem-prior-deliveries.
+/// - Not acked (failed, deferred, in_progress): after a delay — a deferred effect's retry_after,
+///   else in_progress_delay or redelivery_delay — the message is republished, confirmed, to the
+///   retry queue with that TTL and the original acked; the retry queue dead-letters it back to
+///   the queue when it expires, with its count carried in x-idem-prior-deliveries. Without a
+///   delay (0, or a deferred outcome without retry_after): basic.nack with requeue.
 /// - Dead letters (and duplicates of dead-lettered messages): published to the dead-letter
 ///   exchange with the reason (x-idem-reason, scope, message id, delivery count, queue) and the
 ///   original properties and headers, waiting for the publisher confirm, and only then acked.
@@ -285,6 +291,7 @@ class RabbitConsumer {
         if (options.batch_size == 0) refuse("batch_size is 0; handle at least 1 delivery per poll");
         if (options.block.count() <= 0) refuse("block must be positive (e.g. 1000 ms)");
         if (options.in_progress_delay.count() < 0) refuse("in_progress_delay is negative");
+        if (options.redelivery_delay.count() < 0) refuse("redelivery_delay is negative");
         if (options.consumer_timeout.count() <= 0) {
             refuse("consumer_timeout must be the broker's (rabbitmq.conf consumer_timeout)");
         }
@@ -446,7 +453,21 @@ class RabbitConsumer {
         return delivery;
     }
 
+    /// Settles @p message as its outcome says. When the settling itself fails (a dead letter
+    /// or retry not confirmed, the connection lost) the connection is dropped: the broker then
+    /// requeues every delivery this consumer held, rather than leaving one unacked on a live
+    /// channel where nobody would ever settle it. Then the error goes up to run()'s backoff.
     void handle(const RabbitMessage& message) {
+        try {
+            handle_one(message);
+        } catch (...) {
+            connection_.drop();
+            held_.clear();
+            throw;
+        }
+    }
+
+    void handle_one(const RabbitMessage& message) {
         const Delivery delivery = delivery_of(message);
         if (delivery.delivery_count.value() > 1) {
             loop_.reclaimed.fetch_add(1, std::memory_order_relaxed);
@@ -466,10 +487,10 @@ class RabbitConsumer {
                 return;
             case broker::Settlement::redeliver:
                 std::optional<std::chrono::milliseconds> delay = broker::redelivery_delay(outcome);
-                if (!delay && outcome.disposition == Disposition::in_progress &&
-                    options_.in_progress_delay.count() > 0) {
+                if (!delay && outcome.disposition == Disposition::in_progress) {
                     delay = options_.in_progress_delay;
                 }
+                if (!delay) delay = options_.redelivery_delay;  // failed, or deferred without one
                 if (delay && delay->count() > 0) {
                     if (!current(message)) {
                         loop_.count(broker::Settlement::redeliver);

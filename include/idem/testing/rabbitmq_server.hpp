@@ -44,6 +44,7 @@
 
 #include <signal.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -156,6 +157,39 @@ class RabbitmqServer : public ServerProcess {
         e.host = host();
         e.port = port();
         return e;
+    }
+
+    /// Runs rabbitmqctl against this node (its cookie, epmd and node name) with @p args and
+    /// returns what it printed; throws std::runtime_error (with the output) when it fails. Takes
+    /// a second or more (an Erlang VM starts): for what AMQP does not say, e.g.
+    /// `ctl({"list_queues", "name", "messages_unacknowledged"})`.
+    std::string ctl(const std::vector<std::string>& args, std::chrono::seconds limit = std::chrono::seconds(60)) const {
+        const std::filesystem::path out = dir() / ("ctl-" + std::to_string(::getpid()) + ".out");
+        const int fd = open_log(out.filename());
+        Spawn s;
+        s.argv = {(script_.parent_path() / "rabbitmqctl").string(), "-n", node_name(), "-q"};
+        s.argv.insert(s.argv.end(), args.begin(), args.end());
+        s.env = {"PATH=/usr/bin:/bin",
+                 "LC_ALL=C.UTF-8",
+                 "LANG=C.UTF-8",
+                 "HOME=" + dir().string(),
+                 "RABBITMQ_CONF_ENV_FILE=" + (dir() / "rabbitmq-env.conf").string(),
+                 "RABBITMQ_CTL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}",
+                 "ERL_EPMD_ADDRESS=127.0.0.1",
+                 "ERL_EPMD_PORT=" + std::to_string(epmd_port_)};
+        s.cwd = dir();
+        s.out_fd = fd;
+        s.new_process_group = true;
+        const pid_t pid = spawn_handing_over(s, fd);
+        const auto status = wait_for(pid, limit);
+        if (!status) kill_group_and_reap(pid);
+        std::string text = read_text(out);
+        std::error_code ec;
+        std::filesystem::remove(out, ec);
+        if (!status || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+            throw std::runtime_error("RabbitmqServer: rabbitmqctl failed: " + tail(text));
+        }
+        return text;
     }
 
     /// A clean shutdown (SIGTERM: the node stops its queues and flushes them). No-op when
