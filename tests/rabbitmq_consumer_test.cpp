@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -397,9 +398,22 @@ TEST_F(RabbitConsumerTest, ADeliveryWithoutAnIdIsDeadLetteredWithTheReason) {
                                       [&](auto&, const RabbitMessage&) { ++runs; });
     auto options = fast_options("no-id");
     {
-        RabbitConsumer consumer{endpoint(), options, handler};
+        std::optional<std::uint64_t> depth;
+        std::string health_of, destination;
+        auto with_health = options;
+        with_health.health_interval = 0ms;
+        with_health.on_health = [&](const idem::ConsumerHealth& h) {
+            health_of = std::string(h.consumer);
+            destination = std::string(h.dead_letter_destination);
+            depth = h.dead_letter_depth;
+        };
+        RabbitConsumer consumer{endpoint(), with_health, handler};
         admin->publish("no-id", "who am I", std::nullopt);
         ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+        ASSERT_TRUE(poll_until(consumer, [&] { return depth == std::optional<std::uint64_t>(1); }))
+            << depth.value_or(0);
+        EXPECT_EQ(health_of, "no-id");
+        EXPECT_EQ(destination, "no-id.dead-letters");
     }  // closed: the next message goes to the next consumer
     EXPECT_EQ(runs, 0);
     const auto letters = admin->take("no-id.dead-letters", 1);
@@ -464,6 +478,39 @@ TEST_F(RabbitConsumerTest, AFailureWaitsRedeliveryDelayBeforeItComesBack) {
     EXPECT_GE(at[1] - at[0], 300ms);
     EXPECT_GE(at[2] - at[1], 300ms);
     EXPECT_EQ(admin->depth("failing.retry"), 0u);
+}
+
+TEST_F(RabbitConsumerTest, AnUnreachableStorePausesConsumingWithoutRaisingHeldCounts) {
+    admin->fresh_quorum_queue("outage");
+    std::map<std::string, std::vector<std::uint32_t>> counts;
+    int probes_failing = 2;
+    auto options = fast_options("outage");
+    options.circuit_breaker.initial_backoff = 20ms;
+    options.circuit_breaker.max_backoff = 50ms;
+    options.store_probe = [&] {
+        if (probes_failing-- > 0) throw idem::store_unavailable("still down");
+    };
+    bool down = true;
+    RabbitConsumer consumer{endpoint(), options, [&](const Delivery& d, const RabbitMessage&) {
+                                counts[d.message_id].push_back(d.delivery_count.value());
+                                if (down) {
+                                    down = false;
+                                    return idem::failed_outcome("store down",
+                                                                idem::FailureCause::store_unavailable);
+                                }
+                                return Outcome{Disposition::processed, ""};
+                            }};
+    admin->publish("outage", "first", "m-1");
+    admin->publish("outage", "second", "m-2");
+    consumer.start();
+    ASSERT_TRUE(wait_for([&] { return admin->depth("outage") == 0; }));  // both sent to us
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 2; }));
+    const auto stats = consumer.stats();
+    EXPECT_EQ(stats.circuit_opened, 1u);
+    EXPECT_GE(stats.store_probes, 3u);  // two failed, one answered
+    EXPECT_EQ(counts["m-1"], (std::vector<std::uint32_t>{1, 2}));
+    // m-2 was held while the breaker was open, not given back: still its first delivery.
+    EXPECT_EQ(counts["m-2"], (std::vector<std::uint32_t>{1}));
 }
 
 // ---------------------------------------------------------------------------------------------
