@@ -103,8 +103,7 @@ double drain_idem(Handler& handler, const std::string& queue, std::size_t n) {
     const auto stats = consumer.stats();
     if (stats.acked != n || stats.not_acked != 0 || stats.dead_lettered != 0) {
         throw std::runtime_error(fmt::format("idem: {} messages, {} acked, {} not acked, {} dead",
-                                             n, stats.acked, stats.not_acked,
-                                             stats.dead_lettered));
+                                             n, stats.acked, stats.not_acked, stats.dead_lettered));
     }
     return rate;
 }
@@ -175,7 +174,10 @@ void run_rabbitmq_cases() {
                  .integer("prefetch", prefetch)
                  .str("mode", "per_delivery: handle(), commit, basic.ack per message"));
     } catch (const std::exception& e) {
-        emit(Json().str("bench", "e2e_rabbitmq_sqlite").str("store", "sqlite").str("error", e.what()));
+        emit(Json()
+                 .str("bench", "e2e_rabbitmq_sqlite")
+                 .str("store", "sqlite")
+                 .str("error", e.what()));
     }
 }
 

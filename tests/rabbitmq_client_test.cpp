@@ -80,7 +80,8 @@ TEST_F(RabbitmqClient, HeadersAndPropertiesSurviveARepublishByteForByte) {
     p.routing_key = queue;
     p.properties.message_id = "m-2";
     p.properties.content_type = "application/json";
-    p.headers = {{"tenant", std::string("mugshop")}, {"attempt", std::int64_t{7}},
+    p.headers = {{"tenant", std::string("mugshop")},
+                 {"attempt", std::int64_t{7}},
                  {"binary", std::string("a\0b", 3)}};
     connection->publish_confirmed(ch, p, std::string("x\0y", 3));
     connection->qos(ch, 10);
@@ -89,7 +90,8 @@ TEST_F(RabbitmqClient, HeadersAndPropertiesSurviveARepublishByteForByte) {
     EXPECT_EQ(first.body, std::string("x\0y", 3));
     EXPECT_EQ(first.header_string("tenant"), std::optional<std::string_view>("mugshop"));
     EXPECT_EQ(first.header_integer("attempt"), std::optional<std::int64_t>(7));
-    EXPECT_EQ(first.header_string("binary"), std::optional<std::string_view>(std::string("a\0b", 3)));
+    EXPECT_EQ(first.header_string("binary"),
+              std::optional<std::string_view>(std::string("a\0b", 3)));
     ASSERT_FALSE(first.encoded_headers.empty());
 
     // Republished with its encoded headers plus one more: the originals are all there, in order.

@@ -454,7 +454,7 @@ TEST_F(RabbitConsumerTest, ADeferredRetryWaitsInTheRetryQueueAndKeepsItsCount) {
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
     ASSERT_EQ(counts.size(), 2u);
     EXPECT_EQ(counts, (std::vector<std::uint32_t>{1, 2}));  // carried across the republish
-    EXPECT_GE(at[1] - at[0], 300ms);                         // not before the TTL expired
+    EXPECT_GE(at[1] - at[0], 300ms);                        // not before the TTL expired
     EXPECT_EQ(consumer.stats().not_acked, 1u);
     EXPECT_EQ(admin->depth("later"), 0u);
     EXPECT_EQ(admin->depth("later.retry"), 0u);
@@ -495,8 +495,8 @@ TEST_F(RabbitConsumerTest, AnUnreachableStorePausesConsumingWithoutRaisingHeldCo
                                 counts[d.message_id].push_back(d.delivery_count.value());
                                 if (down) {
                                     down = false;
-                                    return idem::failed_outcome("store down",
-                                                                idem::FailureCause::store_unavailable);
+                                    return idem::failed_outcome(
+                                        "store down", idem::FailureCause::store_unavailable);
                                 }
                                 return Outcome{Disposition::processed, ""};
                             }};
@@ -533,13 +533,13 @@ TEST_F(RabbitConsumerTest, SlowLiveHolderRedeliveredAfterMissedHeartbeatsIsNotDe
     std::atomic<int> effect_runs{0};
     std::atomic<bool> effect_started{false};
     std::atomic<bool> release{false};
-    auto handler = idem::make_handler(
-        store, idem::Policy{"slow", policy}, [&](auto& tx, const RabbitMessage&) {
-            ++effect_runs;
-            effect_started = true;
-            wait_for([&] { return release.load(); });
-            tx.write("INCR", "idem-rabbit:slow-effects");
-        });
+    auto handler = idem::make_handler(store, idem::Policy{"slow", policy},
+                                      [&](auto& tx, const RabbitMessage&) {
+                                          ++effect_runs;
+                                          effect_started = true;
+                                          wait_for([&] { return release.load(); });
+                                          tx.write("INCR", "idem-rabbit:slow-effects");
+                                      });
 
     // A asks for a 1 s heartbeat, which rabbitmq-c answers only between handler calls: while A's
     // effect runs the broker sees two heartbeats missed, drops A's connection and redelivers
@@ -549,8 +549,9 @@ TEST_F(RabbitConsumerTest, SlowLiveHolderRedeliveredAfterMissedHeartbeatsIsNotDe
     // which the consumer cannot check.
     rmq::Endpoint a_endpoint = endpoint();
     a_endpoint.heartbeat = 1s;
-    RabbitConsumer a{a_endpoint, fast_options("slow"),
-                     [&](const Delivery& d, const RabbitMessage& m) { return handler.handle(d, m); }};
+    RabbitConsumer a{
+        a_endpoint, fast_options("slow"),
+        [&](const Delivery& d, const RabbitMessage& m) { return handler.handle(d, m); }};
     std::mutex seen_mutex;
     std::vector<std::uint32_t> b_counts;
     std::vector<Disposition> b_outcomes;
@@ -566,7 +567,8 @@ TEST_F(RabbitConsumerTest, SlowLiveHolderRedeliveredAfterMissedHeartbeatsIsNotDe
     std::string a_error;
     std::thread worker([&] {
         try {
-            poll_until(a, [&] { return effect_started.load(); }, 10s);
+            poll_until(
+                a, [&] { return effect_started.load(); }, 10s);
             a.poll_once();  // sees the closed channel (or nothing)
         } catch (const std::exception& e) {
             a_error = e.what();
@@ -624,11 +626,10 @@ TEST_F(RabbitConsumerTest, BrokerCrashMidRunLosesNothingAndAppliesNothingTwice) 
                                nullptr, nullptr),
                   SQLITE_OK);
     }
-    auto handler = idem::make_handler(store, idem::Policy{"restart"},
-                                      [&](auto& tx, const RabbitMessage& m) {
-                                          tx.execute("INSERT INTO effects(message_id) VALUES (?)",
-                                                     *m.properties.message_id);
-                                      });
+    auto handler =
+        idem::make_handler(store, idem::Policy{"restart"}, [&](auto& tx, const RabbitMessage& m) {
+            tx.execute("INSERT INTO effects(message_id) VALUES (?)", *m.properties.message_id);
+        });
     constexpr int total = 300;
     for (int i = 0; i < total; ++i)
         admin->publish("restart", "order " + std::to_string(i), "order-" + std::to_string(i));

@@ -202,10 +202,8 @@ int run(const Options& o) {
     std::printf(
         "{\"queue\":\"%s\",\"published\":%zu,\"acked\":%zu,\"processed\":%llu,"
         "\"duplicates\":%llu,\"dead_lettered\":%zu,\"capture_rows\":%lld,\"divergences\":%lld}\n",
-        o.queue.c_str(), expected, stats.acked,
-        static_cast<unsigned long long>(counts.processed),
-        static_cast<unsigned long long>(counts.duplicates), stats.dead_lettered, rows,
-        divergences);
+        o.queue.c_str(), expected, stats.acked, static_cast<unsigned long long>(counts.processed),
+        static_cast<unsigned long long>(counts.duplicates), stats.dead_lettered, rows, divergences);
     return divergences == 0 ? 0 : 1;
 }
 

@@ -219,7 +219,8 @@ class RabbitmqWorker final : public BrokerWorker {
 
 std::unique_ptr<BrokerRun> start_rabbitmq(const Options&, const std::filesystem::path&) {
     std::string why;
-    if (!idem::testing::RabbitmqServer::available(&why)) throw server_missing("rabbitmq-server", why);
+    if (!idem::testing::RabbitmqServer::available(&why))
+        throw server_missing("rabbitmq-server", why);
     return std::make_unique<RabbitmqRun>();
 }
 

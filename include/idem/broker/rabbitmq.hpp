@@ -32,7 +32,9 @@ namespace rabbitmq {
 
 /// @brief The bytes a dead letter keeps of a delivery in the store (found by ADL by the
 /// handler): its body.
-[[nodiscard]] inline std::string idem_payload(const Message& message) { return message.body; }
+[[nodiscard]] inline std::string idem_payload(const Message& message) {
+    return message.body;
+}
 
 /// Headers idem writes on the messages it republishes (dead letters, delayed retries).
 inline constexpr const char* header_reason = "x-idem-reason";
@@ -170,9 +172,9 @@ class RabbitConsumer {
     /// @brief A consumer calling @p handler for each delivery.
     /// @throws usage_error for an invalid option (the message says which and why).
     RabbitConsumer(RabbitEndpoint endpoint, RabbitConsumerOptions options, Handler handler)
-        : RabbitConsumer(Private{}, std::move(endpoint), std::move(options),
-                         broker::Dispatch<RabbitMessage>::plain(std::move(handler),
-                                                                "idem::RabbitConsumer")) {}
+        : RabbitConsumer(
+              Private{}, std::move(endpoint), std::move(options),
+              broker::Dispatch<RabbitMessage>::plain(std::move(handler), "idem::RabbitConsumer")) {}
 
     /// @brief A consumer calling @p handler.handle(delivery, message); its effect takes
     /// `const idem::RabbitMessage&` as the body. @p handler must outlive the consumer.
@@ -256,9 +258,7 @@ class RabbitConsumer {
 
     /// @brief The options in use (the dead-letter exchange and retry queue filled in).
     [[nodiscard]] const RabbitConsumerOptions& options() const noexcept { return options_; }
-    [[nodiscard]] const RabbitEndpoint& endpoint() const noexcept {
-        return connection_.endpoint();
-    }
+    [[nodiscard]] const RabbitEndpoint& endpoint() const noexcept { return connection_.endpoint(); }
     /// @brief The consumer tag the broker knows this consumer by (once consuming).
     [[nodiscard]] const std::string& consumer_tag() const noexcept { return consumer_tag_; }
 
@@ -298,7 +298,8 @@ class RabbitConsumer {
         if (options.dead_letter_exchange.empty()) {
             options.dead_letter_exchange = options.queue + ".dead-letters";
         }
-        if (options.dead_letter_routing_key.empty()) options.dead_letter_routing_key = options.queue;
+        if (options.dead_letter_routing_key.empty())
+            options.dead_letter_routing_key = options.queue;
         if (options.retry_queue.empty()) options.retry_queue = options.queue + ".retry";
         if (options.retry_queue == options.queue) {
             refuse("retry_queue is the queue itself; name another queue for delayed retries");
@@ -351,17 +352,17 @@ class RabbitConsumer {
             [&] { connection_.declare_queue(control_channel, options_.queue, passive); });
         if (missing && (missing->reply_code() != rabbitmq::reply_not_found || !options_.declare)) {
             if (missing->reply_code() == rabbitmq::reply_not_found) {
-                throw usage_error(fmt::format(
-                    "{}: the queue does not exist on {}: declare it as a quorum queue "
-                    "(x-queue-type=quorum), or set RabbitConsumerOptions::declare",
-                    who, connection_.endpoint().describe()));
+                throw usage_error(
+                    fmt::format("{}: the queue does not exist on {}: declare it as a quorum queue "
+                                "(x-queue-type=quorum), or set RabbitConsumerOptions::declare",
+                                who, connection_.endpoint().describe()));
             }
             throw *missing;
         }
         rabbitmq::QueueDeclare quorum;
         quorum.arguments = quorum_arguments();
-        auto refused = on_control(
-            [&] { connection_.declare_queue(control_channel, options_.queue, quorum); });
+        auto refused =
+            on_control([&] { connection_.declare_queue(control_channel, options_.queue, quorum); });
         if (refused) {
             if (refused->reply_code() != rabbitmq::reply_precondition_failed) throw *refused;
             const std::string text = refused->what();
@@ -373,10 +374,10 @@ class RabbitConsumer {
                     "(the store-counted fallback, docs/brokers.md) with your own consumer loop",
                     who, text));
             }
-            throw usage_error(fmt::format(
-                "{}: the queue exists with other arguments than RabbitConsumerOptions::"
-                "queue_arguments ({}); give it the queue's arguments",
-                who, text));
+            throw usage_error(
+                fmt::format("{}: the queue exists with other arguments than RabbitConsumerOptions::"
+                            "queue_arguments ({}); give it the queue's arguments",
+                            who, text));
         }
         if (!options_.declare) return;
         connection_.declare_exchange(control_channel, options_.dead_letter_exchange, "fanout");
@@ -434,7 +435,8 @@ class RabbitConsumer {
     /// Deliveries read but not handled (a stop or an open breaker) are kept for the next poll,
     /// still unacked: nacking them would raise their delivery counts.
     void hold(std::vector<RabbitMessage>& batch, std::size_t from) {
-        held_.insert(held_.begin(), std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(from)),
+        held_.insert(held_.begin(),
+                     std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(from)),
                      std::make_move_iterator(batch.end()));
     }
 

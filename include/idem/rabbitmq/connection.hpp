@@ -216,7 +216,7 @@ inline std::string encode(amqp_table_t table) {
         }
         if (status != AMQP_STATUS_TABLE_TOO_BIG || buffer.size() > (64u << 20)) {
             throw broker_error(fmt::format("idem::rabbitmq: encoding a header table failed: {}",
-                                          amqp_error_string2(status)));
+                                           amqp_error_string2(status)));
         }
         buffer.assign(buffer.size() * 2, '\0');
     }
@@ -271,7 +271,7 @@ class Connection {
         if (opened != AMQP_STATUS_OK) {
             amqp_destroy_connection(state);
             throw broker_unavailable(fmt::format("idem::rabbitmq: connecting to {} failed: {}",
-                                                endpoint_.describe(), amqp_error_string2(opened)));
+                                                 endpoint_.describe(), amqp_error_string2(opened)));
         }
         timeval rpc_tv = detail::to_timeval(endpoint_.rpc_timeout);
         amqp_set_handshake_timeout(state, &connect_tv);
@@ -283,8 +283,9 @@ class Connection {
         if (login.reply_type != AMQP_RESPONSE_NORMAL) {
             const std::string why = describe_reply(login);
             amqp_destroy_connection(state);
-            throw broker_unavailable(fmt::format("idem::rabbitmq: logging in to {} as {} failed: {}",
-                                                endpoint_.describe(), endpoint_.user, why));
+            throw broker_unavailable(
+                fmt::format("idem::rabbitmq: logging in to {} as {} failed: {}",
+                            endpoint_.describe(), endpoint_.user, why));
         }
         state_ = state;
         ++connection_epoch_;
@@ -358,10 +359,9 @@ class Connection {
         require_channel(channel, "queue.declare");
         std::vector<amqp_table_entry_t> entries;
         const amqp_table_t args = detail::to_amqp(how.arguments, entries);
-        amqp_queue_declare_ok_t* ok =
-            amqp_queue_declare(state_, channel, detail::bytes_of(queue), how.passive ? 1 : 0,
-                               how.durable ? 1 : 0, how.exclusive ? 1 : 0, how.auto_delete ? 1 : 0,
-                               args);
+        amqp_queue_declare_ok_t* ok = amqp_queue_declare(
+            state_, channel, detail::bytes_of(queue), how.passive ? 1 : 0, how.durable ? 1 : 0,
+            how.exclusive ? 1 : 0, how.auto_delete ? 1 : 0, args);
         check_rpc(channel, "queue.declare " + queue);
         QueueState s;
         if (ok != nullptr) {
@@ -416,10 +416,9 @@ class Connection {
                         const std::string& consumer_tag = {}, const Table& arguments = {}) {
         require_channel(channel, "basic.consume");
         std::vector<amqp_table_entry_t> entries;
-        amqp_basic_consume_ok_t* ok =
-            amqp_basic_consume(state_, channel, detail::bytes_of(queue),
-                               detail::bytes_of(consumer_tag), 0, /*no_ack=*/0, 0,
-                               detail::to_amqp(arguments, entries));
+        amqp_basic_consume_ok_t* ok = amqp_basic_consume(
+            state_, channel, detail::bytes_of(queue), detail::bytes_of(consumer_tag), 0,
+            /*no_ack=*/0, 0, detail::to_amqp(arguments, entries));
         check_rpc(channel, "basic.consume " + queue);
         return ok != nullptr ? detail::string_of(ok->consumer_tag) : consumer_tag;
     }
@@ -472,8 +471,8 @@ class Connection {
     bool nack(const Message& message, bool requeue) {
         take_in_arrived();
         if (!current(message)) return false;
-        const int status = amqp_basic_nack(state_, message.channel, message.delivery_tag, 0,
-                                           requeue ? 1 : 0);
+        const int status =
+            amqp_basic_nack(state_, message.channel, message.delivery_tag, 0, requeue ? 1 : 0);
         if (status != AMQP_STATUS_OK) lost("basic.nack", status);
         return true;
     }
@@ -597,12 +596,13 @@ class Connection {
         const std::string text = amqp_error_string2(status);
         drop();
         if (status == AMQP_STATUS_TIMEOUT) {
-            throw broker_unavailable(fmt::format("idem::rabbitmq: {} on {} timed out", what,
-                                            endpoint_.describe()));
+            throw broker_unavailable(
+                fmt::format("idem::rabbitmq: {} on {} timed out", what, endpoint_.describe()));
         }
-        throw broker_unavailable(fmt::format("idem::rabbitmq: {} on {} failed: {} (connection "
-                                            "dropped)",
-                                            what, endpoint_.describe(), text));
+        throw broker_unavailable(
+            fmt::format("idem::rabbitmq: {} on {} failed: {} (connection "
+                        "dropped)",
+                        what, endpoint_.describe(), text));
     }
 
     static std::string describe_reply(const amqp_rpc_reply_t& r) {
@@ -657,12 +657,13 @@ class Connection {
         drop();
         if (timeout) {
             throw broker_unavailable(fmt::format("idem::rabbitmq: {} on {}: no answer within {} ms",
-                                            what, endpoint_.describe(),
-                                            endpoint_.rpc_timeout.count()));
+                                                 what, endpoint_.describe(),
+                                                 endpoint_.rpc_timeout.count()));
         }
-        throw broker_unavailable(fmt::format("idem::rabbitmq: {} on {} failed: {} (connection "
-                                            "dropped)",
-                                            what, endpoint_.describe(), why));
+        throw broker_unavailable(
+            fmt::format("idem::rabbitmq: {} on {} failed: {} (connection "
+                        "dropped)",
+                        what, endpoint_.describe(), why));
     }
 
     /// The broker closed @p channel: answer close-ok, forget it and its buffered deliveries.
@@ -687,7 +688,8 @@ class Connection {
         const std::uint16_t channel = frame.channel;
         switch (frame.payload.method.id) {
             case AMQP_BASIC_DELIVER_METHOD: {
-                const auto* d = static_cast<const amqp_basic_deliver_t*>(frame.payload.method.decoded);
+                const auto* d =
+                    static_cast<const amqp_basic_deliver_t*>(frame.payload.method.decoded);
                 Message m;
                 m.consumer_tag = detail::string_of(d->consumer_tag);
                 m.delivery_tag = d->delivery_tag;
@@ -708,7 +710,8 @@ class Connection {
                 std::uint64_t tag = 0;
                 bool multiple = false;
                 if (ack) {
-                    const auto* a = static_cast<const amqp_basic_ack_t*>(frame.payload.method.decoded);
+                    const auto* a =
+                        static_cast<const amqp_basic_ack_t*>(frame.payload.method.decoded);
                     tag = a->delivery_tag;
                     multiple = a->multiple != 0;
                 } else {
@@ -747,7 +750,8 @@ class Connection {
                 // is re-sent every tick until the close-ok arrives) and we have answered once;
                 // a second close-ok would be a connection error.
                 if (channels_.count(channel) == 0) return true;
-                const auto* m = static_cast<const amqp_channel_close_t*>(frame.payload.method.decoded);
+                const auto* m =
+                    static_cast<const amqp_channel_close_t*>(frame.payload.method.decoded);
                 const std::uint16_t code = m->reply_code;
                 const std::string text = detail::string_of(m->reply_text);
                 closed_by_broker(channel);
@@ -758,14 +762,15 @@ class Connection {
             case AMQP_CONNECTION_CLOSE_METHOD: {
                 const auto* m =
                     static_cast<const amqp_connection_close_t*>(frame.payload.method.decoded);
-                const std::string why = fmt::format("{} {}", m->reply_code,
-                                                    detail::string_of(m->reply_text));
+                const std::string why =
+                    fmt::format("{} {}", m->reply_code, detail::string_of(m->reply_text));
                 amqp_connection_close_ok_t ok{};
                 (void)amqp_send_method(state_, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
                 drop();
-                throw broker_unavailable(fmt::format("idem::rabbitmq: the broker closed the "
-                                                    "connection to {}: {}",
-                                                    endpoint_.describe(), why));
+                throw broker_unavailable(
+                    fmt::format("idem::rabbitmq: the broker closed the "
+                                "connection to {}: {}",
+                                endpoint_.describe(), why));
             }
             default:
                 return true;
@@ -779,9 +784,10 @@ class Connection {
         if (r.reply_type != AMQP_RESPONSE_NORMAL) {
             const std::string why = describe_reply(r);
             drop();
-            throw broker_unavailable(fmt::format("idem::rabbitmq: reading a message from {} "
-                                                "failed: {} (connection dropped)",
-                                                endpoint_.describe(), why));
+            throw broker_unavailable(
+                fmt::format("idem::rabbitmq: reading a message from {} "
+                            "failed: {} (connection dropped)",
+                            endpoint_.describe(), why));
         }
         into->body = detail::string_of(message.body);
         into->properties = detail::properties_of(message.properties);
@@ -833,11 +839,12 @@ class Connection {
         amqp_table_t original{};
         if (!what.encoded_headers.empty()) {
             std::size_t offset = 0;
-            const int status = amqp_decode_table(detail::bytes_of(what.encoded_headers),
-                                                 pool.get(), &original, &offset);
+            const int status = amqp_decode_table(detail::bytes_of(what.encoded_headers), pool.get(),
+                                                 &original, &offset);
             if (status != AMQP_STATUS_OK) {
-                throw broker_error(fmt::format("idem::rabbitmq: the encoded headers do not decode: {}",
-                                              amqp_error_string2(status)));
+                throw broker_error(
+                    fmt::format("idem::rabbitmq: the encoded headers do not decode: {}",
+                                amqp_error_string2(status)));
             }
         }
         std::vector<amqp_table_entry_t> extra;

@@ -42,8 +42,8 @@ struct Properties {
     std::optional<std::string> correlation_id{};
     std::optional<std::string> type{};
     std::optional<std::string> app_id{};
-    std::optional<std::string> expiration{};  ///< per-message TTL, milliseconds as text
-    std::optional<std::uint64_t> timestamp{};  ///< seconds since the epoch
+    std::optional<std::string> expiration{};      ///< per-message TTL, milliseconds as text
+    std::optional<std::uint64_t> timestamp{};     ///< seconds since the epoch
     std::optional<std::uint8_t> delivery_mode{};  ///< 2: persistent
     std::optional<std::uint8_t> priority{};
 };

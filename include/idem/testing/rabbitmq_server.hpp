@@ -84,7 +84,9 @@ inline Program find_rabbitmq_server() {
                 "rabbitmq-server)"};
 }
 
-inline Program find_epmd() { return find_program("epmd", "IDEM_TEST_EPMD", "Debian: erlang-base"); }
+inline Program find_epmd() {
+    return find_program("epmd", "IDEM_TEST_EPMD", "Debian: erlang-base");
+}
 
 }  // namespace detail
 
@@ -163,7 +165,8 @@ class RabbitmqServer : public ServerProcess {
     /// returns what it printed; throws std::runtime_error (with the output) when it fails. Takes
     /// a second or more (an Erlang VM starts): for what AMQP does not say, e.g.
     /// `ctl({"list_queues", "name", "messages_unacknowledged"})`.
-    std::string ctl(const std::vector<std::string>& args, std::chrono::seconds limit = std::chrono::seconds(60)) const {
+    std::string ctl(const std::vector<std::string>& args,
+                    std::chrono::seconds limit = std::chrono::seconds(60)) const {
         const std::filesystem::path out = dir() / ("ctl-" + std::to_string(::getpid()) + ".out");
         const int fd = open_log(out.filename());
         Spawn s;
@@ -206,7 +209,9 @@ class RabbitmqServer : public ServerProcess {
     Watchdog epmd_watchdog_;
     pid_t owner_ = ::getpid();
 
-    static std::string node_name(int port) { return "rabbit-" + std::to_string(port) + "@localhost"; }
+    static std::string node_name(int port) {
+        return "rabbit-" + std::to_string(port) + "@localhost";
+    }
 
     static Traits traits() {
         Traits t;
