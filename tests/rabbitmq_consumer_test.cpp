@@ -349,6 +349,29 @@ TEST_F(RabbitConsumerTest, PoisonAtTheLimitGoesToTheDeadLetterExchangeConfirmedT
     EXPECT_EQ(parked.front().payload, "bad order");
 }
 
+TEST_F(RabbitConsumerTest, TheDeadLetterCopyOfTheBodyGoesThroughThePolicysRedactor) {
+    admin->fresh_quorum_queue("redacted");
+    idem::SqliteStore store{dir.file("redacted.db")};
+    idem::PolicyOptions policy;
+    policy.redact_payload = [](std::string_view text) {
+        std::string out(text);
+        for (char& c : out)
+            if (c >= '0' && c <= '9') c = '#';
+        return out;
+    };
+    auto handler = idem::make_handler(
+        store, idem::Policy{"capture", policy},
+        [](auto&, const RabbitMessage&) { throw idem::malformed_message("no amount"); });
+    RabbitConsumer consumer{endpoint(), fast_options("redacted"), handler};
+    admin->publish("redacted", "card 4111111111111111", "order-r");
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+    const auto letters = admin->take("redacted.dead-letters", 1);
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_EQ(letters.front().body, "card ################");
+    ASSERT_EQ(store.dead_letters().size(), 1u);
+    EXPECT_EQ(store.dead_letters().front().payload, "card ################");
+}
+
 TEST_F(RabbitConsumerTest, AClassicQueueIsRefusedAtStartNamingTheWayOut) {
     admin->fresh_quorum_queue("placeholder");  // connects the admin
     {

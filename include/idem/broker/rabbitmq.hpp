@@ -149,7 +149,8 @@ using RabbitConsumerStats = broker::ConsumerStats;
 ///   delay (0, or a deferred outcome without retry_after): basic.nack with requeue.
 /// - Dead letters (and duplicates of dead-lettered messages): published to the dead-letter
 ///   exchange with the reason (x-idem-reason, scope, message id, delivery count, queue) and the
-///   original properties and headers, waiting for the publisher confirm, and only then acked.
+///   original properties and headers, the body through the policy's redactor if it has one,
+///   waiting for the publisher confirm, and only then acked.
 /// - Reconnects after a lost connection or a closed channel and consumes again; a delivery of a
 ///   channel that is gone is never acked (its tag means nothing on the new channel): the broker
 ///   has requeued it, and its redelivery finds the claim (a duplicate, acked).
@@ -541,7 +542,9 @@ class RabbitConsumer {
         rabbitmq::Publish p = republish_of(message, delivery, reason);
         p.exchange = options_.dead_letter_exchange;
         p.routing_key = options_.dead_letter_routing_key;
-        connection_.publish_confirmed(publish_channel, p, message.body);
+        // The body through the policy's redactor (PolicyOptions::redact_payload), when it has
+        // one; a redactor that throws leaves the delivery unacked (redaction_failed).
+        connection_.publish_confirmed(publish_channel, p, dispatch_.redact(message.body));
     }
 
     /// To the retry queue with a per-message TTL of @p delay, confirmed; it comes back to the
