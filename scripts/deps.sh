@@ -31,6 +31,8 @@ IDEM_DEB_PACKAGES=(
     prometheus          # promtool, and the server the /metrics scrape test starts
     libspdlog-dev       # spdlog (built on the system fmt): the idem::spdlog logging adapter
     libcpp-httplib-dev  # cpp-httplib, idem::http's /metrics endpoint (and the scrape test's client)
+    nats-server         # NATS server 2.9 with JetStream: the tests start their own
+    libnats-dev         # cnats 3.4, idem::nats's JetStream client library
 )
 
 check_only=0
