@@ -64,6 +64,36 @@ TEST_F(StreamConsumerTest, PoisonReachesTheDeadLetterStreamAtMaxDeliveriesAndIsA
     EXPECT_EQ(stored[0].payload, R"([["order","42"],["amount","12.50"]])");
 }
 
+TEST_F(StreamConsumerTest, HealthReportsPendingEntriesAndTheDeadLetterDepth) {
+    idem::MemoryStore store;
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 2;
+    auto handler = idem::make_handler(store, idem::Policy{"capture", policy},
+                                      [&](auto&, const StreamEntry& e) {
+                                          if (e.field("poison")) throw std::runtime_error("bad");
+                                      });
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> reports;  // (pending, depth)
+    std::string named;
+    bool circuit_open = true;
+    auto options = fast_options("orders");
+    options.health_interval = std::chrono::milliseconds(0);
+    options.on_health = [&](const idem::ConsumerHealth& h) {
+        named = std::string(h.consumer) + " -> " + std::string(h.dead_letter_destination);
+        circuit_open = h.circuit_open;
+        reports.emplace_back(h.pending.value_or(999), h.dead_letter_depth.value_or(999));
+    };
+    StreamConsumer consumer{endpoint(), options, handler};
+    xadd("orders", {{"poison", "1"}});
+    ASSERT_TRUE(poll_until(consumer, [&] { return !reports.empty(); }));
+    EXPECT_EQ(reports.front(),
+              std::make_pair(std::uint64_t{1}, std::uint64_t{0}));  // held, 0 parked
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+    consumer.poll_once();
+    EXPECT_EQ(reports.back(), std::make_pair(std::uint64_t{0}, std::uint64_t{1}));  // parked
+    EXPECT_EQ(named, "orders/" + options.group + " -> orders:dead-letters");
+    EXPECT_FALSE(circuit_open);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. Malformed
 

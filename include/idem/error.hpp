@@ -49,6 +49,20 @@ class commit_failed : public store_error {
     using store_error::store_error;
 };
 
+/// @brief Base of broker failures in a consumer adapter (RabbitMQ, NATS): the broker could not
+/// do what was asked (a refused declare, a publish not confirmed). A consumer's run() backs off
+/// and retries; nothing whose outcome is unknown is acked.
+class broker_error : public error {
+  public:
+    using error::error;
+};
+
+/// @brief The broker cannot be reached (connection refused or lost, a closed channel).
+class broker_unavailable : public broker_error {
+  public:
+    using broker_error::broker_error;
+};
+
 /// @brief Thrown by a store's fault injection (see MemoryStore::inject).
 class injected_fault : public store_unavailable {
   public:

@@ -17,6 +17,22 @@ namespace chaos {
 
 enum class StoreKind { sqlite, postgres, redis, mysql };
 
+/// What carries the capture messages (--broker). The run's redis-server (gateway, counters) is
+/// there whatever the broker.
+enum class BrokerKind { redis_streams, rabbitmq, nats };
+
+inline const char* to_string(BrokerKind kind) {
+    switch (kind) {
+        case BrokerKind::redis_streams:
+            return "redis";
+        case BrokerKind::rabbitmq:
+            return "rabbitmq";
+        case BrokerKind::nats:
+            return "nats";
+    }
+    return "?";
+}
+
 inline const char* to_string(StoreKind kind) {
     switch (kind) {
         case StoreKind::sqlite:
@@ -59,6 +75,7 @@ inline constexpr const char* window_names[window_count] = {
 struct Options {
     // What the command line sets (both modes; see usage in main.cpp).
     StoreKind store = StoreKind::sqlite;
+    BrokerKind broker = BrokerKind::redis_streams;
     long messages = 2000;
     int workers = 4;
     std::uint64_t seed = 1;
@@ -74,7 +91,8 @@ struct Options {
     // Worker mode only (set by the driver).
     bool worker = false;
     int redis_port = 0;
-    std::string db;  ///< the SQLite file or the PostgreSQL conninfo
+    std::string broker_address;  ///< BrokerRun::worker_address() of the driver's broker
+    std::string db;              ///< the SQLite file or the PostgreSQL conninfo
     int slot = 0;
     int incarnation = 0;
     pid_t parent = 0;

@@ -30,6 +30,7 @@
 
 #include <fmt/format.h>
 
+#include "broker.hpp"
 #include "chaos.hpp"
 #include "gateway.hpp"
 #include "idem/store/mysql.hpp"
@@ -117,30 +118,6 @@ std::vector<std::vector<std::string>> lists_of(idem::RedisConnection& redis,
         }
     }
     return out;
-}
-
-struct GroupState {
-    long long pending = 0;
-    std::string last_delivered_id;
-    long long entries_read = -1;  // -1: the server does not say (Redis < 7)
-};
-
-GroupState group_state(idem::RedisConnection& redis) {
-    const idem::RedisReply reply = redis.checked({"XINFO", "GROUPS", stream_key}, "XINFO GROUPS");
-    for (const idem::RedisReply& group : reply.elements) {
-        GroupState state;
-        bool ours = false;
-        for (std::size_t i = 0; i + 1 < group.elements.size(); i += 2) {
-            const std::string& name = group.elements[i].str;
-            const idem::RedisReply& value = group.elements[i + 1];
-            if (name == "name") ours = value.str == group_name;
-            if (name == "pending") state.pending = value.integer;
-            if (name == "last-delivered-id") state.last_delivered_id = value.str;
-            if (name == "entries-read") state.entries_read = value.integer;  // nil: none yet
-        }
-        if (ours) return state;
-    }
-    throw std::runtime_error("the consumer group is gone");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -331,10 +308,15 @@ CapturesByOrder redis_captures(idem::RedisConnection& redis, long messages) {
 
 // ---------------------------------------------------------------------------------------------
 
-std::vector<std::string> worker_args(const Options& o, int redis_port, const std::string& db) {
+std::vector<std::string> worker_args(const Options& o, int redis_port, const std::string& db,
+                                     const std::string& broker_address) {
     std::vector<std::string> args{"--worker",
                                   "--store",
                                   to_string(o.store),
+                                  "--broker",
+                                  to_string(o.broker),
+                                  "--broker-address",
+                                  broker_address,
                                   "--redis-port",
                                   std::to_string(redis_port),
                                   "--db",
@@ -433,24 +415,16 @@ int run_driver(const Options& o) {
             break;
     }
 
-    // --- producer ------------------------------------------------------------------------------
-    const auto started = SteadyClock::now();
-    redis.checked({"XGROUP", "CREATE", stream_key, group_name, "0", "MKSTREAM"}, "XGROUP CREATE");
-    std::map<std::string, long> order_of_entry;
-    std::string last_id;
-    for (long first = 1; first <= o.messages; first += 500) {
-        std::vector<std::vector<std::string>> commands;
-        for (long order = first; order < first + 500 && order <= o.messages; ++order) {
-            commands.push_back({"XADD", stream_key, "*", "order_id", std::to_string(order),
-                                "amount", std::to_string(amount_of(order))});
-        }
-        const auto replies = redis.pipeline(commands);
-        for (std::size_t i = 0; i < replies.size(); ++i) {
-            if (replies[i].is_error()) throw std::runtime_error("XADD: " + replies[i].str);
-            last_id = replies[i].str;
-            order_of_entry[last_id] = first + static_cast<long>(i);
-        }
+    // --- broker and producer ---------------------------------------------------------------------
+    say(std::string("starting the broker: ") + to_string(o.broker));
+    std::unique_ptr<BrokerRun> broker;
+    try {
+        broker = start_broker(o, redis_server.port(), run_dir.path);
+    } catch (const server_missing& e) {
+        return missing_server(e.what_server.c_str(), e.what());
     }
+    const auto started = SteadyClock::now();
+    broker->publish(o.messages);
 
     // --- workers, faults, drain ------------------------------------------------------------------
     std::mt19937_64 random(o.seed);
@@ -458,7 +432,7 @@ int run_driver(const Options& o) {
         const double factor = std::uniform_real_distribution<double>(0.5, 1.5)(random);
         return std::chrono::duration_cast<SteadyClock::duration>(o.kill_interval * factor);
     };
-    Fleet fleet{o, worker_args(o, redis_server.port(), db)};
+    Fleet fleet{o, worker_args(o, redis_server.port(), db, broker->worker_address())};
     fleet.start();
     const auto deadline = started + o.timeout;
     auto next_kill = SteadyClock::now() + next_kill_after();
@@ -474,17 +448,14 @@ int run_driver(const Options& o) {
         }
         if (now >= next_look) {
             next_look = now + 50ms;
-            const GroupState state = group_state(redis);
-            if (state.pending == 0 && state.last_delivered_id == last_id) {
+            if (broker->drained()) {
                 drained = true;
                 break;
             }
             if (progress) {
-                say(fmt::format(
-                    "{} {}: read {}/{}, pending {}, delivered {}, kills {}", to_string(o.store),
-                    o.naive ? "naive" : "idem",
-                    state.entries_read >= 0 ? std::to_string(state.entries_read) : std::string("?"),
-                    o.messages, state.pending, get_int(redis, delivered_key), fleet.kills()));
+                say(fmt::format("{} on {} {}: {}, delivered {}, kills {}", to_string(o.store),
+                                to_string(o.broker), o.naive ? "naive" : "idem", broker->progress(),
+                                get_int(redis, delivered_key), fleet.kills()));
             }
         }
         if (now >= deadline) {
@@ -500,7 +471,7 @@ int run_driver(const Options& o) {
 
     // --- verification --------------------------------------------------------------------------
     CapturesByOrder captures_by_order;
-    std::set<std::string> dead_lettered_ids;
+    std::set<std::string> dead_lettered_ids;  // the store's dead letters, by message id
     switch (o.store) {
         case StoreKind::sqlite: {
             idem::SqliteStore store{db};
@@ -531,29 +502,10 @@ int run_driver(const Options& o) {
             break;
         }
     }
-    // The consumer's dead-letter stream: each entry names the original entry id.
-    for (const auto& entry :
-         redis.checked({"XRANGE", dead_letter_stream_key, "-", "+"}, "XRANGE").elements) {
-        if (entry.elements.size() < 2) continue;
-        const auto& fields = entry.elements[1].elements;
-        for (std::size_t i = 0; i + 1 < fields.size(); i += 2)
-            if (fields[i].str == "idem-entry-id") dead_lettered_ids.insert(fields[i + 1].str);
-    }
-    std::set<long> pending_orders;
-    for (const auto& row : redis
-                               .checked({"XPENDING", stream_key, group_name, "-", "+",
-                                         std::to_string(o.messages + 1)},
-                                        "XPENDING")
-                               .elements) {
-        if (row.elements.empty()) continue;
-        const auto found = order_of_entry.find(row.elements[0].str);
-        if (found != order_of_entry.end()) pending_orders.insert(found->second);
-    }
-    std::set<long> dead_lettered_orders;
-    for (const auto& id : dead_lettered_ids) {
-        const auto found = order_of_entry.find(id);
-        dead_lettered_orders.insert(found != order_of_entry.end() ? found->second : 0);
-    }
+    const std::set<long> pending_orders = broker->unsettled_orders();
+    std::set<long> dead_lettered_orders = broker->dead_lettered_orders();
+    for (const auto& id : dead_lettered_ids)
+        dead_lettered_orders.insert(broker->order_of(id).value_or(0));
 
     std::vector<std::string> charged_keys;
     for (long order = 1; order <= o.messages; ++order)
@@ -583,7 +535,7 @@ int run_driver(const Options& o) {
     const long gateway_requests = static_cast<long>(get_int(redis, gw_requests_key));
     const long gateway_calls = static_cast<long>(get_int(redis, gw_charges_key));
     const long gateway_refused = static_cast<long>(get_int(redis, gw_refused_key));
-    const long dead_lettered = static_cast<long>(dead_lettered_ids.size());
+    const long dead_lettered = static_cast<long>(dead_lettered_orders.size());
     const double seconds = std::chrono::duration<double>(SteadyClock::now() - started).count();
 
     // --- report --------------------------------------------------------------------------------
@@ -605,12 +557,13 @@ int run_driver(const Options& o) {
             fmt::format(", {} {}", found != self_kills.end() ? found->second : 0, window);
     }
     std::printf(
-        "%s handler on %s, %ld messages, %d workers, seed %llu: %ld deliveries (%s; by delivery "
+        "%s handler on %s over %s, %ld messages, %d workers, seed %llu: %ld deliveries (%s; by "
+        "delivery "
         "count %s); kills: %ld "
         "by the driver%s; %ld worker starts; gateway: %ld requests, %ld charges, %ld refused in "
         "flight; orders without a capture %ld, with several captures %ld, with several charges "
         "%ld, capture and charge disagree %ld; pending at the end %zu\n",
-        o.naive ? "naive" : "idem", to_string(o.store), o.messages, o.workers,
+        o.naive ? "naive" : "idem", to_string(o.store), to_string(o.broker), o.messages, o.workers,
         static_cast<unsigned long long>(o.seed), delivered, outcome_text.c_str(),
         count_text.c_str(), fleet.driver_kills(), window_text.c_str(), fleet.starts(),
         gateway_requests, gateway_calls, gateway_refused, no_capture, extra_captures, extra_charges,
@@ -647,11 +600,13 @@ int run_driver(const Options& o) {
         status = std::max(status, exit_failed);
     }
     std::printf(
-        "{\"store\":\"%s\",\"messages\":%ld,\"workers\":%d,\"kills\":%ld,\"delivered\":%ld,"
+        "{\"store\":\"%s\",\"broker\":\"%s\",\"messages\":%ld,\"workers\":%d,\"kills\":%ld,"
+        "\"delivered\":%ld,"
         "\"redeliveries\":%ld,\"captures\":%ld,\"gateway_requests\":%ld,\"gateway_calls\":%ld,"
         "\"divergences\":%ld,\"dead_lettered\":%ld,\"seconds\":%.1f}\n",
-        to_string(o.store), o.messages, o.workers, fleet.kills(), delivered, redeliveries, captures,
-        gateway_requests, gateway_calls, divergences, dead_lettered, seconds);
+        to_string(o.store), to_string(o.broker), o.messages, o.workers, fleet.kills(), delivered,
+        redeliveries, captures, gateway_requests, gateway_calls, divergences, dead_lettered,
+        seconds);
     std::fflush(stdout);
     return status;
 }

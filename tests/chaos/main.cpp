@@ -12,14 +12,16 @@
 namespace {
 
 constexpr const char* usage =
-    "usage: idem_chaos [--store sqlite|postgres|redis|mysql] [--messages N] [--workers K] [--seed "
-    "S]\n"
+    "usage: idem_chaos [--store sqlite|postgres|redis|mysql] [--broker redis|rabbitmq|nats]\n"
+    "                  [--messages N] [--workers K] [--seed S]\n"
     "                  [--naive] [--kill-rate P] [--kill-interval-ms MS] [--visibility-ms MS]\n"
     "                  [--latency-ms MS] [--inflight-ms MS] [--max-deliveries N] [--timeout S]\n"
     "\n"
     "  --store           the idem store the workers use (default sqlite); redis-server always "
     "runs\n"
-    "                    (stream, gateway), PostgreSQL only for --store postgres\n"
+    "                    (gateway, counters), PostgreSQL only for --store postgres\n"
+    "  --broker          what carries the messages (default redis: a Redis stream in the run's\n"
+    "                    redis-server; rabbitmq: a quorum queue; nats: a JetStream stream)\n"
     "  --messages        capture messages, order ids 1..N (default 2000)\n"
     "  --workers         worker processes (default 4)\n"
     "  --seed            seeds the driver's kills and each worker's self-kills (default 1)\n"
@@ -80,6 +82,20 @@ chaos::Options parse(int argc, char** argv) {
                 throw std::invalid_argument("--store is sqlite, postgres, redis or mysql, not '" +
                                             store + "'");
             }
+        } else if (arg == "--broker") {
+            const std::string broker = value();
+            if (broker == "redis") {
+                o.broker = chaos::BrokerKind::redis_streams;
+            } else if (broker == "rabbitmq") {
+                o.broker = chaos::BrokerKind::rabbitmq;
+            } else if (broker == "nats") {
+                o.broker = chaos::BrokerKind::nats;
+            } else {
+                throw std::invalid_argument("--broker is redis, rabbitmq or nats, not '" + broker +
+                                            "'");
+            }
+        } else if (arg == "--broker-address") {  // internal, worker mode
+            o.broker_address = value();
         } else if (arg == "--messages") {
             o.messages = number(arg, value(), 1, 10'000'000);
         } else if (arg == "--workers") {

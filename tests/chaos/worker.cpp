@@ -25,9 +25,9 @@
 
 #include <fmt/format.h>
 
+#include "broker.hpp"
 #include "chaos.hpp"
 #include "gateway.hpp"
-#include "idem/broker/redis_streams.hpp"
 #include "idem/idem.hpp"
 #include "idem/store/mysql.hpp"
 #include "idem/store/postgres.hpp"
@@ -37,12 +37,12 @@
 namespace chaos {
 namespace {
 
-std::atomic<idem::StreamConsumer*> running_consumer{nullptr};
+std::atomic<BrokerWorker*> running_worker{nullptr};
 volatile sig_atomic_t stopping = 0;
 
 extern "C" void on_sigterm(int) {
     stopping = 1;
-    if (idem::StreamConsumer* consumer = running_consumer.load()) consumer->request_stop();
+    if (BrokerWorker* worker = running_worker.load()) worker->request_stop();
 }
 
 /// Kills this process at a crash window with the run's probability; counts the kill first (in
@@ -73,24 +73,24 @@ struct Capture {
     long amount = 0;
 };
 
-long number_field(const idem::StreamEntry& entry, const char* name) {
-    const auto value = entry.field(name);
+long number_field(const Message& message, const char* name) {
+    const auto value = message.field(name);
     if (!value || value->empty()) {
-        throw idem::malformed_message(fmt::format("entry {} has no {}", entry.id, name));
+        throw idem::malformed_message(fmt::format("message {} has no {}", message.broker_id, name));
     }
     long n = 0;
     for (char c : *value) {
         if (c < '0' || c > '9') {
             throw idem::malformed_message(
-                fmt::format("entry {}: {} is not a number", entry.id, name));
+                fmt::format("message {}: {} is not a number", message.broker_id, name));
         }
         n = n * 10 + (c - '0');
     }
     return n;
 }
 
-Capture parse_capture(const idem::StreamEntry& entry) {
-    return Capture{number_field(entry, "order_id"), number_field(entry, "amount")};
+Capture parse_capture(const Message& message) {
+    return Capture{number_field(message, "order_id"), number_field(message, "amount")};
 }
 
 // The capture row, written through the claim's transaction. A plain table or list: no unique
@@ -117,7 +117,7 @@ struct CaptureEffect {
     CrashWindows* windows;
 
     template <class Tx>
-    void operator()(Tx& tx, const idem::StreamEntry& entry) const {
+    void operator()(Tx& tx, const Message& entry) const {
         const Capture capture = parse_capture(entry);
         windows->maybe_die(after_claim);
         const std::string reference = gateway->capture(idem::key("capture", capture.order_id),
@@ -132,8 +132,7 @@ struct CaptureEffect {
 // every attempt ("the original bug with an extra API parameter"), the capture committed on its own.
 template <class Store>
 idem::Outcome naive_capture(Store& store, idem::RedisConnection& redis, GatewayClient& gateway,
-                            CrashWindows& windows, std::mt19937_64& random,
-                            const idem::StreamEntry& entry) {
+                            CrashWindows& windows, std::mt19937_64& random, const Message& entry) {
     const Capture capture = parse_capture(entry);
     windows.maybe_die(after_claim);
     const std::string fresh_key = fmt::format("capture-{}-{:016x}", capture.order_id, random());
@@ -187,48 +186,38 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
     auto handler = idem::make_handler(store, idem::Policy{scope_name, policy_options},
                                       CaptureEffect{&gateway, &windows});
 
-    idem::StreamConsumerOptions consumer_options;
-    consumer_options.stream = stream_key;
-    consumer_options.group = group_name;
-    consumer_options.consumer = fmt::format("worker-{}-{}", options.slot, ::getpid());
-    consumer_options.dead_letter_stream = dead_letter_stream_key;
-    // One entry at a time: a killed worker's unhandled batch would otherwise be redelivered with
-    // raised delivery counts although it never reached the handler.
-    consumer_options.batch_size = 1;
-    consumer_options.block = std::chrono::milliseconds(100);
-    consumer_options.visibility_timeout = options.visibility;
+    WorkerSettings settings;
+    settings.consumer_name = fmt::format("worker-{}-{}", options.slot, ::getpid());
+    settings.visibility = options.visibility;
     int errors_reported = 0;
-    consumer_options.on_error = [&](const std::exception& e) {
+    settings.on_error = [&](const std::exception& e) {
         if (++errors_reported <= 3) std::fprintf(stderr, "idem_chaos worker: %s\n", e.what());
     };
+    std::unique_ptr<BrokerWorker> worker = make_worker(options, settings);
 
     // The plain std::function form, wrapping the handler, so the worker can die between the
-    // handler's commit and the consumer's XACK (with the handler form and a RedisStore, the ack
-    // would be part of the commit and that window would not exist).
-    idem::StreamConsumer consumer{
-        endpoint, consumer_options,
-        [&](const idem::Delivery& delivery, const idem::StreamEntry& entry) {
-            for (const idem::RedisReply& reply :
-                 redis.pipeline({{"INCR", delivered_key},
-                                 {"HINCRBY", counts_key,
-                                  std::to_string(delivery.delivery_count.value()), "1"}})) {
-                if (reply.is_error()) throw std::runtime_error("counting: " + reply.str);
-            }
-            const idem::Outcome outcome =
-                options.naive ? naive_capture(store, redis, gateway, windows, random, entry)
-                              : handler.handle(delivery, entry);
-            try {
-                redis.command({"HINCRBY", outcomes_key,
-                               std::string(idem::to_string(outcome.disposition)), "1"});
-            } catch (const idem::error&) {  // a lost count must not turn a commit into a failure
-            }
-            if (idem::should_ack(outcome)) windows.maybe_die(after_commit_before_ack);
-            return outcome;
-        }};
-    running_consumer.store(&consumer);
-    if (stopping != 0) consumer.request_stop();
-    consumer.run();
-    running_consumer.store(nullptr);
+    // handler's commit and the broker's ack (with the handler form and a RedisStore, the ack of
+    // a Redis stream would be part of the commit and that window would not exist).
+    running_worker.store(worker.get());
+    if (stopping != 0) worker->request_stop();
+    worker->run([&](const idem::Delivery& delivery, const Message& entry) {
+        for (const idem::RedisReply& reply : redis.pipeline(
+                 {{"INCR", delivered_key},
+                  {"HINCRBY", counts_key, std::to_string(delivery.delivery_count.value()), "1"}})) {
+            if (reply.is_error()) throw std::runtime_error("counting: " + reply.str);
+        }
+        const idem::Outcome outcome =
+            options.naive ? naive_capture(store, redis, gateway, windows, random, entry)
+                          : handler.handle(delivery, entry);
+        try {
+            redis.command(
+                {"HINCRBY", outcomes_key, std::string(idem::to_string(outcome.disposition)), "1"});
+        } catch (const idem::error&) {  // a lost count must not turn a commit into a failure
+        }
+        if (idem::should_ack(outcome)) windows.maybe_die(after_commit_before_ack);
+        return outcome;
+    });
+    running_worker.store(nullptr);
     return 0;
 }
 

@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "idem/broker/consumer.hpp"
 #include "idem/circuit_breaker.hpp"
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
@@ -155,20 +156,16 @@ struct StreamConsumerOptions {
     /// probe, one initial_backoff pause after each such outcome. An IdempotentHandler's store is
     /// probed with a transaction begun and rolled back (or its ping()).
     std::function<void()> store_probe{};
+    /// Receives a ConsumerHealth report (pending entries of the group from XPENDING, the
+    /// dead-letter stream's length, the breaker) after a poll, at most once per health_interval;
+    /// each report costs one round trip. Empty: none. E.g. PrometheusObserver's health_sink().
+    HealthSink on_health{};
+    std::chrono::milliseconds health_interval{1000};
 };
 
-/// @brief What a StreamConsumer has done so far (a snapshot).
-struct StreamConsumerStats {
-    std::size_t read = 0;             ///< new entries read (XREADGROUP)
-    std::size_t reclaimed = 0;        ///< stuck entries taken over and delivered again (XAUTOCLAIM)
-    std::size_t acked = 0;            ///< entries acked, by the consumer or in the commit
-    std::size_t dead_lettered = 0;    ///< of those, moved to the dead-letter stream
-    std::size_t not_acked = 0;        ///< left pending: failed, deferred or in_progress
-    std::size_t acked_in_commit = 0;  ///< acked by the store's commit itself (RedisStore)
-    std::size_t connection_errors = 0;  ///< Redis unreachable or timed out
-    std::size_t circuit_opened = 0;     ///< times reading paused: the handler's store unreachable
-    std::size_t store_probes = 0;       ///< probes of the store while paused (successful included)
-};
+/// @brief What a StreamConsumer has done so far (a snapshot): `read` counts new entries
+/// (XREADGROUP), `reclaimed` stuck entries taken over and delivered again (XAUTOCLAIM).
+using StreamConsumerStats = broker::ConsumerStats;
 
 namespace detail {
 
@@ -273,8 +270,10 @@ class StreamConsumer {
     /// @brief A consumer calling @p handler for each entry.
     /// @throws usage_error for an invalid option (the message says which and why).
     StreamConsumer(RedisEndpoint endpoint, StreamConsumerOptions options, Handler handler)
-        : StreamConsumer(Private{}, std::move(endpoint), std::move(options),
-                         plain(std::move(handler)), BatchDispatch{}, {}, false, {}) {}
+        : StreamConsumer(
+              Private{}, std::move(endpoint), std::move(options),
+              broker::Dispatch<StreamEntry>::plain(std::move(handler), "idem::StreamConsumer"),
+              false) {}
 
     /// @brief A consumer calling @p handler.handle(delivery, entry) — or, with
     /// handle_in_batches, handler.handle_batch(deliveries, entries) once per poll; its effect
@@ -288,23 +287,12 @@ class StreamConsumer {
     StreamConsumer(RedisEndpoint endpoint, StreamConsumerOptions options,
                    IdempotentHandler<Store, Effect>& handler)
         // `endpoint` is copied, not moved: acks_in_commit_of() reads it in the same call.
-        : StreamConsumer(Private{}, endpoint, std::move(options), idempotent(handler),
-                         idempotent_batch(handler), handler.policy().scope(),
-                         acks_in_commit_of(handler, endpoint),
-                         [&handler] { probe_store(handler.store()); }) {
-        if constexpr (detail::has_default_lease<Store>::value) {
-            const std::chrono::milliseconds lease = handler.effective_lease();
-            if (lease > options_.visibility_timeout) {
-                throw usage_error(fmt::format(
-                    "idem::StreamConsumer(\"{}\", group \"{}\"): the handler \"{}\" holds its "
-                    "claims for {} ms, longer than the visibility_timeout ({} ms): a worker that "
-                    "dies holding the lease would block its message across redeliveries. Make the "
-                    "visibility timeout longer than the handler's p99 and the lease (PolicyOptions"
-                    "::lease or RedisOptions::lease) equal to it or just under.",
-                    options_.stream, options_.group, scope_, lease.count(),
-                    options_.visibility_timeout.count()));
-            }
-        }
+        : StreamConsumer(Private{}, endpoint, std::move(options),
+                         broker::Dispatch<StreamEntry>::idempotent(handler),
+                         acks_in_commit_of(handler, endpoint)) {
+        broker::check_lease_fits(handler, options_.visibility_timeout, "visibility_timeout",
+                                 fmt::format("idem::StreamConsumer(\"{}\", group \"{}\")",
+                                             options_.stream, options_.group));
     }
 
     StreamConsumer(const StreamConsumer&) = delete;
@@ -323,59 +311,24 @@ class StreamConsumer {
     /// While the circuit breaker is open (the handler's store was found unreachable) it first
     /// waits and probes the store until it answers, or returns 0 on request_stop().
     std::size_t poll_once() {
-        if (stop_requested()) return 0;
-        if (breaker_.is_open() &&
-            !breaker_.wait_until_closed([this] { return stop_requested(); })) {
-            return 0;
-        }
-        try {
-            return poll();
-        } catch (const store_unavailable&) {
-            connection_errors_.fetch_add(1, std::memory_order_relaxed);
-            throw;
-        } catch (const store_timeout&) {
-            connection_errors_.fetch_add(1, std::memory_order_relaxed);
-            throw;
-        }
+        if (!loop_.ready_to_read()) return 0;
+        const std::size_t handled = loop_.counting_connection_errors([this] { return poll(); });
+        if (loop_.health_due()) report_health();
+        return handled;
     }
 
     /// @brief Polls until request_stop(). Store errors (a lost connection, a restarted server)
     /// are retried after a bounded backoff (50 ms doubling to 1 s), never thrown. Returns within
     /// about `block` of the stop, once the entry in hand is finished.
     void run() {
-        std::chrono::milliseconds backoff = min_backoff;
-        while (!stop_requested()) {
-            try {
-                poll_once();
-                backoff = min_backoff;
-            } catch (const store_error& e) {
-                report(e);
-                sleep_unless_stopped(backoff);
-                backoff = std::min(backoff * 2, max_backoff);
-            }
-        }
+        loop_.run([this] { poll_once(); });
     }
 
     /// @brief Asks run() to return. Lock-free: safe from another thread or a signal handler.
-    void request_stop() noexcept { stop_.store(true, std::memory_order_release); }
-    [[nodiscard]] bool stop_requested() const noexcept {
-        return stop_.load(std::memory_order_acquire);
-    }
+    void request_stop() noexcept { loop_.request_stop(); }
+    [[nodiscard]] bool stop_requested() const noexcept { return loop_.stop_requested(); }
 
-    [[nodiscard]] StreamConsumerStats stats() const noexcept {
-        StreamConsumerStats s;
-        s.read = read_.load(std::memory_order_relaxed);
-        s.reclaimed = reclaimed_.load(std::memory_order_relaxed);
-        s.acked = acked_.load(std::memory_order_relaxed);
-        s.dead_lettered = dead_lettered_.load(std::memory_order_relaxed);
-        s.not_acked = not_acked_.load(std::memory_order_relaxed);
-        s.acked_in_commit = acked_in_commit_.load(std::memory_order_relaxed);
-        s.connection_errors = connection_errors_.load(std::memory_order_relaxed);
-        const CircuitBreakerStats breaker = breaker_.stats();
-        s.circuit_opened = breaker.opened;
-        s.store_probes = breaker.probes;
-        return s;
-    }
+    [[nodiscard]] StreamConsumerStats stats() const noexcept { return loop_.stats(); }
 
     /// @brief The options in use (dead_letter_stream filled in).
     [[nodiscard]] const StreamConsumerOptions& options() const noexcept { return options_; }
@@ -384,18 +337,7 @@ class StreamConsumer {
     [[nodiscard]] bool acks_in_commit() const noexcept { return acks_in_commit_; }
 
   private:
-    static_assert(std::atomic<bool>::is_always_lock_free,
-                  "idem: request_stop() needs a lock-free std::atomic<bool> (signal handlers)");
-
-    static constexpr std::chrono::milliseconds min_backoff{50};
-    static constexpr std::chrono::milliseconds max_backoff{1000};
-
     struct Private {};
-    /// Calls the handler; a non-null hook asks it to ack in its commit.
-    using Dispatch = std::function<Outcome(const Delivery&, const StreamEntry&, CommitHook*)>;
-    /// Calls handle_batch; non-null hooks (one per entry) ask its commit to ack them.
-    using BatchDispatch = std::function<std::vector<Outcome>(
-        const std::vector<Delivery>&, const std::vector<StreamEntry>&, std::vector<CommitHook>*)>;
 
     struct Item {
         StreamEntry entry;
@@ -403,43 +345,15 @@ class StreamConsumer {
     };
 
     StreamConsumer(Private, RedisEndpoint endpoint, StreamConsumerOptions options,
-                   Dispatch dispatch, BatchDispatch batch_dispatch, std::string scope,
-                   bool acks_in_commit, std::function<void()> probe)
+                   broker::Dispatch<StreamEntry> dispatch, bool acks_in_commit)
         : options_(validated(std::move(options), endpoint)),
           connection_(std::move(endpoint)),
           dispatch_(std::move(dispatch)),
-          batch_dispatch_(std::move(batch_dispatch)),
-          scope_(std::move(scope)),
           acks_in_commit_(acks_in_commit),
-          breaker_(options_.circuit_breaker,
-                   probe                  ? std::move(probe)
-                   : options_.store_probe ? options_.store_probe
-                                          : std::function<void()>([] {}),
-                   [this](std::chrono::milliseconds d) { sleep_unless_stopped(d); }) {}
-
-    static Dispatch plain(Handler handler) {
-        if (!handler) throw usage_error("idem::StreamConsumer: the handler is empty");
-        return [handler = std::move(handler)](const Delivery& delivery, const StreamEntry& entry,
-                                              CommitHook*) { return handler(delivery, entry); };
-    }
-
-    template <class Store, class Effect>
-    static Dispatch idempotent(IdempotentHandler<Store, Effect>& handler) {
-        return [&handler](const Delivery& delivery, const StreamEntry& entry,
-                          CommitHook* hook) -> Outcome {
-            if (hook != nullptr) return handler.handle(delivery, entry, *hook);
-            return handler.handle(delivery, entry);
-        };
-    }
-
-    template <class Store, class Effect>
-    static BatchDispatch idempotent_batch(IdempotentHandler<Store, Effect>& handler) {
-        return [&handler](const std::vector<Delivery>& deliveries,
-                          const std::vector<StreamEntry>& entries, std::vector<CommitHook>* hooks) {
-            if (hooks != nullptr) return handler.handle_batch(deliveries, entries, *hooks);
-            return handler.handle_batch(deliveries, entries);
-        };
-    }
+          loop_(
+              broker::LoopOptions{options_.on_error, options_.circuit_breaker, options_.store_probe,
+                                  options_.on_health, options_.health_interval},
+              dispatch_.store_probe()) {}
 
     /// Whether the handler's store would do this consumer's stream acks in its commit: asked
     /// once, of the store's commit-hook capability (no store type is named here).
@@ -508,7 +422,7 @@ class StreamConsumer {
         for (const Item& item : batch) {
             // The rest stays pending and is taken over later (after a stop, or once the store
             // answers again).
-            if (stop_requested() || breaker_.is_open()) break;
+            if (loop_.interrupted()) break;
             handle(item);
             ++handled;
         }
@@ -559,7 +473,7 @@ class StreamConsumer {
         for (StreamEntry& entry : entries) {
             auto found = counts.find(entry.id);
             if (found == counts.end()) continue;  // no longer pending for us: acked meanwhile
-            reclaimed_.fetch_add(1, std::memory_order_relaxed);
+            loop_.reclaimed.fetch_add(1, std::memory_order_relaxed);
             batch.push_back(Item{std::move(entry), found->second});
         }
     }
@@ -612,7 +526,7 @@ class StreamConsumer {
             if (!stream.is_array() || stream.elements.size() < 2) continue;
             for (const redis::Reply& element : stream.elements[1].elements) {
                 if (auto entry = detail::parse_stream_entry(element, options_.stream)) {
-                    read_.fetch_add(1, std::memory_order_relaxed);
+                    loop_.read.fetch_add(1, std::memory_order_relaxed);
                     batch.push_back(Item{std::move(*entry), 1});
                 }
             }
@@ -649,45 +563,32 @@ class StreamConsumer {
         return CommitHook{std::move(ack)};
     }
 
-    /// The handler's outcome; one that throws counts as failed.
-    Outcome call(const Delivery& delivery, const StreamEntry& entry, CommitHook* hook) {
-        try {
-            return dispatch_(delivery, entry, hook);
-        } catch (const std::exception& e) {
-            return failed_outcome(fmt::format("handler threw: {}", e.what()), failure_cause_of(e));
-        } catch (...) {
-            return failed_outcome("handler threw a non-standard exception", FailureCause::other);
-        }
-    }
-
     void handle(const Item& item) {
         const StreamEntry& entry = item.entry;
         const Delivery delivery = delivery_of(entry, item.delivery_count);
         std::optional<CommitHook> hook;
         if (acks_in_commit_) hook.emplace(commit_hook_of(entry, delivery));
-        const Outcome outcome = call(delivery, entry, hook ? &*hook : nullptr);
-        if (breaker_.trips_on(outcome)) breaker_.open();
+        const Outcome outcome = dispatch_.call(delivery, entry, hook ? &*hook : nullptr);
+        loop_.note(outcome);
 
         if (hook && hook->acked_in_commit) {  // the commit acked it (and parked it, if it was a
                                               // dead letter)
-            acked_in_commit_.fetch_add(1, std::memory_order_relaxed);
-            acked_.fetch_add(1, std::memory_order_relaxed);
-            if (outcome.disposition == Disposition::dead_lettered) {
-                dead_lettered_.fetch_add(1, std::memory_order_relaxed);
-            }
+            loop_.count(settled_in_commit(outcome), /*in_commit=*/true);
             return;
         }
-        if (!should_ack(outcome)) {  // stays pending; the visibility timeout brings it back
-            not_acked_.fetch_add(1, std::memory_order_relaxed);
-            return;
-        }
-        if (to_dead_letters(outcome)) {
+        const broker::Settlement settlement = broker::settlement_of(outcome, acks_in_commit_);
+        if (settlement == broker::Settlement::dead_letter_then_ack) {
             dead_letter_and_ack(entry, delivery, outcome.reason);
-            dead_lettered_.fetch_add(1, std::memory_order_relaxed);
-        } else {
+        } else if (settlement == broker::Settlement::ack) {
             checked({"XACK", options_.stream, options_.group, entry.id}, "XACK");
-        }
-        acked_.fetch_add(1, std::memory_order_relaxed);
+        }  // redeliver: stays pending; the visibility timeout brings it back
+        loop_.count(settlement);
+    }
+
+    /// How a delivery the commit acked was settled: parked with its dead-letter stream entry,
+    /// or acked (a duplicate of a dead letter needs no second copy: see settlement_of()).
+    static broker::Settlement settled_in_commit(const Outcome& outcome) noexcept {
+        return broker::settlement_of(outcome, /*commit_publishes_dead_letters=*/true);
     }
 
     /// Batch mode: the whole poll to the handler at once, then one round trip for the acks the
@@ -710,32 +611,17 @@ class StreamConsumer {
         }
 
         std::vector<Outcome> outcomes;
-        if (batch_dispatch_) {
-            try {
-                outcomes = batch_dispatch_(deliveries, entries, acks_in_commit_ ? &hooks : nullptr);
-                if (outcomes.size() != entries.size()) {
-                    throw store_error(
-                        fmt::format("handle_batch returned {} outcomes for {} entries",
-                                    outcomes.size(), entries.size()));
-                }
-            } catch (const std::exception& e) {
-                outcomes.assign(entries.size(),
-                                failed_outcome(fmt::format("batch handler threw: {}", e.what()),
-                                               failure_cause_of(e)));
-            } catch (...) {
-                outcomes.assign(entries.size(),
-                                failed_outcome("batch handler threw a non-standard exception",
-                                               FailureCause::other));
-            }
+        if (dispatch_.batches()) {
+            outcomes =
+                dispatch_.call_batch(deliveries, entries, acks_in_commit_ ? &hooks : nullptr);
+            for (const Outcome& outcome : outcomes)
+                loop_.note(outcome);
         } else {  // a plain handler: one call per entry, the acks batched below
             for (std::size_t i = 0; i < entries.size(); ++i) {
-                if (i != 0 && (stop_requested() || breaker_.is_open())) break;  // stays pending
-                outcomes.push_back(call(deliveries[i], entries[i], nullptr));
-                if (breaker_.trips_on(outcomes.back())) breaker_.open();
+                if (i != 0 && loop_.interrupted()) break;  // the rest stays pending
+                outcomes.push_back(dispatch_.call(deliveries[i], entries[i], nullptr));
+                loop_.note(outcomes.back());
             }
-        }
-        for (const Outcome& outcome : outcomes) {
-            if (breaker_.trips_on(outcome)) breaker_.open();
         }
         ack_all(entries, deliveries, outcomes, hooks);
         return outcomes.size();
@@ -750,14 +636,12 @@ class StreamConsumer {
         std::size_t plain_acks = 0;
         for (std::size_t i = 0; i < outcomes.size(); ++i) {
             const Outcome& outcome = outcomes[i];
-            const bool dead_lettered = to_dead_letters(outcome);
+            const broker::Settlement settlement = broker::settlement_of(outcome, acks_in_commit_);
             if (!hooks.empty() && hooks[i].acked_in_commit) {  // the commit acked (and parked) it
-                acked_in_commit_.fetch_add(1, std::memory_order_relaxed);
-                acked_.fetch_add(1, std::memory_order_relaxed);
-                if (dead_lettered) dead_lettered_.fetch_add(1, std::memory_order_relaxed);
-            } else if (!should_ack(outcome)) {
-                not_acked_.fetch_add(1, std::memory_order_relaxed);
-            } else if (dead_lettered) {
+                loop_.count(settled_in_commit(outcome), /*in_commit=*/true);
+            } else if (settlement == broker::Settlement::redeliver) {
+                loop_.count(settlement);
+            } else if (settlement == broker::Settlement::dead_letter_then_ack) {
                 commands.push_back(dead_letter_eval(entries[i], deliveries[i], outcome.reason));
             } else {
                 xack.push_back(entries[i].id);
@@ -777,30 +661,20 @@ class StreamConsumer {
                         reply_error(replies[k], is_xack ? "XACK" : "dead letter (not acked)"));
                 }
             } else if (is_xack) {
-                acked_.fetch_add(plain_acks, std::memory_order_relaxed);
+                for (std::size_t n = 0; n < plain_acks; ++n)
+                    loop_.count(broker::Settlement::ack);
             } else {
-                acked_.fetch_add(1, std::memory_order_relaxed);
-                dead_lettered_.fetch_add(1, std::memory_order_relaxed);
+                loop_.count(broker::Settlement::dead_letter_then_ack);
             }
         }
         if (error) throw *error;
-    }
-
-    /// True when the entry goes to the dead-letter stream before its ack: a dead letter, or a
-    /// duplicate of a message an earlier delivery parked — when the consumer acks (not the
-    /// commit), a crash between the commit that parked it and the consumer's XADD + XACK would
-    /// otherwise lose its dead-letter stream entry. (When the commit acks, it added the entry
-    /// in the same atomic step as the park, so a duplicate is acked plainly.)
-    bool to_dead_letters(const Outcome& outcome) const noexcept {
-        return outcome.disposition == Disposition::dead_lettered ||
-               (!acks_in_commit_ && outcome.duplicate_of_dead_letter());
     }
 
     /// The dead-letter script as one command of a pipeline (EVAL: no script cache to miss).
     std::vector<std::string> dead_letter_eval(const StreamEntry& entry, const Delivery& delivery,
                                               const std::string& reason) const {
         std::vector<std::string> xadd = redis::stream_dead_letter_command(
-            options_.dead_letter_stream, entry.id, entry.fields, reason, scope_,
+            options_.dead_letter_stream, entry.id, entry.fields, reason, dispatch_.scope(),
             delivery.message_id, delivery.delivery_count.value());
         std::vector<std::string> command{"EVAL",
                                          detail::stream_dead_letter_ack_source,
@@ -818,7 +692,7 @@ class StreamConsumer {
     void dead_letter_and_ack(const StreamEntry& entry, const Delivery& delivery,
                              const std::string& reason) {
         std::vector<std::string> xadd = redis::stream_dead_letter_command(
-            options_.dead_letter_stream, entry.id, entry.fields, reason, scope_,
+            options_.dead_letter_stream, entry.id, entry.fields, reason, dispatch_.scope(),
             delivery.message_id, delivery.delivery_count.value());
         // XADD <key> * <fields...> → ARGV: group, entry id, <fields...>
         std::vector<std::string> args{options_.group, entry.id};
@@ -831,6 +705,32 @@ class StreamConsumer {
                 "idem::StreamConsumer: moving entry {} of {} to {} failed on {} (not acked): {}",
                 entry.id, options_.stream, options_.dead_letter_stream, endpoint().describe(),
                 reply.str));
+        }
+    }
+
+    /// One round trip: the group's pending count (XPENDING summary) and the dead-letter stream's
+    /// length (XLEN), given to the health sink. A failure is reported, not thrown: the next poll
+    /// meets the same connection trouble and deals with it.
+    void report_health() noexcept {
+        try {
+            const std::vector<redis::Reply> replies = connection_.pipeline(
+                std::vector<std::vector<std::string>>{{"XPENDING", options_.stream, options_.group},
+                                                      {"XLEN", options_.dead_letter_stream}});
+            const std::string consumer = options_.stream + "/" + options_.group;
+            ConsumerHealth health;
+            health.consumer = consumer;
+            health.dead_letter_destination = options_.dead_letter_stream;
+            if (replies[0].is_array() && !replies[0].elements.empty() &&
+                replies[0].elements[0].type == redis::Reply::Type::integer) {
+                health.pending = static_cast<std::uint64_t>(replies[0].elements[0].integer);
+            }
+            if (replies[1].type == redis::Reply::Type::integer) {
+                health.dead_letter_depth = static_cast<std::uint64_t>(replies[1].integer);
+            }
+            loop_.report_health(health);
+        } catch (const std::exception& e) {
+            loop_.report(e);
+        } catch (...) {
         }
     }
 
@@ -854,41 +754,13 @@ class StreamConsumer {
                                        endpoint().describe(), reply.str));
     }
 
-    void report(const std::exception& e) noexcept {
-        if (!options_.on_error) return;
-        try {
-            options_.on_error(e);
-        } catch (...) {  // reporting must never stop the loop
-        }
-    }
-
-    void sleep_unless_stopped(std::chrono::milliseconds duration) const {
-        const auto until = std::chrono::steady_clock::now() + duration;
-        while (!stop_requested()) {
-            const auto now = std::chrono::steady_clock::now();
-            if (now >= until) return;
-            std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-                until - now, std::chrono::milliseconds(20)));
-        }
-    }
-
     StreamConsumerOptions options_;
     redis::Connection connection_;
-    Dispatch dispatch_;
-    BatchDispatch batch_dispatch_;  ///< empty for a plain handler
-    std::string scope_;  ///< the handler's policy scope, for dead letters; empty for a plain one
+    broker::Dispatch<StreamEntry> dispatch_;
     bool acks_in_commit_;
-    CircuitBreaker breaker_;  ///< after options_: built from options_.circuit_breaker
+    broker::Loop loop_;  ///< after options_ and dispatch_: built from both
     bool group_ready_ = false;
     std::string cursor_ = "0-0";  ///< XAUTOCLAIM resumes where the last poll stopped
-    std::atomic<bool> stop_{false};
-    std::atomic<std::size_t> read_{0};
-    std::atomic<std::size_t> reclaimed_{0};
-    std::atomic<std::size_t> acked_{0};
-    std::atomic<std::size_t> dead_lettered_{0};
-    std::atomic<std::size_t> not_acked_{0};
-    std::atomic<std::size_t> acked_in_commit_{0};
-    std::atomic<std::size_t> connection_errors_{0};
 };
 
 IDEM_END_NAMESPACE

@@ -1,0 +1,184 @@
+// The chaos run's default broker: a Redis stream (chaos:payments) read through a consumer group
+// by idem::StreamConsumer, in the run's own redis-server (the one the gateway uses).
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "broker.hpp"
+#include "idem/broker/redis_streams.hpp"
+#include "idem/store/redis_connection.hpp"
+
+namespace chaos {
+namespace {
+
+idem::RedisEndpoint endpoint_on(int port) {
+    idem::RedisEndpoint endpoint;
+    endpoint.host = "127.0.0.1";
+    endpoint.port = port;
+    return endpoint;
+}
+
+struct GroupState {
+    long long pending = 0;
+    std::string last_delivered_id;
+    long long entries_read = -1;  // -1: the server does not say (Redis < 7)
+};
+
+class RedisStreamsRun final : public BrokerRun {
+  public:
+    explicit RedisStreamsRun(int port) : port_(port), redis_(endpoint_on(port)) {
+        redis_.checked({"XGROUP", "CREATE", stream_key, group_name, "0", "MKSTREAM"},
+                       "XGROUP CREATE");
+    }
+
+    std::string worker_address() const override { return std::to_string(port_); }
+
+    void publish(long messages) override {
+        messages_ = messages;
+        for (long first = 1; first <= messages; first += 500) {
+            std::vector<std::vector<std::string>> commands;
+            for (long order = first; order < first + 500 && order <= messages; ++order) {
+                commands.push_back({"XADD", stream_key, "*", "order_id", std::to_string(order),
+                                    "amount", std::to_string(amount_of(order))});
+            }
+            const auto replies = redis_.pipeline(commands);
+            for (std::size_t i = 0; i < replies.size(); ++i) {
+                if (replies[i].is_error()) throw std::runtime_error("XADD: " + replies[i].str);
+                last_id_ = replies[i].str;
+                order_of_entry_[last_id_] = first + static_cast<long>(i);
+            }
+        }
+    }
+
+    bool drained() override {
+        const GroupState state = group_state();
+        return state.pending == 0 && state.last_delivered_id == last_id_;
+    }
+
+    std::string progress() override {
+        const GroupState state = group_state();
+        return fmt::format(
+            "read {}/{}, pending {}",
+            state.entries_read >= 0 ? std::to_string(state.entries_read) : std::string("?"),
+            messages_, state.pending);
+    }
+
+    std::set<long> unsettled_orders() override {
+        std::set<long> out;
+        for (const auto& row : redis_
+                                   .checked({"XPENDING", stream_key, group_name, "-", "+",
+                                             std::to_string(messages_ + 1)},
+                                            "XPENDING")
+                                   .elements) {
+            if (row.elements.empty()) continue;
+            if (auto order = order_of(row.elements[0].str)) out.insert(*order);
+        }
+        return out;
+    }
+
+    std::set<long> dead_lettered_orders() override {
+        // Each dead-letter stream entry names the original entry id.
+        std::set<long> out;
+        for (const auto& entry :
+             redis_.checked({"XRANGE", dead_letter_stream_key, "-", "+"}, "XRANGE").elements) {
+            if (entry.elements.size() < 2) continue;
+            const auto& fields = entry.elements[1].elements;
+            for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
+                if (fields[i].str == "idem-entry-id")
+                    out.insert(order_of(fields[i + 1].str).value_or(0));
+            }
+        }
+        return out;
+    }
+
+    std::optional<long> order_of(const std::string& message_id) const override {
+        const auto found = order_of_entry_.find(message_id);
+        if (found == order_of_entry_.end()) return std::nullopt;
+        return found->second;
+    }
+
+  private:
+    GroupState group_state() {
+        const idem::RedisReply reply =
+            redis_.checked({"XINFO", "GROUPS", stream_key}, "XINFO GROUPS");
+        for (const idem::RedisReply& group : reply.elements) {
+            GroupState state;
+            bool ours = false;
+            for (std::size_t i = 0; i + 1 < group.elements.size(); i += 2) {
+                const std::string& name = group.elements[i].str;
+                const idem::RedisReply& value = group.elements[i + 1];
+                if (name == "name") ours = value.str == group_name;
+                if (name == "pending") state.pending = value.integer;
+                if (name == "last-delivered-id") state.last_delivered_id = value.str;
+                if (name == "entries-read") state.entries_read = value.integer;  // nil: none yet
+            }
+            if (ours) return state;
+        }
+        throw std::runtime_error("the consumer group is gone");
+    }
+
+    int port_;
+    idem::RedisConnection redis_;
+    long messages_ = 0;
+    std::string last_id_;
+    std::map<std::string, long> order_of_entry_;
+};
+
+class RedisStreamsWorker final : public BrokerWorker {
+  public:
+    RedisStreamsWorker(const Options& options, const WorkerSettings& settings)
+        : options_(options), settings_(settings) {}
+
+    void run(const Deliver& deliver) override {
+        idem::StreamConsumerOptions consumer_options;
+        consumer_options.stream = stream_key;
+        consumer_options.group = group_name;
+        consumer_options.consumer = settings_.consumer_name;
+        consumer_options.dead_letter_stream = dead_letter_stream_key;
+        // One entry at a time: a killed worker's unhandled batch would otherwise be redelivered
+        // with raised delivery counts although it never reached the handler.
+        consumer_options.batch_size = 1;
+        consumer_options.block = std::chrono::milliseconds(100);
+        consumer_options.visibility_timeout = settings_.visibility;
+        consumer_options.on_error = settings_.on_error;
+        idem::StreamConsumer consumer{
+            endpoint_on(std::stoi(options_.broker_address)), consumer_options,
+            [&](const idem::Delivery& delivery, const idem::StreamEntry& entry) {
+                return deliver(delivery, Message{entry.id, entry.fields});
+            }};
+        running_.store(&consumer);
+        if (stop_.load()) consumer.request_stop();
+        consumer.run();
+        running_.store(nullptr);
+    }
+
+    void request_stop() noexcept override {
+        stop_.store(true);
+        if (idem::StreamConsumer* consumer = running_.load()) consumer->request_stop();
+    }
+
+  private:
+    const Options& options_;
+    WorkerSettings settings_;
+    std::atomic<bool> stop_{false};
+    std::atomic<idem::StreamConsumer*> running_{nullptr};
+};
+
+}  // namespace
+
+std::unique_ptr<BrokerRun> start_redis_streams(const Options&, int redis_port) {
+    return std::make_unique<RedisStreamsRun>(redis_port);
+}
+
+std::unique_ptr<BrokerWorker> redis_streams_worker(const Options& options,
+                                                   const WorkerSettings& settings) {
+    return std::make_unique<RedisStreamsWorker>(options, settings);
+}
+
+}  // namespace chaos
