@@ -25,6 +25,7 @@
 
 #include <fmt/format.h>
 
+#include "idem/broker/consumer.hpp"
 #include "idem/circuit_breaker.hpp"
 #include "idem/config.hpp"
 #include "idem/consumer_health.hpp"
@@ -115,26 +116,18 @@ struct JetStreamConsumerOptions {
     CircuitBreakerOptions circuit_breaker{};
     /// How to probe the store of a plain handler (throw while unreachable). Empty: no probe.
     std::function<void()> store_probe{};
-    /// Receives a ConsumerHealth after each poll (pending = the consumer's NumAckPending, one
-    /// JetStream request per poll; dead-letter depth when dead_letter_stream is named).
-    HealthSink health{};
+    /// Receives a ConsumerHealth report after a poll, at most once per health_interval:
+    /// pending = the consumer's NumAckPending (one JetStream request), dead_letter_depth = the
+    /// messages of dead_letter_stream when it is named (one more). Empty: none.
+    HealthSink on_health{};
+    std::chrono::milliseconds health_interval{1000};
     /// The connection's endpoint details (timeouts, reconnects); its url is the server.
     nats::Endpoint endpoint{};
 };
 
-/// @brief What a JetStreamConsumer has done so far (a snapshot).
-struct JetStreamConsumerStats {
-    std::size_t read = 0;               ///< messages fetched
-    std::size_t redelivered = 0;        ///< of those, with NumDelivered > 1
-    std::size_t acked = 0;              ///< acked (AckSync) or, for dead letters, terminated
-    std::size_t dead_lettered = 0;      ///< of those, published to the dead-letter subject first
-    std::size_t not_acked = 0;          ///< left for redelivery: failed, deferred or in_progress
-    std::size_t nacked_with_delay = 0;  ///< of those, deferred with a NakWithDelay
-    std::size_t in_progress_sent = 0;   ///< +WPI sent for slow handlers
-    std::size_t connection_errors = 0;  ///< the server unreachable or timed out
-    std::size_t circuit_opened = 0;     ///< times pulling paused: the handler's store unreachable
-    std::size_t store_probes = 0;       ///< probes of the store while paused
-};
+/// @brief What a JetStreamConsumer has done so far (a snapshot): `read` counts first
+/// deliveries (NumDelivered 1), `reclaimed` redeliveries (NumDelivered above 1).
+using JetStreamConsumerStats = broker::ConsumerStats;
 
 /// @brief Pulls from a durable JetStream consumer and hands each message to a handler as an
 /// idem::Delivery, so the handler's claim, poison limit and outcome decide the settlement.
@@ -172,33 +165,25 @@ class JetStreamConsumer {
     /// @brief A consumer calling @p handler for each message. Connects on the first poll.
     /// @throws usage_error for an invalid option (the message says which and why).
     JetStreamConsumer(JetStreamConsumerOptions options, Handler handler)
-        : JetStreamConsumer(Private{}, std::move(options), plain(std::move(handler)),
-                            BatchDispatch{}, {}, {}, {}) {}
+        : JetStreamConsumer(Private{}, std::move(options),
+                            broker::Dispatch<JetStreamMessage>::plain(std::move(handler),
+                                                                      "idem::JetStreamConsumer"),
+                            std::nullopt) {}
 
     /// @brief A consumer calling @p handler.handle(delivery, message) — or, with
     /// handle_in_batches, handler.handle_batch() once per fetch. @p handler must outlive the
-    /// consumer. On a lease store the lease must not be longer than the visibility timeout; the
-    /// handler's max_deliveries must be below the consumer's MaxDeliver (checked at start).
+    /// consumer. On a lease store the lease must not be longer than the visibility timeout
+    /// (AckWait); the consumer's MaxDeliver must be above the handler's max_deliveries (checked
+    /// at start).
     /// @throws usage_error for an invalid option or a lease longer than the visibility timeout.
     template <class Store, class Effect>
     JetStreamConsumer(JetStreamConsumerOptions options, IdempotentHandler<Store, Effect>& handler)
-        : JetStreamConsumer(Private{}, std::move(options), idempotent(handler),
-                            idempotent_batch(handler), handler.policy().scope(),
-                            handler.policy().options().max_deliveries,
-                            [&handler] { probe_store(handler.store()); }) {
-        if constexpr (detail::has_default_lease<Store>::value) {
-            const std::chrono::milliseconds lease = handler.effective_lease();
-            if (lease > options_.visibility_timeout) {
-                throw usage_error(fmt::format(
-                    "idem::JetStreamConsumer(\"{}/{}\"): the handler \"{}\" holds its claims for "
-                    "{} ms, longer than the visibility_timeout (AckWait, {} ms): a worker that "
-                    "dies holding the lease would block its message across redeliveries. Make the "
-                    "AckWait longer than the handler's p99 and the lease (PolicyOptions::lease or "
-                    "the store's lease) equal to it or just under.",
-                    options_.stream, options_.durable, scope_, lease.count(),
-                    options_.visibility_timeout.count()));
-            }
-        }
+        : JetStreamConsumer(Private{}, std::move(options),
+                            broker::Dispatch<JetStreamMessage>::idempotent(handler),
+                            handler.policy().max_deliveries()) {
+        broker::check_lease_fits(handler, options_.visibility_timeout,
+                                 "visibility_timeout (AckWait)",
+                                 fmt::format("idem::JetStreamConsumer(\"{}\")", name_));
     }
 
     JetStreamConsumer(const JetStreamConsumer&) = delete;
@@ -209,67 +194,36 @@ class JetStreamConsumer {
     /// fetch_wait), hand each to the handler and settle it as its outcome says. Returns how many
     /// were handled. After request_stop() it returns 0 without fetching, and stops between
     /// messages: those fetched but not handled are left unsettled (redelivered after AckWait).
+    /// While the circuit breaker is open it first waits and probes the store.
     /// @throws nats::unavailable / nats::timeout while the server is away (counted in
     /// stats().connection_errors), nats::error for a refused call, usage_error when the
     /// consumer on the server contradicts the options (AckWait, ack policy, MaxDeliver).
     std::size_t poll_once() {
-        if (stop_requested()) return 0;
-        if (breaker_.is_open() &&
-            !breaker_.wait_until_closed([this] { return stop_requested(); })) {
-            return 0;
-        }
-        try {
-            const std::size_t handled = poll();
-            report_health();
-            return handled;
-        } catch (const nats::unavailable&) {
-            connection_errors_.fetch_add(1, std::memory_order_relaxed);
-            throw;
-        } catch (const nats::timeout&) {
-            connection_errors_.fetch_add(1, std::memory_order_relaxed);
-            throw;
-        }
+        if (!loop_.ready_to_read()) return 0;
+        const std::size_t handled = loop_.counting_connection_errors([this] { return poll(); });
+        if (loop_.health_due()) report_health();
+        return handled;
     }
 
     /// @brief Polls until request_stop(). NATS errors (the server away, a refused ack) are
     /// retried after a bounded backoff (50 ms doubling to 1 s), never thrown; a usage_error
-    /// (the consumer on the server contradicts the options) is thrown. Returns within about
+    /// (the consumer on the server contradicts the options) is. Returns within about
     /// fetch_wait of the stop, once the message in hand is settled.
     void run() {
-        std::chrono::milliseconds backoff = min_backoff;
-        while (!stop_requested()) {
-            try {
-                poll_once();
-                backoff = min_backoff;
-            } catch (const nats::error& e) {
-                report(e);
-                sleep_unless_stopped(backoff);
-                backoff = std::min(backoff * 2, max_backoff);
-            }
-        }
+        loop_.run([this] { poll_once(); });
     }
 
     /// @brief Asks run() to return. Lock-free: safe from another thread or a signal handler.
-    void request_stop() noexcept { stop_.store(true, std::memory_order_release); }
-    [[nodiscard]] bool stop_requested() const noexcept {
-        return stop_.load(std::memory_order_acquire);
-    }
+    void request_stop() noexcept { loop_.request_stop(); }
+    [[nodiscard]] bool stop_requested() const noexcept { return loop_.stop_requested(); }
 
-    [[nodiscard]] JetStreamConsumerStats stats() const noexcept {
-        JetStreamConsumerStats s;
-        s.read = read_.load(std::memory_order_relaxed);
-        s.redelivered = redelivered_.load(std::memory_order_relaxed);
-        s.acked = acked_.load(std::memory_order_relaxed);
-        s.dead_lettered = dead_lettered_.load(std::memory_order_relaxed);
-        s.not_acked = not_acked_.load(std::memory_order_relaxed);
-        s.nacked_with_delay = nacked_with_delay_.load(std::memory_order_relaxed);
-        s.in_progress_sent = heartbeat_.sent();
-        s.connection_errors = connection_errors_.load(std::memory_order_relaxed);
-        const CircuitBreakerStats breaker = breaker_.stats();
-        s.circuit_opened = breaker.opened;
-        s.store_probes = breaker.probes;
-        return s;
+    [[nodiscard]] JetStreamConsumerStats stats() const noexcept { return loop_.stats(); }
+    /// @brief Deferred messages given back with NakWithDelay (of stats().not_acked).
+    [[nodiscard]] std::size_t nacked_with_delay() const noexcept {
+        return nacked_with_delay_.load(std::memory_order_relaxed);
     }
+    /// @brief +WPI sent for messages of slow handlers (in_progress_heartbeat).
+    [[nodiscard]] std::size_t in_progress_sent() const noexcept { return heartbeat_.sent(); }
 
     /// @brief The options in use (dead_letter_subject filled in).
     [[nodiscard]] const JetStreamConsumerOptions& options() const noexcept { return options_; }
@@ -277,29 +231,23 @@ class JetStreamConsumer {
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
 
   private:
-    static_assert(std::atomic<bool>::is_always_lock_free,
-                  "idem: request_stop() needs a lock-free std::atomic<bool> (signal handlers)");
-
-    static constexpr std::chrono::milliseconds min_backoff{50};
-    static constexpr std::chrono::milliseconds max_backoff{1000};
-
     struct Private {};
-    using Dispatch = std::function<Outcome(const Delivery&, const JetStreamMessage&)>;
-    using BatchDispatch = std::function<std::vector<Outcome>(const std::vector<Delivery>&,
-                                                             const std::vector<JetStreamMessage>&)>;
 
-    /// Sends +WPI for the message in hand every half AckWait while the handler runs (opt-in).
+    /// Sends +WPI for the messages in hand every half AckWait while the handler runs (opt-in).
     /// One thread per consumer, started on first use; the mutex orders its +WPI before the
     /// consumer's own settlement of the same message (cnats' natsMsg is not thread-safe).
     class Heartbeat {
       public:
+        Heartbeat() = default;
+        Heartbeat(const Heartbeat&) = delete;
+        Heartbeat& operator=(const Heartbeat&) = delete;
         ~Heartbeat() { stop(); }
 
         void stop() noexcept {
             {
                 std::lock_guard<std::mutex> lock(mutex_);
                 quit_ = true;
-                current_ = nullptr;
+                messages_.clear();
             }
             wake_.notify_all();
             if (thread_.joinable()) thread_.join();
@@ -311,16 +259,14 @@ class JetStreamConsumer {
             {
                 std::lock_guard<std::mutex> lock(mutex_);
                 messages_ = std::move(messages);
-                current_ = &messages_;
                 period_ = period;
                 due_ = std::chrono::steady_clock::now() + period;
             }
             wake_.notify_all();
         }
-        /// No more +WPI for them: returns once none is being sent.
+        /// No more +WPI for them; returns once none is being sent.
         void end() {
             std::lock_guard<std::mutex> lock(mutex_);
-            current_ = nullptr;
             messages_.clear();
         }
         [[nodiscard]] std::size_t sent() const noexcept {
@@ -331,17 +277,19 @@ class JetStreamConsumer {
         void loop() {
             std::unique_lock<std::mutex> lock(mutex_);
             while (!quit_) {
-                if (current_ == nullptr) {
+                if (messages_.empty()) {
                     wake_.wait(lock);
                     continue;
                 }
                 if (wake_.wait_until(lock, due_) != std::cv_status::timeout) continue;
-                if (quit_ || current_ == nullptr) continue;
-                for (nats::Message* message : *current_) {
+                if (quit_ || messages_.empty() || std::chrono::steady_clock::now() < due_) {
+                    continue;
+                }
+                for (nats::Message* message : messages_) {
                     try {
                         message->in_progress();
                         sent_.fetch_add(1, std::memory_order_relaxed);
-                    } catch (...) {  // the server away: the message may come back; nothing lost
+                    } catch (...) {  // the server away: it may come back; nothing is lost
                     }
                 }
                 due_ = std::chrono::steady_clock::now() + period_;
@@ -353,46 +301,22 @@ class JetStreamConsumer {
         std::thread thread_;
         bool quit_ = false;
         std::vector<nats::Message*> messages_;
-        std::vector<nats::Message*>* current_ = nullptr;
         std::chrono::milliseconds period_{0};
         std::chrono::steady_clock::time_point due_{};
         std::atomic<std::size_t> sent_{0};
     };
 
-    JetStreamConsumer(Private, JetStreamConsumerOptions options, Dispatch dispatch,
-                      BatchDispatch batch_dispatch, std::string scope,
-                      std::optional<std::uint32_t> max_deliveries, std::function<void()> probe)
+    JetStreamConsumer(Private, JetStreamConsumerOptions options,
+                      broker::Dispatch<JetStreamMessage> dispatch,
+                      std::optional<std::uint32_t> max_deliveries)
         : options_(validated(std::move(options))),
           name_(options_.stream + "/" + options_.durable),
           dispatch_(std::move(dispatch)),
-          batch_dispatch_(std::move(batch_dispatch)),
-          scope_(std::move(scope)),
           max_deliveries_(max_deliveries),
-          breaker_(options_.circuit_breaker,
-                   probe                  ? std::move(probe)
-                   : options_.store_probe ? options_.store_probe
-                                          : std::function<void()>([] {}),
-                   [this](std::chrono::milliseconds d) { sleep_unless_stopped(d); }) {}
-
-    static Dispatch plain(Handler handler) {
-        if (!handler) throw usage_error("idem::JetStreamConsumer: the handler is empty");
-        return handler;
-    }
-
-    template <class Store, class Effect>
-    static Dispatch idempotent(IdempotentHandler<Store, Effect>& handler) {
-        return [&handler](const Delivery& delivery, const JetStreamMessage& message) {
-            return handler.handle(delivery, message);
-        };
-    }
-
-    template <class Store, class Effect>
-    static BatchDispatch idempotent_batch(IdempotentHandler<Store, Effect>& handler) {
-        return [&handler](const std::vector<Delivery>& deliveries,
-                          const std::vector<JetStreamMessage>& messages) {
-            return handler.handle_batch(deliveries, messages);
-        };
-    }
+          loop_(
+              broker::LoopOptions{options_.on_error, options_.circuit_breaker, options_.store_probe,
+                                  options_.on_health, options_.health_interval},
+              dispatch_.store_probe()) {}
 
     static JetStreamConsumerOptions validated(JetStreamConsumerOptions options) {
         auto refuse = [&](std::string_view why) {
@@ -409,9 +333,7 @@ class JetStreamConsumer {
             refuse("options.durable contains '.', which JetStream refuses in a consumer name");
         }
         if (options.batch_size == 0) refuse("batch_size is 0; fetch at least 1 message per poll");
-        if (options.fetch_wait.count() <= 0) {
-            refuse("fetch_wait must be positive (e.g. 1000 ms)");
-        }
+        if (options.fetch_wait.count() <= 0) refuse("fetch_wait must be positive (e.g. 1000 ms)");
         if (options.visibility_timeout.count() <= 0) {
             refuse(
                 "visibility_timeout (the consumer's AckWait) must be positive: choose it above "
@@ -509,14 +431,15 @@ class JetStreamConsumer {
         std::vector<nats::Message> batch;
         try {
             batch = subscription_->fetch(options_.batch_size, options_.fetch_wait);
-        } catch (const nats::error& e) {
-            if (dynamic_cast<const nats::not_found*>(&e) != nullptr) subscription_.reset();
+        } catch (const nats::not_found&) {  // the consumer was deleted: bind (create) again
+            subscription_.reset();
             throw;
         }
         for (const nats::Message& message : batch) {
-            read_.fetch_add(1, std::memory_order_relaxed);
             if (message.metadata().num_delivered > 1) {
-                redelivered_.fetch_add(1, std::memory_order_relaxed);
+                loop_.reclaimed.fetch_add(1, std::memory_order_relaxed);
+            } else {
+                loop_.read.fetch_add(1, std::memory_order_relaxed);
             }
         }
         if (batch.empty()) return 0;
@@ -525,7 +448,7 @@ class JetStreamConsumer {
         for (nats::Message& message : batch) {
             // The rest is left unsettled: redelivered after AckWait (after a stop, or once the
             // store answers again).
-            if (stop_requested() || breaker_.is_open()) break;
+            if (loop_.interrupted()) break;
             handle(message);
             ++handled;
         }
@@ -562,30 +485,20 @@ class JetStreamConsumer {
         return body;
     }
 
-    /// The handler's outcome; one that throws counts as failed.
-    Outcome call(const Delivery& delivery, const JetStreamMessage& body) {
-        try {
-            return dispatch_(delivery, body);
-        } catch (const std::exception& e) {
-            return failed_outcome(fmt::format("handler threw: {}", e.what()), failure_cause_of(e));
-        } catch (...) {
-            return failed_outcome("handler threw a non-standard exception", FailureCause::other);
-        }
-    }
-
     void handle(nats::Message& message) {
         const Delivery delivery = delivery_of(message);
         const JetStreamMessage body = body_of(message);
         begin_heartbeat({&message});
-        const Outcome outcome = call(delivery, body);
+        const Outcome outcome = dispatch_.call(delivery, body, nullptr);
         heartbeat_.end();
-        if (breaker_.trips_on(outcome)) breaker_.open();
+        loop_.note(outcome);
         settle(message, delivery, body, outcome);
     }
 
-    /// Batch mode: the whole fetch to the handler at once, then each settled.
+    /// Batch mode: the whole fetch to the handler at once (one handle_batch() for an
+    /// IdempotentHandler), then each settled.
     std::size_t handle_all(std::vector<nats::Message>& batch) {
-        if (stop_requested()) return 0;  // a stop leaves the batch unsettled
+        if (loop_.stop_requested()) return 0;  // a stop leaves the batch unsettled
         std::vector<Delivery> deliveries;
         std::vector<JetStreamMessage> bodies;
         std::vector<nats::Message*> covered;
@@ -596,34 +509,18 @@ class JetStreamConsumer {
         }
         std::vector<Outcome> outcomes;
         begin_heartbeat(std::move(covered));
-        if (batch_dispatch_) {
-            try {
-                outcomes = batch_dispatch_(deliveries, bodies);
-                if (outcomes.size() != bodies.size()) {
-                    throw store_error(
-                        fmt::format("handle_batch returned {} outcomes for {} messages",
-                                    outcomes.size(), bodies.size()));
-                }
-            } catch (const std::exception& e) {
-                outcomes.assign(bodies.size(),
-                                failed_outcome(fmt::format("batch handler threw: {}", e.what()),
-                                               failure_cause_of(e)));
-            } catch (...) {
-                outcomes.assign(bodies.size(),
-                                failed_outcome("batch handler threw a non-standard exception",
-                                               FailureCause::other));
-            }
+        if (dispatch_.batches()) {
+            outcomes = dispatch_.call_batch(deliveries, bodies, nullptr);
         } else {  // a plain handler: one call per message
             for (std::size_t i = 0; i < bodies.size(); ++i) {
-                if (i != 0 && (stop_requested() || breaker_.is_open())) break;  // left unsettled
-                outcomes.push_back(call(deliveries[i], bodies[i]));
-                if (breaker_.trips_on(outcomes.back())) breaker_.open();
+                if (i != 0 && loop_.interrupted()) break;  // the rest left unsettled
+                outcomes.push_back(dispatch_.call(deliveries[i], bodies[i], nullptr));
+                loop_.note(outcomes.back());
             }
         }
         heartbeat_.end();
-        for (const Outcome& outcome : outcomes) {
-            if (breaker_.trips_on(outcome)) breaker_.open();
-        }
+        for (const Outcome& outcome : outcomes)
+            loop_.note(outcome);
         for (std::size_t i = 0; i < outcomes.size(); ++i)
             settle(batch[i], deliveries[i], bodies[i], outcomes[i]);
         return outcomes.size();
@@ -636,44 +533,37 @@ class JetStreamConsumer {
     }
 
     // -----------------------------------------------------------------------------------------
-    // Settlement
-
-    /// True when the message goes to the dead-letter subject before its Term: a dead letter, or
-    /// a duplicate of a message an earlier delivery parked (a crash between that commit and the
-    /// publish would otherwise lose its copy on the subject; the copy's own Nats-Msg-Id makes a
-    /// second publish a no-op within the duplicate window).
-    static bool to_dead_letters(const Outcome& outcome) noexcept {
-        return outcome.disposition == Disposition::dead_lettered ||
-               outcome.duplicate_of_dead_letter();
-    }
+    // Settlement (broker::settlement_of: the consumer settles; JetStream has no commit hook)
 
     void settle(nats::Message& message, const Delivery& delivery, const JetStreamMessage& body,
                 const Outcome& outcome) {
-        if (!should_ack(outcome)) {
-            not_acked_.fetch_add(1, std::memory_order_relaxed);
-            if (outcome.disposition == Disposition::deferred && outcome.retry_after) {
-                message.nak_with_delay(*outcome.retry_after);
-                nacked_with_delay_.fetch_add(1, std::memory_order_relaxed);
-            }
-            return;  // else unsettled: AckWait brings it back
+        const broker::Settlement settlement = broker::settlement_of(outcome);
+        switch (settlement) {
+            case broker::Settlement::redeliver:
+                if (const auto delay = broker::redelivery_delay(outcome)) {
+                    message.nak_with_delay(*delay);
+                    nacked_with_delay_.fetch_add(1, std::memory_order_relaxed);
+                }  // else unsettled: AckWait brings it back
+                break;
+            case broker::Settlement::dead_letter_then_ack:
+                publish_dead_letter(delivery, body, outcome.reason);
+                message.term();
+                break;
+            case broker::Settlement::ack:
+                message.ack_sync();
+                break;
         }
-        if (to_dead_letters(outcome)) {
-            publish_dead_letter(delivery, body, outcome.reason);
-            message.term();
-            dead_lettered_.fetch_add(1, std::memory_order_relaxed);
-        } else {
-            message.ack_sync();
-        }
-        acked_.fetch_add(1, std::memory_order_relaxed);
+        loop_.count(settlement);
     }
 
     /// Publishes the copy and waits for its stream's pub ack; throws (and the original is not
-    /// terminated) when no stream confirms it.
+    /// terminated) when no stream confirms it. Its own Nats-Msg-Id makes a second publish of
+    /// the same dead letter (a crash before the Term) a no-op within the duplicate window.
     void publish_dead_letter(const Delivery& delivery, const JetStreamMessage& body,
                              const std::string& reason) {
         nats::Headers headers{
             {"Idem-Reason", reason},
-            {"Idem-Scope", scope_},
+            {"Idem-Scope", dispatch_.scope()},
             {"Idem-Message-Id", delivery.message_id},
             {"Idem-Delivery-Count", std::to_string(delivery.delivery_count.value())},
             {"Idem-Stream", body.stream},
@@ -694,72 +584,38 @@ class JetStreamConsumer {
         connection_->publish(options_.dead_letter_subject, body.data, headers, copy_id);
     }
 
-    // -----------------------------------------------------------------------------------------
-    // Health, errors, sleeping
-
+    /// NumAckPending from the consumer's info and the dead-letter stream's depth; what cannot
+    /// be read this time is reported as unknown.
     void report_health() noexcept {
-        if (!options_.health) return;
+        ConsumerHealth health;
+        health.consumer = name_;
+        health.dead_letter_destination = options_.dead_letter_subject;
         try {
-            ConsumerHealth health;
-            health.consumer = name_;
-            health.dead_letter_destination = options_.dead_letter_subject;
-            health.circuit_open = breaker_.is_open();
             if (connection_) {
-                try {
-                    const nats::ConsumerState state =
-                        nats::consumer_state(*connection_, options_.stream, options_.durable);
-                    health.pending = static_cast<std::uint64_t>(
-                        std::max<std::int64_t>(0, state.num_ack_pending));
-                    if (!options_.dead_letter_stream.empty()) {
-                        health.dead_letter_depth =
-                            nats::stream_state(*connection_, options_.dead_letter_stream).messages;
-                    }
-                } catch (const nats::error&) {  // unknown this time: reported without them
+                const nats::ConsumerState state =
+                    nats::consumer_state(*connection_, options_.stream, options_.durable);
+                health.pending =
+                    static_cast<std::uint64_t>(std::max<std::int64_t>(0, state.num_ack_pending));
+                if (!options_.dead_letter_stream.empty()) {
+                    health.dead_letter_depth =
+                        nats::stream_state(*connection_, options_.dead_letter_stream).messages;
                 }
             }
-            options_.health(health);
         } catch (const std::exception& e) {
-            report(e);
-        } catch (...) {
+            loop_.report(e);
         }
-    }
-
-    void report(const std::exception& e) noexcept {
-        if (!options_.on_error) return;
-        try {
-            options_.on_error(e);
-        } catch (...) {  // reporting must never stop the loop
-        }
-    }
-
-    void sleep_unless_stopped(std::chrono::milliseconds duration) const {
-        const auto until = std::chrono::steady_clock::now() + duration;
-        while (!stop_requested()) {
-            const auto now = std::chrono::steady_clock::now();
-            if (now >= until) return;
-            std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-                until - now, std::chrono::milliseconds(20)));
-        }
+        loop_.report_health(health);
     }
 
     JetStreamConsumerOptions options_;
     std::string name_;
-    Dispatch dispatch_;
-    BatchDispatch batch_dispatch_;  ///< empty for a plain handler
-    std::string scope_;  ///< the handler's policy scope, for dead letters; empty for a plain one
+    broker::Dispatch<JetStreamMessage> dispatch_;
     std::optional<std::uint32_t> max_deliveries_;  ///< the handler's, checked against MaxDeliver
-    CircuitBreaker breaker_;  ///< after options_: built from options_.circuit_breaker
+    broker::Loop loop_;  ///< after options_ and dispatch_: built from both
     std::unique_ptr<nats::Connection> connection_;
     std::unique_ptr<nats::PullSubscription> subscription_;  ///< after connection_: uses it
-    Heartbeat heartbeat_;  ///< after the subscription: its messages' acks go through it
-    std::atomic<bool> stop_{false};
-    std::atomic<std::size_t> read_{0};
-    std::atomic<std::size_t> redelivered_{0};
-    std::atomic<std::size_t> acked_{0};
-    std::atomic<std::size_t> dead_lettered_{0};
-    std::atomic<std::size_t> not_acked_{0};
+    Heartbeat heartbeat_;  ///< after the subscription: its +WPI go through it
     std::atomic<std::size_t> nacked_with_delay_{0};
-    std::atomic<std::size_t> connection_errors_{0};
 };
 
 IDEM_END_NAMESPACE

@@ -4,12 +4,14 @@
 /// natsStatus, the JetStream error code (when the server gave one) and cnats' own text.
 /// Link idem::nats.
 ///
-///   nats::error          base: any failed call (a refused stream config, a bad subject)
+///   nats::error          a refused call (a bad stream config, a bad subject); a broker_error
+///   nats::not_found      the stream or consumer does not exist; a nats::error
 ///   nats::unavailable    the server cannot be reached: connection closed or lost, no server,
-///                        no responders (JetStream not answering, e.g. while it restarts)
-///   nats::timeout        no answer in time. Ambiguous for an ack or a publish: it may have been
-///                        done (a redelivery then finds a duplicate)
-///   nats::not_found      the stream or consumer does not exist
+///                        no responders (JetStream not answering, e.g. while it restarts); a
+///                        broker_unavailable
+///   nats::timeout        no answer in time; a nats::unavailable. Ambiguous for an ack or a
+///                        publish: it may have been done (a redelivery then finds a duplicate)
+/// All carry nats::Failure (status(), js_code()); catch idem::broker_error for any of them.
 
 #include <nats/nats.h>
 
@@ -24,11 +26,10 @@
 IDEM_BEGIN_NAMESPACE
 namespace nats {
 
-/// @brief A failed cnats call.
-class error : public idem::error {
+/// @brief What every idem::nats error carries: the cnats status and the JetStream error code.
+class Failure {
   public:
-    error(const std::string& what, natsStatus status, int js_code)
-        : idem::error(what), status_(status), js_code_(js_code) {}
+    Failure(natsStatus status, int js_code) noexcept : status_(status), js_code_(js_code) {}
 
     /// The cnats status of the call.
     [[nodiscard]] natsStatus status() const noexcept { return status_; }
@@ -41,22 +42,32 @@ class error : public idem::error {
     int js_code_;
 };
 
-/// @brief The server cannot be reached (or JetStream does not answer): retry later.
-class unavailable : public error {
+/// @brief A failed cnats call the server refused (a bad stream config, a bad subject): an
+/// idem::broker_error, so a consumer's run() backs off and retries.
+class error : public broker_error, public Failure {
   public:
-    using error::error;
-};
-
-/// @brief No answer in time. For an ack or a publish: it may or may not have been done.
-class timeout : public error {
-  public:
-    using error::error;
+    error(const std::string& what, natsStatus status, int js_code)
+        : broker_error(what), Failure(status, js_code) {}
 };
 
 /// @brief The stream or the consumer named does not exist.
 class not_found : public error {
   public:
     using error::error;
+};
+
+/// @brief The server cannot be reached (or JetStream does not answer): an
+/// idem::broker_unavailable, counted as a connection error; retry later.
+class unavailable : public broker_unavailable, public Failure {
+  public:
+    unavailable(const std::string& what, natsStatus status, int js_code)
+        : broker_unavailable(what), Failure(status, js_code) {}
+};
+
+/// @brief No answer in time. For an ack or a publish: it may or may not have been done.
+class timeout : public unavailable {
+  public:
+    using unavailable::unavailable;
 };
 
 namespace detail {
