@@ -200,6 +200,44 @@ inline StreamState stream_state(Connection& connection, const std::string& strea
     return detail::stream_state_of(*info);
 }
 
+/// @brief A message as the stream stores it (read by sequence, not delivered: no ack).
+struct StoredMessage {
+    std::string subject;
+    std::string data;
+    Headers headers;
+
+    /// The first value of header @p name (case-sensitive), if any.
+    [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const {
+        for (const auto& [key, value] : headers) {
+            if (key == name) return std::string_view(value);
+        }
+        return std::nullopt;
+    }
+};
+
+/// @brief The message at @p sequence of @p stream (js_GetMsg); nothing when there is none
+/// (deleted, or past the end). @throws nats::unavailable, nats::error.
+inline std::optional<StoredMessage> stream_message(Connection& connection,
+                                                   const std::string& stream,
+                                                   std::uint64_t sequence) {
+    jsOptions options = detail::request_options(connection);
+    natsMsg* raw = nullptr;
+    jsErrCode js_code = static_cast<jsErrCode>(0);
+    const natsStatus status =
+        js_GetMsg(&raw, connection.jetstream(), stream.c_str(), sequence, &options, &js_code);
+    detail::MsgPtr msg{raw};
+    if (status == NATS_NOT_FOUND || js_code == JSNoMessageFoundErr) return std::nullopt;
+    detail::check(status, fmt::format("get message {} of stream {}", sequence, stream),
+                  static_cast<int>(js_code));
+    StoredMessage out;
+    if (const char* subject = natsMsg_GetSubject(msg.get())) out.subject = subject;
+    const char* data = natsMsg_GetData(msg.get());
+    const int size = natsMsg_GetDataLength(msg.get());
+    if (data != nullptr && size > 0) out.data.assign(data, static_cast<std::size_t>(size));
+    out.headers = detail::headers_of(msg.get());
+    return out;
+}
+
 /// @brief Deletes the stream (and its consumers); false when there was none.
 inline bool delete_stream(Connection& connection, const std::string& stream) {
     jsOptions options = detail::request_options(connection);

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -102,6 +103,37 @@ inline MsgPtr make_message(const std::string& subject, std::string_view data,
               fmt::format("header {} of a message on {}", name, subject));
     }
     return msg;
+}
+
+struct FreeArray {
+    void operator()(const char** p) const noexcept {
+        std::free(static_cast<void*>(const_cast<char**>(p)));
+    }
+};
+
+/// Every header of @p msg, in order (a name with several values once per value). Not
+/// thread-safe (cnats parses headers lazily): call it from the thread that owns the message.
+inline Headers headers_of(natsMsg* msg) {
+    Headers out;
+    const char** keys = nullptr;
+    int count = 0;
+    const natsStatus status = natsMsgHeader_Keys(msg, &keys, &count);
+    if (status == NATS_NOT_FOUND || keys == nullptr) return out;  // no headers
+    std::unique_ptr<const char*, FreeArray> key_array{keys};
+    check(status, "read the headers of a message");
+    for (int i = 0; i < count; ++i) {
+        const char** values = nullptr;
+        int value_count = 0;
+        if (natsMsgHeader_Values(msg, keys[i], &values, &value_count) != NATS_OK ||
+            values == nullptr) {
+            out.emplace_back(keys[i], std::string());
+            continue;
+        }
+        std::unique_ptr<const char*, FreeArray> value_array{values};
+        for (int k = 0; k < value_count; ++k)
+            out.emplace_back(keys[i], values[k] != nullptr ? values[k] : "");
+    }
+    return out;
 }
 
 }  // namespace detail

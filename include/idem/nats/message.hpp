@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,7 +55,7 @@ class Message {
         const char* data = natsMsg_GetData(msg_.get());
         const int size = natsMsg_GetDataLength(msg_.get());
         if (data != nullptr && size > 0) data_.assign(data, static_cast<std::size_t>(size));
-        read_headers();
+        headers_ = detail::headers_of(msg_.get());
         jsMsgMetaData* raw = nullptr;
         detail::check(natsMsg_GetMetaData(&raw, msg_.get()),
                       fmt::format("metadata of a message on {}", subject_));
@@ -136,33 +135,6 @@ class Message {
                                   metadata_.stream_sequence, metadata_.num_delivered),
                       static_cast<int>(js_code));
     }
-
-    void read_headers() {
-        const char** keys = nullptr;
-        int count = 0;
-        const natsStatus status = natsMsgHeader_Keys(msg_.get(), &keys, &count);
-        if (status == NATS_NOT_FOUND || keys == nullptr) return;  // no headers
-        std::unique_ptr<const char*, FreeArray> key_array{keys};
-        detail::check(status, fmt::format("headers of a message on {}", subject_));
-        for (int i = 0; i < count; ++i) {
-            const char** values = nullptr;
-            int value_count = 0;
-            if (natsMsgHeader_Values(msg_.get(), keys[i], &values, &value_count) != NATS_OK ||
-                values == nullptr) {
-                headers_.emplace_back(keys[i], std::string());
-                continue;
-            }
-            std::unique_ptr<const char*, FreeArray> value_array{values};
-            for (int k = 0; k < value_count; ++k)
-                headers_.emplace_back(keys[i], values[k] != nullptr ? values[k] : "");
-        }
-    }
-
-    struct FreeArray {
-        void operator()(const char** p) const noexcept {
-            std::free(static_cast<void*>(const_cast<char**>(p)));
-        }
-    };
 
     detail::MsgPtr msg_;
     std::chrono::milliseconds request_timeout_;
