@@ -380,6 +380,7 @@ void run_postgres_cases();
 void run_mysql_cases();
 void run_redis_cases();
 void run_e2e_cases();
+void run_e2e_nats_cases();  ///< e2e_nats.cpp (IDEM_BENCH_WITH_NATS)
 void run_rss_case();
 
 /// --profile NAME: the idem side of one case, N messages, in a function callgrind can isolate

@@ -64,7 +64,8 @@ const std::vector<std::string> bench_names{"rss_flat",
                                            "redis_single_write",
                                            "redis_server_time (with redis_*)",
                                            "e2e_stream_sqlite",
-                                           "e2e_stream_postgres"};
+                                           "e2e_stream_postgres",
+                                           "e2e_nats_sqlite (built with the nats component)"};
 
 [[noreturn]] void usage(int status) {
     std::fputs(usage_text, status == 0 ? stdout : stderr);
@@ -196,6 +197,9 @@ int main(int argc, char** argv) {
     guarded("mysql", idem_bench::run_mysql_cases);
     guarded("redis", idem_bench::run_redis_cases);
     guarded("e2e", idem_bench::run_e2e_cases);
+#ifdef IDEM_BENCH_WITH_NATS
+    guarded("e2e_nats", idem_bench::run_e2e_nats_cases);
+#endif
     idem_bench::note(fmt::format(
         "done in {:.0f} s",
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()));
