@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// @brief idem::nats::PullSubscription: a pull subscription bound to an existing durable
-/// JetStream consumer, fetching batches of Messages (natsSubscription_Fetch) that the caller
+/// JetStream consumer, fetching batches of Messages (natsSubscription_FetchRequest) that the caller
 /// acknowledges explicitly. Link idem::nats.
 
 #include <nats/nats.h>
@@ -58,19 +58,41 @@ class PullSubscription {
     [[nodiscard]] const std::string& durable() const noexcept { return durable_; }
 
     /// @brief Up to @p batch messages, waiting up to @p wait for the first; empty when none
-    /// came (not an error).
+    /// came (not an error). Returns as soon as one message is there: first a no-wait request
+    /// for up to @p batch (what the consumer has ready now), and only when that finds nothing a
+    /// waiting request for one. (natsSubscription_Fetch would instead hold a waiting request
+    /// for the whole batch until it is full or @p wait has passed, so a lone message would sit
+    /// in the client, its AckWait running, until then.)
     /// @throws nats::unavailable while the server is away, nats::error otherwise.
     std::vector<Message> fetch(std::size_t batch, std::chrono::milliseconds wait) {
+        if (batch > 1) {
+            std::vector<Message> ready = request(batch, wait, /*no_wait=*/true);
+            if (!ready.empty()) return ready;
+        }
+        return request(1, wait, /*no_wait=*/false);
+    }
+
+    /// The natsSubscription, for what this class does not wrap.
+    [[nodiscard]] natsSubscription* native() const noexcept { return subscription_.get(); }
+
+  private:
+    std::vector<Message> request(std::size_t batch, std::chrono::milliseconds wait, bool no_wait) {
+        jsFetchRequest request;
+        detail::check(jsFetchRequest_Init(&request), "fetch request");
+        request.Batch = static_cast<int>(batch);
+        request.Expires = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::max(std::chrono::milliseconds(1), wait))
+                              .count();
+        request.NoWait = no_wait;
         natsMsgList list{};
-        jsErrCode js_code = static_cast<jsErrCode>(0);
         const natsStatus status =
-            natsSubscription_Fetch(&list, subscription_.get(), static_cast<int>(batch),
-                                   std::max<std::int64_t>(1, wait.count()), &js_code);
+            natsSubscription_FetchRequest(&list, subscription_.get(), &request);
         std::unique_ptr<natsMsgList, ListFree> owned{&list};
         std::vector<Message> out;
-        if (status == NATS_TIMEOUT && list.Count == 0) return out;  // nothing within `wait`
-        if (status != NATS_OK && list.Count == 0) {
-            detail::raise(status, static_cast<int>(js_code),
+        if (list.Count == 0) {
+            // NOT_FOUND: a no-wait request found nothing; TIMEOUT: nothing came within `wait`.
+            if (status == NATS_OK || status == NATS_NOT_FOUND || status == NATS_TIMEOUT) return out;
+            detail::raise(status, 0,
                           fmt::format("fetch from consumer {} of stream {}", durable_, stream_));
         }
         out.reserve(static_cast<std::size_t>(list.Count));
@@ -82,10 +104,6 @@ class PullSubscription {
         return out;
     }
 
-    /// The natsSubscription, for what this class does not wrap.
-    [[nodiscard]] natsSubscription* native() const noexcept { return subscription_.get(); }
-
-  private:
     struct SubscriptionFree {
         void operator()(natsSubscription* s) const noexcept { natsSubscription_Destroy(s); }
     };
