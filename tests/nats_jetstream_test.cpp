@@ -437,6 +437,102 @@ TEST_F(JetStreamTest, InProgressHeartbeatKeepsASlowHandlersMessageFromBeingRedel
 }
 
 // ---------------------------------------------------------------------------------------------
+// A store outage: the circuit breaker stops fetching, so counts do not grow
+
+/// Holds SQLite's write lock from another connection (BEGIN EXCLUSIVE): every BEGIN IMMEDIATE of
+/// the store fails with SQLITE_BUSY after its busy timeout (store_timeout) until release().
+class SqliteWriteLock {
+  public:
+    explicit SqliteWriteLock(const std::string& path) {
+        if (sqlite3_open(path.c_str(), &db_) != SQLITE_OK) throw std::runtime_error("open");
+        exec("BEGIN EXCLUSIVE");
+    }
+    ~SqliteWriteLock() {
+        release();
+        sqlite3_close(db_);
+    }
+    SqliteWriteLock(const SqliteWriteLock&) = delete;
+    SqliteWriteLock& operator=(const SqliteWriteLock&) = delete;
+    void release() {
+        if (held_) exec("ROLLBACK");
+        held_ = false;
+    }
+
+  private:
+    void exec(const char* sql) {
+        char* error = nullptr;
+        if (sqlite3_exec(db_, sql, nullptr, nullptr, &error) != SQLITE_OK) {
+            const std::string what = error != nullptr ? error : "?";
+            sqlite3_free(error);
+            throw std::runtime_error(what);
+        }
+    }
+    sqlite3* db_ = nullptr;
+    bool held_ = true;
+};
+
+TEST_F(JetStreamTest, StoreOutageDoesNotDeadLetterHealthyMessages) {
+    idem_test::TempDir dir;
+    const std::string path = dir.file("idem.db");
+    idem::SqliteOptions sqlite;
+    sqlite.busy_timeout = 20ms;  // each attempt against the locked database fails fast
+    idem::SqliteStore store{path, sqlite};
+    {
+        auto tx = store.begin();
+        tx.execute("CREATE TABLE captures(order_id TEXT PRIMARY KEY)");
+        tx.commit();
+    }
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 5;
+    std::mutex mutex;
+    std::uint32_t highest_count = 0;
+    auto handler = idem::make_handler(store, idem::Policy{"capture", policy},
+                                      [&](auto& tx, const JetStreamMessage& m, const Delivery& d) {
+                                          tx.execute("INSERT INTO captures VALUES (?)", m.data);
+                                          std::lock_guard<std::mutex> lock(mutex);
+                                          highest_count =
+                                              std::max(highest_count, d.delivery_count.value());
+                                      });
+    auto options = fast_options(/*ack_wait=*/100ms);  // the broker redelivers fast
+    options.circuit_breaker.initial_backoff = 20ms;
+    options.circuit_breaker.max_backoff = 100ms;
+    constexpr int messages = 6;
+    for (int i = 0; i < messages; ++i)
+        publish(std::to_string(i));
+
+    auto lock = std::make_unique<SqliteWriteLock>(path);  // the store is down
+    JetStreamConsumer consumer{options, handler};
+    std::thread worker([&] { consumer.run(); });
+    // Long enough for a dozen redeliveries at a 100 ms AckWait without the breaker.
+    if (!wait_for([&] { return consumer.stats().not_acked >= 1; })) {
+        consumer.request_stop();
+        worker.join();
+        FAIL() << "the locked store never failed a delivery";
+    }
+    std::this_thread::sleep_for(1500ms);
+    const auto during = consumer.stats();
+    lock->release();  // the store is back
+
+    const bool done = wait_for([&] { return consumer.stats().acked >= messages; });
+    consumer.request_stop();
+    worker.join();
+    ASSERT_TRUE(done) << "acked " << consumer.stats().acked;
+    EXPECT_TRUE(store.dead_letters().empty());
+    EXPECT_TRUE(dead_letters().empty());
+    EXPECT_EQ(consumer.stats().dead_lettered, 0u);
+    EXPECT_TRUE(wait_for([&] { return ack_pending() == 0; }));
+    {
+        auto tx = store.begin();
+        EXPECT_EQ(tx.query_int("SELECT COUNT(*) FROM captures"), messages);  // each once
+    }
+    EXPECT_GE(during.circuit_opened, 1u);
+    EXPECT_GE(during.store_probes, 1u);
+    EXPECT_LE(during.not_acked, 3u) << "kept fetching while the store was down";
+    std::lock_guard<std::mutex> guard(mutex);
+    EXPECT_LT(highest_count, policy.max_deliveries);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Graceful stop
 
 TEST_F(JetStreamTest, StopFinishesTheMessageInHandAndLeavesTheRestUnsettled) {
