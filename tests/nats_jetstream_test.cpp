@@ -328,6 +328,56 @@ TEST_F(JetStreamTest, PoisonAtTheLimitIsPublishedToTheDeadLetterSubjectThenTermi
     EXPECT_FALSE(last.circuit_open);
 }
 
+TEST_F(JetStreamTest, MessageWithoutItsIdHeaderIsDeadLetteredAsMalformedAndTerminated) {
+    idem_test::TempDir dir;
+    idem::SqliteStore store{dir.file("idem.db")};
+    int effect_runs = 0;
+    auto handler = idem::make_handler(store, idem::Policy{"capture"},
+                                      [&](auto&, const JetStreamMessage&) { ++effect_runs; });
+    auto options = fast_options();
+    options.id_header = "Order-Id";
+    options.sequence_when_no_id_header = false;
+    JetStreamConsumer consumer{options, handler};
+    publish("7");  // no Order-Id header
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+    EXPECT_EQ(effect_runs, 0);
+    EXPECT_EQ(ack_pending(), 0);
+    const auto letters = dead_letters();
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_NE(std::string(letters[0].header("Idem-Reason").value_or("")).find("empty message id"),
+              std::string::npos)
+        << letters[0].header("Idem-Reason").value_or("");
+    EXPECT_EQ(letters[0].data(), "order 7");
+}
+
+TEST_F(JetStreamTest, BatchModeHandsAFetchToOneHandleBatchAndSettlesEachMessage) {
+    idem_test::TempDir dir;
+    idem::SqliteStore store{dir.file("idem.db")};
+    {
+        auto tx = store.begin();
+        tx.execute("CREATE TABLE captures(order_id TEXT PRIMARY KEY)");
+        tx.commit();
+    }
+    auto handler = idem::make_handler(store, idem::Policy{"capture"},
+                                      [&](auto& tx, const JetStreamMessage& m) {
+                                          if (m.data == "order 3")
+                                              throw idem::malformed_message("order 3 is poison");
+                                          tx.execute("INSERT INTO captures VALUES (?)", m.data);
+                                      });
+    auto options = fast_options();
+    options.handle_in_batches = true;
+    JetStreamConsumer consumer{options, handler};
+    for (int i = 1; i <= 5; ++i)
+        publish(std::to_string(i), {}, "order-" + std::to_string(i));
+    const std::size_t first_poll = consumer.poll_once();
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 5; }));
+    EXPECT_EQ(first_poll, 5u);  // all five fetched at once and handled together
+    EXPECT_EQ(consumer.stats().dead_lettered, 1u);
+    EXPECT_EQ(ack_pending(), 0);
+    auto tx = store.begin();
+    EXPECT_EQ(tx.query_int("SELECT COUNT(*) FROM captures"), 4);
+}
+
 // ---------------------------------------------------------------------------------------------
 // A slow but live holder
 
