@@ -20,6 +20,7 @@
 #include "idem/broker/nats_jetstream.hpp"
 #include "idem/idem.hpp"
 #include "idem/nats/admin.hpp"
+#include "idem/store/memory.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
 #include "support/nats_server.hpp"
@@ -376,6 +377,29 @@ TEST_F(JetStreamTest, BatchModeHandsAFetchToOneHandleBatchAndSettlesEachMessage)
     EXPECT_EQ(ack_pending(), 0);
     auto tx = store.begin();
     EXPECT_EQ(tx.query_int("SELECT COUNT(*) FROM captures"), 4);
+}
+
+// The consumer's dead-letter copy goes through the policy's redactor, as the store's does.
+TEST_F(JetStreamTest, TheDeadLetterCopyKeepsOnlyRedactedDataHeadersAndReason) {
+    idem::MemoryStore store;
+    idem::PolicyOptions policy;
+    policy.redact_payload = idem::mask_card_numbers;
+    auto handler = idem::make_handler(
+        store, idem::Policy{"capture", policy}, [](auto&, const JetStreamMessage& m) -> void {
+            throw idem::malformed_message("card " + std::string(*m.header("Card")) + " refused");
+        });
+    JetStreamConsumer consumer{fast_options(), handler};
+    admin_->publish(stream_ + ".orders", "order 7 card 4111 1111 1111 1111",
+                    {{"Card", "4111 1111 1111 1111"}, {"Order", "7"}});
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+    const auto letters = dead_letters();
+    ASSERT_EQ(letters.size(), 1u);
+    const nats::Message& letter = letters[0];
+    EXPECT_EQ(letter.data(), "order 7 card **** **** **** 1111");
+    EXPECT_EQ(letter.header("Card"), "**** **** **** 1111");
+    EXPECT_EQ(letter.header("Order"), "7");
+    EXPECT_EQ(letter.header("Idem-Reason").value_or("").find("4111 1111"), std::string::npos)
+        << letter.header("Idem-Reason").value_or("");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -184,6 +184,50 @@ TEST_F(StreamConsumerTest, HostileFieldsRoundTripThroughTheRedisStoreCommit) {
     EXPECT_NE(stored[0].payload.find(R"(\u00ff)"), std::string::npos);
 }
 
+// The consumer's own dead-letter copy goes through the policy's redactor like the store's: on a
+// store whose consumer writes the dead-letter stream (memory) and on one whose commit does
+// (RedisStore, the commit hook).
+TEST_F(StreamConsumerTest, TheDeadLetterStreamKeepsOnlyTheRedactedFields) {
+    const Fields fields{{"order", "7"}, {"card", "4111 1111 1111 1111"}};
+    idem::PolicyOptions policy;
+    policy.redact_payload = idem::mask_card_numbers;
+    auto reject = [](auto&, const StreamEntry& e) -> void {
+        throw idem::malformed_message("card " + std::string(*e.field("card")) + " refused");
+    };
+    auto check = [&](const std::string& where, bool reason_is_the_consumers) {
+        const auto letters = dead_letters();
+        ASSERT_EQ(letters.size(), 1u) << where;
+        const std::string reason = letters[0].meta.at("idem-reason");
+        if (reason_is_the_consumers) {  // (the commit writes the handler's reason as it is)
+            EXPECT_EQ(reason.find("4111 1111 1111 1111"), std::string::npos)
+                << where << ": " << reason;
+        }
+        ASSERT_EQ(letters[0].original.size(), 2u) << where;
+        EXPECT_EQ(letters[0].original[0], fields[0]) << where;
+        EXPECT_EQ(letters[0].original[1].second.find("1111 1111"), std::string::npos)
+            << where << ": " << letters[0].original[1].second;
+    };
+    {
+        idem::MemoryStore store;
+        auto handler = idem::make_handler(store, idem::Policy{"capture", policy}, reject);
+        StreamConsumer consumer{endpoint(), fast_options("orders"), handler};
+        xadd("orders", fields);
+        ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+        EXPECT_EQ(consumer.stats().acked_in_commit, 0u);
+        check("memory store, the consumer's copy", true);
+    }
+    server_->flushall();
+    {
+        idem::RedisStore store{endpoint(), store_options(100ms)};
+        auto handler = idem::make_handler(store, idem::Policy{"capture", policy}, reject);
+        StreamConsumer consumer{endpoint(), fast_options("orders"), handler};
+        xadd("orders", fields);
+        ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+        EXPECT_EQ(consumer.stats().acked_in_commit, 1u);
+        check("RedisStore, the commit's copy", false);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Issue 11: a store outage must not dead-letter healthy messages; a duplicate of a parked
 // message still reaches the dead-letter stream

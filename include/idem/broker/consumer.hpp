@@ -122,6 +122,9 @@ class Dispatch {
         };
         d.scope_ = std::string(handler.policy().scope());
         d.probe_ = [&handler] { probe_store(handler.store()); };
+        if (handler.policy().options().redact_payload) {
+            d.redact_ = [&handler](std::string_view text) { return handler.policy().redact(text); };
+        }
         return d;
     }
 
@@ -164,6 +167,16 @@ class Dispatch {
         return outcomes;
     }
 
+    /// True when the handler's policy redacts payloads (PolicyOptions::redact_payload): the
+    /// consumer's own copy of a dead letter (its body, fields and reason) goes through redact().
+    [[nodiscard]] bool redacts() const noexcept { return static_cast<bool>(redact_); }
+    /// @p text as the policy's redactor leaves it (unchanged without one).
+    /// @throws redaction_failed when the redactor throws: the dead letter is then not published
+    /// and the delivery not acked.
+    [[nodiscard]] std::string redact(std::string_view text) const {
+        return redact_ ? redact_(text) : std::string(text);
+    }
+
     /// The handler's policy scope (dead letters name it); empty for a plain handler.
     [[nodiscard]] const std::string& scope() const noexcept { return scope_; }
     /// Probes the IdempotentHandler's store (its ping(), or a transaction begun and rolled
@@ -175,6 +188,7 @@ class Dispatch {
     Many many_;
     std::string scope_;
     std::function<void()> probe_;
+    std::function<std::string(std::string_view)> redact_;
 };
 
 /// @brief Refuses a lease store's handler whose lease outlasts the broker's redelivery timeout
@@ -256,8 +270,9 @@ class Loop {
     }
 
     /// Calls @p poll until request_stop(). Store and broker errors (a lost connection, a
-    /// restarted server) are reported, counted and retried after a bounded backoff (50 ms
-    /// doubling to 1 s), never thrown.
+    /// restarted server) and a redactor that throws on a dead letter's copy (the delivery stays
+    /// unacked) are reported and retried after a bounded backoff (50 ms doubling to 1 s), never
+    /// thrown.
     template <class Poll>
     void run(Poll&& poll) {
         std::chrono::milliseconds backoff = min_backoff;
@@ -268,6 +283,8 @@ class Loop {
             } catch (const store_error& e) {
                 recover(e, backoff);
             } catch (const broker_error& e) {
+                recover(e, backoff);
+            } catch (const redaction_failed& e) {  // the consumer's dead-letter copy: not acked
                 recover(e, backoff);
             }
         }

@@ -196,8 +196,10 @@ class JetStreamConsumer {
     /// messages: those fetched but not handled are left unsettled (redelivered after AckWait).
     /// While the circuit breaker is open it first waits and probes the store.
     /// @throws nats::unavailable / nats::timeout while the server is away (counted in
-    /// stats().connection_errors), nats::error for a refused call, usage_error when the
-    /// consumer on the server contradicts the options (AckWait, ack policy, MaxDeliver).
+    /// stats().connection_errors), nats::error for a refused call, redaction_failed when the
+    /// policy's redactor throws on a dead letter's copy (the message stays unsettled),
+    /// usage_error when the consumer on the server contradicts the options (AckWait, ack
+    /// policy, MaxDeliver).
     std::size_t poll_once() {
         if (!loop_.ready_to_read()) return 0;
         const std::size_t handled = loop_.counting_connection_errors([this] { return poll(); });
@@ -205,8 +207,9 @@ class JetStreamConsumer {
         return handled;
     }
 
-    /// @brief Polls until request_stop(). NATS errors (the server away, a refused ack) are
-    /// retried after a bounded backoff (50 ms doubling to 1 s), never thrown; a usage_error
+    /// @brief Polls until request_stop(). NATS errors (the server away, a refused ack) and a
+    /// throwing redactor are retried after a bounded backoff (50 ms doubling to 1 s), never
+    /// thrown; a usage_error
     /// (the consumer on the server contradicts the options) is. Returns within about
     /// fetch_wait of the stop, once the message in hand is settled.
     void run() {
@@ -561,8 +564,11 @@ class JetStreamConsumer {
     /// the same dead letter (a crash before the Term) a no-op within the duplicate window.
     void publish_dead_letter(const Delivery& delivery, const JetStreamMessage& body,
                              const std::string& reason) {
+        // Through the policy's redactor (PolicyOptions::redact_payload), when it has one: the
+        // data, the reason and every original header value; a redactor that throws
+        // (redaction_failed) leaves the message unsettled.
         nats::Headers headers{
-            {"Idem-Reason", reason},
+            {"Idem-Reason", dispatch_.redact(reason)},
             {"Idem-Scope", dispatch_.scope()},
             {"Idem-Message-Id", delivery.message_id},
             {"Idem-Delivery-Count", std::to_string(delivery.delivery_count.value())},
@@ -574,14 +580,15 @@ class JetStreamConsumer {
             // JetStream acts on its own headers (Nats-Expected-Stream would refuse the publish,
             // Nats-Msg-Id would dedupe it against unrelated messages): kept under another name.
             if (name.rfind("Nats-", 0) == 0) {
-                headers.emplace_back("Idem-Original-" + name, value);
+                headers.emplace_back("Idem-Original-" + name, dispatch_.redact(value));
             } else {
-                headers.emplace_back(name, value);
+                headers.emplace_back(name, dispatch_.redact(value));
             }
         }
         const std::string copy_id =
             fmt::format("idem-dead-letter:{}:{}:{}", name_, body.stream, body.stream_sequence);
-        connection_->publish(options_.dead_letter_subject, body.data, headers, copy_id);
+        connection_->publish(options_.dead_letter_subject, dispatch_.redact(body.data), headers,
+                             copy_id);
     }
 
     /// NumAckPending from the consumer's info and the dead-letter stream's depth; what cannot

@@ -558,7 +558,7 @@ class StreamConsumer {
         ack.group = options_.group;
         ack.entry_id = entry.id;
         ack.dead_letter_stream = options_.dead_letter_stream;
-        ack.fields = entry.fields;
+        ack.fields = redacted(entry.fields);
         ack.delivery_count = delivery.delivery_count.value();
         return CommitHook{std::move(ack)};
     }
@@ -670,12 +670,24 @@ class StreamConsumer {
         if (error) throw *error;
     }
 
+    /// The entry's fields as the dead-letter stream may keep them: each value through the
+    /// policy's redactor (PolicyOptions::redact_payload), when it has one.
+    std::vector<std::pair<std::string, std::string>> redacted(
+        const std::vector<std::pair<std::string, std::string>>& fields) const {
+        if (!dispatch_.redacts()) return fields;
+        std::vector<std::pair<std::string, std::string>> out;
+        out.reserve(fields.size());
+        for (const auto& [name, value] : fields)
+            out.emplace_back(name, dispatch_.redact(value));
+        return out;
+    }
+
     /// The dead-letter script as one command of a pipeline (EVAL: no script cache to miss).
     std::vector<std::string> dead_letter_eval(const StreamEntry& entry, const Delivery& delivery,
                                               const std::string& reason) const {
         std::vector<std::string> xadd = redis::stream_dead_letter_command(
-            options_.dead_letter_stream, entry.id, entry.fields, reason, dispatch_.scope(),
-            delivery.message_id, delivery.delivery_count.value());
+            options_.dead_letter_stream, entry.id, redacted(entry.fields), dispatch_.redact(reason),
+            dispatch_.scope(), delivery.message_id, delivery.delivery_count.value());
         std::vector<std::string> command{"EVAL",
                                          detail::stream_dead_letter_ack_source,
                                          "2",
@@ -692,8 +704,8 @@ class StreamConsumer {
     void dead_letter_and_ack(const StreamEntry& entry, const Delivery& delivery,
                              const std::string& reason) {
         std::vector<std::string> xadd = redis::stream_dead_letter_command(
-            options_.dead_letter_stream, entry.id, entry.fields, reason, dispatch_.scope(),
-            delivery.message_id, delivery.delivery_count.value());
+            options_.dead_letter_stream, entry.id, redacted(entry.fields), dispatch_.redact(reason),
+            dispatch_.scope(), delivery.message_id, delivery.delivery_count.value());
         // XADD <key> * <fields...> → ARGV: group, entry id, <fields...>
         std::vector<std::string> args{options_.group, entry.id};
         args.insert(args.end(), std::make_move_iterator(xadd.begin() + 3),
