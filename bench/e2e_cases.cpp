@@ -25,6 +25,7 @@
 #include "bench.hpp"
 #include "idem/broker/redis_streams.hpp"
 #include "idem/idem.hpp"
+#include "idem/observers/prometheus.hpp"
 #include "idem/store/memory.hpp"
 #include "idem/store/postgres.hpp"
 #include "idem/store/redis.hpp"
@@ -441,6 +442,14 @@ int run_profile(const std::string& name, std::size_t messages) {
                                           [](idem::MemoryStore::Transaction&, const Order&) {});
         return profile_with(loop_single, handler, name, messages);
     }
+    if (name == "memory_observed") {  // memory_single with a PrometheusObserver
+        idem::MemoryStore store;
+        idem::PrometheusObserver metrics;
+        auto handler = idem::make_handler(
+            store, idem::Policy{scope}, [](idem::MemoryStore::Transaction&, const Order&) {},
+            &metrics);
+        return profile_with(loop_single, handler, name, messages);
+    }
     if (name == "sqlite_single" || name == "sqlite_batch") {
         idem::SqliteOptions options;
         options.synchronous = idem::Synchronous::normal;
@@ -474,7 +483,8 @@ int run_profile(const std::string& name, std::size_t messages) {
         return profile_with(loop_single, handler, name, messages);
     }
     note(
-        "--profile: one of memory_single, sqlite_single, sqlite_batch, redis_single, "
+        "--profile: one of memory_single, memory_observed, sqlite_single, sqlite_batch, "
+        "redis_single, "
         "postgres_single, or memory_single_raw, sqlite_single_raw, sqlite_batch_raw");
     return 2;
 }

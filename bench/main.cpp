@@ -44,9 +44,9 @@ const char* const usage_text =
     "  --keep               keep the temp dir with the SQLite files\n"
     "  --profile NAME       run one side of a case for --messages N (default 20000) and exit,\n"
     "                       for valgrind --tool=callgrind --toggle-collect='*profiled_loop*':\n"
-    "                       memory_single, sqlite_single, sqlite_batch, redis_single,\n"
-    "                       postgres_single (idem) or memory_single_raw, sqlite_single_raw,\n"
-    "                       sqlite_batch_raw (the raw twins)\n"
+    "                       memory_single, memory_observed, sqlite_single, sqlite_batch,\n"
+    "                       redis_single, postgres_single (idem) or memory_single_raw,\n"
+    "                       sqlite_single_raw, sqlite_batch_raw (the raw twins)\n"
     "  --list               print the bench names and exit\n";
 
 const std::vector<std::string> bench_names{"rss_flat",

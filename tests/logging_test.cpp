@@ -1,19 +1,26 @@
 // LoggingObserver and function_logger: the level of each disposition, the minimum level, the
-// redaction of reasons (a card number in a malformed_message text is masked), the message id at
-// debug only, and the durations, after real handle() calls on a MemoryStore.
+// redaction of reasons (a card number in a malformed_message text is masked, by the observer's
+// option or by the policy's hook before any observer sees it, dead letters included), the message
+// id and the gateway key at debug only, the durations, and FanOutObserver feeding a
+// PrometheusObserver and a LoggingObserver from one handler, after real handle() calls on a
+// MemoryStore.
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "idem/effects/gateway_key.hpp"
 #include "idem/idem.hpp"
+#include "idem/observers/fan_out.hpp"
 #include "idem/observers/logging.hpp"
+#include "idem/observers/prometheus.hpp"
 #include "idem/payload.hpp"
 #include "idem/store/memory.hpp"
 
@@ -39,6 +46,8 @@ struct Seen {
     std::string reason;
     std::optional<std::chrono::nanoseconds> duration;
     std::string message;
+    std::string gateway_key;
+    std::optional<std::chrono::nanoseconds> effect_duration;
 };
 
 enum class Act { apply, reject, defer, throw_, malformed };
@@ -54,7 +63,7 @@ struct Logging : ::testing::Test {
             [this](const idem::LogRecord& r) {
                 seen.push_back(Seen{r.level, std::string(r.scope), std::string(r.message_id),
                                     r.disposition, r.cause, r.delivery_count, r.reason, r.duration,
-                                    r.message});
+                                    r.message, std::string(r.gateway_key), r.effect_duration});
             },
             min);
     }
@@ -314,6 +323,213 @@ TEST_F(Logging, ALoggerThatThrowsDoesNotChangeTheOutcome) {
 TEST_F(Logging, NullLoggerAndEmptyFunctionAreRefused) {
     EXPECT_THROW(idem::LoggingObserver{nullptr}, idem::usage_error);
     EXPECT_THROW((void)idem::function_logger({}), idem::usage_error);
+}
+
+// ---- the policy's redaction hook, before any observer ----
+
+/// Every record's reason and line, and the store's dead letters: nothing may hold @p raw.
+void expect_nowhere(const std::vector<Seen>& seen, idem::MemoryStore& store,
+                    const std::string& raw) {
+    for (const Seen& r : seen) {
+        EXPECT_FALSE(contains(r.reason, raw)) << r.reason;
+        EXPECT_FALSE(contains(r.message, raw)) << r.message;
+    }
+    for (const auto& letter : store.dead_letters()) {
+        EXPECT_FALSE(contains(letter.reason, raw)) << letter.reason;
+        EXPECT_FALSE(contains(letter.payload, raw)) << letter.payload;
+    }
+}
+
+TEST_F(Logging, ACardNumberInAMalformedMessageNeverReachesTheSinkNorTheDeadLetter) {
+    idem::PolicyOptions policy_options;
+    policy_options.redact_payload = idem::mask_card_numbers;
+    idem::LoggingOptions options;  // no redaction of its own: the policy's hook is enough
+    options.min_level = LogLevel::debug;
+    idem::LoggingObserver logs(sink(), options);
+    auto h = idem::make_handler(
+        store, idem::Policy{"capture", policy_options},
+        [](auto&, const std::string& body) {
+            throw idem::malformed_message("cannot parse amount in {\"pan\":\"" + body + "\"}");
+        },
+        &logs);
+    const std::string card = "4111 1111 1111 1111";
+    const auto outcome = h.handle(Delivery{"m-1", 1u}, card);
+    ASSERT_EQ(outcome.disposition, Disposition::dead_lettered);
+    EXPECT_FALSE(contains(outcome.reason, card)) << outcome.reason;
+    EXPECT_TRUE(contains(outcome.reason, "**** **** **** 1111")) << outcome.reason;
+    ASSERT_EQ(seen.size(), 1u);
+    EXPECT_TRUE(contains(seen[0].message, "**** **** **** 1111")) << seen[0].message;
+    const auto letters = store.dead_letters();
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_TRUE(contains(letters[0].reason, "malformed message: cannot parse amount"))
+        << letters[0].reason;
+    EXPECT_TRUE(contains(letters[0].reason, "**** **** **** 1111")) << letters[0].reason;
+    expect_nowhere(seen, store, card);
+    expect_nowhere(seen, store, "4111111111111111");
+}
+
+TEST_F(Logging, TheEffectsAndTheStoresTextsGoThroughThePolicyHookToo) {
+    idem::PolicyOptions policy_options;
+    policy_options.redact_payload = idem::mask_card_numbers;
+    idem::LoggingObserver logs(sink());
+    bool store_error = false;
+    auto h = idem::make_handler(
+        store, idem::Policy{"capture", policy_options},
+        [&store_error](auto&, const std::string& body) {
+            if (store_error) throw idem::store_error("constraint failed: pan=" + body);
+            throw std::runtime_error("gateway declined card " + body);
+        },
+        &logs);
+    const std::string card = "5500000000000004";
+    EXPECT_EQ(h.handle(Delivery{"m-1", 1u}, card).disposition, Disposition::failed);
+    store_error = true;
+    EXPECT_EQ(h.handle(Delivery{"m-2", 1u}, card).disposition, Disposition::failed);
+    ASSERT_EQ(seen.size(), 2u);
+    EXPECT_EQ(seen[0].reason, "effect threw: gateway declined card ************0004");
+    EXPECT_TRUE(contains(seen[1].reason, "pan=************0004")) << seen[1].reason;
+    expect_nowhere(seen, store, card);
+}
+
+TEST_F(Logging, APolicyHookThatThrowsWithholdsTheTextAndTheMalformedMessageIsNotParkedRaw) {
+    idem::PolicyOptions policy_options;
+    policy_options.redact_payload = [](std::string_view) -> std::string {
+        throw std::runtime_error("hook down");
+    };
+    idem::LoggingObserver logs(sink());
+    auto h = idem::make_handler(
+        store, idem::Policy{"capture", policy_options},
+        [](auto&, const std::string& body) { throw idem::malformed_message("bad " + body); },
+        &logs);
+    const std::string card = "4111111111111111";
+    // The payload's redaction throws too: the dead letter is not stored (failed, redelivered).
+    EXPECT_EQ(h.handle(Delivery{"m-1", 1u}, card).disposition, Disposition::failed);
+    EXPECT_TRUE(store.dead_letters().empty());
+    ASSERT_EQ(seen.size(), 1u);
+    expect_nowhere(seen, store, card);
+}
+
+// ---- the gateway key at debug ----
+
+TEST_F(Logging, TheGatewayKeyIsLoggedAtDebugOnly) {
+    idem::LoggingOptions options;
+    options.min_level = LogLevel::debug;
+    idem::LoggingObserver logs(sink(), options);
+    EXPECT_TRUE(logs.wants_gateway_key());
+    int keys_built = 0;
+    auto key_of = [&keys_built](const std::string& order) {
+        ++keys_built;
+        return idem::key("capture", order);
+    };
+    bool fail = false;
+    auto h = idem::make_handler(store, idem::Policy{"capture"},
+                                idem::with_gateway_key(key_of,
+                                                       [&](auto& tx, const std::string& order) {
+                                                           if (fail)
+                                                               throw std::runtime_error("502");
+                                                           tx.put("captures", key_of(order), "ok");
+                                                       }),
+                                &logs);
+    (void)h.handle(Delivery{"m-1", 1u}, std::string("8814"));
+    (void)h.handle(Delivery{"m-1", 2u}, std::string("8814"));  // duplicate
+    fail = true;
+    (void)h.handle(Delivery{"m-2", 1u}, std::string("8815"));  // failed: error level
+    ASSERT_EQ(seen.size(), 3u);
+    for (std::size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(seen[i].gateway_key, "capture-8814");
+        EXPECT_TRUE(contains(seen[i].message, " message_id=m-1 gateway_key=capture-8814 "))
+            << seen[i].message;
+    }
+    EXPECT_TRUE(seen[2].gateway_key.empty());
+    EXPECT_FALSE(contains(seen[2].message, "gateway_key")) << seen[2].message;
+    EXPECT_FALSE(contains(seen[2].message, "8815")) << seen[2].message;
+    // The effect ran for m-1 (processed) and m-2: its duration is in the record.
+    EXPECT_TRUE(seen[0].effect_duration.has_value());
+    EXPECT_FALSE(seen[1].effect_duration.has_value());  // a duplicate runs nothing
+    EXPECT_TRUE(contains(seen[0].message, " effect_ms=")) << seen[0].message;
+    EXPECT_EQ(keys_built, 1 + 3);  // the effect's own call, and one per outcome for the log
+}
+
+TEST_F(Logging, NoDebugRecordsNoKeyIsBuilt) {
+    idem::LoggingObserver logs(sink());  // min_level info
+    EXPECT_FALSE(logs.wants_gateway_key());
+    int keys_built = 0;
+    auto h = idem::make_handler(
+        store, idem::Policy{"capture"},
+        idem::with_gateway_key(
+            [&keys_built](const std::string& order) {
+                ++keys_built;
+                return idem::key("capture", order);
+            },
+            [](auto& tx, const std::string& order) { tx.put("captures", order, "ok"); }),
+        &logs);
+    (void)h.handle(Delivery{"m-1", 1u}, std::string("8814"));
+    EXPECT_EQ(keys_built, 0);
+    EXPECT_TRUE(seen.empty());
+}
+
+TEST_F(Logging, AKeyFunctionThatThrowsLeavesTheKeyEmptyAndTheOutcomeAsItIs) {
+    idem::LoggingOptions options;
+    options.min_level = LogLevel::debug;
+    idem::LoggingObserver logs(sink(), options);
+    auto h = idem::make_handler(
+        store, idem::Policy{"capture"},
+        idem::with_gateway_key([](const std::string& order) { return idem::key("capture", order); },
+                               [](auto& tx, const std::string&) { tx.put("captures", "x", "1"); }),
+        &logs);
+    // idem::key refuses an empty part: the key function throws.
+    EXPECT_EQ(h.handle(Delivery{"m-1", 1u}, std::string()).disposition, Disposition::processed);
+    ASSERT_EQ(seen.size(), 1u);
+    EXPECT_TRUE(seen[0].gateway_key.empty());
+    EXPECT_FALSE(contains(seen[0].message, "gateway_key")) << seen[0].message;
+}
+
+// ---- FanOutObserver ----
+
+struct ThrowingObserver final : idem::Observer {
+    int calls = 0;
+    void on_outcome(std::string_view, const Delivery&, const idem::Outcome&) override {
+        ++calls;
+        throw std::runtime_error("observer down");
+    }
+};
+
+TEST_F(Logging, FanOutFeedsPrometheusAndLoggingFromOneHandler) {
+    idem::PrometheusObserver metrics;
+    idem::LoggingOptions options;
+    options.min_level = LogLevel::debug;
+    idem::LoggingObserver logs(sink(), options);
+    ThrowingObserver broken;
+    idem::FanOutObserver both{&broken, &metrics, &logs};
+    EXPECT_EQ(both.observers().size(), 3u);
+    EXPECT_TRUE(both.wants_gateway_key());  // the logger's debug records want it
+    auto h = idem::make_handler(
+        store, idem::Policy{"capture"},
+        idem::with_gateway_key([](const std::string& order) { return idem::key("capture", order); },
+                               [&](auto& tx, const std::string& order) {
+                                   if (order == "bad") throw std::runtime_error("502");
+                                   tx.put("captures", order, "ok");
+                               }),
+        &both);
+    EXPECT_EQ(h.handle(Delivery{"m-1", 1u}, std::string("8814")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(h.handle(Delivery{"m-1", 2u}, std::string("8814")).disposition,
+              Disposition::duplicate);
+    EXPECT_EQ(h.handle(Delivery{"m-2", 1u}, std::string("bad")).disposition, Disposition::failed);
+
+    EXPECT_EQ(broken.calls, 3);  // it threw each time; the others still got every outcome
+    EXPECT_EQ(metrics.deliveries("capture", Disposition::processed), 1u);
+    EXPECT_EQ(metrics.deliveries("capture", Disposition::duplicate), 1u);
+    EXPECT_EQ(metrics.failed("capture", FailureCause::effect_threw), 1u);
+    const auto effect = metrics.bucket_counts("capture", idem::PrometheusHistogram::effect);
+    EXPECT_EQ(std::accumulate(effect.begin(), effect.end(), std::uint64_t{0}), 2u);
+    ASSERT_EQ(seen.size(), 3u);
+    EXPECT_EQ(seen[0].gateway_key, "capture-8814");
+    EXPECT_TRUE(seen[0].duration.has_value());
+    EXPECT_EQ(seen[2].cause, FailureCause::effect_threw);
+
+    idem::FanOutObserver quiet{&metrics};
+    EXPECT_FALSE(quiet.wants_gateway_key());
+    EXPECT_THROW((idem::FanOutObserver{&metrics, nullptr}), idem::usage_error);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// PrometheusObserver: counters and the latency histogram after real handle() calls on a
-// MemoryStore (faults injected for the failure causes), label escaping, exact totals under
-// threads, and `promtool check metrics` on the rendered text (a failure in CI when promtool is
-// missing; a skip elsewhere).
+// PrometheusObserver: counters and the latency histograms (handle, effect, commit) after real
+// handle() and handle_batch() calls on a MemoryStore (faults injected for the failure causes and
+// for a commit refused after the effect), the gauges set through a HealthSink, label escaping,
+// exact totals under threads, and `promtool check metrics` on the rendered text (a failure in CI
+// when promtool is missing; a skip elsewhere).
 
 #include <gtest/gtest.h>
 
@@ -158,6 +159,160 @@ TEST_F(Prometheus, HistogramBucketsSumToTheCountAndASlowEffectLandsInItsBucket) 
     EXPECT_TRUE(contains(text, "idem_handle_seconds_sum{scope=\"capture\"} 0.0")) << text;
 }
 
+std::uint64_t total(const std::vector<std::uint64_t>& counts) {
+    return std::accumulate(counts.begin(), counts.end(), std::uint64_t{0});
+}
+
+TEST_F(Prometheus, EffectAndCommitHistogramsCountWhatRanAndASleepingEffectLandsInItsBucket) {
+    using idem::PrometheusHistogram;
+    auto capture = handler("capture");
+    for (int i = 0; i < 4; ++i)
+        (void)capture.handle(Delivery{fmt::format("fast-{}", i), 1u}, std::string("o"));
+    (void)capture.handle(Delivery{"fast-0", 2u}, std::string("o"));  // duplicate: nothing ran
+    (void)capture.handle(Delivery{"poison", 9u}, std::string("o"));  // parked: commit, no effect
+    sleep = std::chrono::milliseconds(30);
+    (void)capture.handle(Delivery{"slow", 1u}, std::string("o"));
+    sleep = std::chrono::milliseconds(0);
+
+    const auto handle = metrics.bucket_counts("capture", PrometheusHistogram::handle);
+    const auto effect = metrics.bucket_counts("capture", PrometheusHistogram::effect);
+    const auto commit = metrics.bucket_counts("capture", PrometheusHistogram::commit);
+    EXPECT_EQ(total(handle), 7u);  // every delivery
+    EXPECT_EQ(total(effect), 5u);  // the four fast ones and the slow one
+    EXPECT_EQ(total(commit), 6u);  // those five and the dead letter
+    // The slow effect took at least 30 ms: above the 0.025 bucket; below 30 s on any machine.
+    const std::vector<double>& bounds = metrics.buckets(PrometheusHistogram::effect);
+    ASSERT_EQ(effect.size(), bounds.size() + 1);
+    std::uint64_t above_25ms = 0;
+    for (std::size_t i = 0; i < bounds.size(); ++i) {
+        if (bounds[i] > 0.025) above_25ms += effect[i];
+    }
+    EXPECT_EQ(above_25ms, 1u);
+    EXPECT_EQ(effect.back(), 0u);  // +Inf only
+    EXPECT_GE(metrics.sum_seconds("capture", PrometheusHistogram::effect), 0.030);
+    EXPECT_GE(metrics.sum_seconds("capture", PrometheusHistogram::handle),
+              metrics.sum_seconds("capture", PrometheusHistogram::effect));
+
+    // The rendered histograms: cumulative buckets ending in the count.
+    const std::string text = metrics.render();
+    for (const char* name : {"idem_handle_seconds", "idem_effect_seconds", "idem_commit_seconds"})
+        EXPECT_TRUE(contains(text, fmt::format("# TYPE {} histogram\n", name))) << text;
+    EXPECT_TRUE(contains(text, "idem_effect_seconds_bucket{scope=\"capture\",le=\"0.025\"} 4\n"))
+        << text;
+    EXPECT_TRUE(contains(text, "idem_effect_seconds_bucket{scope=\"capture\",le=\"+Inf\"} 5\n"))
+        << text;
+    EXPECT_TRUE(contains(text, "idem_effect_seconds_count{scope=\"capture\"} 5\n")) << text;
+    EXPECT_TRUE(contains(text, "idem_commit_seconds_bucket{scope=\"capture\",le=\"+Inf\"} 6\n"))
+        << text;
+    EXPECT_TRUE(contains(text, "idem_commit_seconds_count{scope=\"capture\"} 6\n")) << text;
+}
+
+TEST_F(Prometheus, ACommitRefusedAfterTheEffectIsCountedApart) {
+    auto capture = handler("capture");
+    store.inject(idem::Fault::commit);  // the effect ran, then its commit was refused
+    EXPECT_EQ(capture.handle(Delivery{"m-1", 1u}, std::string("o")).cause,
+              FailureCause::commit_failed);
+    store.inject(idem::Fault::begin);  // failed before any effect
+    (void)capture.handle(Delivery{"m-2", 1u}, std::string("o"));
+    throw_in_effect = true;  // the effect threw: no commit at all
+    (void)capture.handle(Delivery{"m-3", 1u}, std::string("o"));
+    throw_in_effect = false;
+    // A commit_failed without details (on_outcome): not known to follow an effect.
+    metrics.on_outcome("capture", Delivery{"m-4", 1u},
+                       idem::failed_outcome("lease lost", FailureCause::commit_failed));
+
+    EXPECT_EQ(metrics.commits_refused_after_effect("capture"), 1u);
+    EXPECT_EQ(metrics.failed("capture", FailureCause::commit_failed), 2u);
+    // The refused commit was timed too.
+    EXPECT_EQ(total(metrics.bucket_counts("capture", idem::PrometheusHistogram::commit)), 1u);
+    const std::string text = metrics.render();
+    EXPECT_TRUE(contains(text, "# TYPE idem_commits_refused_after_effect_total counter\n")) << text;
+    EXPECT_TRUE(contains(text, "idem_commits_refused_after_effect_total{scope=\"capture\"} 1\n"))
+        << text;
+}
+
+TEST_F(Prometheus, ABatchTimesEachEffectAndSharesItsCommit) {
+    using idem::PrometheusHistogram;
+    auto capture = handler("capture");
+    (void)capture.handle(Delivery{"a", 1u}, std::string("o"));
+    const std::vector<Delivery> deliveries = {Delivery{"a", 2u}, Delivery{"b", 1u},
+                                              Delivery{"c", 1u}, Delivery{"", 1u}};
+    const std::vector<std::string> bodies(deliveries.size(), "o");
+    const auto outcomes = capture.handle_batch(deliveries, bodies);
+    ASSERT_EQ(outcomes[0].disposition, Disposition::duplicate);
+    ASSERT_EQ(outcomes[3].disposition, Disposition::dead_lettered);  // empty id
+    EXPECT_EQ(total(metrics.bucket_counts("capture", PrometheusHistogram::handle)), 5u);
+    EXPECT_EQ(total(metrics.bucket_counts("capture", PrometheusHistogram::effect)), 3u);  // a, b, c
+    // a alone, then b, c and the dead letter in the batch's one commit.
+    EXPECT_EQ(total(metrics.bucket_counts("capture", PrometheusHistogram::commit)), 4u);
+
+    store.inject(idem::Fault::commit);
+    const auto refused = capture.handle_batch(
+        std::vector<Delivery>{Delivery{"d", 1u}, Delivery{"e", 1u}, Delivery{"a", 3u}},
+        std::vector<std::string>(3, "o"));
+    for (const auto& outcome : refused)
+        EXPECT_EQ(outcome.cause, FailureCause::commit_failed) << outcome.reason;
+    // d and e ran their effect; the duplicate a wrote nothing the commit refused.
+    EXPECT_EQ(metrics.commits_refused_after_effect("capture"), 2u);
+}
+
+TEST(PrometheusOptions, EffectAndCommitBucketsAreTheirOwnWhenGiven) {
+    using idem::PrometheusHistogram;
+    idem::PrometheusOptions options;
+    options.buckets = {0.001, 1};
+    options.commit_buckets = {0.5};
+    idem::PrometheusObserver metrics{options};
+    EXPECT_EQ(metrics.buckets(PrometheusHistogram::effect), (std::vector<double>{0.001, 1}));
+    EXPECT_EQ(metrics.buckets(PrometheusHistogram::commit), (std::vector<double>{0.5}));
+    idem::OutcomeDetails details;
+    details.handled_in = std::chrono::milliseconds(700);
+    details.effect_in = std::chrono::milliseconds(600);
+    details.commit_in = std::chrono::milliseconds(600);
+    metrics.on_detailed_outcome("s", Delivery{"m", 1u}, idem::Outcome{Disposition::processed, ""},
+                                details);
+    EXPECT_EQ(metrics.bucket_counts("s", PrometheusHistogram::effect),
+              (std::vector<std::uint64_t>{0, 1, 0}));
+    EXPECT_EQ(metrics.bucket_counts("s", PrometheusHistogram::commit),
+              (std::vector<std::uint64_t>{0, 1}));
+    EXPECT_TRUE(
+        contains(metrics.render(), "idem_commit_seconds_bucket{scope=\"s\",le=\"0.5\"} 0\n"));
+    options.effect_buckets = {2, 1};
+    EXPECT_THROW(idem::PrometheusObserver{options}, idem::usage_error);
+}
+
+TEST(PrometheusHealth, TheHealthSinkSetsTheConsumerGauges) {
+    idem::PrometheusObserver metrics;
+    const idem::HealthSink sink = metrics.health_sink();
+    idem::ConsumerHealth health;
+    health.consumer = "payments/capture";
+    health.pending = 12;
+    health.dead_letter_destination = "payments:dead";
+    health.dead_letter_depth = 3;
+    health.circuit_open = true;
+    sink(health);
+    std::string text = metrics.render();
+    EXPECT_TRUE(contains(text, "idem_circuit_open{consumer=\"payments/capture\"} 1\n")) << text;
+    EXPECT_TRUE(contains(text, "idem_pending{consumer=\"payments/capture\"} 12\n")) << text;
+    EXPECT_TRUE(contains(text, "idem_dead_letter_depth{stream=\"payments:dead\"} 3\n")) << text;
+
+    // A later report: what it leaves out keeps its last value.
+    idem::ConsumerHealth later;
+    later.consumer = "payments/capture";
+    later.pending = 0;
+    sink(later);
+    text = metrics.render();
+    EXPECT_TRUE(contains(text, "idem_circuit_open{consumer=\"payments/capture\"} 0\n")) << text;
+    EXPECT_TRUE(contains(text, "idem_pending{consumer=\"payments/capture\"} 0\n")) << text;
+    EXPECT_TRUE(contains(text, "idem_dead_letter_depth{stream=\"payments:dead\"} 3\n")) << text;
+
+    // No destination named: the depth goes under the consumer's name.
+    idem::ConsumerHealth unnamed;
+    unnamed.consumer = "refunds";
+    unnamed.dead_letter_depth = 1;
+    sink(unnamed);
+    EXPECT_TRUE(contains(metrics.render(), "idem_dead_letter_depth{stream=\"refunds\"} 1\n"));
+}
+
 TEST(PrometheusOptions, CustomBucketsAndBadOnesAreRefused) {
     idem::PrometheusOptions options;
     options.buckets = {0.001, 1};
@@ -294,6 +449,16 @@ TEST(Promtool, CheckMetricsAcceptsTheRenderedText) {
     metrics.set_circuit_open("capture-worker", true);
     metrics.set_pending("capture-worker", 12);
     metrics.set_dead_letter_depth("payments", 0);
+    idem::ConsumerHealth health;
+    health.consumer = "payments/refund";
+    health.pending = 2;
+    health.dead_letter_destination = "payments:dead";
+    health.dead_letter_depth = 1;
+    metrics.health_sink()(health);
+    ASSERT_EQ(metrics.commits_refused_after_effect("capture"), 1u);
+    for (const char* name : {"idem_effect_seconds_count{scope=\"capture\"} 2\n",
+                             "idem_commit_seconds_count{scope=\"capture\"} 2\n"})
+        ASSERT_TRUE(contains(metrics.render(), name)) << metrics.render();
 
     const std::string path =
         fmt::format("{}/idem-prometheus-{}.prom", ::testing::TempDir(), ::getpid());

@@ -3,7 +3,7 @@
 /// @brief Calling an effect and looking through a chain of effect wrappers: how the handler and
 /// the wrappers (effects/) invoke an effect with or without the delivery, turn void into
 /// EffectResult::applied(), check its signature with a readable message, and find the
-/// fingerprint or reconcile callback anywhere in the chain (wrappers expose inner()).
+/// fingerprint, gateway key or reconcile callback anywhere in the chain (wrappers expose inner()).
 
 #include <optional>
 #include <string>
@@ -51,8 +51,8 @@ EffectResult run_effect(Effect& effect, Tx& tx, const Body& body, const Delivery
     }
 }
 
-// Effect wrappers (with_fingerprint, reconcile_expired, without_overlapping) expose inner();
-// the handler looks through the chain for the capabilities it needs.
+// Effect wrappers (with_fingerprint, with_gateway_key, reconcile_expired, without_overlapping)
+// expose inner(); the handler looks through the chain for the capabilities it needs.
 template <class E, class = void>
 struct has_inner : std::false_type {};
 template <class E>
@@ -84,6 +84,36 @@ std::string chain_fingerprint(E& effect, const Body& body) {
         return effect.fingerprint(body);
     } else {
         return chain_fingerprint(effect.inner(), body);
+    }
+}
+
+template <class E, class Body, class = void>
+struct has_gateway_key : std::false_type {};
+template <class E, class Body>
+struct has_gateway_key<
+    E, Body, std::void_t<decltype(std::declval<E&>().gateway_key(std::declval<const Body&>()))>>
+    : std::true_type {};
+
+template <class E, class Body>
+constexpr bool chain_has_gateway_key() {
+    if constexpr (has_gateway_key<E, Body>::value) {
+        return true;
+    } else if constexpr (has_inner<E>::value) {
+        return chain_has_gateway_key<std::remove_reference_t<decltype(std::declval<E&>().inner())>,
+                                     Body>();
+    } else {
+        return false;
+    }
+}
+
+/// The gateway idempotency key of the body, from the first wrapper in the chain that has one
+/// (with_gateway_key()).
+template <class E, class Body>
+std::string chain_gateway_key(E& effect, const Body& body) {
+    if constexpr (has_gateway_key<E, Body>::value) {
+        return effect.gateway_key(body);
+    } else {
+        return chain_gateway_key(effect.inner(), body);
     }
 }
 

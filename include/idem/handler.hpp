@@ -98,6 +98,41 @@ struct BatchUnclaimStrategy {
 template <class Strategy>
 inline constexpr bool effect_savepoint_v = Strategy::undo == Undo::effect_savepoint;
 
+/// What the handler measures of one delivery for its observer (only when one is set: a handler
+/// without one never reads the clock). Filled in as the attempt goes, read by report().
+struct Measure {
+    std::optional<std::chrono::nanoseconds> effect_in{};
+    std::optional<std::chrono::nanoseconds> commit_in{};
+    bool effect_ran = false;
+};
+
+[[nodiscard]] inline std::chrono::nanoseconds since(
+    std::chrono::steady_clock::time_point start) noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                start);
+}
+
+/// Times the effect into a Measure from construction to destruction (the effect returning or
+/// throwing); does nothing when the Measure is null.
+class EffectTimer {
+  public:
+    explicit EffectTimer(Measure* measure) noexcept : measure_(measure) {
+        if (measure_ != nullptr) start_ = std::chrono::steady_clock::now();
+    }
+    EffectTimer(const EffectTimer&) = delete;
+    EffectTimer& operator=(const EffectTimer&) = delete;
+    ~EffectTimer() {
+        if (measure_ != nullptr) {
+            measure_->effect_in = since(start_);
+            measure_->effect_ran = true;
+        }
+    }
+
+  private:
+    Measure* measure_;
+    std::chrono::steady_clock::time_point start_{};
+};
+
 }  // namespace detail
 
 /// @brief Wraps a user's effect with a claim stored in the same transaction as the work, the
@@ -168,8 +203,9 @@ class IdempotentHandler {
         static_assert(detail::check_effect<Effect, Transaction, Body>(),
                       "idem: effect does not fit (see above)");
         const Stopwatch watch(observer_ != nullptr);
-        Outcome outcome = decide(delivery, body);
-        report(delivery, outcome, watch.elapsed());
+        detail::Measure measure;
+        Outcome outcome = decide(delivery, body, nullptr, watch.on() ? &measure : nullptr);
+        report(delivery, body, outcome, watch.elapsed(), measure);
         return outcome;
     }
 
@@ -184,8 +220,9 @@ class IdempotentHandler {
                       "idem: effect does not fit (see above)");
         bind_hook(hook, delivery);
         const Stopwatch watch(observer_ != nullptr);
-        Outcome outcome = decide(delivery, body, &hook);
-        report(delivery, outcome, watch.elapsed());
+        detail::Measure measure;
+        Outcome outcome = decide(delivery, body, &hook, watch.on() ? &measure : nullptr);
+        report(delivery, body, outcome, watch.elapsed(), measure);
         return outcome;
     }
 
@@ -205,11 +242,11 @@ class IdempotentHandler {
                             deliveries.size(), bodies.size()));
         }
         const Stopwatch watch(observer_ != nullptr);
+        std::vector<detail::Measure> measures(watch.on() ? deliveries.size() : 0);
         std::vector<Outcome> outcomes =
-            decide_batch(deliveries.data(), bodies.data(), deliveries.size());
-        const auto share = watch.share(outcomes.size());
-        for (std::size_t i = 0; i < outcomes.size(); ++i)
-            report(deliveries[i], outcomes[i], share);
+            decide_batch(deliveries.data(), bodies.data(), deliveries.size(), nullptr,
+                         measures.empty() ? nullptr : measures.data());
+        report_batch(deliveries, bodies, outcomes, watch, measures);
         return outcomes;
     }
 
@@ -230,11 +267,11 @@ class IdempotentHandler {
         for (std::size_t i = 0; i < hooks.size(); ++i)
             bind_hook(hooks[i], deliveries[i]);
         const Stopwatch watch(observer_ != nullptr);
+        std::vector<detail::Measure> measures(watch.on() ? deliveries.size() : 0);
         std::vector<Outcome> outcomes =
-            decide_batch(deliveries.data(), bodies.data(), deliveries.size(), hooks.data());
-        const auto share = watch.share(outcomes.size());
-        for (std::size_t i = 0; i < outcomes.size(); ++i)
-            report(deliveries[i], outcomes[i], share);
+            decide_batch(deliveries.data(), bodies.data(), deliveries.size(), hooks.data(),
+                         measures.empty() ? nullptr : measures.data());
+        report_batch(deliveries, bodies, outcomes, watch, measures);
         return outcomes;
     }
 
@@ -275,13 +312,13 @@ class IdempotentHandler {
     /// set), so a handler without one never touches the clock.
     class Stopwatch {
       public:
-        explicit Stopwatch(bool on) noexcept {
+        explicit Stopwatch(bool on) noexcept : on_(on) {
             if (on) start_ = std::chrono::steady_clock::now();
         }
+        [[nodiscard]] bool on() const noexcept { return on_; }
         [[nodiscard]] std::chrono::nanoseconds elapsed() const noexcept {
-            if (start_ == std::chrono::steady_clock::time_point{}) return {};
-            return std::chrono::duration_cast<std::chrono::nanoseconds>(
-                std::chrono::steady_clock::now() - start_);
+            if (!on_) return {};
+            return detail::since(start_);
         }
         /// One message's share of a batch of @p n.
         [[nodiscard]] std::chrono::nanoseconds share(std::size_t n) const noexcept {
@@ -290,37 +327,90 @@ class IdempotentHandler {
         }
 
       private:
+        bool on_;
         std::chrono::steady_clock::time_point start_{};
     };
 
-    void report(const Delivery& delivery, const Outcome& outcome,
-                std::chrono::nanoseconds handled_in) noexcept {
+    template <class Body>
+    void report(const Delivery& delivery, const Body& body, const Outcome& outcome,
+                std::chrono::nanoseconds handled_in, const detail::Measure& measure) noexcept {
         counters_.count(delivery, outcome.disposition);
-        if (observer_ != nullptr) {
-            try {
-                observer_->on_timed_outcome(policy_.scope(), delivery, outcome, handled_in);
-            } catch (...) {  // observing must never change an outcome
+        if (observer_ == nullptr) return;
+        try {
+            OutcomeDetails details;
+            details.handled_in = handled_in;
+            details.effect_in = measure.effect_in;
+            details.commit_in = measure.commit_in;
+            details.effect_ran = measure.effect_ran;
+            details.commit_refused_after_effect = outcome.disposition == Disposition::failed &&
+                                                  outcome.cause == FailureCause::commit_failed &&
+                                                  measure.effect_ran &&
+                                                  measure.commit_in.has_value();
+            std::string key;
+            if constexpr (detail::chain_has_gateway_key<Effect, Body>()) {
+                if (observer_->wants_gateway_key()) {
+                    try {
+                        key = detail::chain_gateway_key(*effect_, body);
+                    } catch (...) {  // no key to show; the outcome stands
+                    }
+                    details.gateway_key = key;
+                }
             }
+            observer_->on_detailed_outcome(policy_.scope(), delivery, outcome, details);
+        } catch (...) {  // observing must never change an outcome
+        }
+    }
+
+    /// report() for each message of a batch, each with its share of the batch's time.
+    template <class Body>
+    void report_batch(const std::vector<Delivery>& deliveries, const std::vector<Body>& bodies,
+                      const std::vector<Outcome>& outcomes, const Stopwatch& watch,
+                      const std::vector<detail::Measure>& measures) noexcept {
+        const auto share = watch.share(outcomes.size());
+        const detail::Measure none;
+        for (std::size_t i = 0; i < outcomes.size(); ++i)
+            report(deliveries[i], bodies[i], outcomes[i], share,
+                   measures.empty() ? none : measures[i]);
+    }
+
+    /// Text an exception (the effect's, the store's) puts into a reason, through the policy's
+    /// redaction hook: it may quote the payload (a malformed_message saying what it could not
+    /// parse, a constraint error quoting a value), and reasons reach dead letters, stored
+    /// outcomes and every observer. A hook that throws withholds the text.
+    [[nodiscard]] std::string quoted(const std::exception& error) const {
+        // redaction_failed is idem's own text (the scope, what the hook threw), never a payload.
+        if (dynamic_cast<const redaction_failed*>(&error) != nullptr) return error.what();
+        return quoted(std::string_view(error.what()));
+    }
+    [[nodiscard]] std::string quoted(std::string_view text) const {
+        if (policy_.options().redact_payload == nullptr) return std::string(text);
+        try {
+            return policy_.redact(text);
+        } catch (...) {
+            return "<text withheld: redact_payload threw>";
         }
     }
 
     /// handle(): validate, then one attempt in its own transaction.
     template <class Body>
-    Outcome decide(const Delivery& delivery, const Body& body, CommitHook* hook = nullptr) {
+    Outcome decide(const Delivery& delivery, const Body& body, CommitHook* hook,
+                   detail::Measure* measure) {
         if (auto reason = unclaimable_reason(delivery)) {
-            return park_malformed_delivery(delivery, body, std::move(*reason), hook);
+            return park_malformed_delivery(delivery, body, std::move(*reason), hook, measure);
         }
         try {
             Attempt attempted;
             {
                 Transaction tx = begin_transaction(hook, hook != nullptr ? 1 : 0);
-                attempted = attempt(tx, delivery, body, detail::SingleStrategy<Transaction>{});
+                attempted =
+                    attempt(tx, delivery, body, detail::SingleStrategy<Transaction>{}, measure);
                 if (!attempted.needs_second_transaction) {
-                    commit_if_stored(tx, attempted.outcome);
+                    commit_if_stored(tx, attempted.outcome, measure);
                     return std::move(attempted.outcome);  // or tx rolls back: nothing stored
                 }
             }  // rolled back: the effect's writes are gone, the claim with them
-            return record_without_effect(delivery, body, std::move(attempted.outcome), hook);
+            return record_without_effect(delivery, body, std::move(attempted.outcome), hook,
+                                         measure);
         } catch (const std::exception& e) {
             return failure(e);
         } catch (...) {
@@ -333,21 +423,22 @@ class IdempotentHandler {
     /// rolled back, this one claims again and records the outcome the effect gave.
     template <class Body>
     Outcome record_without_effect(const Delivery& delivery, const Body& body, Outcome outcome,
-                                  CommitHook* hook = nullptr) {
+                                  CommitHook* hook, detail::Measure* measure) {
         Transaction tx = begin_transaction(hook, hook != nullptr ? 1 : 0);
         const ClaimResult claim = claim_one<Body>(tx, delivery.message_id, fingerprint_of(body));
         // Another worker finished it, or holds it, meanwhile.
         if (claim.status == ClaimStatus::duplicate) return duplicate_outcome(claim);
         if (claim.status == ClaimStatus::in_progress) return in_progress_outcome();
         record_or_park(tx, delivery, body, outcome.disposition, outcome.reason);
-        commit_if_stored(tx, outcome);
+        commit_if_stored(tx, outcome, measure);
         return outcome;
     }
 
     /// handle_batch(): every message through the same attempt, in ONE transaction.
     template <class Body>
     std::vector<Outcome> decide_batch(const Delivery* deliveries, const Body* bodies,
-                                      std::size_t count, CommitHook* hooks = nullptr) {
+                                      std::size_t count, CommitHook* hooks,
+                                      detail::Measure* measures) {
         std::vector<Outcome> outcomes(count);
         if (count == 0) return outcomes;
         try {
@@ -366,15 +457,17 @@ class IdempotentHandler {
                 } else if constexpr (detail::has_claim_many<Transaction>::value) {
                     outcomes[i] = attempt(tx, delivery, bodies[i],
                                           detail::BatchUnclaimStrategy<Transaction>{
-                                              claims[i], policy_.scope(), delivery.message_id})
+                                              claims[i], policy_.scope(), delivery.message_id},
+                                          measures != nullptr ? &measures[i] : nullptr)
                                       .outcome;
                 } else {
                     outcomes[i] = attempt(tx, delivery, bodies[i],
-                                          detail::BatchSavepointStrategy<Transaction>{})
+                                          detail::BatchSavepointStrategy<Transaction>{},
+                                          measures != nullptr ? &measures[i] : nullptr)
                                       .outcome;
                 }
             }
-            commit_if_stored(tx, outcomes);
+            commit_if_stored(tx, outcomes, measures);
         } catch (const std::exception& e) {
             // Nothing of this batch committed, so nothing is acked. Duplicates too: one may be a
             // second copy of an id this very batch claimed.
@@ -403,16 +496,52 @@ class IdempotentHandler {
 
     /// The commit of handle()'s transactions: only when the outcome stored something (else the
     /// transaction rolls back as it ends).
-    static void commit_if_stored(Transaction& tx, const Outcome& outcome) {
-        if (writes_something(outcome.disposition)) tx.commit();
+    static void commit_if_stored(Transaction& tx, const Outcome& outcome,
+                                 detail::Measure* measure) {
+        if (writes_something(outcome.disposition)) {
+            timed_commit(
+                tx,
+                [measure](std::chrono::nanoseconds took) noexcept {
+                    if (measure != nullptr) measure->commit_in = took;
+                },
+                measure != nullptr);
+        }
     }
 
-    /// The commit of handle_batch()'s transaction: when any outcome stored something.
-    static void commit_if_stored(Transaction& tx, const std::vector<Outcome>& outcomes) {
-        bool any_write = false;
+    /// The commit of handle_batch()'s transaction: when any outcome stored something. Each
+    /// message it commits gets an equal share of its time.
+    static void commit_if_stored(Transaction& tx, const std::vector<Outcome>& outcomes,
+                                 detail::Measure* measures) {
+        std::size_t writing = 0;
         for (const auto& outcome : outcomes)
-            any_write = any_write || writes_something(outcome.disposition);
-        if (any_write) tx.commit();
+            writing += writes_something(outcome.disposition) ? 1 : 0;
+        if (writing == 0) return;
+        timed_commit(
+            tx,
+            [&](std::chrono::nanoseconds took) noexcept {
+                const auto share = took / static_cast<std::chrono::nanoseconds::rep>(writing);
+                for (std::size_t i = 0; i < outcomes.size(); ++i) {
+                    if (writes_something(outcomes[i].disposition)) measures[i].commit_in = share;
+                }
+            },
+            measures != nullptr);
+    }
+
+    /// tx.commit(), its duration given to @p took (also when it throws) if @p timed.
+    template <class Took>
+    static void timed_commit(Transaction& tx, Took&& took, bool timed) {
+        if (!timed) {
+            tx.commit();
+            return;
+        }
+        const auto start = std::chrono::steady_clock::now();
+        try {
+            tx.commit();
+        } catch (...) {
+            took(detail::since(start));
+            throw;
+        }
+        took(detail::since(start));
     }
 
     // ---- the attempt: one message inside a transaction, alone or in a batch ----
@@ -421,8 +550,8 @@ class IdempotentHandler {
     /// The strategy says how the message is kept apart from the others in the transaction
     /// (isolate / keep / drop) and how it keeps its claim without the effect's writes (undo).
     template <class Strategy, class Body>
-    Attempt attempt(Transaction& tx, const Delivery& delivery, const Body& body,
-                    Strategy strategy) {
+    Attempt attempt(Transaction& tx, const Delivery& delivery, const Body& body, Strategy strategy,
+                    detail::Measure* measure) {
         static_assert(!Strategy::contains_failures || detail::effect_savepoint_v<Strategy>,
                       "a strategy that contains a failure undoes the effect by its savepoint");
         strategy.isolate(tx);
@@ -435,7 +564,7 @@ class IdempotentHandler {
         if (auto parked = check_poison(tx, delivery, body, claim, strategy)) {
             return std::move(*parked);
         }
-        return effect_step(tx, delivery, body, strategy);
+        return effect_step(tx, delivery, body, strategy, measure);
     }
 
     /// A duplicate is acked, or dead-lettered when its fingerprint says the id was reused for
@@ -499,20 +628,29 @@ class IdempotentHandler {
     /// contained failure undoes the message alone, otherwise the transaction fails.
     template <class Strategy, class Body>
     Attempt effect_step(Transaction& tx, const Delivery& delivery, const Body& body,
-                        Strategy& strategy) {
+                        Strategy& strategy, detail::Measure* measure) {
         if constexpr (detail::effect_savepoint_v<Strategy>) tx.savepoint();
         EffectResult result = EffectResult::applied();
         try {
             if (auto too_old = older_than_gateway_keys(delivery)) {
-                auto reconciled = detail::chain_reconcile(*effect_, tx, body, delivery);
-                if (!reconciled) return park_too_old(tx, delivery, body, strategy, *too_old);
+                std::optional<EffectResult> reconciled;
+                {
+                    const detail::EffectTimer timer(measure);
+                    reconciled = detail::chain_reconcile(*effect_, tx, body, delivery);
+                }
+                if (!reconciled) {
+                    if (measure != nullptr) *measure = detail::Measure{};  // nothing ran
+                    return park_too_old(tx, delivery, body, strategy, *too_old);
+                }
                 result = std::move(*reconciled);
             } else {
+                const detail::EffectTimer timer(measure);
                 result = detail::run_effect(*effect_, tx, body, delivery);
             }
         } catch (const malformed_message& e) {
+            // Its text may quote the payload, and it is stored with the dead letter.
             return settle_without_effect(tx, delivery, body, strategy, Disposition::dead_lettered,
-                                         fmt::format("malformed message: {}", e.what()));
+                                         fmt::format("malformed message: {}", quoted(e.what())));
         } catch (const redaction_failed&) {
             throw;  // the too-old message's dead letter: failed as a whole, like the other parks
         } catch (const store_error& e) {
@@ -521,13 +659,13 @@ class IdempotentHandler {
             } else {
                 // The message's own savepoints also recover a transaction a failed statement
                 // aborted (PostgreSQL); if even that fails, the whole batch fails.
-                return abandon(
-                    tx, strategy,
-                    failed_outcome(fmt::format("store error: {}", e.what()), failure_cause_of(e)));
+                return abandon(tx, strategy,
+                               failed_outcome(fmt::format("store error: {}", quoted(e.what())),
+                                              failure_cause_of(e)));
             }
         } catch (const std::exception& e) {
             return abandon(tx, strategy,
-                           failed_outcome(fmt::format("effect threw: {}", e.what()),
+                           failed_outcome(fmt::format("effect threw: {}", quoted(e.what())),
                                           FailureCause::effect_threw));
         } catch (...) {
             return abandon(tx, strategy,
@@ -675,15 +813,15 @@ class IdempotentHandler {
                d == Disposition::dead_lettered;
     }
 
-    static Outcome failure(const std::exception& error) {
+    Outcome failure(const std::exception& error) const {
         const FailureCause cause = failure_cause_of(error);
         if (cause == FailureCause::commit_failed) {
-            return failed_outcome(fmt::format("commit failed: {}", error.what()), cause);
+            return failed_outcome(fmt::format("commit failed: {}", quoted(error)), cause);
         }
         if (cause != FailureCause::other) {
-            return failed_outcome(fmt::format("store error: {}", error.what()), cause);
+            return failed_outcome(fmt::format("store error: {}", quoted(error)), cause);
         }
-        return failed_outcome(fmt::format("error: {}", error.what()), cause);
+        return failed_outcome(fmt::format("error: {}", quoted(error)), cause);
     }
 
     /// Why the message must not reach a gateway whose keys have expired, if it must not.
@@ -715,15 +853,16 @@ class IdempotentHandler {
     /// is lost. If even that fails the outcome is failed (no ack) and the broker keeps it.
     template <class Body>
     Outcome park_malformed_delivery(const Delivery& delivery, const Body& body, std::string reason,
-                                    CommitHook* hook = nullptr) {
+                                    CommitHook* hook, detail::Measure* measure) {
         try {
             Transaction tx = begin_transaction(hook, hook != nullptr ? 1 : 0);
             tx.dead_letter(make_dead_letter(delivery, body, reason));
-            tx.commit();
-            return {Disposition::dead_lettered, std::move(reason)};
+            Outcome parked{Disposition::dead_lettered, reason};
+            commit_if_stored(tx, parked, measure);
+            return parked;
         } catch (const std::exception& e) {
             return failed_outcome(
-                fmt::format("{}; and the dead letter could not be stored: {}", reason, e.what()),
+                fmt::format("{}; and the dead letter could not be stored: {}", reason, quoted(e)),
                 failure_cause_of(e));
         }
     }

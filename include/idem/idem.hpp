@@ -5,6 +5,7 @@
 
 #include "idem/config.hpp"
 #include "idem/delivery.hpp"
+#include "idem/effects/gateway_key.hpp"
 #include "idem/error.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/handler.hpp"

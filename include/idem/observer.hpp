@@ -8,6 +8,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -33,26 +34,60 @@ struct Counters {
     std::uint64_t failed = 0;
 };
 
+/// @brief What the handler measured of one delivery, besides its outcome (see
+/// Observer::on_detailed_outcome()). The views are valid during the call only.
+struct OutcomeDetails {
+    /// Time the handler spent on the delivery (steady_clock around handle(); in handle_batch()
+    /// each message gets the batch's time divided by the number of messages).
+    std::chrono::nanoseconds handled_in{};
+    /// Time the effect took (or the reconcile callback, for a message older than the gateway's
+    /// keys); empty when it did not run (duplicate, in_progress, parked before the effect).
+    std::optional<std::chrono::nanoseconds> effect_in{};
+    /// Time the commit took, when the outcome needed one (processed, rejected, dead_lettered) or
+    /// failed in it (commit_failed); in handle_batch() the batch's commit time divided by the
+    /// number of messages it committed. Empty when nothing was committed.
+    std::optional<std::chrono::nanoseconds> commit_in{};
+    /// True when the effect ran in this attempt (even if it then threw or its commit failed).
+    bool effect_ran = false;
+    /// True when this delivery's commit was attempted and refused (FailureCause::commit_failed)
+    /// after its effect had run: the one event idem sees that may mean an external effect ran
+    /// without its record (the redelivery runs it again; harmless only with a gateway key).
+    bool commit_refused_after_effect = false;
+    /// The gateway idempotency key of this message, from the effect chain's with_gateway_key()
+    /// (effects/gateway_key.hpp); empty when the chain names none or the observer does not want
+    /// it (Observer::wants_gateway_key()). A key is built from business ids, never the payload.
+    std::string_view gateway_key{};
+};
+
 /// @brief Receives every outcome with its reason. Called on the handling thread after the
 /// outcome is final (after the commit); must be thread-safe if the handler is shared.
 /// Exceptions it throws are swallowed: observing must never change an outcome.
 ///
-/// The handler calls on_timed_outcome() (only when an observer is set, so a handler without one
-/// never reads the clock); its default forwards to on_outcome(), so an observer written before
-/// timing existed keeps working unchanged.
+/// The handler calls on_detailed_outcome() (only when an observer is set, so a handler without
+/// one never reads the clock); its default forwards to on_timed_outcome(), whose default
+/// forwards to on_outcome(), so an observer written for either older hook keeps working
+/// unchanged. Override the most detailed hook you need.
 class Observer {
   public:
     virtual ~Observer() = default;
     virtual void on_outcome(std::string_view scope, const Delivery& delivery,
                             const Outcome& outcome) = 0;
-    /// @brief on_outcome() with the time the handler spent on this delivery (steady_clock,
-    /// around handle(); in handle_batch() each message gets the batch's time divided by the
-    /// number of messages, since they share one transaction).
+    /// @brief on_outcome() with the time the handler spent on this delivery
+    /// (OutcomeDetails::handled_in).
     virtual void on_timed_outcome(std::string_view scope, const Delivery& delivery,
                                   const Outcome& outcome, std::chrono::nanoseconds handled_in) {
         static_cast<void>(handled_in);
         on_outcome(scope, delivery, outcome);
     }
+    /// @brief on_timed_outcome() with everything the handler measured: the effect's and the
+    /// commit's durations, whether a commit was refused after the effect, the gateway key.
+    virtual void on_detailed_outcome(std::string_view scope, const Delivery& delivery,
+                                     const Outcome& outcome, const OutcomeDetails& details) {
+        on_timed_outcome(scope, delivery, outcome, details.handled_in);
+    }
+    /// @brief True when this observer uses OutcomeDetails::gateway_key (the handler computes
+    /// the key only then). Default: false.
+    [[nodiscard]] virtual bool wants_gateway_key() const { return false; }
 };
 
 namespace detail {

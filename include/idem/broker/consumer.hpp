@@ -168,7 +168,9 @@ class Dispatch {
     }
 
     /// True when the handler's policy redacts payloads (PolicyOptions::redact_payload): the
-    /// consumer's own copy of a dead letter (its body, fields and reason) goes through redact().
+    /// consumer's own copy of a dead letter (the message's body or fields) goes through
+    /// redact(). Not its reason: the handler has redacted the texts it puts in reasons already
+    /// (a redactor need not be idempotent).
     [[nodiscard]] bool redacts() const noexcept { return static_cast<bool>(redact_); }
     /// @p text as the policy's redactor leaves it (unchanged without one).
     /// @throws redaction_failed when the redactor throws: the dead letter is then not published

@@ -564,11 +564,12 @@ class JetStreamConsumer {
     /// the same dead letter (a crash before the Term) a no-op within the duplicate window.
     void publish_dead_letter(const Delivery& delivery, const JetStreamMessage& body,
                              const std::string& reason) {
-        // Through the policy's redactor (PolicyOptions::redact_payload), when it has one: the
-        // data, the reason and every original header value; a redactor that throws
-        // (redaction_failed) leaves the message unsettled.
+        // The body (data and every original header value) through the policy's redactor
+        // (PolicyOptions::redact_payload), when it has one; a redactor that throws
+        // (redaction_failed) leaves the message unsettled. The reason is the handler's, which
+        // redacts the texts it puts there.
         nats::Headers headers{
-            {"Idem-Reason", dispatch_.redact(reason)},
+            {"Idem-Reason", reason},
             {"Idem-Scope", dispatch_.scope()},
             {"Idem-Message-Id", delivery.message_id},
             {"Idem-Delivery-Count", std::to_string(delivery.delivery_count.value())},

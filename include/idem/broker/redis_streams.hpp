@@ -686,7 +686,7 @@ class StreamConsumer {
     std::vector<std::string> dead_letter_eval(const StreamEntry& entry, const Delivery& delivery,
                                               const std::string& reason) const {
         std::vector<std::string> xadd = redis::stream_dead_letter_command(
-            options_.dead_letter_stream, entry.id, redacted(entry.fields), dispatch_.redact(reason),
+            options_.dead_letter_stream, entry.id, redacted(entry.fields), reason,
             dispatch_.scope(), delivery.message_id, delivery.delivery_count.value());
         std::vector<std::string> command{"EVAL",
                                          detail::stream_dead_letter_ack_source,
@@ -704,7 +704,7 @@ class StreamConsumer {
     void dead_letter_and_ack(const StreamEntry& entry, const Delivery& delivery,
                              const std::string& reason) {
         std::vector<std::string> xadd = redis::stream_dead_letter_command(
-            options_.dead_letter_stream, entry.id, redacted(entry.fields), dispatch_.redact(reason),
+            options_.dead_letter_stream, entry.id, redacted(entry.fields), reason,
             dispatch_.scope(), delivery.message_id, delivery.delivery_count.value());
         // XADD <key> * <fields...> → ARGV: group, entry id, <fields...>
         std::vector<std::string> args{options_.group, entry.id};

@@ -16,12 +16,17 @@
 /// Levels: processed and duplicate → debug, deferred and in_progress → info, dead_lettered and
 /// rejected → warn, failed → error (log_level_of()).
 ///
-/// What is never logged: the outcome's reason goes through LoggingOptions::redact before it is
-/// put in the record (no redaction by default: pass `idem::mask_card_numbers` or the policy's
-/// `policy.redact`, since reasons quote what the effect or the store said, and a
-/// malformed_message text may quote the payload). The message id is logged at debug only: a
-/// record of level info and above has an empty LogRecord::message_id and no `message_id=` in its
-/// line (omitted, not hashed: a hash of a short id is still a key to it).
+/// What is never logged: the payload. The observer never sees a body; what it logs of one is
+/// what the handler put in the outcome's reason, and the handler passes every text an exception
+/// brings into a reason (a malformed_message's, the effect's, the store's) through the policy's
+/// redaction hook (PolicyOptions::redact_payload) first, so with a hook set, a card number a
+/// malformed message quotes never reaches a Logger. LoggingOptions::redact applies on top of it
+/// (e.g. `idem::mask_card_numbers` for handlers whose policy has no hook).
+///
+/// The message id and the gateway idempotency key (from the effect chain's with_gateway_key(),
+/// effects/gateway_key.hpp) are logged at debug only: a record of level info and above has an
+/// empty LogRecord::message_id and gateway_key and neither in its line (omitted, not hashed: a
+/// hash of a short id is still a key to it).
 
 #include <chrono>
 #include <cstdint>
@@ -84,15 +89,21 @@ struct LogRecord {
     LogLevel level = LogLevel::debug;
     std::string_view scope;       ///< the handler's Policy scope
     std::string_view message_id;  ///< the broker's id at debug; empty at info and above
+    /// The gateway idempotency key at debug, when the effect chain names one
+    /// (with_gateway_key()); empty at info and above.
+    std::string_view gateway_key;
     Disposition disposition = Disposition::failed;
     FailureCause cause = FailureCause::none;
     std::uint32_t delivery_count = 0;
     std::string reason;  ///< the outcome's reason through LoggingOptions::redact
     /// The time the handler spent (Observer::on_timed_outcome()); empty from on_outcome().
     std::optional<std::chrono::nanoseconds> duration{};
+    /// The time the effect took (Observer::on_detailed_outcome(), when the effect ran).
+    std::optional<std::chrono::nanoseconds> effect_duration{};
     /// The formatted line (logfmt-like, no level, no newline), e.g.
     /// `idem outcome scope=capture disposition=failed cause=effect_threw delivery_count=1
-    /// duration_ms=0.412 reason="effect threw: gateway 502"`.
+    /// duration_ms=0.412 effect_ms=0.380 reason="effect threw: gateway 502"`, at debug with
+    /// `message_id=... gateway_key=...` after the disposition.
     std::string message;
 };
 
@@ -200,38 +211,61 @@ class LoggingObserver final : public Observer {
 
     void on_timed_outcome(std::string_view scope, const Delivery& delivery, const Outcome& outcome,
                           std::chrono::nanoseconds handled_in) override {
-        emit(scope, delivery, outcome, handled_in);
+        OutcomeDetails details;
+        details.handled_in = handled_in;
+        emit(scope, delivery, outcome, details);
+    }
+
+    void on_detailed_outcome(std::string_view scope, const Delivery& delivery,
+                             const Outcome& outcome, const OutcomeDetails& details) override {
+        emit(scope, delivery, outcome, details);
+    }
+
+    /// True when debug records are built (the only ones that carry the key).
+    [[nodiscard]] bool wants_gateway_key() const override {
+        return options_.min_level <= LogLevel::debug && logger_->enabled(LogLevel::debug);
     }
 
     [[nodiscard]] const LoggingOptions& options() const noexcept { return options_; }
 
   private:
     void emit(std::string_view scope, const Delivery& delivery, const Outcome& outcome,
-              std::optional<std::chrono::nanoseconds> duration) {
+              const std::optional<OutcomeDetails>& details) {
         const LogLevel level = log_level_of(outcome.disposition);
         if (level < options_.min_level || !logger_->enabled(level)) return;
 
         LogRecord record;
         record.level = level;
         record.scope = scope;
-        if (level == LogLevel::debug) record.message_id = delivery.message_id;
+        if (level == LogLevel::debug) {
+            record.message_id = delivery.message_id;
+            if (details) record.gateway_key = details->gateway_key;
+        }
         record.disposition = outcome.disposition;
         record.cause = outcome.cause;
         record.delivery_count = delivery.delivery_count.value();
         record.reason = redacted(outcome.reason);
-        record.duration = duration;
+        if (details) {
+            record.duration = details->handled_in;
+            record.effect_duration = details->effect_in;
+        }
 
         std::string& m = record.message;
         m = fmt::format("idem outcome scope={} disposition={}", log_quote(scope),
                         outcome.disposition);
         if (outcome.cause != FailureCause::none) m += fmt::format(" cause={}", outcome.cause);
-        if (level == LogLevel::debug)
+        if (level == LogLevel::debug) {
             m += fmt::format(" message_id={}", log_quote(record.message_id));
-        m += fmt::format(" delivery_count={}", record.delivery_count);
-        if (duration) {
-            m += fmt::format(" duration_ms={:.3f}",
-                             std::chrono::duration<double, std::milli>(*duration).count());
+            if (!record.gateway_key.empty())
+                m += fmt::format(" gateway_key={}", log_quote(record.gateway_key));
         }
+        m += fmt::format(" delivery_count={}", record.delivery_count);
+        auto ms = [](std::chrono::nanoseconds d) {
+            return std::chrono::duration<double, std::milli>(d).count();
+        };
+        if (record.duration) m += fmt::format(" duration_ms={:.3f}", ms(*record.duration));
+        if (record.effect_duration)
+            m += fmt::format(" effect_ms={:.3f}", ms(*record.effect_duration));
         if (!record.reason.empty()) m += fmt::format(" reason={}", log_quote(record.reason));
         logger_->log(record);
     }

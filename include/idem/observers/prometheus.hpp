@@ -16,15 +16,20 @@
 ///   - `idem_duplicates_suppressed_total{scope}`   duplicates absorbed (the effect did not run)
 ///   - `idem_dead_lettered_total{scope}`           messages parked in the dead-letter store
 ///   - `idem_failed_total{scope,cause}`            failed outcomes by Outcome::cause
+///   - `idem_commits_refused_after_effect_total{scope}`  commits refused (commit_failed: a lost
+///     lease, fencing, a failed COMMIT) after the effect had run
 ///   - `idem_handle_seconds{scope}`                histogram of the time handle() took
+///   - `idem_effect_seconds{scope}`                histogram of the time the effect took
+///   - `idem_commit_seconds{scope}`                histogram of the time the commit took
 ///   - `idem_circuit_open{consumer}`, `idem_pending{consumer}`, `idem_dead_letter_depth{stream}`
-///     gauges a consumer loop sets (set_circuit_open(), set_pending(), set_dead_letter_depth())
+///     gauges a consumer loop sets (set_circuit_open(), set_pending(), set_dead_letter_depth(),
+///     or all three from the consumer's own reports: health_sink())
 ///   - `idem_observer_scopes_dropped_total`        outcomes not counted: more scopes than
 ///     PrometheusOptions::max_scopes
 ///
 /// What idem can and cannot count: "effects applied twice" cannot be known by the library (an
 /// effect that reached the outside world and then lost its transaction leaves no trace idem can
-/// see). What it counts is the nearest observable: `idem_failed_total{cause="commit_failed"}`, a
+/// see). What it counts is the nearest observable: `idem_commits_refused_after_effect_total`, a
 /// commit refused after the effect ran (on Redis also a lost lease / fencing). Each one means an
 /// external effect may have run twice if it had no gateway key. The true number is measured by
 /// reconciliation against the external system, as the chaos harness does (docs/testing.md).
@@ -52,6 +57,7 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/consumer_health.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/observer.hpp"
@@ -65,6 +71,10 @@ struct PrometheusOptions {
     /// added. The default fits 100 µs … 30 s.
     std::vector<double> buckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                    0.1,    0.25,    0.5,    1,     2.5,    5,     10,   30};
+    /// Bounds of idem_effect_seconds (same rules); empty: `buckets`.
+    std::vector<double> effect_buckets{};
+    /// Bounds of idem_commit_seconds (same rules); empty: `buckets`.
+    std::vector<double> commit_buckets{};
     /// How many scopes the observer keeps series for; outcomes of further scopes are counted only
     /// in idem_observer_scopes_dropped_total.
     std::size_t max_scopes = 256;
@@ -92,19 +102,26 @@ struct PrometheusOptions {
     return out;
 }
 
-/// @brief An Observer keeping Prometheus counters and a latency histogram per scope; share one
+/// @brief Which of a PrometheusObserver's histograms (bucket_counts(), buckets()).
+enum class PrometheusHistogram : std::uint8_t {
+    handle,  ///< idem_handle_seconds
+    effect,  ///< idem_effect_seconds
+    commit,  ///< idem_commit_seconds
+};
+
+/// @brief An Observer keeping Prometheus counters and latency histograms per scope; share one
 /// between many handlers and threads. See the file's documentation for the metrics.
 class PrometheusObserver final : public Observer {
   public:
     explicit PrometheusObserver(PrometheusOptions options = {})
-        : buckets_(std::move(options.buckets)), max_scopes_(options.max_scopes) {
-        for (std::size_t i = 0; i < buckets_.size(); ++i) {
-            if (!std::isfinite(buckets_[i]) || buckets_[i] <= 0 ||
-                (i > 0 && buckets_[i] <= buckets_[i - 1])) {
-                throw usage_error(
-                    "idem::PrometheusObserver: buckets must be finite, > 0 and ascending");
-            }
-        }
+        : bounds_{Bounds(std::move(options.buckets)),
+                  options.effect_buckets.empty() ? Bounds{}
+                                                 : Bounds(std::move(options.effect_buckets)),
+                  options.commit_buckets.empty() ? Bounds{}
+                                                 : Bounds(std::move(options.commit_buckets))},
+          max_scopes_(options.max_scopes) {
+        if (bounds_[1].seconds.empty()) bounds_[1] = bounds_[0];
+        if (bounds_[2].seconds.empty()) bounds_[2] = bounds_[0];
         if (max_scopes_ == 0) throw usage_error("idem::PrometheusObserver: max_scopes is 0");
         std::size_t capacity = 1;
         while (capacity < 2 * max_scopes_)
@@ -113,9 +130,6 @@ class PrometheusObserver final : public Observer {
         slots_ = std::make_unique<std::atomic<Series*>[]>(capacity);
         for (std::size_t i = 0; i < capacity; ++i)
             slots_[i].store(nullptr, std::memory_order_relaxed);
-        bounds_ns_.reserve(buckets_.size());
-        for (double b : buckets_)
-            bounds_ns_.push_back(static_cast<std::int64_t>(std::llround(b * 1e9)));
     }
     PrometheusObserver(const PrometheusObserver&) = delete;
     PrometheusObserver& operator=(const PrometheusObserver&) = delete;
@@ -123,7 +137,7 @@ class PrometheusObserver final : public Observer {
     PrometheusObserver& operator=(PrometheusObserver&&) = delete;
     ~PrometheusObserver() override = default;
 
-    /// Counts the outcome without a duration (the histogram is not touched).
+    /// Counts the outcome without a duration (the histograms are not touched).
     void on_outcome(std::string_view scope, const Delivery& delivery,
                     const Outcome& outcome) override {
         if (Series* s = series(scope)) count(*s, delivery, outcome);
@@ -135,11 +149,22 @@ class PrometheusObserver final : public Observer {
         Series* s = series(scope);
         if (s == nullptr) return;
         count(*s, delivery, outcome);
-        const std::int64_t ns = std::max<std::int64_t>(0, handled_in.count());
-        const auto bucket = static_cast<std::size_t>(
-            std::lower_bound(bounds_ns_.begin(), bounds_ns_.end(), ns) - bounds_ns_.begin());
-        s->buckets[bucket].fetch_add(1, std::memory_order_relaxed);
-        s->sum_ns.fetch_add(static_cast<std::uint64_t>(ns), std::memory_order_relaxed);
+        observe(*s, PrometheusHistogram::handle, handled_in);
+    }
+
+    /// on_timed_outcome(), the effect's and the commit's durations in idem_effect_seconds and
+    /// idem_commit_seconds when they happened, and a commit refused after the effect in
+    /// idem_commits_refused_after_effect_total.
+    void on_detailed_outcome(std::string_view scope, const Delivery& delivery,
+                             const Outcome& outcome, const OutcomeDetails& details) override {
+        Series* s = series(scope);
+        if (s == nullptr) return;
+        count(*s, delivery, outcome);
+        observe(*s, PrometheusHistogram::handle, details.handled_in);
+        if (details.effect_in) observe(*s, PrometheusHistogram::effect, *details.effect_in);
+        if (details.commit_in) observe(*s, PrometheusHistogram::commit, *details.commit_in);
+        if (details.commit_refused_after_effect)
+            s->refused_after_effect.fetch_add(1, std::memory_order_relaxed);
     }
 
     // ---- gauges a consumer loop sets (not the hot path: a mutex) ----
@@ -158,6 +183,34 @@ class PrometheusObserver final : public Observer {
         set_gauge(dead_letter_depth_, stream, static_cast<double>(depth));
     }
 
+    /// @brief Sets the three gauges from one consumer's report: idem_circuit_open and (when
+    /// reported) idem_pending under ConsumerHealth::consumer, and (when reported)
+    /// idem_dead_letter_depth under its dead_letter_destination (the consumer's name when it has
+    /// none). Never throws (a gauge that cannot be stored is left as it was).
+    void report_health(const ConsumerHealth& health) noexcept {
+        try {
+            set_circuit_open(health.consumer, health.circuit_open);
+            if (health.pending) set_pending(health.consumer, *health.pending);
+            if (health.dead_letter_depth) {
+                set_dead_letter_depth(health.dead_letter_destination.empty()
+                                          ? health.consumer
+                                          : health.dead_letter_destination,
+                                      *health.dead_letter_depth);
+            }
+        } catch (...) {  // out of memory for a label: the gauge keeps its last value
+        }
+    }
+
+    /// @brief A HealthSink (consumer_health.hpp) that calls report_health(): give it to a broker
+    /// consumer and the gauges follow each poll. The observer must outlive the consumer.
+    /// @code
+    /// consumer_options.on_health = metrics.health_sink();  // LoopOptions,
+    /// idem/broker/consumer.hpp
+    /// @endcode
+    [[nodiscard]] HealthSink health_sink() noexcept {
+        return [this](const ConsumerHealth& health) { report_health(health); };
+    }
+
     // ---- reading back (tests, logs) ----
 
     [[nodiscard]] std::uint64_t deliveries(std::string_view scope, Disposition d) const {
@@ -172,16 +225,34 @@ class PrometheusObserver final : public Observer {
         const Series* s = find(scope);
         return s == nullptr ? 0 : load(s->by_cause[static_cast<std::size_t>(cause)]);
     }
-    /// Observations of idem_handle_seconds per bucket, NOT cumulative; the last is +Inf.
-    [[nodiscard]] std::vector<std::uint64_t> bucket_counts(std::string_view scope) const {
-        std::vector<std::uint64_t> out(buckets_.size() + 1, 0);
+    /// idem_commits_refused_after_effect_total of @p scope.
+    [[nodiscard]] std::uint64_t commits_refused_after_effect(std::string_view scope) const {
+        const Series* s = find(scope);
+        return s == nullptr ? 0 : load(s->refused_after_effect);
+    }
+    /// Observations of a histogram per bucket, NOT cumulative; the last is +Inf.
+    [[nodiscard]] std::vector<std::uint64_t> bucket_counts(
+        std::string_view scope, PrometheusHistogram which = PrometheusHistogram::handle) const {
+        const Bounds& bounds = bounds_[index(which)];
+        std::vector<std::uint64_t> out(bounds.seconds.size() + 1, 0);
         if (const Series* s = find(scope)) {
             for (std::size_t i = 0; i < out.size(); ++i)
-                out[i] = load(s->buckets[i]);
+                out[i] = load(s->histograms[index(which)].buckets[i]);
         }
         return out;
     }
-    [[nodiscard]] const std::vector<double>& buckets() const noexcept { return buckets_; }
+    /// The sum of a histogram's observations, in seconds.
+    [[nodiscard]] double sum_seconds(
+        std::string_view scope, PrometheusHistogram which = PrometheusHistogram::handle) const {
+        const Series* s = find(scope);
+        return s == nullptr ? 0.0
+                            : static_cast<double>(load(s->histograms[index(which)].sum_ns)) / 1e9;
+    }
+    /// A histogram's upper bounds (seconds), without +Inf.
+    [[nodiscard]] const std::vector<double>& buckets(
+        PrometheusHistogram which = PrometheusHistogram::handle) const noexcept {
+        return bounds_[index(which)].seconds;
+    }
     [[nodiscard]] std::uint64_t scopes_dropped() const noexcept { return load(dropped_); }
 
     /// @brief Every metric in the Prometheus text exposition format 0.0.4 (serve it with
@@ -200,6 +271,11 @@ class PrometheusObserver final : public Observer {
         auto head = [&out](std::string_view name, std::string_view type, std::string_view help) {
             out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
         };
+        auto per_scope = [&](std::string_view name, std::string_view help, auto value_of) {
+            head(name, "counter", help);
+            for (const Series* s : all)
+                out += fmt::format("{}{{scope=\"{}\"}} {}\n", name, s->label, value_of(*s));
+        };
         head("idem_deliveries_total", "counter", "Deliveries handled, by outcome disposition.");
         for (const Series* s : all) {
             for (std::size_t d = 0; d < disposition_count; ++d) {
@@ -208,46 +284,35 @@ class PrometheusObserver final : public Observer {
                                    load(s->by_disposition[d]));
             }
         }
-        head("idem_redeliveries_total", "counter",
-             "Deliveries whose broker delivery count was greater than 1.");
-        for (const Series* s : all)
-            out += fmt::format("idem_redeliveries_total{{scope=\"{}\"}} {}\n", s->label,
-                               load(s->redeliveries));
-        head("idem_duplicates_suppressed_total", "counter",
-             "Duplicate deliveries absorbed without running the effect.");
-        for (const Series* s : all)
-            out += fmt::format("idem_duplicates_suppressed_total{{scope=\"{}\"}} {}\n", s->label,
-                               load(s->by_disposition[index(Disposition::duplicate)]));
-        head("idem_dead_lettered_total", "counter", "Messages dead-lettered.");
-        for (const Series* s : all)
-            out += fmt::format("idem_dead_lettered_total{{scope=\"{}\"}} {}\n", s->label,
-                               load(s->by_disposition[index(Disposition::dead_lettered)]));
+        per_scope("idem_redeliveries_total",
+                  "Deliveries whose broker delivery count was greater than 1.",
+                  [](const Series& s) { return load(s.redeliveries); });
+        per_scope("idem_duplicates_suppressed_total",
+                  "Duplicate deliveries absorbed without running the effect.", [](const Series& s) {
+                      return load(s.by_disposition[index(Disposition::duplicate)]);
+                  });
+        per_scope("idem_dead_lettered_total", "Messages dead-lettered.", [](const Series& s) {
+            return load(s.by_disposition[index(Disposition::dead_lettered)]);
+        });
         head("idem_failed_total", "counter",
              "Failed outcomes (nothing stored, redelivered) by cause; commit_failed means a commit "
-             "was refused after the effect ran.");
+             "was refused.");
         for (const Series* s : all) {
             for (std::size_t c = 1; c < cause_count; ++c) {  // 0 is FailureCause::none
                 out += fmt::format("idem_failed_total{{scope=\"{}\",cause=\"{}\"}} {}\n", s->label,
                                    to_string(static_cast<FailureCause>(c)), load(s->by_cause[c]));
             }
         }
-        head("idem_handle_seconds", "histogram", "Time the handler took per delivery.");
-        for (const Series* s : all) {
-            std::uint64_t cumulative = 0;
-            for (std::size_t i = 0; i < buckets_.size(); ++i) {
-                cumulative += load(s->buckets[i]);
-                out += fmt::format("idem_handle_seconds_bucket{{scope=\"{}\",le=\"{}\"}} {}\n",
-                                   s->label, buckets_[i], cumulative);
-            }
-            cumulative += load(s->buckets[buckets_.size()]);
-            out += fmt::format("idem_handle_seconds_bucket{{scope=\"{}\",le=\"+Inf\"}} {}\n",
-                               s->label, cumulative);
-            out += fmt::format("idem_handle_seconds_sum{{scope=\"{}\"}} {}\n", s->label,
-                               static_cast<double>(load(s->sum_ns)) / 1e9);
-            // The count is the +Inf bucket as read, so the two agree under concurrent updates.
-            out +=
-                fmt::format("idem_handle_seconds_count{{scope=\"{}\"}} {}\n", s->label, cumulative);
-        }
+        per_scope("idem_commits_refused_after_effect_total",
+                  "Commits refused after the effect ran (lease lost, fencing, failed commit): an "
+                  "external effect without a gateway key may have run twice.",
+                  [](const Series& s) { return load(s.refused_after_effect); });
+        render_histogram(out, all, PrometheusHistogram::handle, "idem_handle_seconds",
+                         "Time the handler took per delivery.");
+        render_histogram(out, all, PrometheusHistogram::effect, "idem_effect_seconds",
+                         "Time the effect took, per delivery that ran it.");
+        render_histogram(out, all, PrometheusHistogram::commit, "idem_commit_seconds",
+                         "Time the commit took, per delivery it committed or refused.");
         head("idem_observer_scopes_dropped_total", "counter",
              "Outcomes not counted because the observer already holds max_scopes scopes.");
         out += fmt::format("idem_observer_scopes_dropped_total {}\n", load(dropped_));
@@ -265,25 +330,55 @@ class PrometheusObserver final : public Observer {
   private:
     static constexpr std::size_t disposition_count = 7;
     static constexpr std::size_t cause_count = 7;
+    static constexpr std::size_t histogram_count = 3;
     static constexpr std::size_t index(Disposition d) noexcept {
         return static_cast<std::size_t>(d);
     }
+    static constexpr std::size_t index(PrometheusHistogram h) noexcept {
+        return static_cast<std::size_t>(h);
+    }
+
+    /// A histogram's bounds, checked, in seconds (rendered) and nanoseconds (observed).
+    struct Bounds {
+        Bounds() = default;
+        explicit Bounds(std::vector<double> bounds) : seconds(std::move(bounds)) {
+            for (std::size_t i = 0; i < seconds.size(); ++i) {
+                if (!std::isfinite(seconds[i]) || seconds[i] <= 0 ||
+                    (i > 0 && seconds[i] <= seconds[i - 1])) {
+                    throw usage_error(
+                        "idem::PrometheusObserver: buckets must be finite, > 0 and ascending");
+                }
+            }
+            ns.reserve(seconds.size());
+            for (double b : seconds)
+                ns.push_back(static_cast<std::int64_t>(std::llround(b * 1e9)));
+        }
+        std::vector<double> seconds;
+        std::vector<std::int64_t> ns;
+    };
+
+    struct Histogram {
+        std::unique_ptr<std::atomic<std::uint64_t>[]> buckets;  ///< per bucket, then +Inf
+        std::atomic<std::uint64_t> sum_ns{0};
+    };
 
     struct Series {
-        Series(std::string_view name, std::size_t bucket_count)
-            : scope(name),
-              label(prometheus_escape_label(name)),
-              buckets(std::make_unique<std::atomic<std::uint64_t>[]>(bucket_count)) {
-            for (std::size_t i = 0; i < bucket_count; ++i)
-                buckets[i].store(0, std::memory_order_relaxed);
+        Series(std::string_view name, const Bounds* bounds)
+            : scope(name), label(prometheus_escape_label(name)) {
+            for (std::size_t h = 0; h < histogram_count; ++h) {
+                const std::size_t n = bounds[h].ns.size() + 1;
+                histograms[h].buckets = std::make_unique<std::atomic<std::uint64_t>[]>(n);
+                for (std::size_t i = 0; i < n; ++i)
+                    histograms[h].buckets[i].store(0, std::memory_order_relaxed);
+            }
         }
         const std::string scope;
         const std::string label;  ///< escaped once
         std::atomic<std::uint64_t> by_disposition[disposition_count] = {};
         std::atomic<std::uint64_t> redeliveries{0};
         std::atomic<std::uint64_t> by_cause[cause_count] = {};
-        std::unique_ptr<std::atomic<std::uint64_t>[]> buckets;  ///< per bucket, then +Inf
-        std::atomic<std::uint64_t> sum_ns{0};
+        std::atomic<std::uint64_t> refused_after_effect{0};
+        Histogram histograms[histogram_count];
     };
 
     static std::uint64_t load(const std::atomic<std::uint64_t>& a) noexcept {
@@ -298,6 +393,39 @@ class PrometheusObserver final : public Observer {
             const FailureCause cause =
                 outcome.cause == FailureCause::none ? FailureCause::other : outcome.cause;
             s.by_cause[static_cast<std::size_t>(cause)].fetch_add(1, std::memory_order_relaxed);
+        }
+    }
+
+    void observe(Series& s, PrometheusHistogram which, std::chrono::nanoseconds took) noexcept {
+        const std::vector<std::int64_t>& bounds = bounds_[index(which)].ns;
+        const std::int64_t ns = std::max<std::int64_t>(0, took.count());
+        const auto bucket = static_cast<std::size_t>(
+            std::lower_bound(bounds.begin(), bounds.end(), ns) - bounds.begin());
+        Histogram& h = s.histograms[index(which)];
+        h.buckets[bucket].fetch_add(1, std::memory_order_relaxed);
+        h.sum_ns.fetch_add(static_cast<std::uint64_t>(ns), std::memory_order_relaxed);
+    }
+
+    void render_histogram(std::string& out, const std::vector<const Series*>& all,
+                          PrometheusHistogram which, std::string_view name,
+                          std::string_view help) const {
+        const std::vector<double>& bounds = bounds_[index(which)].seconds;
+        out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+        for (const Series* s : all) {
+            const Histogram& h = s->histograms[index(which)];
+            std::uint64_t cumulative = 0;
+            for (std::size_t i = 0; i < bounds.size(); ++i) {
+                cumulative += load(h.buckets[i]);
+                out += fmt::format("{}_bucket{{scope=\"{}\",le=\"{}\"}} {}\n", name, s->label,
+                                   bounds[i], cumulative);
+            }
+            cumulative += load(h.buckets[bounds.size()]);
+            out += fmt::format("{}_bucket{{scope=\"{}\",le=\"+Inf\"}} {}\n", name, s->label,
+                               cumulative);
+            out += fmt::format("{}_sum{{scope=\"{}\"}} {}\n", name, s->label,
+                               static_cast<double>(load(h.sum_ns)) / 1e9);
+            // The count is the +Inf bucket as read, so the two agree under concurrent updates.
+            out += fmt::format("{}_count{{scope=\"{}\"}} {}\n", name, s->label, cumulative);
         }
     }
 
@@ -321,7 +449,7 @@ class PrometheusObserver final : public Observer {
             dropped_.fetch_add(1, std::memory_order_relaxed);
             return nullptr;
         }
-        owned_.push_back(std::make_unique<Series>(scope, buckets_.size() + 1));
+        owned_.push_back(std::make_unique<Series>(scope, bounds_));
         Series* created = owned_.back().get();
         std::size_t i = std::hash<std::string_view>{}(scope)&mask_;
         while (slots_[i].load(std::memory_order_relaxed) != nullptr)
@@ -349,8 +477,7 @@ class PrometheusObserver final : public Observer {
                                value);
     }
 
-    const std::vector<double> buckets_;
-    std::vector<std::int64_t> bounds_ns_;  ///< buckets_ in ns, for the lock-free observe
+    Bounds bounds_[histogram_count];  ///< handle, effect, commit
     const std::size_t max_scopes_;
     std::size_t mask_ = 0;
     std::unique_ptr<std::atomic<Series*>[]> slots_;
