@@ -6,10 +6,12 @@
 
 #include <nats/nats.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -65,11 +67,21 @@ class PullSubscription {
     /// in the client, its AckWait running, until then.)
     /// @throws nats::unavailable while the server is away, nats::error otherwise.
     std::vector<Message> fetch(std::size_t batch, std::chrono::milliseconds wait) {
+        const auto deadline = std::chrono::steady_clock::now() + wait;
         if (batch > 1) {
             std::vector<Message> ready = request(batch, wait, /*no_wait=*/true);
             if (!ready.empty()) return ready;
         }
-        return request(1, wait, /*no_wait=*/false);
+        // Asked again while time is left: the server's "request timeout" status of an earlier,
+        // expired request can arrive during this one, and cnats then ends this one early.
+        for (;;) {
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                deadline - std::chrono::steady_clock::now());
+            if (left.count() <= 0) return {};
+            std::vector<Message> first = request(1, left, /*no_wait=*/false);
+            if (!first.empty()) return first;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));  // never a busy loop
+        }
     }
 
     /// The natsSubscription, for what this class does not wrap.
