@@ -65,7 +65,8 @@ const std::vector<std::string> bench_names{"rss_flat",
                                            "redis_server_time (with redis_*)",
                                            "e2e_stream_sqlite",
                                            "e2e_stream_postgres",
-                                           "e2e_rabbitmq_sqlite (with idem::rabbitmq)"};
+                                           "e2e_rabbitmq_sqlite (with idem::rabbitmq)",
+                                           "e2e_nats_sqlite (built with the nats component)"};
 
 [[noreturn]] void usage(int status) {
     std::fputs(usage_text, status == 0 ? stdout : stderr);
@@ -199,6 +200,9 @@ int main(int argc, char** argv) {
     guarded("e2e", idem_bench::run_e2e_cases);
 #ifdef IDEM_BENCH_WITH_RABBITMQ
     guarded("e2e_rabbitmq", idem_bench::run_rabbitmq_cases);
+#endif
+#ifdef IDEM_BENCH_WITH_NATS
+    guarded("e2e_nats", idem_bench::run_e2e_nats_cases);
 #endif
     idem_bench::note(fmt::format(
         "done in {:.0f} s",

@@ -33,6 +33,8 @@ IDEM_DEB_PACKAGES=(
     rabbitmq-server     # RabbitMQ 3.10 (quorum queues): tests start their own node and epmd
     librabbitmq-dev     # rabbitmq-c 0.11, idem::rabbitmq's AMQP client
     libcpp-httplib-dev  # cpp-httplib, idem::http's /metrics endpoint (and the scrape test's client)
+    nats-server         # NATS server 2.9 with JetStream: the tests start their own
+    libnats-dev         # cnats 3.4, idem::nats's JetStream client library
 )
 
 check_only=0
