@@ -218,7 +218,7 @@ class RabbitmqServer : public ServerProcess {
         t.fixture = "RabbitmqServer";
         t.program = "rabbitmq-server";
         t.log = "rabbitmq.log";
-        t.port_busy = {"eaddrinuse"};
+        t.port_busy = {"eaddrinuse", "dist_port_already_used"};
         t.ready_within = std::chrono::seconds(90);  // ~7 s on an idle machine
         t.ready_poll = std::chrono::milliseconds(100);
         t.quit_signal = SIGTERM;
@@ -285,7 +285,9 @@ class RabbitmqServer : public ServerProcess {
     bool launch(int port, bool* port_busy) override {
         *port_busy = false;
         ensure_epmd();
-        if (port != this->port() || dist_port_ == 0) dist_port_ = probe_free_port();
+        // A fresh distribution port on every launch: nothing outside the node uses it, and a
+        // port taken between the probe and the bind is then simply retried with new ones.
+        dist_port_ = probe_free_port();
         write_config(port);
         const auto log_offset = log_size();
         const int log = open_log();
