@@ -381,6 +381,10 @@ void run_mysql_cases();
 void run_redis_cases();
 void run_redis_cluster_cases();  ///< redis_cluster_single, redis_cluster_batch
 void run_e2e_cases();
+#ifdef IDEM_BENCH_WITH_RABBITMQ
+void run_rabbitmq_cases();  ///< e2e_rabbitmq_sqlite (bench/e2e_rabbitmq.cpp)
+#endif
+void run_e2e_nats_cases();  ///< e2e_nats.cpp (IDEM_BENCH_WITH_NATS)
 void run_rss_case();
 
 /// --profile NAME: the idem side of one case, N messages, in a function callgrind can isolate

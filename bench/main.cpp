@@ -67,7 +67,9 @@ const std::vector<std::string> bench_names{"rss_flat",
                                            "redis_cluster_single",
                                            "redis_cluster_batch",
                                            "e2e_stream_sqlite",
-                                           "e2e_stream_postgres"};
+                                           "e2e_stream_postgres",
+                                           "e2e_rabbitmq_sqlite (with idem::rabbitmq)",
+                                           "e2e_nats_sqlite (built with the nats component)"};
 
 [[noreturn]] void usage(int status) {
     std::fputs(usage_text, status == 0 ? stdout : stderr);
@@ -200,6 +202,12 @@ int main(int argc, char** argv) {
     guarded("redis", idem_bench::run_redis_cases);
     guarded("redis_cluster", idem_bench::run_redis_cluster_cases);
     guarded("e2e", idem_bench::run_e2e_cases);
+#ifdef IDEM_BENCH_WITH_RABBITMQ
+    guarded("e2e_rabbitmq", idem_bench::run_rabbitmq_cases);
+#endif
+#ifdef IDEM_BENCH_WITH_NATS
+    guarded("e2e_nats", idem_bench::run_e2e_nats_cases);
+#endif
     idem_bench::note(fmt::format(
         "done in {:.0f} s",
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()));

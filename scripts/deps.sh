@@ -32,7 +32,11 @@ IDEM_DEB_PACKAGES=(
     libbenchmark-dev    # Google Benchmark: bench/ (scripts/bench.sh)
     prometheus          # promtool, and the server the /metrics scrape test starts
     libspdlog-dev       # spdlog (built on the system fmt): the idem::spdlog logging adapter
+    rabbitmq-server     # RabbitMQ 3.10 (quorum queues): tests start their own node and epmd
+    librabbitmq-dev     # rabbitmq-c 0.11, idem::rabbitmq's AMQP client
     libcpp-httplib-dev  # cpp-httplib, idem::http's /metrics endpoint (and the scrape test's client)
+    nats-server         # NATS server 2.9 with JetStream: the tests start their own
+    libnats-dev         # cnats 3.4, idem::nats's JetStream client library
 )
 
 check_only=0

@@ -102,7 +102,8 @@ run_gcc17() {
 run_core() {
     # --no-tests=error: the core tests must be there even with every backend off.
     configure_and_build core g++ 17 -DIDEM_WITH_SQLITE=OFF -DIDEM_WITH_POSTGRES=OFF \
-        -DIDEM_WITH_REDIS=OFF -DIDEM_WITH_MYSQL=OFF -DIDEM_WITH_SPDLOG=OFF -DIDEM_WITH_HTTP=OFF
+        -DIDEM_WITH_REDIS=OFF -DIDEM_WITH_MYSQL=OFF -DIDEM_WITH_SPDLOG=OFF -DIDEM_WITH_HTTP=OFF \
+        -DIDEM_WITH_NATS=OFF
     run_ctest core -- --no-tests=error
 }
 

@@ -19,6 +19,10 @@
 #if IDEM_CONSUMER_HAS_SQLITE
 #include <idem/store/sqlite.hpp>
 #endif
+#if IDEM_CONSUMER_HAS_NATS
+#include <idem/broker/nats_jetstream.hpp>
+#include <idem/testing/nats_server.hpp>
+#endif
 #if IDEM_CONSUMER_HAS_SPDLOG
 #include <spdlog/sinks/null_sink.h>
 #include <idem/observers/spdlog.hpp>
@@ -46,6 +50,22 @@ int main() {
 #if IDEM_CONSUMER_HAS_MYSQL
     static_assert(idem::detail::is_store_v<idem::MysqlStore>, "MysqlStore must fit");
     if (mysql_get_client_version() == 0) return 1;  // libmariadb links
+#endif
+#if IDEM_CONSUMER_HAS_NATS
+    // The nats component: the consumer builds (it connects on its first poll, not here), the
+    // test kit compiles, and cnats links (a function of it is called).
+    {
+        idem::JetStreamConsumerOptions nats_options;
+        nats_options.stream = "ORDERS";
+        nats_options.durable = "consumer-check";
+        idem::JetStreamConsumer nats_consumer(
+            nats_options, [](const idem::Delivery&, const idem::JetStreamMessage&) {
+                return idem::Outcome{idem::Disposition::processed, {}};
+            });
+        std::string why;
+        (void)idem::testing::NatsServer::available(&why);
+        if (natsStatus_GetText(NATS_OK) == nullptr) return 1;
+    }
 #endif
 #if IDEM_CONSUMER_HAS_SPDLOG
     // The spdlog component brings spdlog (built on the same fmt) and its adapter links.

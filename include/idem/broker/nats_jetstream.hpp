@@ -1,0 +1,629 @@
+#pragma once
+/// @file
+/// @brief JetStreamConsumer: pulls from a durable NATS JetStream consumer and hands each message
+/// to a handler as an idem::Delivery with the broker's delivery count (NumDelivered), settling
+/// it only as the outcome says: AckSync after the commit, NakWithDelay for a deferred message,
+/// and for a dead letter a publish (reason and original headers) to a dead-letter subject,
+/// confirmed by its stream, then Term. Link idem::nats.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "idem/broker/consumer.hpp"
+#include "idem/circuit_breaker.hpp"
+#include "idem/config.hpp"
+#include "idem/consumer_health.hpp"
+#include "idem/delivery.hpp"
+#include "idem/error.hpp"
+#include "idem/handler.hpp"
+#include "idem/nats/admin.hpp"
+#include "idem/nats/connection.hpp"
+#include "idem/nats/error.hpp"
+#include "idem/nats/message.hpp"
+#include "idem/nats/pull_subscription.hpp"
+#include "idem/outcome.hpp"
+
+IDEM_BEGIN_NAMESPACE
+
+/// @brief One JetStream message as the handler sees it (a copy: the consumer keeps the
+/// natsMsg for its acknowledgements).
+struct JetStreamMessage {
+    std::string stream;
+    std::string subject;
+    std::string data;
+    nats::Headers headers;
+    std::uint64_t stream_sequence = 0;  ///< the same on every delivery of this message
+
+    /// @brief The first value of header @p name (case-sensitive), if any.
+    [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const {
+        for (const auto& [key, value] : headers) {
+            if (key == name) return std::string_view(value);
+        }
+        return std::nullopt;
+    }
+};
+
+/// @brief What a dead letter keeps of a JetStream message (found by ADL by the handler): its
+/// data, as it is. The headers travel with the copy on the dead-letter subject.
+[[nodiscard]] inline std::string idem_payload(const JetStreamMessage& message) {
+    return message.data;
+}
+
+/// @brief Where a JetStreamConsumer pulls from and how it paces itself.
+struct JetStreamConsumerOptions {
+    std::string stream;   ///< the stream
+    std::string durable;  ///< the durable pull consumer (one per kind of handler)
+    /// Where dead letters are published (with the reason and the original headers), before the
+    /// original is terminated. Empty: "idem.dead-letters.<stream>.<durable>". A stream must
+    /// capture it (the publish waits for the stream's pub ack), and it must not be the consumed
+    /// stream's own (they would be read again): both are checked at start.
+    std::string dead_letter_subject{};
+    /// The stream that captures dead_letter_subject, when the consumer should report its depth
+    /// (ConsumerHealth::dead_letter_depth); empty: not reported.
+    std::string dead_letter_stream{};
+    /// The header holding the message id (a producer's business id, e.g. the Nats-Msg-Id the
+    /// stream deduplicates on). A message without it gets its stream sequence as the id when
+    /// sequence_when_no_id_header, an empty id (dead-lettered as malformed) otherwise. Both are
+    /// stable across redeliveries of one stored message; only the header is stable across a
+    /// producer's second publish of the same business message (outside the stream's
+    /// duplicate window) and across a stream deleted and created again (sequences restart).
+    std::string id_header = "Nats-Msg-Id";
+    bool sequence_when_no_id_header = true;
+    /// Messages fetched per poll (with handle_in_batches: handled together).
+    std::size_t batch_size = 16;
+    /// How long a fetch waits for the first message; also how long run() may take to notice
+    /// request_stop().
+    std::chrono::milliseconds fetch_wait{1000};
+    /// The consumer's AckWait: a delivery not acked within it is delivered again. Keep it above
+    /// the handler's p99; a lease store's lease must not exceed it. Checked against the
+    /// consumer's AckWait on the server at start (a mismatch is refused).
+    std::chrono::milliseconds visibility_timeout{30000};
+    /// Create the durable pull consumer (explicit acks, AckWait = visibility_timeout,
+    /// MaxDeliver unlimited: idem's policy dead-letters) when it does not exist.
+    bool create_consumer = true;
+    /// With create_consumer: only this subject of the stream (empty: all).
+    std::string filter_subject{};
+    /// Send +WPI (InProgress) for the message in hand every half AckWait while the handler
+    /// runs, so a slow but alive handler is not redelivered. It holds off the broker only: a
+    /// lease store's lease still ends when it ends (the commit then fails and the message comes
+    /// back). Off by default: a hung handler would hold its message forever.
+    bool in_progress_heartbeat = false;
+    /// Handle each fetch's messages together: an IdempotentHandler gets them in ONE
+    /// handle_batch() call (one store transaction), then each is settled. AckWait (and a lease)
+    /// must then cover the whole batch.
+    bool handle_in_batches = false;
+    /// Told about each error run() recovers from (the server away, a refused ack) before it
+    /// backs off and retries; for logs. Exceptions it throws are ignored.
+    std::function<void(const std::exception&)> on_error{};
+    /// The pause while the handler's store is unreachable (see StreamConsumerOptions): no
+    /// fetch until a probe of the store succeeds, so delivery counts do not grow in an outage.
+    CircuitBreakerOptions circuit_breaker{};
+    /// How to probe the store of a plain handler (throw while unreachable). Empty: no probe.
+    std::function<void()> store_probe{};
+    /// Receives a ConsumerHealth report after a poll, at most once per health_interval:
+    /// pending = the consumer's NumAckPending (one JetStream request), dead_letter_depth = the
+    /// messages of dead_letter_stream when it is named (one more). Empty: none.
+    HealthSink on_health{};
+    std::chrono::milliseconds health_interval{1000};
+    /// The connection's endpoint details (timeouts, reconnects); its url is the server.
+    nats::Endpoint endpoint{};
+};
+
+/// @brief What a JetStreamConsumer has done so far (a snapshot): `read` counts first
+/// deliveries (NumDelivered 1), `reclaimed` redeliveries (NumDelivered above 1).
+using JetStreamConsumerStats = broker::ConsumerStats;
+
+/// @brief Pulls from a durable JetStream consumer and hands each message to a handler as an
+/// idem::Delivery, so the handler's claim, poison limit and outcome decide the settlement.
+///
+/// The delivery count is the message's NumDelivered (1, 2, 3 ...), the message id its
+/// id_header (Nats-Msg-Id by default) or its stream sequence. After the handler: an acking
+/// outcome is acked with AckSync, which waits for the server to confirm; a dead letter (or a
+/// duplicate of one) is first published to the dead-letter subject with headers Idem-Reason,
+/// Idem-Scope, Idem-Message-Id, Idem-Delivery-Count, Idem-Stream, Idem-Stream-Sequence and
+/// Idem-Subject plus the original headers (JetStream's own Nats-* ones renamed Idem-Original-*),
+/// deduplicated by a Nats-Msg-Id of its own, and terminated only once its stream confirmed it.
+/// deferred with a retry_after is nacked with that delay; every other outcome is left
+/// unsettled and comes back after AckWait. A handler that throws counts as failed. Nothing is
+/// acked whose outcome is unknown; nothing is acked before the handler's commit returned.
+///
+/// @code
+/// idem::SqliteStore store{"orders.db"};
+/// auto handler = idem::make_handler(store, idem::Policy{"capture"},
+///     [&](auto& tx, const idem::JetStreamMessage& m) { /* ... */ });
+/// idem::JetStreamConsumerOptions options;
+/// options.endpoint.url = "nats://127.0.0.1:4222";
+/// options.stream = "ORDERS";
+/// options.durable = "capture";
+/// idem::JetStreamConsumer consumer{options, handler};
+/// std::thread worker([&] { consumer.run(); });   // ... consumer.request_stop(); worker.join();
+/// @endcode
+///
+/// poll_once() and run() belong to one thread at a time; request_stop(), stop_requested() and
+/// stats() may be called from any thread (request_stop() also from a signal handler).
+class JetStreamConsumer {
+  public:
+    /// The handler of the plain form: the outcome decides the settlement.
+    using Handler = std::function<Outcome(const Delivery&, const JetStreamMessage&)>;
+
+    /// @brief A consumer calling @p handler for each message. Connects on the first poll.
+    /// @throws usage_error for an invalid option (the message says which and why).
+    JetStreamConsumer(JetStreamConsumerOptions options, Handler handler)
+        : JetStreamConsumer(Private{}, std::move(options),
+                            broker::Dispatch<JetStreamMessage>::plain(std::move(handler),
+                                                                      "idem::JetStreamConsumer"),
+                            std::nullopt) {}
+
+    /// @brief A consumer calling @p handler.handle(delivery, message) — or, with
+    /// handle_in_batches, handler.handle_batch() once per fetch. @p handler must outlive the
+    /// consumer. On a lease store the lease must not be longer than the visibility timeout
+    /// (AckWait); the consumer's MaxDeliver must be above the handler's max_deliveries (checked
+    /// at start).
+    /// @throws usage_error for an invalid option or a lease longer than the visibility timeout.
+    template <class Store, class Effect>
+    JetStreamConsumer(JetStreamConsumerOptions options, IdempotentHandler<Store, Effect>& handler)
+        : JetStreamConsumer(Private{}, std::move(options),
+                            broker::Dispatch<JetStreamMessage>::idempotent(handler),
+                            handler.policy().max_deliveries()) {
+        broker::check_lease_fits(handler, options_.visibility_timeout,
+                                 "visibility_timeout (AckWait)",
+                                 fmt::format("idem::JetStreamConsumer(\"{}\")", name_));
+    }
+
+    JetStreamConsumer(const JetStreamConsumer&) = delete;
+    JetStreamConsumer& operator=(const JetStreamConsumer&) = delete;
+    ~JetStreamConsumer() { heartbeat_.stop(); }
+
+    /// @brief One cycle: connect if needed, fetch up to batch_size messages (waiting up to
+    /// fetch_wait), hand each to the handler and settle it as its outcome says. Returns how many
+    /// were handled. After request_stop() it returns 0 without fetching, and stops between
+    /// messages: those fetched but not handled are left unsettled (redelivered after AckWait).
+    /// While the circuit breaker is open it first waits and probes the store.
+    /// @throws nats::unavailable / nats::timeout while the server is away (counted in
+    /// stats().connection_errors), nats::error for a refused call, redaction_failed when the
+    /// policy's redactor throws on a dead letter's copy (the message stays unsettled),
+    /// usage_error when the consumer on the server contradicts the options (AckWait, ack
+    /// policy, MaxDeliver).
+    std::size_t poll_once() {
+        if (!loop_.ready_to_read()) return 0;
+        const std::size_t handled = loop_.counting_connection_errors([this] { return poll(); });
+        if (loop_.health_due()) report_health();
+        return handled;
+    }
+
+    /// @brief Polls until request_stop(). NATS errors (the server away, a refused ack) and a
+    /// throwing redactor are retried after a bounded backoff (50 ms doubling to 1 s), never
+    /// thrown; a usage_error
+    /// (the consumer on the server contradicts the options) is. Returns within about
+    /// fetch_wait of the stop, once the message in hand is settled.
+    void run() {
+        loop_.run([this] { poll_once(); });
+    }
+
+    /// @brief Asks run() to return. Lock-free: safe from another thread or a signal handler.
+    void request_stop() noexcept { loop_.request_stop(); }
+    [[nodiscard]] bool stop_requested() const noexcept { return loop_.stop_requested(); }
+
+    [[nodiscard]] JetStreamConsumerStats stats() const noexcept { return loop_.stats(); }
+    /// @brief Deferred messages given back with NakWithDelay (of stats().not_acked).
+    [[nodiscard]] std::size_t nacked_with_delay() const noexcept {
+        return nacked_with_delay_.load(std::memory_order_relaxed);
+    }
+    /// @brief +WPI sent for messages of slow handlers (in_progress_heartbeat).
+    [[nodiscard]] std::size_t in_progress_sent() const noexcept { return heartbeat_.sent(); }
+
+    /// @brief The options in use (dead_letter_subject filled in).
+    [[nodiscard]] const JetStreamConsumerOptions& options() const noexcept { return options_; }
+    /// @brief "<stream>/<durable>": how health reports and errors name this consumer.
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+  private:
+    struct Private {};
+
+    /// Sends +WPI for the messages in hand every half AckWait while the handler runs (opt-in).
+    /// One thread per consumer, started on first use; the mutex orders its +WPI before the
+    /// consumer's own settlement of the same message (cnats' natsMsg is not thread-safe).
+    class Heartbeat {
+      public:
+        Heartbeat() = default;
+        Heartbeat(const Heartbeat&) = delete;
+        Heartbeat& operator=(const Heartbeat&) = delete;
+        ~Heartbeat() { stop(); }
+
+        void stop() noexcept {
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                quit_ = true;
+                messages_.clear();
+            }
+            wake_.notify_all();
+            if (thread_.joinable()) thread_.join();
+        }
+
+        /// Covers @p messages (until end()) with a +WPI every @p period.
+        void begin(std::vector<nats::Message*> messages, std::chrono::milliseconds period) {
+            if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                messages_ = std::move(messages);
+                period_ = period;
+                due_ = std::chrono::steady_clock::now() + period;
+            }
+            wake_.notify_all();
+        }
+        /// No more +WPI for them; returns once none is being sent.
+        void end() {
+            std::lock_guard<std::mutex> lock(mutex_);
+            messages_.clear();
+        }
+        [[nodiscard]] std::size_t sent() const noexcept {
+            return sent_.load(std::memory_order_relaxed);
+        }
+
+      private:
+        void loop() {
+            std::unique_lock<std::mutex> lock(mutex_);
+            while (!quit_) {
+                if (messages_.empty()) {
+                    wake_.wait(lock);
+                    continue;
+                }
+                if (wake_.wait_until(lock, due_) != std::cv_status::timeout) continue;
+                if (quit_ || messages_.empty() || std::chrono::steady_clock::now() < due_) {
+                    continue;
+                }
+                for (nats::Message* message : messages_) {
+                    try {
+                        message->in_progress();
+                        sent_.fetch_add(1, std::memory_order_relaxed);
+                    } catch (...) {  // the server away: it may come back; nothing is lost
+                    }
+                }
+                due_ = std::chrono::steady_clock::now() + period_;
+            }
+        }
+
+        std::mutex mutex_;
+        std::condition_variable wake_;
+        std::thread thread_;
+        bool quit_ = false;
+        std::vector<nats::Message*> messages_;
+        std::chrono::milliseconds period_{0};
+        std::chrono::steady_clock::time_point due_{};
+        std::atomic<std::size_t> sent_{0};
+    };
+
+    JetStreamConsumer(Private, JetStreamConsumerOptions options,
+                      broker::Dispatch<JetStreamMessage> dispatch,
+                      std::optional<std::uint32_t> max_deliveries)
+        : options_(validated(std::move(options))),
+          name_(options_.stream + "/" + options_.durable),
+          dispatch_(std::move(dispatch)),
+          max_deliveries_(max_deliveries),
+          loop_(
+              broker::LoopOptions{options_.on_error, options_.circuit_breaker, options_.store_probe,
+                                  options_.on_health, options_.health_interval},
+              dispatch_.store_probe()) {}
+
+    static JetStreamConsumerOptions validated(JetStreamConsumerOptions options) {
+        auto refuse = [&](std::string_view why) {
+            throw usage_error(fmt::format("idem::JetStreamConsumer(\"{}/{}\"): {}", options.stream,
+                                          options.durable, why));
+        };
+        if (options.stream.empty()) refuse("options.stream is empty; name the stream to read");
+        if (options.durable.empty()) {
+            refuse(
+                "options.durable is empty; name the durable pull consumer (one per kind of "
+                "handler, shared by its workers)");
+        }
+        if (options.durable.find('.') != std::string::npos) {
+            refuse("options.durable contains '.', which JetStream refuses in a consumer name");
+        }
+        if (options.batch_size == 0) refuse("batch_size is 0; fetch at least 1 message per poll");
+        if (options.fetch_wait.count() <= 0) refuse("fetch_wait must be positive (e.g. 1000 ms)");
+        if (options.visibility_timeout.count() <= 0) {
+            refuse(
+                "visibility_timeout (the consumer's AckWait) must be positive: choose it above "
+                "the handler's p99 (e.g. 30000 ms)");
+        }
+        if (options.id_header.empty() && !options.sequence_when_no_id_header) {
+            refuse(
+                "no message id: id_header is empty and sequence_when_no_id_header is false; name "
+                "the header carrying the business id or allow the stream sequence");
+        }
+        if (options.dead_letter_subject.empty()) {
+            options.dead_letter_subject =
+                "idem.dead-letters." + options.stream + "." + options.durable;
+        }
+        return options;
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Connection, checks at start
+
+    void ensure_connected() {
+        if (connection_ && connection_->closed()) {  // closed for good: start over
+            subscription_.reset();
+            connection_.reset();
+        }
+        if (!connection_) connection_ = std::make_unique<nats::Connection>(options_.endpoint);
+        if (subscription_) return;
+        nats::ConsumerState state;
+        try {
+            state = nats::consumer_state(*connection_, options_.stream, options_.durable);
+        } catch (const nats::not_found& e) {
+            if (!options_.create_consumer || e.js_code() == JSStreamNotFoundErr) throw;
+            nats::ConsumerSpec spec;
+            spec.stream = options_.stream;
+            spec.durable = options_.durable;
+            spec.filter_subject = options_.filter_subject;
+            spec.ack_wait = options_.visibility_timeout;
+            spec.max_deliver = -1;
+            state = nats::ensure_pull_consumer(*connection_, spec);
+        }
+        check_consumer(state);
+        check_dead_letter_subject(state);
+        subscription_ = std::make_unique<nats::PullSubscription>(*connection_, options_.stream,
+                                                                 options_.durable);
+    }
+
+    void check_consumer(const nats::ConsumerState& state) const {
+        auto refuse = [&](const std::string& why) {
+            throw usage_error(fmt::format("idem::JetStreamConsumer(\"{}\"): {}", name_, why));
+        };
+        if (!state.pull) refuse("the consumer is a push consumer; make it a pull consumer");
+        if (!state.explicit_ack) {
+            refuse(
+                "the consumer's AckPolicy is not explicit; with none or all, acks would settle "
+                "messages whose outcome is unknown. Create it with AckPolicy explicit");
+        }
+        if (state.ack_wait != options_.visibility_timeout) {
+            refuse(fmt::format(
+                "the consumer's AckWait is {} ms but visibility_timeout is {} ms; the lease check "
+                "and the +WPI period rely on it. Make them equal",
+                state.ack_wait.count(), options_.visibility_timeout.count()));
+        }
+        if (max_deliveries_ && state.max_deliver > 0 &&
+            static_cast<std::uint64_t>(state.max_deliver) <= *max_deliveries_) {
+            refuse(fmt::format(
+                "the consumer's MaxDeliver ({}) is not above the handler's max_deliveries ({}): "
+                "the server would stop delivering a poison message before idem dead-letters it, "
+                "leaving it neither handled nor parked. Set MaxDeliver to -1 (unlimited)",
+                state.max_deliver, *max_deliveries_));
+        }
+    }
+
+    /// The dead-letter subject must not be read back by this consumer.
+    void check_dead_letter_subject(const nats::ConsumerState& state) {
+        const nats::StreamState stream = nats::stream_state(*connection_, options_.stream);
+        const std::string& subject = options_.dead_letter_subject;
+        const bool filtered_out =
+            !state.filter_subject.empty() && !nats::subject_matches(state.filter_subject, subject);
+        for (const std::string& captured : stream.subjects) {
+            if (nats::subject_matches(captured, subject) && !filtered_out) {
+                throw usage_error(fmt::format(
+                    "idem::JetStreamConsumer(\"{}\"): the dead-letter subject \"{}\" is captured "
+                    "by the stream itself (subject \"{}\"): dead letters would be delivered "
+                    "again. Choose a subject another stream captures",
+                    name_, subject, captured));
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // One poll
+
+    std::size_t poll() {
+        ensure_connected();
+        std::vector<nats::Message> batch;
+        try {
+            batch = subscription_->fetch(options_.batch_size, options_.fetch_wait);
+        } catch (const nats::not_found&) {  // the consumer was deleted: bind (create) again
+            subscription_.reset();
+            throw;
+        }
+        for (const nats::Message& message : batch) {
+            if (message.metadata().num_delivered > 1) {
+                loop_.reclaimed.fetch_add(1, std::memory_order_relaxed);
+            } else {
+                loop_.read.fetch_add(1, std::memory_order_relaxed);
+            }
+        }
+        if (batch.empty()) return 0;
+        if (options_.handle_in_batches) return handle_all(batch);
+        std::size_t handled = 0;
+        for (nats::Message& message : batch) {
+            // The rest is left unsettled: redelivered after AckWait (after a stop, or once the
+            // store answers again).
+            if (loop_.interrupted()) break;
+            handle(message);
+            ++handled;
+        }
+        return handled;
+    }
+
+    Delivery delivery_of(const nats::Message& message) const {
+        Delivery delivery;
+        const nats::Metadata& meta = message.metadata();
+        std::optional<std::string_view> id;
+        if (!options_.id_header.empty()) id = message.header(options_.id_header);
+        if (id) {
+            delivery.message_id = std::string(*id);
+        } else if (options_.sequence_when_no_id_header) {
+            delivery.message_id = fmt::format("{}:{}", meta.stream, meta.stream_sequence);
+        }  // else empty: the handler dead-letters it as malformed
+        // NumDelivered is 64-bit; a count past 2^32 is absurd, and refused loudly by from().
+        delivery.delivery_count = DeliveryCount::from(meta.num_delivered);
+        if (meta.timestamp_ns > 0) {
+            delivery.enqueued_at = std::chrono::system_clock::time_point{} +
+                                   std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                       std::chrono::nanoseconds(meta.timestamp_ns));
+        }
+        return delivery;
+    }
+
+    static JetStreamMessage body_of(const nats::Message& message) {
+        JetStreamMessage body;
+        body.stream = message.metadata().stream;
+        body.subject = message.subject();
+        body.data = message.data();
+        body.headers = message.headers();
+        body.stream_sequence = message.metadata().stream_sequence;
+        return body;
+    }
+
+    void handle(nats::Message& message) {
+        const Delivery delivery = delivery_of(message);
+        const JetStreamMessage body = body_of(message);
+        begin_heartbeat({&message});
+        const Outcome outcome = dispatch_.call(delivery, body, nullptr);
+        heartbeat_.end();
+        loop_.note(outcome);
+        settle(message, delivery, body, outcome);
+    }
+
+    /// Batch mode: the whole fetch to the handler at once (one handle_batch() for an
+    /// IdempotentHandler), then each settled.
+    std::size_t handle_all(std::vector<nats::Message>& batch) {
+        if (loop_.stop_requested()) return 0;  // a stop leaves the batch unsettled
+        std::vector<Delivery> deliveries;
+        std::vector<JetStreamMessage> bodies;
+        std::vector<nats::Message*> covered;
+        for (nats::Message& message : batch) {
+            deliveries.push_back(delivery_of(message));
+            bodies.push_back(body_of(message));
+            covered.push_back(&message);
+        }
+        std::vector<Outcome> outcomes;
+        begin_heartbeat(std::move(covered));
+        if (dispatch_.batches()) {
+            outcomes = dispatch_.call_batch(deliveries, bodies, nullptr);
+        } else {  // a plain handler: one call per message
+            for (std::size_t i = 0; i < bodies.size(); ++i) {
+                if (i != 0 && loop_.interrupted()) break;  // the rest left unsettled
+                outcomes.push_back(dispatch_.call(deliveries[i], bodies[i], nullptr));
+                loop_.note(outcomes.back());
+            }
+        }
+        heartbeat_.end();
+        for (const Outcome& outcome : outcomes)
+            loop_.note(outcome);
+        for (std::size_t i = 0; i < outcomes.size(); ++i)
+            settle(batch[i], deliveries[i], bodies[i], outcomes[i]);
+        return outcomes.size();
+    }
+
+    void begin_heartbeat(std::vector<nats::Message*> messages) {
+        if (!options_.in_progress_heartbeat) return;
+        heartbeat_.begin(std::move(messages),
+                         std::max(std::chrono::milliseconds(1), options_.visibility_timeout / 2));
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Settlement (broker::settlement_of: the consumer settles; JetStream has no commit hook)
+
+    void settle(nats::Message& message, const Delivery& delivery, const JetStreamMessage& body,
+                const Outcome& outcome) {
+        const broker::Settlement settlement = broker::settlement_of(outcome);
+        switch (settlement) {
+            case broker::Settlement::redeliver:
+                if (const auto delay = broker::redelivery_delay(outcome)) {
+                    message.nak_with_delay(*delay);
+                    nacked_with_delay_.fetch_add(1, std::memory_order_relaxed);
+                }  // else unsettled: AckWait brings it back
+                break;
+            case broker::Settlement::dead_letter_then_ack:
+                publish_dead_letter(delivery, body, outcome.reason);
+                message.term();
+                break;
+            case broker::Settlement::ack:
+                message.ack_sync();
+                break;
+        }
+        loop_.count(settlement);
+    }
+
+    /// Publishes the copy and waits for its stream's pub ack; throws (and the original is not
+    /// terminated) when no stream confirms it. Its own Nats-Msg-Id makes a second publish of
+    /// the same dead letter (a crash before the Term) a no-op within the duplicate window.
+    void publish_dead_letter(const Delivery& delivery, const JetStreamMessage& body,
+                             const std::string& reason) {
+        // The body (data and every original header value) through the policy's redactor
+        // (PolicyOptions::redact_payload), when it has one; a redactor that throws
+        // (redaction_failed) leaves the message unsettled. The reason is the handler's, which
+        // redacts the texts it puts there.
+        nats::Headers headers{
+            {"Idem-Reason", reason},
+            {"Idem-Scope", dispatch_.scope()},
+            {"Idem-Message-Id", delivery.message_id},
+            {"Idem-Delivery-Count", std::to_string(delivery.delivery_count.value())},
+            {"Idem-Stream", body.stream},
+            {"Idem-Stream-Sequence", std::to_string(body.stream_sequence)},
+            {"Idem-Subject", body.subject},
+        };
+        for (const auto& [name, value] : body.headers) {
+            // JetStream acts on its own headers (Nats-Expected-Stream would refuse the publish,
+            // Nats-Msg-Id would dedupe it against unrelated messages): kept under another name.
+            if (name.rfind("Nats-", 0) == 0) {
+                headers.emplace_back("Idem-Original-" + name, dispatch_.redact(value));
+            } else {
+                headers.emplace_back(name, dispatch_.redact(value));
+            }
+        }
+        const std::string copy_id =
+            fmt::format("idem-dead-letter:{}:{}:{}", name_, body.stream, body.stream_sequence);
+        connection_->publish(options_.dead_letter_subject, dispatch_.redact(body.data), headers,
+                             copy_id);
+    }
+
+    /// NumAckPending from the consumer's info and the dead-letter stream's depth; what cannot
+    /// be read this time is reported as unknown.
+    void report_health() noexcept {
+        ConsumerHealth health;
+        health.consumer = name_;
+        health.dead_letter_destination = options_.dead_letter_subject;
+        try {
+            if (connection_) {
+                const nats::ConsumerState state =
+                    nats::consumer_state(*connection_, options_.stream, options_.durable);
+                health.pending =
+                    static_cast<std::uint64_t>(std::max<std::int64_t>(0, state.num_ack_pending));
+                if (!options_.dead_letter_stream.empty()) {
+                    health.dead_letter_depth =
+                        nats::stream_state(*connection_, options_.dead_letter_stream).messages;
+                }
+            }
+        } catch (const std::exception& e) {
+            loop_.report(e);
+        }
+        loop_.report_health(health);
+    }
+
+    JetStreamConsumerOptions options_;
+    std::string name_;
+    broker::Dispatch<JetStreamMessage> dispatch_;
+    std::optional<std::uint32_t> max_deliveries_;  ///< the handler's, checked against MaxDeliver
+    broker::Loop loop_;  ///< after options_ and dispatch_: built from both
+    std::unique_ptr<nats::Connection> connection_;
+    std::unique_ptr<nats::PullSubscription> subscription_;  ///< after connection_: uses it
+    Heartbeat heartbeat_;  ///< after the subscription: its +WPI go through it
+    std::atomic<std::size_t> nacked_with_delay_{0};
+};
+
+IDEM_END_NAMESPACE

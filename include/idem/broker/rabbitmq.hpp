@@ -1,0 +1,597 @@
+#pragma once
+/// @file
+/// @brief RabbitConsumer: consumes a RabbitMQ quorum queue with manual acks and hands each
+/// delivery to a handler as an idem::Delivery with the broker's delivery count, settling it as
+/// the outcome says (broker/consumer.hpp's Settlement). Link idem::rabbitmq.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "idem/broker/consumer.hpp"
+#include "idem/config.hpp"
+#include "idem/consumer_health.hpp"
+#include "idem/delivery.hpp"
+#include "idem/error.hpp"
+#include "idem/handler.hpp"
+#include "idem/outcome.hpp"
+#include "idem/rabbitmq/connection.hpp"
+#include "idem/rabbitmq/endpoint.hpp"
+#include "idem/rabbitmq/message.hpp"
+
+IDEM_BEGIN_NAMESPACE
+namespace rabbitmq {
+
+/// @brief The bytes a dead letter keeps of a delivery in the store (found by ADL by the
+/// handler): its body.
+[[nodiscard]] inline std::string idem_payload(const Message& message) {
+    return message.body;
+}
+
+/// Headers idem writes on the messages it republishes (dead letters, delayed retries).
+inline constexpr const char* header_reason = "x-idem-reason";
+inline constexpr const char* header_scope = "x-idem-scope";
+inline constexpr const char* header_message_id = "x-idem-message-id";
+inline constexpr const char* header_delivery_count = "x-idem-delivery-count";
+inline constexpr const char* header_queue = "x-idem-queue";
+/// On a delayed retry: the deliveries the message had before it was moved to the retry queue
+/// (a republished message starts a new x-delivery-count; this carries the old one over).
+inline constexpr const char* header_prior_deliveries = "x-idem-prior-deliveries";
+
+/// @brief The delivery count of @p message: the deliveries before a delayed retry
+/// (x-idem-prior-deliveries) + the quorum queue's x-delivery-count (the times it was returned:
+/// absent or 0 on a first delivery) + 1.
+[[nodiscard]] inline std::uint32_t delivery_count_of(const Message& message) {
+    auto non_negative = [](std::optional<std::int64_t> v) -> std::uint64_t {
+        return v && *v > 0 ? static_cast<std::uint64_t>(*v) : 0;
+    };
+    const std::uint64_t count = non_negative(message.header_integer(header_prior_deliveries)) +
+                                non_negative(message.header_integer("x-delivery-count")) + 1;
+    return static_cast<std::uint32_t>(std::min<std::uint64_t>(count, UINT32_MAX));
+}
+
+}  // namespace rabbitmq
+
+/// @brief Where a RabbitConsumer reads and how it paces itself (the shape of
+/// StreamConsumerOptions).
+struct RabbitConsumerOptions {
+    /// The queue: a quorum queue (x-queue-type=quorum). A classic or stream queue is refused at
+    /// start: it gives no delivery count (only a `redelivered` flag), so the poison limit could
+    /// not work.
+    std::string queue;
+    /// This consumer's tag, unique per running instance; empty: the broker picks one.
+    std::string consumer_tag{};
+    /// Empty: the message id is the message_id property. Otherwise the value of this header (a
+    /// string; a producer's business id). A delivery without it gets an empty id, which an
+    /// IdempotentHandler dead-letters as malformed, with the reason.
+    std::string id_header{};
+    /// basic.qos: at most this many deliveries unacked at a time on the consumer's channel.
+    std::uint16_t prefetch = 16;
+    /// Deliveries handled per poll, at most (the first one waited for up to `block`, the rest
+    /// only if already there).
+    std::size_t batch_size = 16;
+    /// How long a poll waits for a delivery; also how long run() may take to notice
+    /// request_stop().
+    std::chrono::milliseconds block{1000};
+    /// The broker's consumer_timeout (rabbitmq.conf; 30 min by default): a delivery held unacked
+    /// longer has its channel closed by the broker (effective once the consumer reads again) and
+    /// comes back. With it, twice the endpoint's heartbeat bounds a handler call (the broker
+    /// drops a connection that missed two heartbeats, and rabbitmq-c answers them only between
+    /// calls); a lease store's lease must not exceed the smaller of the two.
+    std::chrono::milliseconds consumer_timeout{30 * 60 * 1000};
+    /// Where dead letters are published (with publisher confirms, before the original is acked).
+    /// Empty: queue + ".dead-letters".
+    std::string dead_letter_exchange{};
+    /// The routing key of dead letters. Empty: the queue's name.
+    std::string dead_letter_routing_key{};
+    /// Deferred outcomes with a retry_after (and in_progress ones with the lease left) go here
+    /// with a per-message TTL of that delay, and the queue dead-letters them back to `queue`
+    /// when it expires. Empty: queue + ".retry". (Messages expire in order: a long delay ahead
+    /// holds shorter ones behind it.)
+    std::string retry_queue{};
+    /// An in_progress outcome (another live worker holds the claim) goes to the retry queue
+    /// with this delay, so the message does not bounce between the queue and this consumer
+    /// while the holder works. 0: basic.nack with requeue at once.
+    std::chrono::milliseconds in_progress_delay{1000};
+    /// A failed outcome (the effect threw, the store failed), or a deferred one without its own
+    /// retry_after, goes to the retry queue with this delay: RabbitMQ itself redelivers a nacked
+    /// message at once, which would spend the poison limit (max_deliveries) within milliseconds
+    /// on a failure that needs a moment to clear (the role a visibility timeout plays on other
+    /// brokers). 0: basic.nack with requeue at once.
+    std::chrono::milliseconds redelivery_delay{1000};
+    /// Declare what is missing at start: the queue (quorum, with queue_arguments), the
+    /// dead-letter exchange (fanout) with a quorum queue of the same name bound to it, and the
+    /// retry queue. Off: they must exist (a dead letter no queue takes is refused by the broker
+    /// and the original stays unacked).
+    bool declare = true;
+    /// Arguments the queue is declared with besides x-queue-type=quorum; the start check
+    /// redeclares the queue with them, so they must match the existing queue's.
+    rabbitmq::Table queue_arguments{};
+    /// Told about each error run() recovers from (connection lost, a closed channel) before it
+    /// backs off and reconnects; for logs. Empty: only counted.
+    std::function<void(const std::exception&)> on_error{};
+    /// The pause while the handler's store is unreachable (see StreamConsumerOptions): the
+    /// consumer stops handling deliveries, keeps the ones it was sent unacked (their counts do
+    /// not grow) and goes on once a probe of the store succeeds.
+    CircuitBreakerOptions circuit_breaker{};
+    /// How to probe the store of a plain handler (throw while it is unreachable).
+    std::function<void()> store_probe{};
+    /// Receives a ConsumerHealth report (the dead-letter queue's depth when idem declared it,
+    /// the breaker) after a poll, at most once per health_interval; each costs one round trip.
+    HealthSink on_health{};
+    std::chrono::milliseconds health_interval{1000};
+};
+
+/// @brief What a RabbitConsumer has done so far: `read` counts first deliveries, `reclaimed`
+/// deliveries whose count is above 1.
+using RabbitConsumerStats = broker::ConsumerStats;
+
+/// @brief Consumes a RabbitMQ quorum queue (basic.consume, manual acks, basic.qos prefetch) and
+/// hands each delivery to a handler as an idem::Delivery, so the handler's claim, poison limit
+/// and outcome decide its settlement.
+///
+/// - Count: x-delivery-count + 1 (absent on a first delivery); the quorum queue raises it each
+///   time a delivery comes back (a nack with requeue, a closed channel or connection, a consumer
+///   timeout).
+/// - ack (basic.ack) only after the handler returned an acking outcome, i.e. after its commit.
+/// - Not acked (failed, deferred, in_progress): after a delay — a deferred effect's retry_after,
+///   else in_progress_delay or redelivery_delay — the message is republished, confirmed, to the
+///   retry queue with that TTL and the original acked; the retry queue dead-letters it back to
+///   the queue when it expires, with its count carried in x-idem-prior-deliveries. Without a
+///   delay (0, or a deferred outcome without retry_after): basic.nack with requeue.
+/// - Dead letters (and duplicates of dead-lettered messages): published to the dead-letter
+///   exchange with the reason (x-idem-reason, scope, message id, delivery count, queue) and the
+///   original properties and headers, the body through the policy's redactor if it has one,
+///   waiting for the publisher confirm, and only then acked.
+/// - Reconnects after a lost connection or a closed channel and consumes again; a delivery of a
+///   channel that is gone is never acked (its tag means nothing on the new channel): the broker
+///   has requeued it, and its redelivery finds the claim (a duplicate, acked).
+///
+/// @code
+/// idem::SqliteStore store{"orders.db"};
+/// auto handler = idem::make_handler(store, idem::Policy{"capture"},
+///     [&](auto& tx, const idem::RabbitMessage& m) { tx.execute("INSERT ...", m.body); });
+/// idem::RabbitConsumer consumer{endpoint, {"orders"}, handler};
+/// std::thread worker([&] { consumer.run(); });   // ... consumer.request_stop(); worker.join();
+/// @endcode
+///
+/// poll_once() and run() belong to one thread at a time; request_stop(), stop_requested() and
+/// stats() may be called from any thread (request_stop() also from a signal handler).
+class RabbitConsumer {
+  public:
+    /// The handler of the plain form: the outcome decides the settlement.
+    using Handler = std::function<Outcome(const Delivery&, const RabbitMessage&)>;
+
+    /// @brief A consumer calling @p handler for each delivery.
+    /// @throws usage_error for an invalid option (the message says which and why).
+    RabbitConsumer(RabbitEndpoint endpoint, RabbitConsumerOptions options, Handler handler)
+        : RabbitConsumer(
+              Private{}, std::move(endpoint), std::move(options),
+              broker::Dispatch<RabbitMessage>::plain(std::move(handler), "idem::RabbitConsumer")) {}
+
+    /// @brief A consumer calling @p handler.handle(delivery, message); its effect takes
+    /// `const idem::RabbitMessage&` as the body. @p handler must outlive the consumer.
+    /// @throws usage_error for an invalid option, or a lease store's lease longer than
+    /// consumer_timeout.
+    template <class Store, class Effect>
+    RabbitConsumer(RabbitEndpoint endpoint, RabbitConsumerOptions options,
+                   IdempotentHandler<Store, Effect>& handler)
+        : RabbitConsumer(Private{}, std::move(endpoint), std::move(options),
+                         broker::Dispatch<RabbitMessage>::idempotent(handler)) {
+        // What brings back a delivery whose holder is alive but slow: the consumer timeout
+        // (the broker closes the channel), or — sooner, with rabbitmq-c, which answers
+        // heartbeats only between handler calls — the broker dropping the connection after two
+        // missed heartbeats.
+        const auto heartbeats = std::chrono::duration_cast<std::chrono::milliseconds>(
+            2 * connection_.endpoint().heartbeat);
+        if (heartbeats.count() > 0 && heartbeats < options_.consumer_timeout) {
+            broker::check_lease_fits(handler, heartbeats, "twice the endpoint's heartbeat",
+                                     fmt::format("idem::RabbitConsumer(\"{}\")", options_.queue));
+        } else {
+            broker::check_lease_fits(handler, options_.consumer_timeout, "consumer_timeout",
+                                     fmt::format("idem::RabbitConsumer(\"{}\")", options_.queue));
+        }
+    }
+
+    RabbitConsumer(const RabbitConsumer&) = delete;
+    RabbitConsumer& operator=(const RabbitConsumer&) = delete;
+    /// Closes the connection: deliveries not yet settled go back to the queue.
+    ~RabbitConsumer() = default;
+
+    /// @brief Connects, checks (and with `declare`, creates) the queues and starts consuming;
+    /// poll_once() does it when needed. No-op when already consuming.
+    /// @throws usage_error when the queue is not a quorum queue, or exists with other arguments
+    /// than queue_arguments; broker_unavailable / broker_error when the broker is unreachable or
+    /// refuses.
+    void start() {
+        if (consuming()) return;
+        if (!connection_.connected()) connection_.connect();
+        if (!connection_.channel_open(control_channel)) connection_.open_channel(control_channel);
+        if (checked_on_ != connection_.connection_epoch()) {
+            check_queues();
+            checked_on_ = connection_.connection_epoch();
+        }
+        if (!connection_.channel_open(publish_channel)) {
+            connection_.open_channel(publish_channel);
+            connection_.confirm_select(publish_channel);
+        }
+        connection_.open_channel(consume_channel);
+        connection_.qos(consume_channel, options_.prefetch);
+        consumer_tag_ = connection_.consume(consume_channel, options_.queue, options_.consumer_tag);
+        consuming_epoch_ = connection_.channel_epoch(consume_channel);
+    }
+
+    /// @brief One cycle: (re)connect and consume if needed, wait up to `block` for a delivery,
+    /// take the ones already there up to batch_size, hand each to the handler and settle it.
+    /// Returns how many were handled. After request_stop() it returns 0 without reading; a stop
+    /// between deliveries leaves the rest unacked (they go back to the queue when the consumer
+    /// closes). While the circuit breaker is open it first waits and probes the store.
+    /// @throws broker_unavailable when the broker is unreachable (counted in
+    /// stats().connection_errors; the next call reconnects), broker_error for a closed channel,
+    /// usage_error from start().
+    std::size_t poll_once() {
+        if (!loop_.ready_to_read()) return 0;
+        const std::size_t handled = loop_.counting_connection_errors([this] { return poll(); });
+        if (loop_.health_due()) report_health();
+        return handled;
+    }
+
+    /// @brief Polls until request_stop(). Broker errors (a lost connection, a restarted broker,
+    /// a closed channel) are reported and retried after a bounded backoff, never thrown; a
+    /// usage_error (not a quorum queue) is thrown. Returns within about `block` of the stop.
+    void run() {
+        loop_.run([this] { poll_once(); });
+    }
+
+    /// @brief Asks run() to return. Lock-free: safe from another thread or a signal handler.
+    void request_stop() noexcept { loop_.request_stop(); }
+    [[nodiscard]] bool stop_requested() const noexcept { return loop_.stop_requested(); }
+
+    [[nodiscard]] RabbitConsumerStats stats() const noexcept { return loop_.stats(); }
+
+    /// @brief The options in use (the dead-letter exchange and retry queue filled in).
+    [[nodiscard]] const RabbitConsumerOptions& options() const noexcept { return options_; }
+    [[nodiscard]] const RabbitEndpoint& endpoint() const noexcept { return connection_.endpoint(); }
+    /// @brief The consumer tag the broker knows this consumer by (once consuming).
+    [[nodiscard]] const std::string& consumer_tag() const noexcept { return consumer_tag_; }
+
+  private:
+    struct Private {};
+    static constexpr std::uint16_t consume_channel = 1;
+    static constexpr std::uint16_t publish_channel = 2;  ///< confirm mode: dead letters, retries
+    static constexpr std::uint16_t control_channel = 3;  ///< declares; a refusal closes it only
+
+    RabbitConsumer(Private, RabbitEndpoint endpoint, RabbitConsumerOptions options,
+                   broker::Dispatch<RabbitMessage> dispatch)
+        : options_(validated(std::move(options))),
+          connection_(std::move(endpoint)),
+          dispatch_(std::move(dispatch)),
+          loop_(
+              broker::LoopOptions{options_.on_error, options_.circuit_breaker, options_.store_probe,
+                                  options_.on_health, options_.health_interval},
+              dispatch_.store_probe()) {}
+
+    static RabbitConsumerOptions validated(RabbitConsumerOptions options) {
+        auto refuse = [&](std::string_view why) {
+            throw usage_error(fmt::format("idem::RabbitConsumer(\"{}\"): {}", options.queue, why));
+        };
+        if (options.queue.empty()) refuse("options.queue is empty; name the quorum queue to read");
+        if (options.prefetch == 0) {
+            refuse(
+                "prefetch is 0, which RabbitMQ reads as no limit; give the number of unacked "
+                "deliveries this consumer may hold (e.g. 16)");
+        }
+        if (options.batch_size == 0) refuse("batch_size is 0; handle at least 1 delivery per poll");
+        if (options.block.count() <= 0) refuse("block must be positive (e.g. 1000 ms)");
+        if (options.in_progress_delay.count() < 0) refuse("in_progress_delay is negative");
+        if (options.redelivery_delay.count() < 0) refuse("redelivery_delay is negative");
+        if (options.consumer_timeout.count() <= 0) {
+            refuse("consumer_timeout must be the broker's (rabbitmq.conf consumer_timeout)");
+        }
+        if (options.dead_letter_exchange.empty()) {
+            options.dead_letter_exchange = options.queue + ".dead-letters";
+        }
+        if (options.dead_letter_routing_key.empty())
+            options.dead_letter_routing_key = options.queue;
+        if (options.retry_queue.empty()) options.retry_queue = options.queue + ".retry";
+        if (options.retry_queue == options.queue) {
+            refuse("retry_queue is the queue itself; name another queue for delayed retries");
+        }
+        for (const auto& [name, value] : options.queue_arguments) {
+            if (name == "x-queue-type") {
+                refuse(
+                    "queue_arguments names x-queue-type; the queue is a quorum queue, which the "
+                    "consumer declares itself");
+            }
+        }
+        return options;
+    }
+
+    bool consuming() const noexcept {
+        return connection_.channel_open(consume_channel) &&
+               connection_.channel_epoch(consume_channel) == consuming_epoch_;
+    }
+
+    rabbitmq::Table quorum_arguments() const {
+        rabbitmq::Table args{{"x-queue-type", std::string("quorum")}};
+        args.insert(args.end(), options_.queue_arguments.begin(), options_.queue_arguments.end());
+        return args;
+    }
+
+    /// Runs @p declare on the control channel, reopening it when a refusal closed it. Returns
+    /// the channel_error the broker answered with, if any.
+    template <class Declare>
+    std::optional<rabbitmq::channel_error> on_control(Declare&& declare) {
+        if (!connection_.channel_open(control_channel)) connection_.open_channel(control_channel);
+        try {
+            declare();
+            return std::nullopt;
+        } catch (const rabbitmq::channel_error& e) {
+            if (connection_.connected()) connection_.open_channel(control_channel);
+            return e;
+        }
+    }
+
+    /// The start check. A passive queue.declare says only that the queue exists (its arguments
+    /// are not in the reply), so the type is asked for by redeclaring the queue with
+    /// x-queue-type=quorum: RabbitMQ answers PRECONDITION_FAILED naming x-queue-type for a
+    /// classic or stream queue, and accepts it (changing nothing) for a quorum queue with the
+    /// same arguments.
+    void check_queues() {
+        const std::string who = fmt::format("idem::RabbitConsumer(\"{}\")", options_.queue);
+        rabbitmq::QueueDeclare passive;
+        passive.passive = true;
+        auto missing = on_control(
+            [&] { connection_.declare_queue(control_channel, options_.queue, passive); });
+        if (missing && (missing->reply_code() != rabbitmq::reply_not_found || !options_.declare)) {
+            if (missing->reply_code() == rabbitmq::reply_not_found) {
+                throw usage_error(
+                    fmt::format("{}: the queue does not exist on {}: declare it as a quorum queue "
+                                "(x-queue-type=quorum), or set RabbitConsumerOptions::declare",
+                                who, connection_.endpoint().describe()));
+            }
+            throw *missing;
+        }
+        rabbitmq::QueueDeclare quorum;
+        quorum.arguments = quorum_arguments();
+        auto refused =
+            on_control([&] { connection_.declare_queue(control_channel, options_.queue, quorum); });
+        if (refused) {
+            if (refused->reply_code() != rabbitmq::reply_precondition_failed) throw *refused;
+            const std::string text = refused->what();
+            if (text.find("x-queue-type") != std::string::npos) {
+                throw usage_error(fmt::format(
+                    "{}: the queue is not a quorum queue ({}). A classic queue gives no delivery "
+                    "count, only a `redelivered` flag, so poison messages could not be bounded: "
+                    "use a quorum queue (x-queue-type=quorum), or count attempts in the store "
+                    "(the store-counted fallback, docs/brokers.md) with your own consumer loop",
+                    who, text));
+            }
+            throw usage_error(
+                fmt::format("{}: the queue exists with other arguments than RabbitConsumerOptions::"
+                            "queue_arguments ({}); give it the queue's arguments",
+                            who, text));
+        }
+        if (!options_.declare) return;
+        connection_.declare_exchange(control_channel, options_.dead_letter_exchange, "fanout");
+        rabbitmq::QueueDeclare dead;
+        dead.arguments = {{"x-queue-type", std::string("quorum")}};
+        connection_.declare_queue(control_channel, options_.dead_letter_exchange, dead);
+        connection_.bind_queue(control_channel, options_.dead_letter_exchange,
+                               options_.dead_letter_exchange, "");
+        // The retry queue: nobody consumes it; an expired message is dead-lettered to the
+        // default exchange with the queue's name as routing key, i.e. back to the queue. A quorum
+        // queue with at-least-once dead-lettering, so a broker crash cannot drop it on the way.
+        rabbitmq::QueueDeclare retry;
+        retry.arguments = {{"x-queue-type", std::string("quorum")},
+                           {"x-dead-letter-exchange", std::string("")},
+                           {"x-dead-letter-routing-key", options_.queue},
+                           {"x-dead-letter-strategy", std::string("at-least-once")},
+                           {"x-overflow", std::string("reject-publish")}};
+        connection_.declare_queue(control_channel, options_.retry_queue, retry);
+        dead_letter_queue_known_ = true;
+    }
+
+    std::size_t poll() {
+        start();
+        std::vector<RabbitMessage> batch;
+        for (RabbitMessage& held : held_) {  // read earlier, left unhandled: first
+            if (current(held)) batch.push_back(std::move(held));
+        }
+        held_.clear();
+        if (batch.empty()) {
+            if (auto first = connection_.next_delivery(options_.block)) {
+                batch.push_back(std::move(*first));
+            }
+        }
+        if (!batch.empty()) {
+            while (batch.size() < options_.batch_size) {
+                auto more = connection_.next_delivery(std::chrono::milliseconds(0));
+                if (!more) break;
+                batch.push_back(std::move(*more));
+            }
+        }
+        std::size_t handled = 0;
+        for (const RabbitMessage& message : batch) {
+            // The rest stays unacked on this channel and is handled after the breaker closes, or
+            // goes back to the queue when the consumer stops.
+            if (loop_.interrupted()) {
+                hold(batch, handled);
+                break;
+            }
+            handle(message);
+            ++handled;
+        }
+        return handled;
+    }
+
+    /// Deliveries read but not handled (a stop or an open breaker) are kept for the next poll,
+    /// still unacked: nacking them would raise their delivery counts.
+    void hold(std::vector<RabbitMessage>& batch, std::size_t from) {
+        held_.insert(held_.begin(),
+                     std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(from)),
+                     std::make_move_iterator(batch.end()));
+    }
+
+    Delivery delivery_of(const RabbitMessage& message) const {
+        Delivery delivery;
+        if (options_.id_header.empty()) {
+            if (message.properties.message_id) delivery.message_id = *message.properties.message_id;
+        } else if (auto value = message.header_string(options_.id_header)) {
+            delivery.message_id = std::string(*value);
+        }  // else empty: the handler dead-letters it as malformed
+        delivery.delivery_count = rabbitmq::delivery_count_of(message);
+        if (message.properties.timestamp) {
+            delivery.enqueued_at = std::chrono::system_clock::time_point{} +
+                                   std::chrono::seconds(*message.properties.timestamp);
+        }
+        return delivery;
+    }
+
+    /// Settles @p message as its outcome says. When the settling itself fails (a dead letter
+    /// or retry not confirmed, the connection lost) the connection is dropped: the broker then
+    /// requeues every delivery this consumer held, rather than leaving one unacked on a live
+    /// channel where nobody would ever settle it. Then the error goes up to run()'s backoff.
+    void handle(const RabbitMessage& message) {
+        try {
+            handle_one(message);
+        } catch (...) {
+            connection_.drop();
+            held_.clear();
+            throw;
+        }
+    }
+
+    void handle_one(const RabbitMessage& message) {
+        const Delivery delivery = delivery_of(message);
+        if (delivery.delivery_count.value() > 1) {
+            loop_.reclaimed.fetch_add(1, std::memory_order_relaxed);
+        } else {
+            loop_.read.fetch_add(1, std::memory_order_relaxed);
+        }
+        const Outcome outcome = dispatch_.call(delivery, message, nullptr);
+        loop_.note(outcome);
+        const broker::Settlement settlement = broker::settlement_of(outcome);
+        switch (settlement) {
+            case broker::Settlement::ack:
+                settled(connection_.ack(message), settlement);
+                return;
+            case broker::Settlement::dead_letter_then_ack:
+                publish_dead_letter(message, delivery, outcome.reason);
+                settled(connection_.ack(message), settlement);
+                return;
+            case broker::Settlement::redeliver:
+                std::optional<std::chrono::milliseconds> delay = broker::redelivery_delay(outcome);
+                if (!delay && outcome.disposition == Disposition::in_progress) {
+                    delay = options_.in_progress_delay;
+                }
+                if (!delay) delay = options_.redelivery_delay;  // failed, or deferred without one
+                if (delay && delay->count() > 0) {
+                    if (!current(message)) {
+                        loop_.count(broker::Settlement::redeliver);
+                        return;
+                    }
+                    publish_retry(message, delivery, *delay, outcome.reason);
+                    (void)connection_.ack(message);
+                } else {
+                    (void)connection_.nack(message, /*requeue=*/true);
+                }
+                loop_.count(broker::Settlement::redeliver);
+                return;
+        }
+    }
+
+    bool current(const RabbitMessage& message) const noexcept {
+        return connection_.channel_open(message.channel) &&
+               connection_.channel_epoch(message.channel) == message.channel_epoch;
+    }
+
+    /// An ack that went out counts as @p settlement; one refused for a stale channel (the
+    /// delivery is back in the queue: its redelivery will find the claim) as not acked.
+    void settled(bool sent, broker::Settlement settlement) {
+        loop_.count(sent ? settlement : broker::Settlement::redeliver);
+    }
+
+    rabbitmq::Publish republish_of(const RabbitMessage& message, const Delivery& delivery,
+                                   const std::string& reason) const {
+        rabbitmq::Publish p;
+        p.properties = message.properties;
+        p.properties.expiration.reset();
+        p.properties.delivery_mode = 2;  // persistent
+        p.encoded_headers = message.encoded_headers;
+        p.headers = {{rabbitmq::header_reason, reason},
+                     {rabbitmq::header_scope, dispatch_.scope()},
+                     {rabbitmq::header_message_id, delivery.message_id},
+                     {rabbitmq::header_delivery_count,
+                      static_cast<std::int64_t>(delivery.delivery_count.value())},
+                     {rabbitmq::header_queue, options_.queue}};
+        return p;
+    }
+
+    /// To the dead-letter exchange, confirmed: only then may the original be acked.
+    void publish_dead_letter(const RabbitMessage& message, const Delivery& delivery,
+                             const std::string& reason) {
+        rabbitmq::Publish p = republish_of(message, delivery, reason);
+        p.exchange = options_.dead_letter_exchange;
+        p.routing_key = options_.dead_letter_routing_key;
+        // The body through the policy's redactor (PolicyOptions::redact_payload), when it has
+        // one; a redactor that throws leaves the delivery unacked (redaction_failed).
+        connection_.publish_confirmed(publish_channel, p, dispatch_.redact(message.body));
+    }
+
+    /// To the retry queue with a per-message TTL of @p delay, confirmed; it comes back to the
+    /// queue when the TTL expires, its deliveries so far in x-idem-prior-deliveries.
+    void publish_retry(const RabbitMessage& message, const Delivery& delivery,
+                       std::chrono::milliseconds delay, const std::string& reason) {
+        rabbitmq::Publish p = republish_of(message, delivery, reason);
+        p.routing_key = options_.retry_queue;  // the default exchange
+        p.properties.expiration = std::to_string(delay.count());
+        p.headers.emplace_back(rabbitmq::header_prior_deliveries,
+                               static_cast<std::int64_t>(delivery.delivery_count.value()));
+        // The copy is a new message to the queue, returned 0 times so far; the original's
+        // x-delivery-count (copied with its headers) would be counted twice.
+        p.headers.emplace_back("x-delivery-count", std::int64_t{0});
+        connection_.publish_confirmed(publish_channel, p, message.body);
+    }
+
+    void report_health() {
+        ConsumerHealth health;
+        health.consumer = options_.queue;
+        health.dead_letter_destination = options_.dead_letter_exchange;
+        if (dead_letter_queue_known_ && connection_.connected()) {
+            try {
+                rabbitmq::QueueDeclare passive;
+                passive.passive = true;
+                std::optional<rabbitmq::QueueState> state;
+                auto refused = on_control([&] {
+                    state = connection_.declare_queue(control_channel,
+                                                      options_.dead_letter_exchange, passive);
+                });
+                if (!refused && state) health.dead_letter_depth = state->messages;
+            } catch (const std::exception& e) {
+                loop_.report(e);
+            }
+        }
+        loop_.report_health(health);
+    }
+
+    RabbitConsumerOptions options_;
+    rabbitmq::Connection connection_;
+    broker::Dispatch<RabbitMessage> dispatch_;
+    broker::Loop loop_;
+    std::string consumer_tag_;
+    std::uint64_t consuming_epoch_ = 0;
+    std::uint64_t checked_on_ = 0;  ///< the connection epoch the queues were checked on
+    bool dead_letter_queue_known_ = false;
+    std::vector<RabbitMessage> held_;  ///< read, not yet handled (breaker open or stop)
+};
+
+IDEM_END_NAMESPACE

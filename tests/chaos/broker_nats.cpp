@@ -1,0 +1,175 @@
+// The chaos run over NATS JetStream: the run's own nats-server (NatsServer, JetStream file store
+// in its temp dir), a stream CHAOS capturing chaos.payments, a durable pull consumer shared by
+// the workers (AckWait = --visibility, MaxDeliver unlimited), idem::JetStreamConsumer in every
+// worker, dead letters published to chaos.dead (stream CHAOS_DEAD) and then terminated.
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "broker.hpp"
+#include "idem/broker/nats_jetstream.hpp"
+#include "idem/nats/admin.hpp"
+#include "idem/nats/connection.hpp"
+#include "idem/testing/nats_server.hpp"
+
+namespace chaos {
+namespace {
+
+namespace nats = idem::nats;
+
+constexpr const char* stream_name = "CHAOS";
+constexpr const char* subject = "chaos.payments";
+constexpr const char* dead_stream_name = "CHAOS_DEAD";
+constexpr const char* dead_subject = "chaos.dead";
+
+class NatsRun final : public BrokerRun {
+  public:
+    explicit NatsRun(const Options& options) : server_(start_server()) {
+        connection_.emplace(nats::Endpoint{server_->url()});
+        nats::ensure_stream(*connection_, {stream_name, {subject}});
+        nats::ensure_stream(*connection_, {dead_stream_name, {dead_subject}});
+        nats::ConsumerSpec spec;
+        spec.stream = stream_name;
+        spec.durable = group_name;
+        spec.ack_wait = options.visibility;
+        spec.max_deliver = -1;  // idem's policy dead-letters
+        nats::ensure_pull_consumer(*connection_, spec);
+    }
+
+    std::string worker_address() const override { return server_->url(); }
+
+    void publish(long messages) override {
+        messages_ = messages;
+        for (long order = 1; order <= messages; ++order) {
+            const nats::PubAck ack = connection_->publish(
+                subject,
+                Message::encode_fields({{"order_id", std::to_string(order)},
+                                        {"amount", std::to_string(amount_of(order))}}),
+                {}, message_id_of(order));
+            order_of_sequence_[ack.sequence] = order;
+        }
+    }
+
+    bool drained() override {
+        const nats::ConsumerState state = consumer();
+        return state.num_pending == 0 && state.num_ack_pending == 0;
+    }
+
+    std::string progress() override {
+        const nats::ConsumerState state = consumer();
+        return fmt::format("acked through {}/{}, ack pending {}, undelivered {}",
+                           state.ack_floor_stream, messages_, state.num_ack_pending,
+                           state.num_pending);
+    }
+
+    /// JetStream lists no pending sequences: every order past the ack floor counts as
+    /// unsettled unless nothing is pending at all (an over-estimate only for a run that did not
+    /// drain).
+    std::set<long> unsettled_orders() override {
+        std::set<long> out;
+        const nats::ConsumerState state = consumer();
+        if (state.num_pending == 0 && state.num_ack_pending == 0) return out;
+        for (const auto& [sequence, order] : order_of_sequence_) {
+            if (sequence > state.ack_floor_stream) out.insert(order);
+        }
+        return out;
+    }
+
+    /// Each dead letter keeps the original's Nats-Msg-Id as Idem-Original-Nats-Msg-Id.
+    std::set<long> dead_lettered_orders() override {
+        std::set<long> out;
+        const nats::StreamState dead = nats::stream_state(*connection_, dead_stream_name);
+        for (std::uint64_t sequence = dead.first_sequence;
+             dead.messages != 0 && sequence <= dead.last_sequence; ++sequence) {
+            const auto letter = nats::stream_message(*connection_, dead_stream_name, sequence);
+            if (!letter) continue;
+            const auto id = letter->header("Idem-Original-Nats-Msg-Id");
+            out.insert(id ? order_of_message_id(*id).value_or(0) : 0);
+        }
+        return out;
+    }
+
+    std::optional<long> order_of(const std::string& message_id) const override {
+        return order_of_message_id(message_id);
+    }
+
+  private:
+    static std::unique_ptr<idem::testing::NatsServer> start_server() {
+        std::string why;
+        if (!idem::testing::NatsServer::available(&why)) throw server_missing("nats-server", why);
+        return std::make_unique<idem::testing::NatsServer>();
+    }
+
+    nats::ConsumerState consumer() {
+        return nats::consumer_state(*connection_, stream_name, group_name);
+    }
+
+    std::unique_ptr<idem::testing::NatsServer> server_;
+    std::optional<nats::Connection> connection_;  ///< after server_: closed before it stops
+    long messages_ = 0;
+    std::map<std::uint64_t, long> order_of_sequence_;
+};
+
+class NatsWorker final : public BrokerWorker {
+  public:
+    NatsWorker(const Options& options, const WorkerSettings& settings)
+        : options_(options), settings_(settings) {}
+
+    void run(const Deliver& deliver) override {
+        idem::JetStreamConsumerOptions consumer_options;
+        consumer_options.endpoint.url = options_.broker_address;
+        consumer_options.endpoint.name = settings_.consumer_name;
+        consumer_options.stream = stream_name;
+        consumer_options.durable = group_name;
+        consumer_options.create_consumer = false;  // the driver's, as configured there
+        consumer_options.dead_letter_subject = dead_subject;
+        // One message at a time: a killed worker's unhandled batch would otherwise be redelivered
+        // with raised delivery counts although it never reached the handler.
+        consumer_options.batch_size = 1;
+        consumer_options.fetch_wait = std::chrono::milliseconds(100);
+        consumer_options.visibility_timeout = settings_.visibility;
+        consumer_options.on_error = settings_.on_error;
+        idem::JetStreamConsumer consumer{
+            consumer_options,
+            [&](const idem::Delivery& delivery, const idem::JetStreamMessage& message) {
+                return deliver(
+                    delivery, Message{fmt::format("{}:{}", message.stream, message.stream_sequence),
+                                      Message::decode_fields(message.data)});
+            }};
+        running_.store(&consumer);
+        if (stop_.load()) consumer.request_stop();
+        consumer.run();
+        running_.store(nullptr);
+    }
+
+    void request_stop() noexcept override {
+        stop_.store(true);
+        if (idem::JetStreamConsumer* consumer = running_.load()) consumer->request_stop();
+    }
+
+  private:
+    const Options& options_;
+    WorkerSettings settings_;
+    std::atomic<bool> stop_{false};
+    std::atomic<idem::JetStreamConsumer*> running_{nullptr};
+};
+
+}  // namespace
+
+std::unique_ptr<BrokerRun> start_nats(const Options& options, const std::filesystem::path&) {
+    return std::make_unique<NatsRun>(options);
+}
+
+std::unique_ptr<BrokerWorker> nats_worker(const Options& options, const WorkerSettings& settings) {
+    return std::make_unique<NatsWorker>(options, settings);
+}
+
+}  // namespace chaos

@@ -1,0 +1,232 @@
+// The chaos run over RabbitMQ (--broker rabbitmq): a throwaway broker (idem::testing::
+// RabbitmqServer), a quorum queue chaos.payments read by idem::RabbitConsumer in each worker,
+// dead letters on chaos.payments.dead-letters.
+//
+// drained(): AMQP says only how many messages are READY, not how many are delivered and unacked,
+// so a queue whose ready count is 0 is then asked of the broker itself (rabbitmqctl list_queues;
+// a quorum queue's figures there lag up to ~5 s, so the answer counts only once ready has stayed 0
+// for longer than that). It is only when to stop: what is left is read exactly afterwards, once
+// the workers are gone and the broker has requeued what they held (unsettled_orders()).
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "broker.hpp"
+#include "idem/broker/rabbitmq.hpp"
+#include "idem/rabbitmq/connection.hpp"
+#include "idem/testing/rabbitmq_server.hpp"
+
+namespace chaos {
+namespace {
+
+namespace rmq = idem::rabbitmq;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr const char* queue_name = "chaos.payments";
+constexpr const char* dead_letter_name = "chaos.payments.dead-letters";
+constexpr const char* retry_name = "chaos.payments.retry";
+constexpr std::uint16_t ch = 1;
+
+rmq::Endpoint endpoint_on(int port) {
+    rmq::Endpoint e;
+    e.host = "127.0.0.1";
+    e.port = port;
+    return e;
+}
+
+class RabbitmqRun final : public BrokerRun {
+  public:
+    RabbitmqRun() : connection_(endpoint_on(server_.port())) {
+        connection_.connect();
+        connection_.open_channel(ch);
+        rmq::QueueDeclare quorum;
+        quorum.arguments = {{"x-queue-type", std::string("quorum")}};
+        connection_.declare_queue(ch, queue_name, quorum);
+    }
+
+    std::string worker_address() const override { return std::to_string(server_.port()); }
+
+    void publish(long messages) override {
+        messages_ = messages;
+        for (long order = 1; order <= messages; ++order) {
+            rmq::Publish p;
+            p.routing_key = queue_name;
+            p.properties.message_id = message_id_of(order);
+            p.properties.delivery_mode = 2;
+            connection_.publish_confirmed(
+                ch, p,
+                Message::encode_fields({{"order_id", std::to_string(order)},
+                                        {"amount", std::to_string(amount_of(order))}}));
+        }
+        last_ready_ = Clock::now();
+    }
+
+    bool drained() override {
+        if (ready(queue_name) + ready(retry_name) > 0) {
+            last_ready_ = Clock::now();
+            return false;
+        }
+        // Ready 0 for longer than the broker's figures lag, then the broker's own count of
+        // delivered-and-unacked ones (at most every 2 s: each rabbitmqctl call takes ~1.5 s).
+        const auto now = Clock::now();
+        if (now - last_ready_ < 6s || now - last_ctl_ < 2s) return false;
+        last_ctl_ = now;
+        const auto counts = ctl_counts();
+        return counts.ready == 0 && counts.unacked == 0;
+    }
+
+    std::string progress() override {
+        return fmt::format("ready {}/{}, retrying {}, dead letters {}", ready(queue_name),
+                           messages_, ready(retry_name), ready(dead_letter_name));
+    }
+
+    std::set<long> unsettled_orders() override {
+        std::set<long> out;
+        for (const char* q : {queue_name, retry_name}) {
+            for (const auto& id : read_all(q))
+                out.insert(order_of(id).value_or(0));
+        }
+        return out;
+    }
+
+    std::set<long> dead_lettered_orders() override {
+        std::set<long> out;
+        for (const auto& id : read_all(dead_letter_name))
+            out.insert(order_of(id).value_or(0));
+        return out;
+    }
+
+    std::optional<long> order_of(const std::string& message_id) const override {
+        return order_of_message_id(message_id);
+    }
+
+  private:
+    struct Counts {
+        long ready = -1;
+        long unacked = -1;
+    };
+
+    /// Ready messages of @p queue (0 when it does not exist yet: the workers declare the retry
+    /// and dead-letter queues).
+    long ready(const char* queue) {
+        rmq::QueueDeclare passive;
+        passive.passive = true;
+        try {
+            if (!connection_.connected()) connection_.connect();
+            if (!connection_.channel_open(ch)) connection_.open_channel(ch);
+            return static_cast<long>(connection_.declare_queue(ch, queue, passive).messages);
+        } catch (const rmq::channel_error&) {
+            return 0;
+        }
+    }
+
+    /// The broker's figures for chaos.payments and its retry queue, summed.
+    Counts ctl_counts() {
+        Counts c{0, 0};
+        std::istringstream lines(
+            server_.ctl({"list_queues", "name", "messages_ready", "messages_unacknowledged"}));
+        bool seen = false;
+        for (std::string line; std::getline(lines, line);) {
+            std::istringstream row(line);
+            std::string name;
+            long r = 0, u = 0;
+            if (!(row >> name >> r >> u)) continue;  // the header line
+            if (name == queue_name || name == retry_name) {
+                c.ready += r;
+                c.unacked += u;
+                seen = true;
+            }
+        }
+        if (!seen) return Counts{};
+        return c;
+    }
+
+    /// The message ids of everything ready in @p queue, consumed (after the run).
+    std::vector<std::string> read_all(const char* queue) {
+        std::vector<std::string> ids;
+        if (ready(queue) == 0) return ids;
+        rmq::Connection reader{endpoint_on(server_.port())};
+        reader.connect();
+        reader.open_channel(ch);
+        reader.consume(ch, queue);
+        while (auto m = reader.next_delivery(1s)) {
+            ids.push_back(m->properties.message_id.value_or(""));
+            reader.ack(*m);
+        }
+        return ids;
+    }
+
+    idem::testing::RabbitmqServer server_;
+    rmq::Connection connection_;
+    long messages_ = 0;
+    Clock::time_point last_ready_ = Clock::now();
+    Clock::time_point last_ctl_{};
+};
+
+class RabbitmqWorker final : public BrokerWorker {
+  public:
+    RabbitmqWorker(const Options& options, const WorkerSettings& settings)
+        : options_(options), settings_(settings) {}
+
+    void run(const Deliver& deliver) override {
+        idem::RabbitConsumerOptions o;
+        o.queue = queue_name;
+        o.consumer_tag = settings_.consumer_name;
+        o.dead_letter_exchange = dead_letter_name;
+        o.retry_queue = retry_name;
+        // One delivery at a time: a killed worker's prefetched deliveries would otherwise come
+        // back with raised counts although they never reached the handler.
+        o.prefetch = 1;
+        o.batch_size = 1;
+        o.block = 100ms;
+        o.in_progress_delay = settings_.visibility;
+        o.on_error = settings_.on_error;
+        idem::RabbitConsumer consumer{
+            endpoint_on(std::stoi(options_.broker_address)), o,
+            [&](const idem::Delivery& delivery, const idem::RabbitMessage& message) {
+                return deliver(delivery, Message{message.properties.message_id.value_or(""),
+                                                 Message::decode_fields(message.body)});
+            }};
+        running_.store(&consumer);
+        if (stop_.load()) consumer.request_stop();
+        consumer.run();
+        running_.store(nullptr);
+    }
+
+    void request_stop() noexcept override {
+        stop_.store(true);
+        if (idem::RabbitConsumer* consumer = running_.load()) consumer->request_stop();
+    }
+
+  private:
+    const Options& options_;
+    WorkerSettings settings_;
+    std::atomic<bool> stop_{false};
+    std::atomic<idem::RabbitConsumer*> running_{nullptr};
+};
+
+}  // namespace
+
+std::unique_ptr<BrokerRun> start_rabbitmq(const Options&, const std::filesystem::path&) {
+    std::string why;
+    if (!idem::testing::RabbitmqServer::available(&why))
+        throw server_missing("rabbitmq-server", why);
+    return std::make_unique<RabbitmqRun>();
+}
+
+std::unique_ptr<BrokerWorker> rabbitmq_worker(const Options& options,
+                                              const WorkerSettings& settings) {
+    return std::make_unique<RabbitmqWorker>(options, settings);
+}
+
+}  // namespace chaos

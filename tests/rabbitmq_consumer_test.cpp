@@ -1,0 +1,675 @@
+// idem::RabbitConsumer against a real RabbitMQ broker, started once for this binary (it runs as
+// one ctest test: the broker takes seconds to start): options, delivery counts through real
+// redeliveries, poison to the dead-letter exchange, the quorum-queue check, a delivery without
+// an id, a slow but live holder on a lease store, a delayed retry, and a broker crash mid-run.
+//
+// The broker here has consumer_timeout = 2 s, checked every 200 ms; every test settles its
+// deliveries well within that.
+
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/broker/rabbitmq.hpp"
+#include "idem/idem.hpp"
+#include "idem/store/redis.hpp"
+#include "idem/store/sqlite.hpp"
+#include "support/redis_server.hpp"
+#include "support/require_rabbitmq.hpp"
+#include "support/require_redis.hpp"
+#include "support/temp_dir.hpp"
+
+namespace {
+
+namespace rmq = idem::rabbitmq;
+using namespace std::chrono_literals;
+using idem::Delivery;
+using idem::Disposition;
+using idem::Outcome;
+using idem::RabbitConsumer;
+using idem::RabbitConsumerOptions;
+using idem::RabbitMessage;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto deadline_limit = 30s;  // generous: a loaded 2-core CI machine
+
+idem_test::RabbitmqServer& broker() {
+    static std::string failure;
+    static const std::unique_ptr<idem_test::RabbitmqServer> server =
+        []() -> std::unique_ptr<idem_test::RabbitmqServer> {
+        try {
+            idem_test::RabbitmqOptions options;
+            options.consumer_timeout = 2000ms;
+            options.channel_tick_interval = 200ms;
+            return std::make_unique<idem_test::RabbitmqServer>(options);
+        } catch (const std::exception& e) {
+            failure = e.what();
+            return nullptr;
+        }
+    }();
+    if (!server) throw std::runtime_error("RabbitMQ did not start: " + failure);
+    return *server;
+}
+
+template <class Pred>
+bool wait_for(Pred done, std::chrono::milliseconds limit = deadline_limit) {
+    const auto deadline = Clock::now() + limit;
+    while (!done()) {
+        if (Clock::now() >= deadline) return false;
+        std::this_thread::sleep_for(5ms);
+    }
+    return true;
+}
+
+template <class Pred>
+bool poll_until(RabbitConsumer& consumer, Pred done,
+                std::chrono::milliseconds limit = deadline_limit) {
+    const auto deadline = Clock::now() + limit;
+    while (!done()) {
+        if (Clock::now() >= deadline) return false;
+        try {
+            consumer.poll_once();
+        } catch (const idem::broker_error&) {  // reconnects on the next poll
+        }
+    }
+    return true;
+}
+
+RabbitConsumerOptions fast_options(const std::string& queue) {
+    RabbitConsumerOptions options;
+    options.queue = queue;
+    options.block = 50ms;
+    options.prefetch = 4;
+    options.in_progress_delay = 200ms;
+    options.redelivery_delay = 0ms;  // failures: basic.nack with requeue, redelivered at once
+    return options;
+}
+
+/// The test's own connection: declares, publishes, counts and reads queues.
+class Admin {
+  public:
+    explicit Admin(const rmq::Endpoint& endpoint) : c_(endpoint) {}
+
+    void fresh_quorum_queue(const std::string& queue) {
+        for (const std::string& q : {queue, queue + ".retry", queue + ".dead-letters"}) {
+            on_channel([&] { c_.delete_queue(ch, q); });
+        }
+        rmq::QueueDeclare how;
+        how.arguments = {{"x-queue-type", std::string("quorum")}};
+        on_channel([&] { c_.declare_queue(ch, queue, how); });
+    }
+
+    void publish(const std::string& queue, const std::string& body,
+                 std::optional<std::string> message_id, rmq::Table headers = {}) {
+        rmq::Publish p;
+        p.routing_key = queue;
+        p.properties.message_id = std::move(message_id);
+        p.properties.delivery_mode = 2;
+        p.headers = std::move(headers);
+        on_channel([&] { c_.publish_confirmed(ch, p, body); });
+    }
+
+    /// Ready messages of @p queue (0 when it does not exist).
+    std::uint32_t depth(const std::string& queue) {
+        rmq::QueueDeclare passive;
+        passive.passive = true;
+        std::uint32_t n = 0;
+        try {
+            on_channel([&] { n = c_.declare_queue(ch, queue, passive).messages; });
+        } catch (const rmq::channel_error&) {
+            return 0;
+        }
+        return n;
+    }
+
+    /// Consumes @p count messages of @p queue (acking them), or fewer when none comes in time.
+    std::vector<rmq::Message> take(const std::string& queue, std::size_t count) {
+        rmq::Connection reader{c_.endpoint()};
+        reader.connect();
+        reader.open_channel(1);
+        reader.consume(1, queue);
+        std::vector<rmq::Message> out;
+        while (out.size() < count) {
+            auto m = reader.next_delivery(5s);
+            if (!m) break;
+            reader.ack(*m);
+            out.push_back(std::move(*m));
+        }
+        return out;
+    }
+
+  private:
+    static constexpr std::uint16_t ch = 1;
+
+    template <class F>
+    void on_channel(F&& f) {
+        if (!c_.connected()) c_.connect();
+        if (!c_.channel_open(ch)) c_.open_channel(ch);
+        try {
+            f();
+        } catch (const rmq::channel_error&) {
+            if (c_.connected()) c_.open_channel(ch);
+            throw;
+        }
+    }
+
+    rmq::Connection c_;
+};
+
+class RabbitConsumerTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        IDEM_REQUIRE_RABBITMQ();
+        admin.emplace(broker().endpoint());
+    }
+    rmq::Endpoint endpoint() const { return broker().endpoint(); }
+
+    std::optional<Admin> admin;
+    idem_test::TempDir dir;
+};
+
+std::string header_text(const rmq::Message& m, const char* name) {
+    return std::string(m.header_string(name).value_or("<absent>"));
+}
+
+/// Rows of a query on @p path, through a connection of its own (the consumer's store owns
+/// its connection).
+long long count_rows(const std::string& path, const std::string& sql) {
+    sqlite3* db = nullptr;
+    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+        sqlite3_close(db);
+        return -1;
+    }
+    sqlite3_busy_timeout(db, 5000);
+    sqlite3_stmt* stmt = nullptr;
+    long long n = -1;
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
+        sqlite3_step(stmt) == SQLITE_ROW) {
+        n = sqlite3_column_int64(stmt, 0);
+    }
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+    return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+TEST(RabbitConsumerOptions, InvalidOptionsAreRefusedWithTheReason) {
+    auto handler = [](const Delivery&, const RabbitMessage&) { return Outcome{}; };
+    auto refused = [&](RabbitConsumerOptions options, const std::string& says) {
+        try {
+            RabbitConsumer consumer{rmq::Endpoint{}, std::move(options), handler};
+            ADD_FAILURE() << "accepted; expected a refusal mentioning: " << says;
+        } catch (const idem::usage_error& e) {
+            EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+        }
+    };
+    const auto base = fast_options("orders");
+    auto o = base;
+    o.queue.clear();
+    refused(o, "options.queue is empty");
+    o = base;
+    o.prefetch = 0;
+    refused(o, "prefetch is 0");
+    o = base;
+    o.batch_size = 0;
+    refused(o, "batch_size is 0");
+    o = base;
+    o.block = 0ms;
+    refused(o, "block must be positive");
+    o = base;
+    o.retry_queue = "orders";
+    refused(o, "retry_queue is the queue itself");
+    o = base;
+    o.queue_arguments = {{"x-queue-type", std::string("classic")}};
+    refused(o, "queue_arguments names x-queue-type");
+
+    EXPECT_THROW(RabbitConsumer(rmq::Endpoint{}, base, RabbitConsumer::Handler{}),
+                 idem::usage_error);
+    RabbitConsumer consumer{rmq::Endpoint{}, base, handler};  // nothing connects yet
+    EXPECT_EQ(consumer.options().dead_letter_exchange, "orders.dead-letters");
+    EXPECT_EQ(consumer.options().dead_letter_routing_key, "orders");
+    EXPECT_EQ(consumer.options().retry_queue, "orders.retry");
+}
+
+TEST(RabbitConsumerOptions, LeaseLongerThanTheConsumerTimeoutIsRefusedNamingBoth) {
+    idem::RedisStore store{idem::RedisEndpoint{}};  // default lease 30 s; nothing connects
+    auto handler =
+        idem::make_handler(store, idem::Policy{"capture"}, [](auto&, const RabbitMessage&) {});
+    auto options = fast_options("orders");
+    options.consumer_timeout = 10s;
+    try {
+        RabbitConsumer consumer{rmq::Endpoint{}, options, handler};
+        FAIL() << "a 30 s lease against a 10 s consumer_timeout was accepted";
+    } catch (const idem::usage_error& e) {
+        const std::string text = e.what();
+        EXPECT_NE(text.find("30000 ms"), std::string::npos) << text;
+        EXPECT_NE(text.find("consumer_timeout (10000 ms)"), std::string::npos) << text;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Counts, poison, ids
+
+TEST(RabbitCount, IsXDeliveryCountPlusOneAndCarriesPriorDeliveries) {
+    rmq::Message m;
+    EXPECT_EQ(rmq::delivery_count_of(m), 1u);  // first delivery: no header
+    m.headers = {{"x-delivery-count", std::int64_t{0}}};
+    EXPECT_EQ(rmq::delivery_count_of(m), 1u);
+    m.headers = {{"x-delivery-count", std::int64_t{4}}};
+    EXPECT_EQ(rmq::delivery_count_of(m), 5u);
+    m.headers = {{"x-delivery-count", std::int64_t{1}},
+                 {rmq::header_prior_deliveries, std::int64_t{3}}};
+    EXPECT_EQ(rmq::delivery_count_of(m), 5u);
+    m.headers = {{"x-delivery-count", std::int64_t{-7}}};
+    EXPECT_EQ(rmq::delivery_count_of(m), 1u);
+}
+
+TEST_F(RabbitConsumerTest, DeliveryCountsGrowThroughRealRedeliveries) {
+    admin->fresh_quorum_queue("counts");
+    admin->publish("counts", "order 1", "order-1");
+    std::vector<std::uint32_t> counts;
+    RabbitConsumer consumer{endpoint(), fast_options("counts"),
+                            [&](const Delivery& d, const RabbitMessage& m) {
+                                EXPECT_EQ(d.message_id, "order-1");
+                                EXPECT_EQ(m.body, "order 1");
+                                counts.push_back(d.delivery_count.value());
+                                if (counts.size() < 4) {
+                                    return Outcome{Disposition::failed, "not yet"};
+                                }
+                                return Outcome{Disposition::processed, ""};
+                            }};
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
+    EXPECT_EQ(counts, (std::vector<std::uint32_t>{1, 2, 3, 4}));
+    const auto stats = consumer.stats();
+    EXPECT_EQ(stats.read, 1u);
+    EXPECT_EQ(stats.reclaimed, 3u);
+    EXPECT_EQ(stats.not_acked, 3u);
+    EXPECT_EQ(stats.dead_lettered, 0u);
+    for (int i = 0; i < 5; ++i)
+        consumer.poll_once();
+    EXPECT_EQ(counts.size(), 4u);  // acked: it never came back
+    EXPECT_EQ(admin->depth("counts"), 0u);
+}
+
+TEST_F(RabbitConsumerTest, PoisonAtTheLimitGoesToTheDeadLetterExchangeConfirmedThenIsAcked) {
+    admin->fresh_quorum_queue("poison");
+    idem::SqliteStore store{dir.file("poison.db")};
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 3;
+    int effect_runs = 0;
+    auto handler = idem::make_handler(store, idem::Policy{"capture", policy},
+                                      [&](auto&, const RabbitMessage&) {
+                                          ++effect_runs;
+                                          throw std::runtime_error("gateway says no");
+                                      });
+    RabbitConsumer consumer{endpoint(), fast_options("poison"), handler};
+    admin->publish("poison", "bad order", "order-9",
+                   {{"tenant", std::string("mugshop")}, {"attempt-key", std::int64_t{42}}});
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+    EXPECT_EQ(effect_runs, 2);  // deliveries 1 and 2; the 3rd reaches the limit: no attempt
+    EXPECT_EQ(consumer.stats().acked, 1u);
+    EXPECT_EQ(consumer.stats().not_acked, 2u);
+    EXPECT_EQ(consumer.stats().reclaimed, 2u);
+
+    const auto letters = admin->take("poison.dead-letters", 1);
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_EQ(admin->depth("poison.dead-letters"), 0u);  // one dead letter, not two
+    const rmq::Message& letter = letters.front();
+    EXPECT_EQ(letter.body, "bad order");
+    EXPECT_EQ(letter.properties.message_id, std::optional<std::string>("order-9"));
+    EXPECT_NE(header_text(letter, rmq::header_reason).find("max_deliveries"), std::string::npos)
+        << header_text(letter, rmq::header_reason);
+    EXPECT_EQ(header_text(letter, rmq::header_scope), "capture");
+    EXPECT_EQ(header_text(letter, rmq::header_message_id), "order-9");
+    EXPECT_EQ(letter.header_integer(rmq::header_delivery_count), std::optional<std::int64_t>(3));
+    EXPECT_EQ(header_text(letter, rmq::header_queue), "poison");
+    EXPECT_EQ(header_text(letter, "tenant"), "mugshop");  // the original headers
+    EXPECT_EQ(letter.header_integer("attempt-key"), std::optional<std::int64_t>(42));
+
+    // Acked: the original is gone, and the store parked it too.
+    for (int i = 0; i < 5; ++i)
+        consumer.poll_once();
+    EXPECT_EQ(effect_runs, 2);
+    EXPECT_EQ(admin->depth("poison"), 0u);
+    const auto parked = store.dead_letters();
+    ASSERT_EQ(parked.size(), 1u);
+    EXPECT_EQ(parked.front().message_id, "order-9");
+    EXPECT_EQ(parked.front().payload, "bad order");
+}
+
+TEST_F(RabbitConsumerTest, TheDeadLetterCopyOfTheBodyGoesThroughThePolicysRedactor) {
+    admin->fresh_quorum_queue("redacted");
+    idem::SqliteStore store{dir.file("redacted.db")};
+    idem::PolicyOptions policy;
+    policy.redact_payload = [](std::string_view text) {
+        std::string out(text);
+        for (char& c : out)
+            if (c >= '0' && c <= '9') c = '#';
+        return out;
+    };
+    auto handler = idem::make_handler(
+        store, idem::Policy{"capture", policy},
+        [](auto&, const RabbitMessage&) { throw idem::malformed_message("no amount"); });
+    RabbitConsumer consumer{endpoint(), fast_options("redacted"), handler};
+    admin->publish("redacted", "card 4111111111111111", "order-r");
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+    const auto letters = admin->take("redacted.dead-letters", 1);
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_EQ(letters.front().body, "card ################");
+    ASSERT_EQ(store.dead_letters().size(), 1u);
+    EXPECT_EQ(store.dead_letters().front().payload, "card ################");
+}
+
+TEST_F(RabbitConsumerTest, AClassicQueueIsRefusedAtStartNamingTheWayOut) {
+    admin->fresh_quorum_queue("placeholder");  // connects the admin
+    {
+        rmq::Connection c{endpoint()};
+        c.connect();
+        c.open_channel(1);
+        try {
+            c.delete_queue(1, "classic-orders");
+        } catch (const rmq::channel_error&) {
+            c.open_channel(1);
+        }
+        c.declare_queue(1, "classic-orders", rmq::QueueDeclare{});  // classic: no x-queue-type
+    }
+    int calls = 0;
+    RabbitConsumer consumer{endpoint(), fast_options("classic-orders"),
+                            [&](const Delivery&, const RabbitMessage&) {
+                                ++calls;
+                                return Outcome{Disposition::processed, ""};
+                            }};
+    try {
+        consumer.start();
+        FAIL() << "a classic queue was accepted";
+    } catch (const idem::usage_error& e) {
+        const std::string text = e.what();
+        EXPECT_NE(text.find("not a quorum queue"), std::string::npos) << text;
+        EXPECT_NE(text.find("x-queue-type=quorum"), std::string::npos) << text;
+        EXPECT_NE(text.find("store-counted fallback"), std::string::npos) << text;
+    }
+    // run() does not retry it as a broker hiccup: the refusal reaches the caller.
+    EXPECT_THROW(consumer.run(), idem::usage_error);
+    EXPECT_EQ(calls, 0);
+
+    // A missing queue with declare off is refused too; with declare on, it is created quorum.
+    auto options = fast_options("not-there-yet");
+    options.declare = false;
+    RabbitConsumer strict{endpoint(), options, [](const Delivery&, const RabbitMessage&) {
+                              return Outcome{Disposition::processed, ""};
+                          }};
+    EXPECT_THROW(strict.start(), idem::usage_error);
+}
+
+TEST_F(RabbitConsumerTest, ADeliveryWithoutAnIdIsDeadLetteredWithTheReason) {
+    admin->fresh_quorum_queue("no-id");
+    idem::SqliteStore store{dir.file("no-id.db")};
+    int runs = 0;
+    auto handler = idem::make_handler(store, idem::Policy{"capture"},
+                                      [&](auto&, const RabbitMessage&) { ++runs; });
+    auto options = fast_options("no-id");
+    {
+        std::optional<std::uint64_t> depth;
+        std::string health_of, destination;
+        auto with_health = options;
+        with_health.health_interval = 0ms;
+        with_health.on_health = [&](const idem::ConsumerHealth& h) {
+            health_of = std::string(h.consumer);
+            destination = std::string(h.dead_letter_destination);
+            depth = h.dead_letter_depth;
+        };
+        RabbitConsumer consumer{endpoint(), with_health, handler};
+        admin->publish("no-id", "who am I", std::nullopt);
+        ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+        ASSERT_TRUE(poll_until(consumer, [&] { return depth == std::optional<std::uint64_t>(1); }))
+            << depth.value_or(0);
+        EXPECT_EQ(health_of, "no-id");
+        EXPECT_EQ(destination, "no-id.dead-letters");
+    }  // closed: the next message goes to the next consumer
+    EXPECT_EQ(runs, 0);
+    const auto letters = admin->take("no-id.dead-letters", 1);
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_EQ(admin->depth("no-id.dead-letters"), 0u);
+    EXPECT_EQ(letters.front().body, "who am I");
+    EXPECT_NE(header_text(letters.front(), rmq::header_reason).find("empty message id"),
+              std::string::npos)
+        << header_text(letters.front(), rmq::header_reason);
+    EXPECT_EQ(admin->depth("no-id"), 0u);
+
+    // With id_header, the header is the id (and the message_id property is not needed).
+    options.id_header = "order-id";
+    RabbitConsumer by_header{endpoint(), options, handler};
+    admin->publish("no-id", "order 5", std::nullopt, {{"order-id", std::string("order-5")}});
+    ASSERT_TRUE(poll_until(by_header, [&] { return by_header.stats().acked == 1; }));
+    EXPECT_EQ(runs, 1);
+    EXPECT_EQ(by_header.stats().dead_lettered, 0u);
+    EXPECT_TRUE(store.find_claim("capture", "order-5").has_value());
+}
+
+TEST_F(RabbitConsumerTest, ADeferredRetryWaitsInTheRetryQueueAndKeepsItsCount) {
+    admin->fresh_quorum_queue("later");
+    std::vector<std::uint32_t> counts;
+    std::vector<Clock::time_point> at;
+    RabbitConsumer consumer{endpoint(), fast_options("later"),
+                            [&](const Delivery& d, const RabbitMessage&) {
+                                counts.push_back(d.delivery_count.value());
+                                at.push_back(Clock::now());
+                                if (counts.size() == 1) {
+                                    Outcome o{Disposition::deferred, "predecessor not there"};
+                                    o.retry_after = 300ms;
+                                    return o;
+                                }
+                                return Outcome{Disposition::processed, ""};
+                            }};
+    admin->publish("later", "early event", "evt-1");
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
+    ASSERT_EQ(counts.size(), 2u);
+    EXPECT_EQ(counts, (std::vector<std::uint32_t>{1, 2}));  // carried across the republish
+    EXPECT_GE(at[1] - at[0], 300ms);                        // not before the TTL expired
+    EXPECT_EQ(consumer.stats().not_acked, 1u);
+    EXPECT_EQ(admin->depth("later"), 0u);
+    EXPECT_EQ(admin->depth("later.retry"), 0u);
+}
+
+TEST_F(RabbitConsumerTest, AFailureWaitsRedeliveryDelayBeforeItComesBack) {
+    admin->fresh_quorum_queue("failing");
+    std::vector<std::uint32_t> counts;
+    std::vector<Clock::time_point> at;
+    auto options = fast_options("failing");
+    options.redelivery_delay = 300ms;
+    RabbitConsumer consumer{endpoint(), options, [&](const Delivery& d, const RabbitMessage&) {
+                                counts.push_back(d.delivery_count.value());
+                                at.push_back(Clock::now());
+                                if (counts.size() < 3) return Outcome{Disposition::failed, "no"};
+                                return Outcome{Disposition::processed, ""};
+                            }};
+    admin->publish("failing", "flaky", "flaky-1");
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
+    EXPECT_EQ(counts, (std::vector<std::uint32_t>{1, 2, 3}));
+    EXPECT_GE(at[1] - at[0], 300ms);
+    EXPECT_GE(at[2] - at[1], 300ms);
+    EXPECT_EQ(admin->depth("failing.retry"), 0u);
+}
+
+TEST_F(RabbitConsumerTest, AnUnreachableStorePausesConsumingWithoutRaisingHeldCounts) {
+    admin->fresh_quorum_queue("outage");
+    std::map<std::string, std::vector<std::uint32_t>> counts;
+    int probes_failing = 2;
+    auto options = fast_options("outage");
+    options.circuit_breaker.initial_backoff = 20ms;
+    options.circuit_breaker.max_backoff = 50ms;
+    options.store_probe = [&] {
+        if (probes_failing-- > 0) throw idem::store_unavailable("still down");
+    };
+    bool down = true;
+    RabbitConsumer consumer{endpoint(), options, [&](const Delivery& d, const RabbitMessage&) {
+                                counts[d.message_id].push_back(d.delivery_count.value());
+                                if (down) {
+                                    down = false;
+                                    return idem::failed_outcome(
+                                        "store down", idem::FailureCause::store_unavailable);
+                                }
+                                return Outcome{Disposition::processed, ""};
+                            }};
+    admin->publish("outage", "first", "m-1");
+    admin->publish("outage", "second", "m-2");
+    consumer.start();
+    ASSERT_TRUE(wait_for([&] { return admin->depth("outage") == 0; }));  // both sent to us
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 2; }));
+    const auto stats = consumer.stats();
+    EXPECT_EQ(stats.circuit_opened, 1u);
+    EXPECT_GE(stats.store_probes, 3u);  // two failed, one answered
+    EXPECT_EQ(counts["m-1"], (std::vector<std::uint32_t>{1, 2}));
+    // m-2 was held while the breaker was open, not given back: still its first delivery.
+    EXPECT_EQ(counts["m-2"], (std::vector<std::uint32_t>{1}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// A slow but live holder, on a lease store
+
+TEST_F(RabbitConsumerTest, SlowLiveHolderRedeliveredAfterMissedHeartbeatsIsNotDeadLettered) {
+    IDEM_REQUIRE_REDIS();
+    auto& redis = idem_test::shared_redis();
+    idem::RedisEndpoint redis_endpoint;
+    redis_endpoint.host = redis.host();
+    redis_endpoint.port = redis.port();
+    idem::RedisOptions store_options;
+    store_options.key_prefix = "idem-rabbit:";
+    store_options.lease = 10s;
+    idem::RedisStore store{redis_endpoint, store_options};
+    admin->fresh_quorum_queue("slow");
+
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 3;
+    std::atomic<int> effect_runs{0};
+    std::atomic<bool> effect_started{false};
+    std::atomic<bool> release{false};
+    auto handler = idem::make_handler(store, idem::Policy{"slow", policy},
+                                      [&](auto& tx, const RabbitMessage&) {
+                                          ++effect_runs;
+                                          effect_started = true;
+                                          wait_for([&] { return release.load(); });
+                                          tx.write("INCR", "idem-rabbit:slow-effects");
+                                      });
+
+    // A asks for a 1 s heartbeat, which rabbitmq-c answers only between handler calls: while A's
+    // effect runs the broker sees two heartbeats missed, drops A's connection and redelivers
+    // the message while A is still working within its lease — what a handler slower than
+    // configured looks like to the broker. The typed constructor would refuse this pairing
+    // (lease 10 s > twice the heartbeat), so A and B wrap the same handler in a plain function,
+    // which the consumer cannot check.
+    rmq::Endpoint a_endpoint = endpoint();
+    a_endpoint.heartbeat = 1s;
+    RabbitConsumer a{
+        a_endpoint, fast_options("slow"),
+        [&](const Delivery& d, const RabbitMessage& m) { return handler.handle(d, m); }};
+    std::mutex seen_mutex;
+    std::vector<std::uint32_t> b_counts;
+    std::vector<Disposition> b_outcomes;
+    RabbitConsumer b{endpoint(), fast_options("slow"),
+                     [&](const Delivery& d, const RabbitMessage& m) {
+                         Outcome outcome = handler.handle(d, m);
+                         std::lock_guard<std::mutex> lock(seen_mutex);
+                         b_counts.push_back(d.delivery_count.value());
+                         b_outcomes.push_back(outcome.disposition);
+                         return outcome;
+                     }};
+    admin->publish("slow", "slow order", "order-s");
+    std::string a_error;
+    std::thread worker([&] {
+        try {
+            poll_until(
+                a, [&] { return effect_started.load(); }, 10s);
+            a.poll_once();  // sees the closed channel (or nothing)
+        } catch (const std::exception& e) {
+            a_error = e.what();
+        }
+    });
+    const bool started = wait_for([&] { return effect_started.load(); });
+    // B, consuming now, gets it back once the broker closes A's channel, and again and again
+    // (A's lease is live: in_progress), until its count is past max_deliveries (3).
+    bool redelivered = false;
+    if (started) {
+        b.start();
+        redelivered = poll_until(b, [&] {
+            std::lock_guard<std::mutex> lock(seen_mutex);
+            return !b_counts.empty() && b_counts.back() > policy.max_deliveries;
+        });
+    }
+    release = true;
+    worker.join();
+    ASSERT_TRUE(started);
+    ASSERT_TRUE(redelivered);
+    EXPECT_TRUE(a_error.empty()) << a_error;
+    // A's ack went nowhere: its connection was dropped while it worked (a stale delivery tag).
+    EXPECT_EQ(a.stats().acked, 0u);
+
+    // Its next redelivery to B finds the finished claim: a duplicate, acked.
+    ASSERT_TRUE(poll_until(b, [&] { return b.stats().acked == 1; }));
+    for (Disposition d : b_outcomes) {
+        EXPECT_TRUE(d == Disposition::in_progress || d == Disposition::duplicate)
+            << static_cast<int>(d);
+    }
+    EXPECT_EQ(b_outcomes.back(), Disposition::duplicate);
+    for (std::size_t i = 1; i < b_counts.size(); ++i) {  // one more per redelivery
+        EXPECT_EQ(b_counts[i], b_counts[i - 1] + 1) << i;
+    }
+    EXPECT_EQ(effect_runs.load(), 1);
+    EXPECT_EQ(redis.client().integer({"GET", "idem-rabbit:slow-effects"}), 1);
+    EXPECT_EQ(store.attempts("slow", "order-s"), 1u);
+    EXPECT_TRUE(store.dead_letters().empty());
+    EXPECT_EQ(b.stats().dead_lettered, 0u);
+    EXPECT_EQ(admin->depth("slow.dead-letters"), 0u);
+    EXPECT_EQ(admin->depth("slow"), 0u);
+    EXPECT_EQ(admin->depth("slow.retry"), 0u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A broker crash mid-run (last: it restarts this binary's broker)
+
+TEST_F(RabbitConsumerTest, BrokerCrashMidRunLosesNothingAndAppliesNothingTwice) {
+    admin->fresh_quorum_queue("restart");
+    const std::string db_path = dir.file("restart.db");
+    idem::SqliteStore store{db_path};
+    {
+        sqlite3* db = store.db();
+        ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE effects(message_id TEXT NOT NULL)", nullptr,
+                               nullptr, nullptr),
+                  SQLITE_OK);
+    }
+    auto handler =
+        idem::make_handler(store, idem::Policy{"restart"}, [&](auto& tx, const RabbitMessage& m) {
+            tx.execute("INSERT INTO effects(message_id) VALUES (?)", *m.properties.message_id);
+        });
+    constexpr int total = 300;
+    for (int i = 0; i < total; ++i)
+        admin->publish("restart", "order " + std::to_string(i), "order-" + std::to_string(i));
+
+    RabbitConsumer consumer{endpoint(), fast_options("restart"), handler};
+    std::thread worker([&] { consumer.run(); });
+    const auto effects = [&] { return count_rows(db_path, "SELECT count(*) FROM effects"); };
+    ASSERT_TRUE(wait_for([&] { return effects() >= 50; }));
+    broker().kill9();  // mid-run: deliveries in flight, acks unsent
+    broker().start();  // same node, ports and data
+    const bool all = wait_for([&] { return effects() >= total; }, 90s);
+    consumer.request_stop();
+    worker.join();
+    ASSERT_TRUE(all) << effects() << " of " << total;
+    EXPECT_EQ(effects(), total);
+    EXPECT_EQ(count_rows(db_path, "SELECT count(DISTINCT message_id) FROM effects"), total);
+    EXPECT_GE(consumer.stats().connection_errors, 1u);
+}
+
+}  // namespace
