@@ -581,6 +581,12 @@ TEST_F(RabbitConsumerTest, SlowLiveHolderRedeliveredAfterMissedHeartbeatsIsNotDe
     RabbitConsumer b{endpoint(), fast_options("slow"),
                      [&](const Delivery& d, const RabbitMessage& m) {
                          Outcome outcome = handler.handle(d, m);
+                         // in_progress carries the holder's remaining lease (retry_after), which
+                         // B would wait out in the retry queue; dropped, so B's redeliveries
+                         // come after in_progress_delay (fast_options) while A still works.
+                         if (outcome.disposition == Disposition::in_progress) {
+                             outcome.retry_after.reset();
+                         }
                          std::lock_guard<std::mutex> lock(seen_mutex);
                          b_counts.push_back(d.delivery_count.value());
                          b_outcomes.push_back(outcome.disposition);
