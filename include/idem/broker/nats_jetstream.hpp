@@ -139,8 +139,9 @@ using JetStreamConsumerStats = broker::ConsumerStats;
 /// Idem-Scope, Idem-Message-Id, Idem-Delivery-Count, Idem-Stream, Idem-Stream-Sequence and
 /// Idem-Subject plus the original headers (JetStream's own Nats-* ones renamed Idem-Original-*),
 /// deduplicated by a Nats-Msg-Id of its own, and terminated only once its stream confirmed it.
-/// deferred with a retry_after is nacked with that delay; every other outcome is left
-/// unsettled and comes back after AckWait. A handler that throws counts as failed. Nothing is
+/// An outcome with a retry_after (deferred, or in_progress with the holder's remaining lease)
+/// is nacked with that delay; every other outcome is left unsettled and comes back after
+/// AckWait. A handler that throws counts as failed. Nothing is
 /// acked whose outcome is unknown; nothing is acked before the handler's commit returned.
 ///
 /// @code
