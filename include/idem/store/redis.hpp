@@ -861,8 +861,9 @@ class RedisStore::Transaction {
         };
         redis::Reply reply =
             cluster ? store_->router_.on_key(key, run) : store_->with_connection(run);
+        RedisStore* const store = store_;  // finish() ends the transaction: store_ is null after
         finish();
-        store_->check_script(reply, "claim and commit");
+        store->check_script(reply, "claim and commit");
         ClaimAndCommitResult result;
         if (reply.type == redis::Reply::Type::string && reply.str == "ok") {
             result.status = ClaimAndCommitStatus::committed;
