@@ -117,8 +117,7 @@ double drain_idem(Handler& handler, const std::string& url, const std::string& s
     const auto stats = consumer.stats();
     if (stats.acked != n || stats.not_acked != 0 || stats.dead_lettered != 0) {
         throw std::runtime_error(fmt::format("idem: {} messages, {} acked, {} not acked, {} dead",
-                                             n, stats.acked, stats.not_acked,
-                                             stats.dead_lettered));
+                                             n, stats.acked, stats.not_acked, stats.dead_lettered));
     }
     return rate;
 }
@@ -183,10 +182,7 @@ void run_e2e_nats_cases() {
                       "2 INSERTs, COMMIT + AckSync per message)")
                  .integer("fetch_count", fetch_count));
     } catch (const std::exception& e) {
-        emit(Json()
-                 .str("bench", "e2e_nats_sqlite")
-                 .str("store", "sqlite")
-                 .str("error", e.what()));
+        emit(Json().str("bench", "e2e_nats_sqlite").str("store", "sqlite").str("error", e.what()));
     }
 }
 

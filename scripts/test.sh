@@ -9,7 +9,7 @@
 #     clang20  clang++ C++20, Debug: every test
 #     asan     clang++ C++17, AddressSanitizer + UndefinedBehaviorSanitizer: every test
 #     tsan     clang++ C++17, ThreadSanitizer: the tests labelled `concurrency`
-#     format   clang-format --dry-run -Werror over include/ tests/ examples/
+#     format   clang-format --dry-run -Werror over include/ tests/ examples/ bench/
 #   scripts/test.sh --quick          gcc17 only
 #   scripts/test.sh --config NAME    one configuration (NAME as above, or a..f)
 #
@@ -143,7 +143,7 @@ run_format() {
     command -v clang-format-14 >/dev/null 2>&1 && cf=clang-format-14
     say "format: $("$cf" --version | head -n1)"
     local files=()
-    mapfile -t files < <(find include tests examples -type f \( -name '*.hpp' -o -name '*.cpp' \) | sort)
+    mapfile -t files < <(find include tests examples bench -type f \( -name '*.hpp' -o -name '*.cpp' \) | sort)
     if ((${#files[@]} == 0)); then
         echo "format: no files"
         return 0
