@@ -66,10 +66,12 @@ class RedisReplicasTest : public ::testing::Test {
         pair().master.client().exec({"WAIT", "1", "5000"});
     }
 
-    static std::unique_ptr<idem::RedisStore> store(int replicas_to_ack) {
+    // replicas_timeout generous by default: a loaded machine delays the replica's ack.
+    static std::unique_ptr<idem::RedisStore> store(
+        int replicas_to_ack, std::chrono::milliseconds replicas_timeout = 2s) {
         idem::RedisOptions options;
         options.replicas_to_ack = replicas_to_ack;
-        options.replicas_timeout = 2s;  // generous: a loaded machine delays the replica's ack
+        options.replicas_timeout = replicas_timeout;
         return std::make_unique<idem::RedisStore>(idem_test::redis_endpoint(pair().master),
                                                   options);
     }
@@ -148,6 +150,61 @@ TEST_F(RedisReplicasTest, ACommitTheReplicaDidNotConfirmIsFailedUnconfirmedAndAD
     const auto again = h.handle(Delivery{"x", 2u}, std::string("x"));
     EXPECT_EQ(again.disposition, Disposition::duplicate) << again.reason;
     EXPECT_EQ(pair().master.client().integer({"GET", "effects:x"}), 1);
+}
+
+// A redelivery of a commit that was not confirmed finds its record on the master. Acking that
+// duplicate on the master's word would lose the message if the master died before its replica
+// caught up, so the duplicate waits for the replica too (a write of its own, then WAIT): failed
+// while the replica is stopped, a duplicate once it has the record. The same for a local effect
+// (claim and commit in one script, the mark and WAIT in its round trip).
+TEST_F(RedisReplicasTest, ADuplicateIsAckedOnlyOnceTheReplicaHasTheRecordItRestsOn) {
+    auto confirmed = store(1, 200ms);  // short: each unconfirmed answer waits for all of it
+    auto h = handler(*confirmed);
+    auto local = idem::make_handler(*confirmed, idem::Policy{"orders"},
+                                    idem::local_effect([](auto& tx, const std::string& body) {
+                                        tx.write("INCR", "effects:" + body);
+                                    }));
+    ASSERT_EQ(h.handle(Delivery{"warm", 1u}, std::string("w")).disposition, Disposition::processed);
+    idem::Outcome first, redelivered, local_first, local_redelivered;
+    {
+        Paused replica_stopped;
+        first = h.handle(Delivery{"x", 1u}, std::string("x"));
+        redelivered = h.handle(Delivery{"x", 2u}, std::string("x"));
+        local_first = local.handle(Delivery{"y", 1u}, std::string("y"));
+        local_redelivered = local.handle(Delivery{"y", 2u}, std::string("y"));
+    }
+    for (const idem::Outcome* o : {&first, &redelivered, &local_first, &local_redelivered}) {
+        EXPECT_EQ(o->disposition, Disposition::failed) << o->reason;
+        EXPECT_EQ(o->cause, FailureCause::commit_unconfirmed) << o->reason;
+        EXPECT_FALSE(idem::should_ack(*o));
+    }
+    EXPECT_NE(redelivered.reason.find("the record a duplicate rests on"), std::string::npos)
+        << redelivered.reason;
+    EXPECT_NE(local_redelivered.reason.find("the record a duplicate rests on"), std::string::npos)
+        << local_redelivered.reason;
+
+    const auto again = h.handle(Delivery{"x", 3u}, std::string("x"));
+    EXPECT_EQ(again.disposition, Disposition::duplicate) << again.reason;
+    const auto local_again = local.handle(Delivery{"y", 3u}, std::string("y"));
+    EXPECT_EQ(local_again.disposition, Disposition::duplicate) << local_again.reason;
+    auto master = pair().master.client();
+    EXPECT_EQ(master.integer({"GET", "effects:x"}), 1);
+    EXPECT_EQ(master.integer({"GET", "effects:y"}), 1);
+    EXPECT_TRUE(on_replica(*confirmed, "x").has_value());
+    EXPECT_TRUE(on_replica(*confirmed, "y").has_value());
+
+    // A duplicate's check is a round trip of its own, only with replicas_to_ack.
+    const std::size_t before = confirmed->round_trips();
+    ASSERT_EQ(h.handle(Delivery{"x", 4u}, std::string("x")).disposition, Disposition::duplicate);
+    EXPECT_EQ(confirmed->round_trips() - before, 2u);  // the claim, then the mark and WAIT
+    auto plain = store(0);
+    auto plain_handler = handler(*plain);
+    ASSERT_EQ(plain_handler.handle(Delivery{"x", 5u}, std::string("x")).disposition,
+              Disposition::duplicate);
+    const std::size_t plain_before = plain->round_trips();
+    ASSERT_EQ(plain_handler.handle(Delivery{"x", 6u}, std::string("x")).disposition,
+              Disposition::duplicate);
+    EXPECT_EQ(plain->round_trips() - plain_before, 1u);
 }
 
 // replicas_to_ack with the PipelinedLoop: one round trip carries N's commit, WAIT, then N+1's

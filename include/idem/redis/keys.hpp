@@ -67,6 +67,12 @@ class KeyLayout {
     [[nodiscard]] std::string dead_letter(std::string_view scope, std::string_view id) const {
         return tagged('d', scope, id);
     }
+    /// A short-lived mark in the claim's slot: the write a duplicate's WAIT confirms (WAIT counts
+    /// only the writes sent on its own connection; replication is in order, so a replica that
+    /// has the mark has every record written before it).
+    [[nodiscard]] std::string replication_mark(std::string_view scope, std::string_view id) const {
+        return tagged('w', scope, id);
+    }
     [[nodiscard]] std::string lock(std::string_view key) const {
         std::string out = prefix_ + "l{";
         append_key_part(out, key, false);

@@ -856,16 +856,45 @@ class RedisStore::Transaction {
             .add(command_count_ + acks.count)
             .append(commands_)
             .append(acks.args);
+        // With replicas_to_ack, a mark then WAIT follow in the same round trip: they confirm a
+        // commit and, when the script wrote nothing, the duplicate's record (confirm_duplicates()).
+        const std::optional<redis::Args> wait = wait_command();
+        redis::Args mark;
+        if (wait) {
+            mark.add("SET")
+                .add(store_->keys_.replication_mark(request.scope, request.message_id))
+                .add("1")
+                .add("PX")
+                .add(1000);
+        }
+        std::optional<redis::Reply> replicas;
         auto run = [&](redis::Connection& c) {
-            return c.eval(redis::claim_commit_script(), 2, call);
+            if (!wait) return c.eval(redis::claim_commit_script(), 2, call);
+            std::vector<redis::Reply> replies =
+                c.eval_then(redis::claim_commit_script(), 2, call,
+                            {redis::ThenCommand{&mark, redis::AfterNoscript::resend},
+                             redis::ThenCommand{&*wait, redis::AfterNoscript::resend}});
+            replicas = std::move(replies.at(2));
+            return std::move(replies.at(0));
         };
         redis::Reply reply =
             cluster ? store_->router_.on_key(key, run) : store_->with_connection(run);
-        RedisStore* const store = store_;  // finish() ends the transaction: store_ is null after
+        // What the master answered counts only once its replicas have it (committed, duplicate).
+        // Worded now: finish() ends the transaction (store_ is null after it).
+        const bool replicated = !replicas || confirmed(*replicas);
+        const std::string unconfirmed_commit = replicated ? "" : unconfirmed_text(*replicas);
+        const std::string unconfirmed_duplicate =
+            replicated ? ""
+                       : unconfirmed_text(*replicas, "the record a duplicate rests on", "has it");
+        auto confirm = [&](const std::string& unconfirmed) {
+            if (!replicated) throw commit_unconfirmed(unconfirmed);
+        };
+        RedisStore* const store = store_;
         finish();
         store->check_script(reply, "claim and commit");
         ClaimAndCommitResult result;
         if (reply.type == redis::Reply::Type::string && reply.str == "ok") {
+            confirm(unconfirmed_commit);
             result.status = ClaimAndCommitStatus::committed;
             result.claim.attempts = 1;
             for (CommitHook* hook : acked_hooks)
@@ -892,6 +921,7 @@ class RedisStore::Transaction {
         result.claim.fingerprint = std::move(reply.elements[2].str);
         result.claim.attempts = static_cast<std::uint32_t>(redis::parse_int(reply.elements[3].str));
         if (status == "duplicate") {
+            confirm(unconfirmed_duplicate);
             result.status = ClaimAndCommitStatus::duplicate;
             result.claim.status = ClaimStatus::duplicate;
             result.claim.recorded = disposition_from(reply.elements[1].str);
@@ -903,6 +933,7 @@ class RedisStore::Transaction {
         } else if (status == "limit") {
             result.status = ClaimAndCommitStatus::at_limit;
         } else if (status == "committed") {
+            confirm(unconfirmed_commit);
             result.status = ClaimAndCommitStatus::committed;
             for (CommitHook* hook : acked_hooks)
                 hook->acked_in_commit = true;
@@ -986,6 +1017,7 @@ class RedisStore::Transaction {
             !contested.empty()) {
             result.next = next.claim(scope, id, fingerprint);  // the SET wrote nothing
         } else {
+            next.confirm_duplicates(held, results);
             result.next = std::move(results.front());
         }
         return result;
@@ -1479,7 +1511,10 @@ class RedisStore::Transaction {
             for (std::size_t i = 0; i < count; ++i)
                 contested.push_back(i);
         }
-        if (contested.empty()) return results;
+        if (contested.empty()) {
+            confirm_duplicates(held, results);
+            return results;
+        }
 
         std::vector<redis::Reply> answers = store_->router_.known_cluster()
                                                 ? claim_per_slot(held, contested)
@@ -1492,7 +1527,50 @@ class RedisStore::Transaction {
             if (held_before > 0) own = own_claim(held[i].scope, held[i].id);
             results[i] = own ? *own : take(std::move(held[i]), answers[k]);
         }
+        confirm_duplicates(held, results);
         return results;
+    }
+
+    /// With replicas_to_ack, a duplicate is acked on the strength of a record some commit wrote,
+    /// maybe one whose WAIT timed out (failed, redelivered, and now found on the master): if the
+    /// master died before its replicas got it, the ack would lose the message. So a write of this
+    /// connection follows the record (a mark that expires in a second) and WAIT confirms it; the
+    /// replication stream is in order, so a replica that has the mark has the record. One mark
+    /// per hash slot (one in all on a standalone server), in a round trip of its own: only
+    /// duplicates pay it. @throws commit_unconfirmed when fewer replicas confirmed it.
+    void confirm_duplicates(const std::vector<Claim>& held,
+                            const std::vector<ClaimResult>& results) {
+        if (store_->options_.replicas_to_ack == 0) return;
+        const bool cluster = store_->router_.known_cluster();
+        std::map<std::uint16_t, std::string> marks;
+        for (std::size_t i = 0; i < results.size(); ++i) {
+            // A second copy of this transaction's own claim is not acked (in_progress).
+            if (results[i].status != ClaimStatus::duplicate ||
+                results[i].recorded == Disposition::in_progress) {
+                continue;
+            }
+            std::string mark = store_->keys_.replication_mark(held[i].scope, held[i].id);
+            marks.emplace(cluster ? redis::hash_slot(mark) : std::uint16_t{0}, std::move(mark));
+        }
+        const std::optional<redis::Args> wait = wait_command();
+        for (const auto& [slot, mark] : marks) {
+            std::vector<redis::Args> barrier(2);
+            barrier[0].add("SET").add(mark).add("1").add("PX").add(1000);
+            barrier[1] = *wait;
+            redis::Reply replicas;
+            const redis::Reply written = store_->router_.on_key(mark, [&](redis::Connection& c) {
+                std::vector<redis::Reply> replies = c.pipeline(barrier);
+                replicas = std::move(replies.at(1));
+                return std::move(replies.at(0));  // a redirect here sends both again elsewhere
+            });
+            if (written.is_error()) {
+                throw store_error("idem: Redis duplicate's replication mark (SET): " + written.str);
+            }
+            if (!confirmed(replicas)) {
+                throw commit_unconfirmed(
+                    unconfirmed_text(replicas, "the record a duplicate rests on", "has it"));
+            }
+        }
     }
 
     /// The claim script for the @p contested of @p held, in one call; one answer per id.
@@ -1746,12 +1824,15 @@ class RedisStore::Transaction {
         return !replicas.is_error() && replicas.type == redis::Reply::Type::integer &&
                replicas.integer >= store_->options_.replicas_to_ack;
     }
-    [[nodiscard]] std::string unconfirmed_text(const redis::Reply& replicas) const {
+    /// Why @p what (the master @p verb) is not acked: WAIT's answer @p replicas said too few.
+    [[nodiscard]] std::string unconfirmed_text(const redis::Reply& replicas,
+                                               std::string_view what = "commit",
+                                               std::string_view verb = "applied it") const {
         const RedisOptions& options = store_->options_;
         return fmt::format(
-            "commit not confirmed: the master on {} applied it but {} within {} ms (WAIT {} {}); "
+            "{} not confirmed: the master on {} {} but {} within {} ms (WAIT {} {}); "
             "a failover now would lose it, so its outcome is unknown and it must not be acked",
-            store_->endpoint().describe(),
+            what, store_->endpoint().describe(), verb,
             replicas.is_error() ? fmt::format("WAIT failed ({})", replicas.str)
                                 : fmt::format("only {} of {} replicas confirmed it",
                                               replicas.integer, options.replicas_to_ack),
