@@ -166,16 +166,21 @@ class RedisClusterFailoverTest : public ::testing::Test {
             std::this_thread::sleep_for(5ms);
 
         // The master of slot 0's replicas fall behind (SIGSTOP, their links closed) for 200 ms,
-        // then the master is SIGKILLed and a replica takes over.
+        // then the master is SIGKILLed and a replica takes over. They stop level with each other
+        // (stop_replicas_level): which one Redis promotes must not decide the result.
         const std::size_t victim = cluster().master_index_of(0);
         const std::vector<std::size_t> replicas = replicas_of(victim);
         if (replicas.empty()) {
             ADD_FAILURE() << "the master of slot 0 has no replica";
             return {};
         }
+        std::vector<const idem_test::RedisServer*> held;
         for (std::size_t r : replicas)
-            cluster().server(r).pause();
-        cluster().client(victim).exec({"CLIENT", "KILL", "TYPE", "replica"});
+            held.push_back(&cluster().server(r));
+        if (!idem_test::stop_replicas_level(cluster().server(victim), held, 10s)) {
+            ADD_FAILURE() << "the replicas did not reach the master's offset";
+            return {};
+        }
         std::this_thread::sleep_for(200ms);
         cluster().kill_node(victim);
         for (std::size_t r : replicas)

@@ -232,11 +232,18 @@ Tally failover_run(int replicas_to_ack, long messages) {
         if (server->running() && server->port() != group().master_port())
             replicas.push_back(server.get());
     }
-    // SIGSTOP alone would not do: what the master sends meanwhile waits in the replica's socket
-    // buffer and arrives on SIGCONT. So the master also drops its replication links.
-    for (auto* r : replicas)
-        r->pause();
-    master_client().exec({"CLIENT", "KILL", "TYPE", "replica"});
+    // Level with each other (stop_replicas_level): which one is promoted must not decide it.
+    const idem_test::RedisServer* master = nullptr;
+    for (const auto& server : group().servers()) {
+        if (server->running() && server->port() == group().master_port()) master = server.get();
+    }
+    if (master == nullptr ||
+        !idem_test::stop_replicas_level(
+            *master, std::vector<const idem_test::RedisServer*>(replicas.begin(), replicas.end()),
+            10s)) {
+        ADD_FAILURE() << "the replicas did not reach the master's offset";
+        return {};
+    }
     std::this_thread::sleep_for(200ms);
     const int old_port = group().kill_master();
     for (auto* r : replicas)

@@ -386,6 +386,47 @@ class RedisServer : public ServerProcess {
     static void hard_kill(pid_t pid) noexcept { kill_group_and_reap(pid); }
 };
 
+/// An `INFO replication` field of @p server as a number; -1 when it has none.
+inline long long replication_offset(const RedisServer& server, const std::string& field) {
+    const std::string info = server.client().str({"INFO", "replication"}).value_or("");
+    const std::size_t at = info.find(field + ":");
+    if (at == std::string::npos) return -1;
+    return std::stoll(info.substr(at + field.size() + 1));
+}
+
+/// @brief Makes @p master's replicas fall behind from now on, all at the same offset: writes are
+/// held (CLIENT PAUSE WRITE) until every replica has the master's whole stream, then each is
+/// SIGSTOPped, the master drops its replication links (what it sends later would otherwise wait
+/// in a stopped replica's socket buffer and arrive on SIGCONT) and writes resume. Stopped one
+/// after the other without the hold, a replica could confirm a `WAIT 1` its sibling never saw,
+/// and a failover promoting the sibling loses that write: a test of replicas_to_ack would then
+/// measure which replica Redis promoted. false (nothing stopped) when they did not catch up in
+/// @p timeout. resume() each replica afterwards.
+inline bool stop_replicas_level(const RedisServer& master,
+                                const std::vector<const RedisServer*>& replicas,
+                                std::chrono::milliseconds timeout) {
+    RedisClient client = master.client();
+    client.exec({"CLIENT", "PAUSE", std::to_string(timeout.count() + 1000), "WRITE"});
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+        const long long offset = replication_offset(master, "master_repl_offset");
+        bool level = offset > 0;
+        for (const RedisServer* replica : replicas)
+            level = level && replication_offset(*replica, "slave_repl_offset") == offset;
+        if (level) break;
+        if (std::chrono::steady_clock::now() >= deadline) {
+            client.exec({"CLIENT", "UNPAUSE"});
+            return false;
+        }
+        ::usleep(1000);
+    }
+    for (const RedisServer* replica : replicas)
+        replica->pause();
+    client.exec({"CLIENT", "KILL", "TYPE", "replica"});
+    client.exec({"CLIENT", "UNPAUSE"});
+    return true;
+}
+
 /// One server per test process (shared_server()). Tests that stop or crash a server should use
 /// their own RedisServer, not this one.
 inline RedisServer& shared_redis() {
