@@ -102,6 +102,10 @@ struct Options {
     int workers = 4;
     std::uint64_t seed = 1;
     bool naive = false;
+    /// The worker hands the IdempotentHandler itself to the StreamConsumer (Redis stream only),
+    /// one entry at a time from polls of several: on a RedisStore each commit goes with the next
+    /// claim (StreamConsumerOptions::pipeline_commits) and the ack is in the commit.
+    bool pipelined = false;
     double kill_rate = 0.02;                       ///< per window, per delivery
     std::chrono::milliseconds kill_interval{250};  ///< mean time between driver kills; 0: none
     std::chrono::milliseconds visibility{400};     ///< XAUTOCLAIM min-idle; the Redis lease

@@ -365,6 +365,7 @@ std::vector<std::string> worker_args(const Options& o, int redis_port, const std
                                   "--max-deliveries",
                                   std::to_string(o.max_deliveries)};
     if (o.naive) args.emplace_back("--naive");
+    if (o.pipelined) args.emplace_back("--pipelined");
     return args;
 }
 
@@ -628,7 +629,10 @@ int run_driver(const Options& o) {
         "by the driver%s; %ld worker starts; gateway: %ld requests, %ld charges, %ld refused in "
         "flight; orders without a capture %ld, with several captures %ld, with several charges "
         "%ld, capture and charge disagree %ld; pending at the end %zu\n",
-        o.naive ? "naive" : "idem", to_string(o.store), to_string(o.broker), o.messages, o.workers,
+        o.naive       ? "naive"
+        : o.pipelined ? "idem pipelined"
+                      : "idem",
+        to_string(o.store), to_string(o.broker), o.messages, o.workers,
         static_cast<unsigned long long>(o.seed), delivered, outcome_text.c_str(),
         count_text.c_str(), fleet.driver_kills(), window_text.c_str(), fleet.starts(),
         gateway_requests, gateway_calls, gateway_refused, no_capture, extra_captures, extra_charges,
@@ -677,13 +681,13 @@ int run_driver(const Options& o) {
         }
     }
     std::printf(
-        "{\"store\":\"%s\",\"broker\":\"%s\",\"messages\":%ld,\"workers\":%d,\"kills\":%ld,"
+        "{\"store\":\"%s\",\"broker\":\"%s\",%s\"messages\":%ld,\"workers\":%d,\"kills\":%ld,"
         "\"delivered\":%ld,"
         "\"redeliveries\":%ld,\"captures\":%ld,\"gateway_requests\":%ld,\"gateway_calls\":%ld,"
         "\"divergences\":%ld,\"dead_lettered\":%ld,\"seconds\":%.1f}\n",
-        to_string(o.store), to_string(o.broker), o.messages, o.workers, fleet.kills(), delivered,
-        redeliveries, captures, gateway_requests, gateway_calls, divergences, dead_lettered,
-        seconds);
+        to_string(o.store), to_string(o.broker), o.pipelined ? "\"pipelined\":true," : "",
+        o.messages, o.workers, fleet.kills(), delivered, redeliveries, captures, gateway_requests,
+        gateway_calls, divergences, dead_lettered, seconds);
     std::fflush(stdout);
     return status;
 }

@@ -14,7 +14,8 @@ namespace {
 constexpr const char* usage =
     "usage: idem_chaos [--store sqlite|postgres|redis|mysql|redis-cluster]\n"
     "                  [--broker redis|rabbitmq|nats] [--messages N] [--workers K] [--seed S]\n"
-    "                  [--naive] [--kill-rate P] [--kill-interval-ms MS] [--visibility-ms MS]\n"
+    "                  [--naive | --pipelined] [--kill-rate P] [--kill-interval-ms MS]\n"
+    "                  [--visibility-ms MS]\n"
     "                  [--latency-ms MS] [--inflight-ms MS] [--max-deliveries N] [--timeout S]\n"
     "\n"
     "  --store           the idem store the workers use (default sqlite); redis-server always "
@@ -29,6 +30,9 @@ constexpr const char* usage =
     "  --seed            seeds the driver's kills and each worker's self-kills (default 1)\n"
     "  --naive           the handler as first written (no claim, a fresh gateway key per\n"
     "                    attempt): the negative control, which must report divergences > 0\n"
+    "  --pipelined       (--broker redis) the StreamConsumer is given the handler itself and\n"
+    "                    reads 4 entries per poll: on a RedisStore each commit goes with the\n"
+    "                    next claim and the ack is in the commit (pipeline_commits)\n"
     "  --kill-rate       probability that a worker kills itself at each crash window of each\n"
     "                    delivery (default 0.02)\n"
     "  --kill-interval-ms  mean time between the driver's SIGKILLs of a random worker (default\n"
@@ -119,6 +123,8 @@ chaos::Options parse(int argc, char** argv) {
             }
         } else if (arg == "--naive") {
             o.naive = true;
+        } else if (arg == "--pipelined") {
+            o.pipelined = true;
         } else if (arg == "--kill-rate") {
             const std::string text = value();
             std::size_t used = 0;
@@ -161,6 +167,9 @@ chaos::Options parse(int argc, char** argv) {
         } else {
             throw std::invalid_argument("unknown option " + arg + " (try --help)");
         }
+    }
+    if (o.pipelined && (o.naive || o.broker != chaos::BrokerKind::redis_streams)) {
+        throw std::invalid_argument("--pipelined is for the idem handler on --broker redis");
     }
     if (o.worker && (o.redis_port == 0 || o.parent == 0)) {
         throw std::invalid_argument("--worker is started by the driver, with its arguments");

@@ -28,6 +28,7 @@
 #include "broker.hpp"
 #include "chaos.hpp"
 #include "gateway.hpp"
+#include "idem/broker/redis_streams.hpp"
 #include "idem/idem.hpp"
 #include "idem/store/mysql.hpp"
 #include "idem/store/postgres.hpp"
@@ -40,9 +41,12 @@ namespace {
 std::atomic<BrokerWorker*> running_worker{nullptr};
 volatile sig_atomic_t stopping = 0;
 
+std::atomic<idem::StreamConsumer*> running_consumer{nullptr};  ///< --pipelined
+
 extern "C" void on_sigterm(int) {
     stopping = 1;
     if (BrokerWorker* worker = running_worker.load()) worker->request_stop();
+    if (idem::StreamConsumer* consumer = running_consumer.load()) consumer->request_stop();
 }
 
 /// Kills this process at a crash window with the run's probability; counts the kill first (in
@@ -172,6 +176,79 @@ auto with_retries(const char* what, Make make) -> decltype(make()) {
     }
 }
 
+/// --pipelined: what the plain form's wrapper counts (deliveries, their counts, outcomes). A
+/// delivery whose effect runs is counted as it starts (count(), from the effect: a worker killed
+/// in it still counts it); the others, and every outcome, as the handler settles them — with the
+/// PipelinedLoop that is once the commit's reply came, while the next entry's fresh lease is
+/// held: the after_commit_before_ack window then also kills a worker holding that lease.
+class SettleCounter final : public idem::Observer {
+  public:
+    SettleCounter(idem::RedisConnection& redis, CrashWindows& windows)
+        : redis_(redis), windows_(windows) {}
+
+    void count(const idem::Delivery& delivery) {
+        try {
+            redis_.pipeline(
+                {{"INCR", delivered_key},
+                 {"HINCRBY", counts_key, std::to_string(delivery.delivery_count.value()), "1"}});
+        } catch (const idem::error&) {  // a lost count must not turn a commit into a failure
+        }
+    }
+    void on_outcome(std::string_view, const idem::Delivery&, const idem::Outcome&) override {}
+    void on_detailed_outcome(std::string_view, const idem::Delivery& delivery,
+                             const idem::Outcome& outcome,
+                             const idem::OutcomeDetails& details) override {
+        if (!details.effect_ran) count(delivery);
+        try {
+            redis_.command(
+                {"HINCRBY", outcomes_key, std::string(idem::to_string(outcome.disposition)), "1"});
+        } catch (const idem::error&) {
+        }
+        if (idem::should_ack(outcome)) windows_.maybe_die(after_commit_before_ack);
+    }
+
+  private:
+    idem::RedisConnection& redis_;
+    CrashWindows& windows_;
+};
+
+/// --pipelined: the StreamConsumer given the IdempotentHandler itself (its effect reads the
+/// entry as a Message), several entries per poll, so on a RedisStore each commit goes with the
+/// next claim.
+template <class Store>
+int consume_pipelined(Store& store, const Options& options, idem::RedisConnection& redis,
+                      GatewayClient& gateway, CrashWindows& windows,
+                      const idem::PolicyOptions& policy_options, const WorkerSettings& settings) {
+    SettleCounter counter{redis, windows};
+    const CaptureEffect capture{&gateway, &windows};
+    auto handler = idem::make_handler(
+        store, idem::Policy{scope_name, policy_options},
+        [capture, &counter](auto& tx, const idem::StreamEntry& entry,
+                            const idem::Delivery& delivery) {
+            counter.count(delivery);
+            capture(tx, Message{entry.id, entry.fields});
+        },
+        &counter);
+    idem::StreamConsumerOptions consumer_options;
+    consumer_options.stream = stream_key;
+    consumer_options.group = group_name;
+    consumer_options.consumer = settings.consumer_name;
+    consumer_options.dead_letter_stream = dead_letter_stream_key;
+    consumer_options.batch_size = 4;  // a killed worker's unhandled entries come back counted
+    consumer_options.block = std::chrono::milliseconds(100);
+    consumer_options.visibility_timeout = settings.visibility;
+    consumer_options.on_error = settings.on_error;
+    idem::RedisEndpoint broker;
+    broker.host = "127.0.0.1";
+    broker.port = std::stoi(options.broker_address);
+    idem::StreamConsumer consumer{broker, consumer_options, handler};
+    running_consumer.store(&consumer);
+    if (stopping != 0) consumer.request_stop();
+    consumer.run();
+    running_consumer.store(nullptr);
+    return 0;
+}
+
 template <class Store>
 int consume(Store& store, const Options& options, const idem::RedisEndpoint& endpoint,
             std::mt19937_64& random) {
@@ -195,6 +272,9 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
     settings.on_error = [&](const std::exception& e) {
         if (++errors_reported <= 3) std::fprintf(stderr, "idem_chaos worker: %s\n", e.what());
     };
+    if (options.pipelined) {
+        return consume_pipelined(store, options, redis, gateway, windows, policy_options, settings);
+    }
     std::unique_ptr<BrokerWorker> worker = make_worker(options, settings);
 
     // The plain std::function form, wrapping the handler, so the worker can die between the

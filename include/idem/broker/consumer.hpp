@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,6 +33,7 @@
 #include "idem/error.hpp"
 #include "idem/handler.hpp"
 #include "idem/outcome.hpp"
+#include "idem/pipeline.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace broker {
@@ -97,6 +99,16 @@ class Dispatch {
     using Many = std::function<std::vector<Outcome>(
         const std::vector<Delivery>&, const std::vector<Message>&, std::vector<CommitHook>*)>;
 
+    /// @brief A message a sequence settled (in_sequence(), flush_sequence()): the tag the
+    /// consumer gave it (its position in the poll), its delivery, its outcome, and whether its
+    /// commit acked it.
+    struct Settled {
+        std::size_t tag = 0;
+        Delivery delivery{};
+        Outcome outcome{};
+        bool acked_in_commit = false;
+    };
+
     /// @throws usage_error for an empty handler (@p who names the consumer).
     static Dispatch plain(Handler handler, std::string_view who) {
         if (!handler) throw usage_error(fmt::format("{}: the handler is empty", who));
@@ -120,6 +132,10 @@ class Dispatch {
             if (hooks != nullptr) return handler.handle_batch(deliveries, messages, *hooks);
             return handler.handle_batch(deliveries, messages);
         };
+        using Loop = PipelinedLoop<IdempotentHandler<Store, Effect>, std::size_t>;
+        if constexpr (Loop::pipelines) {
+            d.sequence_ = std::make_shared<SequenceOf<Loop>>(handler);
+        }
         d.scope_ = std::string(handler.policy().scope());
         d.probe_ = [&handler] { probe_store(handler.store()); };
         if (handler.policy().options().redact_payload) {
@@ -167,6 +183,33 @@ class Dispatch {
         return outcomes;
     }
 
+    /// True for an IdempotentHandler whose store sends a commit with the next claim (a
+    /// RedisStore): in_sequence() then pipelines (idem::PipelinedLoop).
+    [[nodiscard]] bool sequences() const noexcept { return static_cast<bool>(sequence_); }
+
+    /// @brief The next delivery of a sequence handled one at a time: its claim goes with the
+    /// held commit of the one before (PipelinedLoop::handle). Returns what settled, in order —
+    /// the one before once its commit's reply came, this one when it needed no commit; what
+    /// the handler's commit has not yet confirmed is not in it. A delivery whose handling threw
+    /// settles failed at once. Requires sequences().
+    [[nodiscard]] std::vector<Settled> in_sequence(const Delivery& delivery, const Message& message,
+                                                   std::size_t tag, CommitHook* hook) const {
+        try {
+            return sequence_->handle(delivery, message, tag, hook);
+        } catch (const std::exception& e) {
+            return {Settled{
+                tag, delivery,
+                failed_outcome(fmt::format("handler threw: {}", e.what()), failure_cause_of(e)),
+                false}};
+        }
+    }
+    /// @brief Sends the sequence's held commit alone and returns its message, settled (nothing
+    /// when none is held). Call it before the consumer waits for more deliveries, and before it
+    /// stops: a held message keeps its lease until its commit goes.
+    [[nodiscard]] std::vector<Settled> flush_sequence() const {
+        return sequence_ ? sequence_->flush() : std::vector<Settled>{};
+    }
+
     /// True when the handler's policy redacts payloads (PolicyOptions::redact_payload): the
     /// consumer's own copy of a dead letter (the message's body or fields) goes through
     /// redact(). Not its reason: the handler has redacted the texts it puts in reasons already
@@ -186,8 +229,42 @@ class Dispatch {
     [[nodiscard]] const std::function<void()>& store_probe() const noexcept { return probe_; }
 
   private:
+    /// The type-erased PipelinedLoop of in_sequence().
+    class Sequence {
+      public:
+        virtual ~Sequence() = default;
+        virtual std::vector<Settled> handle(const Delivery& delivery, const Message& message,
+                                            std::size_t tag, CommitHook* hook) = 0;
+        virtual std::vector<Settled> flush() = 0;
+    };
+    template <class Loop>
+    class SequenceOf final : public Sequence {
+      public:
+        template <class Handler>
+        explicit SequenceOf(Handler& handler) : loop_(handler) {}
+        std::vector<Settled> handle(const Delivery& delivery, const Message& message,
+                                    std::size_t tag, CommitHook* hook) override {
+            return settled(hook != nullptr ? loop_.handle(delivery, message, tag, *hook)
+                                           : loop_.handle(delivery, message, tag));
+        }
+        std::vector<Settled> flush() override { return settled(loop_.flush()); }
+
+      private:
+        static std::vector<Settled> settled(std::vector<typename Loop::Settled> from) {
+            std::vector<Settled> out;
+            out.reserve(from.size());
+            for (auto& s : from) {
+                out.push_back(
+                    Settled{s.tag, std::move(s.delivery), std::move(s.outcome), s.acked_in_commit});
+            }
+            return out;
+        }
+        Loop loop_;
+    };
+
     One one_;
     Many many_;
+    std::shared_ptr<Sequence> sequence_;
     std::string scope_;
     std::function<void()> probe_;
     std::function<std::string(std::string_view)> redact_;

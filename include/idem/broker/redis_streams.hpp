@@ -143,6 +143,16 @@ struct StreamConsumerOptions {
     /// a whole batch, and a stop waits for the batch in hand. Off by default: one entry at a
     /// time keeps each ack as early as possible and the failure unit small.
     bool handle_in_batches = false;
+    /// One entry at a time (handle_in_batches off) on a store that sends a commit with the next
+    /// claim (an IdempotentHandler on a RedisStore): entry N's commit goes with entry N+1's
+    /// claim in ONE round trip (idem::PipelinedLoop), and N is acked only once that commit's
+    /// reply says it committed — in the commit itself on a RedisStore of this database, else
+    /// with the poll's other acks in one XACK after its last entry. The poll's last commit goes
+    /// alone before the next read. A message's lease is held while the next entry's effect runs
+    /// (one effect longer than without it): the lease and the visibility timeout must cover two
+    /// effects. Off: each entry claimed, committed and acked before the next is read. Other
+    /// stores and plain handlers are unaffected.
+    bool pipeline_commits = true;
     /// Told about each error run() recovers from (connection lost, an error reply) before it
     /// backs off and retries; for logs. Exceptions it throws are ignored. Empty: only counted.
     std::function<void(const std::exception&)> on_error{};
@@ -248,6 +258,10 @@ inline std::optional<StreamEntry> parse_stream_entry(const redis::Reply& reply,
 /// a redis::StreamAck: a RedisStore of the same server and database), the ack (and the
 /// dead-letter stream entry) is part of the handler's commit: a Redis-only effect, its claim and
 /// its ack commit together. With any other store the consumer acks after the handler returns.
+///
+/// One at a time on a RedisStore (StreamConsumerOptions::pipeline_commits, on by default), an
+/// entry's commit goes with the next entry's claim in one round trip, and the entry is acked
+/// only once that commit's reply says it committed (idem::PipelinedLoop).
 ///
 /// With StreamConsumerOptions::handle_in_batches each poll's entries go to the handler together
 /// (IdempotentHandler::handle_batch: one transaction) and are acked in one round trip, or in the
@@ -419,6 +433,7 @@ class StreamConsumer {
             return handle_all(std::move(batch));
         }
         read_new(batch, options_.batch_size, /*block=*/batch.empty());
+        if (options_.pipeline_commits && dispatch_.sequences()) return handle_in_sequence(batch);
         std::size_t handled = 0;
         for (const Item& item : batch) {
             // The rest stays pending and is taken over later (after a stop, or once the store
@@ -577,6 +592,57 @@ class StreamConsumer {
             loop_.count(settled_in_commit(outcome), /*in_commit=*/true);
             return;
         }
+        settle(entry, delivery, outcome);
+    }
+
+    /// The pipelined form of one-at-a-time (StreamConsumerOptions::pipeline_commits): each
+    /// entry through the dispatch's sequence, whose commit goes with the next entry's claim;
+    /// the acks the commits did not do go in one round trip after the poll's last entry. No
+    /// message stays held past the poll (its tag is its place in this poll's batch): the last
+    /// commit is sent alone, also when the poll is cut short by a stop, an open breaker or an
+    /// error. Returns how many entries were handled.
+    std::size_t handle_in_sequence(const std::vector<Item>& batch) {
+        std::vector<Delivery> deliveries;
+        deliveries.reserve(batch.size());
+        std::vector<StreamEntry> entries;  // the settled ones this consumer acks, in order
+        std::vector<Delivery> settled_deliveries;
+        std::vector<Outcome> outcomes;
+        auto take = [&](std::vector<broker::Dispatch<StreamEntry>::Settled> settled) {
+            for (auto& s : settled) {
+                loop_.note(s.outcome);
+                if (s.acked_in_commit) {
+                    loop_.count(settled_in_commit(s.outcome), /*in_commit=*/true);
+                    continue;
+                }
+                entries.push_back(batch[s.tag].entry);
+                settled_deliveries.push_back(std::move(s.delivery));
+                outcomes.push_back(std::move(s.outcome));
+            }
+        };
+        try {
+            for (std::size_t i = 0; i < batch.size(); ++i) {
+                if (loop_.interrupted()) break;  // the rest stays pending
+                deliveries.push_back(delivery_of(batch[i].entry, batch[i].delivery_count));
+                std::optional<CommitHook> hook;
+                if (acks_in_commit_) hook.emplace(commit_hook_of(batch[i].entry, deliveries[i]));
+                take(dispatch_.in_sequence(deliveries[i], batch[i].entry, i,
+                                           hook ? &*hook : nullptr));
+            }
+            take(dispatch_.flush_sequence());
+        } catch (...) {
+            take(dispatch_.flush_sequence());
+            try {
+                ack_all(entries, settled_deliveries, outcomes, {});
+            } catch (const std::exception&) {  // left pending: their redelivery is a duplicate
+            }
+            throw;
+        }
+        ack_all(entries, settled_deliveries, outcomes, {});
+        return deliveries.size();
+    }
+
+    /// Acks what @p outcome says for an entry the consumer settles (its commit did not).
+    void settle(const StreamEntry& entry, const Delivery& delivery, const Outcome& outcome) {
         const broker::Settlement settlement = broker::settlement_of(outcome, acks_in_commit_);
         if (settlement == broker::Settlement::dead_letter_then_ack) {
             dead_letter_and_ack(entry, delivery, outcome.reason);
