@@ -27,6 +27,9 @@
 //   redis_stream_pipelined  a loop over a stream (XREADGROUP COUNT 100) through PipelinedLoop,
 //                       a StreamAck hook per entry (XACK in the commit), no effect write: each
 //                       commit goes with the next claim                vs  one SET NX
+//   redis_stream_consumer  the same through idem::StreamConsumer itself (pipeline_commits, its
+//                       default): poll_once() over 100 entries at a time, XAUTOCLAIM and
+//                       XREADGROUP included, no effect write         vs  one SET NX
 //   redis_cluster_single  handler.handle on a RedisStore given one node of a 3-master Redis
 //                      Cluster (3 replicas)                          vs  one SET NX sent to the
 //                                                                        key's master (hiredis)
@@ -50,6 +53,7 @@
 #include <fmt/format.h>
 
 #include "bench.hpp"
+#include "idem/broker/redis_streams.hpp"
 #include "idem/idem.hpp"
 #include "idem/observers/prometheus.hpp"
 #include "idem/redis/cluster.hpp"
@@ -609,7 +613,11 @@ void run_redis_cases() {
     const bool replicas = selected("redis_replicas_to_ack");
     const bool local = selected("redis_single_local");
     const bool stream_pipelined = selected("redis_stream_pipelined");
-    if (!single && !batch && !with_write && !replicas && !local && !stream_pipelined) return;
+    const bool stream_consumer = selected("redis_stream_consumer");
+    if (!single && !batch && !with_write && !replicas && !local && !stream_pipelined &&
+        !stream_consumer) {
+        return;
+    }
 
     auto& server = redis_server();
     PinScope pin;
@@ -717,6 +725,55 @@ void run_redis_cases() {
         if (not_acked > 0) state.SkipWithError("an entry was not processed and acked in commit");
     });
     add("redis_stream_pipelined/raw", raw_single);
+    // The StreamConsumer itself: 100 entries added outside the timing, then one timed
+    // poll_once() handles them (its XAUTOCLAIM and XREADGROUP on its own connection), each
+    // commit with the next claim and the entry's XACK in the commit.
+    auto entry_handler = idem::make_handler(store, idem::Policy{scope},
+                                            [](auto&, const idem::StreamEntry&) {});
+    const std::string consumer_stream = "bench:consumer";
+    std::uint64_t entry_seq = 0;  // its ids: a poll handles 100, the run may stop inside them
+    feeder.command({"DEL", consumer_stream});
+    add("redis_stream_consumer/idem", [&](benchmark::State& state) {
+        idem::StreamConsumerOptions options;
+        options.stream = consumer_stream;
+        options.group = "g";
+        options.consumer = "c";
+        options.batch_size = 100;
+        options.block = std::chrono::milliseconds(100);
+        options.id_field = "order";
+        idem::StreamConsumer consumer{store.endpoint(), options, entry_handler};
+        std::size_t left = 0;
+        std::size_t handled = 0;
+        std::size_t expected = 0;
+        counted(state, idem_seq, idem_meter, [&] {
+            for (auto _ : state) {
+                if (left == 0) {
+                    state.PauseTiming();
+                    std::vector<std::vector<std::string>> adds;
+                    for (int i = 0; i < 100; ++i) {
+                        adds.push_back(
+                            {"XADD", consumer_stream, "*", "order", "c" + message_id(++entry_seq)});
+                    }
+                    feeder.pipeline(adds);
+                    state.ResumeTiming();
+                    left = consumer.poll_once();
+                    handled += left;
+                    expected += 100;
+                    if (left == 0) {
+                        state.SkipWithError("poll_once() handled nothing");
+                        break;
+                    }
+                }
+                --left;
+                ++idem_seq;
+            }
+        });
+        const auto stats = consumer.stats();
+        if (handled != expected || stats.acked_in_commit != handled) {
+            state.SkipWithError("an entry was not processed and acked in its commit");
+        }
+    });
+    add("redis_stream_consumer/raw", raw_single);
     add_idem<Shape::batch>("redis_batch/idem", handler, idem_seq, idem_meter);
     add("redis_batch/raw", [&](benchmark::State& state) {
         std::vector<std::string> keys;
@@ -806,8 +863,20 @@ void run_redis_cases() {
         add_pinning(line, pin.active(), server_pid);
         line.str("loop",
                  "XREADGROUP COUNT 100, then per entry PipelinedLoop::handle with a StreamAck "
-                 "hook (XACK in the commit), flush() per read; no effect write. A user loop: "
-                 "StreamConsumer is not wired to the loop yet");
+                 "hook (XACK in the commit), flush() per read; no effect write: a user's own "
+                 "loop (redis_stream_consumer: the StreamConsumer)");
+        line.str("raw", "one SET NX per message");
+        ratio_target(line, result, 0.60);
+        emit(line);
+    }
+    if (stream_consumer) {
+        Json line;
+        const Alternated result = compare("redis_stream_consumer", "redis", 1, line);
+        add_pinning(line, pin.active(), server_pid);
+        line.str("loop",
+                 "StreamConsumer::poll_once() over 100 new entries (XAUTOCLAIM + XREADGROUP on "
+                 "its own connection), pipeline_commits: each commit with the next claim, the "
+                 "XACK in the commit; no effect write");
         line.str("raw", "one SET NX per message");
         ratio_target(line, result, 0.60);
         emit(line);
