@@ -728,8 +728,8 @@ void run_redis_cases() {
     // The StreamConsumer itself: 100 entries added outside the timing, then one timed
     // poll_once() handles them (its XAUTOCLAIM and XREADGROUP on its own connection), each
     // commit with the next claim and the entry's XACK in the commit.
-    auto entry_handler = idem::make_handler(store, idem::Policy{scope},
-                                            [](auto&, const idem::StreamEntry&) {});
+    auto entry_handler =
+        idem::make_handler(store, idem::Policy{scope}, [](auto&, const idem::StreamEntry&) {});
     const std::string consumer_stream = "bench:consumer";
     std::uint64_t entry_seq = 0;  // its ids: a poll handles 100, the run may stop inside them
     feeder.command({"DEL", consumer_stream});
@@ -846,40 +846,36 @@ void run_redis_cases() {
         line.str("note", "no target: the price of replica-acknowledged commits");
         emit(line);
     }
-    if (local) {
+    // A row with a ratio target: the case, what its idem side does, what its raw twin does.
+    auto target_row = [&](const char* name, const char* what_key, const char* what,
+                          const char* raw_side, double target) {
         Json line;
-        const Alternated result = compare("redis_single_local", "redis", 1, line);
+        const Alternated result = compare(name, "redis", 1, line);
         add_pinning(line, pin.active(), server_pid);
-        line.str("effect",
-                 "idem::local_effect: one tx.write(\"SET\", \"fx:<order>\", \"1\"), sent "
-                 "with the claim in one script");
-        line.str("raw", "SET NX + the same SET, pipelined: one round trip");
-        ratio_target(line, result, 0.70);
+        line.str(what_key, what);
+        line.str("raw", raw_side);
+        ratio_target(line, result, target);
         emit(line);
+    };
+    if (local) {
+        target_row("redis_single_local", "effect",
+                   "idem::local_effect: one tx.write(\"SET\", \"fx:<order>\", \"1\"), sent with "
+                   "the claim in one script",
+                   "SET NX + the same SET, pipelined: one round trip", 0.70);
     }
     if (stream_pipelined) {
-        Json line;
-        const Alternated result = compare("redis_stream_pipelined", "redis", 1, line);
-        add_pinning(line, pin.active(), server_pid);
-        line.str("loop",
-                 "XREADGROUP COUNT 100, then per entry PipelinedLoop::handle with a StreamAck "
-                 "hook (XACK in the commit), flush() per read; no effect write: a user's own "
-                 "loop (redis_stream_consumer: the StreamConsumer)");
-        line.str("raw", "one SET NX per message");
-        ratio_target(line, result, 0.60);
-        emit(line);
+        target_row("redis_stream_pipelined", "loop",
+                   "XREADGROUP COUNT 100, then per entry PipelinedLoop::handle with a StreamAck "
+                   "hook (XACK in the commit), flush() per read; no effect write: a user's own "
+                   "loop (redis_stream_consumer: the StreamConsumer)",
+                   "one SET NX per message", 0.60);
     }
     if (stream_consumer) {
-        Json line;
-        const Alternated result = compare("redis_stream_consumer", "redis", 1, line);
-        add_pinning(line, pin.active(), server_pid);
-        line.str("loop",
-                 "StreamConsumer::poll_once() over 100 new entries (XAUTOCLAIM + XREADGROUP on "
-                 "its own connection), pipeline_commits: each commit with the next claim, the "
-                 "XACK in the commit; no effect write");
-        line.str("raw", "one SET NX per message");
-        ratio_target(line, result, 0.60);
-        emit(line);
+        target_row("redis_stream_consumer", "loop",
+                   "StreamConsumer::poll_once() over 100 new entries (XAUTOCLAIM + XREADGROUP on "
+                   "its own connection), pipeline_commits: each commit with the next claim, the "
+                   "XACK in the commit; no effect write",
+                   "one SET NX per message", 0.60);
     }
     note("redis_server_time");
     emit(redis_server_time(raw, handler, local_handler, idem_seq, raw_seq, server_pid));
