@@ -1,7 +1,8 @@
 // idem::RabbitConsumer against a real RabbitMQ broker, started once for this binary (it runs as
 // one ctest test: the broker takes seconds to start): options, delivery counts through real
 // redeliveries, poison to the dead-letter exchange, the quorum-queue check, a delivery without
-// an id, a slow but live holder on a lease store, a delayed retry, and a broker crash mid-run.
+// an id, a slow but live holder on a lease store, a delayed retry, batch mode
+// (handle_in_batches), and a broker crash mid-run.
 //
 // The broker here has consumer_timeout = 2 s, checked every 200 ms; every test settles its
 // deliveries well within that.
@@ -234,6 +235,13 @@ TEST(RabbitConsumerOptions, InvalidOptionsAreRefusedWithTheReason) {
     o = base;
     o.queue_arguments = {{"x-queue-type", std::string("classic")}};
     refused(o, "queue_arguments names x-queue-type");
+    o = base;
+    o.handle_in_batches = true;
+    o.prefetch = 4;
+    o.batch_size = 16;
+    refused(o, "prefetch (4) below batch_size (16)");
+    o.prefetch = 16;
+    EXPECT_NO_THROW(RabbitConsumer(rmq::Endpoint{}, o, handler));
 
     EXPECT_THROW(RabbitConsumer(rmq::Endpoint{}, base, RabbitConsumer::Handler{}),
                  idem::usage_error);
@@ -640,6 +648,157 @@ TEST_F(RabbitConsumerTest, SlowLiveHolderRedeliveredAfterMissedHeartbeatsIsNotDe
     EXPECT_EQ(admin->depth("slow.dead-letters"), 0u);
     EXPECT_EQ(admin->depth("slow"), 0u);
     EXPECT_EQ(admin->depth("slow.retry"), 0u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch mode (handle_in_batches)
+
+/// Counts the commits on @p db (sqlite3_commit_hook): one per store transaction, so one per
+/// handle() or handle_batch() call that stored something.
+class CommitCounter {
+  public:
+    explicit CommitCounter(sqlite3* db) : db_(db) {
+        sqlite3_commit_hook(db_, &CommitCounter::on_commit, this);
+    }
+    CommitCounter(const CommitCounter&) = delete;
+    CommitCounter& operator=(const CommitCounter&) = delete;
+    ~CommitCounter() { sqlite3_commit_hook(db_, nullptr, nullptr); }
+    [[nodiscard]] int commits() const { return commits_; }
+
+  private:
+    static int on_commit(void* self) {
+        ++static_cast<CommitCounter*>(self)->commits_;
+        return 0;  // let it commit
+    }
+    sqlite3* db_;
+    int commits_ = 0;
+};
+
+void create_captures(idem::SqliteStore& store) {
+    ASSERT_EQ(sqlite3_exec(store.db(), "CREATE TABLE captures(order_id TEXT PRIMARY KEY)", nullptr,
+                           nullptr, nullptr),
+              SQLITE_OK);
+}
+
+TEST_F(RabbitConsumerTest, BatchModeHandsAPollToOneHandleBatchAndAcksEveryDelivery) {
+    admin->fresh_quorum_queue("batch");
+    const std::string db_path = dir.file("batch.db");
+    idem::SqliteStore store{db_path};
+    create_captures(store);
+    int effect_runs = 0;
+    auto handler =
+        idem::make_handler(store, idem::Policy{"capture"}, [&](auto& tx, const RabbitMessage& m) {
+            ++effect_runs;
+            tx.execute("INSERT INTO captures(order_id) VALUES (?)", *m.properties.message_id);
+        });
+    constexpr std::size_t n = 6;
+    auto options = fast_options("batch");
+    options.handle_in_batches = true;
+    options.prefetch = n;
+    options.batch_size = n;
+    {
+        RabbitConsumer consumer{endpoint(), options, handler};
+        for (std::size_t i = 0; i < n; ++i) {
+            admin->publish("batch", "order " + std::to_string(i), "order-" + std::to_string(i));
+        }
+        consumer.start();
+        // All n sent to the consumer (none left ready): the first poll finds them together.
+        ASSERT_TRUE(wait_for([&] { return admin->depth("batch") == 0; }));
+        CommitCounter commits{store.db()};
+        EXPECT_EQ(consumer.poll_once(), n);
+        EXPECT_EQ(commits.commits(), 1);  // one transaction: ONE handle_batch() call, not n
+        EXPECT_EQ(effect_runs, static_cast<int>(n));
+        const auto stats = consumer.stats();
+        EXPECT_EQ(stats.read, n);
+        EXPECT_EQ(stats.acked, n);
+        EXPECT_EQ(stats.not_acked, 0u);
+        EXPECT_EQ(stats.dead_lettered, 0u);
+        for (int i = 0; i < 3; ++i)
+            EXPECT_EQ(consumer.poll_once(), 0u);  // acked: nothing comes back
+        EXPECT_EQ(commits.commits(), 1);
+    }
+    // The consumer closed its connection: an unacked delivery would be back in the queue.
+    EXPECT_EQ(admin->depth("batch"), 0u);
+    EXPECT_EQ(effect_runs, static_cast<int>(n));
+    EXPECT_EQ(count_rows(db_path, "SELECT count(*) FROM captures"), static_cast<long long>(n));
+}
+
+TEST_F(RabbitConsumerTest, BatchModeDeadLettersThePoisonRedeliversTheFailureAndAcksTheRest) {
+    admin->fresh_quorum_queue("batchmix");
+    const std::string db_path = dir.file("batchmix.db");
+    idem::SqliteStore store{db_path};
+    create_captures(store);
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 3;
+    std::map<std::string, std::vector<std::uint32_t>> attempts;  // id -> delivery counts
+    bool gateway_down = true;
+    auto handler = idem::make_handler(
+        store, idem::Policy{"capture", policy}, [&](auto& tx, const RabbitMessage& m) {
+            const std::string id = *m.properties.message_id;
+            attempts[id].push_back(rmq::delivery_count_of(m));
+            if (id == "order-throws" && gateway_down) {
+                gateway_down = false;
+                throw std::runtime_error("gateway timed out");
+            }
+            tx.execute("INSERT INTO captures(order_id) VALUES (?)", id);
+        });
+    auto options = fast_options("batchmix");  // redelivery_delay 0: a failure is nacked
+    options.handle_in_batches = true;
+    options.prefetch = 4;
+    options.batch_size = 4;
+    {
+        RabbitConsumer consumer{endpoint(), options, handler};
+        admin->publish("batchmix", "order 1", "order-1");
+        // Delivered twice before (a delayed retry carries that over): this, its third delivery,
+        // is at the limit.
+        admin->publish("batchmix", "poison order", "order-poison",
+                       {{rmq::header_prior_deliveries, std::int64_t{2}}});
+        admin->publish("batchmix", "order throws", "order-throws");
+        admin->publish("batchmix", "order 2", "order-2");
+        consumer.start();
+        ASSERT_TRUE(wait_for([&] { return admin->depth("batchmix") == 0; }));
+        CommitCounter commits{store.db()};
+        EXPECT_EQ(consumer.poll_once(), 4u);
+        EXPECT_EQ(commits.commits(), 1);  // one handle_batch() call for the four
+        auto stats = consumer.stats();
+        EXPECT_EQ(stats.acked, 3u);  // order-1, order-2, and the poison after its dead letter
+        EXPECT_EQ(stats.dead_lettered, 1u);
+        EXPECT_EQ(stats.not_acked, 1u);                 // order-throws
+        EXPECT_EQ(attempts.count("order-poison"), 0u);  // at the limit: the effect never ran
+
+        const auto letters = admin->take("batchmix.dead-letters", 1);
+        ASSERT_EQ(letters.size(), 1u);
+        EXPECT_EQ(letters.front().properties.message_id,
+                  std::optional<std::string>("order-poison"));
+        EXPECT_EQ(letters.front().body, "poison order");
+        EXPECT_EQ(letters.front().header_integer(rmq::header_delivery_count),
+                  std::optional<std::int64_t>(3));
+        EXPECT_NE(header_text(letters.front(), rmq::header_reason).find("max_deliveries"),
+                  std::string::npos)
+            << header_text(letters.front(), rmq::header_reason);
+
+        // The failure was not acked: it comes back (count 2) and succeeds; nothing else does.
+        ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 4; }));
+        for (int i = 0; i < 3; ++i)
+            consumer.poll_once();
+        stats = consumer.stats();
+        EXPECT_EQ(stats.acked, 4u);
+        EXPECT_EQ(stats.dead_lettered, 1u);
+        EXPECT_EQ(stats.not_acked, 1u);
+        EXPECT_EQ(stats.read, 3u);       // order-1, order-throws, order-2 at count 1
+        EXPECT_EQ(stats.reclaimed, 2u);  // the poison (count 3), order-throws again (count 2)
+    }
+    EXPECT_EQ(attempts["order-throws"], (std::vector<std::uint32_t>{1, 2}));
+    EXPECT_EQ(attempts["order-1"], (std::vector<std::uint32_t>{1}));
+    EXPECT_EQ(attempts["order-2"], (std::vector<std::uint32_t>{1}));
+    EXPECT_EQ(admin->depth("batchmix"), 0u);
+    EXPECT_EQ(admin->depth("batchmix.dead-letters"), 0u);  // one dead letter, taken above
+    EXPECT_EQ(count_rows(db_path, "SELECT count(*) FROM captures"), 3);
+    EXPECT_EQ(count_rows(db_path, "SELECT count(*) FROM captures WHERE order_id = 'order-poison'"),
+              0);
+    const auto parked = store.dead_letters();
+    ASSERT_EQ(parked.size(), 1u);
+    EXPECT_EQ(parked.front().message_id, "order-poison");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,11 +2,11 @@
 /// @file
 /// @brief The shape every broker consumer shares (namespace idem::broker): what to do with a
 /// delivery after the handler (Settlement), the handler dispatch (a plain function, an
-/// IdempotentHandler, its batch form), the lease check against the broker's redelivery timeout,
-/// the run loop with its backoff, stop flag, circuit breaker and health reports, and the
-/// counters behind ConsumerStats. An adapter (Redis Streams, RabbitMQ, NATS JetStream) adds only
-/// what its broker does differently: how it reads, counts, acks, redelivers and dead-letters.
-/// Includes no store and no client library.
+/// IdempotentHandler, its batch form), batch mode's handler call (handle_together), the lease
+/// check against the broker's redelivery timeout, the run loop with its backoff, stop flag,
+/// circuit breaker and health reports, and the counters behind ConsumerStats. An adapter (Redis
+/// Streams, RabbitMQ, NATS JetStream) adds only what its broker does differently: how it reads,
+/// counts, acks, redelivers and dead-letters. Includes no store and no client library.
 
 #include <algorithm>
 #include <atomic>
@@ -490,6 +490,36 @@ class Loop {
     std::atomic<bool> stop_{false};
     std::chrono::steady_clock::time_point last_health_{};
 };
+
+/// @brief Batch mode's handler call (an adapter's handle_in_batches), the same on every broker:
+/// an IdempotentHandler gets all of @p messages in ONE handle_batch() call (one store
+/// transaction; @p hooks, when given, one commit hook per message); a plain handler is called
+/// once per message, and stops between two when @p loop is interrupted (a stop, or its store
+/// found unreachable). Every outcome goes to Loop::note (the circuit breaker).
+///
+/// Returns one outcome per message handled, in order: the adapter settles the first
+/// outcomes.size() messages as their outcomes say and leaves the rest unsettled. A stop before
+/// the batch is the adapter's to check (what it does with the unhandled batch differs).
+template <class Message>
+[[nodiscard]] std::vector<Outcome> handle_together(const Dispatch<Message>& dispatch, Loop& loop,
+                                                   const std::vector<Delivery>& deliveries,
+                                                   const std::vector<Message>& messages,
+                                                   std::vector<CommitHook>* hooks = nullptr) {
+    std::vector<Outcome> outcomes;
+    if (dispatch.batches()) {
+        outcomes = dispatch.call_batch(deliveries, messages, hooks);
+        for (const Outcome& outcome : outcomes)
+            loop.note(outcome);
+        return outcomes;
+    }
+    outcomes.reserve(messages.size());
+    for (std::size_t i = 0; i < messages.size(); ++i) {
+        if (i != 0 && loop.interrupted()) break;  // the rest left unsettled
+        outcomes.push_back(dispatch.call(deliveries[i], messages[i], nullptr));
+        loop.note(outcomes.back());
+    }
+    return outcomes;
+}
 
 }  // namespace broker
 IDEM_END_NAMESPACE

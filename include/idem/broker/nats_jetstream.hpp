@@ -511,20 +511,11 @@ class JetStreamConsumer {
             bodies.push_back(body_of(message));
             covered.push_back(&message);
         }
-        std::vector<Outcome> outcomes;
         begin_heartbeat(std::move(covered));
-        if (dispatch_.batches()) {
-            outcomes = dispatch_.call_batch(deliveries, bodies, nullptr);
-        } else {  // a plain handler: one call per message
-            for (std::size_t i = 0; i < bodies.size(); ++i) {
-                if (i != 0 && loop_.interrupted()) break;  // the rest left unsettled
-                outcomes.push_back(dispatch_.call(deliveries[i], bodies[i], nullptr));
-                loop_.note(outcomes.back());
-            }
-        }
+        // Those a plain handler did not reach (a stop, the store away) are left unsettled.
+        const std::vector<Outcome> outcomes =
+            broker::handle_together(dispatch_, loop_, deliveries, bodies);
         heartbeat_.end();
-        for (const Outcome& outcome : outcomes)
-            loop_.note(outcome);
         for (std::size_t i = 0; i < outcomes.size(); ++i)
             settle(batch[i], deliveries[i], bodies[i], outcomes[i]);
         return outcomes.size();

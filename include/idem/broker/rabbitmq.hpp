@@ -73,7 +73,9 @@ struct RabbitConsumerOptions {
     /// string; a producer's business id). A delivery without it gets an empty id, which an
     /// IdempotentHandler dead-letters as malformed, with the reason.
     std::string id_header{};
-    /// basic.qos: at most this many deliveries unacked at a time on the consumer's channel.
+    /// basic.qos: at most this many deliveries unacked at a time on the consumer's channel. With
+    /// handle_in_batches it must be at least batch_size (the broker sends no more than this many
+    /// before an ack, so a larger batch could never fill).
     std::uint16_t prefetch = 16;
     /// Deliveries handled per poll, at most (the first one waited for up to `block`, the rest
     /// only if already there).
@@ -107,6 +109,16 @@ struct RabbitConsumerOptions {
     /// on a failure that needs a moment to clear (the role a visibility timeout plays on other
     /// brokers). 0: basic.nack with requeue at once.
     std::chrono::milliseconds redelivery_delay{1000};
+    /// Handle each poll's deliveries (up to batch_size, those already arrived) together: an
+    /// IdempotentHandler gets them in ONE handle_batch() call (one store transaction, each
+    /// message in its own savepoint), then each is settled in order as its outcome says
+    /// (basic.ack; the dead letter published and confirmed, then basic.ack; the retry queue or
+    /// basic.nack). A plain handler is still called once per delivery, settled after the last.
+    /// The lease, consumer_timeout and twice the endpoint's heartbeat (rabbitmq-c answers
+    /// heartbeats only between calls) must then cover a whole batch, and a delivery's ack waits
+    /// for the batch. Needs prefetch >= batch_size. Off by default: one delivery at a time
+    /// keeps each ack as early as possible and the failure unit small.
+    bool handle_in_batches = false;
     /// Declare what is missing at start: the queue (quorum, with queue_arguments), the
     /// dead-letter exchange (fanout) with a quorum queue of the same name bound to it, and the
     /// retry queue. Off: they must exist (a dead letter no queue takes is refused by the broker
@@ -151,6 +163,8 @@ using RabbitConsumerStats = broker::ConsumerStats;
 ///   exchange with the reason (x-idem-reason, scope, message id, delivery count, queue) and the
 ///   original properties and headers, the body through the policy's redactor if it has one,
 ///   waiting for the publisher confirm, and only then acked.
+/// - With RabbitConsumerOptions::handle_in_batches, each poll's deliveries go to an
+///   IdempotentHandler's handle_batch() in one call, then each is settled as above, in order.
 /// - Reconnects after a lost connection or a closed channel and consumes again; a delivery of a
 ///   channel that is gone is never acked (its tag means nothing on the new channel): the broker
 ///   has requeued it, and its redelivery finds the claim (a duplicate, acked).
@@ -177,7 +191,8 @@ class RabbitConsumer {
               Private{}, std::move(endpoint), std::move(options),
               broker::Dispatch<RabbitMessage>::plain(std::move(handler), "idem::RabbitConsumer")) {}
 
-    /// @brief A consumer calling @p handler.handle(delivery, message); its effect takes
+    /// @brief A consumer calling @p handler.handle(delivery, message) — or, with
+    /// handle_in_batches, handler.handle_batch() once per poll; its effect takes
     /// `const idem::RabbitMessage&` as the body. @p handler must outlive the consumer.
     /// @throws usage_error for an invalid option, or a lease store's lease longer than
     /// consumer_timeout.
@@ -230,10 +245,12 @@ class RabbitConsumer {
     }
 
     /// @brief One cycle: (re)connect and consume if needed, wait up to `block` for a delivery,
-    /// take the ones already there up to batch_size, hand each to the handler and settle it.
-    /// Returns how many were handled. After request_stop() it returns 0 without reading; a stop
-    /// between deliveries leaves the rest unacked (they go back to the queue when the consumer
-    /// closes). While the circuit breaker is open it first waits and probes the store.
+    /// take the ones already there up to batch_size, hand each to the handler (with
+    /// handle_in_batches: all of them at once) and settle it. Returns how many were handled.
+    /// After request_stop() it returns 0 without reading; a stop between deliveries (or, in
+    /// batch mode, before the batch) leaves the rest unacked (they go back to the queue when
+    /// the consumer closes). While the circuit breaker is open it first waits and probes the
+    /// store.
     /// @throws broker_unavailable when the broker is unreachable (counted in
     /// stats().connection_errors; the next call reconnects), broker_error for a closed channel,
     /// usage_error from start().
@@ -290,6 +307,13 @@ class RabbitConsumer {
                 "deliveries this consumer may hold (e.g. 16)");
         }
         if (options.batch_size == 0) refuse("batch_size is 0; handle at least 1 delivery per poll");
+        if (options.handle_in_batches && options.prefetch < options.batch_size) {
+            refuse(fmt::format(
+                "handle_in_batches with prefetch ({}) below batch_size ({}): the broker sends at "
+                "most prefetch unacked deliveries, so a batch could never fill. Raise prefetch to "
+                "at least batch_size, or lower batch_size",
+                options.prefetch, options.batch_size));
+        }
         if (options.block.count() <= 0) refuse("block must be positive (e.g. 1000 ms)");
         if (options.in_progress_delay.count() < 0) refuse("in_progress_delay is negative");
         if (options.redelivery_delay.count() < 0) refuse("redelivery_delay is negative");
@@ -419,6 +443,8 @@ class RabbitConsumer {
                 batch.push_back(std::move(*more));
             }
         }
+        if (batch.empty()) return 0;
+        if (options_.handle_in_batches) return handle_all(batch);
         std::size_t handled = 0;
         for (const RabbitMessage& message : batch) {
             // The rest stays unacked on this channel and is handled after the breaker closes, or
@@ -472,13 +498,51 @@ class RabbitConsumer {
 
     void handle_one(const RabbitMessage& message) {
         const Delivery delivery = delivery_of(message);
+        count_read(delivery);
+        const Outcome outcome = dispatch_.call(delivery, message, nullptr);
+        loop_.note(outcome);
+        settle(message, delivery, outcome);
+    }
+
+    /// Batch mode: the poll's deliveries to the handler at once (one handle_batch() for an
+    /// IdempotentHandler), then each settled in order. Settling fails as handle()'s does: the
+    /// connection is dropped, so the broker requeues the rest of the batch.
+    std::size_t handle_all(std::vector<RabbitMessage>& batch) {
+        if (loop_.stop_requested()) {  // a stop leaves the batch unacked, held
+            hold(batch, 0);
+            return 0;
+        }
+        std::vector<Delivery> deliveries;
+        deliveries.reserve(batch.size());
+        for (const RabbitMessage& message : batch)
+            deliveries.push_back(delivery_of(message));
+        const std::vector<Outcome> outcomes =
+            broker::handle_together(dispatch_, loop_, deliveries, batch);
+        // Those a plain handler did not reach (a stop, the store away) stay unacked, held.
+        hold(batch, outcomes.size());
+        for (std::size_t i = 0; i < outcomes.size(); ++i)
+            count_read(deliveries[i]);
+        try {
+            for (std::size_t i = 0; i < outcomes.size(); ++i)
+                settle(batch[i], deliveries[i], outcomes[i]);
+        } catch (...) {
+            connection_.drop();
+            held_.clear();
+            throw;
+        }
+        return outcomes.size();
+    }
+
+    void count_read(const Delivery& delivery) noexcept {
         if (delivery.delivery_count.value() > 1) {
             loop_.reclaimed.fetch_add(1, std::memory_order_relaxed);
         } else {
             loop_.read.fetch_add(1, std::memory_order_relaxed);
         }
-        const Outcome outcome = dispatch_.call(delivery, message, nullptr);
-        loop_.note(outcome);
+    }
+
+    /// Settles @p message as @p outcome says (see the class comment).
+    void settle(const RabbitMessage& message, const Delivery& delivery, const Outcome& outcome) {
         const broker::Settlement settlement = broker::settlement_of(outcome);
         switch (settlement) {
             case broker::Settlement::ack:

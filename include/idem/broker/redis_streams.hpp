@@ -677,19 +677,10 @@ class StreamConsumer {
                 hooks.push_back(commit_hook_of(entries[i], deliveries[i]));
         }
 
-        std::vector<Outcome> outcomes;
-        if (dispatch_.batches()) {
-            outcomes =
-                dispatch_.call_batch(deliveries, entries, acks_in_commit_ ? &hooks : nullptr);
-            for (const Outcome& outcome : outcomes)
-                loop_.note(outcome);
-        } else {  // a plain handler: one call per entry, the acks batched below
-            for (std::size_t i = 0; i < entries.size(); ++i) {
-                if (i != 0 && loop_.interrupted()) break;  // the rest stays pending
-                outcomes.push_back(dispatch_.call(deliveries[i], entries[i], nullptr));
-                loop_.note(outcomes.back());
-            }
-        }
+        // A plain handler is called per entry (those it did not reach stay pending), its acks
+        // batched below as well.
+        const std::vector<Outcome> outcomes = broker::handle_together(
+            dispatch_, loop_, deliveries, entries, acks_in_commit_ ? &hooks : nullptr);
         ack_all(entries, deliveries, outcomes, hooks);
         return outcomes.size();
     }

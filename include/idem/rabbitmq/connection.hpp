@@ -436,8 +436,10 @@ class Connection {
     }
 
     /// @brief The next delivery of any consuming channel, waiting up to @p timeout; nothing
-    /// when none came. @throws channel_error when the broker closed a channel (or cancelled its
-    /// consumer) meanwhile, broker_unavailable when the connection is lost.
+    /// when none came. A timeout of 0 (or one that has passed) still reads the frames that have
+    /// already arrived, without waiting: a delivery among them is returned.
+    /// @throws channel_error when the broker closed a channel (or cancelled its consumer)
+    /// meanwhile, broker_unavailable when the connection is lost.
     std::optional<Message> next_delivery(std::chrono::milliseconds timeout) {
         const auto deadline = std::chrono::steady_clock::now() + timeout;
         for (;;) {
@@ -448,10 +450,11 @@ class Connection {
             }
             require_connected("waiting for deliveries");
             const auto now = std::chrono::steady_clock::now();
-            if (now >= deadline) return std::nullopt;
-            if (!pump(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now))) {
-                return std::nullopt;
-            }
+            const auto left =
+                now >= deadline
+                    ? std::chrono::milliseconds(0)
+                    : std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+            if (!pump(left)) return std::nullopt;  // nothing (more) arrived in time
         }
     }
 
