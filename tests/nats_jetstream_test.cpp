@@ -24,6 +24,7 @@
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
 #include "support/nats_server.hpp"
+#include "support/polling.hpp"
 #include "support/redis_server.hpp"
 #include "support/require_nats.hpp"
 #include "support/require_redis.hpp"
@@ -45,23 +46,14 @@ constexpr auto deadline_limit = 20s;  // generous: a loaded 2-core CI machine
 
 template <class Pred>
 bool wait_for(Pred done, std::chrono::milliseconds limit = deadline_limit) {
-    const auto deadline = Clock::now() + limit;
-    while (!done()) {
-        if (Clock::now() >= deadline) return false;
-        std::this_thread::sleep_for(5ms);
-    }
-    return true;
+    return idem_test::wait_within(limit, done);
 }
 
 template <class Pred>
 bool poll_until(JetStreamConsumer& consumer, Pred done,
                 std::chrono::milliseconds limit = deadline_limit) {
-    const auto deadline = Clock::now() + limit;
-    while (!done()) {
-        if (Clock::now() >= deadline) return false;
-        consumer.poll_once();
-    }
-    return true;
+    return idem_test::poll_within(
+        limit, [&] { consumer.poll_once(); }, done);
 }
 
 /// One stream "<test name>" capturing "<test name>.>", and its dead-letter stream capturing

@@ -24,6 +24,7 @@
 #include "idem/store/postgres.hpp"
 #include "idem/store/redis_connection.hpp"
 #include "idem/store/sqlite.hpp"
+#include "support/polling.hpp"
 #include "support/postgres_server.hpp"
 #include "support/redis_server.hpp"
 #include "support/require_postgres.hpp"
@@ -36,16 +37,10 @@ using namespace std::chrono_literals;
 using idem::Delivery;
 using idem::Disposition;
 using idem::StreamEntry;
-using Clock = std::chrono::steady_clock;
 
 template <class Pred>
 bool wait_for(Pred done, std::chrono::milliseconds limit = 60s) {
-    const auto deadline = Clock::now() + limit;
-    while (!done()) {
-        if (Clock::now() >= deadline) return false;
-        std::this_thread::sleep_for(5ms);
-    }
-    return true;
+    return idem_test::wait_within(limit, done);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include "idem/idem.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
+#include "support/polling.hpp"
 #include "support/redis_server.hpp"
 #include "support/require_rabbitmq.hpp"
 #include "support/require_redis.hpp"
@@ -64,26 +65,19 @@ idem_test::RabbitmqServer& broker() {
 
 template <class Pred>
 bool wait_for(Pred done, std::chrono::milliseconds limit = deadline_limit) {
-    const auto deadline = Clock::now() + limit;
-    while (!done()) {
-        if (Clock::now() >= deadline) return false;
-        std::this_thread::sleep_for(5ms);
-    }
-    return true;
+    return idem_test::wait_within(limit, done);
 }
 
 template <class Pred>
 bool poll_until(RabbitConsumer& consumer, Pred done,
                 std::chrono::milliseconds limit = deadline_limit) {
-    const auto deadline = Clock::now() + limit;
-    while (!done()) {
-        if (Clock::now() >= deadline) return false;
+    auto poll = [&] {
         try {
             consumer.poll_once();
         } catch (const idem::broker_error&) {  // reconnects on the next poll
         }
-    }
-    return true;
+    };
+    return idem_test::poll_within(limit, poll, done);
 }
 
 RabbitConsumerOptions fast_options(const std::string& queue) {

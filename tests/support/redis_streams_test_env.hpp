@@ -26,6 +26,7 @@
 #include "idem/store/memory.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
+#include "polling.hpp"
 #include "redis_server.hpp"
 #include "require_redis.hpp"
 #include "temp_dir.hpp"
@@ -65,24 +66,15 @@ inline StreamConsumerOptions fast_options(const std::string& stream,
 
 template <class Pred>
 inline bool wait_for(Pred done, std::chrono::milliseconds limit = deadline_limit) {
-    const auto deadline = Clock::now() + limit;
-    while (!done()) {
-        if (Clock::now() >= deadline) return false;
-        std::this_thread::sleep_for(5ms);
-    }
-    return true;
+    return idem_test::wait_within(limit, done);
 }
 
 /// Polls until @p done or the deadline; false on timeout.
 template <class Pred>
 inline bool poll_until(StreamConsumer& consumer, Pred done,
                        std::chrono::milliseconds limit = deadline_limit) {
-    const auto deadline = Clock::now() + limit;
-    while (!done()) {
-        if (Clock::now() >= deadline) return false;
-        consumer.poll_once();
-    }
-    return true;
+    return idem_test::poll_within(
+        limit, [&] { consumer.poll_once(); }, done);
 }
 
 /// A dead-letter stream entry split into the consumer's idem-* fields and the original ones.
