@@ -90,6 +90,19 @@ local function release(key, prefix)
 end
 )";
 
+// Frees a lease if the token of `prefix` still holds it, and takes back the attempt its claim
+// counted: the effect never started (a pipelined claim whose answer was lost).
+inline constexpr const char* lua_release_unstarted = R"(
+local function release_unstarted(key, prefix)
+  local rest = held(redis.call('GET', key), prefix)
+  if not rest then return 0 end
+  local attempts, tail = string.match(rest, '^(%d+)(.*)$')
+  local left = math.max(0, tonumber(attempts) - 1)
+  redis.call('SET', key, record('free', '', '', string.format('%d', left) .. tail), 'KEEPTTL')
+  return 1
+end
+)";
+
 // Adds a dead letter to a stream: assigns `add_letter` (declared by the caller; needs
 // lua_now). The clock is read only here, once.
 inline constexpr const char* lua_add_letter = R"(
@@ -320,6 +333,20 @@ return freed
     return source;
 }
 
+// KEYS: claim records. ARGV: token. Frees only leases this token holds, each with one attempt
+// fewer (their effects never started).
+inline const std::string& release_unstarted_source() {
+    static const std::string source = lua({lua_record, lua_held, lua_release_unstarted}) + R"(
+local mine = 'leased|' .. ARGV[1] .. '||'
+local freed = 0
+for c = 1, #KEYS do
+  freed = freed + release_unstarted(KEYS[c], mine)
+end
+return freed
+)";
+    return source;
+}
+
 // KEYS[1] lock. ARGV: owner, expire_ms, now. 1: taken (or renewed by its owner), 0: held.
 inline const std::string& lock_source() {
     static const std::string source = lua({lua_now, lua_int}) + R"(
@@ -393,6 +420,10 @@ inline const Script& claim_commit_script() {
 }
 inline const Script& release_script() {
     static const Script script{"release", release_source().c_str()};
+    return script;
+}
+inline const Script& release_unstarted_script() {
+    static const Script script{"release unstarted", release_unstarted_source().c_str()};
     return script;
 }
 inline const Script& lock_script() {
