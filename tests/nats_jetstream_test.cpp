@@ -90,6 +90,8 @@ class JetStreamTest : public ::testing::Test {
         // a redelivery's NumDelivered when it falls due just as a pull request expires
         // (docs/brokers.md), which a long-lived request makes rare.
         options.fetch_wait = 1000ms;
+        // A failure is left for AckWait (the backoff's tests set their own).
+        options.redelivery_backoff = idem::RedeliveryBackoff::none();
         return options;
     }
 
@@ -241,6 +243,45 @@ TEST_F(JetStreamTest, DeliveryCountsAreOneTwoThreeThroughAckWaitExpiryAndNakWith
     EXPECT_EQ(consumer.nacked_with_delay(), 1u);
     EXPECT_EQ(stats.dead_lettered, 0u);
     EXPECT_EQ(ack_pending(), 0);
+}
+
+// A dependency that refuses for a few seconds must not park a healthy message: with the
+// default backoff a failure is nacked with 2 s, 4 s ... (less up to 20 %). Left to AckWait
+// (200 ms) it was parked at its 4th delivery, within a second.
+TEST_F(JetStreamTest, ADependencyRefusingForThreeSecondsDoesNotParkTheMessage) {
+    idem_test::TempDir dir;
+    idem::SqliteStore store{dir.file("idem.db")};
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 4;
+    const auto refusing_until = Clock::now() + 3s;
+    std::vector<std::uint32_t> counts;
+    std::vector<Clock::time_point> at;
+    auto handler = idem::make_handler(store, idem::Policy{"capture", policy},
+                                      [&](auto&, const JetStreamMessage&, const Delivery& d) {
+                                          counts.push_back(d.delivery_count.value());
+                                          at.push_back(Clock::now());
+                                          if (Clock::now() < refusing_until) {
+                                              throw std::runtime_error("gateway: in flight");
+                                          }
+                                      });
+    auto options = fast_options();
+    options.redelivery_backoff = idem::RedeliveryBackoff{};  // the defaults
+    JetStreamConsumer consumer{options, handler};
+    publish("1", {}, "order-1");
+    ASSERT_TRUE(poll_until(
+        consumer, [&] { return consumer.stats().acked == 1; }, 30s));
+    EXPECT_EQ(consumer.stats().dead_lettered, 0u);
+    EXPECT_TRUE(dead_letters().empty());
+    ASSERT_TRUE(store.find_claim("capture", "order-1").has_value());
+    EXPECT_EQ(store.find_claim("capture", "order-1")->disposition, Disposition::processed);
+    ASSERT_GE(counts.size(), 2u);
+    ASSERT_LE(counts.size(), 3u);  // 0 s, >= 1.6 s, >= 4.8 s: the third is past the refusal
+    for (std::size_t i = 1; i < at.size(); ++i) {
+        EXPECT_EQ(counts[i], counts[i - 1] + 1);
+        const auto nominal = idem::RedeliveryBackoff{}.nominal_before(counts[i]);
+        EXPECT_GE(at[i] - at[i - 1], nominal * 8 / 10) << "delivery " << counts[i];
+    }
+    EXPECT_EQ(consumer.nacked_with_delay(), counts.size() - 1);
 }
 
 TEST_F(JetStreamTest, NatsMsgIdIsTheMessageIdWhenThereIsOne) {

@@ -107,6 +107,97 @@ TEST_F(StreamConsumerTest, ThrowingHandlerIsFailedAndNeverEscapesTheLoop) {
     EXPECT_EQ(pending("orders"), 1);
 }
 
+// A dependency that refuses for a few seconds (a gateway's key "in flight", a service
+// restarting) must not park a healthy message: with the default backoff its redeliveries wait
+// 2 s, 4 s ... (less up to 20 %), so four deliveries cover about 14 s. Without it they came
+// every visibility timeout (200 ms), and the 4th was parked within a second.
+TEST_F(StreamConsumerTest, ADependencyRefusingForThreeSecondsDoesNotParkTheMessage) {
+    idem_test::TempDir dir;
+    idem::SqliteStore store{dir.file("idem.db")};
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 4;
+    const auto refusing_until = Clock::now() + 3s;
+    std::vector<std::uint32_t> counts;
+    std::vector<Clock::time_point> at;
+    auto handler = idem::make_handler(store, idem::Policy{"capture", policy},
+                                      [&](auto&, const StreamEntry&, const Delivery& d) {
+                                          counts.push_back(d.delivery_count.value());
+                                          at.push_back(Clock::now());
+                                          if (Clock::now() < refusing_until) {
+                                              throw std::runtime_error("gateway: in flight");
+                                          }
+                                      });
+    auto options = fast_options("orders");
+    options.visibility_timeout = 200ms;
+    options.redelivery_backoff = idem::RedeliveryBackoff{};  // the defaults
+    StreamConsumer consumer{endpoint(), options, handler};
+    xadd("orders", {{"order", "1"}});
+
+    ASSERT_TRUE(poll_until(
+        consumer, [&] { return consumer.stats().acked == 1; }, 30s));
+    EXPECT_EQ(consumer.stats().dead_lettered, 0u);
+    EXPECT_TRUE(dead_letters().empty());
+    ASSERT_EQ(store.find_claim("capture", xrange("orders").at(0).id)->disposition,
+              Disposition::processed);
+    ASSERT_GE(counts.size(), 2u);
+    ASSERT_LE(counts.size(), 3u);  // 0 s, >= 1.6 s, >= 4.8 s: the third is past the refusal
+    for (std::size_t i = 1; i < at.size(); ++i) {
+        EXPECT_EQ(counts[i], counts[i - 1] + 1);
+        // Never sooner than the backoff of delivery i + 1 (jitter takes up to 20 % off).
+        const auto nominal = idem::RedeliveryBackoff{}.nominal_before(counts[i]);
+        EXPECT_GE(at[i] - at[i - 1], nominal * 8 / 10) << "delivery " << counts[i];
+    }
+}
+
+// A held-back entry is skipped, not claimed: its count does not grow while it waits, and an
+// entry behind it that is due is taken over meanwhile.
+TEST_F(StreamConsumerTest, AHeldBackEntryKeepsItsCountWhileAnotherIsTakenOver) {
+    std::map<std::string, std::vector<std::uint32_t>> counts;
+    auto options = fast_options("orders");
+    options.redelivery_backoff.initial = 60s;  // "slow" waits a minute after its failure
+    options.redelivery_backoff.max = 60s;
+    options.redelivery_backoff.jitter = 0.0;
+    StreamConsumer slow_consumer{
+        endpoint(), options, [&](const Delivery& d, const StreamEntry& e) {
+            counts[std::string(*e.field("order"))].push_back(d.delivery_count.value());
+            return Outcome{Disposition::failed, "refused"};
+        }};
+    xadd("orders", {{"order", "slow"}});
+    ASSERT_TRUE(poll_until(slow_consumer, [&] { return counts["slow"].size() == 1; }));
+
+    auto fast = fast_options("orders");  // another consumer of the group, without a backoff
+    fast.consumer = "c2";
+    StreamConsumer fast_consumer{
+        endpoint(), fast, [&](const Delivery& d, const StreamEntry& e) {
+            counts[std::string(*e.field("order"))].push_back(d.delivery_count.value());
+            return Outcome{Disposition::processed, ""};
+        }};
+    // The slow consumer's wait is its own: with it, "slow" stays pending, its count 1.
+    const auto until = Clock::now() + 500ms;  // five visibility timeouts
+    while (Clock::now() < until)
+        slow_consumer.poll_once();
+    EXPECT_EQ(counts["slow"], (std::vector<std::uint32_t>{1}));
+    EXPECT_EQ(slow_consumer.stats().reclaimed, 0u);
+    EXPECT_EQ(pending("orders"), 1);
+    // The other consumer, without a backoff, takes it over at once: delivery 2.
+    ASSERT_TRUE(poll_until(fast_consumer, [&] { return counts["slow"].size() == 2; }));
+    EXPECT_EQ(counts["slow"], (std::vector<std::uint32_t>{1, 2}));
+    EXPECT_EQ(pending("orders"), 0);
+}
+
+TEST(RedeliveryBackoffOptions, AStreamConsumerRefusesABackoffThatCannotWork) {
+    StreamConsumerOptions options = fast_options("orders");
+    options.redelivery_backoff.multiplier = 0.5;
+    try {
+        StreamConsumer consumer{idem::RedisEndpoint{}, options,
+                                [](const Delivery&, const StreamEntry&) { return Outcome{}; }};
+        FAIL() << "accepted a shrinking backoff";
+    } catch (const idem::usage_error& e) {
+        EXPECT_NE(std::string(e.what()).find("redelivery_backoff: multiplier"), std::string::npos)
+            << e.what();
+    }
+}
+
 TEST_F(StreamConsumerTest, PendingEntryDeletedFromTheStreamIsSkipped) {
     int calls = 0;
     StreamConsumer consumer{endpoint(), fast_options("orders"),
