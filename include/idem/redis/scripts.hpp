@@ -90,10 +90,10 @@ local function release(key, prefix)
 end
 )";
 
-// Frees a lease if the token of `prefix` still holds it, and takes back the attempt its claim
-// counted: the effect never started (a pipelined claim whose answer was lost).
+// lua_release for a claim whose effect never started (a pipelined claim whose answer was lost):
+// it also takes back the attempt the claim counted.
 inline constexpr const char* lua_release_unstarted = R"(
-local function release_unstarted(key, prefix)
+local function release(key, prefix)
   local rest = held(redis.call('GET', key), prefix)
   if not rest then return 0 end
   local attempts, tail = string.match(rest, '^(%d+)(.*)$')
@@ -320,9 +320,8 @@ return answer
     return source;
 }
 
-// KEYS: claim records. ARGV: token. Frees only leases this token holds; attempts stay.
-inline const std::string& release_source() {
-    static const std::string source = lua({lua_record, lua_held, lua_release}) + R"(
+// Calls the release() defined before it on every key; answers how many leases it freed.
+inline constexpr const char* lua_release_each = R"(
 local mine = 'leased|' .. ARGV[1] .. '||'
 local freed = 0
 for c = 1, #KEYS do
@@ -330,20 +329,18 @@ for c = 1, #KEYS do
 end
 return freed
 )";
+
+// KEYS: claim records. ARGV: token. Frees only leases this token holds; attempts stay.
+inline const std::string& release_source() {
+    static const std::string source = lua({lua_record, lua_held, lua_release, lua_release_each});
     return source;
 }
 
 // KEYS: claim records. ARGV: token. Frees only leases this token holds, each with one attempt
 // fewer (their effects never started).
 inline const std::string& release_unstarted_source() {
-    static const std::string source = lua({lua_record, lua_held, lua_release_unstarted}) + R"(
-local mine = 'leased|' .. ARGV[1] .. '||'
-local freed = 0
-for c = 1, #KEYS do
-  freed = freed + release_unstarted(KEYS[c], mine)
-end
-return freed
-)";
+    static const std::string source =
+        lua({lua_record, lua_held, lua_release_unstarted, lua_release_each});
     return source;
 }
 
