@@ -86,8 +86,9 @@ std::vector<std::string> history_start(const idem::Delivery& delivery, const std
 std::vector<std::string> history_outcome(const idem::Delivery& delivery, const std::string& worker,
                                          const idem::Outcome& outcome) {
     return {"RPUSH", history_key(delivery.message_id),
-            fmt::format("{} d{} {} {}: {}", unix_ms(), delivery.delivery_count.value(), worker,
-                        idem::to_string(outcome.disposition), outcome.reason)};
+            fmt::format("{} d{} {} {}{}{}", unix_ms(), delivery.delivery_count.value(), worker,
+                        idem::to_string(outcome.disposition), outcome.reason.empty() ? "" : ": ",
+                        outcome.reason)};
 }
 
 struct Capture {
