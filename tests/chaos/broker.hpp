@@ -27,6 +27,7 @@
 #include "chaos.hpp"
 #include "idem/delivery.hpp"
 #include "idem/outcome.hpp"
+#include "idem/redelivery_backoff.hpp"
 
 namespace chaos {
 
@@ -136,6 +137,7 @@ struct WorkerSettings {
     std::string consumer_name;  ///< unique per worker process
     std::chrono::milliseconds visibility{400};
     std::function<void(const std::exception&)> on_error;
+    idem::RedeliveryBackoff backoff{};  ///< the consumer's redelivery_backoff
 };
 
 std::unique_ptr<BrokerRun> start_redis_streams(const Options& options, int redis_port);

@@ -139,6 +139,7 @@ class NatsWorker final : public BrokerWorker {
         consumer_options.batch_size = 1;
         consumer_options.fetch_wait = std::chrono::milliseconds(100);
         consumer_options.visibility_timeout = settings_.visibility;
+        consumer_options.redelivery_backoff = settings_.backoff;
         consumer_options.on_error = settings_.on_error;
         idem::JetStreamConsumer consumer{
             consumer_options,

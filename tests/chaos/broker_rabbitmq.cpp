@@ -226,6 +226,7 @@ class RabbitmqWorker final : public BrokerWorker {
         o.batch_size = 1;
         o.block = 100ms;
         o.in_progress_delay = settings_.visibility;
+        o.redelivery_backoff = settings_.backoff;
         o.on_error = settings_.on_error;
         idem::RabbitConsumer consumer{
             endpoint_on(std::stoi(options_.broker_address)), o,

@@ -156,6 +156,7 @@ class RedisStreamsWorker final : public BrokerWorker {
         consumer_options.batch_size = 1;
         consumer_options.block = std::chrono::milliseconds(100);
         consumer_options.visibility_timeout = settings_.visibility;
+        consumer_options.redelivery_backoff = settings_.backoff;
         consumer_options.on_error = settings_.on_error;
         idem::StreamConsumer consumer{
             endpoint_on(std::stoi(options_.broker_address)), consumer_options,

@@ -113,6 +113,8 @@ struct Options {
     std::chrono::milliseconds latency{3};          ///< a gateway request takes 0..latency
     std::chrono::milliseconds inflight{2000};      ///< a dead worker's request holds its key
     std::uint32_t max_deliveries = 10;
+    /// The consumers' RedeliveryBackoff::initial; negative: the library's default.
+    std::chrono::milliseconds backoff_initial{-1};
     std::chrono::seconds timeout{300};  ///< give up waiting for the stream to drain
 
     // Worker mode only (set by the driver).

@@ -365,6 +365,9 @@ std::vector<std::string> worker_args(const Options& o, int redis_port, const std
                                   std::to_string(o.inflight.count()),
                                   "--max-deliveries",
                                   std::to_string(o.max_deliveries)};
+    if (o.backoff_initial.count() >= 0) {
+        args.insert(args.end(), {"--backoff-ms", std::to_string(o.backoff_initial.count())});
+    }
     if (o.naive) args.emplace_back("--naive");
     if (o.pipelined) args.emplace_back("--pipelined");
     return args;

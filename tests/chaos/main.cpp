@@ -17,6 +17,7 @@ constexpr const char* usage =
     "                  [--naive | --pipelined] [--kill-rate P] [--kill-interval-ms MS]\n"
     "                  [--visibility-ms MS]\n"
     "                  [--latency-ms MS] [--inflight-ms MS] [--max-deliveries N] [--timeout S]\n"
+    "                  [--backoff-ms MS]\n"
     "\n"
     "  --store           the idem store the workers use (default sqlite); redis-server always "
     "runs\n"
@@ -43,6 +44,9 @@ constexpr const char* usage =
     "  --inflight-ms     how long a request whose worker died keeps its key in flight (default\n"
     "                    2000)\n"
     "  --max-deliveries  the handler's poison limit (default 10, see docs/testing.md)\n"
+    "  --backoff-ms      the consumers' redelivery backoff before the second delivery, doubling\n"
+    "                    from there (default: the library's, 2000); 0: none, each broker's own\n"
+    "                    redelivery (what the run did before the backoff existed)\n"
     "  --timeout         seconds to wait for the stream to drain (default 300)\n"
     "\n"
     "The last stdout line is one JSON object. Exit status: 0 when every order has exactly one\n"
@@ -145,6 +149,8 @@ chaos::Options parse(int argc, char** argv) {
             o.latency = milliseconds(number(arg, value(), 0, 60'000));
         } else if (arg == "--inflight-ms") {
             o.inflight = milliseconds(number(arg, value(), 1, 3'600'000));
+        } else if (arg == "--backoff-ms") {
+            o.backoff_initial = milliseconds(number(arg, value(), 0, 3'600'000));
         } else if (arg == "--max-deliveries") {
             o.max_deliveries = static_cast<std::uint32_t>(number(arg, value(), 1, 1000));
         } else if (arg == "--timeout") {

@@ -259,6 +259,7 @@ int consume_pipelined(Store& store, const Options& options, idem::RedisConnectio
     consumer_options.batch_size = 4;  // a killed worker's unhandled entries come back counted
     consumer_options.block = std::chrono::milliseconds(100);
     consumer_options.visibility_timeout = settings.visibility;
+    consumer_options.redelivery_backoff = settings.backoff;
     consumer_options.on_error = settings.on_error;
     idem::RedisEndpoint broker;
     broker.host = "127.0.0.1";
@@ -290,6 +291,7 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
     WorkerSettings settings;
     settings.consumer_name = fmt::format("worker-{}-{}", options.slot, ::getpid());
     settings.visibility = options.visibility;
+    if (options.backoff_initial.count() >= 0) settings.backoff.initial = options.backoff_initial;
     int errors_reported = 0;
     settings.on_error = [&](const std::exception& e) {
         if (++errors_reported <= 3) std::fprintf(stderr, "idem_chaos worker: %s\n", e.what());
