@@ -412,7 +412,7 @@ class StreamConsumer {
                 "30000 ms)");
         }
         if (options.dead_letter_stream.empty()) {
-            options.dead_letter_stream = options.stream + ":dead-letters";
+            options.dead_letter_stream = redis::default_dead_letter_stream(options.stream);
         }
         if (options.dead_letter_stream == options.stream) {
             refuse(
