@@ -116,17 +116,37 @@ def parse_doc(source_dir, rel):
     return blocks
 
 
-def read_wrapper(source_dir, name, where):
+USE_LINE = re.compile(r"^\s*// @use ([A-Za-z0-9_]+)\s*$")
+
+
+def expand_wrapper(source_dir, name, where, seen=()):
+    """A wrapper's lines as (text, file, line) triples, its `// @use NAME` lines replaced by the
+    lines of wrappers/NAME.hpp (shared user types)."""
     path = os.path.join(WRAPPERS_DIR, name + ".hpp")
     full = os.path.join(source_dir, path)
     if not os.path.isfile(full):
         raise DocError(f"{where}: no wrapper '{name}' ({path} does not exist)")
+    if name in seen:
+        raise DocError(f"{path}: '// @use {name}' uses itself")
     with open(full, encoding="utf-8") as f:
         lines = f.read().rstrip("\n").split("\n")
-    at = [n for n, line in enumerate(lines) if BLOCK_LINE.match(line)]
+    out = []
+    for n, line in enumerate(lines):
+        used = USE_LINE.match(line)
+        if used:
+            out += expand_wrapper(source_dir, used.group(1), f"{path}:{n + 1}", seen + (name,))
+        else:
+            out.append((line, path, n + 1))
+    return out
+
+
+def read_wrapper(source_dir, name, where):
+    lines = expand_wrapper(source_dir, name, where)
+    at = [n for n, (line, _, _) in enumerate(lines) if BLOCK_LINE.match(line)]
     if len(at) != 1:
-        raise DocError(f"{path}: a wrapper has exactly one '// @block' line (found {len(at)})")
-    return {"name": name, "path": path, "lines": lines, "at": at[0]}
+        raise DocError(f"{WRAPPERS_DIR}/{name}.hpp: a wrapper has exactly one '// @block' line "
+                       f"(found {len(at)}, with what it uses)")
+    return {"name": name, "lines": lines, "at": at[0]}
 
 
 def slug_of(rel):
@@ -205,31 +225,29 @@ def block_namespace(block):
 
 def render_block(block):
     """The C++ of one block: its includes (and its wrapper's) first, then the block inside its
-    wrapper, in a namespace of its own; #line directives point compiler messages at the doc."""
+    wrapper, in a namespace of its own; #line directives point compiler messages at the doc and
+    the wrapper."""
     doc, first = block["doc"], block["line"] + 1
-    wrapper = block["wrapper"] or {"name": None, "path": None, "lines": ["// @block"], "at": 0}
-    out = [f"// {doc}:{block['line']}" +
-           (f" (wrapper {wrapper['name']})" if wrapper["name"] else " (no wrapper)")]
-    for n, line in enumerate(wrapper["lines"]):
-        if INCLUDE.match(line):
-            out += [f'#line {n + 1} "{wrapper["path"]}"', line]
-    for n, line in enumerate(block["body"]):
-        if INCLUDE.match(line):
-            out += [f'#line {first + n} "{doc}"', line]
+    body = [(line, doc, first + n) for n, line in enumerate(block["body"])]
+    if block["wrapper"]:
+        wrapper = block["wrapper"]["lines"]
+        at = block["wrapper"]["at"]
+        lines = wrapper[:at] + body + wrapper[at + 1:]
+        out = [f"// {doc}:{block['line']} (wrapper {block['wrapper']['name']})"]
+    else:
+        lines = body
+        out = [f"// {doc}:{block['line']} (no wrapper: at namespace scope)"]
+    for text, path, n in lines:
+        if INCLUDE.match(text):
+            out += [f'#line {n} "{path}"', text]
     ns = block_namespace(block)
     out.append(f"namespace {ns} {{")
-
-    def blank_includes(lines):
-        return ["" if INCLUDE.match(line) else line for line in lines]
-
-    if wrapper["path"]:
-        out.append(f'#line 1 "{wrapper["path"]}"')
-    out += blank_includes(wrapper["lines"][:wrapper["at"]])
-    out.append(f'#line {first} "{doc}"')
-    out += blank_includes(block["body"])
-    if wrapper["path"]:
-        out.append(f'#line {wrapper["at"] + 2} "{wrapper["path"]}"')
-    out += blank_includes(wrapper["lines"][wrapper["at"] + 1:])
+    at = None
+    for text, path, n in lines:
+        if at != (path, n):
+            out.append(f'#line {n} "{path}"')
+        out.append("" if INCLUDE.match(text) else text)
+        at = (path, n + 1)
     out.append(f"}}  // namespace {ns}")
     return out
 
