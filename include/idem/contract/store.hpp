@@ -272,7 +272,8 @@ constexpr bool check_relay_store() {
     static_assert(has_lease_outbox<S>::value,
                   "idem::Relay: the store has no outbox: it must provide "
                   "lease_outbox(std::size_t limit, std::chrono::milliseconds lease) returning "
-                  "std::vector<idem::OutboxRow> (MemoryStore, SqliteStore and PostgresStore do)");
+                  "std::vector<idem::OutboxRow> (MemoryStore, SqliteStore, PostgresStore and "
+                  "MysqlStore do)");
     static_assert(has_mark_outbox_sent<S>::value,
                   "idem::Relay: the store must provide mark_outbox_sent(std::int64_t id)");
     static_assert(has_mark_outbox_failed<S>::value,
