@@ -17,10 +17,13 @@ A marker is an HTML comment on the line right before the fence (invisible on Git
 
   <!-- doctest: wrapper=NAME run -->
   <!-- doctest: compile_fail="REGEX" wrapper=NAME -->
-  <!-- doctest: output vary="REGEX" -->      (on a text block after a `run` block)
+  <!-- doctest: output vary="REGEX" -->      (on a text block after a `run` block: what it
+                                              prints to std::cout; what REGEX matches may vary)
 
 Without a marker a block is compiled as it is, at namespace scope. A block that cannot be
-compiled is a failure: nothing is skipped.
+compiled is a failure: nothing is skipped. A wrapper (tests/doctest/wrappers/NAME.hpp) is C++
+with one line `// @block` where the block goes, and may take shared types from another with
+`// @use OTHER`; a block marked `run` is run through the wrapper's doctest_run().
 """
 
 import argparse
@@ -39,7 +42,7 @@ INCLUDE = re.compile(r"^\s*#\s*include\b")
 BLOCK_LINE = re.compile(r"^\s*// @block\s*$")
 CPP_LANGS = {"cpp", "c++", "cxx"}
 KEYS = {"wrapper", "run", "compile_fail", "output", "vary"}
-OUTPUT_DELIMITER = "idem_doctest_output"
+OUTPUT_DELIMITER = "idem_doc"  # a raw string's delimiter: at most 16 characters
 WRAPPERS_DIR = os.path.join("tests", "doctest", "wrappers")
 
 
@@ -290,11 +293,12 @@ def generate(source_dir, out_dir):
                         (f'R"{OUTPUT_DELIMITER}({case["expected_output"]}){OUTPUT_DELIMITER}"'
                          if case["expected_output"] is not None else "nullptr"),
                         c_string(case["vary"]) if case["vary"] else "nullptr"))
+            name = f"doc_{slug_of(doc)}.cpp"
+            lines.append(f'#line {len(lines) + 2} "{name}"')
             lines += ["namespace {",
                       f"const idem_doctest::File registration{{{c_string(doc)}, {{"]
             lines += registrations
             lines += ["}};", "}  // namespace", ""]
-            name = f"doc_{slug_of(doc)}.cpp"
             write_if_changed(os.path.join(out_dir, name), "\n".join(lines))
             sources.append(name)
         for case in doc_cases:
