@@ -94,8 +94,9 @@ struct RabbitConsumerOptions {
     std::string dead_letter_exchange{};
     /// The routing key of dead letters. Empty: the queue's name.
     std::string dead_letter_routing_key{};
-    /// Deferred outcomes with a retry_after (and in_progress ones with the lease left) go here
-    /// with a per-message TTL of that delay, and the queue dead-letters them back to `queue`
+    /// Outcomes not acked go here with a per-message TTL of their delay (a deferred effect's
+    /// retry_after, an in_progress claim's lease left, else in_progress_delay or
+    /// redelivery_delay), and the queue dead-letters them back to `queue`
     /// when it expires. Empty: queue + ".retry". (Messages expire in order: a long delay ahead
     /// holds shorter ones behind it.)
     std::string retry_queue{};
@@ -157,8 +158,9 @@ using RabbitConsumerStats = broker::ConsumerStats;
 /// - Not acked (failed, deferred, in_progress): after a delay — a deferred effect's retry_after,
 ///   else in_progress_delay or redelivery_delay — the message is republished, confirmed, to the
 ///   retry queue with that TTL and the original acked; the retry queue dead-letters it back to
-///   the queue when it expires, with its count carried in x-idem-prior-deliveries. Without a
-///   delay (0, or a deferred outcome without retry_after): basic.nack with requeue.
+///   the queue when it expires, with its count carried in x-idem-prior-deliveries. A deferred
+///   outcome without retry_after waits redelivery_delay, as a failed one. A delay of 0:
+///   basic.nack with requeue.
 /// - Dead letters (and duplicates of dead-lettered messages): published to the dead-letter
 ///   exchange with the reason (x-idem-reason, scope, message id, delivery count, queue) and the
 ///   original properties and headers, the body through the policy's redactor if it has one,
