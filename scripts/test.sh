@@ -2,7 +2,8 @@
 # Runs every idem test: the whole CI matrix, each configuration in its own build/<name> directory.
 #
 #   scripts/test.sh                  all configurations, in this order:
-#     gcc17    g++ C++17, Debug: every test
+#     gcc17    g++ C++17, Debug: every test, and the doc tests (every C++ block of README.md and
+#              docs/ compiled, tests/doctest/; only here: about 80 CPU seconds)
 #     core     g++ C++17, Debug, every backend OFF (IDEM_WITH_SQLITE/POSTGRES/REDIS/MYSQL/SPDLOG/HTTP=OFF):
 #              the core tests build and pass without SQLite, libpq, hiredis, libmariadb, spdlog or
 #              cpp-httplib
@@ -26,7 +27,7 @@ JOBS=2
 export CTEST_PARALLEL_LEVEL=$JOBS
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 
-usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 configs=("${ALL_CONFIGS[@]}")
 while (($#)); do
@@ -96,7 +97,7 @@ run_ctest() {
 }
 
 run_gcc17() {
-    configure_and_build gcc17 g++ 17
+    configure_and_build gcc17 g++ 17 -DIDEM_BUILD_DOCTESTS=ON
     run_ctest gcc17
 }
 
