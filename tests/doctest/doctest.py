@@ -37,7 +37,7 @@ import time
 
 FENCE = re.compile(r"^( *)(`{3,}|~{3,})[ \t]*([^ \t`]*)[^`]*$")
 MARKER = re.compile(r"^\s*<!--\s*doctest:(.*?)-->\s*$")
-ANY_MARKER = re.compile(r"<!--\s*doctest")
+ANY_MARKER = re.compile(r"^\s*<!--.*doctest")  # a comment line naming doctest: must be a marker
 INCLUDE = re.compile(r"^\s*#\s*include\b")
 BLOCK_LINE = re.compile(r"^\s*// @block\s*$")
 CPP_LANGS = {"cpp", "c++", "cxx"}
