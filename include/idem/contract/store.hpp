@@ -23,7 +23,6 @@
 /// Store::default_lease() const -> milliseconds           has_default_lease       lease stores
 /// Tx::claim_many(scope, ids, fingerprints)               has_claim_many          handle_batch
 ///     + Tx::unclaim(scope, id)  (a failed message's claim given back)
-///     + Tx::unclaim(scope, id)  (a failed message's claim given back)
 /// Tx::claim_and_commit(const ClaimAndCommit&)            has_claim_and_commit    local_effect
 ///     -> ClaimAndCommitResult  (claim + the queued writes in one step; Redis)
 /// Tx::commit_with_next_claim(Tx& next, scope, id, fp)    has_commit_with_next_claim  PipelinedLoop
