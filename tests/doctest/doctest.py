@@ -338,8 +338,6 @@ def build(build_dir, target, config):
 
 
 def test(args):
-    with open(args.manifest, encoding="utf-8") as f:
-        manifest = json.load(f)
     ok = True
     start = time.monotonic()
     result = build(args.build_dir, "idem_doctests", args.config)
@@ -349,6 +347,9 @@ def test(args):
         print(f"doctest: FAILED to compile the doc blocks ({built:.1f} s); the messages above "
               "name the doc file and line")
         return 1
+    # Read after the build: a doc edited since the last configure was extracted again by it.
+    with open(args.manifest, encoding="utf-8") as f:
+        manifest = json.load(f)
     print(f"doctest: compiled {manifest['compiled']} C++ blocks of "
           f"{sum(1 for f in manifest['files'] if f['compiled'])} doc files in {built:.1f} s")
     start = time.monotonic()
