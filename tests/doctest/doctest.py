@@ -178,6 +178,9 @@ def collect(source_dir):
                                   "block prints, not the C++ block itself")
                 if "compile_fail" in marker and "run" in marker:
                     errors.append(f"{where}: a compile_fail block cannot also be run")
+                if "run" in marker and "wrapper" not in marker:
+                    errors.append(f"{where}: `run` calls the wrapper's doctest_run(): name the "
+                                  "wrapper (wrapper=NAME)")
                 block["wrapper"] = None
                 if "wrapper" in marker:
                     try:
