@@ -1,17 +1,20 @@
-# idem_find_pkgconfig_library(<target> MODULE <module> HEADER <header> RESULT <var> [REQUIRED]
-#                             [HINT <text>]):
+# idem_find_pkgconfig_library(<target> MODULE <module> HEADER <header> RESULT <var>
+#                             [REASON <var>]):
 # defines the imported target <target> (e.g. idem::hiredis) from the pkg-config file of <module>,
 # for client libraries that ship a pkg-config file but no CMake targets (Debian's hiredis and
 # libmariadb, cpp-httplib). <header> is how idem includes the library's header (<hiredis/hiredis.h>,
 # <mysql.h>): its directory becomes the target's include directory. Used by the build
 # (idem_add_backend, IdemComponents.cmake) and by the generated
-# idem-<component>-dependencies.cmake of an installed package. Sets <var> to TRUE or FALSE in the
-# caller; with REQUIRED a failure is a fatal error that ends with <text>.
+# idem-<component>-dependencies.cmake of an installed package. Sets the RESULT <var> to TRUE or
+# FALSE in the caller, and the REASON <var> to why it was not found (empty when it was).
 include_guard(GLOBAL)
 
 function(idem_find_pkgconfig_library target)
-    cmake_parse_arguments(PARSE_ARGV 1 arg "REQUIRED" "MODULE;HEADER;HINT;RESULT" "")
+    cmake_parse_arguments(PARSE_ARGV 1 arg "" "MODULE;HEADER;RESULT;REASON" "")
     set(${arg_RESULT} FALSE PARENT_SCOPE)
+    if(arg_REASON)
+        set(${arg_REASON} "" PARENT_SCOPE)
+    endif()
     if(TARGET ${target})
         set(${arg_RESULT} TRUE PARENT_SCOPE)
         return()
@@ -23,7 +26,9 @@ function(idem_find_pkgconfig_library target)
         pkg_check_modules(${prefix} QUIET ${arg_MODULE})
     endif()
     set(why "")
-    if(NOT ${prefix}_FOUND)
+    if(NOT PkgConfig_FOUND)
+        set(why "pkg-config (the program) not found, so neither is module '${arg_MODULE}'")
+    elseif(NOT ${prefix}_FOUND)
         set(why "pkg-config module '${arg_MODULE}' not found")
     else()
         # The first library is the client library itself; the others (if any) come with it.
@@ -39,8 +44,8 @@ function(idem_find_pkgconfig_library target)
         endif()
     endif()
     if(why)
-        if(arg_REQUIRED)
-            message(FATAL_ERROR "idem: ${why}. ${arg_HINT}")
+        if(arg_REASON)
+            set(${arg_REASON} "${why}" PARENT_SCOPE)
         endif()
         return()
     endif()

@@ -20,6 +20,13 @@ install(EXPORT idem-targets
 # components whose headers exist).
 get_property(IDEM_KNOWN_COMPONENTS GLOBAL PROPERTY IDEM_KNOWN_COMPONENTS)
 get_property(IDEM_INSTALLED_COMPONENTS GLOBAL PROPERTY IDEM_INSTALLED_COMPONENTS)
+# idemConfig.cmake names the Debian package of a component that was not built.
+set(IDEM_CONFIG_DEBIAN_PACKAGES "")
+foreach(component IN LISTS IDEM_KNOWN_COMPONENTS)
+    get_property(package GLOBAL PROPERTY IDEM_COMPONENT_DEBIAN_PACKAGE_${component})
+    string(APPEND IDEM_CONFIG_DEBIAN_PACKAGES
+           "set(_idem_debian_package_${component} \"${package}\")\n")
+endforeach()
 set(idem_installed_helpers "")
 foreach(component IN LISTS IDEM_INSTALLED_COMPONENTS)
     get_property(component_target GLOBAL PROPERTY IDEM_COMPONENT_TARGET_${component})

@@ -5,6 +5,10 @@
 #                      tests/consumer against it with find_package(idem ... COMPONENTS sqlite)
 #   add_subdirectory   build and run tests/consumer with add_subdirectory(IDEM_SOURCE_DIR)
 #   unknown_component  install, then check find_package(idem COMPONENTS <unknown>) fails cleanly
+#   not_built_component  install IDEM_BUILD_DIR (a build without CONSUMER_NOT_BUILT), then check
+#                      that find_package(idem COMPONENTS <it>) fails saying it was not built
+#                      and naming CONSUMER_NOT_BUILT_PACKAGE, with and without REQUIRED, and
+#                      that the core of the same install is found
 #   pkgconfig          install, then build tests/consumer_pkgconfig with GNU make and
 #                      `pkg-config --cflags --libs idem-<component>` only (PKG_CONFIG_PATH =
 #                      the prefix's pkgconfig dir), and run what it built
@@ -12,8 +16,11 @@
 #   CONSUMER_GENERATOR CONSUMER_MAKE_PROGRAM CONSUMER_CXX_COMPILER CONSUMER_CXX_STANDARD
 #   CONSUMER_CXX_FLAGS CONSUMER_BUILD_TYPE; CONSUMER_COMPONENTS (the components the consumer
 #   uses, comma-separated) and CONSUMER_IDEM_OPTIONS (IDEM_WITH_<NAME>=ON|OFF,..., handed to
-#   idem in add_subdirectory mode); for pkgconfig also CONSUMER_GNU_MAKE,
-#   CONSUMER_PKG_CONFIG and CONSUMER_PKGCONFIG_DIR (relative to the prefix)
+#   idem in add_subdirectory mode); CONSUMER_INSTALLED_COMPONENTS (comma-separated; every mode
+#   that installs checks that the prefix holds the CMake targets file and .pc file of exactly
+#   these components); for pkgconfig also CONSUMER_GNU_MAKE, CONSUMER_PKG_CONFIG and
+#   CONSUMER_PKGCONFIG_DIR (relative to the prefix); for not_built_component also
+#   CONSUMER_NOT_BUILT and CONSUMER_NOT_BUILT_PACKAGE
 cmake_minimum_required(VERSION 3.18)
 
 foreach(var IN ITEMS IDEM_SOURCE_DIR IDEM_BUILD_DIR CONSUMER_SOURCE_DIR CONSUMER_WORK_DIR
@@ -53,7 +60,7 @@ endif()
 list(APPEND configure_args "-DIDEM_CONSUMER_COMPONENTS=${CONSUMER_COMPONENTS}")
 
 if(CONSUMER_MODE STREQUAL "find_package" OR CONSUMER_MODE STREQUAL "unknown_component"
-   OR CONSUMER_MODE STREQUAL "pkgconfig")
+   OR CONSUMER_MODE STREQUAL "pkgconfig" OR CONSUMER_MODE STREQUAL "not_built_component")
     set(install_args --install "${IDEM_BUILD_DIR}" --prefix "${prefix}")
     if(CONSUMER_BUILD_TYPE)
         list(APPEND install_args --config "${CONSUMER_BUILD_TYPE}")
@@ -62,6 +69,34 @@ if(CONSUMER_MODE STREQUAL "find_package" OR CONSUMER_MODE STREQUAL "unknown_comp
     foreach(installed IN ITEMS include/idem/config.hpp include/idem/error.hpp)
         if(NOT EXISTS "${prefix}/${installed}")
             message(FATAL_ERROR "install did not produce ${prefix}/${installed}")
+        endif()
+    endforeach()
+    # The CMake package and the pkg-config files cover exactly the components built.
+    string(REPLACE "," ";" installed_components "${CONSUMER_INSTALLED_COMPONENTS}")
+    set(expected_targets idem-targets.cmake)
+    set(expected_pcs idem.pc)
+    foreach(component IN LISTS installed_components)
+        list(APPEND expected_targets idem-${component}-targets.cmake)
+        list(APPEND expected_pcs idem-${component}.pc)
+    endforeach()
+    file(GLOB_RECURSE targets_files RELATIVE "${prefix}" "${prefix}/idem*-targets.cmake")
+    file(GLOB_RECURSE pc_files RELATIVE "${prefix}" "${prefix}/idem*.pc")
+    foreach(kind IN ITEMS targets pcs)
+        if(kind STREQUAL "targets")
+            set(found_paths ${targets_files})
+        else()
+            set(found_paths ${pc_files})
+        endif()
+        set(found "")
+        foreach(path IN LISTS found_paths)
+            get_filename_component(file "${path}" NAME)
+            list(APPEND found "${file}")
+        endforeach()
+        list(SORT found)
+        list(SORT expected_${kind})
+        if(NOT found STREQUAL expected_${kind})
+            message(FATAL_ERROR "the install holds ${found}; expected exactly ${expected_${kind}} "
+                                "(components: ${installed_components})")
         endif()
     endforeach()
     list(APPEND configure_args "-DCMAKE_PREFIX_PATH=${prefix}")
@@ -122,6 +157,40 @@ if(CONSUMER_MODE STREQUAL "pkgconfig")
             message(FATAL_ERROR "idem_pkgconfig_${program} did not report success:\n${step_output}")
         endif()
     endforeach()
+    return()
+endif()
+
+if(CONSUMER_MODE STREQUAL "not_built_component")
+    foreach(var IN ITEMS CONSUMER_NOT_BUILT CONSUMER_NOT_BUILT_PACKAGE)
+        if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
+            message(FATAL_ERROR "IdemRunConsumerTest: -D${var}=... is required for "
+                                "not_built_component")
+        endif()
+    endforeach()
+    set(component "${CONSUMER_NOT_BUILT}")
+    string(REPLACE "." "\\." package_re "${CONSUMER_NOT_BUILT_PACKAGE}")
+    set(refusal "component '${component}' was not built in this installation of idem ")
+    string(APPEND refusal "[^\n]*${package_re}")
+    # Non-REQUIRED: idem_FOUND FALSE with the message, then the core of the same install.
+    run_step("configure" "${CMAKE_COMMAND}" ${configure_args}
+             "-DIDEM_CONSUMER_EXPECT_NOT_BUILT=${component}"
+             -S "${CONSUMER_SOURCE_DIR}" -B "${build}")
+    if(NOT step_output MATCHES "idem-consumer: component not built refused: [^\n]*${refusal}")
+        message(FATAL_ERROR "expected idem to say that '${component}' was not built, naming "
+                            "${CONSUMER_NOT_BUILT_PACKAGE}; output:\n${step_output}")
+    endif()
+    # REQUIRED: the configure fails with the same message.
+    list(FILTER configure_args EXCLUDE REGEX "^-DIDEM_CONSUMER_COMPONENTS=")
+    execute_process(COMMAND "${CMAKE_COMMAND}" ${configure_args}
+                            "-DIDEM_CONSUMER_COMPONENTS=${component}"
+                            -S "${CONSUMER_SOURCE_DIR}" -B "${build}-required"
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+    string(REGEX REPLACE "\n +" " " flat "${out}")
+    if(rc EQUAL 0 OR NOT flat MATCHES "${refusal}")
+        message(FATAL_ERROR "find_package(idem REQUIRED COMPONENTS ${component}) did not fail "
+                            "saying that it was not built (${rc}):\n${out}")
+    endif()
+    message(STATUS "[consumer:${CONSUMER_MODE}] refused as expected: ${component} not built")
     return()
 endif()
 

@@ -15,16 +15,19 @@ if [[ ! -f examples/payment_capture/main.cpp ]]; then
 fi
 
 # IDEM_WERROR=OFF: a compiler's new warning must not keep a newcomer from seeing the demo
-# (scripts/test.sh keeps -Werror).
+# (scripts/test.sh keeps -Werror). The demo needs the SQLite component only.
 {
     cmake -S . -B build/demo -G Ninja \
         -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_CXX_COMPILER=g++ \
         -DIDEM_BUILD_TESTS=OFF \
         -DIDEM_BUILD_EXAMPLES=ON \
+        -DIDEM_WITH_SQLITE=ON \
         -DIDEM_WITH_POSTGRES=OFF \
         -DIDEM_WITH_REDIS=OFF \
         -DIDEM_WITH_MYSQL=OFF \
+        -DIDEM_WITH_RABBITMQ=OFF \
+        -DIDEM_WITH_NATS=OFF \
         -DIDEM_WITH_SPDLOG=OFF \
         -DIDEM_WITH_HTTP=OFF \
         -DIDEM_WERROR=OFF

@@ -4,16 +4,20 @@
 #   scripts/test.sh                  all configurations, in this order:
 #     gcc17    g++ C++17, Debug: every test, and the doc tests (every C++ block of README.md and
 #              docs/ compiled, tests/doctest/; only here: about 80 CPU seconds)
-#     core     g++ C++17, Debug, every backend OFF (IDEM_WITH_SQLITE/POSTGRES/REDIS/MYSQL/SPDLOG/HTTP=OFF):
-#              the core tests build and pass without SQLite, libpq, hiredis, libmariadb, spdlog or
-#              cpp-httplib
-#     clang20  clang++ C++20, Debug: every test but the chaos runs and the install tests (gcc17
-#              and asan run those; here they would only repeat them, and CI has 45 minutes)
+#     core     g++ C++17, Debug, every component OFF (IDEM_WITH_<NAME>=OFF for each
+#              idem_add_backend() of CMakeLists.txt): the core tests build and pass without SQLite,
+#              libpq, hiredis, libmariadb, rabbitmq-c, cnats, spdlog or cpp-httplib
+#     clang20  clang++ C++20, Debug: every test but the chaos runs and the install and configure
+#              tests (gcc17 and asan run those; here they would only repeat them, and CI has 45
+#              minutes)
 #     asan     clang++ C++17, AddressSanitizer + UndefinedBehaviorSanitizer: every test
 #     tsan     clang++ C++17, ThreadSanitizer: the tests labelled `concurrency`
 #     format   clang-format --dry-run -Werror over include/ tests/ examples/ bench/
 #   scripts/test.sh --quick          gcc17 only
 #   scripts/test.sh --config NAME    one configuration (NAME as above, or a..f)
+#
+# Every configuration but core passes IDEM_WITH_<NAME>=ON for every component: a client library
+# missing here is a configure error naming its package, never a component silently left out.
 #
 # Installs missing Debian packages first (scripts/deps.sh). Stops at the first failure with a
 # non-zero status; prints one summary line per configuration at the end.
@@ -27,7 +31,16 @@ JOBS=2
 export CTEST_PARALLEL_LEVEL=$JOBS
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 
-usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+
+# The components, as CMakeLists.txt declares them (idem_add_backend(<name>), one a line).
+mapfile -t COMPONENTS < <(sed -n 's/^idem_add_backend(\([a-z0-9_]*\).*/\1/p' "$ROOT/CMakeLists.txt")
+((${#COMPONENTS[@]})) || { echo "test.sh: no idem_add_backend() in CMakeLists.txt" >&2; exit 1; }
+# with_components ON|OFF: -DIDEM_WITH_<NAME>=ON|OFF for every component
+with_components() {
+    local component
+    for component in "${COMPONENTS[@]}"; do printf -- '-DIDEM_WITH_%s=%s\n' "${component^^}" "$1"; done
+}
 
 configs=("${ALL_CONFIGS[@]}")
 while (($#)); do
@@ -67,8 +80,12 @@ configure_and_build() {
     (($#)) && shift
     targets=("$@")
     local dir="$ROOT/build/$name"
+    # Every component required, unless the configuration says otherwise (core: OFF); later -D win.
+    local with_args=()
+    mapfile -t with_args < <(with_components ON)
     say "$name: configure ($cxx, C++$std) in build/$name"
     cmake -S "$ROOT" -B "$dir" -G Ninja \
+        "${with_args[@]}" \
         -DCMAKE_BUILD_TYPE=Debug \
         -DCMAKE_CXX_COMPILER="$cxx" \
         -DCMAKE_CXX_STANDARD="$std" \
@@ -102,16 +119,16 @@ run_gcc17() {
 }
 
 run_core() {
-    # --no-tests=error: the core tests must be there even with every backend off.
-    configure_and_build core g++ 17 -DIDEM_WITH_SQLITE=OFF -DIDEM_WITH_POSTGRES=OFF \
-        -DIDEM_WITH_REDIS=OFF -DIDEM_WITH_MYSQL=OFF -DIDEM_WITH_SPDLOG=OFF -DIDEM_WITH_HTTP=OFF \
-        -DIDEM_WITH_NATS=OFF
+    # --no-tests=error: the core tests must be there even with every component off.
+    local off=()
+    mapfile -t off < <(with_components OFF)
+    configure_and_build core g++ 17 "${off[@]}"
     run_ctest core -- --no-tests=error
 }
 
 run_clang20() {
     configure_and_build clang20 clang++ 20
-    run_ctest clang20 -- -LE 'chaos|install'
+    run_ctest clang20 -- -LE 'chaos|install|configure'
 }
 
 run_asan() {

@@ -147,7 +147,24 @@ TEST(PoisonReason, NamesTheBrokersCountOnAStoreWithoutAttempts) {
               std::string::npos)
         << outcome.reason;
     EXPECT_EQ(outcome.reason.find("without running the effect"), std::string::npos);
+    EXPECT_EQ(outcome.reason.find("after it was enqueued"), std::string::npos);  // not known
     EXPECT_EQ(runs, 0);
+}
+
+TEST(PoisonReason, SaysHowLongAfterItWasEnqueuedTheLimitWasReached) {
+    idem::MemoryStore store;
+    idem::PolicyOptions options;
+    options.max_deliveries = 3;
+    auto h = idem::make_handler(store, idem::Policy{"capture", options},
+                                [](auto&, const std::string&) {});
+    Delivery delivery{"m-2", 3u};
+    delivery.enqueued_at = std::chrono::system_clock::now() - std::chrono::seconds(90);
+    const auto outcome = h.handle(delivery, std::string("o"));
+    EXPECT_EQ(outcome.disposition, Disposition::dead_lettered);
+    EXPECT_NE(outcome.reason.find("reached max_deliveries 3, 90."), std::string::npos)
+        << outcome.reason;
+    EXPECT_NE(outcome.reason.find(" s after it was enqueued;"), std::string::npos)
+        << outcome.reason;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@
 #include "support/nats_server.hpp"
 #include "support/polling.hpp"
 #include "support/redis_server.hpp"
+#include "support/refusing_dependency.hpp"
 #include "support/require_nats.hpp"
 #include "support/require_redis.hpp"
 #include "support/temp_dir.hpp"
@@ -90,6 +91,8 @@ class JetStreamTest : public ::testing::Test {
         // a redelivery's NumDelivered when it falls due just as a pull request expires
         // (docs/brokers.md), which a long-lived request makes rare.
         options.fetch_wait = 1000ms;
+        // A failure is left for AckWait (the backoff's tests set their own).
+        options.redelivery_backoff = idem::RedeliveryBackoff::none();
         return options;
     }
 
@@ -241,6 +244,28 @@ TEST_F(JetStreamTest, DeliveryCountsAreOneTwoThreeThroughAckWaitExpiryAndNakWith
     EXPECT_EQ(consumer.nacked_with_delay(), 1u);
     EXPECT_EQ(stats.dead_lettered, 0u);
     EXPECT_EQ(ack_pending(), 0);
+}
+
+// A dependency that refuses for a few seconds must not park a healthy message: with the
+// default backoff a failure is nacked with 2 s, 4 s ... (less up to 20 %). Left to AckWait
+// (200 ms) it was parked at its 4th delivery, within a second.
+TEST_F(JetStreamTest, ADependencyRefusingForThreeSecondsDoesNotParkTheMessage) {
+    idem_test::TempDir dir;
+    idem::SqliteStore store{dir.file("idem.db")};
+    idem_test::RefusingDependency gateway{3s};
+    auto handler = gateway.handler<JetStreamMessage>(store);
+    auto options = fast_options();
+    options.redelivery_backoff = idem::RedeliveryBackoff{};  // the defaults
+    JetStreamConsumer consumer{options, handler};
+    publish("1", {}, "order-1");
+    ASSERT_TRUE(poll_until(
+        consumer, [&] { return consumer.stats().acked == 1; }, 30s));
+    EXPECT_EQ(consumer.stats().dead_lettered, 0u);
+    EXPECT_TRUE(dead_letters().empty());
+    ASSERT_TRUE(store.find_claim("capture", "order-1").has_value());
+    EXPECT_EQ(store.find_claim("capture", "order-1")->disposition, Disposition::processed);
+    gateway.expect_spaced_by_the_default_backoff();
+    EXPECT_EQ(consumer.nacked_with_delay(), gateway.deliveries() - 1);
 }
 
 TEST_F(JetStreamTest, NatsMsgIdIsTheMessageIdWhenThereIsOne) {

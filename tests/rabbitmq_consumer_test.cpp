@@ -27,6 +27,7 @@
 #include "idem/store/sqlite.hpp"
 #include "support/polling.hpp"
 #include "support/redis_server.hpp"
+#include "support/refusing_dependency.hpp"
 #include "support/require_rabbitmq.hpp"
 #include "support/require_redis.hpp"
 #include "support/temp_dir.hpp"
@@ -86,7 +87,8 @@ RabbitConsumerOptions fast_options(const std::string& queue) {
     options.block = 50ms;
     options.prefetch = 4;
     options.in_progress_delay = 200ms;
-    options.redelivery_delay = 0ms;  // failures: basic.nack with requeue, redelivered at once
+    // Failures: basic.nack with requeue, redelivered at once (the backoff's tests set their own).
+    options.redelivery_backoff = idem::RedeliveryBackoff::none();
     return options;
 }
 
@@ -99,6 +101,8 @@ class Admin {
         for (const std::string& q : {queue, queue + ".retry", queue + ".dead-letters"}) {
             on_channel([&] { c_.delete_queue(ch, q); });
         }
+        for (const std::string& q : retry_queues(queue))
+            on_channel([&] { c_.delete_queue(ch, q); });
         rmq::QueueDeclare how;
         how.arguments = {{"x-queue-type", std::string("quorum")}};
         on_channel([&] { c_.declare_queue(ch, queue, how); });
@@ -112,6 +116,23 @@ class Admin {
         p.properties.delivery_mode = 2;
         p.headers = std::move(headers);
         on_channel([&] { c_.publish_confirmed(ch, p, body); });
+    }
+
+    /// The retry queues a RabbitConsumer of @p queue may declare: <queue>.retry.<T>, T a power
+    /// of two (ms) up to about 17 min.
+    static std::vector<std::string> retry_queues(const std::string& queue) {
+        std::vector<std::string> out;
+        for (std::uint64_t tier = 1; tier <= (1u << 20); tier <<= 1)
+            out.push_back(queue + ".retry." + std::to_string(tier));
+        return out;
+    }
+
+    /// Messages waiting in @p queue's retry queues.
+    std::uint32_t retrying(const std::string& queue) {
+        std::uint32_t n = 0;
+        for (const std::string& q : retry_queues(queue))
+            n += depth(q);
+        return n;
     }
 
     /// Ready messages of @p queue (0 when it does not exist).
@@ -482,15 +503,16 @@ TEST_F(RabbitConsumerTest, ADeferredRetryWaitsInTheRetryQueueAndKeepsItsCount) {
     EXPECT_GE(at[1] - at[0], 300ms);                        // not before the TTL expired
     EXPECT_EQ(consumer.stats().not_acked, 1u);
     EXPECT_EQ(admin->depth("later"), 0u);
-    EXPECT_EQ(admin->depth("later.retry"), 0u);
+    EXPECT_EQ(admin->retrying("later"), 0u);
 }
 
-TEST_F(RabbitConsumerTest, AFailureWaitsRedeliveryDelayBeforeItComesBack) {
+TEST_F(RabbitConsumerTest, AFailureWaitsItsRedeliveryBackoffBeforeItComesBack) {
     admin->fresh_quorum_queue("failing");
     std::vector<std::uint32_t> counts;
     std::vector<Clock::time_point> at;
     auto options = fast_options("failing");
-    options.redelivery_delay = 300ms;
+    options.redelivery_backoff.initial = 300ms;  // then 600 ms
+    options.redelivery_backoff.jitter = 0.0;
     RabbitConsumer consumer{endpoint(), options, [&](const Delivery& d, const RabbitMessage&) {
                                 counts.push_back(d.delivery_count.value());
                                 at.push_back(Clock::now());
@@ -501,8 +523,56 @@ TEST_F(RabbitConsumerTest, AFailureWaitsRedeliveryDelayBeforeItComesBack) {
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
     EXPECT_EQ(counts, (std::vector<std::uint32_t>{1, 2, 3}));
     EXPECT_GE(at[1] - at[0], 300ms);
-    EXPECT_GE(at[2] - at[1], 300ms);
-    EXPECT_EQ(admin->depth("failing.retry"), 0u);
+    EXPECT_GE(at[2] - at[1], 600ms);
+    EXPECT_EQ(admin->retrying("failing"), 0u);
+}
+
+// A dependency that refuses for a few seconds must not park a healthy message: with the
+// default backoff its retries wait 2 s, 4 s ... (less up to 20 %). A fixed 200 ms retry delay
+// would have parked it at its 4th delivery, within a second.
+TEST_F(RabbitConsumerTest, ADependencyRefusingForThreeSecondsDoesNotParkTheMessage) {
+    admin->fresh_quorum_queue("refusing");
+    idem_test::TempDir dir;
+    idem::SqliteStore store{dir.file("idem.db")};
+    idem_test::RefusingDependency gateway{3s};
+    auto handler = gateway.handler<RabbitMessage>(store);
+    auto options = fast_options("refusing");
+    options.redelivery_backoff = idem::RedeliveryBackoff{};  // the defaults
+    RabbitConsumer consumer{endpoint(), options, handler};
+    admin->publish("refusing", "capture 1", "order-1");
+    ASSERT_TRUE(poll_until(
+        consumer, [&] { return consumer.stats().acked == 1; }, 30s));
+    EXPECT_EQ(consumer.stats().dead_lettered, 0u);
+    EXPECT_EQ(admin->depth("refusing.dead-letters"), 0u);
+    ASSERT_TRUE(store.find_claim("capture", "order-1").has_value());
+    EXPECT_EQ(store.find_claim("capture", "order-1")->disposition, Disposition::processed);
+    gateway.expect_spaced_by_the_default_backoff();
+}
+
+// RabbitMQ expires a queue's messages only at its head: a short delay published behind a long
+// one would wait for it. Each range of delays has its own retry queue, so it does not.
+TEST_F(RabbitConsumerTest, AShortRetryIsNotHeldBehindALongOne) {
+    admin->fresh_quorum_queue("delays");
+    std::map<std::string, std::vector<Clock::time_point>> at;
+    RabbitConsumer consumer{endpoint(), fast_options("delays"),
+                            [&](const Delivery& d, const RabbitMessage& m) {
+                                at[m.body].push_back(Clock::now());
+                                if (d.delivery_count.value() > 1) {
+                                    return Outcome{Disposition::processed, ""};
+                                }
+                                Outcome o{Disposition::deferred, "not yet"};
+                                o.retry_after = m.body == "long" ? 60s : 300ms;
+                                return o;
+                            }};
+    admin->publish("delays", "long", "evt-long");
+    ASSERT_TRUE(poll_until(consumer, [&] { return at["long"].size() == 1; }));
+    admin->publish("delays", "short", "evt-short");
+    ASSERT_TRUE(poll_until(
+        consumer, [&] { return at["short"].size() == 2; }, 20s));
+    EXPECT_GE(at["short"][1] - at["short"][0], 300ms);
+    EXPECT_EQ(at["long"].size(), 1u);  // still waiting its minute
+    EXPECT_EQ(admin->depth("delays.retry.512"), 0u);
+    EXPECT_EQ(admin->depth("delays.retry.65536"), 1u);  // 60 s: the 32.8 s … 65.5 s queue
 }
 
 TEST_F(RabbitConsumerTest, AnUnreachableStorePausesConsumingWithoutRaisingHeldCounts) {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "idem/idem.hpp"
@@ -15,6 +16,7 @@
 #include "idem/store/redis.hpp"
 #include "support/redis_env.hpp"
 #include "support/redis_server.hpp"
+#include "support/refusing_proxy.hpp"
 #include "support/require_redis.hpp"
 
 namespace {
@@ -139,6 +141,107 @@ TEST_F(PipelinedLoopTest, ADroppedConnectionFailsBothAndTheRedeliveriesApplyEach
     EXPECT_EQ(tags(loop.flush()), std::vector<std::string>{"y:processed"});
     EXPECT_EQ(applied("x"), 1);
     EXPECT_EQ(applied("y"), 1);
+}
+
+// The connection drops after the server ran the commit and the next claim, before their
+// replies: the next message's lease is released at once (a new connection), and the attempt
+// its claim counted is taken back, since its effect never started. Its redelivery then counts
+// one effect start, not two, and does not wait out a dead lease.
+TEST_F(PipelinedLoopTest, ALostRoundTripReleasesTheNextLeaseAndTakesItsAttemptBack) {
+    int claims = 0;  // the claim of "x" goes through; the one sent with x's commit is cut off
+    auto proxy = idem_test::RefusingProxy::dropping(
+        store().endpoint().host, store().endpoint().port,
+        [&claims](const std::vector<std::string>& args) {
+            return idem_test::is_set_nx_get(args) && ++claims == 2;
+        });
+    idem::RedisEndpoint through_proxy = store().endpoint();
+    through_proxy.port = proxy->port();
+    idem::RedisOptions options;
+    options.lease = std::chrono::seconds(30);  // a lease left behind would block y for 30 s
+    idem::RedisStore proxied{through_proxy, options};
+    auto handler = incrementing_handler(proxied);
+    idem::PipelinedLoop<decltype(handler)> loop(handler);
+    EXPECT_TRUE(loop.handle(Delivery{"x", 1u}, std::string("x"), "x").empty());
+    auto settled = loop.handle(Delivery{"y", 1u}, std::string("y"), "y");
+    EXPECT_EQ(tags(settled), (std::vector<std::string>{"x:failed", "y:failed"}));
+    EXPECT_EQ(proxy->refused(), 1);
+    EXPECT_EQ(applied("x"), 1);  // the server ran x's commit: its redelivery is a duplicate
+    EXPECT_EQ(applied("y"), 0);
+    EXPECT_FALSE(proxied.find_claim("orders", "y").has_value());  // released, not leased
+    EXPECT_EQ(proxied.attempts("orders", "y"), 0u);               // no effect started
+
+    EXPECT_EQ(tags(loop.handle(Delivery{"y", 2u}, std::string("y"), "y")),
+              std::vector<std::string>{});
+    EXPECT_EQ(tags(loop.flush()), std::vector<std::string>{"y:processed"});
+    EXPECT_EQ(proxied.attempts("orders", "y"), 1u);
+    EXPECT_EQ(applied("y"), 1);
+    EXPECT_EQ(handler.handle(Delivery{"x", 2u}, std::string("x")).disposition,
+              Disposition::duplicate);
+}
+
+// The previous message's outcome reaches the observer once the next one's attempt has run: a
+// worker that dies in the observer then holds no claim whose effect has not started.
+TEST_F(PipelinedLoopTest, ThePreviousOutcomeIsReportedAfterTheNextAttemptRan) {
+    struct Order final : idem::Observer {
+        std::vector<std::string>* events;
+        void on_outcome(std::string_view, const Delivery& d, const idem::Outcome& o) override {
+            events->push_back("report " + d.message_id + " " +
+                              std::string(idem::to_string(o.disposition)));
+        }
+    };
+    std::vector<std::string> events;
+    Order observer;
+    observer.events = &events;
+    auto handler = idem::make_handler(
+        store(), idem::Policy{"orders"},
+        [&events](auto& tx, const std::string& id) {
+            events.push_back("effect " + id);
+            tx.write("HINCRBY", "applied", id, 1);
+        },
+        &observer);
+    idem::PipelinedLoop<decltype(handler)> loop(handler);
+    EXPECT_TRUE(loop.handle(Delivery{"a", 1u}, std::string("a"), "a").empty());
+    EXPECT_EQ(tags(loop.handle(Delivery{"b", 1u}, std::string("b"), "b")),
+              std::vector<std::string>{"a:processed"});
+    EXPECT_EQ(tags(loop.flush()), std::vector<std::string>{"b:processed"});
+    EXPECT_EQ(events, (std::vector<std::string>{"effect a", "effect b", "report a processed",
+                                                "report b processed"}));
+}
+
+// The next id is held by another worker, so its claim needs the claim script: a round trip
+// after the commit's. When that one fails, the commit's outcome stands (processed, reported
+// so); only the next message fails.
+TEST_F(PipelinedLoopTest, AFailedContestedClaimAfterTheCommitFailsOnlyTheNextMessage) {
+    auto held_elsewhere = store().begin();
+    ASSERT_EQ(held_elsewhere.claim("orders", "busy").status, idem::ClaimStatus::claimed);
+    bool cut = false;  // the claim script's EVALSHA for "busy" is cut off
+    auto proxy = idem_test::RefusingProxy::dropping(
+        store().endpoint().host, store().endpoint().port,
+        [&cut](const std::vector<std::string>& args) {
+            // EVALSHA <sha> <numkeys> <first key> ...: the claim script on busy's record.
+            const bool claim_script = args.size() > 3 &&
+                                      (args[0] == "EVALSHA" || args[0] == "EVAL") &&
+                                      args[3].find("busy") != std::string::npos;
+            if (!claim_script || cut) return false;
+            cut = true;
+            return true;
+        });
+    idem::RedisEndpoint through_proxy = store().endpoint();
+    through_proxy.port = proxy->port();
+    idem::RedisStore proxied{through_proxy};
+    proxied.warm_up();
+    idem::CountingObserver counting;
+    auto handler = idem::make_handler(
+        proxied, idem::Policy{"orders"},
+        [](auto& tx, const std::string& id) { tx.write("HINCRBY", "applied", id, 1); }, &counting);
+    idem::PipelinedLoop<decltype(handler)> loop(handler);
+    EXPECT_TRUE(loop.handle(Delivery{"p", 1u}, std::string("p"), "p").empty());
+    auto settled = loop.handle(Delivery{"busy", 1u}, std::string("busy"), "busy");
+    EXPECT_EQ(tags(settled), (std::vector<std::string>{"p:processed", "busy:failed"}));
+    EXPECT_EQ(proxy->refused(), 1);
+    EXPECT_EQ(applied("p"), 1);
+    EXPECT_EQ(counting.counters("orders").processed, 1u);
+    EXPECT_EQ(counting.counters("orders").failed, 1u);
 }
 
 TEST_F(PipelinedLoopTest, TheStreamAckGoesWithTheCommitAndALoopDroppedHoldingReleasesIt) {

@@ -197,6 +197,8 @@ Tally failover_run(int replicas_to_ack, long messages) {
             c.id_field = "id";  // the order id is the message id: the claim's hash tag
             c.circuit_breaker.initial_backoff = 50ms;
             c.circuit_breaker.max_backoff = 400ms;
+            // Every visibility timeout: the failover's timing here assumes it.
+            c.redelivery_backoff = idem::RedeliveryBackoff::none();
             idem::StreamConsumer consumer{
                 broker_endpoint, c, [&](const Delivery& d, const idem::StreamEntry& e) {
                     const idem::Outcome outcome = handler.handle(d, e);

@@ -3,6 +3,7 @@
 // graceful stop and a server restart.
 
 #include "support/redis_streams_test_env.hpp"
+#include "support/refusing_dependency.hpp"
 
 namespace idem_test::redis_streams {
 namespace {
@@ -105,6 +106,79 @@ TEST_F(StreamConsumerTest, ThrowingHandlerIsFailedAndNeverEscapesTheLoop) {
     EXPECT_EQ(consumer.stats().not_acked, 2u);
     EXPECT_EQ(consumer.stats().acked, 0u);
     EXPECT_EQ(pending("orders"), 1);
+}
+
+// A dependency that refuses for a few seconds (a gateway's key "in flight", a service
+// restarting) must not park a healthy message: with the default backoff its redeliveries wait
+// 2 s, 4 s ... (less up to 20 %), so four deliveries cover about 14 s. Without it they came
+// every visibility timeout (200 ms), and the 4th was parked within a second.
+TEST_F(StreamConsumerTest, ADependencyRefusingForThreeSecondsDoesNotParkTheMessage) {
+    idem_test::TempDir dir;
+    idem::SqliteStore store{dir.file("idem.db")};
+    idem_test::RefusingDependency gateway{3s};
+    auto handler = gateway.handler<StreamEntry>(store);
+    auto options = fast_options("orders");
+    options.visibility_timeout = 200ms;
+    options.redelivery_backoff = idem::RedeliveryBackoff{};  // the defaults
+    StreamConsumer consumer{endpoint(), options, handler};
+    xadd("orders", {{"order", "1"}});
+
+    ASSERT_TRUE(poll_until(
+        consumer, [&] { return consumer.stats().acked == 1; }, 30s));
+    EXPECT_EQ(consumer.stats().dead_lettered, 0u);
+    EXPECT_TRUE(dead_letters().empty());
+    ASSERT_EQ(store.find_claim("capture", xrange("orders").at(0).id)->disposition,
+              Disposition::processed);
+    gateway.expect_spaced_by_the_default_backoff();
+}
+
+// A held-back entry is skipped, not claimed: its count does not grow while it waits, and an
+// entry behind it that is due is taken over meanwhile.
+TEST_F(StreamConsumerTest, AHeldBackEntryKeepsItsCountWhileAnotherIsTakenOver) {
+    std::map<std::string, std::vector<std::uint32_t>> counts;
+    auto options = fast_options("orders");
+    options.redelivery_backoff.initial = 60s;  // "slow" waits a minute after its failure
+    options.redelivery_backoff.max = 60s;
+    options.redelivery_backoff.jitter = 0.0;
+    StreamConsumer slow_consumer{
+        endpoint(), options, [&](const Delivery& d, const StreamEntry& e) {
+            counts[std::string(*e.field("order"))].push_back(d.delivery_count.value());
+            return Outcome{Disposition::failed, "refused"};
+        }};
+    xadd("orders", {{"order", "slow"}});
+    ASSERT_TRUE(poll_until(slow_consumer, [&] { return counts["slow"].size() == 1; }));
+
+    auto fast = fast_options("orders");  // another consumer of the group, without a backoff
+    fast.consumer = "c2";
+    StreamConsumer fast_consumer{
+        endpoint(), fast, [&](const Delivery& d, const StreamEntry& e) {
+            counts[std::string(*e.field("order"))].push_back(d.delivery_count.value());
+            return Outcome{Disposition::processed, ""};
+        }};
+    // The slow consumer's wait is its own: with it, "slow" stays pending, its count 1.
+    const auto until = Clock::now() + 500ms;  // five visibility timeouts
+    while (Clock::now() < until)
+        slow_consumer.poll_once();
+    EXPECT_EQ(counts["slow"], (std::vector<std::uint32_t>{1}));
+    EXPECT_EQ(slow_consumer.stats().reclaimed, 0u);
+    EXPECT_EQ(pending("orders"), 1);
+    // The other consumer, without a backoff, takes it over at once: delivery 2.
+    ASSERT_TRUE(poll_until(fast_consumer, [&] { return counts["slow"].size() == 2; }));
+    EXPECT_EQ(counts["slow"], (std::vector<std::uint32_t>{1, 2}));
+    EXPECT_EQ(pending("orders"), 0);
+}
+
+TEST(RedeliveryBackoffOptions, AStreamConsumerRefusesABackoffThatCannotWork) {
+    StreamConsumerOptions options = fast_options("orders");
+    options.redelivery_backoff.multiplier = 0.5;
+    try {
+        StreamConsumer consumer{idem::RedisEndpoint{}, options,
+                                [](const Delivery&, const StreamEntry&) { return Outcome{}; }};
+        FAIL() << "accepted a shrinking backoff";
+    } catch (const idem::usage_error& e) {
+        EXPECT_NE(std::string(e.what()).find("redelivery_backoff: multiplier"), std::string::npos)
+            << e.what();
+    }
 }
 
 TEST_F(StreamConsumerTest, PendingEntryDeletedFromTheStreamIsSkipped) {

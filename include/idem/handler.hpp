@@ -740,11 +740,20 @@ class IdempotentHandler {
             // is all there is (it also grows with deliveries that never reached the effect).
             const std::uint32_t attempts = claim.attempts.value_or(delivery.delivery_count.value());
             if (attempts < policy_.max_deliveries()) return std::nullopt;
+            // The span says whether the limit covered a real stretch of failing (the broker's
+            // redelivery backoff) or a burst of redeliveries.
+            std::string span;
+            if (delivery.enqueued_at) {
+                const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::system_clock::now() - *delivery.enqueued_at);
+                span = fmt::format(", {:.1f} s after it was enqueued",
+                                   static_cast<double>(age.count()) / 1000.0);
+            }
             reason = fmt::format(
-                "poison: {} {} {} reached max_deliveries {}; the effect was not run on this "
+                "poison: {} {} {} reached max_deliveries {}{}; the effect was not run on this "
                 "delivery; earlier deliveries may have run it",
                 claim.attempts ? "attempt" : "delivery count", attempts,
-                claim.attempts ? "(effect starts)" : "(broker)", policy_.max_deliveries());
+                claim.attempts ? "(effect starts)" : "(broker)", policy_.max_deliveries(), span);
         }
         park(tx, delivery, body, reason);
         strategy.keep(tx);

@@ -44,8 +44,16 @@ IDEM_BEGIN_NAMESPACE
 /// nothing stored) and the next message's fresh lease is KEPT: it is another id, its claim is
 /// valid, and its effect runs. If the round trip itself fails (the connection dropped) both are
 /// `failed`: the commit may or may not have happened (its redelivery is then a duplicate or
-/// claims again) and the fresh lease, if it was taken, is released on a best-effort basis or
-/// expires.
+/// claims again), and the fresh lease, if it was taken, is released (by its token, through a
+/// new connection if need be; if Redis is unreachable it expires) with the attempt it counted
+/// taken back, since its effect never started. A failure after the commit's reply (the claim of
+/// an id another worker holds) fails the next message only: the previous one settles as its
+/// commit said.
+///
+/// The previous message's outcome reaches the observer (and the handler's counters) once the
+/// next message's attempt has run, just before handle() returns it: an observer that takes
+/// its time (or a worker that dies in it) then does not hold a claim whose effect has not
+/// started.
 ///
 /// On a store without commit_with_next_claim (everything but RedisStore) each handle() is the
 /// handler's handle(), settled at once. Not thread-safe: one loop per consumer thread.
@@ -145,6 +153,7 @@ class PipelinedLoop {
                 return out;
             }
             Handler& h = *handler_;
+            std::vector<Report> later;  // the previous message's report, after this attempt
             if (hook) h.bind_hook(*hook, delivery);
             const typename Handler::Stopwatch watch(h.observer_ != nullptr);
             auto fresh = std::make_unique<Held>(Held{h.begin_transaction(hook.get(), hook ? 1 : 0),
@@ -166,12 +175,13 @@ class PipelinedLoop {
                             fresh->tx, h.policy_.scope(), delivery.message_id, fingerprint);
                     } catch (const std::exception& e) {  // the round trip: both unknown
                         Outcome failed = h.failure(e);
-                        settle(out, std::move(*previous), failed);
+                        settle(out, std::move(*previous), failed, &later);
                         throw;
                     }
                     Outcome previous_outcome = std::move(previous->outcome);
                     if (both.commit_error) previous_outcome = failure_of(both.commit_error);
-                    settle(out, std::move(*previous), std::move(previous_outcome));
+                    settle(out, std::move(*previous), std::move(previous_outcome), &later);
+                    if (both.next_error) std::rethrow_exception(both.next_error);
                     claim = std::move(both.next);
                 } else {
                     claim = h.template claim_one<Body>(fresh->tx, delivery.message_id, fingerprint);
@@ -183,6 +193,8 @@ class PipelinedLoop {
             } catch (const std::exception& e) {
                 fresh->outcome = handler_->failure(e);
             }
+            for (Report& report : later)
+                deliver(report);
             fresh->handled_in = watch.elapsed();
             if (h.observer_ != nullptr) {
                 // The observer's report may read the body (a gateway key): it settles later.
@@ -211,13 +223,35 @@ class PipelinedLoop {
         }
     }
 
-    /// Reports @p outcome for @p held's message and adds it to @p out; its transaction ends here
-    /// (rolled back unless its commit went through).
-    void settle(std::vector<Settled>& out, Held&& held, Outcome outcome) {
-        if (held.report) {
-            held.report(held.delivery, outcome, held.handled_in, held.measure);
+    /// A settled message's outcome for the observer (or the counters), given later.
+    struct Report {
+        std::function<void(const Delivery&, const Outcome&, std::chrono::nanoseconds,
+                           const detail::Measure&)>
+            report;
+        Delivery delivery;
+        Outcome outcome;
+        std::chrono::nanoseconds handled_in{};
+        detail::Measure measure{};
+    };
+
+    void deliver(const Report& r) {
+        if (r.report) {
+            r.report(r.delivery, r.outcome, r.handled_in, r.measure);
         } else {  // no observer: report() only counts
-            handler_->counters_.count(held.delivery, outcome.disposition);
+            handler_->counters_.count(r.delivery, r.outcome.disposition);
+        }
+    }
+
+    /// Reports @p outcome for @p held's message (or leaves the report in @p later) and adds it
+    /// to @p out; its transaction ends here (rolled back unless its commit went through).
+    void settle(std::vector<Settled>& out, Held&& held, Outcome outcome,
+                std::vector<Report>* later = nullptr) {
+        Report report{std::move(held.report), held.delivery, outcome, held.handled_in,
+                      held.measure};
+        if (later != nullptr) {
+            later->push_back(std::move(report));
+        } else {
+            deliver(report);
         }
         const bool acked =
             held.hook && held.hook->acked_in_commit && outcome.disposition != Disposition::failed;

@@ -44,7 +44,7 @@ struct PolicyOptions {
     /// (a crashed holder's message waits this long). Unset: the store's default lease.
     std::optional<std::chrono::milliseconds> lease{};
     /// The broker's visibility timeout: how long an unacked message stays with its consumer
-    /// before it is redelivered (Redis Streams' XAUTOCLAIM min-idle, SQS's VisibilityTimeout).
+    /// before it is redelivered (Redis Streams' XCLAIM min-idle, SQS's VisibilityTimeout).
     /// When set, a lease longer than it is refused. Choose it above the handler's p99 and the
     /// lease equal to it or just under (docs/redis.md).
     std::optional<std::chrono::milliseconds> visibility_timeout{};

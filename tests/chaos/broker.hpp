@@ -14,6 +14,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -109,10 +110,13 @@ class BrokerRun {
     [[nodiscard]] virtual std::string progress() = 0;
     /// After the workers stopped: the orders whose messages are still unsettled at the broker.
     [[nodiscard]] virtual std::set<long> unsettled_orders() = 0;
-    /// After the workers stopped: the orders in the broker's dead-letter destination.
-    [[nodiscard]] virtual std::set<long> dead_lettered_orders() = 0;
+    /// After the workers stopped: the orders in the broker's dead-letter destination, with the
+    /// reason each dead letter carries.
+    [[nodiscard]] virtual std::map<long, std::string> dead_letters() = 0;
     /// The order a store's dead letter names by its message id (nothing: not one of ours).
     [[nodiscard]] virtual std::optional<long> order_of(const std::string& message_id) const = 0;
+    /// The message id the handler sees for @p order (empty: not published).
+    [[nodiscard]] virtual std::string message_id_of_order(long order) const = 0;
 };
 
 /// The worker's side: the broker's consumer adapter, plain-handler form.

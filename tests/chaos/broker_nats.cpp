@@ -84,15 +84,17 @@ class NatsRun final : public BrokerRun {
     }
 
     /// Each dead letter keeps the original's Nats-Msg-Id as Idem-Original-Nats-Msg-Id.
-    std::set<long> dead_lettered_orders() override {
-        std::set<long> out;
+    std::map<long, std::string> dead_letters() override {
+        std::map<long, std::string> out;
         const nats::StreamState dead = nats::stream_state(*connection_, dead_stream_name);
         for (std::uint64_t sequence = dead.first_sequence;
              dead.messages != 0 && sequence <= dead.last_sequence; ++sequence) {
             const auto letter = nats::stream_message(*connection_, dead_stream_name, sequence);
             if (!letter) continue;
             const auto id = letter->header("Idem-Original-Nats-Msg-Id");
-            out.insert(id ? order_of_message_id(*id).value_or(0) : 0);
+            const auto reason = letter->header("Idem-Reason");
+            out[id ? order_of_message_id(*id).value_or(0) : 0] =
+                reason ? std::string(*reason) : std::string();
         }
         return out;
     }
@@ -100,6 +102,7 @@ class NatsRun final : public BrokerRun {
     std::optional<long> order_of(const std::string& message_id) const override {
         return order_of_message_id(message_id);
     }
+    std::string message_id_of_order(long order) const override { return message_id_of(order); }
 
   private:
     static std::unique_ptr<idem::testing::NatsServer> start_server() {

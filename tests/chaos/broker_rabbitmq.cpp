@@ -1,6 +1,7 @@
 // The chaos run over RabbitMQ (--broker rabbitmq): a throwaway broker (idem::testing::
 // RabbitmqServer), a quorum queue chaos.payments read by idem::RabbitConsumer in each worker,
-// dead letters on chaos.payments.dead-letters.
+// dead letters on chaos.payments.dead-letters, delayed redeliveries in the retry queues
+// chaos.payments.retry.<T>.
 //
 // drained(): AMQP says only how many messages are READY, not how many are delivered and unacked,
 // so a queue whose ready count is 0 is then asked of the broker itself (rabbitmqctl list_queues;
@@ -10,12 +11,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -72,43 +76,48 @@ class RabbitmqRun final : public BrokerRun {
     }
 
     bool drained() override {
-        if (ready(queue_name) + ready(retry_name) > 0) {
+        if (ready(queue_name) > 0) {
             last_ready_ = Clock::now();
             return false;
         }
         // Ready 0 for longer than the broker's figures lag, then the broker's own count of
-        // delivered-and-unacked ones (at most every 2 s: each rabbitmqctl call takes ~1.5 s).
+        // delivered-and-unacked ones and of the retry queues' waiting ones (at most every 2 s:
+        // each rabbitmqctl call takes ~1.5 s).
         const auto now = Clock::now();
         if (now - last_ready_ < 6s || now - last_ctl_ < 2s) return false;
         last_ctl_ = now;
         const auto counts = ctl_counts();
+        if (counts.ready != 0) last_ready_ = now;  // some wait out a delay in a retry queue
         return counts.ready == 0 && counts.unacked == 0;
     }
 
     std::string progress() override {
-        return fmt::format("ready {}/{}, retrying {}, dead letters {}", ready(queue_name),
-                           messages_, ready(retry_name), ready(dead_letter_name));
+        return fmt::format("ready {}/{}, retrying {} (at the last count), dead letters {}",
+                           ready(queue_name), messages_, retrying_, ready(dead_letter_name));
     }
 
     std::set<long> unsettled_orders() override {
         std::set<long> out;
-        for (const char* q : {queue_name, retry_name}) {
-            for (const auto& id : read_all(q))
+        std::vector<std::string> queues = retry_queues();
+        queues.insert(queues.begin(), queue_name);
+        for (const std::string& q : queues) {
+            for (const auto& [id, reason] : read_all(q))
                 out.insert(order_of(id).value_or(0));
         }
         return out;
     }
 
-    std::set<long> dead_lettered_orders() override {
-        std::set<long> out;
-        for (const auto& id : read_all(dead_letter_name))
-            out.insert(order_of(id).value_or(0));
+    std::map<long, std::string> dead_letters() override {
+        std::map<long, std::string> out;
+        for (const auto& [id, reason] : read_all(dead_letter_name))
+            out[order_of(id).value_or(0)] = reason;
         return out;
     }
 
     std::optional<long> order_of(const std::string& message_id) const override {
         return order_of_message_id(message_id);
     }
+    std::string message_id_of_order(long order) const override { return message_id_of(order); }
 
   private:
     struct Counts {
@@ -118,7 +127,7 @@ class RabbitmqRun final : public BrokerRun {
 
     /// Ready messages of @p queue (0 when it does not exist yet: the workers declare the retry
     /// and dead-letter queues).
-    long ready(const char* queue) {
+    long ready(const std::string& queue) {
         rmq::QueueDeclare passive;
         passive.passive = true;
         try {
@@ -130,40 +139,66 @@ class RabbitmqRun final : public BrokerRun {
         }
     }
 
-    /// The broker's figures for chaos.payments and its retry queue, summed.
-    Counts ctl_counts() {
-        Counts c{0, 0};
+    /// A retry queue of the workers: chaos.payments.retry.<T>, one per range of delays.
+    static bool is_retry_queue(const std::string& name) {
+        return name.rfind(std::string(retry_name) + ".", 0) == 0;
+    }
+
+    /// rabbitmqctl list_queues: name, ready, unacked per queue.
+    std::vector<std::tuple<std::string, long, long>> ctl_queues() {
+        std::vector<std::tuple<std::string, long, long>> out;
         std::istringstream lines(
             server_.ctl({"list_queues", "name", "messages_ready", "messages_unacknowledged"}));
-        bool seen = false;
         for (std::string line; std::getline(lines, line);) {
             std::istringstream row(line);
             std::string name;
             long r = 0, u = 0;
             if (!(row >> name >> r >> u)) continue;  // the header line
-            if (name == queue_name || name == retry_name) {
+            out.emplace_back(name, r, u);
+        }
+        return out;
+    }
+
+    std::vector<std::string> retry_queues() {
+        std::vector<std::string> out;
+        for (const auto& [name, r, u] : ctl_queues())
+            if (is_retry_queue(name)) out.push_back(name);
+        return out;
+    }
+
+    /// The broker's figures for chaos.payments and its retry queues, summed.
+    Counts ctl_counts() {
+        Counts c{0, 0};
+        long retrying = 0;
+        bool seen = false;
+        for (const auto& [name, r, u] : ctl_queues()) {
+            if (name == queue_name || is_retry_queue(name)) {
                 c.ready += r;
                 c.unacked += u;
                 seen = true;
             }
+            if (is_retry_queue(name)) retrying += r;
         }
+        retrying_ = retrying;
         if (!seen) return Counts{};
         return c;
     }
 
-    /// The message ids of everything ready in @p queue, consumed (after the run).
-    std::vector<std::string> read_all(const char* queue) {
-        std::vector<std::string> ids;
-        if (ready(queue) == 0) return ids;
+    /// The message id and the idem reason header of everything ready in @p queue, consumed
+    /// (after the run).
+    std::vector<std::pair<std::string, std::string>> read_all(const std::string& queue) {
+        std::vector<std::pair<std::string, std::string>> out;
+        if (ready(queue) == 0) return out;
         rmq::Connection reader{endpoint_on(server_.port())};
         reader.connect();
         reader.open_channel(ch);
         reader.consume(ch, queue);
         while (auto m = reader.next_delivery(1s)) {
-            ids.push_back(m->properties.message_id.value_or(""));
+            out.emplace_back(m->properties.message_id.value_or(""),
+                             std::string(m->header_string(rmq::header_reason).value_or("")));
             reader.ack(*m);
         }
-        return ids;
+        return out;
     }
 
     idem::testing::RabbitmqServer server_;
@@ -171,6 +206,7 @@ class RabbitmqRun final : public BrokerRun {
     long messages_ = 0;
     Clock::time_point last_ready_ = Clock::now();
     Clock::time_point last_ctl_{};
+    long retrying_ = 0;
 };
 
 class RabbitmqWorker final : public BrokerWorker {

@@ -52,6 +52,7 @@ class RedisStreamsRun final : public BrokerRun {
                 if (replies[i].is_error()) throw std::runtime_error("XADD: " + replies[i].str);
                 last_id_ = replies[i].str;
                 order_of_entry_[last_id_] = first + static_cast<long>(i);
+                entry_of_order_[first + static_cast<long>(i)] = last_id_;
             }
         }
     }
@@ -82,17 +83,21 @@ class RedisStreamsRun final : public BrokerRun {
         return out;
     }
 
-    std::set<long> dead_lettered_orders() override {
-        // Each dead-letter stream entry names the original entry id.
-        std::set<long> out;
+    std::map<long, std::string> dead_letters() override {
+        // Each dead-letter stream entry names the original entry id and the reason.
+        std::map<long, std::string> out;
         for (const auto& entry :
              redis_.checked({"XRANGE", dead_letter_stream_key, "-", "+"}, "XRANGE").elements) {
             if (entry.elements.size() < 2) continue;
             const auto& fields = entry.elements[1].elements;
+            long order = 0;
+            std::string reason;
             for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
                 if (fields[i].str == "idem-entry-id")
-                    out.insert(order_of(fields[i + 1].str).value_or(0));
+                    order = order_of(fields[i + 1].str).value_or(0);
+                if (fields[i].str == "idem-reason") reason = fields[i + 1].str;
             }
+            out[order] = reason;
         }
         return out;
     }
@@ -101,6 +106,10 @@ class RedisStreamsRun final : public BrokerRun {
         const auto found = order_of_entry_.find(message_id);
         if (found == order_of_entry_.end()) return std::nullopt;
         return found->second;
+    }
+    std::string message_id_of_order(long order) const override {
+        const auto found = entry_of_order_.find(order);
+        return found == entry_of_order_.end() ? std::string() : found->second;
     }
 
   private:
@@ -128,6 +137,7 @@ class RedisStreamsRun final : public BrokerRun {
     long messages_ = 0;
     std::string last_id_;
     std::map<std::string, long> order_of_entry_;
+    std::map<long, std::string> entry_of_order_;
 };
 
 class RedisStreamsWorker final : public BrokerWorker {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "idem/mysql/options.hpp"
@@ -108,7 +109,7 @@ struct Options {
     bool pipelined = false;
     double kill_rate = 0.02;                       ///< per window, per delivery
     std::chrono::milliseconds kill_interval{250};  ///< mean time between driver kills; 0: none
-    std::chrono::milliseconds visibility{400};     ///< XAUTOCLAIM min-idle; the Redis lease
+    std::chrono::milliseconds visibility{400};     ///< XCLAIM min-idle; the Redis lease
     std::chrono::milliseconds latency{3};          ///< a gateway request takes 0..latency
     std::chrono::milliseconds inflight{2000};      ///< a dead worker's request holds its key
     std::uint32_t max_deliveries = 10;
@@ -134,6 +135,12 @@ inline constexpr const char* delivered_key = "chaos:delivered";     ///< INCR pe
 inline constexpr const char* outcomes_key = "chaos:outcomes";       ///< hash: disposition → count
 inline constexpr const char* self_kills_key = "chaos:self-kills";   ///< hash: window → count
 inline constexpr const char* counts_key = "chaos:delivery-counts";  ///< hash: count → deliveries
+/// A list per message id: one line per delivery as it starts and one as it settles, written by
+/// the workers ("<unix ms> d<count> <worker> start" / "... <outcome>: <reason>"), read back by
+/// the driver to explain a divergence.
+inline std::string history_key(std::string_view message_id) {
+    return "chaos:history:" + std::string(message_id);
+}
 inline std::string redis_captures_key(long order) {
     return "chaos:captures:" + std::to_string(order);
 }

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "broker.hpp"
 #include "chaos.hpp"
@@ -529,34 +530,34 @@ int run_driver(const Options& o) {
 
     // --- verification --------------------------------------------------------------------------
     CapturesByOrder captures_by_order;
-    std::set<std::string> dead_lettered_ids;  // the store's dead letters, by message id
+    std::map<std::string, std::string> store_letters;  // the store's dead letters: id → reason
     switch (o.store) {
         case StoreKind::sqlite: {
             idem::SqliteStore store{db};
             captures_by_order = sqlite_captures(store);
             for (const auto& letter : store.dead_letters())
-                dead_lettered_ids.insert(letter.message_id);
+                store_letters[letter.message_id] = letter.reason;
             break;
         }
         case StoreKind::postgres: {
             captures_by_order = postgres_captures(*pg);
             idem::PostgresStore store{db};
             for (const auto& letter : store.dead_letters())
-                dead_lettered_ids.insert(letter.message_id);
+                store_letters[letter.message_id] = letter.reason;
             break;
         }
         case StoreKind::mysql: {
             captures_by_order = mysql_captures(*maria);
             idem::MysqlStore store{mysql_endpoint_of(db)};
             for (const auto& letter : store.dead_letters())
-                dead_lettered_ids.insert(letter.message_id);
+                store_letters[letter.message_id] = letter.reason;
             break;
         }
         case StoreKind::redis: {
             captures_by_order = redis_captures(redis, o.messages);
             idem::RedisStore store{endpoint};
             for (const auto& letter : store.dead_letters())
-                dead_lettered_ids.insert(letter.message_id);
+                store_letters[letter.message_id] = letter.reason;
             break;
         }
         case StoreKind::redis_cluster: {
@@ -564,14 +565,89 @@ int run_driver(const Options& o) {
             captures_by_order = redis_cluster_captures(*cluster);
             idem::RedisStore store{redis_cluster_seeds_of(db)};
             for (const auto& letter : store.dead_letters())
-                dead_lettered_ids.insert(letter.message_id);
+                store_letters[letter.message_id] = letter.reason;
             break;
         }
     }
     const std::set<long> pending_orders = broker->unsettled_orders();
-    std::set<long> dead_lettered_orders = broker->dead_lettered_orders();
-    for (const auto& id : dead_lettered_ids)
+    const std::map<long, std::string> broker_letters = broker->dead_letters();
+    std::set<long> dead_lettered_orders;
+    for (const auto& [order, reason] : broker_letters)
+        dead_lettered_orders.insert(order);
+    for (const auto& [id, reason] : store_letters)
         dead_lettered_orders.insert(broker->order_of(id).value_or(0));
+
+    // What the store says of a message's claim (and, on a lease store, its attempts).
+    auto describe_claim = [&](const std::string& id) -> std::string {
+        std::optional<idem::ClaimRecord> claim;
+        std::string attempts;
+        switch (o.store) {
+            case StoreKind::sqlite: {
+                idem::SqliteStore store{db};
+                claim = store.find_claim(scope_name, id);
+                break;
+            }
+            case StoreKind::postgres: {
+                idem::PostgresStore store{db};
+                claim = store.find_claim(scope_name, id);
+                break;
+            }
+            case StoreKind::mysql: {
+                idem::MysqlStore store{mysql_endpoint_of(db)};
+                claim = store.find_claim(scope_name, id);
+                break;
+            }
+            case StoreKind::redis:
+            case StoreKind::redis_cluster: {
+                std::optional<idem::RedisStore> store;
+                if (o.store == StoreKind::redis) {
+                    store.emplace(endpoint);
+                } else {
+                    store.emplace(redis_cluster_seeds_of(db));
+                }
+                claim = store->find_claim(scope_name, id);
+                attempts =
+                    fmt::format(", effect starts counted {}", store->attempts(scope_name, id));
+                break;
+            }
+        }
+        if (!claim) return "no claim" + attempts;
+        return fmt::format("claim {}{}{}", idem::to_string(claim->disposition),
+                           claim->reason.empty() ? "" : " (" + claim->reason + ")", attempts);
+    };
+
+    // Every divergence explained: what each delivery of the order did, what the store and the
+    // dead letters say.
+    auto explain = [&](long order, const std::vector<std::string>& captures_of,
+                       const std::vector<std::string>& charges_of, bool pending) {
+        const std::string id = broker->message_id_of_order(order);
+        std::string text = fmt::format(
+            "divergence: order {} (message id {}): captures [{}], charges [{}], {}", order,
+            id.empty() ? "?" : id, fmt::join(captures_of, " "), fmt::join(charges_of, " "),
+            pending ? "still pending at the broker" : "settled at the broker");
+        const auto letter = broker_letters.find(order);
+        if (letter != broker_letters.end())
+            text += fmt::format("\n  broker dead letter: {}", letter->second);
+        const auto stored_letter = store_letters.find(id);
+        if (stored_letter != store_letters.end())
+            text += fmt::format("\n  store dead letter: {}", stored_letter->second);
+        if (id.empty()) return text;
+        text += "\n  store: " + describe_claim(id);
+        const auto history = lists_of(redis, {history_key(id)}).front();
+        long long first = -1;
+        text += fmt::format(
+            "\n  deliveries ({} lines; a start without an outcome: the worker "
+            "died):",
+            history.size());
+        for (const std::string& line : history) {
+            const std::size_t space = line.find(' ');
+            const long long at = std::stoll(line.substr(0, space));
+            if (first < 0) first = at;
+            text += fmt::format("\n    +{:.3f} s {}", static_cast<double>(at - first) / 1000.0,
+                                line.substr(space + 1));
+        }
+        return text;
+    };
 
     std::vector<std::string> charged_keys;
     for (long order = 1; order <= o.messages; ++order)
@@ -580,6 +656,7 @@ int run_driver(const Options& o) {
 
     long captures = 0, divergences = 0;
     long no_capture = 0, extra_captures = 0, extra_charges = 0, mismatched = 0;
+    std::vector<std::string> explained;  // one block per divergent order
     for (long order = 1; order <= o.messages; ++order) {
         static const std::vector<std::string> none;
         const auto found = captures_by_order.find(order);
@@ -593,6 +670,7 @@ int run_driver(const Options& o) {
         mismatched += (c.size() == 1 && g.size() == 1 && !agree) ? 1 : 0;
         if (!agree || pending_orders.count(order) != 0 || dead_lettered_orders.count(order) != 0) {
             ++divergences;
+            explained.push_back(explain(order, c, g, pending_orders.count(order) != 0));
         }
     }
     const long delivered = static_cast<long>(get_int(redis, delivered_key));
@@ -653,6 +731,8 @@ int run_driver(const Options& o) {
         std::printf("idem_chaos: %s\n", error.c_str());
         status = exit_harness;
     }
+    for (const std::string& block : explained)
+        std::printf("%s\n", block.c_str());
     if (divergences > 0) {
         std::printf("idem_chaos: %ld of %ld orders diverge\n", divergences, o.messages);
         status = std::max(status, exit_failed);

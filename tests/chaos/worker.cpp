@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -71,6 +72,24 @@ class CrashWindows {
     std::mt19937_64& random_;
     idem::RedisConnection& redis_;
 };
+
+/// The history lines of one delivery (chaos.hpp's history_key).
+std::int64_t unix_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+std::vector<std::string> history_start(const idem::Delivery& delivery, const std::string& worker) {
+    return {"RPUSH", history_key(delivery.message_id),
+            fmt::format("{} d{} {} start", unix_ms(), delivery.delivery_count.value(), worker)};
+}
+std::vector<std::string> history_outcome(const idem::Delivery& delivery, const std::string& worker,
+                                         const idem::Outcome& outcome) {
+    return {"RPUSH", history_key(delivery.message_id),
+            fmt::format("{} d{} {} {}{}{}", unix_ms(), delivery.delivery_count.value(), worker,
+                        idem::to_string(outcome.disposition), outcome.reason.empty() ? "" : ": ",
+                        outcome.reason)};
+}
 
 struct Capture {
     long order_id = 0;
@@ -183,14 +202,15 @@ auto with_retries(const char* what, Make make) -> decltype(make()) {
 /// held: the after_commit_before_ack window then also kills a worker holding that lease.
 class SettleCounter final : public idem::Observer {
   public:
-    SettleCounter(idem::RedisConnection& redis, CrashWindows& windows)
-        : redis_(redis), windows_(windows) {}
+    SettleCounter(idem::RedisConnection& redis, CrashWindows& windows, std::string worker)
+        : redis_(redis), windows_(windows), worker_(std::move(worker)) {}
 
     void count(const idem::Delivery& delivery) {
         try {
             redis_.pipeline(
                 {{"INCR", delivered_key},
-                 {"HINCRBY", counts_key, std::to_string(delivery.delivery_count.value()), "1"}});
+                 {"HINCRBY", counts_key, std::to_string(delivery.delivery_count.value()), "1"},
+                 history_start(delivery, worker_)});
         } catch (const idem::error&) {  // a lost count must not turn a commit into a failure
         }
     }
@@ -200,8 +220,9 @@ class SettleCounter final : public idem::Observer {
                              const idem::OutcomeDetails& details) override {
         if (!details.effect_ran) count(delivery);
         try {
-            redis_.command(
-                {"HINCRBY", outcomes_key, std::string(idem::to_string(outcome.disposition)), "1"});
+            redis_.pipeline(
+                {{"HINCRBY", outcomes_key, std::string(idem::to_string(outcome.disposition)), "1"},
+                 history_outcome(delivery, worker_, outcome)});
         } catch (const idem::error&) {
         }
         if (idem::should_ack(outcome)) windows_.maybe_die(after_commit_before_ack);
@@ -210,6 +231,7 @@ class SettleCounter final : public idem::Observer {
   private:
     idem::RedisConnection& redis_;
     CrashWindows& windows_;
+    std::string worker_;
 };
 
 /// --pipelined: the StreamConsumer given the IdempotentHandler itself (its effect reads the
@@ -219,7 +241,7 @@ template <class Store>
 int consume_pipelined(Store& store, const Options& options, idem::RedisConnection& redis,
                       GatewayClient& gateway, CrashWindows& windows,
                       const idem::PolicyOptions& policy_options, const WorkerSettings& settings) {
-    SettleCounter counter{redis, windows};
+    SettleCounter counter{redis, windows, settings.consumer_name};
     const CaptureEffect capture{&gateway, &windows};
     auto handler = idem::make_handler(
         store, idem::Policy{scope_name, policy_options},
@@ -285,15 +307,17 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
     worker->run([&](const idem::Delivery& delivery, const Message& entry) {
         for (const idem::RedisReply& reply : redis.pipeline(
                  {{"INCR", delivered_key},
-                  {"HINCRBY", counts_key, std::to_string(delivery.delivery_count.value()), "1"}})) {
+                  {"HINCRBY", counts_key, std::to_string(delivery.delivery_count.value()), "1"},
+                  history_start(delivery, settings.consumer_name)})) {
             if (reply.is_error()) throw std::runtime_error("counting: " + reply.str);
         }
         const idem::Outcome outcome =
             options.naive ? naive_capture(store, redis, gateway, windows, random, entry)
                           : handler.handle(delivery, entry);
         try {
-            redis.command(
-                {"HINCRBY", outcomes_key, std::string(idem::to_string(outcome.disposition)), "1"});
+            redis.pipeline(
+                {{"HINCRBY", outcomes_key, std::string(idem::to_string(outcome.disposition)), "1"},
+                 history_outcome(delivery, settings.consumer_name, outcome)});
         } catch (const idem::error&) {  // a lost count must not turn a commit into a failure
         }
         if (idem::should_ack(outcome)) windows.maybe_die(after_commit_before_ack);

@@ -52,7 +52,7 @@ inline idem::RedisEndpoint endpoint_of(const idem_test::RedisServer& server) {
     return endpoint;
 }
 
-/// Short timings so a redelivery takes ~100 ms instead of 30 s.
+/// Short timings so a redelivery takes ~100 ms instead of 30 s (no redelivery backoff).
 inline StreamConsumerOptions fast_options(const std::string& stream,
                                           const std::string& consumer = "c1") {
     StreamConsumerOptions options;
@@ -61,6 +61,8 @@ inline StreamConsumerOptions fast_options(const std::string& stream,
     options.consumer = consumer;
     options.visibility_timeout = 100ms;
     options.block = 50ms;
+    // Every visibility timeout: the tests of the backoff set it themselves.
+    options.redelivery_backoff = idem::RedeliveryBackoff::none();
     return options;
 }
 

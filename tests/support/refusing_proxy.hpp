@@ -5,6 +5,10 @@
 // Everything else is relayed byte for byte. Clients are expected to wait for their replies before
 // sending a refused command (idem's store does), so the proxy's own reply cannot overtake a
 // reply still coming from the server.
+//
+// RefusingProxy::dropping() makes one that FORWARDS the matching commands instead and then drops
+// the client's connection without a reply: the server ran them, the client never hears of it (a
+// connection lost mid-round-trip).
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -15,9 +19,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -44,6 +50,16 @@ class RefusingProxy {
             throw std::runtime_error("RefusingProxy: listen");
         }
         acceptor_ = std::thread([this] { accept_loop(); });
+    }
+    /// Forwards the commands @p drop says yes to, then closes the client's connection (and its
+    /// own to the server) before any reply of theirs comes back.
+    static std::unique_ptr<RefusingProxy> dropping(
+        std::string upstream_host, int upstream_port,
+        std::function<bool(const std::vector<std::string>&)> drop) {
+        auto proxy = std::make_unique<RefusingProxy>(std::move(upstream_host), upstream_port,
+                                                     std::move(drop), std::string());
+        proxy->drop_ = true;
+        return proxy;
     }
     RefusingProxy(const RefusingProxy&) = delete;
     RefusingProxy& operator=(const RefusingProxy&) = delete;
@@ -111,6 +127,13 @@ class RefusingProxy {
             if (end == 0) break;
             if (refuse_(args)) {
                 ++refused_;
+                if (drop_) {
+                    // Everything up to and with this command reaches the server; give it time
+                    // to run them, then cut the client off before their replies.
+                    send_all(server, pending.data() + used, end - used);
+                    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                    return false;
+                }
                 if (!send_all(client, error_.data(), error_.size())) return false;
             } else if (!send_all(server, pending.data() + used, end - used)) {
                 return false;
@@ -160,6 +183,7 @@ class RefusingProxy {
     int upstream_port_;
     std::function<bool(const std::vector<std::string>&)> refuse_;
     std::string error_;
+    bool drop_ = false;  ///< dropping(): forward, then cut the client off
     int listener_ = -1;
     int port_ = 0;
     std::atomic<bool> stop_{false};

@@ -41,7 +41,7 @@ namespace broker {
 /// @brief What a consumer has done so far (a snapshot). Every adapter reports the same fields.
 struct ConsumerStats {
     std::size_t read = 0;  ///< first deliveries read from the broker
-    /// Deliveries that came again (Redis: taken over by XAUTOCLAIM; RabbitMQ, NATS: a delivery
+    /// Deliveries that came again (Redis: taken over by XCLAIM; RabbitMQ, NATS: a delivery
     /// count above 1).
     std::size_t reclaimed = 0;
     std::size_t acked = 0;              ///< settled for good, by the consumer or in the commit

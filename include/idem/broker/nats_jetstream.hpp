@@ -38,6 +38,7 @@
 #include "idem/nats/message.hpp"
 #include "idem/nats/pull_subscription.hpp"
 #include "idem/outcome.hpp"
+#include "idem/redelivery_backoff.hpp"
 
 IDEM_BEGIN_NAMESPACE
 
@@ -94,6 +95,13 @@ struct JetStreamConsumerOptions {
     /// the handler's p99; a lease store's lease must not exceed it. Checked against the
     /// consumer's AckWait on the server at start (a mismatch is refused).
     std::chrono::milliseconds visibility_timeout{30000};
+    /// A failed outcome (the effect threw, the store failed), or a deferred one without its own
+    /// retry_after, is nacked with the delay before its next delivery (NakWithDelay), which grows
+    /// with the delivery count (RedeliveryBackoff: 2 s, 4 s, 8 s ... up to 5 min by default): a
+    /// message is parked after about redelivery_backoff.horizon(max_deliveries) of failing. A
+    /// message whose worker died unsettled comes back after AckWait.
+    /// RedeliveryBackoff::none(): left unsettled, back after AckWait (visibility_timeout).
+    RedeliveryBackoff redelivery_backoff{};
     /// Create the durable pull consumer (explicit acks, AckWait = visibility_timeout,
     /// MaxDeliver unlimited: idem's policy dead-letters) when it does not exist.
     bool create_consumer = true;
@@ -140,9 +148,11 @@ using JetStreamConsumerStats = broker::ConsumerStats;
 /// Idem-Subject plus the original headers (JetStream's own Nats-* ones renamed Idem-Original-*),
 /// deduplicated by a Nats-Msg-Id of its own, and terminated only once its stream confirmed it.
 /// An outcome with a retry_after (deferred, or in_progress with the holder's remaining lease)
-/// is nacked with that delay; every other outcome is left unsettled and comes back after
-/// AckWait. A handler that throws counts as failed. Nothing is
-/// acked whose outcome is unknown; nothing is acked before the handler's commit returned.
+/// is nacked with that delay; a failed one (or deferred without its own delay) with the
+/// redelivery backoff of its next delivery (JetStreamConsumerOptions::redelivery_backoff);
+/// in_progress without a delay is left unsettled and comes back after AckWait. A handler that
+/// throws counts as failed. Nothing is acked whose outcome is unknown; nothing is acked before the
+/// handler's commit returned.
 ///
 /// @code
 /// idem::SqliteStore store{"orders.db"};
@@ -348,6 +358,8 @@ class JetStreamConsumer {
                 "no message id: id_header is empty and sequence_when_no_id_header is false; name "
                 "the header carrying the business id or allow the stream sequence");
         }
+        options.redelivery_backoff.validate(
+            fmt::format("idem::JetStreamConsumer(\"{}/{}\")", options.stream, options.durable));
         if (options.dead_letter_subject.empty()) {
             options.dead_letter_subject =
                 "idem.dead-letters." + options.stream + "." + options.durable;
@@ -534,12 +546,20 @@ class JetStreamConsumer {
                 const Outcome& outcome) {
         const broker::Settlement settlement = broker::settlement_of(outcome);
         switch (settlement) {
-            case broker::Settlement::redeliver:
-                if (const auto delay = broker::redelivery_delay(outcome)) {
+            case broker::Settlement::redeliver: {
+                std::optional<std::chrono::milliseconds> delay = broker::redelivery_delay(outcome);
+                if (!delay && outcome.disposition != Disposition::in_progress &&
+                    !options_.redelivery_backoff.off()) {
+                    // failed, or deferred without its own delay: the backoff of the next delivery
+                    delay = options_.redelivery_backoff.before(delivery.delivery_count.value() + 1,
+                                                               delivery.message_id);
+                }
+                if (delay) {
                     message.nak_with_delay(*delay);
                     nacked_with_delay_.fetch_add(1, std::memory_order_relaxed);
                 }  // else unsettled: AckWait brings it back
                 break;
+            }
             case broker::Settlement::dead_letter_then_ack:
                 publish_dead_letter(delivery, body, outcome.reason);
                 message.term();

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -26,6 +27,7 @@
 #include "idem/rabbitmq/connection.hpp"
 #include "idem/rabbitmq/endpoint.hpp"
 #include "idem/rabbitmq/message.hpp"
+#include "idem/redelivery_backoff.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace rabbitmq {
@@ -94,22 +96,29 @@ struct RabbitConsumerOptions {
     std::string dead_letter_exchange{};
     /// The routing key of dead letters. Empty: the queue's name.
     std::string dead_letter_routing_key{};
-    /// Outcomes not acked go here with a per-message TTL of their delay (a deferred effect's
-    /// retry_after, an in_progress claim's lease left, else in_progress_delay or
-    /// redelivery_delay), and the queue dead-letters them back to `queue`
-    /// when it expires. Empty: queue + ".retry". (Messages expire in order: a long delay ahead
-    /// holds shorter ones behind it.)
+    /// Where a message waits out its delay before it comes back (failed: its redelivery
+    /// backoff; deferred with a retry_after, or in_progress with the holder's lease left: that
+    /// delay): published with a per-message TTL of the delay, it is dead-lettered back to
+    /// `queue` when the TTL expires. Empty: queue + ".retry". With `declare`, one retry queue
+    /// per range of delays, `<retry_queue>.<T>` for the delays from T/2 to T ms (T a power of
+    /// two), each declared when first used: RabbitMQ expires messages only at the head of a
+    /// queue, so one queue for every delay would hold a short delay behind a long one; this
+    /// way a message waits at most twice its delay. Without `declare`, every delay goes to
+    /// retry_queue itself (which must exist), and a long delay ahead holds shorter ones behind
+    /// it.
     std::string retry_queue{};
     /// An in_progress outcome (another live worker holds the claim) goes to the retry queue
     /// with this delay, so the message does not bounce between the queue and this consumer
     /// while the holder works. 0: basic.nack with requeue at once.
     std::chrono::milliseconds in_progress_delay{1000};
     /// A failed outcome (the effect threw, the store failed), or a deferred one without its own
-    /// retry_after, goes to the retry queue with this delay: RabbitMQ itself redelivers a nacked
-    /// message at once, which would spend the poison limit (max_deliveries) within milliseconds
-    /// on a failure that needs a moment to clear (the role a visibility timeout plays on other
-    /// brokers). 0: basic.nack with requeue at once.
-    std::chrono::milliseconds redelivery_delay{1000};
+    /// retry_after, goes to the retry queue with the delay before its next delivery, which grows
+    /// with the delivery count (RedeliveryBackoff: 2 s, 4 s, 8 s ... up to 5 min by default):
+    /// RabbitMQ itself redelivers a nacked message at once, which would spend the poison limit
+    /// (max_deliveries) within milliseconds on a failure that needs a moment to clear. A
+    /// message is parked after about redelivery_backoff.horizon(max_deliveries) of failing.
+    /// RedeliveryBackoff::none(): basic.nack with requeue, redelivered at once.
+    RedeliveryBackoff redelivery_backoff{};
     /// Handle each poll's deliveries (up to batch_size, those already arrived) together: an
     /// IdempotentHandler gets them in ONE handle_batch() call (one store transaction, each
     /// message in its own savepoint), then each is settled in order as its outcome says
@@ -156,11 +165,11 @@ using RabbitConsumerStats = broker::ConsumerStats;
 ///   timeout).
 /// - ack (basic.ack) only after the handler returned an acking outcome, i.e. after its commit.
 /// - Not acked (failed, deferred, in_progress): after a delay — a deferred effect's retry_after,
-///   else in_progress_delay or redelivery_delay — the message is republished, confirmed, to the
-///   retry queue with that TTL and the original acked; the retry queue dead-letters it back to
-///   the queue when it expires, with its count carried in x-idem-prior-deliveries. A deferred
-///   outcome without retry_after waits redelivery_delay, as a failed one. A delay of 0:
-///   basic.nack with requeue.
+///   else in_progress_delay (in_progress) or the redelivery backoff of its next delivery (failed,
+///   and deferred without one) — the message is republished, confirmed, to a retry queue with
+///   that TTL and the original acked; the retry queue dead-letters it back to the queue when it
+///   expires, with its count carried in x-idem-prior-deliveries. A delay of 0
+///   (RedeliveryBackoff::none(), in_progress_delay 0): basic.nack with requeue.
 /// - Dead letters (and duplicates of dead-lettered messages): published to the dead-letter
 ///   exchange with the reason (x-idem-reason, scope, message id, delivery count, queue) and the
 ///   original properties and headers, the body through the policy's redactor if it has one,
@@ -318,7 +327,8 @@ class RabbitConsumer {
         }
         if (options.block.count() <= 0) refuse("block must be positive (e.g. 1000 ms)");
         if (options.in_progress_delay.count() < 0) refuse("in_progress_delay is negative");
-        if (options.redelivery_delay.count() < 0) refuse("redelivery_delay is negative");
+        options.redelivery_backoff.validate(
+            fmt::format("idem::RabbitConsumer(\"{}\")", options.queue));
         if (options.consumer_timeout.count() <= 0) {
             refuse("consumer_timeout must be the broker's (rabbitmq.conf consumer_timeout)");
         }
@@ -413,17 +423,31 @@ class RabbitConsumer {
         connection_.declare_queue(control_channel, options_.dead_letter_exchange, dead);
         connection_.bind_queue(control_channel, options_.dead_letter_exchange,
                                options_.dead_letter_exchange, "");
-        // The retry queue: nobody consumes it; an expired message is dead-lettered to the
-        // default exchange with the queue's name as routing key, i.e. back to the queue. A quorum
-        // queue with at-least-once dead-lettering, so a broker crash cannot drop it on the way.
+        retry_queues_declared_.clear();  // declared again on this connection when first used
+        dead_letter_queue_known_ = true;
+    }
+
+    /// The retry queue for @p delay (see RabbitConsumerOptions::retry_queue), declared on this
+    /// connection the first time it is used: nobody consumes it; an expired message is
+    /// dead-lettered to the default exchange with the queue's name as routing key, i.e. back
+    /// to the queue. A quorum queue with at-least-once dead-lettering, so a broker crash cannot
+    /// drop it on the way.
+    const std::string& retry_queue_for(std::chrono::milliseconds delay) {
+        if (!options_.declare) return options_.retry_queue;
+        std::uint64_t tier = 1;
+        while (tier < static_cast<std::uint64_t>(delay.count()) && tier < (1ull << 62))
+            tier <<= 1;
+        auto found = retry_queues_declared_.find(tier);
+        if (found != retry_queues_declared_.end()) return found->second;
+        const std::string name = options_.retry_queue + "." + std::to_string(tier);
         rabbitmq::QueueDeclare retry;
         retry.arguments = {{"x-queue-type", std::string("quorum")},
                            {"x-dead-letter-exchange", std::string("")},
                            {"x-dead-letter-routing-key", options_.queue},
                            {"x-dead-letter-strategy", std::string("at-least-once")},
                            {"x-overflow", std::string("reject-publish")}};
-        connection_.declare_queue(control_channel, options_.retry_queue, retry);
-        dead_letter_queue_known_ = true;
+        connection_.declare_queue(control_channel, name, retry);
+        return retry_queues_declared_.emplace(tier, name).first->second;
     }
 
     std::size_t poll() {
@@ -559,7 +583,10 @@ class RabbitConsumer {
                 if (!delay && outcome.disposition == Disposition::in_progress) {
                     delay = options_.in_progress_delay;
                 }
-                if (!delay) delay = options_.redelivery_delay;  // failed, or deferred without one
+                if (!delay) {  // failed, or deferred without one: the backoff of the next delivery
+                    delay = options_.redelivery_backoff.before(delivery.delivery_count.value() + 1,
+                                                               delivery.message_id);
+                }
                 if (delay && delay->count() > 0) {
                     if (!current(message)) {
                         loop_.count(broker::Settlement::redeliver);
@@ -618,7 +645,7 @@ class RabbitConsumer {
     void publish_retry(const RabbitMessage& message, const Delivery& delivery,
                        std::chrono::milliseconds delay, const std::string& reason) {
         rabbitmq::Publish p = republish_of(message, delivery, reason);
-        p.routing_key = options_.retry_queue;  // the default exchange
+        p.routing_key = retry_queue_for(delay);  // the default exchange
         p.properties.expiration = std::to_string(delay.count());
         p.headers.emplace_back(rabbitmq::header_prior_deliveries,
                                static_cast<std::int64_t>(delivery.delivery_count.value()));
@@ -657,6 +684,8 @@ class RabbitConsumer {
     std::uint64_t consuming_epoch_ = 0;
     std::uint64_t checked_on_ = 0;  ///< the connection epoch the queues were checked on
     bool dead_letter_queue_known_ = false;
+    /// Retry queues declared on this connection, by their longest delay (ms).
+    std::map<std::uint64_t, std::string> retry_queues_declared_;
     std::vector<RabbitMessage> held_;  ///< read, not yet handled (breaker open or stop)
 };
 

@@ -15,7 +15,6 @@
 #include <string>
 #include <string_view>
 #include <thread>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -29,6 +28,7 @@
 #include "idem/error.hpp"
 #include "idem/handler.hpp"
 #include "idem/outcome.hpp"
+#include "idem/redelivery_backoff.hpp"
 #include "idem/redis/cluster.hpp"
 #include "idem/redis/connection.hpp"
 #include "idem/redis/endpoint.hpp"
@@ -129,9 +129,16 @@ struct StreamConsumerOptions {
     /// run() may take to notice request_stop(). Must be shorter than the endpoint's
     /// command_timeout.
     std::chrono::milliseconds block{1000};
-    /// An entry pending this long without an ack is taken over (XAUTOCLAIM min-idle-time) and
+    /// An entry pending this long without an ack is taken over (XCLAIM min-idle-time) and
     /// delivered again. Keep it above the handler's p99; a lease store's lease must not exceed it.
     std::chrono::milliseconds visibility_timeout{30000};
+    /// How long an entry that was not acked waits before its next delivery, growing with its
+    /// delivery count: an entry delivered n − 1 times is taken over only once it has been idle
+    /// for the longer of visibility_timeout and redelivery_backoff.before(n) (the consumer
+    /// cannot tell a failure from a slow holder, so never sooner than the visibility timeout).
+    /// A message is then parked after about redelivery_backoff.horizon(max_deliveries,
+    /// visibility_timeout) of failing. RedeliveryBackoff::none(): every visibility_timeout.
+    RedeliveryBackoff redelivery_backoff{};
     /// Create the group (at id 0, with the stream) when it does not exist.
     bool create_group = true;
     /// Handle each poll's entries (taken over and new, up to batch_size) together: an
@@ -175,7 +182,7 @@ struct StreamConsumerOptions {
 };
 
 /// @brief What a StreamConsumer has done so far (a snapshot): `read` counts new entries
-/// (XREADGROUP), `reclaimed` stuck entries taken over and delivered again (XAUTOCLAIM).
+/// (XREADGROUP), `reclaimed` stuck entries taken over and delivered again (XCLAIM).
 using StreamConsumerStats = broker::ConsumerStats;
 
 namespace detail {
@@ -225,7 +232,7 @@ inline bool stream_id_less(std::string_view a, std::string_view b) {
     return less(aseq, bseq);
 }
 
-/// An entry of an XREADGROUP / XAUTOCLAIM reply: [id, [name, value, ...]]. Nothing for an entry
+/// An entry of an XREADGROUP / XCLAIM reply: [id, [name, value, ...]]. Nothing for an entry
 /// deleted from the stream (nil, or an id with nil fields).
 inline std::optional<StreamEntry> parse_stream_entry(const redis::Reply& reply,
                                                      const std::string& stream) {
@@ -247,12 +254,14 @@ inline std::optional<StreamEntry> parse_stream_entry(const redis::Reply& reply,
 /// @brief Reads a Redis Stream through a consumer group and hands each entry to a handler as an
 /// idem::Delivery, so the handler's claim, poison limit and outcome decide the ack.
 ///
-/// Each poll_once() first takes over entries left pending longer than the visibility timeout
-/// (XAUTOCLAIM; their true delivery count from XPENDING), then reads new ones (XREADGROUP;
-/// delivery count 1). After the handler: an acking outcome is XACKed (a dead letter is first added
-/// to the dead-letter stream with its reason and fields, atomically with the ack); failed, deferred
-/// and in_progress stay pending and come back after the visibility timeout. A handler that throws
-/// counts as failed. Nothing is acked whose outcome is unknown.
+/// Each poll_once() first takes over entries that are due again (XPENDING with their true
+/// delivery counts, then XCLAIM): pending without an ack for longer than the visibility timeout
+/// and than the redelivery backoff of their next delivery (StreamConsumerOptions::
+/// redelivery_backoff). Then it reads new ones (XREADGROUP; delivery count 1). After the handler:
+/// an acking outcome is XACKed (a dead letter is first added to the dead-letter stream with its
+/// reason and fields, atomically with the ack); failed, deferred and in_progress stay pending
+/// and come back once due. A handler that throws counts as failed. Nothing is acked whose
+/// outcome is unknown.
 ///
 /// Built from an IdempotentHandler whose store accepts its commit hook (idem::CommitHook carrying
 /// a redis::StreamAck: a RedisStore of the same server and database), the ack (and the
@@ -411,6 +420,8 @@ class StreamConsumer {
                 "visibility_timeout must be positive: choose it above the handler's p99 (e.g. "
                 "30000 ms)");
         }
+        options.redelivery_backoff.validate(
+            fmt::format("idem::StreamConsumer(\"{}\")", options.stream));
         if (options.dead_letter_stream.empty()) {
             options.dead_letter_stream = redis::default_dead_letter_stream(options.stream);
         }
@@ -457,75 +468,67 @@ class StreamConsumer {
         group_ready_ = true;
     }
 
-    /// Takes over entries idle past the visibility timeout, with their true delivery counts.
+    /// Takes over the entries that are due again, with their true delivery counts: pending
+    /// (unacked) and idle for at least the visibility timeout AND the backoff of their next
+    /// delivery (RedeliveryBackoff). One XPENDING (IDLE filter, from where the last poll
+    /// stopped), then one pipeline of XCLAIMs, each with its own min-idle-time, so an entry
+    /// another consumer took meanwhile is not taken twice.
     void reclaim(std::vector<Item>& batch) {
-        redis::Reply reply =
-            checked({"XAUTOCLAIM", options_.stream, options_.group, options_.consumer,
-                     std::to_string(options_.visibility_timeout.count()), cursor_, "COUNT",
-                     std::to_string(options_.batch_size)},
-                    "XAUTOCLAIM");
-        if (!reply.is_array() || reply.elements.size() < 2 || !reply.elements[1].is_array()) {
-            throw store_error("idem::StreamConsumer: XAUTOCLAIM: unexpected reply");
+        const std::size_t page = std::max<std::size_t>(options_.batch_size * 4, 64);
+        const std::string visibility = std::to_string(options_.visibility_timeout.count());
+        redis::Reply reply = checked({"XPENDING", options_.stream, options_.group, "IDLE",
+                                      visibility, cursor_, "+", std::to_string(page)},
+                                     "XPENDING");
+        if (!reply.is_array())
+            throw store_error("idem::StreamConsumer: XPENDING: unexpected reply");
+        struct Due {
+            std::string id;
+            std::uint32_t delivery_count;  ///< this delivery's, once claimed
+        };
+        std::vector<Due> due;
+        std::vector<std::vector<std::string>> claims;
+        std::string last_seen;
+        for (const redis::Reply& row : reply.elements) {
+            if (!row.is_array() || row.elements.size() < 4) continue;
+            if (claims.size() == options_.batch_size) break;  // the rest on a later poll
+            const std::string& id = row.elements[0].str;
+            last_seen = id;
+            const auto delivered =
+                static_cast<std::uint32_t>(std::max<long long>(0, row.elements[3].integer));
+            const std::chrono::milliseconds wait = std::max(
+                options_.visibility_timeout, options_.redelivery_backoff.before(delivered + 1, id));
+            if (row.elements[2].integer < wait.count()) continue;  // held back: not due yet
+            claims.push_back({"XCLAIM", options_.stream, options_.group, options_.consumer,
+                              std::to_string(wait.count()), id});
+            due.push_back(Due{id, delivered + 1});
         }
-        cursor_ = reply.elements[0].str.empty() ? std::string("0-0") : reply.elements[0].str;
-        std::vector<StreamEntry> entries;
+        // A full page or a full batch: resume after the last entry looked at; else from the
+        // start of the pending list.
+        const bool more = reply.elements.size() >= page || claims.size() == options_.batch_size;
+        cursor_ = more && !last_seen.empty() ? "(" + last_seen : std::string("-");
+        if (claims.empty()) return;
+
+        const std::vector<redis::Reply> replies = connection_.pipeline(claims);
         std::vector<std::string> deleted;
-        for (const redis::Reply& element : reply.elements[1].elements) {
-            if (auto entry = detail::parse_stream_entry(element, options_.stream)) {
-                entries.push_back(std::move(*entry));
-            } else if (element.is_array() && !element.elements.empty()) {
-                deleted.push_back(element.elements[0].str);
-            }
+        for (std::size_t i = 0; i < replies.size(); ++i) {
+            if (replies[i].is_error()) throw reply_error(replies[i], "XCLAIM");
+            if (!replies[i].is_array()) continue;
+            for (const redis::Reply& element : replies[i].elements) {
+                if (auto entry = detail::parse_stream_entry(element, options_.stream)) {
+                    loop_.reclaimed.fetch_add(1, std::memory_order_relaxed);
+                    batch.push_back(Item{std::move(*entry), due[i].delivery_count});
+                } else {
+                    // Deleted from the stream (XDEL, trimming): nothing left to deliver. Redis 7
+                    // drops them from the pending list itself; Redis 6.2 returns them as nil.
+                    deleted.push_back(due[i].id);
+                }
+            }  // empty: another consumer took it meanwhile, or it was acked
         }
         if (!deleted.empty()) {
-            // Deleted from the stream (XDEL, trimming): nothing left to deliver. Redis 7 drops
-            // them from the pending list itself; Redis 6.2 returns them with nil fields.
             std::vector<std::string> ack{"XACK", options_.stream, options_.group};
             ack.insert(ack.end(), deleted.begin(), deleted.end());
             checked(ack, "XACK");
         }
-        if (entries.empty()) return;
-        const auto counts = delivery_counts(entries);
-        for (StreamEntry& entry : entries) {
-            auto found = counts.find(entry.id);
-            if (found == counts.end()) continue;  // no longer pending for us: acked meanwhile
-            loop_.reclaimed.fetch_add(1, std::memory_order_relaxed);
-            batch.push_back(Item{std::move(entry), found->second});
-        }
-    }
-
-    /// Entry id → times delivered (this time included), from XPENDING's extended form for this
-    /// consumer: one round trip unless it holds many other pending entries in the same range.
-    std::unordered_map<std::string, std::uint32_t> delivery_counts(
-        const std::vector<StreamEntry>& entries) {
-        std::unordered_map<std::string, std::uint32_t> wanted;
-        std::string first = entries.front().id;
-        std::string last = entries.front().id;
-        for (const auto& entry : entries) {
-            wanted.emplace(entry.id, 0);
-            if (detail::stream_id_less(entry.id, first)) first = entry.id;
-            if (detail::stream_id_less(last, entry.id)) last = entry.id;
-        }
-        std::unordered_map<std::string, std::uint32_t> counts;
-        const std::size_t page = std::max<std::size_t>(entries.size() * 2, 32);
-        std::string start = first;
-        while (counts.size() < wanted.size()) {
-            redis::Reply reply = checked({"XPENDING", options_.stream, options_.group, start, last,
-                                          std::to_string(page), options_.consumer},
-                                         "XPENDING");
-            if (!reply.is_array())
-                throw store_error("idem::StreamConsumer: XPENDING: unexpected reply");
-            for (const redis::Reply& row : reply.elements) {
-                if (!row.is_array() || row.elements.size() < 4) continue;
-                const std::string& id = row.elements[0].str;
-                if (wanted.count(id) != 0) {
-                    counts[id] = static_cast<std::uint32_t>(row.elements[3].integer);
-                }
-            }
-            if (reply.elements.size() < page || reply.elements.empty()) break;
-            start = "(" + reply.elements.back().elements[0].str;
-        }
-        return counts;
     }
 
     void read_new(std::vector<Item>& batch, std::size_t count, bool block) {
@@ -830,7 +833,7 @@ class StreamConsumer {
     bool acks_in_commit_;
     broker::Loop loop_;  ///< after options_ and dispatch_: built from both
     bool group_ready_ = false;
-    std::string cursor_ = "0-0";  ///< XAUTOCLAIM resumes where the last poll stopped
+    std::string cursor_ = "-";  ///< XPENDING resumes where the last poll stopped
 };
 
 IDEM_END_NAMESPACE

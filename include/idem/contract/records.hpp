@@ -101,6 +101,10 @@ struct CommitAndClaimResult {
     /// The next transaction's claim, as claim() answers it, whatever the commit's fate: the
     /// two are different ids, so a refused commit does not touch the fresh lease.
     ClaimResult next{};
+    /// Null when `next` is the claim's answer; else what claim() would have thrown (a store
+    /// error in a round trip after the commit's): the commit's fate is commit_error's, and the
+    /// next message is `failed` (its lease, if it was taken, is released with its transaction).
+    std::exception_ptr next_error{};
 };
 
 /// @brief A stored claim, for inspection and tests.

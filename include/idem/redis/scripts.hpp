@@ -90,6 +90,19 @@ local function release(key, prefix)
 end
 )";
 
+// lua_release for a claim whose effect never started (a pipelined claim whose answer was lost):
+// it also takes back the attempt the claim counted.
+inline constexpr const char* lua_release_unstarted = R"(
+local function release(key, prefix)
+  local rest = held(redis.call('GET', key), prefix)
+  if not rest then return 0 end
+  local attempts, tail = string.match(rest, '^(%d+)(.*)$')
+  local left = math.max(0, tonumber(attempts) - 1)
+  redis.call('SET', key, record('free', '', '', string.format('%d', left) .. tail), 'KEEPTTL')
+  return 1
+end
+)";
+
 // Adds a dead letter to a stream: assigns `add_letter` (declared by the caller; needs
 // lua_now). The clock is read only here, once.
 inline constexpr const char* lua_add_letter = R"(
@@ -307,9 +320,8 @@ return answer
     return source;
 }
 
-// KEYS: claim records. ARGV: token. Frees only leases this token holds; attempts stay.
-inline const std::string& release_source() {
-    static const std::string source = lua({lua_record, lua_held, lua_release}) + R"(
+// Calls the release() defined before it on every key; answers how many leases it freed.
+inline constexpr const char* lua_release_each = R"(
 local mine = 'leased|' .. ARGV[1] .. '||'
 local freed = 0
 for c = 1, #KEYS do
@@ -317,6 +329,18 @@ for c = 1, #KEYS do
 end
 return freed
 )";
+
+// KEYS: claim records. ARGV: token. Frees only leases this token holds; attempts stay.
+inline const std::string& release_source() {
+    static const std::string source = lua({lua_record, lua_held, lua_release, lua_release_each});
+    return source;
+}
+
+// KEYS: claim records. ARGV: token. Frees only leases this token holds, each with one attempt
+// fewer (their effects never started).
+inline const std::string& release_unstarted_source() {
+    static const std::string source =
+        lua({lua_record, lua_held, lua_release_unstarted, lua_release_each});
     return source;
 }
 
@@ -393,6 +417,10 @@ inline const Script& claim_commit_script() {
 }
 inline const Script& release_script() {
     static const Script script{"release", release_source().c_str()};
+    return script;
+}
+inline const Script& release_unstarted_script() {
+    static const Script script{"release unstarted", release_unstarted_source().c_str()};
     return script;
 }
 inline const Script& lock_script() {

@@ -581,6 +581,7 @@ class RedisStore::Transaction {
           savepoints_(std::move(other.savepoints_)),
           locks_(std::move(other.locks_)),
           released_(std::move(other.released_)),
+          unstarted_(std::move(other.unstarted_)),
           hooks_(std::move(other.hooks_)),
           write_places_(std::move(other.write_places_)) {}
     Transaction& operator=(Transaction&&) = delete;
@@ -781,6 +782,10 @@ class RedisStore::Transaction {
     void rollback() noexcept {
         if (store_ == nullptr) return;
         try {
+            if (!unstarted_.empty()) (void)release_unstarted(unstarted_);
+        } catch (...) {  // unreachable: the lease expires on its own, the attempt stays counted
+        }
+        try {
             if (!claims_.empty() || !released_.empty()) {
                 std::vector<std::string> keys = released_;
                 for (const auto& held : claims_)
@@ -953,7 +958,10 @@ class RedisStore::Transaction {
     /// round trip, as claim(). Without SET claims (a server before 7.0) the commit and the
     /// claim go one after the other.
     /// @throws store_unavailable / store_timeout when the round trip failed: both outcomes are
-    /// unknown (the commit may have happened; the claim's lease, if it was taken, expires).
+    /// unknown (the commit may have happened). The claim's lease, if it was taken, is released
+    /// when @p next rolls back, and the attempt it counted is taken back: its effect never
+    /// started. A failure after the commit's reply (the claim script for an id another worker
+    /// holds) is not thrown but given in the result's next_error, beside the commit's fate.
     CommitAndClaimResult commit_with_next_claim(Transaction& next, std::string_view scope,
                                                 std::string_view id,
                                                 std::string_view fingerprint = {}) {
@@ -966,7 +974,11 @@ class RedisStore::Transaction {
             } catch (const store_error&) {
                 result.commit_error = std::current_exception();
             }
-            result.next = next.claim(scope, id, fingerprint);
+            try {
+                result.next = next.claim(scope, id, fingerprint);
+            } catch (const store_error&) {  // after the commit: its fate stays in the result
+                result.next_error = std::current_exception();
+            }
             return result;
         };
         if (next.store_ != store_ || !store_->claim_with_set_.load(std::memory_order_relaxed) ||
@@ -988,6 +1000,9 @@ class RedisStore::Transaction {
         }
         PreparedCommit prepared = prepare_commit();
         const std::vector<redis::Args> sets = next.set_claims(held);
+        // Until its answer is read, next may hold a lease whose effect has not started: its
+        // rollback releases it (by its token) and takes the attempt back.
+        next.unstarted_.push_back(held.front().key);
         CommitReplies replies;
         if (cluster) {
             // Followed where the slot's redirects say. A redirected commit ran nothing, but the
@@ -1013,13 +1028,19 @@ class RedisStore::Transaction {
         }
         std::vector<ClaimResult> results(1);
         std::vector<std::size_t> contested;
-        if (!next.read_set_claims(held, replies.next_claims, results, 0, contested) ||
-            !contested.empty()) {
-            result.next = next.claim(scope, id, fingerprint);  // the SET wrote nothing
-        } else {
-            next.confirm_duplicates(held, results);
-            result.next = std::move(results.front());
+        try {
+            if (!next.read_set_claims(held, replies.next_claims, results, 0, contested) ||
+                !contested.empty()) {
+                result.next = next.claim(scope, id, fingerprint);  // the SET wrote nothing
+            } else {
+                next.confirm_duplicates(held, results);
+                result.next = std::move(results.front());
+            }
+        } catch (const store_error&) {  // the commit's fate is known: it stays in the result
+            result.next_error = std::current_exception();
+            return result;
         }
+        next.unstarted_.clear();  // answered: a claim now held is in claims_
         return result;
     }
 
@@ -1853,16 +1874,17 @@ class RedisStore::Transaction {
     }
 
     /// Frees the leases of @p keys that this transaction's token still holds: one script (one
-    /// per hash slot on a cluster, pipelined per node).
-    std::vector<redis::Reply> release(const std::vector<std::string>& keys) {
+    /// per hash slot on a cluster, pipelined per node). @p script: release_script(), or
+    /// release_unstarted_script() to take back the attempts too.
+    std::vector<redis::Reply> release(const std::vector<std::string>& keys,
+                                      const redis::Script& script = redis::release_script()) {
         if (!store_->router_.known_cluster()) {
             redis::Args call;
             for (const auto& key : keys)
                 call.add(key);
             call.add(token_);
-            return {store_->with_connection([&](redis::Connection& c) {
-                return c.eval(redis::release_script(), keys.size(), call);
-            })};
+            return {store_->with_connection(
+                [&](redis::Connection& c) { return c.eval(script, keys.size(), call); })};
         }
         std::vector<redis::SlotCall> calls;
         for (const auto& [slot, group] : by_slot(keys)) {
@@ -1874,7 +1896,12 @@ class RedisStore::Transaction {
             call.keys_then_args.add(token_);
             calls.push_back(std::move(call));
         }
-        return store_->router_.eval_each(redis::release_script(), calls);
+        return store_->router_.eval_each(script, calls);
+    }
+
+    /// Frees the leases of @p keys whose effects never started, with their attempts taken back.
+    std::vector<redis::Reply> release_unstarted(const std::vector<std::string>& keys) {
+        return release(keys, redis::release_unstarted_script());
     }
 
     explicit Transaction(RedisStore& store)
@@ -1974,6 +2001,7 @@ class RedisStore::Transaction {
         }
         claims_.clear();
         released_.clear();
+        unstarted_.clear();
         locks_.clear();
         hooks_.clear();
         write_places_.clear();
@@ -1989,7 +2017,10 @@ class RedisStore::Transaction {
     std::size_t command_count_ = 0;
     std::vector<Mark> savepoints_;
     std::vector<std::string> locks_;
-    std::vector<std::string> released_;     ///< keys of unclaim()ed leases, freed at the end
+    std::vector<std::string> released_;  ///< keys of unclaim()ed leases, freed at the end
+    /// Keys this transaction may hold a lease on whose effect never started (a pipelined claim
+    /// whose answer was lost): released at rollback with their attempt taken back.
+    std::vector<std::string> unstarted_;
     std::vector<CommitHook*> hooks_;        ///< attach()ed stream acks, done by the commit
     std::vector<WritePlace> write_places_;  ///< on a cluster: one per queued write
     mutable std::size_t last_found_ = 0;    ///< find_held()'s hint
