@@ -820,7 +820,7 @@ void run_redis_cases() {
         compare("redis_single_write", "redis", 1, line);
         add_pinning(line, pin.active(), server_pid);
         line.str("effect", "one tx.write(\"SET\", \"fx:<order>\", \"1\"), applied by the commit");
-        line.str("note", "no target: redis_single is the case issue 6 sets one for");
+        line.str("note", "no target: redis_single is the case with one");
         emit(line);
     }
     if (replicas) {

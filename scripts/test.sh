@@ -2,7 +2,8 @@
 # Runs every idem test: the whole CI matrix, each configuration in its own build/<name> directory.
 #
 #   scripts/test.sh                  all configurations, in this order:
-#     gcc17    g++ C++17, Debug: every test
+#     gcc17    g++ C++17, Debug: every test, and the doc tests (every C++ block of README.md and
+#              docs/ compiled, tests/doctest/; only here: about 80 CPU seconds)
 #     core     g++ C++17, Debug, every component OFF (IDEM_WITH_<NAME>=OFF for each
 #              idem_add_backend() of CMakeLists.txt): the core tests build and pass without SQLite,
 #              libpq, hiredis, libmariadb, rabbitmq-c, cnats, spdlog or cpp-httplib
@@ -30,7 +31,7 @@ JOBS=2
 export CTEST_PARALLEL_LEVEL=$JOBS
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 
-usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 # The components, as CMakeLists.txt declares them (idem_add_backend(<name>), one a line).
 mapfile -t COMPONENTS < <(sed -n 's/^idem_add_backend(\([a-z0-9_]*\).*/\1/p' "$ROOT/CMakeLists.txt")
@@ -113,7 +114,7 @@ run_ctest() {
 }
 
 run_gcc17() {
-    configure_and_build gcc17 g++ 17
+    configure_and_build gcc17 g++ 17 -DIDEM_BUILD_DOCTESTS=ON
     run_ctest gcc17
 }
 

@@ -159,6 +159,48 @@ TEST_F(CommitHookTest, RedisStoreDeadLetterIsParkedAndAckedByTheCommit) {
     EXPECT_EQ(stream_length("orders:dead-letters"), 2);
 }
 
+TEST_F(CommitHookTest, AHookBuiltAsTheDocsShowParksItsDeadLetterOnTheDefaultStream) {
+    // StreamAck{endpoint, stream, group, entry id}: no dead-letter stream named, so a dead
+    // letter goes where StreamConsumer's go, <stream>:dead-letters; it is never acked without
+    // its copy. Named, it goes there.
+    const idem::redis::StreamAck by_hand{endpoint(), "orders", "workers", "1-0"};
+    EXPECT_EQ(by_hand.dead_letter_stream, "orders:dead-letters");
+    EXPECT_EQ(idem::redis::StreamAck{}.dead_letter_destination(), ":dead-letters");
+    idem::redis::StreamAck filled;
+    filled.stream = "{orders}";
+    EXPECT_EQ(filled.dead_letter_destination(), "{orders}:dead-letters");
+    EXPECT_EQ((idem::redis::StreamAck{endpoint(), "orders", "workers", "1-0", "parked"}
+                   .dead_letter_destination()),
+              "parked");
+
+    idem::RedisStore store{endpoint(), store_options()};
+    auto handler = idem::make_handler(store, idem::Policy{"capture"},
+                                      [](auto&, const std::string&) -> idem::EffectResult {
+                                          throw idem::malformed_message("not an order");
+                                      });
+    const std::string bad = deliver("bad");
+    CommitHook hook{idem::redis::StreamAck{endpoint(), "orders", "workers", bad}};
+    const Outcome outcome = handler.handle(Delivery{"order-1", 1u}, std::string("bad"), hook);
+    EXPECT_EQ(outcome.disposition, Disposition::dead_lettered);
+    EXPECT_TRUE(hook.acked_in_commit);
+    EXPECT_EQ(pending(), 0);
+    EXPECT_EQ(stream_length("orders:dead-letters"), 1);
+
+    // Filled in by hand, member by member, with no dead-letter stream: the same default.
+    const std::string second = deliver("bad");
+    idem::redis::StreamAck ack;
+    ack.endpoint = endpoint();
+    ack.stream = "orders";
+    ack.group = "workers";
+    ack.entry_id = second;
+    CommitHook filled_hook{std::move(ack)};
+    EXPECT_EQ(handler.handle(Delivery{"order-2", 1u}, std::string("bad"), filled_hook).disposition,
+              Disposition::dead_lettered);
+    EXPECT_TRUE(filled_hook.acked_in_commit);
+    EXPECT_EQ(pending(), 0);
+    EXPECT_EQ(stream_length("orders:dead-letters"), 2);
+}
+
 TEST_F(CommitHookTest, FailedMessageIsNotAckedByTheCommit) {
     idem::RedisStore store{endpoint(), store_options()};
     auto handler = idem::make_handler(

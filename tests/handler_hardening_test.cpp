@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <limits>
@@ -424,6 +425,31 @@ TEST(CircuitBreaker, StopEndsTheWaitAndBadOptionsAreRefused) {
     bad.jitter = 1.5;
     EXPECT_THROW(idem::CircuitBreaker(bad, [] {}), idem::usage_error);
     EXPECT_THROW(idem::CircuitBreaker({}, idem::CircuitBreaker::Probe{}), idem::usage_error);
+}
+
+TEST(CircuitBreaker, WaitsOnTheStopFlagARelayRunsOn) {
+    // The std::atomic<bool> Relay::run() takes stops the wait as a callable does.
+    std::atomic<bool> stop{false};
+    int probes = 0;
+    idem::CircuitBreaker breaker{{},
+                                 [&] {
+                                     if (++probes == 3) stop = true;
+                                     throw idem::store_unavailable("down");
+                                 },
+                                 [](std::chrono::milliseconds) {}};
+    breaker.open();
+    EXPECT_FALSE(breaker.wait_until_closed(stop));
+    EXPECT_EQ(probes, 3);
+    EXPECT_TRUE(breaker.is_open());
+
+    idem::CircuitBreaker closing{{}, [] {}, [](std::chrono::milliseconds) {}};
+    stop = false;
+    closing.open();
+    EXPECT_TRUE(closing.wait_until_closed(stop));
+    EXPECT_FALSE(closing.is_open());
+    const std::atomic<bool> stopped{true};
+    closing.open();
+    EXPECT_FALSE(closing.wait_until_closed(stopped));
 }
 
 TEST(CircuitBreaker, ProbesAnyStoreWithATransaction) {

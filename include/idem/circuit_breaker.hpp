@@ -56,8 +56,9 @@ struct CircuitBreakerStats {
 /// breaker is then closed and the backoff back at initial_backoff — or when asked to stop.
 ///
 /// @code
-/// idem::CircuitBreaker breaker{{}, [&] { store.begin().rollback(); }};
-/// if (outcome.store_unreachable()) { breaker.open(); breaker.wait_until_closed(stopping); }
+/// idem::CircuitBreaker breaker{{}, [&] { idem::probe_store(store); }};
+/// std::atomic<bool> stop{false};  // or any callable returning true once the loop must stop
+/// if (breaker.trips_on(outcome)) { breaker.open(); breaker.wait_until_closed(stop); }
 /// @endcode
 ///
 /// One loop (thread) drives a breaker; stats() and is_open() may be read from any thread.
@@ -104,16 +105,26 @@ class CircuitBreaker {
 
     /// @brief While open: sleep the backoff, probe; a failed probe doubles the backoff (up to
     /// max_backoff), a successful one closes the breaker. Returns true once closed, false when
-    /// @p stop says so first (checked before each sleep and each probe).
+    /// @p stop says so first (checked before each sleep and each probe). @p stop is a callable
+    /// returning true once the loop must stop, or a `std::atomic<bool>` set then (the flag
+    /// Relay::run() takes).
     template <class StopRequested>
     bool wait_until_closed(StopRequested&& stop) {
-        while (is_open()) {
-            if (stop()) return false;
-            sleep_(next_wait());
-            if (stop()) return false;
-            probe_once();
+        using Stop = std::remove_cv_t<std::remove_reference_t<StopRequested>>;
+        if constexpr (std::is_same_v<Stop, std::atomic<bool>>) {
+            return wait_until_closed([&stop] { return stop.load(std::memory_order_relaxed); });
+        } else {
+            static_assert(std::is_invocable_r_v<bool, StopRequested&>,
+                          "idem::CircuitBreaker::wait_until_closed(stop): stop is a callable "
+                          "returning bool (true: stop waiting) or a std::atomic<bool>");
+            while (is_open()) {
+                if (stop()) return false;
+                sleep_(next_wait());
+                if (stop()) return false;
+                probe_once();
+            }
+            return true;
         }
-        return true;
     }
 
     /// @brief One probe now (after the caller's own wait); closes the breaker if it succeeds.

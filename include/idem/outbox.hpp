@@ -68,7 +68,7 @@ bool enqueue(Tx& tx, const OutboxIntent& intent) {
     static_assert(fits,
                   "idem::outbox: this store's transaction has no add_outbox(const "
                   "idem::OutboxIntent&) returning bool; use a store with an outbox (MemoryStore, "
-                  "SqliteStore, PostgresStore)");
+                  "SqliteStore, PostgresStore, MysqlStore)");
     if (intent.destination.empty()) throw usage_error("idem::outbox: the destination is empty");
     if (intent.idempotency_key.empty()) {
         throw usage_error(

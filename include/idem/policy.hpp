@@ -20,8 +20,8 @@ IDEM_BEGIN_NAMESPACE
 
 using days = std::chrono::duration<std::int64_t, std::ratio<86400>>;
 
-/// @brief The tunable numbers of a Policy. Defaults are the field notes': 5 deliveries, claims
-/// kept 14 days against a broker that redelivers for 7.
+/// @brief The tunable numbers of a Policy. Defaults: 5 deliveries, claims kept 14 days against
+/// a broker that redelivers for 7.
 ///
 /// @code
 /// idem::PolicyOptions options;            // C++20: idem::Policy{"capture", {.max_deliveries = 3}}

@@ -423,7 +423,7 @@ class StreamConsumer {
         options.redelivery_backoff.validate(
             fmt::format("idem::StreamConsumer(\"{}\")", options.stream));
         if (options.dead_letter_stream.empty()) {
-            options.dead_letter_stream = options.stream + ":dead-letters";
+            options.dead_letter_stream = redis::default_dead_letter_stream(options.stream);
         }
         if (options.dead_letter_stream == options.stream) {
             refuse(

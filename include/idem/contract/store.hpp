@@ -23,7 +23,6 @@
 /// Store::default_lease() const -> milliseconds           has_default_lease       lease stores
 /// Tx::claim_many(scope, ids, fingerprints)               has_claim_many          handle_batch
 ///     + Tx::unclaim(scope, id)  (a failed message's claim given back)
-///     + Tx::unclaim(scope, id)  (a failed message's claim given back)
 /// Tx::claim_and_commit(const ClaimAndCommit&)            has_claim_and_commit    local_effect
 ///     -> ClaimAndCommitResult  (claim + the queued writes in one step; Redis)
 /// Tx::commit_with_next_claim(Tx& next, scope, id, fp)    has_commit_with_next_claim  PipelinedLoop
@@ -272,7 +271,8 @@ constexpr bool check_relay_store() {
     static_assert(has_lease_outbox<S>::value,
                   "idem::Relay: the store has no outbox: it must provide "
                   "lease_outbox(std::size_t limit, std::chrono::milliseconds lease) returning "
-                  "std::vector<idem::OutboxRow> (MemoryStore, SqliteStore and PostgresStore do)");
+                  "std::vector<idem::OutboxRow> (MemoryStore, SqliteStore, PostgresStore and "
+                  "MysqlStore do)");
     static_assert(has_mark_outbox_sent<S>::value,
                   "idem::Relay: the store must provide mark_outbox_sent(std::int64_t id)");
     static_assert(has_mark_outbox_failed<S>::value,

@@ -16,6 +16,15 @@
 IDEM_BEGIN_NAMESPACE
 namespace redis {
 
+/// @brief The dead-letter stream of @p stream when none is named: `<stream>:dead-letters`
+/// (StreamConsumerOptions::dead_letter_stream's default too; a stream named "{orders}" keeps
+/// its hash tag).
+[[nodiscard]] inline std::string default_dead_letter_stream(std::string_view stream) {
+    std::string name(stream);
+    name += ":dead-letters";
+    return name;
+}
+
 /// @brief What a Redis Streams consumer asks a RedisStore's commit to do for one entry, carried
 /// as the request of an idem::CommitHook (idem/contract/commit_hook.hpp): XACK the entry (and,
 /// when the commit parks the message as a dead letter, first XADD it to the dead-letter stream),
@@ -23,20 +32,44 @@ namespace redis {
 /// `endpoint` is its own server and database (Endpoint::same_database); otherwise the hook is
 /// ignored and the consumer acks after the commit.
 ///
+/// A dead letter always goes somewhere: to `dead_letter_stream`, or `<stream>:dead-letters`
+/// when it is empty (as StreamConsumer's), never XACKed without its copy.
+///
 /// @code
-/// idem::CommitHook hook{idem::redis::StreamAck{endpoint, "orders", "capture", entry_id}};
-/// auto outcome = handler.handle(delivery, body, hook);
-/// if (!hook.acked_in_commit && idem::should_ack(outcome)) xack(entry_id);
+/// idem::CommitHook hook{idem::redis::StreamAck{endpoint, "orders", "capture", entry.id}};
+/// auto outcome = handler.handle(delivery, entry, hook);   // dead letters: orders:dead-letters
+/// if (!hook.acked_in_commit && idem::should_ack(outcome)) xack(entry.id);
 /// @endcode
 struct StreamAck {
+    StreamAck() = default;
+    /// @brief The ack of @p entry_id_ of @p stream_ for @p group_ on @p endpoint_; a dead letter
+    /// of it also goes to @p dead_letter_stream_, by default `<stream>:dead-letters`. Set
+    /// `fields` and `delivery_count` for the dead-letter copy to carry them.
+    StreamAck(Endpoint endpoint_, std::string stream_, std::string group_, std::string entry_id_,
+              std::string dead_letter_stream_ = {})
+        : endpoint(std::move(endpoint_)),
+          stream(std::move(stream_)),
+          group(std::move(group_)),
+          entry_id(std::move(entry_id_)),
+          dead_letter_stream(dead_letter_stream_.empty() ? default_dead_letter_stream(stream)
+                                                         : std::move(dead_letter_stream_)) {}
+
     Endpoint endpoint{};  ///< the server and database the stream is on
     std::string stream{};
     std::string group{};
     std::string entry_id{};
-    /// Where a dead letter of this entry also goes, with the entry's fields; empty: nowhere.
+    /// Where a dead letter of this entry also goes, with the entry's fields; empty:
+    /// `<stream>:dead-letters` (dead_letter_destination()).
     std::string dead_letter_stream{};
+    /// The entry's fields, copied to the dead-letter stream with a dead letter.
     std::vector<std::pair<std::string, std::string>> fields{};
     std::uint32_t delivery_count = 0;
+
+    /// @brief Where a dead letter of this entry goes: dead_letter_stream, or
+    /// `<stream>:dead-letters` when it is empty.
+    [[nodiscard]] std::string dead_letter_destination() const {
+        return dead_letter_stream.empty() ? default_dead_letter_stream(stream) : dead_letter_stream;
+    }
 };
 
 /// The dead-letter stream entry of a stream message: why, where from, then its own fields.

@@ -1944,9 +1944,9 @@ class RedisStore::Transaction {
         Commands xacks;
         auto add = [&](CommitHook& hook, const std::string* dead_letter_reason) {
             const redis::StreamAck& ack = *hook.request_as<redis::StreamAck>();
-            if (dead_letter_reason != nullptr && !ack.dead_letter_stream.empty()) {
+            if (dead_letter_reason != nullptr) {  // never XACKed without its copy
                 out.add(redis::stream_dead_letter_command(
-                    ack.dead_letter_stream, ack.entry_id, ack.fields, *dead_letter_reason,
+                    ack.dead_letter_destination(), ack.entry_id, ack.fields, *dead_letter_reason,
                     hook.scope, hook.message_id, ack.delivery_count));
             }
             xacks.add({"XACK", ack.stream, ack.group, ack.entry_id});
