@@ -262,12 +262,14 @@ TEST_F(StreamConsumerTest, RedisStoreAcksInTheCommitAndParksPoisonInTheSameCommi
     EXPECT_EQ(counter("effects:8"), 0);
     const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 1u);
-    expect_letter(letters[0], "attempt 2 (effect starts) reached max_deliveries 2",
-                  {{"idem-scope", "count"},
-                   {"idem-message-id", "8"},
-                   {"idem-entry-id", poison_id},
-                   {"idem-delivery-count", "2"}},
-                  poison);
+    expect_letter(
+        letters[0],
+        "attempt 2 (claims taken to run the effect, the store's count) reached max_deliveries 2",
+        {{"idem-scope", "count"},
+         {"idem-message-id", "8"},
+         {"idem-entry-id", poison_id},
+         {"idem-delivery-count", "2"}},
+        poison);
     ASSERT_EQ(store.dead_letters().size(), 1u);
 }
 

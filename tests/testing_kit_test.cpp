@@ -10,6 +10,7 @@
 
 #include <signal.h>
 #include <sqlite3.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -24,6 +25,7 @@
 #include "idem/idem.hpp"
 #include "idem/store/sqlite.hpp"
 #include "idem/testing/crash.hpp"
+#include "idem/testing/process.hpp"
 #include "support/temp_dir.hpp"
 
 namespace {
@@ -428,3 +430,37 @@ TEST(CrashKitNegativeControl, KeyPerAttemptChargesTwiceAfterAKillAfterTheCall) {
 }
 
 }  // namespace
+
+// A signal sent to a child right after spawn() (a harness stopping a worker it has just
+// restarted) must reach it. Before signals were blocked across the fork, the child still ran the
+// parent's handler until it reset its own: the signal was consumed there, the child exec'd and
+// never saw it (every one of 300 in a row, here).
+namespace {
+volatile sig_atomic_t parent_handler_ran = 0;
+extern "C" void note_sigterm(int) {
+    parent_handler_ran = 1;
+}
+}  // namespace
+
+TEST(Spawn, ASignalSentRightAfterSpawnReachesTheChild) {
+    struct sigaction handler {};
+    handler.sa_handler = note_sigterm;
+    sigemptyset(&handler.sa_mask);
+    struct sigaction previous {};
+    ASSERT_EQ(::sigaction(SIGTERM, &handler, &previous), 0);
+    for (int i = 0; i < 20; ++i) {
+        idem::testing::Spawn s;
+        s.argv = {"/bin/sleep", "30"};
+        const pid_t pid = idem::testing::spawn(s);
+        ASSERT_EQ(::kill(pid, SIGTERM), 0);
+        const auto status = idem::testing::wait_for(pid, std::chrono::seconds(10));
+        if (!status) {
+            ::kill(pid, SIGKILL);
+            idem::testing::wait_for(pid, std::chrono::seconds(5));
+            FAIL() << "spawn " << i << ": the child did not get the SIGTERM";
+        }
+        EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGTERM) << *status;
+    }
+    EXPECT_EQ(parent_handler_ran, 0);  // the signals were the children's, none came here
+    ::sigaction(SIGTERM, &previous, nullptr);
+}

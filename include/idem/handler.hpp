@@ -736,7 +736,7 @@ class IdempotentHandler {
         } else {
             // Duplicate detection came first: a processed message whose acks kept failing is a
             // duplicate, never a dead letter.
-            // A lease store counts the times the effect started; otherwise the broker's count
+            // A lease store counts the claims taken to run the effect; otherwise the broker's count
             // is all there is (it also grows with deliveries that never reached the effect).
             const std::uint32_t attempts = claim.attempts.value_or(delivery.delivery_count.value());
             if (attempts < policy_.max_deliveries()) return std::nullopt;
@@ -753,7 +753,8 @@ class IdempotentHandler {
                 "poison: {} {} {} reached max_deliveries {}{}; the effect was not run on this "
                 "delivery; earlier deliveries may have run it",
                 claim.attempts ? "attempt" : "delivery count", attempts,
-                claim.attempts ? "(effect starts)" : "(broker)", policy_.max_deliveries(), span);
+                claim.attempts ? "(claims taken to run the effect, the store's count)" : "(broker)",
+                policy_.max_deliveries(), span);
         }
         park(tx, delivery, body, reason);
         strategy.keep(tx);

@@ -26,6 +26,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -183,7 +184,10 @@ inline bool reachable(const std::filesystem::path& dir, bool switch_user) {
 }  // namespace detail
 
 /// fork + exec. Everything the child touches is prepared before fork (only async-signal-safe
-/// calls between fork and exec: the test process may have threads).
+/// calls between fork and exec: the test process may have threads). Signals are blocked across
+/// the fork: until the child has reset its handlers, a signal sent to it (a SIGTERM right after
+/// the spawn) would run the PARENT's handler in the child and be lost, and the child would exec
+/// and never see it. Blocked, it stays pending and reaches the child with the default action.
 inline pid_t spawn(const Spawn& s) {
     std::vector<char*> argv;
     for (const auto& a : s.argv)
@@ -203,8 +207,13 @@ inline pid_t spawn(const Spawn& s) {
     const int out_fd = s.out_fd >= 0 ? s.out_fd : devnull;
     sigset_t empty;
     sigemptyset(&empty);
+    sigset_t all;
+    sigfillset(&all);
+    sigset_t before;
+    ::pthread_sigmask(SIG_SETMASK, &all, &before);
 
     const pid_t pid = ::fork();
+    if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
     if (pid < 0) {
         const int err = errno;
         ::close(devnull);
@@ -225,10 +234,12 @@ inline pid_t spawn(const Spawn& s) {
             for (int fd = 3; fd < 65536; ++fd)
                 ::close(fd);
         }
-        ::sigprocmask(SIG_SETMASK, &empty, nullptr);
+        // Default handlers first, then unblock: a signal already pending now acts as it would
+        // on the program the child becomes.
         for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGCHLD, SIGUSR1, SIGUSR2}) {
             ::signal(sig, SIG_DFL);
         }
+        ::sigprocmask(SIG_SETMASK, &empty, nullptr);
         if (switch_user) {
             if (::setgroups(1, &gid) != 0) child_fail("setgroups");
             if (::setgid(gid) != 0) child_fail("setgid");
