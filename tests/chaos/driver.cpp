@@ -609,8 +609,7 @@ int run_driver(const Options& o) {
                     store.emplace(redis_cluster_seeds_of(db));
                 }
                 claim = store->find_claim(scope_name, id);
-                attempts =
-                    fmt::format(", effect starts counted {}", store->attempts(scope_name, id));
+                attempts = fmt::format(", claims counted {}", store->attempts(scope_name, id));
                 break;
             }
         }
