@@ -44,8 +44,6 @@ std::string effect_key(const std::string& id) {
     return "fx{orders:" + id + "}";
 }
 
-std::optional<std::size_t> killed_master;  ///< a master a run killed, not restarted yet
-
 struct Tally {
     long messages = 0;
     long exactly_once = 0;  ///< the surviving cluster has the effect once
@@ -62,12 +60,9 @@ class RedisClusterFailoverTest : public ::testing::Test {
     void SetUp() override {
         IDEM_REQUIRE_REDIS_CLUSTER();
         IDEM_REQUIRE_REDIS();
-        ASSERT_TRUE(cluster().wait_until_ok(60s)) << "the cluster is not whole";
-        if (killed_master) {  // the last run's killed master, back as a replica (a fresh sync)
-            cluster().restart_node(*killed_master);
-            killed_master.reset();
-            ASSERT_TRUE(cluster().wait_until_ok(60s)) << "the killed node did not rejoin";
-        }
+        // The last run's killed master back as a replica of its successor, every node agreeing
+        // on who serves what and every replica in sync; throws with each node's state if not.
+        cluster().restore(60s);
         cluster().flushall();
     }
 
@@ -187,7 +182,6 @@ class RedisClusterFailoverTest : public ::testing::Test {
         cluster().kill_node(victim);
         for (std::size_t r : replicas)
             cluster().server(r).resume();
-        killed_master = victim;
 
         idem::RedisConnection reader{broker_endpoint};
         for (;;) {

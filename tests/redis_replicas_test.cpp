@@ -62,8 +62,47 @@ class RedisReplicasTest : public ::testing::Test {
     void SetUp() override {
         IDEM_REQUIRE_REDIS();
         pair().master.flushall();
-        // WAIT 1 with no write since returns at once: the FLUSHALL is on the replica too.
-        pair().master.client().exec({"WAIT", "1", "5000"});
+        // WAIT 1 answers 1 once the FLUSHALL (and whatever the last test wrote) is on the replica.
+        ASSERT_EQ(pair().master.client().integer({"WAIT", "1", "5000"}), 1)
+            << "the replica did not confirm the FLUSHALL within 5 s; " << replication_state();
+    }
+
+    /// Both servers' replication as they report it, for a failure message.
+    static std::string replication_state() {
+        std::string out;
+        for (const idem_test::RedisServer* server : {&pair().master, &pair().replica}) {
+            out += (server == &pair().master ? "master :" : "replica :") +
+                   std::to_string(server->port()) + ": ";
+            try {
+                const std::string info = server->client().str({"INFO", "replication"}).value_or("");
+                for (const char* field :
+                     {"role", "master_link_status", "master_sync_in_progress", "connected_slaves",
+                      "master_repl_offset", "slave_repl_offset"}) {
+                    const std::string value = idem_test::detail::info_field(info, field);
+                    if (!value.empty()) out += std::string(field) + ":" + value + " ";
+                }
+            } catch (const std::exception& e) {
+                out += e.what();
+            }
+            out += "; ";
+        }
+        return out;
+    }
+
+    /// Waits (up to 10 s) until the resumed replica has all the master had when called: a
+    /// replica back from SIGSTOP works through what it missed before a WAIT can count it, and
+    /// a short replicas_timeout must not race that. Empty when it has; the state otherwise.
+    static std::string await_replica_caught_up() {
+        const long long offset = idem_test::replication_offset(pair().master, "master_repl_offset");
+        const auto deadline = std::chrono::steady_clock::now() + 10s;
+        while (idem_test::replication_offset(pair().replica, "slave_repl_offset") < offset) {
+            if (std::chrono::steady_clock::now() >= deadline) {
+                return "the resumed replica did not reach the master's offset " +
+                       std::to_string(offset) + " within 10 s; " + replication_state();
+            }
+            std::this_thread::sleep_for(5ms);
+        }
+        return "";
     }
 
     // replicas_timeout generous by default: a loaded machine delays the replica's ack.
@@ -135,6 +174,7 @@ TEST_F(RedisReplicasTest, ACommitTheReplicaDidNotConfirmIsFailedUnconfirmedAndAD
         Paused replica_stopped;
         outcome = h.handle(Delivery{"x", 1u}, std::string("x"));
     }
+    ASSERT_EQ(await_replica_caught_up(), "");
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_EQ(outcome.cause, FailureCause::commit_unconfirmed) << outcome.reason;
     EXPECT_FALSE(idem::should_ack(outcome));
@@ -173,6 +213,7 @@ TEST_F(RedisReplicasTest, ADuplicateIsAckedOnlyOnceTheReplicaHasTheRecordItRests
         local_first = local.handle(Delivery{"y", 1u}, std::string("y"));
         local_redelivered = local.handle(Delivery{"y", 2u}, std::string("y"));
     }
+    ASSERT_EQ(await_replica_caught_up(), "");  // the duplicates' WAIT below has only 200 ms
     for (const idem::Outcome* o : {&first, &redelivered, &local_first, &local_redelivered}) {
         EXPECT_EQ(o->disposition, Disposition::failed) << o->reason;
         EXPECT_EQ(o->cause, FailureCause::commit_unconfirmed) << o->reason;
@@ -259,7 +300,9 @@ TEST_F(RedisReplicasTest, ThePipelinedLoopSendsTheCommitThenWaitThenTheNextClaim
     EXPECT_TRUE(settled[0].outcome.disposition == Disposition::processed ||
                 settled[0].outcome.cause == FailureCause::commit_unconfirmed)
         << settled[0].outcome.reason;
-    // p-3 was applied on the master: its redelivery is a duplicate, its effect ran once.
+    // p-3 was applied on the master: its redelivery is a duplicate (once the replica has its
+    // record), its effect ran once.
+    ASSERT_EQ(await_replica_caught_up(), "");
     EXPECT_EQ(h.handle(Delivery{"p-3", 2u}, std::string("p-3")).disposition,
               Disposition::duplicate);
     for (const char* id : {"p-1", "p-2", "p-3", "p-4"})

@@ -1,6 +1,8 @@
 // RedisStore's connections against a real redis-server: round trips, connection loss and
 // a server killed mid-run, persistence (AOF) checks and the connection pool.
 
+#include <optional>
+
 #include "support/redis_store_test_env.hpp"
 
 namespace idem_test::redis_store {
@@ -233,6 +235,44 @@ TEST(RedisPersistenceTest, AServerWithoutAofIsRefusedUnlessTheRiskIsAccepted) {
                                  [](auto& tx, const std::string& b) { tx.write("SET", b, 1); });
     EXPECT_EQ(ok.handle(Delivery{"m-1", 1u}, std::string("k")).disposition, Disposition::processed);
     EXPECT_FALSE(accepting.persistence().has_value());  // not checked at all
+}
+
+// A restarted server replays its AOF before it answers, and says aof_enabled:0 while it does
+// (loading:1): a store made then (a worker restarted with its Redis) must not take that for a
+// server without AOF. It starts, checks once the load is done, and claims.
+TEST(RedisPersistenceTest, AServerStillLoadingItsAofIsCheckedOnceItIsDone) {
+    IDEM_REQUIRE_REDIS();
+    // key-load-delay (µs per key loaded) makes the replay last long enough to be seen.
+    idem_test::RedisServer server{idem_test::RedisServer::Setup{
+        idem_test::RedisServer::aof_always, {"--key-load-delay", "200"}, {}}};
+    server.client().exec({"EVAL", "for i = 1, 5000 do redis.call('SET', 'k' .. i, i) end", "0"});
+    server.kill9();
+    std::thread restart([&] { server.start(); });  // returns once the replay is over
+    idem_test::RedisClient probe{server.host(), server.port(), 500ms};
+    bool seen_loading = false;
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (!seen_loading && std::chrono::steady_clock::now() < deadline) {
+        try {
+            const std::string info = probe.str({"INFO", "persistence"}).value_or("");
+            seen_loading = info.find("loading:1") != std::string::npos &&
+                           info.find("aof_enabled:0") != std::string::npos;
+        } catch (const std::exception&) {  // not listening yet
+            probe.disconnect();
+        }
+        if (!seen_loading) std::this_thread::sleep_for(2ms);
+    }
+    std::optional<idem::RedisStore> store;
+    if (seen_loading) {
+        EXPECT_NO_THROW(store.emplace(idem_test::redis_endpoint(server)));
+    }
+    restart.join();
+    ASSERT_TRUE(seen_loading) << "the replay was not seen; " << server.log_tail();
+    ASSERT_TRUE(store.has_value());
+    auto tx = store->begin();
+    EXPECT_EQ(tx.claim("p", "after-load").status, ClaimStatus::claimed);
+    tx.commit();
+    ASSERT_TRUE(store->persistence().has_value());
+    EXPECT_TRUE(store->persistence()->aof_enabled);
 }
 
 TEST_F(RedisStoreTest, AnAofServerIsAcceptedAndAServerHidingConfigToo) {

@@ -506,7 +506,11 @@ int run_driver(const Options& o) {
                 say("killing a Redis Cluster master");
                 cluster->kill_node(victim);
                 if (!cluster->wait_until_ok(std::chrono::seconds(60))) {
-                    throw std::runtime_error("the Redis Cluster did not recover from the kill");
+                    throw std::runtime_error(
+                        "the Redis Cluster did not recover from the kill within 60 s (waiting "
+                        "for every live node to say cluster_state:ok with every slot served "
+                        "and every replica known)\n" +
+                        cluster->state());
                 }
                 cluster->restart_node(victim);
             }

@@ -64,10 +64,10 @@ struct RedisOptions {
     bool claim_with_set = true;
     /// A Redis without the append-only file loses every claim written since its last snapshot
     /// when it restarts, and a redelivery then runs those effects again. So the constructor (or,
-    /// when the server is down then, the first call) reads `INFO persistence` and throws
-    /// usage_error unless `aof_enabled` is 1. Set this to run without AOF anyway (a cache, a test,
-    /// a server whose data survives otherwise), accepting that a restart re-runs effects; the
-    /// check is then skipped.
+    /// when the server is down or still loading its data then, the first call) reads `INFO
+    /// persistence` and throws usage_error unless `aof_enabled` is 1. Set this to run without AOF
+    /// anyway (a cache, a test, a server whose data survives otherwise), accepting that a restart
+    /// re-runs effects; the check is then skipped.
     bool accept_no_persistence = false;
     /// Connections the store opens at most (in use and idle together). A call that needs one
     /// when all are in use waits up to pool_wait_timeout, then throws store_timeout.
@@ -537,6 +537,15 @@ class RedisStore {
                 "RedisOptions::accept_no_persistence to run without it and accept that a "
                 "restart re-runs effects",
                 endpoint().describe(), info.is_error() ? info.str : "no answer"));
+        }
+        // While it replays its AOF after a restart (or loads its master's data), Redis answers
+        // INFO with loading:1 and aof_enabled:0: AOF is off during the load whatever the
+        // configuration says. Not an answer yet: unavailable for now, checked on the next use.
+        if (info.str.find("loading:1") != std::string::npos) {
+            throw store_unavailable(fmt::format(
+                "idem: Redis at {} is loading its data set (INFO persistence: loading:1); its "
+                "persistence is checked once it is done",
+                endpoint().describe()));
         }
         found.aof_enabled = info.str.find("aof_enabled:1") != std::string::npos;
         const redis::Reply config = connection.command({"CONFIG", "GET", "appendfsync"});

@@ -21,6 +21,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -72,7 +73,9 @@ class RedisCluster {
     /// cluster-node-timeout (a failover starts after it). Throws std::runtime_error.
     explicit RedisCluster(int masters = 3, int replicas = 1,
                           std::chrono::milliseconds node_timeout = std::chrono::milliseconds(2000))
-        : replicas_expected_(static_cast<std::size_t>(masters * replicas)) {
+        : masters_(static_cast<std::size_t>(masters)),
+          replicas_per_master_(static_cast<std::size_t>(replicas)),
+          replicas_expected_(static_cast<std::size_t>(masters * replicas)) {
         const auto cli = detail::find_redis_cli();
         if (cli.path.empty()) throw std::runtime_error("RedisCluster: " + cli.why);
         cli_ = cli.path;
@@ -248,6 +251,55 @@ class RedisCluster {
             limit);
     }
 
+    /// Brings the cluster back to its layout after a test killed or stopped nodes: every node
+    /// not running is started again (restart_node: a killed master rejoins from nodes.conf and
+    /// hears from the others that its replica took over; every node is set to sync a replica
+    /// without delay first), then waits (up to @p limit) until it
+    /// is settled: every node answers with cluster_state:ok, all 16384 slots ok and every node
+    /// known; every node's CLUSTER NODES shows the same masters with the same slots and the same
+    /// replica of each master, no node flagged fail, pfail, handshake or noaddr, every link
+    /// connected; as many masters as it was started with, each with its replicas; each master
+    /// says role:master with that many connected replicas, and each replica replicates the
+    /// master CLUSTER NODES names with master_link_status:up, no sync in progress and its
+    /// master's offset. Which node is master may differ from before (a replica that took over
+    /// stays master). Throws std::runtime_error after @p limit with the first condition not met
+    /// and every node's state.
+    void restore(std::chrono::milliseconds limit = std::chrono::seconds(60)) {
+        // A restarted node's full sync starts at once, not after the default 5 s wait for more
+        // replicas (repl-diskless-sync-delay, set here only: a chaos run restarting a node under
+        // load keeps the default, so the sync does not fall in the moment the node still calls
+        // itself master).
+        for (std::size_t pass = 0; pass < 2; ++pass) {
+            for (std::size_t i = 0; i < nodes_.size(); ++i) {
+                if (pass == 1 && !nodes_[i]->running()) restart_node(i);
+                if (!nodes_[i]->running()) continue;
+                try {
+                    client(i).exec({"CONFIG", "SET", "repl-diskless-sync-delay", "0"});
+                } catch (const std::exception&) {  // settled() says what is wrong with it
+                }
+            }
+        }
+        const auto deadline = std::chrono::steady_clock::now() + limit;
+        for (;;) {
+            const std::vector<NodeView> seen = observe();
+            std::string waiting_for;
+            if (settled(seen, &waiting_for)) return;
+            if (std::chrono::steady_clock::now() >= deadline) {
+                throw std::runtime_error(
+                    "RedisCluster: not settled within " +
+                    std::to_string(
+                        std::chrono::duration_cast<std::chrono::seconds>(limit).count()) +
+                    " s; waiting for " + waiting_for + "\n" + describe(seen));
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+    }
+
+    /// Every node as it says it is now, one line each (running, role, master link, offsets,
+    /// cluster_state), then each distinct CLUSTER NODES view with the nodes that hold it: for a
+    /// failure message.
+    [[nodiscard]] std::string state() { return describe(observe()); }
+
     /// Whether node @p node is running as a master now (INFO replication).
     bool is_master(std::size_t node) {
         if (!nodes_.at(node)->running()) return false;
@@ -280,19 +332,23 @@ class RedisCluster {
         std::string id;
         int port = 0;
         std::string flags;
+        std::string master;  ///< a replica's master id; "-" for a master
+        std::string link;    ///< connected, disconnected
         std::vector<std::string> ranges;
     };
 
-    std::vector<NodeLine> node_lines() {
+    std::vector<NodeLine> node_lines() { return parse_nodes(ask_any({"CLUSTER", "NODES"})); }
+
+    static std::vector<NodeLine> parse_nodes(const std::string& text) {
         std::vector<NodeLine> out;
-        std::istringstream lines(ask_any({"CLUSTER", "NODES"}));
+        std::istringstream lines(text);
         std::string line;
         while (std::getline(lines, line)) {
             std::istringstream words(line);
             NodeLine node;
-            std::string address, master, ping, pong, epoch, state;
-            if (!(words >> node.id >> address >> node.flags >> master >> ping >> pong >> epoch >>
-                  state))
+            std::string address, ping, pong, epoch;
+            if (!(words >> node.id >> address >> node.flags >> node.master >> ping >> pong >>
+                  epoch >> node.link))
                 continue;
             node.port = std::stoi(address.substr(address.find(':') + 1));
             std::string range;
@@ -301,6 +357,233 @@ class RedisCluster {
             out.push_back(std::move(node));
         }
         return out;
+    }
+
+    /// One node as restore() looks at it.
+    struct NodeView {
+        int port = 0;
+        bool running = false;
+        std::string error;  ///< it did not answer: why
+        std::string cluster_state;
+        long long slots_ok = -1;
+        long long known_nodes = -1;
+        std::vector<NodeLine> lines;  ///< its CLUSTER NODES
+        std::string role;             ///< INFO replication
+        int master_port = -1;
+        std::string link;  ///< master_link_status
+        long long syncing = -1;
+        long long connected_slaves = -1;
+        long long master_offset = -1;
+        long long replica_offset = -1;
+    };
+
+    std::vector<NodeView> observe() const {
+        std::vector<NodeView> out;
+        for (const auto& node : nodes_) {
+            NodeView v;
+            v.port = node->port();
+            v.running = node->running();
+            if (v.running) {
+                try {
+                    RedisClient c{node->host(), node->port(), std::chrono::milliseconds(500)};
+                    const std::string info = c.str({"CLUSTER", "INFO"}).value_or("");
+                    v.cluster_state = detail::info_field(info, "cluster_state");
+                    v.slots_ok = detail::info_number(info, "cluster_slots_ok");
+                    v.known_nodes = detail::info_number(info, "cluster_known_nodes");
+                    v.lines = parse_nodes(c.str({"CLUSTER", "NODES"}).value_or(""));
+                    const std::string repl = c.str({"INFO", "replication"}).value_or("");
+                    v.role = detail::info_field(repl, "role");
+                    v.master_port = static_cast<int>(detail::info_number(repl, "master_port"));
+                    v.link = detail::info_field(repl, "master_link_status");
+                    v.syncing = detail::info_number(repl, "master_sync_in_progress");
+                    v.connected_slaves = detail::info_number(repl, "connected_slaves");
+                    v.master_offset = detail::info_number(repl, "master_repl_offset");
+                    v.replica_offset = detail::info_number(repl, "slave_repl_offset");
+                } catch (const std::exception& e) {
+                    v.error = e.what();
+                }
+            }
+            out.push_back(std::move(v));
+        }
+        return out;
+    }
+
+    /// A node's CLUSTER NODES without what changes by itself (ping times, epochs, "myself"):
+    /// each node as ":port master <slots>" or ":port replica of :port", sorted.
+    static std::string layout(const std::vector<NodeLine>& lines) {
+        std::vector<std::string> entries;
+        for (const NodeLine& line : lines) {
+            std::string entry = ":" + std::to_string(line.port);
+            if (line.flags.find("master") != std::string::npos) {
+                entry += " master";
+                for (const auto& range : line.ranges)
+                    entry += " " + range;
+            } else {
+                int master = 0;
+                for (const NodeLine& other : lines)
+                    if (other.id == line.master) master = other.port;
+                entry += " replica of :" + std::to_string(master);
+            }
+            entries.push_back(std::move(entry));
+        }
+        std::sort(entries.begin(), entries.end());
+        std::string out;
+        for (const auto& entry : entries)
+            out += (out.empty() ? "" : "; ") + entry;
+        return out;
+    }
+
+    static std::string summary(const NodeView& v) {
+        if (!v.running) return "not running";
+        if (!v.error.empty()) return "no answer: " + v.error;
+        std::string out = "cluster_state:" + v.cluster_state +
+                          ", cluster_slots_ok:" + std::to_string(v.slots_ok) +
+                          ", cluster_known_nodes:" + std::to_string(v.known_nodes) +
+                          ", role:" + v.role;
+        if (v.role == "slave") {
+            out += " of :" + std::to_string(v.master_port) + ", master_link_status:" + v.link +
+                   ", master_sync_in_progress:" + std::to_string(v.syncing) +
+                   ", slave_repl_offset:" + std::to_string(v.replica_offset);
+        } else {
+            out += ", connected_slaves:" + std::to_string(v.connected_slaves) +
+                   ", master_repl_offset:" + std::to_string(v.master_offset);
+        }
+        for (const NodeLine& line : v.lines) {
+            if (line.flags.find("fail") != std::string::npos ||
+                line.flags.find("handshake") != std::string::npos ||
+                line.flags.find("noaddr") != std::string::npos || line.link != "connected")
+                out +=
+                    "; sees :" + std::to_string(line.port) + " as " + line.flags + " " + line.link;
+        }
+        return out;
+    }
+
+    std::string describe(const std::vector<NodeView>& seen) const {
+        std::string out = "nodes:\n";
+        for (const NodeView& v : seen)
+            out += "  :" + std::to_string(v.port) + " " + summary(v) + "\n";
+        std::vector<std::pair<std::string, std::string>> views;  // layout, the nodes holding it
+        for (const NodeView& v : seen) {
+            if (!v.running || !v.error.empty()) continue;
+            const std::string l = layout(v.lines);
+            bool found = false;
+            for (auto& view : views) {
+                if (view.first != l) continue;
+                view.second += " :" + std::to_string(v.port);
+                found = true;
+            }
+            if (!found) views.emplace_back(l, ":" + std::to_string(v.port));
+        }
+        for (const auto& view : views)
+            out += "CLUSTER NODES as " + view.second + " see it: " + view.first + "\n";
+        return out;
+    }
+
+    /// Whether the cluster is settled (restore()'s list); why not otherwise.
+    bool settled(const std::vector<NodeView>& seen, std::string* why) const {
+        std::string first_layout;
+        int first_port = 0;
+        for (const NodeView& v : seen) {
+            const std::string node = "node :" + std::to_string(v.port);
+            if (!v.running || !v.error.empty()) {
+                *why = node + " to answer (" + summary(v) + ")";
+                return false;
+            }
+            if (v.cluster_state != "ok" || v.slots_ok != 16384 ||
+                v.known_nodes != static_cast<long long>(nodes_.size())) {
+                *why = node + " to say cluster_state:ok, cluster_slots_ok:16384 and " +
+                       "cluster_known_nodes:" + std::to_string(nodes_.size()) + " (" + summary(v) +
+                       ")";
+                return false;
+            }
+            for (const NodeLine& line : v.lines) {
+                if (line.flags.find("fail") != std::string::npos ||
+                    line.flags.find("handshake") != std::string::npos ||
+                    line.flags.find("noaddr") != std::string::npos || line.link != "connected") {
+                    *why = node + " to see :" + std::to_string(line.port) +
+                           " as a healthy, connected node (it says " + line.flags + ", " +
+                           line.link + ")";
+                    return false;
+                }
+            }
+            const std::string l = layout(v.lines);
+            if (first_layout.empty()) {
+                first_layout = l;
+                first_port = v.port;
+            } else if (l != first_layout) {
+                *why = "every node to see the same layout (:" + std::to_string(first_port) +
+                       " and :" + std::to_string(v.port) + " differ)";
+                return false;
+            }
+        }
+        // The layout they agree on: masters with slots, each with its replicas.
+        const std::vector<NodeLine>& lines = seen.front().lines;
+        std::size_t masters = 0;
+        for (const NodeLine& line : lines) {
+            if (line.flags.find("master") == std::string::npos) continue;
+            ++masters;
+            std::size_t replicas = 0;
+            for (const NodeLine& other : lines)
+                if (other.master == line.id) ++replicas;
+            if (replicas != replicas_per_master_) {
+                *why = "the master :" + std::to_string(line.port) + " to have " +
+                       std::to_string(replicas_per_master_) + " replica(s) (it has " +
+                       std::to_string(replicas) + ")";
+                return false;
+            }
+        }
+        if (masters != masters_) {
+            *why =
+                std::to_string(masters_) + " masters (there are " + std::to_string(masters) + ")";
+            return false;
+        }
+        // What each node says of its own replication.
+        for (const NodeLine& line : lines) {
+            const NodeView& v = seen.at(index_of_port(line.port));
+            const std::string node = "node :" + std::to_string(v.port);
+            if (line.flags.find("master") != std::string::npos) {
+                if (v.role != "master" ||
+                    v.connected_slaves != static_cast<long long>(replicas_per_master_)) {
+                    *why = node + " to say role:master with " +
+                           std::to_string(replicas_per_master_) + " connected replica(s) (" +
+                           summary(v) + ")";
+                    return false;
+                }
+                continue;
+            }
+            int master = 0;
+            for (const NodeLine& other : lines)
+                if (other.id == line.master) master = other.port;
+            if (v.role != "slave" || v.master_port != master || v.link != "up" || v.syncing != 0) {
+                *why = node + " to replicate :" + std::to_string(master) +
+                       " with master_link_status:up and no sync in progress (" + summary(v) + ")";
+                return false;
+            }
+        }
+        // Offsets, read again: each replica has what its master had a moment before.
+        for (const NodeLine& line : lines) {
+            if (line.flags.find("master") == std::string::npos) continue;
+            try {
+                const long long offset =
+                    replication_offset(*nodes_.at(index_of_port(line.port)), "master_repl_offset");
+                for (const NodeLine& other : lines) {
+                    if (other.master != line.id) continue;
+                    const long long has = replication_offset(*nodes_.at(index_of_port(other.port)),
+                                                             "slave_repl_offset");
+                    if (has < offset) {
+                        *why = "node :" + std::to_string(other.port) +
+                               " to reach its master :" + std::to_string(line.port) + "'s offset " +
+                               std::to_string(offset) + " (it has " + std::to_string(has) + ")";
+                        return false;
+                    }
+                }
+            } catch (const std::exception& e) {
+                *why = "the offsets of :" + std::to_string(line.port) + " and its replicas (" +
+                       e.what() + ")";
+                return false;
+            }
+        }
+        return true;
     }
 
     std::size_t index_of_port(int port) const {
@@ -350,6 +633,8 @@ class RedisCluster {
         return replicas_expected_ > down ? replicas_expected_ - down : 0;
     }
 
+    std::size_t masters_ = 0;
+    std::size_t replicas_per_master_ = 0;
     std::size_t replicas_expected_ = 0;
     std::filesystem::path cli_;
     std::vector<std::unique_ptr<RedisServer>> nodes_;

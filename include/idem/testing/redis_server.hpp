@@ -132,6 +132,33 @@ class RedisClient {
         return out;
     }
 
+    /// An array of flat arrays (SENTINEL REPLICAS: one array of fields per replica), each
+    /// element as array() gives it; a nil reply is an empty vector.
+    std::vector<std::vector<std::optional<std::string>>> arrays(
+        const std::vector<std::string>& args) {
+        const Reply reply = command(args);
+        std::vector<std::vector<std::optional<std::string>>> out;
+        if (reply->type == REDIS_REPLY_NIL) return out;
+        if (reply->type != REDIS_REPLY_ARRAY) throw unexpected(args, reply.get());
+        for (std::size_t i = 0; i < reply->elements; ++i) {
+            const redisReply* inner = reply->element[i];
+            if (inner->type != REDIS_REPLY_ARRAY) throw unexpected(args, inner);
+            std::vector<std::optional<std::string>> row;
+            for (std::size_t j = 0; j < inner->elements; ++j) {
+                const redisReply* element = inner->element[j];
+                if (element->type == REDIS_REPLY_NIL) {
+                    row.emplace_back();
+                } else if (auto text = scalar(element)) {
+                    row.push_back(std::move(text));
+                } else {
+                    throw unexpected(args, element);
+                }
+            }
+            out.push_back(std::move(row));
+        }
+        return out;
+    }
+
     /// Any reply but an error.
     void exec(const std::vector<std::string>& args) { (void)command(args); }
 
@@ -293,6 +320,24 @@ class RedisServer : public ServerProcess {
     /// Graceful shutdown (SIGTERM: the AOF is flushed). No-op when stopped.
     void stop() { stop_with(SIGTERM, std::chrono::seconds(30)); }
 
+    /// Starts again (after stop() or kill9(), same port and dir) as a replica of @p host:@p port:
+    /// the `--replicaof` of its Setup::arguments is replaced, for later start()s too. A killed
+    /// master comes back as its successor's replica, never for a moment as a master of its stale
+    /// data (or a replica of a server that is a replica itself now). No-op when running.
+    void start_as_replica_of(const std::string& host, int port) {
+        if (running()) return;
+        auto& args = setup_.arguments;
+        for (auto it = args.begin(); it != args.end();) {
+            if ((*it == "--replicaof" || *it == "--slaveof") && args.end() - it >= 3) {
+                it = args.erase(it, it + 3);
+            } else {
+                ++it;
+            }
+        }
+        args.insert(args.end(), {"--replicaof", host, std::to_string(port)});
+        start();
+    }
+
     /// Whether this is a Sentinel (Setup::sentinel_config).
     [[nodiscard]] bool sentinel() const { return !setup_.sentinel_config.empty(); }
 
@@ -385,6 +430,34 @@ class RedisServer : public ServerProcess {
     /// server.
     static void hard_kill(pid_t pid) noexcept { kill_group_and_reap(pid); }
 };
+
+namespace detail {
+
+/// The value of `field:` in an INFO reply (`role`, `master_link_status`...), "" when absent.
+inline std::string info_field(const std::string& info, const std::string& field) {
+    const std::string key = field + ":";
+    std::size_t begin = key.size();
+    if (info.compare(0, key.size(), key) != 0) {
+        const std::size_t at = info.find("\n" + key);
+        if (at == std::string::npos) return "";
+        begin = at + 1 + key.size();
+    }
+    const std::size_t end = info.find_first_of("\r\n", begin);
+    return info.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
+/// info_field() as a number; @p otherwise when absent or not a number.
+inline long long info_number(const std::string& info, const std::string& field,
+                             long long otherwise = -1) {
+    const std::string text = info_field(info, field);
+    try {
+        return text.empty() ? otherwise : std::stoll(text);
+    } catch (const std::exception&) {
+        return otherwise;
+    }
+}
+
+}  // namespace detail
 
 /// An `INFO replication` field of @p server as a number; -1 when it has none.
 inline long long replication_offset(const RedisServer& server, const std::string& field) {
