@@ -214,24 +214,6 @@ inline std::optional<std::int64_t> stream_id_ms(std::string_view id) {
     return value;
 }
 
-/// Orders entry ids numerically ("9-0" < "10-0"), as Redis does.
-inline bool stream_id_less(std::string_view a, std::string_view b) {
-    auto split = [](std::string_view id) {
-        const std::size_t dash = id.find('-');
-        const std::string_view ms = id.substr(0, dash);
-        const std::string_view seq =
-            dash == std::string_view::npos ? std::string_view() : id.substr(dash + 1);
-        return std::make_pair(ms, seq);
-    };
-    auto less = [](std::string_view x, std::string_view y) {
-        return x.size() != y.size() ? x.size() < y.size() : x < y;
-    };
-    const auto [ams, aseq] = split(a);
-    const auto [bms, bseq] = split(b);
-    if (ams != bms) return less(ams, bms);
-    return less(aseq, bseq);
-}
-
 /// An entry of an XREADGROUP / XCLAIM reply: [id, [name, value, ...]]. Nothing for an entry
 /// deleted from the stream (nil, or an id with nil fields).
 inline std::optional<StreamEntry> parse_stream_entry(const redis::Reply& reply,
