@@ -2,7 +2,8 @@
 /// @file
 /// @brief PipelinedLoop: for a consumer loop that handles deliveries one at a time, each
 /// message's commit goes out with the next message's claim, in ONE round trip (Redis), and a
-/// message is settled (acked) only once its commit's reply says it committed.
+/// message is settled (acked) only once its commit's reply says it committed. Each message
+/// goes through the handler's attempt pipeline (handler/attempt.hpp), as in handle().
 
 #include <chrono>
 #include <cstddef>

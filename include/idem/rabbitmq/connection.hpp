@@ -5,9 +5,9 @@
 /// methods a consumer needs, manual acks, publishes that wait for the publisher confirm, and the
 /// frame pump that reads what the broker sends meanwhile. Link idem::rabbitmq.
 ///
-/// Failures are typed (idem/error.hpp, rabbitmq/error.hpp): the connection lost or refused, or no answer within
-/// rpc_timeout → broker_unavailable (the connection is dropped, a timed-out method's effect is
-/// unknown; connect() again), the broker closing one channel (a missing queue,
+/// Failures are typed (idem/error.hpp, rabbitmq/error.hpp): the connection lost or refused, or no
+/// answer within rpc_timeout → broker_unavailable (the connection is dropped, a timed-out method's
+/// effect is unknown; connect() again), the broker closing one channel (a missing queue,
 /// inequivalent arguments, an unknown delivery tag) → rabbitmq::channel_error with the AMQP reply
 /// code; the connection stays usable and the channel must be opened again.
 ///
