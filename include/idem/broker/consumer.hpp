@@ -115,45 +115,48 @@ struct ToSettle {
 ///
 /// What an adapter supplies, all called on the polling thread (the one in poll_once()/run()):
 ///
-/// | hook | what it must do |
-/// | --- | --- |
-/// | `std::vector<Raw> read()` | connect and declare if needed, then read up to `batch_size`
-/// deliveries, waiting up to `poll_wait` for the first. Throws on a broker failure
-/// (broker_unavailable, store_unavailable, ...: run() backs off). | | `Delivery delivery_of(const
-/// Raw&) const` | the id (`id_field`, or the broker's own id), the delivery count (1 on a first
-/// delivery; a broker without one counts attempts in the store and says 1), the enqueue time. A
-/// malformed delivery keeps an empty id (or count 0): the handler dead-letters it with the reason.
-/// | | `const Message& message_of(const Raw&) const` | the body the handler sees. An overload
-/// taking `Raw&&` may move it out (batch mode moves every body into one vector; the raw delivery is
-/// not used for its body afterwards). | | `Settlement::Kind settle(Raw&, const Message&, const
-/// Delivery&, const Outcome&, const Settlement&)` | do what the settlement says — ack; publish the
-/// dead letter, wait for its confirmation, then ack; redeliver after `settlement.delay` (nothing:
-/// the broker's own clock) — and return what was done (an ack the broker refused for a stale
-/// channel: redeliver). Throws when the broker failed. | | `ConsumerHealth health()` | what the
-/// adapter knows (pending, dead-letter depth); the views must outlive the call. What cannot be read
-/// is left unknown, or thrown (reported through on_error, no report this time). |
+/// - `std::vector<Raw> read()`: connect and declare if needed, then read up to `batch_size`
+///   deliveries, waiting up to `poll_wait` for the first. Throws on a broker failure
+///   (broker_unavailable, store_unavailable, ...: run() backs off).
+/// - `Delivery delivery_of(const Raw&) const`: the id (`id_field`, or the broker's own id), the
+///   delivery count (1 on a first delivery; a broker without one counts attempts in the store
+///   and says 1), the enqueue time. A malformed delivery keeps an empty id (or count 0): the
+///   handler dead-letters it with the reason.
+/// - `const Message& message_of(const Raw&) const`: the body the handler sees. An overload
+///   taking `Raw&&` may move it out (batch mode moves every body into one vector and reads the
+///   raw delivery's body no more).
+/// - `Settlement::Kind settle(Raw&, const Message&, const Delivery&, const Outcome&,
+///   const Settlement&)`: do what the settlement says (ack; publish the dead letter, wait for
+///   its confirmation, then ack; redeliver after `settlement.delay`, nothing: the broker's own
+///   clock) and return what was done (an ack the broker refused for a stale channel:
+///   redeliver). Throws when the broker failed.
+/// - `ConsumerHealth health()`: what the adapter knows (pending, dead-letter depth); the views
+///   must outlive the call. What cannot be read is left unknown, or thrown (reported through
+///   on_error, no report this time).
 ///
-/// Optional hooks (the base's defaults in brackets):
+/// Optional hooks, the base's default in brackets:
 ///
-/// | hook | what it must do |
-/// | --- | --- |
-/// | `CommitHook commit_hook_of(const Raw&, const Delivery&) const` | called only when constructed
-/// with acks_in_commit: the request asking the store's commit to settle this delivery. [none] | |
-/// `void settle_all(std::vector<Raw>&, std::vector<ToSettle<Message>>&)` | settle many in one round
-/// trip, counting each with count(). [settle() each, in order] | | `void
-/// unhandled(std::vector<Raw>&, std::size_t from)` | deliveries from `from` on were read but not
-/// handled (a stop, the store away); keep them for the next read, or leave them to the broker's
-/// redelivery. A Kafka-like adapter rewinds (seeks) its partition here. [nothing] | | `void
-/// handling(Raw* first, std::size_t count)`, `void handled()` | around the handler's call for those
-/// deliveries (e.g. a heartbeat that keeps them). [nothing] | | `bool pipelines() const` | true to
-/// handle one at a time through the handler's PipelinedLoop when its store pipelines (a commit with
-/// the next claim). [false] | | `std::optional<std::chrono::milliseconds> in_progress_delay()
-/// const` | the redelivery delay of an in_progress outcome without a retry_after. [nothing: the
-/// broker's clock] |
+/// - `CommitHook commit_hook_of(const Raw&, const Delivery&) const`: called only when built
+///   with acks_in_commit: the request asking the store's commit to settle this delivery. [none]
+/// - `void settle_all(std::vector<Raw>&, std::vector<ToSettle<Message>>&)`: settle many in one
+///   round trip, counting each with count(). [settle() each, in order]
+/// - `void unhandled(std::vector<Raw>&, std::size_t from)`: the deliveries from `from` on were
+///   read but not handled (a stop, the store away): keep them for the next read, or leave them
+///   to the broker's redelivery. [nothing]
+/// - `void handling(Raw* first, std::size_t count)`, `void handled()`: around the handler's
+///   call for those deliveries (e.g. a heartbeat that keeps them). [nothing]
+/// - `bool pipelines() const`: true to handle one at a time through the handler's
+///   PipelinedLoop when its store pipelines (a commit sent with the next claim). [false]
+/// - `std::optional<std::chrono::milliseconds> in_progress_delay() const`: the redelivery delay
+///   of an in_progress outcome without a retry_after. [nothing: the broker's clock]
 ///
-/// A broker without a delivery count, or that settles by committing offsets in order (Kafka),
-/// fits the same hooks: settle() marks the offset done and settle_all()/the next read commits
-/// the contiguous prefix; a redelivery with a delay pauses the partition and seeks back.
+/// A broker without a delivery count that settles by committing offsets in order (Kafka) fits
+/// the same hooks: delivery_of() says 1 (the store counts attempts); settle() for an ack marks
+/// the record's offset done, and the adapter commits per partition the contiguous prefix of done
+/// offsets (in settle_all(), or before its next read); a dead letter is produced and confirmed
+/// before its offset counts as done; a redeliver pauses the partition and seeks back to the
+/// record (resuming after settlement.delay); unhandled() seeks each partition back to its first
+/// unhandled record.
 ///
 /// poll_once() and run() belong to one thread at a time; request_stop(), stop_requested() and
 /// stats() may be called from any thread (request_stop() also from a signal handler).
