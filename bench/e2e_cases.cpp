@@ -152,7 +152,7 @@ double drain_idem(Handler& handler, const std::string& stream, std::size_t n) {
     options.consumer = consumer_name;
     options.id_field = "order";
     options.batch_size = read_count;
-    options.block = 100ms;
+    options.poll_wait = 100ms;
     if constexpr (consumer_batches) options.handle_in_batches = true;
     idem::StreamConsumer consumer{redis_endpoint(), options, handler};
     const auto start = Clock::now();
