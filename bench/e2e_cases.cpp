@@ -530,7 +530,7 @@ int run_profile(const std::string& name, std::size_t messages) {
         options.group = "g";
         options.consumer = "c";
         options.batch_size = 100;
-        options.block = std::chrono::milliseconds(100);
+        options.poll_wait = std::chrono::milliseconds(100);
         options.id_field = "order";
         idem::StreamConsumer consumer{store.endpoint(), options, handler};
         auto loop = [](auto& c, std::uint64_t& seq, std::size_t n) {
