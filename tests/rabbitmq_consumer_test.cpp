@@ -473,7 +473,7 @@ TEST_F(RabbitConsumerTest, ADeliveryWithoutAnIdIsDeadLetteredWithTheReason) {
         << header_text(letters.front(), rmq::header_reason);
     EXPECT_EQ(admin->depth("no-id"), 0u);
 
-    // With id_header, the header is the id (and the message_id property is not needed).
+    // With id_field, the header is the id (and the message_id property is not needed).
     options.id_field = "order-id";
     RabbitConsumer by_header{endpoint(), options, handler};
     admin->publish("no-id", "order 5", std::nullopt, {{"order-id", std::string("order-5")}});

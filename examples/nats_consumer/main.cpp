@@ -12,7 +12,7 @@
 // <stream>_DEAD (dead.<stream>) and publishes N capture messages (orders 1..N), each TWICE with
 // the same Order-Id header, as a producer retrying after a lost reply would, plus one malformed
 // message (its amount is not a number). The consumer takes its message id from the Order-Id
-// header (JetStreamConsumerOptions::id_header), so the second copy of each order is a duplicate
+// header (JetStreamConsumerOptions::id_field), so the second copy of each order is a duplicate
 // and the malformed one is parked on the dead-letter subject. Then it works until drained:
 // nothing undelivered, nothing unacked. Without --produce it runs until SIGINT or SIGTERM.
 //
@@ -283,7 +283,7 @@ int main(int argc, char** argv) try {
     std::signal(SIGPIPE, SIG_IGN);
 
     if (options.produce > 0) {
-        // Poll until a poll that waited fetch_wait (1 s) found nothing, and the consumer has
+        // Poll until a poll that waited poll_wait (1 s) found nothing, and the consumer has
         // nothing undelivered or unacked (an unacked message comes back after AckWait).
         while (!consumer.stop_requested()) {
             try {

@@ -296,7 +296,7 @@ int main(int argc, char** argv) try {
     std::signal(SIGPIPE, SIG_IGN);
 
     if (options.until_drained) {
-        // Poll until a poll that waited `block` (1 s) for new entries found none and nothing of
+        // Poll until a poll that waited `poll_wait` (1 s) for new entries found none and nothing of
         // the group is pending (an unacked entry comes back after the visibility timeout).
         std::chrono::milliseconds backoff = 50ms;
         while (!consumer.stop_requested()) {
