@@ -24,7 +24,7 @@
 
 #include "idem/delivery.hpp"
 #include "idem/outcome.hpp"
-#include "idem/store/redis_connection.hpp"
+#include "idem/redis/connection.hpp"
 #include "support/mariadb_server.hpp"
 #include "support/postgres_server.hpp"
 #include "support/redis_server.hpp"

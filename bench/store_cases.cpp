@@ -544,12 +544,12 @@ Json redis_server_time(RawRedis& raw, Handler& handler, LocalHandler& local_hand
     raw.command({"CONFIG", "SET", "slowlog-log-slower-than", "10000"});
     auto log = raw.command({"SLOWLOG", "GET", "-1"});
     // Which script an EVALSHA ran: by its SHA (SCRIPT LOAD of a loaded script only returns it).
-    auto sha_of = [&raw](const idem::RedisScript& script) {
+    auto sha_of = [&raw](const idem::redis::Script& script) {
         auto reply = raw.command({"SCRIPT", "LOAD", script.source});
         return std::string(reply->str, reply->len);
     };
-    const std::string claim_sha = sha_of(idem::detail::redis_claim_script());
-    const std::string commit_sha = sha_of(idem::detail::redis_complete_script());
+    const std::string claim_sha = sha_of(idem::redis::claim_script());
+    const std::string commit_sha = sha_of(idem::redis::complete_script());
     const std::string local_sha = sha_of(idem::redis::claim_commit_script());
     std::vector<double> claim, claim_batch, claim_set, commit, commit_batch, set_nx, local, raw_fx;
     for (std::size_t i = 0; i < log->elements; ++i) {

@@ -21,8 +21,8 @@
 #include "idem/broker/redis_streams.hpp"
 #include "idem/circuit_breaker.hpp"
 #include "idem/idem.hpp"
+#include "idem/redis/connection.hpp"
 #include "idem/store/postgres.hpp"
-#include "idem/store/redis_connection.hpp"
 #include "idem/store/sqlite.hpp"
 #include "support/polling.hpp"
 #include "support/postgres_server.hpp"
@@ -110,11 +110,11 @@ class PostgresStoreOutageTest : public ::testing::Test {
         return endpoint;
     }
     long long stream_length(const std::string& stream) {
-        idem::RedisConnection connection{endpoint()};
+        idem::redis::Connection connection{endpoint()};
         return connection.checked({"XLEN", stream}, "XLEN").integer;
     }
     long long pending(const std::string& stream) {
-        idem::RedisConnection connection{endpoint()};
+        idem::redis::Connection connection{endpoint()};
         return connection.checked({"XPENDING", stream, "workers"}, "XPENDING")
             .elements.at(0)
             .integer;
@@ -151,7 +151,7 @@ TEST_F(PostgresStoreOutageTest, DoesNotDeadLetterHealthyMessages) {
     options.circuit_breaker.max_backoff = 100ms;
     constexpr int messages = 40;
     {
-        idem::RedisConnection connection{endpoint()};
+        idem::redis::Connection connection{endpoint()};
         for (int i = 0; i < messages; ++i) {
             connection.checked({"XADD", "orders", "*", "order", std::to_string(i)}, "XADD");
         }

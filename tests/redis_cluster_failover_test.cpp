@@ -108,7 +108,7 @@ class RedisClusterFailoverTest : public ::testing::Test {
                 o.replicas_timeout = 50ms;
                 o.lease = 1s;
                 idem::RedisStore store{node, o};
-                idem::RedisConnection external{broker_endpoint};
+                idem::redis::Connection external{broker_endpoint};
                 idem::PolicyOptions policy;
                 policy.max_deliveries = 1000;
                 policy.lease = 1s;
@@ -183,7 +183,7 @@ class RedisClusterFailoverTest : public ::testing::Test {
         for (std::size_t r : replicas)
             cluster().server(r).resume();
 
-        idem::RedisConnection reader{broker_endpoint};
+        idem::redis::Connection reader{broker_endpoint};
         for (;;) {
             const auto pending = reader.checked({"XPENDING", "orders", "workers"}, "XPENDING");
             const auto info = reader.checked({"XINFO", "GROUPS", "orders"}, "XINFO");
@@ -225,8 +225,8 @@ class RedisClusterFailoverTest : public ::testing::Test {
         for (long i = 1; i <= messages; ++i) {
             const std::string id = std::to_string(i);
             const std::string key = effect_key(id);
-            const idem::RedisReply value =
-                surviving.with_connection_for(key, [&](idem::RedisConnection& c) {
+            const idem::redis::Reply value =
+                surviving.with_connection_for(key, [&](idem::redis::Connection& c) {
                     return c.checked({"GET", key}, "GET");
                 });
             const long long effects = value.is_nil() ? 0 : std::stoll(value.str);

@@ -263,7 +263,7 @@ TEST_F(RedisClusterTest, ABatchWhoseSlotGroupsDoNotAllCommitReportsEachMessageTr
                 const std::string key = store.claim_key(scope, id);
                 idem_test::RedisClient c =
                     cluster_->client(cluster_->master_index_of(hash_slot(key)));
-                auto record = idem::detail::RedisClaimRecord::decode(*c.str({"GET", key}));
+                auto record = idem::redis::Record::decode(*c.str({"GET", key}));
                 record->state = "leased";
                 record->token = "0123456789abcdef0123456789abcdef";
                 c.exec({"SET", key, record->encode(), "KEEPTTL"});

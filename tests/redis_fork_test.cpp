@@ -57,12 +57,12 @@ class RedisForkTest : public ::testing::Test {
     }
 
     long long client_id() {
-        return store_->with_connection([](idem::RedisConnection& c) {
+        return store_->with_connection([](idem::redis::Connection& c) {
             return c.checked({"CLIENT", "ID"}, "CLIENT ID").integer;
         });
     }
     long long counter(const std::string& key) {
-        auto reply = store_->with_connection([&](idem::RedisConnection& c) {
+        auto reply = store_->with_connection([&](idem::redis::Connection& c) {
             return c.checked({"GET", key}, "GET");
         });
         return reply.is_nil() ? 0 : std::stoll(reply.str);
@@ -73,13 +73,13 @@ class RedisForkTest : public ::testing::Test {
 };
 
 TEST_F(RedisForkTest, TokensDifferBetweenAParentAndItsForkedChild) {
-    (void)idem::detail::new_lease_token();  // the parent has drawn before the fork
+    (void)idem::redis::new_lease_token();  // the parent has drawn before the fork
     Child child([](const auto& send) {
-        send(idem::detail::new_lease_token());
-        send(idem::detail::new_lease_token());
+        send(idem::redis::new_lease_token());
+        send(idem::redis::new_lease_token());
     });
-    const std::string parent_next = idem::detail::new_lease_token();
-    const std::string parent_after = idem::detail::new_lease_token();
+    const std::string parent_next = idem::redis::new_lease_token();
+    const std::string parent_after = idem::redis::new_lease_token();
     auto first = child.line();
     auto second = child.line();
     ASSERT_TRUE(first && second) << "the child reported nothing";

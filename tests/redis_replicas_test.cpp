@@ -340,7 +340,7 @@ TEST_F(RedisReplicasTest, TheStreamConsumerNeverAcksAnUnconfirmedCommit) {
     EXPECT_EQ(stats.acked, 0u);
     EXPECT_EQ(stats.not_acked, 1u);
     // Still pending in the group: it comes back after the visibility timeout.
-    idem::RedisConnection reader{idem_test::redis_endpoint(broker)};
+    idem::redis::Connection reader{idem_test::redis_endpoint(broker)};
     const auto pending = reader.checked({"XPENDING", "orders", "g"}, "XPENDING");
     ASSERT_FALSE(pending.elements.empty());
     EXPECT_EQ(pending.elements[0].integer, 1);

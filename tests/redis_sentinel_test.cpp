@@ -173,7 +173,7 @@ Tally failover_run(int replicas_to_ack, long messages) {
             o.replicas_timeout = 50ms;  // shorter than the lag: some commits are unconfirmed
             o.lease = 1s;
             idem::RedisStore store{store_endpoint, o};
-            idem::RedisConnection external{broker_endpoint};  // the "gateway": counts runs
+            idem::redis::Connection external{broker_endpoint};  // the "gateway": counts runs
             idem::PolicyOptions policy;
             policy.max_deliveries = 1000;  // a failover must not dead-letter anything
             policy.lease = 1s;
@@ -253,7 +253,7 @@ Tally failover_run(int replicas_to_ack, long messages) {
     idem_test::RedisServer& now = group().await_new_master(old_port);
 
     // Drained: every entry delivered and none pending.
-    idem::RedisConnection reader{broker_endpoint};
+    idem::redis::Connection reader{broker_endpoint};
     for (;;) {
         const auto pending = reader.checked({"XPENDING", "orders", "workers"}, "XPENDING");
         const auto info = reader.checked({"XINFO", "GROUPS", "orders"}, "XINFO");

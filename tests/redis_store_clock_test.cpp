@@ -298,9 +298,9 @@ TEST_F(RedisServerClockTest, ATakeoverRestartsTheRetentionAndKeepsTheFirstClaime
     EXPECT_NEAR(static_cast<double>(expires_at),
                 static_cast<double>(server_ms() + idem::days(14) / 1ms), 60'000.0);
     // claimed_at stays the first claim's (as resolved before the takeover), attempts go on.
-    auto record = idem::detail::RedisClaimRecord::decode(*client().str({"GET", key}));
+    auto record = idem::redis::Record::decode(*client().str({"GET", key}));
     ASSERT_TRUE(record.has_value());
-    auto old_record = idem::detail::RedisClaimRecord::decode(before);
+    auto old_record = idem::redis::Record::decode(before);
     ASSERT_TRUE(old_record.has_value());
     EXPECT_EQ(old_record->state, "free");
     EXPECT_EQ(record->attempts, 2u);

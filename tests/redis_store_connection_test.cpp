@@ -327,7 +327,7 @@ TEST_F(RedisStoreTest, WithAllConnectionsInUseACallWaitsThenTimesOut) {
     bool holding = false;
     bool let_go = false;
     std::thread holder([&] {
-        capped.with_connection([&](idem::RedisConnection& c) {
+        capped.with_connection([&](idem::redis::Connection& c) {
             c.checked({"PING"}, "PING");
             std::unique_lock<std::mutex> lock(m);
             holding = true;
@@ -358,7 +358,7 @@ TEST_F(RedisStoreTest, WithAllConnectionsInUseACallWaitsThenTimesOut) {
     idem::RedisStore one(store().endpoint(), patient);
     std::atomic<bool> held{false};
     std::thread second([&] {
-        one.with_connection([&](idem::RedisConnection& c) {
+        one.with_connection([&](idem::redis::Connection& c) {
             held = true;
             std::this_thread::sleep_for(300ms);
             return c.checked({"PING"}, "PING");
@@ -368,7 +368,7 @@ TEST_F(RedisStoreTest, WithAllConnectionsInUseACallWaitsThenTimesOut) {
         std::this_thread::yield();
     const auto waited_from = std::chrono::steady_clock::now();
     auto reply =
-        one.with_connection([](idem::RedisConnection& c) { return c.checked({"PING"}, "PING"); });
+        one.with_connection([](idem::redis::Connection& c) { return c.checked({"PING"}, "PING"); });
     EXPECT_EQ(reply.str, "PONG");
     EXPECT_LT(std::chrono::steady_clock::now() - waited_from, 30s);
     second.join();
@@ -376,7 +376,7 @@ TEST_F(RedisStoreTest, WithAllConnectionsInUseACallWaitsThenTimesOut) {
 
 TEST_F(RedisStoreTest, AnIdleConnectionKilledByTheServerIsReplacedBeforeReuse) {
     auto client_id = [](idem::RedisStore& s) {
-        return s.with_connection([](idem::RedisConnection& c) {
+        return s.with_connection([](idem::redis::Connection& c) {
             return c.checked({"CLIENT", "ID"}, "CLIENT ID").integer;
         });
     };

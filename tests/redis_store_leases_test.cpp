@@ -399,13 +399,13 @@ TEST_F(RedisStoreTest, AWriteFailingAfterOthersWereAppliedParksTheClaimSoTheyAre
     EXPECT_EQ(client().str({"GET", "counter"}), "1");
 }
 
-TEST_F(RedisStoreTest, AckOnCommitIsPartOfTheTransaction) {
+TEST_F(RedisStoreTest, AnXackWriteIsPartOfTheTransaction) {
     client().exec({"XGROUP", "CREATE", "orders", "workers", "$", "MKSTREAM"});
     auto entry = client().str({"XADD", "orders", "*", "order", "1"});
     ASSERT_TRUE(entry.has_value());
     auto run = [&](std::vector<std::string> command) {
         return store().with_connection(
-            [&](idem::RedisConnection& c) { return c.checked(command, command[0]); });
+            [&](idem::redis::Connection& c) { return c.checked(command, command[0]); });
     };
     run({"XREADGROUP", "GROUP", "workers", "w1", "COUNT", "1", "STREAMS", "orders", ">"});
     auto pending = [&] { return run({"XPENDING", "orders", "workers"}).elements.at(0).integer; };
@@ -413,12 +413,12 @@ TEST_F(RedisStoreTest, AckOnCommitIsPartOfTheTransaction) {
     {
         auto tx = store().begin();
         ASSERT_EQ(tx.claim("s", "m-1").status, ClaimStatus::claimed);
-        tx.ack_on_commit("orders", "workers", *entry);
+        tx.write("XACK", "orders", "workers", *entry);
     }  // rolled back: not acked
     EXPECT_EQ(pending(), 1);
     auto tx = store().begin();
     ASSERT_EQ(tx.claim("s", "m-1").status, ClaimStatus::claimed);
-    tx.ack_on_commit("orders", "workers", *entry);
+    tx.write("XACK", "orders", "workers", *entry);
     tx.record_outcome("s", "m-1", Disposition::processed, "");
     tx.commit();
     EXPECT_EQ(pending(), 0);

@@ -379,7 +379,7 @@ TEST_F(StreamConsumerTest, DuplicateOfAParkedMessageStillReachesTheDeadLetterStr
     const std::string id = xadd("orders", fields);
 
     // The crash window: a worker read the entry (pending), its handler committed the park ...
-    idem::RedisConnection connection{endpoint()};
+    idem::redis::Connection connection{endpoint()};
     connection.checked({"XGROUP", "CREATE", "orders", "workers", "0", "MKSTREAM"}, "XGROUP");
     connection.checked(
         {"XREADGROUP", "GROUP", "workers", "c0", "COUNT", "1", "STREAMS", "orders", ">"},

@@ -45,7 +45,7 @@
 
 #include "idem/broker/redis_streams.hpp"
 #include "idem/idem.hpp"
-#include "idem/store/redis_connection.hpp"
+#include "idem/redis/connection.hpp"
 #include "idem/store/sqlite.hpp"
 
 namespace {
@@ -180,7 +180,7 @@ Capture parse_capture(const idem::StreamEntry& entry) {
 
 /// Adds orders 1..n, each twice (a producer retry: two entries, one order_id), and one malformed
 /// entry halfway through. One pipelined round trip per 500 entries.
-long produce(idem::RedisConnection& redis, const std::string& stream, long n) {
+long produce(idem::redis::Connection& redis, const std::string& stream, long n) {
     std::vector<std::vector<std::string>> batch;
     long added = 0;
     auto flush = [&] {
@@ -206,7 +206,7 @@ long produce(idem::RedisConnection& redis, const std::string& stream, long n) {
 }
 
 /// Entries of the group still pending (delivered, not acked), for every consumer.
-long long pending(idem::RedisConnection& redis, const std::string& stream) {
+long long pending(idem::redis::Connection& redis, const std::string& stream) {
     const auto reply = redis.command({"XPENDING", stream, consumer_group});
     if (reply.is_error()) {
         if (reply.str.rfind("NOGROUP", 0) == 0) return 0;  // no group yet: nothing delivered
@@ -258,7 +258,7 @@ int main(int argc, char** argv) try {
          "CREATE TABLE IF NOT EXISTS captures(order_id INTEGER NOT NULL, amount INTEGER NOT NULL, "
          "gateway_reference TEXT NOT NULL)");
 
-    idem::RedisConnection redis(options.redis);  // for producing and the drain check
+    idem::redis::Connection redis(options.redis);  // for producing and the drain check
     const long produced = options.produce > 0 ? produce(redis, options.stream, options.produce) : 0;
 
     // The effect runs inside the claim's SQLite transaction: the gateway gets a key derived from

@@ -12,7 +12,7 @@
 
 #include "broker.hpp"
 #include "idem/broker/redis_streams.hpp"
-#include "idem/store/redis_connection.hpp"
+#include "idem/redis/connection.hpp"
 
 namespace chaos {
 namespace {
@@ -114,14 +114,14 @@ class RedisStreamsRun final : public BrokerRun {
 
   private:
     GroupState group_state() {
-        const idem::RedisReply reply =
+        const idem::redis::Reply reply =
             redis_.checked({"XINFO", "GROUPS", stream_key}, "XINFO GROUPS");
-        for (const idem::RedisReply& group : reply.elements) {
+        for (const idem::redis::Reply& group : reply.elements) {
             GroupState state;
             bool ours = false;
             for (std::size_t i = 0; i + 1 < group.elements.size(); i += 2) {
                 const std::string& name = group.elements[i].str;
-                const idem::RedisReply& value = group.elements[i + 1];
+                const idem::redis::Reply& value = group.elements[i + 1];
                 if (name == "name") ours = value.str == group_name;
                 if (name == "pending") state.pending = value.integer;
                 if (name == "last-delivered-id") state.last_delivered_id = value.str;
@@ -133,7 +133,7 @@ class RedisStreamsRun final : public BrokerRun {
     }
 
     int port_;
-    idem::RedisConnection redis_;
+    idem::redis::Connection redis_;
     long messages_ = 0;
     std::string last_id_;
     std::map<std::string, long> order_of_entry_;

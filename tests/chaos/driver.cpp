@@ -83,26 +83,26 @@ struct RunDir {
 // ---------------------------------------------------------------------------------------------
 // Reading the run's Redis.
 
-long long integer_of(const idem::RedisReply& reply) {
-    if (reply.type == idem::RedisReply::Type::integer) return reply.integer;
+long long integer_of(const idem::redis::Reply& reply) {
+    if (reply.type == idem::redis::Reply::Type::integer) return reply.integer;
     if (reply.is_nil() || reply.str.empty()) return 0;
     return std::stoll(reply.str);
 }
 
-long long get_int(idem::RedisConnection& redis, const std::string& key) {
+long long get_int(idem::redis::Connection& redis, const std::string& key) {
     return integer_of(redis.checked({"GET", key}, "GET"));
 }
 
-std::map<std::string, long long> hash_of(idem::RedisConnection& redis, const std::string& key) {
+std::map<std::string, long long> hash_of(idem::redis::Connection& redis, const std::string& key) {
     std::map<std::string, long long> out;
-    const idem::RedisReply reply = redis.checked({"HGETALL", key}, "HGETALL");
+    const idem::redis::Reply reply = redis.checked({"HGETALL", key}, "HGETALL");
     for (std::size_t i = 0; i + 1 < reply.elements.size(); i += 2)
         out[reply.elements[i].str] = integer_of(reply.elements[i + 1]);
     return out;
 }
 
 /// Every list named by @p keys (LRANGE 0 -1), pipelined.
-std::vector<std::vector<std::string>> lists_of(idem::RedisConnection& redis,
+std::vector<std::vector<std::string>> lists_of(idem::redis::Connection& redis,
                                                const std::vector<std::string>& keys) {
     std::vector<std::vector<std::string>> out;
     out.reserve(keys.size());
@@ -111,7 +111,7 @@ std::vector<std::vector<std::string>> lists_of(idem::RedisConnection& redis,
         std::vector<std::vector<std::string>> commands;
         for (std::size_t k = i; k < std::min(keys.size(), i + chunk); ++k)
             commands.push_back({"LRANGE", keys[k], "0", "-1"});
-        for (const idem::RedisReply& reply : redis.pipeline(commands)) {
+        for (const idem::redis::Reply& reply : redis.pipeline(commands)) {
             if (reply.is_error()) throw std::runtime_error("LRANGE: " + reply.str);
             std::vector<std::string> items;
             for (const auto& element : reply.elements)
@@ -303,7 +303,7 @@ CapturesByOrder redis_cluster_captures(idem_test::RedisCluster& cluster) {
         idem::RedisEndpoint endpoint;
         endpoint.host = cluster.host();
         endpoint.port = cluster.port(node);
-        idem::RedisConnection redis{endpoint};
+        idem::redis::Connection redis{endpoint};
         std::vector<std::string> keys;
         std::string cursor = "0";
         do {
@@ -325,7 +325,7 @@ CapturesByOrder redis_cluster_captures(idem_test::RedisCluster& cluster) {
     return out;
 }
 
-CapturesByOrder redis_captures(idem::RedisConnection& redis, long messages) {
+CapturesByOrder redis_captures(idem::redis::Connection& redis, long messages) {
     std::vector<std::string> keys;
     for (long order = 1; order <= messages; ++order)
         keys.push_back(redis_captures_key(order));
@@ -415,7 +415,7 @@ int run_driver(const Options& o) {
     idem::RedisEndpoint endpoint;
     endpoint.host = redis_server.host();
     endpoint.port = redis_server.port();
-    idem::RedisConnection redis{endpoint};
+    idem::redis::Connection redis{endpoint};
 
     std::optional<idem_test::PostgresServer> pg;
     std::optional<idem_test::MariadbServer> maria;

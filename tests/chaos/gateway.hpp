@@ -25,7 +25,7 @@
 #include <fmt/format.h>
 
 #include "idem/error.hpp"
-#include "idem/store/redis_connection.hpp"
+#include "idem/redis/connection.hpp"
 
 namespace chaos {
 
@@ -78,19 +78,19 @@ struct gateway_refused : std::runtime_error {
 /// A worker's client of the gateway. Not thread-safe (one per worker; workers are single-threaded).
 class GatewayClient {
   public:
-    GatewayClient(idem::RedisConnection& connection, std::chrono::milliseconds latency,
+    GatewayClient(idem::redis::Connection& connection, std::chrono::milliseconds latency,
                   std::chrono::milliseconds inflight, std::mt19937_64& random)
         : connection_(connection), latency_(latency), inflight_(inflight), random_(random) {}
 
     /// Captures @p amount for @p order under @p idempotency_key; returns the charge's reference.
     /// @throws gateway_refused ("in flight"), std::runtime_error when the gateway is unreachable.
     std::string capture(const std::string& idempotency_key, long order, long /*amount*/) {
-        static const idem::RedisScript request{"gateway request", gateway_request_source};
-        static const idem::RedisScript finish{"gateway finish", gateway_finish_source};
+        static const idem::redis::Script request{"gateway request", gateway_request_source};
+        static const idem::redis::Script finish{"gateway finish", gateway_finish_source};
         const std::string ref_key = "gw:ref:" + idempotency_key;
         const std::string inflight_key = "gw:inflight:" + idempotency_key;
         const std::string token = fmt::format("{:016x}", random_());
-        idem::RedisReply reply =
+        idem::redis::Reply reply =
             call(request, {ref_key, inflight_key, gw_requests_key, gw_refused_key},
                  {token, std::to_string(inflight_.count())});
         if (reply.is_array() && reply.elements.size() == 2 && reply.elements[0].str == "charged") {
@@ -102,21 +102,21 @@ class GatewayClient {
         reply = call(finish,
                      {ref_key, inflight_key, gw_charges_key, gw_charged_key(order), gw_refused_key},
                      {token});
-        if (reply.type != idem::RedisReply::Type::string || reply.str.empty()) {
+        if (reply.type != idem::redis::Reply::Type::string || reply.str.empty()) {
             throw std::runtime_error("gateway: unexpected reply to finish");
         }
         return reply.str;
     }
 
   private:
-    idem::RedisConnection& connection_;
+    idem::redis::Connection& connection_;
     std::chrono::milliseconds latency_;
     std::chrono::milliseconds inflight_;
     std::mt19937_64& random_;
 
-    idem::RedisReply call(const idem::RedisScript& script, const std::vector<std::string>& keys,
-                          const std::vector<std::string>& args) {
-        idem::RedisReply reply;
+    idem::redis::Reply call(const idem::redis::Script& script, const std::vector<std::string>& keys,
+                            const std::vector<std::string>& args) {
+        idem::redis::Reply reply;
         try {
             reply = connection_.eval(script, keys, args);
         } catch (const idem::error& e) {  // not a store error: the gateway is another system

@@ -54,7 +54,7 @@ extern "C" void on_sigterm(int) {
 /// Redis, so the driver can say where the workers died).
 class CrashWindows {
   public:
-    CrashWindows(double rate, std::mt19937_64& random, idem::RedisConnection& redis)
+    CrashWindows(double rate, std::mt19937_64& random, idem::redis::Connection& redis)
         : rate_(rate), random_(random), redis_(redis) {}
 
     void maybe_die(Window window) {
@@ -70,7 +70,7 @@ class CrashWindows {
   private:
     double rate_;
     std::mt19937_64& random_;
-    idem::RedisConnection& redis_;
+    idem::redis::Connection& redis_;
 };
 
 /// The history lines of one delivery (chaos.hpp's history_key).
@@ -156,7 +156,7 @@ struct CaptureEffect {
 // The negative control (--naive): the handler as first written. No claim, a fresh gateway key on
 // every attempt ("the original bug with an extra API parameter"), the capture committed on its own.
 template <class Store>
-idem::Outcome naive_capture(Store& store, idem::RedisConnection& redis, GatewayClient& gateway,
+idem::Outcome naive_capture(Store& store, idem::redis::Connection& redis, GatewayClient& gateway,
                             CrashWindows& windows, std::mt19937_64& random, const Message& entry) {
     const Capture capture = parse_capture(entry);
     windows.maybe_die(after_claim);
@@ -202,7 +202,7 @@ auto with_retries(const char* what, Make make) -> decltype(make()) {
 /// held: the after_commit_before_ack window then also kills a worker holding that lease.
 class SettleCounter final : public idem::Observer {
   public:
-    SettleCounter(idem::RedisConnection& redis, CrashWindows& windows, std::string worker)
+    SettleCounter(idem::redis::Connection& redis, CrashWindows& windows, std::string worker)
         : redis_(redis), windows_(windows), worker_(std::move(worker)) {}
 
     void count(const idem::Delivery& delivery) {
@@ -229,7 +229,7 @@ class SettleCounter final : public idem::Observer {
     }
 
   private:
-    idem::RedisConnection& redis_;
+    idem::redis::Connection& redis_;
     CrashWindows& windows_;
     std::string worker_;
 };
@@ -238,7 +238,7 @@ class SettleCounter final : public idem::Observer {
 /// entry as a Message), several entries per poll, so on a RedisStore each commit goes with the
 /// next claim.
 template <class Store>
-int consume_pipelined(Store& store, const Options& options, idem::RedisConnection& redis,
+int consume_pipelined(Store& store, const Options& options, idem::redis::Connection& redis,
                       GatewayClient& gateway, CrashWindows& windows,
                       const idem::PolicyOptions& policy_options, const WorkerSettings& settings) {
     SettleCounter counter{redis, windows, settings.consumer_name};
@@ -275,7 +275,7 @@ int consume_pipelined(Store& store, const Options& options, idem::RedisConnectio
 template <class Store>
 int consume(Store& store, const Options& options, const idem::RedisEndpoint& endpoint,
             std::mt19937_64& random) {
-    idem::RedisConnection redis{endpoint};  // the gateway and the harness's counters
+    idem::redis::Connection redis{endpoint};  // the gateway and the harness's counters
     GatewayClient gateway{redis, options.latency, options.inflight, random};
     CrashWindows windows{options.kill_rate, random, redis};
 
@@ -307,7 +307,7 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
     running_worker.store(worker.get());
     if (stopping != 0) worker->request_stop();
     worker->run([&](const idem::Delivery& delivery, const Message& entry) {
-        for (const idem::RedisReply& reply : redis.pipeline(
+        for (const idem::redis::Reply& reply : redis.pipeline(
                  {{"INCR", delivered_key},
                   {"HINCRBY", counts_key, std::to_string(delivery.delivery_count.value()), "1"},
                   history_start(delivery, settings.consumer_name)})) {

@@ -57,7 +57,7 @@ struct RedisClusterEnv {
                 if (!key) continue;
                 auto value = c.str({"GET", *key});
                 if (!value) continue;
-                auto r = idem::detail::RedisClaimRecord::decode(*value);
+                auto r = idem::redis::Record::decode(*value);
                 if (!r) continue;
                 r->state = "free";
                 r->token.clear();

@@ -63,10 +63,10 @@ struct RedisEnv {
         }
     }
     /// The claim record stored under @p key, read with this environment's own client.
-    std::optional<idem::detail::RedisClaimRecord> record(const std::string& key) {
+    std::optional<idem::redis::Record> record(const std::string& key) {
         auto value = client->str({"GET", key});
         if (!value) return std::nullopt;
-        return idem::detail::RedisClaimRecord::decode(*value);
+        return idem::redis::Record::decode(*value);
     }
     std::size_t effect_rows() {
         return static_cast<std::size_t>(client->integer({"SCARD", effects_key}).value_or(0));

@@ -134,8 +134,8 @@ class StreamConsumerTest : public ::testing::Test {
 
     /// XRANGE with nested replies (the test client reads flat arrays only).
     std::vector<StreamEntry> xrange(const std::string& stream) {
-        idem::RedisConnection connection{endpoint()};
-        idem::RedisReply reply = connection.checked({"XRANGE", stream, "-", "+"}, "XRANGE");
+        idem::redis::Connection connection{endpoint()};
+        idem::redis::Reply reply = connection.checked({"XRANGE", stream, "-", "+"}, "XRANGE");
         std::vector<StreamEntry> entries;
         for (const auto& element : reply.elements) {
             StreamEntry entry;
@@ -167,8 +167,8 @@ class StreamConsumerTest : public ::testing::Test {
 
     /// How many entries of the group are delivered and not acked (XPENDING summary).
     long long pending(const std::string& stream, const std::string& group = "workers") {
-        idem::RedisConnection connection{endpoint()};
-        idem::RedisReply reply = connection.checked({"XPENDING", stream, group}, "XPENDING");
+        idem::redis::Connection connection{endpoint()};
+        idem::redis::Reply reply = connection.checked({"XPENDING", stream, group}, "XPENDING");
         return reply.elements.at(0).integer;
     }
 
@@ -177,8 +177,8 @@ class StreamConsumerTest : public ::testing::Test {
     /// The ids of the group's entries delivered and not acked, oldest first (XPENDING extended).
     std::vector<std::string> pending_ids(const std::string& stream,
                                          const std::string& group = "workers") {
-        idem::RedisConnection connection{endpoint()};
-        idem::RedisReply reply =
+        idem::redis::Connection connection{endpoint()};
+        idem::redis::Reply reply =
             connection.checked({"XPENDING", stream, group, "-", "+", "1000"}, "XPENDING");
         std::vector<std::string> ids;
         for (const auto& row : reply.elements)

@@ -94,11 +94,11 @@ struct SlotCall {
 /// through one.
 class FollowingConnection {
   public:
-    explicit FollowingConnection(Endpoint endpoint)
+    explicit FollowingConnection(RedisEndpoint endpoint)
         : given_(endpoint), connection_(std::make_unique<Connection>(std::move(endpoint))) {}
 
     /// The address given (not the node followed to).
-    [[nodiscard]] const Endpoint& endpoint() const noexcept { return given_; }
+    [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return given_; }
     /// MOVED replies followed so far.
     [[nodiscard]] std::size_t moves() const noexcept { return moves_; }
 
@@ -124,7 +124,7 @@ class FollowingConnection {
     }
     /// A connection to the node at the end of a redirect (`MOVED 3999 127.0.0.1:6381`).
     std::unique_ptr<Connection> connection_to(const std::string& error) const {
-        Endpoint endpoint = given_;
+        RedisEndpoint endpoint = given_;
         const std::size_t space = error.rfind(' ');
         const std::string address = error.substr(space + 1);
         const std::size_t colon = address.rfind(':');
@@ -180,7 +180,7 @@ class FollowingConnection {
         throw store_unavailable("idem: too many Redis Cluster redirects: " + replies.front().str);
     }
 
-    Endpoint given_;
+    RedisEndpoint given_;
     std::unique_ptr<Connection> connection_;
     std::size_t moves_ = 0;
 };
@@ -190,7 +190,7 @@ class FollowingConnection {
 class Router {
   public:
     /// @p seeds: one address (any node of a cluster, or the server) or several seed nodes.
-    Router(std::vector<Endpoint> seeds, PoolOptions options)
+    Router(std::vector<RedisEndpoint> seeds, PoolOptions options)
         : seeds_(std::move(seeds)), options_(options) {
         if (seeds_.empty()) throw usage_error("idem::redis::Router: no address given");
         nodes_.push_back(std::make_unique<Node>(seeds_.front(), options_));
@@ -200,8 +200,8 @@ class Router {
     Router& operator=(const Router&) = delete;
 
     /// The first address given: the server, or the first seed node.
-    [[nodiscard]] const Endpoint& endpoint() const noexcept { return seeds_.front(); }
-    [[nodiscard]] const std::vector<Endpoint>& seeds() const noexcept { return seeds_; }
+    [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return seeds_.front(); }
+    [[nodiscard]] const std::vector<RedisEndpoint>& seeds() const noexcept { return seeds_; }
 
     /// @brief Whether the server is a cluster node. Asks it (`INFO cluster`) on the first call
     /// that reaches a server.
@@ -433,7 +433,7 @@ class Router {
     }
 
     /// @brief The address of the master serving @p slot now (standalone: the server).
-    Endpoint master_of(std::uint16_t slot) {
+    RedisEndpoint master_of(std::uint16_t slot) {
         detect();
         if (!cluster_.load(std::memory_order_acquire)) return server().pool.endpoint();
         return node_for(slot).pool.endpoint();
@@ -441,7 +441,7 @@ class Router {
 
   private:
     struct Node {
-        Node(Endpoint endpoint, PoolOptions options) : pool(std::move(endpoint), options) {}
+        Node(RedisEndpoint endpoint, PoolOptions options) : pool(std::move(endpoint), options) {}
         Pool pool;
         std::atomic<bool> checked{false};  ///< first_use_ ran and passed
     };
@@ -638,16 +638,16 @@ class Router {
 
     /// CLUSTER SLOTS from a node that answers: the known masters first, then the seeds.
     void refresh_map() {
-        std::vector<Endpoint> ask;
+        std::vector<RedisEndpoint> ask;
         {
             std::lock_guard<std::mutex> lock(mutex_);
             for (const auto& node : nodes_)
                 ask.push_back(node->pool.endpoint());
         }
-        for (const Endpoint& seed : seeds_)
+        for (const RedisEndpoint& seed : seeds_)
             ask.push_back(seed);
         std::optional<store_error> failure;
-        for (const Endpoint& where : ask) {
+        for (const RedisEndpoint& where : ask) {
             try {
                 Connection probe(where);
                 load_map(probe);
@@ -692,10 +692,10 @@ class Router {
     }
     Node* node_at_locked(const std::string& host, int port) {
         for (const auto& node : nodes_) {
-            const Endpoint& e = node->pool.endpoint();
+            const RedisEndpoint& e = node->pool.endpoint();
             if (e.host == host && e.port == port) return node.get();
         }
-        Endpoint endpoint = seeds_.front();  // credentials and timeouts of the seed
+        RedisEndpoint endpoint = seeds_.front();  // credentials and timeouts of the seed
         endpoint.host = host;
         endpoint.port = port;
         endpoint.db = 0;  // a cluster has database 0 only
@@ -760,7 +760,7 @@ class Router {
         return out;
     }
 
-    std::vector<Endpoint> seeds_;
+    std::vector<RedisEndpoint> seeds_;
     PoolOptions options_;
     std::function<void(Connection&)> first_use_;
     std::mutex detect_mutex_;

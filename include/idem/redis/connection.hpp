@@ -3,7 +3,7 @@
 /// @brief idem::redis::Connection: one hiredis connection to one address (connect, AUTH, SELECT,
 /// timeouts), binary-safe commands, pipelining, Lua scripts by EVALSHA, typed errors, and
 /// fork-safety. Used by the pool (pool.hpp), RedisStore and the Redis Streams consumer; users may
-/// use it (as idem::RedisConnection) for their own reads. Link idem::redis.
+/// use it for their own reads. Link idem::redis.
 
 #include <hiredis/hiredis.h>
 
@@ -60,23 +60,16 @@ struct ThenCommand {
     AfterNoscript after_noscript;
 };
 
-inline timeval to_timeval(std::chrono::milliseconds ms) {
-    timeval tv{};
-    tv.tv_sec = static_cast<decltype(tv.tv_sec)>(ms.count() / 1000);
-    tv.tv_usec = static_cast<decltype(tv.tv_usec)>((ms.count() % 1000) * 1000);
-    return tv;
-}
-
 /// @brief One connection to a Redis server. Not thread-safe: one thread at a time (a Pool keeps
 /// several to one address). After an I/O error or timeout the connection is dropped and the next
 /// call reconnects, so a restarted server is picked up without the caller doing anything.
 class Connection {
   public:
-    explicit Connection(Endpoint endpoint) : endpoint_(std::move(endpoint)) {}
+    explicit Connection(RedisEndpoint endpoint) : endpoint_(std::move(endpoint)) {}
     Connection(const Connection&) = delete;
     Connection& operator=(const Connection&) = delete;
 
-    [[nodiscard]] const Endpoint& endpoint() const noexcept { return endpoint_; }
+    [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return endpoint_; }
     /// Whether a socket is open (one inherited across fork() does not count: it is the parent's).
     [[nodiscard]] bool connected() const noexcept {
         return context_ != nullptr && pid_ == ::getpid();
@@ -466,7 +459,7 @@ class Connection {
         throw store_unavailable(message);
     }
 
-    Endpoint endpoint_;
+    RedisEndpoint endpoint_;
     std::unique_ptr<redisContext, ContextFree> context_;
     pid_t pid_ = 0;  ///< the process that connected context_
     std::unordered_map<const char*, std::string> shas_;

@@ -1,7 +1,10 @@
 #pragma once
 /// @file
-/// @brief idem::redis::Endpoint (user-facing as idem::RedisEndpoint): where a Redis server is (an
-/// address, or a master found through Sentinels) and how long to wait for it. Link idem::redis.
+/// @brief idem::RedisEndpoint: where a Redis server is (an address, or a master found through
+/// Sentinels) and how long to wait for it; and redis::to_timeval(), its timeouts as hiredis
+/// takes them. Link idem::redis.
+
+#include <sys/time.h>
 
 #include <chrono>
 #include <string>
@@ -13,14 +16,13 @@
 #include "idem/config.hpp"
 
 IDEM_BEGIN_NAMESPACE
-namespace redis {
 
 /// @brief The address of one Redis Sentinel.
-struct SentinelAddress {
+struct RedisSentinelAddress {
     std::string host = "127.0.0.1";
     int port = 26379;
 
-    friend bool operator==(const SentinelAddress& a, const SentinelAddress& b) {
+    friend bool operator==(const RedisSentinelAddress& a, const RedisSentinelAddress& b) {
         return a.host == b.host && a.port == b.port;
     }
 };
@@ -28,7 +30,7 @@ struct SentinelAddress {
 /// @brief Where a Redis server is and how long to wait for it: one address, or (with
 /// `sentinels` and `master_name`) the master a group of Redis Sentinels names, wherever it is now
 /// (redis/sentinel.hpp; every connect asks them, and checks the answer with ROLE).
-struct Endpoint {
+struct RedisEndpoint {
     std::string host = "127.0.0.1";  ///< unused with sentinels
     int port = 6379;                 ///< unused with sentinels
     int db = 0;                      ///< SELECTed after connecting (standalone servers only)
@@ -42,14 +44,14 @@ struct Endpoint {
     /// master named `master_name`, at every connect. A connection whose server turns out to be a
     /// replica (ROLE, or a READONLY error after a failover) is dropped and the next call asks
     /// again; nothing is ever written to a replica.
-    std::vector<SentinelAddress> sentinels{};
+    std::vector<RedisSentinelAddress> sentinels{};
     std::string master_name{};        ///< the name the Sentinels monitor the master under
     std::string sentinel_password{};  ///< AUTH for the Sentinels themselves; empty: none
 
     /// @brief The master @p name as @p sentinels know it (the other fields keep their defaults).
-    [[nodiscard]] static Endpoint sentinel(std::string name,
-                                           std::vector<SentinelAddress> sentinels) {
-        Endpoint endpoint;
+    [[nodiscard]] static RedisEndpoint sentinel(std::string name,
+                                                std::vector<RedisSentinelAddress> sentinels) {
+        RedisEndpoint endpoint;
         endpoint.master_name = std::move(name);
         endpoint.sentinels = std::move(sentinels);
         return endpoint;
@@ -67,7 +69,7 @@ struct Endpoint {
     }
     /// Same server and database: a consumer and a store that agree here can share a commit
     /// (with Sentinels: the same master name, Sentinels and database).
-    [[nodiscard]] bool same_database(const Endpoint& other) const {
+    [[nodiscard]] bool same_database(const RedisEndpoint& other) const {
         if (via_sentinel() || other.via_sentinel()) {
             return master_name == other.master_name && sentinels == other.sentinels &&
                    db == other.db;
@@ -76,11 +78,15 @@ struct Endpoint {
     }
 };
 
+namespace redis {
+
+/// A timeout as hiredis takes it.
+inline timeval to_timeval(std::chrono::milliseconds ms) {
+    timeval tv{};
+    tv.tv_sec = static_cast<decltype(tv.tv_sec)>(ms.count() / 1000);
+    tv.tv_usec = static_cast<decltype(tv.tv_usec)>((ms.count() % 1000) * 1000);
+    return tv;
+}
+
 }  // namespace redis
-
-/// @brief The user-facing name of redis::Endpoint.
-using RedisEndpoint = redis::Endpoint;
-/// @brief The user-facing name of redis::SentinelAddress.
-using RedisSentinelAddress = redis::SentinelAddress;
-
 IDEM_END_NAMESPACE

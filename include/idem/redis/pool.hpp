@@ -40,12 +40,12 @@ struct PoolOptions {
 /// give_back() it. Thread-safe.
 class Pool {
   public:
-    Pool(Endpoint endpoint, PoolOptions options)
+    Pool(RedisEndpoint endpoint, PoolOptions options)
         : endpoint_(std::move(endpoint)), options_(options) {}
     Pool(const Pool&) = delete;
     Pool& operator=(const Pool&) = delete;
 
-    [[nodiscard]] const Endpoint& endpoint() const noexcept { return endpoint_; }
+    [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return endpoint_; }
     [[nodiscard]] const PoolOptions& options() const noexcept { return options_; }
 
     /// @brief A pooled connection, or a new one while fewer than max_connections are open; else
@@ -133,7 +133,7 @@ class Pool {
         std::chrono::steady_clock::time_point since;
     };
 
-    Endpoint endpoint_;
+    RedisEndpoint endpoint_;
     PoolOptions options_;
     std::mutex mutex_;
     std::condition_variable free_;

@@ -122,6 +122,28 @@ struct Record {
                            leased_at, lease_ms) +
                fields(fingerprint, scope, id) + reason;
     }
+    /// The start of a new record, up to its fields: `state|token|outcome|1|now|now|lease_ms|`
+    /// (attempt 1, claimed and leased now). @p now empty: the server's now, which a plain SET
+    /// cannot read, so the times say `~<retention_ms>`, "the expiry minus the retention".
+    static std::string new_head(std::string_view state, std::string_view token,
+                                std::string_view outcome, std::string_view now,
+                                long long retention_ms, long long lease_ms) {
+        std::string head;
+        head.reserve(64 + token.size());
+        head.append(state).append("|").append(token).append("|").append(outcome).append("|1|");
+        for (int time = 0; time < 2; ++time) {
+            if (now.empty()) {
+                head += '~';
+                append_decimal(head, retention_ms);
+            } else {
+                head.append(now);
+            }
+            head += '|';
+        }
+        append_decimal(head, lease_ms);
+        head += '|';
+        return head;
+    }
     /// The end of a record: `#fp|#scope|#id\n` fp scope id. A claim sends it for each id, so
     /// the script only joins strings.
     static std::string fields(std::string_view fingerprint, std::string_view scope,

@@ -2,7 +2,7 @@
 /// @file
 /// @brief idem::redis::locate_master(): where the master a group of Redis Sentinels names is now
 /// (`SENTINEL get-master-addr-by-name`), and is_master_role() to check the server found there
-/// (`ROLE`). Connection calls both at every connect of an Endpoint with sentinels, so a pool, a
+/// (`ROLE`). Connection calls both at every connect of a RedisEndpoint with sentinels, so a pool, a
 /// store and a StreamConsumer follow a failover by reconnecting. Link idem::redis.
 ///
 /// A Sentinel is asked one question on a short-lived connection of its own (no SELECT, no
@@ -44,13 +44,6 @@ struct SentinelReplyFree {
     void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
 };
 
-inline timeval sentinel_timeval(std::chrono::milliseconds ms) {
-    timeval tv{};
-    tv.tv_sec = static_cast<decltype(tv.tv_sec)>(ms.count() / 1000);
-    tv.tv_usec = static_cast<decltype(tv.tv_usec)>((ms.count() % 1000) * 1000);
-    return tv;
-}
-
 /// One command on @p context; an I/O failure or an error reply is written to @p why.
 inline bool sentinel_command(redisContext& context, const std::vector<std::string>& args,
                              Reply& out, std::string& why) {
@@ -75,15 +68,15 @@ inline bool sentinel_command(redisContext& context, const std::vector<std::strin
 }
 
 /// Asks one Sentinel; false with @p why when it cannot say.
-inline bool ask_sentinel(const Endpoint& endpoint, const SentinelAddress& sentinel,
+inline bool ask_sentinel(const RedisEndpoint& endpoint, const RedisSentinelAddress& sentinel,
                          MasterAddress& out, std::string& why) {
     std::unique_ptr<redisContext, SentinelContextFree> context(redisConnectWithTimeout(
-        sentinel.host.c_str(), sentinel.port, sentinel_timeval(endpoint.connect_timeout)));
+        sentinel.host.c_str(), sentinel.port, to_timeval(endpoint.connect_timeout)));
     if (!context || context->err != 0) {
         why = context ? context->errstr : "cannot allocate a connection";
         return false;
     }
-    redisSetTimeout(context.get(), sentinel_timeval(endpoint.command_timeout));
+    redisSetTimeout(context.get(), to_timeval(endpoint.command_timeout));
     Reply reply;
     if (!endpoint.sentinel_password.empty() &&
         !sentinel_command(*context, {"AUTH", endpoint.sentinel_password}, reply, why)) {
@@ -119,9 +112,9 @@ inline bool ask_sentinel(const Endpoint& endpoint, const SentinelAddress& sentin
 
 /// @brief The master's address as the first Sentinel of @p endpoint that answers names it.
 /// @throws store_unavailable when none does (each one's reason in the message).
-inline MasterAddress locate_master(const Endpoint& endpoint) {
+inline MasterAddress locate_master(const RedisEndpoint& endpoint) {
     std::string reasons;
-    for (const SentinelAddress& sentinel : endpoint.sentinels) {
+    for (const RedisSentinelAddress& sentinel : endpoint.sentinels) {
         MasterAddress found;
         std::string why;
         if (sentinel_detail::ask_sentinel(endpoint, sentinel, found, why)) return found;

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// @brief idem::redis::StreamAck (idem::StreamAck): the request of an idem::CommitHook asking a
+/// @brief idem::redis::StreamAck: the request of an idem::CommitHook asking a
 /// RedisStore's commit to ack a stream entry, and the dead-letter stream entry of a stream
 /// message. Shared by RedisStore's commit and the Redis Streams consumer. Link idem::redis.
 
@@ -29,7 +29,7 @@ namespace redis {
 /// as the request of an idem::CommitHook (idem/contract/commit_hook.hpp): XACK the entry (and,
 /// when the commit parks the message as a dead letter, first XADD it to the dead-letter stream),
 /// atomically with the claim and the effect's writes. A RedisStore honours it only when
-/// `endpoint` is its own server and database (Endpoint::same_database); otherwise the hook is
+/// `endpoint` is its own server and database (RedisEndpoint::same_database); otherwise the hook is
 /// ignored and the consumer acks after the commit.
 ///
 /// A dead letter always goes somewhere: to `dead_letter_stream`, or `<stream>.dead-letters`
@@ -45,8 +45,8 @@ struct StreamAck {
     /// @brief The ack of @p entry_id_ of @p stream_ for @p group_ on @p endpoint_; a dead letter
     /// of it also goes to @p dead_letter_stream_, by default `<stream>.dead-letters`. Set
     /// `fields` and `delivery_count` for the dead-letter copy to carry them.
-    StreamAck(Endpoint endpoint_, std::string stream_, std::string group_, std::string entry_id_,
-              std::string dead_letter_stream_ = {})
+    StreamAck(RedisEndpoint endpoint_, std::string stream_, std::string group_,
+              std::string entry_id_, std::string dead_letter_stream_ = {})
         : endpoint(std::move(endpoint_)),
           stream(std::move(stream_)),
           group(std::move(group_)),
@@ -54,7 +54,7 @@ struct StreamAck {
           dead_letter_stream(dead_letter_stream_.empty() ? default_dead_letter_stream(stream)
                                                          : std::move(dead_letter_stream_)) {}
 
-    Endpoint endpoint{};  ///< the server and database the stream is on
+    RedisEndpoint endpoint{};  ///< the server and database the stream is on
     std::string stream{};
     std::string group{};
     std::string entry_id{};

@@ -78,11 +78,11 @@ class RedisSentinelGroup {
     RedisSentinelGroup& operator=(const RedisSentinelGroup&) = delete;
 
     /// The master's endpoint as a user writes it: the master name and the three Sentinels.
-    [[nodiscard]] redis::Endpoint endpoint() const {
-        std::vector<redis::SentinelAddress> addresses;
+    [[nodiscard]] RedisEndpoint endpoint() const {
+        std::vector<RedisSentinelAddress> addresses;
         for (const auto& s : sentinels_)
-            addresses.push_back(redis::SentinelAddress{s->host(), s->port()});
-        return redis::Endpoint::sentinel(master_name, std::move(addresses));
+            addresses.push_back(RedisSentinelAddress{s->host(), s->port()});
+        return RedisEndpoint::sentinel(master_name, std::move(addresses));
     }
 
     /// The data server that is master (as this fixture last saw it: after the constructor,

@@ -1,0 +1,214 @@
+#pragma once
+/// @file
+/// @brief The Redis store's inspection and maintenance, outside any transaction: the claim
+/// record of an id, the dead letters, purge, overlap locks and the warm-up. Link idem::redis.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "idem/config.hpp"
+#include "idem/error.hpp"
+#include "idem/redis/context.hpp"
+#include "idem/redis/record.hpp"
+#include "idem/redis/scripts.hpp"
+#include "idem/store.hpp"
+
+IDEM_BEGIN_NAMESPACE
+namespace redis {
+
+/// The stored record of (scope, id), as it is (any state); nothing when there is none.
+inline std::optional<Record> read_record(StoreContext& store, std::string_view scope,
+                                         std::string_view id) {
+    const std::string key = store.keys.claim(scope, id);
+    Args get;
+    get.add("GET").add(key);
+    Reply reply = store.checked_on(
+        key, [&](Connection& c) { return c.command(get); }, "GET");
+    if (reply.is_nil()) return std::nullopt;
+    auto record = Record::decode(reply.str);
+    if (!record) {
+        throw store_error(fmt::format("idem: unreadable claim record for {}/{} on {}", scope, id,
+                                      store.endpoint().describe()));
+    }
+    if (record->times_before_expiry) {
+        Args expiry;
+        expiry.add("PEXPIRETIME").add(key);
+        Reply at = store.checked_on(
+            key, [&](Connection& c) { return c.command(expiry); }, "PEXPIRETIME");
+        record->resolve(at.integer);
+    }
+    return record;
+}
+
+/// The claim record of (scope, id) as the store contract shows it; nothing when there is none
+/// or it was released.
+inline std::optional<ClaimRecord> find_claim(StoreContext& store, std::string_view scope,
+                                             std::string_view id) {
+    std::optional<Record> stored = read_record(store, scope, id);
+    if (!stored || stored->state == "free") return std::nullopt;
+    ClaimRecord record;
+    record.scope = std::string(scope);
+    record.message_id = std::string(id);
+    record.disposition = Disposition::in_progress;
+    if (stored->state == "done") record.disposition = disposition_from(stored->outcome);
+    record.reason = std::move(stored->reason);
+    record.claimed_at = detail::from_unix_ms(stored->claimed_at);
+    record.fingerprint = std::move(stored->fingerprint);
+    return record;
+}
+
+/// Every key matching @p pattern, on every master, each once.
+inline std::vector<std::string> scan(StoreContext& store, const std::string& pattern) {
+    std::vector<std::string> keys;
+    store.router.on_each_master([&](Connection& c) {
+        std::string cursor = "0";
+        do {
+            Reply reply = c.checked({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, "SCAN");
+            if (reply.elements.size() != 2) throw store_error("idem: Redis SCAN: unexpected reply");
+            cursor = reply.elements[0].str;
+            for (auto& key : reply.elements[1].elements)
+                keys.push_back(std::move(key.str));
+        } while (cursor != "0");
+        return 0;
+    });
+    std::sort(keys.begin(), keys.end());  // SCAN may return a key twice
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    return keys;
+}
+
+/// @p script over @p keys with @p args after them: 256 keys a call, the keys of a call in one
+/// hash slot on a Cluster.
+inline std::vector<Reply> run_in_batches(StoreContext& store, const Script& script,
+                                         const std::vector<std::string>& keys,
+                                         const std::vector<std::string>& args) {
+    constexpr std::size_t batch = 256;
+    std::vector<SlotCall> calls;
+    for (const auto& [slot, positions] :
+         store.by_slot(keys.size(), [&](std::size_t i) -> const std::string& { return keys[i]; })) {
+        for (std::size_t start = 0; start < positions.size(); start += batch) {
+            SlotCall call;
+            call.slot = slot;
+            const std::size_t end = std::min(positions.size(), start + batch);
+            call.num_keys = end - start;
+            for (std::size_t k = start; k < end; ++k)
+                call.keys_then_args.add(keys[positions[k]]);
+            for (const auto& arg : args)
+                call.keys_then_args.add(arg);
+            calls.push_back(std::move(call));
+        }
+    }
+    if (calls.empty()) return {};
+    return store.eval_calls(script, calls);
+}
+
+/// Every dead letter, oldest first.
+inline std::vector<DeadLetter> dead_letters(StoreContext& store) {
+    struct Ordered {
+        std::string order;
+        DeadLetter letter;
+    };
+    std::vector<Ordered> found;
+    for (const std::string& key : scan(store, store.keys.glob() + "d{*")) {
+        Reply entries = store.checked_on(
+            key,
+            [&](Connection& c) {
+                return c.command({"XRANGE", key, "-", "+"});
+            },
+            "XRANGE");
+        for (const Reply& entry : entries.elements) {
+            if (entry.elements.size() < 2) continue;
+            Ordered item;
+            const auto& fields = entry.elements[1].elements;
+            for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
+                const std::string& name = fields[i].str;
+                const std::string& value = fields[i + 1].str;
+                if (name == "scope") item.letter.scope = value;
+                if (name == "id") item.letter.message_id = value;
+                if (name == "delivery_count")
+                    item.letter.delivery_count = static_cast<std::uint32_t>(parse_int(value));
+                if (name == "reason") item.letter.reason = value;
+                if (name == "payload") item.letter.payload = value;
+                if (name == "created_at")
+                    item.letter.created_at = detail::from_unix_ms(parse_int(value));
+                if (name == "order_us") item.order = value;
+            }
+            found.push_back(std::move(item));
+        }
+    }
+    std::sort(found.begin(), found.end(), [](const Ordered& a, const Ordered& b) {
+        if (a.letter.created_at != b.letter.created_at)
+            return a.letter.created_at < b.letter.created_at;
+        if (a.order.size() != b.order.size()) return a.order.size() < b.order.size();
+        return a.order < b.order;
+    });
+    std::vector<DeadLetter> letters;
+    letters.reserve(found.size());
+    for (auto& item : found)
+        letters.push_back(std::move(item.letter));
+    return letters;
+}
+
+/// Deletes the claims claimed before the store's now - @p older_than (never a live lease) and
+/// the expired locks.
+inline PurgeResult purge(StoreContext& store, std::chrono::system_clock::duration older_than) {
+    PurgeResult result;
+    const std::string now = store.now_arg();
+    const std::int64_t cutoff_ms =
+        (now.empty() ? store.server_now_ms() : parse_int(now)) -
+        std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count();
+    for (const Reply& reply :
+         run_in_batches(store, purge_claims_script(), scan(store, store.keys.glob() + "c{*"),
+                        {std::to_string(cutoff_ms), now})) {
+        store.check_script(reply, "purge");
+        if (reply.elements.size() == 2) {
+            result.claims += static_cast<std::size_t>(reply.elements[0].integer);
+        }
+    }
+    for (const Reply& reply : run_in_batches(store, purge_locks_script(),
+                                             scan(store, store.keys.glob() + "l{*"), {now})) {
+        store.check_script(reply, "purge");
+        result.expired_locks += static_cast<std::size_t>(reply.integer);
+    }
+    return result;
+}
+
+/// Takes the lock @p key for @p owner; false when another owner holds it and it has not expired.
+inline bool hold_lock(StoreContext& store, std::string_view key, std::string_view owner,
+                      std::chrono::milliseconds expire_after) {
+    const std::string lock = store.keys.lock(key);
+    Reply reply = store.router.on_key(lock, [&](Connection& c) {
+        return c.eval(lock_script(), {lock},
+                      {std::string(owner), std::to_string(expire_after.count()), store.now_arg()});
+    });
+    store.check_script(reply, "lock");
+    return reply.integer == 1;
+}
+/// Releases the lock @p key @p owner holds; false when it holds none.
+inline bool release_lock(StoreContext& store, std::string_view key, std::string_view owner) {
+    const std::string lock = store.keys.lock(key);
+    Reply reply = store.router.on_key(
+        lock, [&](Connection& c) { return c.eval(unlock_script(), {lock}, {std::string(owner)}); });
+    store.check_script(reply, "unlock");
+    return reply.integer == 1;
+}
+
+/// Opens @p connections pooled connections to each master and loads the per-message scripts.
+inline void warm_up(StoreContext& store, std::size_t connections) {
+    connections = std::max<std::size_t>(1, std::min(connections, store.options.max_connections));
+    store.router.on_connections_of_each_master(connections, [](Connection& connection) {
+        connection.preload(
+            {&claim_script(), &complete_script(), &release_script(), &claim_commit_script()});
+    });
+}
+
+}  // namespace redis
+IDEM_END_NAMESPACE
