@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -287,3 +288,20 @@ TEST(LocalEffectOnOtherStores, TakesTheOrdinaryPathClaimThenEffectThenCommit) {
 }
 
 }  // namespace
+
+// The effect's exception text reaches the outcome through the policy's redaction hook, as on
+// the two-step path: a card number in it is masked.
+TEST_F(RedisLocalEffectTest, AnEffectsExceptionTextIsRedactedLikeOnTheTwoStepPath) {
+    idem::PolicyOptions options;
+    options.redact_payload = idem::mask_card_numbers;
+    auto handler =
+        idem::make_handler(store(), idem::Policy{"views", options},
+                           idem::local_effect([](auto&, const std::string&) -> idem::EffectResult {
+                               throw std::runtime_error("gateway declined card 4111111111111111");
+                           }));
+    const auto outcome = handler.handle(Delivery{"r-1", 1u}, std::string("home"));
+    EXPECT_EQ(outcome.disposition, Disposition::failed);
+    EXPECT_EQ(outcome.cause, idem::FailureCause::effect_threw);
+    EXPECT_EQ(outcome.reason.find("4111111111111111"), std::string::npos) << outcome.reason;
+    EXPECT_NE(outcome.reason.find("************1111"), std::string::npos) << outcome.reason;
+}

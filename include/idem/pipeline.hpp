@@ -71,6 +71,16 @@ IDEM_BEGIN_NAMESPACE
 /// }
 /// ack_all(loop.flush());
 /// @endcode
+/// @brief One message's final outcome from a PipelinedLoop (and from a broker consumer's
+/// pipelined path, whose tag is the delivery's position in its poll).
+template <class Tag>
+struct Settled {
+    Tag tag{};                     ///< what handle() was given with it (an entry id, ...)
+    Delivery delivery{};           ///< as handled
+    Outcome outcome{};             ///< should_ack(outcome) says whether to ack
+    bool acked_in_commit = false;  ///< its commit hook's ack went with its commit
+};
+
 template <class Handler, class Tag = std::string>
 class PipelinedLoop {
   public:
@@ -78,13 +88,7 @@ class PipelinedLoop {
     /// Whether the store sends a commit with the next claim (else handle() settles at once).
     static constexpr bool pipelines = detail::has_commit_with_next_claim<Transaction>::value;
 
-    /// @brief One message's final outcome.
-    struct Settled {
-        Tag tag;                       ///< what handle() was given with it (an entry id, ...)
-        Delivery delivery;             ///< as handled
-        Outcome outcome;               ///< should_ack(outcome) says whether to ack
-        bool acked_in_commit = false;  ///< its commit hook's ack went with its commit
-    };
+    using Settled = idem::Settled<Tag>;
 
     explicit PipelinedLoop(Handler& handler) : handler_(&handler) {}
     PipelinedLoop(const PipelinedLoop&) = delete;

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -30,14 +31,8 @@ IDEM_BEGIN_NAMESPACE
 namespace broker {
 
 /// @brief A message a pipelined sequence settled (Dispatch::in_sequence(), flush_sequence()):
-/// the tag the consumer gave it (its position in the poll), its delivery, its outcome, and
-/// whether its commit acked it.
-struct Settled {
-    std::size_t tag = 0;
-    Delivery delivery{};
-    Outcome outcome{};
-    bool acked_in_commit = false;
-};
+/// the PipelinedLoop's own Settled, tagged with the delivery's position in the poll.
+using Settled = idem::Settled<std::size_t>;
 
 /// @brief How a consumer calls its handler with a broker's message type: the plain form (the
 /// outcome decides the settlement), or an IdempotentHandler (with a commit hook when the store
@@ -193,11 +188,9 @@ class Dispatch {
         void flush(std::vector<Settled>& out) override { append(loop_.flush(), out); }
 
       private:
-        static void append(std::vector<typename Loop::Settled> from, std::vector<Settled>& out) {
-            for (auto& s : from) {
-                out.push_back(
-                    Settled{s.tag, std::move(s.delivery), std::move(s.outcome), s.acked_in_commit});
-            }
+        static void append(std::vector<Settled> from, std::vector<Settled>& out) {
+            out.insert(out.end(), std::make_move_iterator(from.begin()),
+                       std::make_move_iterator(from.end()));
         }
         Loop loop_;
     };

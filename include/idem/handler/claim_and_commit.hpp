@@ -86,8 +86,8 @@ std::optional<Outcome> claim_and_commit_first(AttemptPipeline<Store, Effect>& p,
     } catch (const store_error&) {
         throw;  // failed, as on the ordinary path
     } catch (const std::exception& e) {
-        threw =
-            failed_outcome(fmt::format("effect threw: {}", e.what()), FailureCause::effect_threw);
+        threw = failed_outcome(fmt::format("effect threw: {}", quoted(p.policy(), e)),
+                               FailureCause::effect_threw);
     } catch (...) {
         threw = failed_outcome("effect threw a non-standard exception", FailureCause::effect_threw);
     }

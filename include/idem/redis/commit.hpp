@@ -120,10 +120,9 @@ inline std::vector<CommitHook*> hook_commands(const TransactionState& tx, Comman
             const HeldClaim& claim = tx.claims[held];
             Disposition outcome = Disposition::in_progress;
             if (claim.outcome.empty() || !from_string(claim.outcome, outcome)) continue;
-            if (outcome == Disposition::dead_lettered) {
-                add(first, &claim.reason);
-            } else if (outcome == Disposition::processed || outcome == Disposition::rejected) {
-                add(first, nullptr);
+            // The consumer's own rule (should_ack), so a commit acks exactly what it would.
+            if (should_ack(outcome)) {
+                add(first, outcome == Disposition::dead_lettered ? &claim.reason : nullptr);
             }
             continue;
         }
