@@ -109,10 +109,10 @@ using Stores = ::testing::Types<idem_test::MemoryEnv
 // Every store fits the Store concept: the C++17 trait, and the C++20 concept where available.
 template <class... Envs>
 constexpr bool all_fit(::testing::Types<Envs...>*) {
-    return (idem::detail::is_store_v<typename Envs::Store> && ...);
+    return (idem::is_store_v<typename Envs::Store> && ...);
 }
 static_assert(all_fit(static_cast<Stores*>(nullptr)));
-static_assert(!idem::detail::is_store_v<int>);
+static_assert(!idem::is_store_v<int>);
 #if IDEM_HAS_CONCEPTS
 template <class... Envs>
 constexpr bool all_model(::testing::Types<Envs...>*) {

@@ -44,11 +44,11 @@ using idem::Disposition;
 using idem::OutboxRow;
 using namespace std::chrono_literals;
 
-static_assert(idem::detail::has_add_outbox<idem::MemoryStore::Transaction>::value);
-static_assert(idem::detail::has_add_outbox<idem::SqliteStore::Transaction>::value);
-static_assert(!idem::detail::has_add_outbox<int>::value);
-static_assert(idem::detail::check_relay_store<idem::MemoryStore>());
-static_assert(idem::detail::check_relay_store<idem::SqliteStore>());
+static_assert(idem::has_add_outbox<idem::MemoryStore::Transaction>::value);
+static_assert(idem::has_add_outbox<idem::SqliteStore::Transaction>::value);
+static_assert(!idem::has_add_outbox<int>::value);
+static_assert(idem::check_relay_store<idem::MemoryStore>());
+static_assert(idem::check_relay_store<idem::SqliteStore>());
 
 /// A receiver that dedupes on the idempotency key: it applies a key once and counts every send.
 class DedupingReceiver {

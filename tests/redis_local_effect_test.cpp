@@ -57,7 +57,7 @@ auto counting_handler(idem::RedisStore& store, int& runs, idem::PolicyOptions op
 }
 
 TEST_F(RedisLocalEffectTest, ANewIdCostsOneRoundTripAndARedeliveryOneAndAppliesNothing) {
-    static_assert(idem::detail::has_claim_and_commit<idem::RedisStore::Transaction>::value);
+    static_assert(idem::has_claim_and_commit<idem::RedisStore::Transaction>::value);
     int runs = 0;
     auto handler = counting_handler(store(), runs);
     auto before = store().round_trips();
@@ -270,7 +270,7 @@ TEST_F(RedisLocalEffectTest, KilledBeforeTheCallOrAfterItBeforeTheAckAppliesOnce
 // Without the one-step path (here the memory store) the wrapper is the ordinary pipeline: the
 // claim comes first, so a duplicate's effect does not even run.
 TEST(LocalEffectOnOtherStores, TakesTheOrdinaryPathClaimThenEffectThenCommit) {
-    static_assert(!idem::detail::has_claim_and_commit<idem::MemoryStore::Transaction>::value);
+    static_assert(!idem::has_claim_and_commit<idem::MemoryStore::Transaction>::value);
     idem::MemoryStore store;
     int runs = 0;
     auto handler = idem::make_handler(store, idem::Policy{"views"},

@@ -174,10 +174,10 @@ class PipelinedLoop;
 /// (the consumer keeps a reference).
 template <class Store, class Effect>
 class IdempotentHandler {
-    static_assert(detail::check_store<Store>(), "idem: Store does not fit (see above)");
+    static_assert(check_store<Store>(), "idem: Store does not fit (see above)");
 
   public:
-    using Transaction = std::remove_reference_t<detail::transaction_t<Store>>;
+    using Transaction = std::remove_reference_t<transaction_t<Store>>;
     using EffectType = Effect;
 
     IdempotentHandler(Store& store, Policy policy, Effect effect, Observer* observer = nullptr)
@@ -185,7 +185,7 @@ class IdempotentHandler {
           policy_(std::move(policy)),
           effect_(std::in_place, std::move(effect)),
           observer_(observer) {
-        if constexpr (detail::has_default_lease<Store>::value) {
+        if constexpr (has_default_lease<Store>::value) {
             policy_.check_lease_fits(effective_lease());
         }
     }
@@ -303,7 +303,7 @@ class IdempotentHandler {
 
     /// @brief The lease this handler's claims are held for, on a lease store (Redis): the
     /// policy's, or the store's default.
-    template <class S = Store, class = std::enable_if_t<detail::has_default_lease<S>::value>>
+    template <class S = Store, class = std::enable_if_t<has_default_lease<S>::value>>
     [[nodiscard]] std::chrono::milliseconds effective_lease() const {
         return policy_.lease().value_or(store_->default_lease());
     }
@@ -450,8 +450,8 @@ class IdempotentHandler {
     /// A local effect (local_effect(): only queued writes) on a store that claims and commits
     /// in one step: handle() runs the effect first, with no claim held, and sends its writes with
     /// the claim in one call (decide_local).
-    static constexpr bool runs_before_claim = detail::chain_only_transaction_writes<Effect>() &&
-                                              detail::has_claim_and_commit<Transaction>::value;
+    static constexpr bool runs_before_claim =
+        detail::chain_only_transaction_writes<Effect>() && has_claim_and_commit<Transaction>::value;
 
     /// The effect, then ONE claim_and_commit() with its writes. Nothing (the ordinary path takes
     /// the message, claim first) when the message needs its claim before the effect: a count at
@@ -561,7 +561,7 @@ class IdempotentHandler {
             // Stores that can claim many ids in one call (SQLite, PostgreSQL, Redis) do so up
             // front: one statement or round trip for the batch instead of one per message.
             std::vector<ClaimResult> claims;
-            if constexpr (detail::has_claim_many<Transaction>::value) {
+            if constexpr (has_claim_many<Transaction>::value) {
                 claims = claim_all(tx, deliveries, bodies, count);
             }
             for (std::size_t i = 0; i < count; ++i) {
@@ -569,7 +569,7 @@ class IdempotentHandler {
                 if (auto reason = unclaimable_reason(delivery)) {
                     tx.dead_letter(make_dead_letter(delivery, bodies[i], *reason));
                     outcomes[i] = {Disposition::dead_lettered, std::move(*reason)};
-                } else if constexpr (detail::has_claim_many<Transaction>::value) {
+                } else if constexpr (has_claim_many<Transaction>::value) {
                     outcomes[i] = attempt(tx, delivery, bodies[i],
                                           detail::BatchUnclaimStrategy<Transaction>{
                                               claims[i], policy_.scope(), delivery.message_id},
@@ -614,7 +614,7 @@ class IdempotentHandler {
     /// hooks (ignored by a store without the capability).
     Transaction begin_transaction(CommitHook* hooks = nullptr, std::size_t hook_count = 0) {
         Transaction tx = store_->begin();
-        if constexpr (detail::has_set_terms<Transaction>::value) {
+        if constexpr (has_set_terms<Transaction>::value) {
             tx.set_terms(ClaimTerms{policy_.lease(), policy_.retention()});
         }
         for (std::size_t i = 0; i < hook_count; ++i)

@@ -64,7 +64,7 @@ constexpr bool check_sender() {
 /// @throws usage_error when the destination or the key is empty; store_error from the store.
 template <class Tx>
 bool enqueue(Tx& tx, const OutboxIntent& intent) {
-    constexpr bool fits = detail::has_add_outbox<Tx>::value;
+    constexpr bool fits = has_add_outbox<Tx>::value;
     static_assert(fits,
                   "idem::outbox: this store's transaction has no add_outbox(const "
                   "idem::OutboxIntent&) returning bool; use a store with an outbox (MemoryStore, "
@@ -148,7 +148,7 @@ struct RelayCounters {
 /// object may be shared by threads when the store and the sender are thread-safe.
 template <class Store, class Sender>
 class Relay {
-    static_assert(detail::check_relay_store<Store>(), "idem::Relay: Store does not fit");
+    static_assert(check_relay_store<Store>(), "idem::Relay: Store does not fit");
     static_assert(detail::check_sender<Sender>(), "idem::Relay: Sender does not fit");
 
   public:

@@ -99,6 +99,6 @@ class MysqlStore : public sql::basic_store<mysql::Driver> {
     }
 };
 
-static_assert(detail::check_store<MysqlStore>());
+static_assert(check_store<MysqlStore>());
 
 IDEM_END_NAMESPACE

@@ -144,6 +144,6 @@ class PostgresStore : public sql::basic_store<postgres::Driver> {
     }
 };
 
-static_assert(detail::check_store<PostgresStore>());
+static_assert(check_store<PostgresStore>());
 
 IDEM_END_NAMESPACE

@@ -222,7 +222,7 @@ class RedisStore {
         record.disposition = Disposition::in_progress;
         if (stored->state == "done") record.disposition = disposition_from(stored->outcome);
         record.reason = std::move(stored->reason);
-        record.claimed_at = detail::from_unix_ms(stored->claimed_at);
+        record.claimed_at = from_unix_ms(stored->claimed_at);
         record.fingerprint = std::move(stored->fingerprint);
         return record;
     }
@@ -263,7 +263,7 @@ class RedisStore {
                     if (name == "reason") item.letter.reason = value;
                     if (name == "payload") item.letter.payload = value;
                     if (name == "created_at")
-                        item.letter.created_at = detail::from_unix_ms(redis::parse_int(value));
+                        item.letter.created_at = from_unix_ms(redis::parse_int(value));
                     if (name == "order_us") item.order = value;
                 }
                 found.push_back(std::move(item));
@@ -388,7 +388,7 @@ class RedisStore {
 
     /// @brief Milliseconds since the epoch on the store's clock (the server's by default).
     std::int64_t now_ms() {
-        return options_.clock ? detail::to_unix_ms(options_.clock()) : server_now_ms();
+        return options_.clock ? to_unix_ms(options_.clock()) : server_now_ms();
     }
 
   private:
@@ -424,8 +424,7 @@ class RedisStore {
 
     /// Empty when the server's clock is used (the scripts read TIME themselves).
     [[nodiscard]] std::string now_arg() const {
-        return options_.clock ? std::to_string(detail::to_unix_ms(options_.clock()))
-                              : std::string();
+        return options_.clock ? std::to_string(to_unix_ms(options_.clock())) : std::string();
     }
 
     std::int64_t server_now_ms() {
@@ -1153,7 +1152,7 @@ class RedisStore::Transaction {
             if (letter.created_at == std::chrono::system_clock::time_point{}) {
                 a.add(std::string_view());
             } else {
-                a.add(detail::to_unix_ms(letter.created_at));
+                a.add(to_unix_ms(letter.created_at));
             }
         }
         a.add(group.commands.count).append(group.commands.args);
@@ -1429,7 +1428,7 @@ class RedisStore::Transaction {
             if (letter.created_at == std::chrono::system_clock::time_point{}) {
                 call.add(std::string_view());
             } else {
-                call.add(detail::to_unix_ms(letter.created_at));
+                call.add(to_unix_ms(letter.created_at));
             }
         }
         // The attached stream acks (and dead-letter stream entries) run after the effect's

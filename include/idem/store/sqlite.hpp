@@ -101,6 +101,6 @@ class SqliteStore : public sql::basic_store<sqlite::Driver> {
     }
 };
 
-static_assert(detail::check_store<SqliteStore>());
+static_assert(check_store<SqliteStore>());
 
 IDEM_END_NAMESPACE
