@@ -1,7 +1,8 @@
 #pragma once
-// One environment per store for the typed conformance suite: how to build the store on a
-// controllable clock, how an effect writes a row through the claim's transaction, how to count
-// committed rows, and how to make the next commit really fail.
+// One environment per store for the typed conformance suite (idem/testing/conformance.hpp says
+// what an environment provides): how to build the store on a controllable clock, how an effect
+// writes a row through the claim's transaction, how to count committed rows, and how to make the
+// next commit really fail.
 
 #include "backends.hpp"
 
@@ -29,16 +30,6 @@ using time_point = std::chrono::system_clock::time_point;
 inline time_point test_epoch() {
     return time_point{} + std::chrono::hours(24 * 365 * 50);
 }
-
-/// Whether an environment declares its effects local (idem::local_effect): `static constexpr
-/// bool local_effects = true;` (RedisLocalEnv). The conformance suite then wraps every effect.
-template <class Env, class = void>
-struct local_effects : std::false_type {};
-template <class Env>
-struct local_effects<Env, std::void_t<decltype(Env::local_effects)>>
-    : std::bool_constant<Env::local_effects> {};
-template <class Env>
-inline constexpr bool local_effects_v = local_effects<Env>::value;
 
 struct MemoryEnv {
     using Store = idem::MemoryStore;
