@@ -17,9 +17,9 @@
 #include "idem/store/memory.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/testing/crash.hpp"
+#include "idem/testing/redis_server.hpp"
 #include "support/forked_child.hpp"
 #include "support/redis_env.hpp"
-#include "support/redis_server.hpp"
 #include "support/require_redis.hpp"
 
 namespace {
@@ -36,7 +36,7 @@ class RedisLocalEffectTest : public ::testing::Test {
         store().warm_up();
     }
     idem::RedisStore& store() { return *env_->store; }
-    idem_test::RedisClient& client() { return *env_->client; }
+    idem::testing::RedisClient& client() { return *env_->client; }
     long long counter(const std::string& key) { return client().integer({"GET", key}).value_or(0); }
     /// A store of its own on the shared server and its clock (another process, after a fork).
     std::unique_ptr<idem::RedisStore> fresh_store() {

@@ -7,7 +7,6 @@
 #include "journal_store.hpp"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>  // mkdtemp
 
 #include <chrono>
 #include <cstddef>
@@ -15,36 +14,15 @@
 #include <fstream>
 #include <memory>
 #include <string>
-#include <system_error>
 
 #include <idem/handler.hpp>
 #include <idem/policy.hpp>
 #include <idem/testing/conformance.hpp>
+#include <idem/testing/temp_dir.hpp>
 
 namespace {
 
-/// A fresh directory, removed with what is in it.
-class TempDir {
-  public:
-    TempDir() {
-        std::string pattern =
-            (std::filesystem::temp_directory_path() / "journal-store-XXXXXX").string();
-        if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-        path_ = pattern;
-    }
-    TempDir(const TempDir&) = delete;
-    TempDir& operator=(const TempDir&) = delete;
-    ~TempDir() {
-        std::error_code ignored;
-        std::filesystem::remove_all(path_, ignored);
-    }
-    [[nodiscard]] std::string file(const std::string& name) const {
-        return (path_ / name).string();
-    }
-
-  private:
-    std::filesystem::path path_;
-};
+using idem::testing::TempDir;
 
 constexpr std::uintmax_t quota = 4u << 20;  // 4 MiB: the suite writes far less
 

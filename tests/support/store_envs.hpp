@@ -18,7 +18,7 @@
 #include <type_traits>
 
 #include "idem/store/memory.hpp"
-#include "temp_dir.hpp"
+#include "idem/testing/temp_dir.hpp"
 #if IDEM_HAS_SQLITE
 #include "idem/store/sqlite.hpp"
 #endif
@@ -85,7 +85,7 @@ struct SqliteEnv {
     using Store = idem::SqliteStore;
     static constexpr const char* name = "sqlite";
 
-    TempDir dir;
+    idem::testing::TempDir dir;
     time_point now = test_epoch();
     std::unique_ptr<Store> store;
 

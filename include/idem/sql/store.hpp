@@ -32,6 +32,7 @@
 
 #include "idem/blob.hpp"
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/sql/driver.hpp"
@@ -39,7 +40,6 @@
 #include "idem/sql/schema.hpp"
 #include "idem/sql/statements.hpp"
 #include "idem/sql/stored_outcome.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace sql {

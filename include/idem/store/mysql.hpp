@@ -46,10 +46,10 @@
 #include <string_view>
 
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/mysql/driver.hpp"
 #include "idem/mysql/options.hpp"
 #include "idem/sql/store.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 

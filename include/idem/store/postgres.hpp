@@ -77,10 +77,10 @@
 #include <string_view>
 
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/postgres/driver.hpp"
 #include "idem/postgres/options.hpp"
 #include "idem/sql/store.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 

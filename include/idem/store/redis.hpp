@@ -28,6 +28,7 @@
 
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/policy.hpp"
@@ -41,7 +42,6 @@
 #include "idem/redis/resp.hpp"
 #include "idem/redis/scripts.hpp"
 #include "idem/redis/stream_ack.hpp"
-#include "idem/store.hpp"
 #include "idem/store/redis_connection.hpp"  // the old names (redis::Connection, redis::Reply, ...)
 
 IDEM_BEGIN_NAMESPACE

@@ -44,10 +44,10 @@
 #include <string_view>
 
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/sql/store.hpp"
 #include "idem/sqlite/driver.hpp"
 #include "idem/sqlite/options.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 
