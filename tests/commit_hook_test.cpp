@@ -21,8 +21,8 @@
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
 #include "idem/testing/redis_server.hpp"
-#include "support/require_redis.hpp"
 #include "idem/testing/temp_dir.hpp"
+#include "support/require_redis.hpp"
 
 namespace {
 

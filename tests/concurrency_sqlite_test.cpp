@@ -19,8 +19,8 @@
 
 #include "idem/idem.hpp"
 #include "idem/store/sqlite.hpp"
-#include "support/store_envs.hpp"
 #include "idem/testing/temp_dir.hpp"
+#include "support/store_envs.hpp"
 
 namespace {
 

@@ -8,8 +8,8 @@
 #include "idem/idem.hpp"
 #include "idem/store/sqlite.hpp"
 #include "idem/testing/crash.hpp"
-#include "support/store_envs.hpp"
 #include "idem/testing/temp_dir.hpp"
+#include "support/store_envs.hpp"
 
 namespace {
 

@@ -9,9 +9,9 @@
 
 #include "idem/idem.hpp"
 #include "idem/store/sqlite.hpp"
+#include "idem/testing/temp_dir.hpp"
 #include "support/fake_gateway.hpp"
 #include "support/store_envs.hpp"
-#include "idem/testing/temp_dir.hpp"
 
 namespace {
 

@@ -25,11 +25,11 @@
 #include "idem/store/sqlite.hpp"
 #include "idem/testing/nats_server.hpp"
 #include "idem/testing/redis_server.hpp"
+#include "idem/testing/temp_dir.hpp"
 #include "support/polling.hpp"
 #include "support/refusing_dependency.hpp"
 #include "support/require_nats.hpp"
 #include "support/require_redis.hpp"
-#include "idem/testing/temp_dir.hpp"
 
 namespace {
 

@@ -26,10 +26,10 @@
 #include "idem/store/sqlite.hpp"
 #include "idem/testing/postgres_server.hpp"
 #include "idem/testing/redis_server.hpp"
+#include "idem/testing/temp_dir.hpp"
 #include "support/polling.hpp"
 #include "support/require_postgres.hpp"
 #include "support/require_redis.hpp"
-#include "idem/testing/temp_dir.hpp"
 
 namespace {
 

@@ -26,11 +26,11 @@
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
 #include "idem/testing/redis_server.hpp"
+#include "idem/testing/temp_dir.hpp"
 #include "support/polling.hpp"
 #include "support/refusing_dependency.hpp"
 #include "support/require_rabbitmq.hpp"
 #include "support/require_redis.hpp"
-#include "idem/testing/temp_dir.hpp"
 
 namespace {
 

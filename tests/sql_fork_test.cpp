@@ -32,9 +32,9 @@
 #include "idem/store/postgres.hpp"
 #include "idem/store/sqlite.hpp"
 #include "idem/testing/postgres_server.hpp"
+#include "idem/testing/temp_dir.hpp"
 #include "support/forked_child.hpp"
 #include "support/require_postgres.hpp"
-#include "idem/testing/temp_dir.hpp"
 
 namespace {
 
