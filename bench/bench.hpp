@@ -1,6 +1,6 @@
 #pragma once
 // Shared pieces of idem_bench (scripts/bench.sh): options, JSON lines, CPU pinning, the servers
-// (the test fixtures of tests/support, started on loopback in temp dirs), the Google Benchmark
+// (the test fixtures of idem/testing/, started on loopback in temp dirs), the Google Benchmark
 // runner that alternates the idem and raw twin of a case, and the raw SQLite / libpq / hiredis
 // clients that issue the same writes by hand.
 
@@ -25,9 +25,9 @@
 #include "idem/delivery.hpp"
 #include "idem/outcome.hpp"
 #include "idem/redis/connection.hpp"
-#include "support/mariadb_server.hpp"
-#include "support/postgres_server.hpp"
-#include "support/redis_server.hpp"
+#include "idem/testing/mariadb_server.hpp"
+#include "idem/testing/postgres_server.hpp"
+#include "idem/testing/redis_server.hpp"
 
 namespace idem_bench {
 
@@ -116,10 +116,10 @@ void add_pinning(Json& line, bool pinned, pid_t server_pid);
 // ---------------------------------------------------------------------------------------------
 // Servers (started on first use, pinned when pinning is on; stopped at exit)
 
-idem_test::RedisServer& redis_server();
+idem::testing::RedisServer& redis_server();
 idem::RedisEndpoint redis_endpoint();
-idem_test::PostgresServer& postgres_server();
-idem_test::MariadbServer& mariadb_server();
+idem::testing::PostgresServer& postgres_server();
+idem::testing::MariadbServer& mariadb_server();
 
 /// Resident set size of this process in KiB (/proc/self/statm).
 long long rss_kb();
@@ -329,7 +329,7 @@ void create_postgres_effects(const std::string& conninfo, const std::string& tab
 class RawMysql {
   public:
     /// Creates raw_claims and @p effects_table (if missing) in the server's idem_test database.
-    RawMysql(idem_test::MariadbServer& server, const std::string& effects_table);
+    RawMysql(idem::testing::MariadbServer& server, const std::string& effects_table);
     ~RawMysql();
     RawMysql(const RawMysql&) = delete;
     RawMysql& operator=(const RawMysql&) = delete;

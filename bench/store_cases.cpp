@@ -827,8 +827,8 @@ void run_redis_cases() {
         // A replica of the bench's server, in sync before the case and stopped after it.
         RawRedis master{server.host(), server.port()};
         master.command({"CONFIG", "SET", "repl-diskless-sync-delay", "0"});
-        idem_test::RedisServer replica{idem_test::RedisServer::Setup{
-            idem_test::RedisServer::aof_always,
+        idem::testing::RedisServer replica{idem::testing::RedisServer::Setup{
+            idem::testing::RedisServer::aof_always,
             {"--replicaof", server.host(), std::to_string(server.port())},
             {}}};
         for (int i = 0; master.command({"WAIT", "1", "100"})->integer < 1; ++i) {
@@ -888,7 +888,7 @@ namespace {
 /// once (CLUSTER SLOTS), as any cluster-aware client does; each SET NX goes to its key's master.
 class RawCluster {
   public:
-    explicit RawCluster(idem_test::RedisCluster& cluster) {
+    explicit RawCluster(idem::testing::RedisCluster& cluster) {
         RawRedis first{cluster.host(), cluster.port(0)};
         auto slots = first.command({"CLUSTER", "SLOTS"});
         for (std::size_t r = 0; r < slots->elements; ++r) {
@@ -941,7 +941,7 @@ void run_redis_cluster_cases() {
     const bool batch = selected("redis_cluster_batch");
     if (!single && !batch) return;
     note("redis_cluster: starting 6 redis-server --cluster-enabled yes");
-    idem_test::RedisCluster cluster;
+    idem::testing::RedisCluster cluster;
     idem::RedisEndpoint one_node;
     one_node.host = cluster.host();
     one_node.port = cluster.port(0);

@@ -224,21 +224,21 @@ Server& started(std::unique_ptr<Server>& slot, const char* what) {
     return *slot;
 }
 
-std::unique_ptr<idem_test::RedisServer>& redis_slot() {
-    static std::unique_ptr<idem_test::RedisServer> slot;
+std::unique_ptr<idem::testing::RedisServer>& redis_slot() {
+    static std::unique_ptr<idem::testing::RedisServer> slot;
     return slot;
 }
-std::unique_ptr<idem_test::PostgresServer>& postgres_slot() {
-    static std::unique_ptr<idem_test::PostgresServer> slot;
+std::unique_ptr<idem::testing::PostgresServer>& postgres_slot() {
+    static std::unique_ptr<idem::testing::PostgresServer> slot;
     return slot;
 }
-std::unique_ptr<idem_test::MariadbServer>& mariadb_slot() {
-    static std::unique_ptr<idem_test::MariadbServer> slot;
+std::unique_ptr<idem::testing::MariadbServer>& mariadb_slot() {
+    static std::unique_ptr<idem::testing::MariadbServer> slot;
     return slot;
 }
 }  // namespace
 
-idem_test::RedisServer& redis_server() {
+idem::testing::RedisServer& redis_server() {
     const bool first = !redis_slot();
     auto& server = started(redis_slot(), "redis-server");
     if (first) {
@@ -258,11 +258,11 @@ idem::RedisEndpoint redis_endpoint() {
     return endpoint;
 }
 
-idem_test::PostgresServer& postgres_server() {
+idem::testing::PostgresServer& postgres_server() {
     return started(postgres_slot(), "PostgreSQL");
 }
 
-idem_test::MariadbServer& mariadb_server() {
+idem::testing::MariadbServer& mariadb_server() {
     return started(mariadb_slot(), "MariaDB");
 }
 
@@ -821,7 +821,7 @@ std::string hex_literal(std::string_view bytes) {
 }
 }  // namespace
 
-RawMysql::RawMysql(idem_test::MariadbServer& server, const std::string& effects_table)
+RawMysql::RawMysql(idem::testing::MariadbServer& server, const std::string& effects_table)
     : effects_(effects_table) {
     idem::testing::detail::library_init();
     conn_ = mysql_init(nullptr);

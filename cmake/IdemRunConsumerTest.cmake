@@ -2,7 +2,9 @@
 #
 # CONSUMER_MODE:
 #   find_package       install IDEM_BUILD_DIR into a fresh prefix, then build and run
-#                      tests/consumer against it with find_package(idem ... COMPONENTS sqlite)
+#                      tests/consumer against it with find_package(idem ... COMPONENTS sqlite),
+#                      and the example store examples/journal_store under the installed
+#                      conformance suite (idem/testing/conformance.hpp)
 #   add_subdirectory   build and run tests/consumer with add_subdirectory(IDEM_SOURCE_DIR)
 #   unknown_component  install, then check find_package(idem COMPONENTS <unknown>) fails cleanly
 #   not_built_component  install IDEM_BUILD_DIR (a build without CONSUMER_NOT_BUILT), then check
@@ -212,3 +214,11 @@ message(STATUS "[consumer:${CONSUMER_MODE}] output: ${step_output}")
 if(NOT step_output MATCHES "idem-consumer ok")
     message(FATAL_ERROR "the consumer did not report success:\n${step_output}")
 endif()
+# The example store (examples/journal_store) under the installed conformance suite; in
+# find_package mode it saw only the prefix's headers.
+run_step("run" "${build}/journal_store_test" --gtest_brief=1)
+if(NOT step_output MATCHES "\\[  PASSED  \\] [0-9]+ tests" OR step_output MATCHES "SKIPPED|FAILED")
+    message(FATAL_ERROR "journal_store_test did not pass every test:\n${step_output}")
+endif()
+string(REGEX MATCH "[0-9]+ tests from [0-9]+ test suites ran" journal_ran "${step_output}")
+message(STATUS "[consumer:${CONSUMER_MODE}] journal_store_test: ${journal_ran}, all passed")

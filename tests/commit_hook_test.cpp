@@ -20,9 +20,9 @@
 #include "idem/redis/stream_ack.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
-#include "support/redis_server.hpp"
+#include "idem/testing/redis_server.hpp"
+#include "idem/testing/temp_dir.hpp"
 #include "support/require_redis.hpp"
-#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -35,7 +35,7 @@ class CommitHookTest : public ::testing::Test {
   protected:
     void SetUp() override {
         IDEM_REQUIRE_REDIS();
-        server_ = &idem_test::shared_redis();
+        server_ = &idem::testing::shared_redis();
         server_->flushall();
         redis_.emplace(endpoint());
         redis_->checked({"XGROUP", "CREATE", "orders", "workers", "0", "MKSTREAM"}, "XGROUP");
@@ -97,7 +97,7 @@ class CommitHookTest : public ::testing::Test {
                   Disposition::processed);
     }
 
-    idem_test::RedisServer* server_ = nullptr;
+    idem::testing::RedisServer* server_ = nullptr;
     std::optional<idem::redis::Connection> redis_;
 };
 
@@ -215,7 +215,7 @@ TEST_F(CommitHookTest, FailedMessageIsNotAckedByTheCommit) {
 }
 
 TEST_F(CommitHookTest, SqliteStoreIgnoresTheHookAndTheLoopAcksAfterTheCommit) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("idem.db")};
     auto handler =
         idem::make_handler(store, idem::Policy{"capture"}, [](auto&, const std::string&) {});

@@ -12,8 +12,8 @@
 #include "idem/broker/redis_streams.hpp"
 #include "idem/idem.hpp"
 #include "idem/store/redis.hpp"
+#include "idem/testing/redis_server.hpp"
 #include "support/redis_env.hpp"
-#include "support/redis_server.hpp"
 #include "support/require_redis.hpp"
 
 namespace {
@@ -25,11 +25,11 @@ class RedisConcurrency : public ::testing::Test {
   protected:
     void SetUp() override {
         IDEM_REQUIRE_REDIS();
-        server_ = std::make_unique<idem_test::RedisServer>();
-        client_ = std::make_unique<idem_test::RedisClient>(server_->host(), server_->port());
+        server_ = std::make_unique<idem::testing::RedisServer>();
+        client_ = std::make_unique<idem::testing::RedisClient>(server_->host(), server_->port());
     }
-    std::unique_ptr<idem_test::RedisServer> server_;
-    std::unique_ptr<idem_test::RedisClient> client_;
+    std::unique_ptr<idem::testing::RedisServer> server_;
+    std::unique_ptr<idem::testing::RedisClient> client_;
 };
 
 TEST_F(RedisConcurrency, EightThreadsOneStoreSameIdsEachEffectOnce) {

@@ -19,8 +19,8 @@
 
 #include "idem/idem.hpp"
 #include "idem/store/sqlite.hpp"
+#include "idem/testing/temp_dir.hpp"
 #include "support/store_envs.hpp"
-#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -72,7 +72,7 @@ auto effect() {
 
 class SqliteConcurrency : public ::testing::Test {
   protected:
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     std::string path = dir.file("shared.db");
 
     void SetUp() override {

@@ -8,8 +8,8 @@
 #include "idem/idem.hpp"
 #include "idem/store/sqlite.hpp"
 #include "idem/testing/crash.hpp"
+#include "idem/testing/temp_dir.hpp"
 #include "support/store_envs.hpp"
-#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -19,7 +19,7 @@ using idem::testing::Window;
 
 class CrashWindow : public ::testing::TestWithParam<Window> {
   protected:
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     std::string path = dir.file("worker.db");
 
     void SetUp() override {

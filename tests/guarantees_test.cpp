@@ -9,9 +9,9 @@
 
 #include "idem/idem.hpp"
 #include "idem/store/sqlite.hpp"
+#include "idem/testing/temp_dir.hpp"
 #include "support/fake_gateway.hpp"
 #include "support/store_envs.hpp"
-#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -31,7 +31,7 @@ std::string idem_payload(const CapturePayment& m) {
 
 class Guarantees : public ::testing::Test {
   protected:
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("shop.db")};
     idem_test::FakeGateway gateway;
 

@@ -53,7 +53,7 @@ TEST_F(Causes, BeginFailureIsStoreUnavailable) {
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_EQ(outcome.cause, FailureCause::store_unavailable);
     EXPECT_TRUE(outcome.store_unreachable());
-    EXPECT_TRUE(idem::store_unreachable(outcome));
+    EXPECT_TRUE(outcome.store_unreachable());
     EXPECT_EQ(runs, 0);
 }
 
@@ -62,7 +62,7 @@ TEST_F(Causes, ClaimFailureIsStoreUnavailable) {
     store.inject(idem::Fault::claim);
     const auto outcome = h.handle(Delivery{"m-1", 1u}, std::string("o-1"));
     EXPECT_EQ(outcome.cause, FailureCause::store_unavailable);
-    EXPECT_TRUE(idem::store_unreachable(outcome));
+    EXPECT_TRUE(outcome.store_unreachable());
 }
 
 TEST_F(Causes, CommitFailureIsCommitFailedNotUnreachable) {
@@ -71,7 +71,7 @@ TEST_F(Causes, CommitFailureIsCommitFailedNotUnreachable) {
     const auto outcome = h.handle(Delivery{"m-1", 1u}, std::string("o-1"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_EQ(outcome.cause, FailureCause::commit_failed);
-    EXPECT_FALSE(idem::store_unreachable(outcome));
+    EXPECT_FALSE(outcome.store_unreachable());
 }
 
 TEST_F(Causes, EffectThrowingIsEffectThrew) {
@@ -79,7 +79,7 @@ TEST_F(Causes, EffectThrowingIsEffectThrew) {
     throw_in_effect = true;
     const auto outcome = h.handle(Delivery{"m-1", 1u}, std::string("o-1"));
     EXPECT_EQ(outcome.cause, FailureCause::effect_threw);
-    EXPECT_FALSE(idem::store_unreachable(outcome));
+    EXPECT_FALSE(outcome.store_unreachable());
 }
 
 TEST_F(Causes, NonFailedOutcomesHaveNoCause) {
@@ -125,7 +125,7 @@ TEST(FailureCauseOf, MapsTheStoreErrorClasses) {
     EXPECT_EQ(idem::failure_cause_of(idem::store_error("x")), FailureCause::store_error);
     EXPECT_EQ(idem::failure_cause_of(std::runtime_error("x")), FailureCause::other);
     idem::Outcome timeout = idem::failed_outcome("busy", FailureCause::store_timeout);
-    EXPECT_TRUE(idem::store_unreachable(timeout));
+    EXPECT_TRUE(timeout.store_unreachable());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -26,16 +26,16 @@
 #include <thread>
 #include <vector>
 
-#include "support/mariadb_server.hpp"
-#include "support/process.hpp"
+#include "idem/testing/mariadb_server.hpp"
+#include "idem/testing/process.hpp"
 #include "support/require_mariadb.hpp"
 
 namespace {
 
-using idem_test::eventually;
-using idem_test::MariadbClient;
-using idem_test::MariadbServer;
-using idem_test::shared_mariadb;
+using idem::testing::eventually;
+using idem::testing::MariadbClient;
+using idem::testing::MariadbServer;
+using idem::testing::shared_mariadb;
 
 bool answers(int port) {
     try {
@@ -220,7 +220,7 @@ TEST(MariadbServer, ClientRowsNullsBytesAndErrors) {
     EXPECT_THROW(shared_mariadb().client("no_such_db").exec("SELECT 1"), std::runtime_error);
 
     // Nothing listens on a just-probed port: connecting fails at once, with the address.
-    const int closed = idem_test::probe_free_port();
+    const int closed = idem::testing::probe_free_port();
     MariadbClient nowhere{"127.0.0.1", closed, "", "root", std::chrono::seconds(1)};
     try {
         nowhere.exec("SELECT 1");
@@ -253,7 +253,7 @@ TEST(MariadbServer, Kill9ThenStartRecoversCommittedRowsOnly) {
 
     db.kill9();
     EXPECT_FALSE(db.running());
-    EXPECT_TRUE(idem_test::process_gone(first));
+    EXPECT_TRUE(idem::testing::process_gone(first));
     EXPECT_THROW(in_flight.exec("COMMIT"), std::runtime_error);
     EXPECT_FALSE(in_flight.connected());
     EXPECT_FALSE(answers(port));
@@ -363,7 +363,7 @@ TEST(MariadbServer, DestructorStopsTheServerAndRemovesTheDir) {
         EXPECT_TRUE(std::filesystem::exists(db.data_dir() / "ibdata1")) << dir;
     }
     EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
-    EXPECT_TRUE(idem_test::process_gone(pid));
+    EXPECT_TRUE(idem::testing::process_gone(pid));
     EXPECT_FALSE(answers(port));
 }
 
@@ -382,11 +382,11 @@ TEST(MariadbServer, DestructorAfterKill9StillCleansUp) {
 // the dir. The owner here is a fork()ed child of this test.
 TEST(MariadbServer, WatchdogCleansUpWhenTheOwnerIsKilled) {
     IDEM_REQUIRE_MARIADB();
-    const auto orphan = idem_test::orphan_server<MariadbServer>();
+    const auto orphan = idem::testing::orphan_server<MariadbServer>();
     ASSERT_TRUE(WIFSIGNALED(orphan.status) && WTERMSIG(orphan.status) == SIGKILL) << orphan.report;
     ASSERT_TRUE(orphan.reported) << orphan.report;
     EXPECT_TRUE(eventually([&] {
-        return idem_test::process_gone(orphan.pid) && !std::filesystem::exists(orphan.dir) &&
+        return idem::testing::process_gone(orphan.pid) && !std::filesystem::exists(orphan.dir) &&
                !answers(orphan.port);
     })) << "mariadbd "
         << orphan.pid << " or " << orphan.dir.string() << " survived its owner";

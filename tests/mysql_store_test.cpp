@@ -1,4 +1,4 @@
-// MysqlStore against a real MariaDB server (tests/support/mariadb_server.hpp): both isolation
+// MysqlStore against a real MariaDB server (idem/testing/mariadb_server.hpp): both isolation
 // levels, the wait on a concurrent claim (innodb_lock_wait_timeout → in_progress), deadlocks and
 // lock waits in the effect (1213 / 1205 → store_timeout, failed, never acked), a lost
 // connection and the reconnect, the server killed and restarted mid-run (each message applied
@@ -19,7 +19,7 @@
 
 #include "idem/idem.hpp"
 #include "idem/store/mysql.hpp"
-#include "support/mariadb_server.hpp"
+#include "idem/testing/mariadb_server.hpp"
 #include "support/mysql_env.hpp"
 #include "support/require_mariadb.hpp"
 
@@ -30,7 +30,7 @@ using idem::Delivery;
 using idem::Disposition;
 using idem::FailureCause;
 using idem::MysqlStore;
-using idem_test::MariadbClient;
+using idem::testing::MariadbClient;
 using namespace std::chrono_literals;
 
 class MysqlStoreTest : public ::testing::Test {
@@ -47,13 +47,13 @@ class MysqlStoreTest : public ::testing::Test {
     void TearDown() override {
         if (database_.empty()) return;
         try {
-            idem_test::shared_mariadb().client("").exec("DROP DATABASE IF EXISTS " + database_);
+            idem::testing::shared_mariadb().client("").exec("DROP DATABASE IF EXISTS " + database_);
         } catch (...) {
         }
     }
 
     [[nodiscard]] MariadbClient client() const {
-        return idem_test::shared_mariadb().client(database_);
+        return idem::testing::shared_mariadb().client(database_);
     }
     [[nodiscard]] idem::MysqlEndpoint endpoint() const {
         return idem_test::mariadb_endpoint(database_);
@@ -267,7 +267,7 @@ TEST_F(MysqlStoreTest, ABorrowedConnectionIsUsedAndNeverClosed) {
     idem::testing::detail::library_init();
     MYSQL* conn = mysql_init(nullptr);
     ASSERT_NE(conn, nullptr);
-    auto& server = idem_test::shared_mariadb();
+    auto& server = idem::testing::shared_mariadb();
     ASSERT_NE(
         mysql_real_connect(conn, server.host().c_str(), server.user().c_str(), "",
                            database_.c_str(), static_cast<unsigned>(server.port()), nullptr, 0),
@@ -321,7 +321,7 @@ TEST_F(MysqlStoreTest, AKilledConnectionFailsTheMessageAndTheNextBeginReconnects
     auto outcome = handler.handle(Delivery{"m-1", 1u}, std::string("10"));
     EXPECT_EQ(outcome.disposition, Disposition::failed);
     EXPECT_EQ(outcome.cause, FailureCause::store_unavailable) << outcome.reason;
-    EXPECT_TRUE(idem::store_unreachable(outcome));
+    EXPECT_TRUE(outcome.store_unreachable());
     EXPECT_EQ(count("SELECT COUNT(*) FROM captures"), 0);
     EXPECT_EQ(s->sessions(), 1u);
     EXPECT_EQ(capture(*s).handle(Delivery{"m-2", 1u}, std::string("20")).disposition,
@@ -335,7 +335,7 @@ TEST_F(MysqlStoreTest, AKilledConnectionFailsTheMessageAndTheNextBeginReconnects
 // The server is SIGKILLed and restarted while messages flow: every message ends applied once.
 TEST(MysqlStoreCrash, ServerKilledAndRestartedMidRunAppliesEachMessageOnce) {
     IDEM_REQUIRE_MARIADB();
-    idem_test::MariadbServer server;
+    idem::testing::MariadbServer server;
     server.client().exec("CREATE TABLE captures(order_id BIGINT PRIMARY KEY) ENGINE=InnoDB");
     idem::MysqlEndpoint endpoint;
     endpoint.host = server.host();
@@ -371,7 +371,7 @@ TEST(MysqlStoreCrash, ServerKilledAndRestartedMidRunAppliesEachMessageOnce) {
             if (outcome.disposition == Disposition::failed) {
                 ++failed;
                 if (!server.running()) server.start();
-                EXPECT_TRUE(idem::store_unreachable(outcome)) << outcome.reason;
+                EXPECT_TRUE(outcome.store_unreachable()) << outcome.reason;
             } else {
                 EXPECT_TRUE(outcome.disposition == Disposition::processed ||
                             outcome.disposition == Disposition::duplicate)

@@ -14,7 +14,7 @@
 #include "idem/nats/connection.hpp"
 #include "idem/nats/message.hpp"
 #include "idem/nats/pull_subscription.hpp"
-#include "support/nats_server.hpp"
+#include "idem/testing/nats_server.hpp"
 #include "support/require_nats.hpp"
 
 namespace {
@@ -26,7 +26,7 @@ class NatsClientTest : public ::testing::Test {
   protected:
     void SetUp() override {
         IDEM_REQUIRE_NATS();
-        connection_.emplace(nats::Endpoint{idem_test::shared_nats().url()});
+        connection_.emplace(nats::Endpoint{idem::testing::shared_nats().url()});
         stream_ = ::testing::UnitTest::GetInstance()->current_test_info()->name();
         nats::delete_stream(*connection_, stream_);
         nats::ensure_stream(*connection_, {stream_, {stream_ + ".>"}});
@@ -153,7 +153,7 @@ TEST_F(NatsClientTest, ErrorsAreTyped) {
     EXPECT_THROW(nats::consumer_state(connection(), "no-such-stream", "x"), nats::not_found);
     // No stream captures the subject: nobody answers the publish.
     EXPECT_THROW(connection().publish("nobody.listens", "x"), nats::unavailable);
-    nats::Endpoint nowhere{"nats://127.0.0.1:" + std::to_string(idem_test::probe_free_port())};
+    nats::Endpoint nowhere{"nats://127.0.0.1:" + std::to_string(idem::testing::probe_free_port())};
     nowhere.connect_timeout = 200ms;
     EXPECT_THROW(nats::Connection{nowhere}, nats::unavailable);
 }

@@ -23,13 +23,13 @@
 #include "idem/store/memory.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
-#include "support/nats_server.hpp"
+#include "idem/testing/nats_server.hpp"
+#include "idem/testing/redis_server.hpp"
+#include "idem/testing/temp_dir.hpp"
 #include "support/polling.hpp"
-#include "support/redis_server.hpp"
 #include "support/refusing_dependency.hpp"
 #include "support/require_nats.hpp"
 #include "support/require_redis.hpp"
-#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -63,7 +63,7 @@ class JetStreamTest : public ::testing::Test {
   protected:
     void SetUp() override {
         IDEM_REQUIRE_NATS();
-        url_ = idem_test::shared_nats().url();
+        url_ = idem::testing::shared_nats().url();
         admin_.emplace(nats::Endpoint{url_});
         stream_ = ::testing::UnitTest::GetInstance()->current_test_info()->name();
         dead_stream_ = stream_ + "_dead";
@@ -190,7 +190,7 @@ TEST_F(JetStreamTest, ConsumerContradictingTheOptionsIsRefusedAtStart) {
         EXPECT_NE(std::string(e.what()).find("AckWait is 5000 ms"), std::string::npos) << e.what();
     }
 
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("idem.db")};
     auto handler =
         idem::make_handler(store, idem::Policy{"capture"}, [](auto&, const JetStreamMessage&) {});
@@ -256,7 +256,7 @@ TEST_F(JetStreamTest, DeliveryCountsAreOneTwoThreeThroughAckWaitExpiryAndNakWith
 // default backoff a failure is nacked with 2 s, 4 s ... (less up to 20 %). Left to AckWait
 // (200 ms) it was parked at its 4th delivery, within a second.
 TEST_F(JetStreamTest, ADependencyRefusingForThreeSecondsDoesNotParkTheMessage) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("idem.db")};
     idem_test::RefusingDependency gateway{3s};
     auto handler = gateway.handler<JetStreamMessage>(store);
@@ -290,7 +290,7 @@ TEST_F(JetStreamTest, NatsMsgIdIsTheMessageIdWhenThereIsOne) {
 // Poison
 
 TEST_F(JetStreamTest, PoisonAtTheLimitIsPublishedToTheDeadLetterSubjectThenTerminated) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("idem.db")};
     idem::PolicyOptions policy;
     policy.max_deliveries = 3;
@@ -354,7 +354,7 @@ TEST_F(JetStreamTest, PoisonAtTheLimitIsPublishedToTheDeadLetterSubjectThenTermi
 }
 
 TEST_F(JetStreamTest, MessageWithoutItsIdHeaderIsDeadLetteredAsMalformedAndTerminated) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("idem.db")};
     int effect_runs = 0;
     auto handler = idem::make_handler(store, idem::Policy{"capture"},
@@ -376,7 +376,7 @@ TEST_F(JetStreamTest, MessageWithoutItsIdHeaderIsDeadLetteredAsMalformedAndTermi
 }
 
 TEST_F(JetStreamTest, BatchModeHandsAFetchToOneHandleBatchAndSettlesEachMessage) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("idem.db")};
     {
         auto tx = store.begin();
@@ -431,7 +431,7 @@ TEST_F(JetStreamTest, TheDeadLetterCopyKeepsOnlyRedactedDataHeadersAndReason) {
 
 TEST_F(JetStreamTest, SlowLiveHolderOnALeaseStoreIsNotDeadLetteredByRedeliveries) {
     IDEM_REQUIRE_REDIS();
-    auto& redis = idem_test::shared_redis();
+    auto& redis = idem::testing::shared_redis();
     redis.flushall();
     idem::RedisEndpoint endpoint;
     endpoint.host = redis.host();
@@ -576,7 +576,7 @@ class SqliteWriteLock {
 };
 
 TEST_F(JetStreamTest, StoreOutageDoesNotDeadLetterHealthyMessages) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     const std::string path = dir.file("idem.db");
     idem::SqliteOptions sqlite;
     sqlite.busy_timeout = 20ms;  // each attempt against the locked database fails fast
@@ -678,7 +678,7 @@ TEST_F(JetStreamTest, StopFinishesTheMessageInHandAndLeavesTheRestUnsettled) {
 
 TEST(JetStreamRestart, BrokerKilledAndRestartedMidRunLosesNothingAndAppliesEachOnce) {
     IDEM_REQUIRE_NATS();
-    idem_test::NatsServer server;  // its own: this test kills it
+    idem::testing::NatsServer server;  // its own: this test kills it
     constexpr int messages = 60;
     {
         nats::Connection admin{nats::Endpoint{server.url()}};
@@ -687,7 +687,7 @@ TEST(JetStreamRestart, BrokerKilledAndRestartedMidRunLosesNothingAndAppliesEachO
         for (int i = 0; i < messages; ++i)
             admin.publish("restart.orders", std::to_string(i), {}, "order-" + std::to_string(i));
     }
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("idem.db")};
     {
         auto tx = store.begin();

@@ -13,7 +13,7 @@
 
 #include "idem/nats/admin.hpp"
 #include "idem/nats/connection.hpp"
-#include "support/nats_server.hpp"
+#include "idem/testing/nats_server.hpp"
 #include "support/require_nats.hpp"
 
 namespace {
@@ -21,14 +21,14 @@ namespace {
 using namespace std::chrono_literals;
 namespace nats = idem::nats;
 
-std::uint64_t messages_in(const idem_test::NatsServer& server, const std::string& stream) {
+std::uint64_t messages_in(const idem::testing::NatsServer& server, const std::string& stream) {
     nats::Connection connection{nats::Endpoint{server.url()}};
     return nats::stream_state(connection, stream).messages;
 }
 
 TEST(NatsServer, StreamsSurviveStopAndKill9ThenStartOnTheSamePort) {
     IDEM_REQUIRE_NATS();
-    idem_test::NatsServer server;
+    idem::testing::NatsServer server;
     const int port = server.port();
     {
         nats::Connection connection{nats::Endpoint{server.url()}};
@@ -44,7 +44,7 @@ TEST(NatsServer, StreamsSurviveStopAndKill9ThenStartOnTheSamePort) {
 
     const pid_t before = server.pid();
     server.kill9();
-    EXPECT_TRUE(idem_test::process_gone(before));
+    EXPECT_TRUE(idem::testing::process_gone(before));
     server.start();
     EXPECT_EQ(server.port(), port);
     EXPECT_EQ(messages_in(server, "KEEP"), 3u);  // written before the stop: on disk
@@ -56,23 +56,23 @@ TEST(NatsServer, DestructorStopsTheServerAndRemovesItsDir) {
     std::filesystem::path dir;
     pid_t pid = -1;
     {
-        idem_test::NatsServer server;
+        idem::testing::NatsServer server;
         dir = server.dir();
         pid = server.pid();
         EXPECT_EQ(server.url(), "nats://127.0.0.1:" + std::to_string(server.port()));
         EXPECT_NE(server.name().find("idem-"), std::string::npos);
     }
     EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
-    EXPECT_TRUE(idem_test::process_gone(pid));
+    EXPECT_TRUE(idem::testing::process_gone(pid));
 }
 
 TEST(NatsServer, WatchdogCleansUpWhenTheOwnerIsKilled) {
     IDEM_REQUIRE_NATS();
-    const auto orphan = idem_test::orphan_server<idem_test::NatsServer>();
+    const auto orphan = idem::testing::orphan_server<idem::testing::NatsServer>();
     ASSERT_TRUE(WIFSIGNALED(orphan.status) && WTERMSIG(orphan.status) == SIGKILL) << orphan.report;
     ASSERT_TRUE(orphan.reported) << orphan.report;
-    EXPECT_TRUE(idem_test::eventually([&] {
-        return idem_test::process_gone(orphan.pid) && !std::filesystem::exists(orphan.dir);
+    EXPECT_TRUE(idem::testing::eventually([&] {
+        return idem::testing::process_gone(orphan.pid) && !std::filesystem::exists(orphan.dir);
     })) << orphan.pid
         << " or " << orphan.dir.string() << " survived its owner";
 }
@@ -83,7 +83,7 @@ TEST(NatsServer, AvailableSaysWhereItLooked) {
         previous != nullptr ? std::optional<std::string>(previous) : std::nullopt;
     ::setenv("IDEM_TEST_NATS_SERVER", "/nonexistent/nats-server", 1);
     std::string why;
-    EXPECT_FALSE(idem_test::NatsServer::available(&why));
+    EXPECT_FALSE(idem::testing::NatsServer::available(&why));
     EXPECT_NE(why.find("IDEM_TEST_NATS_SERVER=/nonexistent/nats-server"), std::string::npos) << why;
     if (saved) {
         ::setenv("IDEM_TEST_NATS_SERVER", saved->c_str(), 1);

@@ -24,12 +24,12 @@
 #include "idem/redis/connection.hpp"
 #include "idem/store/postgres.hpp"
 #include "idem/store/sqlite.hpp"
+#include "idem/testing/postgres_server.hpp"
+#include "idem/testing/redis_server.hpp"
+#include "idem/testing/temp_dir.hpp"
 #include "support/polling.hpp"
-#include "support/postgres_server.hpp"
-#include "support/redis_server.hpp"
 #include "support/require_postgres.hpp"
 #include "support/require_redis.hpp"
-#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -48,7 +48,7 @@ bool wait_for(Pred done, std::chrono::milliseconds limit = 60s) {
 
 TEST(PostgresPingTest, ProbeFailsWhileTheServerIsKilledAndPassesAfterTheRestart) {
     IDEM_REQUIRE_POSTGRES();
-    idem_test::PostgresServer own;  // this one we kill
+    idem::testing::PostgresServer own;  // this one we kill
     idem::PostgresStore store(own.conninfo() + " connect_timeout=5");
     ASSERT_FALSE(store.find_claim("capture", "m-1").has_value());  // the session is up
     EXPECT_NO_THROW(idem::probe_store(store));
@@ -71,7 +71,7 @@ TEST(PostgresPingTest, ProbeFailsWhileTheServerIsKilledAndPassesAfterTheRestart)
 }
 
 TEST(SqlitePingTest, PingTimesOutWhileAnotherConnectionHoldsTheWriteLock) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     const std::string path = dir.file("idem.db");
     idem::SqliteOptions options;
     options.busy_timeout = 50ms;
@@ -99,7 +99,7 @@ class PostgresStoreOutageTest : public ::testing::Test {
     void SetUp() override {
         IDEM_REQUIRE_REDIS();
         IDEM_REQUIRE_POSTGRES();
-        redis_ = &idem_test::shared_redis();
+        redis_ = &idem::testing::shared_redis();
         redis_->flushall();
     }
 
@@ -120,11 +120,11 @@ class PostgresStoreOutageTest : public ::testing::Test {
             .integer;
     }
 
-    idem_test::RedisServer* redis_ = nullptr;
+    idem::testing::RedisServer* redis_ = nullptr;
 };
 
 TEST_F(PostgresStoreOutageTest, DoesNotDeadLetterHealthyMessages) {
-    idem_test::PostgresServer pg;  // this one we kill
+    idem::testing::PostgresServer pg;  // this one we kill
     pg.exec("CREATE TABLE captures(order_id TEXT PRIMARY KEY)");
     idem::PostgresStore store(pg.conninfo() + " connect_timeout=2");
     idem::PolicyOptions policy;

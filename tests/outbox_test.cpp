@@ -35,7 +35,7 @@
 #include "support/mysql_env.hpp"
 #include "support/require_mariadb.hpp"
 #endif
-#include "support/temp_dir.hpp"
+#include "idem/testing/temp_dir.hpp"
 
 namespace {
 
@@ -44,11 +44,11 @@ using idem::Disposition;
 using idem::OutboxRow;
 using namespace std::chrono_literals;
 
-static_assert(idem::detail::has_add_outbox<idem::MemoryStore::Transaction>::value);
-static_assert(idem::detail::has_add_outbox<idem::SqliteStore::Transaction>::value);
-static_assert(!idem::detail::has_add_outbox<int>::value);
-static_assert(idem::detail::check_relay_store<idem::MemoryStore>());
-static_assert(idem::detail::check_relay_store<idem::SqliteStore>());
+static_assert(idem::has_add_outbox<idem::MemoryStore::Transaction>::value);
+static_assert(idem::has_add_outbox<idem::SqliteStore::Transaction>::value);
+static_assert(!idem::has_add_outbox<int>::value);
+static_assert(idem::check_relay_store<idem::MemoryStore>());
+static_assert(idem::check_relay_store<idem::SqliteStore>());
 
 /// A receiver that dedupes on the idempotency key: it applies a key once and counts every send.
 class DedupingReceiver {
@@ -276,9 +276,9 @@ TYPED_TEST(Outbox, AReusedKeyIsDedupedAtTheSource) {
 
     // Directly, and within one transaction.
     auto tx = this->store().begin();
-    EXPECT_FALSE(idem::enqueue(tx, idem::OutboxIntent{"rail", "wire-42", "other"}));
-    EXPECT_TRUE(idem::enqueue(tx, idem::OutboxIntent{"rail", "wire-43", "x"}));
-    EXPECT_FALSE(idem::enqueue(tx, idem::OutboxIntent{"rail", "wire-43", "x"}));
+    EXPECT_FALSE(idem::outbox(tx, "rail", "wire-42", "other"));
+    EXPECT_TRUE(idem::outbox(tx, "rail", "wire-43", "x"));
+    EXPECT_FALSE(idem::outbox(tx, "rail", "wire-43", "x"));
     tx.commit();
     const auto rows = this->store().outbox_rows();
     ASSERT_EQ(rows.size(), 2u);
@@ -714,7 +714,7 @@ class ReceiverDb {
 };
 
 TEST(OutboxSqliteCrash, RelayKilledBetweenSendAndMarkResendsWithTheSameKey) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     const std::string path = dir.file("outbox.db");
     const std::string receiver_path = dir.file("receiver.db");
     {
@@ -837,7 +837,7 @@ void relays_share_the_work(MakeStore make_store, std::size_t relays) {
 }
 
 TEST(OutboxConcurrency, TwoRelaysOnOneSqliteFileSendEachIntentOnce) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     const std::string path = dir.file("outbox.db");
     relays_share_the_work(
         [&] {
@@ -851,7 +851,7 @@ TEST(OutboxConcurrency, TwoRelaysOnOneSqliteFileSendEachIntentOnce) {
 #if IDEM_HAS_POSTGRES
 TEST(OutboxConcurrency, ThreeRelaysOnPostgresShareTheWorkWithSkipLocked) {
     IDEM_REQUIRE_POSTGRES();
-    auto& server = idem_test::shared_postgres();
+    auto& server = idem::testing::shared_postgres();
     const std::string database = server.fresh_database();
     relays_share_the_work(
         [&] { return std::make_unique<idem::PostgresStore>(server.conninfo(database)); }, 3);

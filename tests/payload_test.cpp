@@ -16,7 +16,7 @@
 #include "support/backends.hpp"
 #if IDEM_HAS_SQLITE
 #include "idem/store/sqlite.hpp"
-#include "support/temp_dir.hpp"
+#include "idem/testing/temp_dir.hpp"
 #endif
 
 namespace {
@@ -69,7 +69,7 @@ struct MemoryEnv {
 };
 #if IDEM_HAS_SQLITE
 struct SqliteEnv {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("idem.db")};
     // Straight from the table, not through the store's dead_letters(): what is on disk.
     std::vector<std::string> payloads() {

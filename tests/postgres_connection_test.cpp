@@ -36,7 +36,7 @@ TEST_F(PostgresStoreTest, AKilledSessionFailsTheDeliveryAndTheStoreReconnects) {
 }
 
 TEST_F(PostgresStoreTest, AServerRestartFailsDeliveriesUntilItIsBack) {
-    idem_test::PostgresServer own;  // this one we may stop
+    idem::testing::PostgresServer own;  // this one we may stop
     own.exec("CREATE TABLE effects(message_id BYTEA NOT NULL)");
     PostgresStore s(own.conninfo() + " connect_timeout=5");
     auto handler = idem::make_handler(s, idem::Policy{"capture"}, writer());

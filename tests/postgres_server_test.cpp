@@ -19,16 +19,16 @@
 #include <thread>
 #include <vector>
 
-#include "support/postgres_server.hpp"
-#include "support/process.hpp"
+#include "idem/testing/postgres_server.hpp"
+#include "idem/testing/process.hpp"
 #include "support/require_postgres.hpp"
 
 namespace {
 
-using idem_test::eventually;
-using idem_test::PgConnection;
-using idem_test::PostgresServer;
-using idem_test::shared_postgres;
+using idem::testing::eventually;
+using idem::testing::PgConnection;
+using idem::testing::PostgresServer;
+using idem::testing::shared_postgres;
 
 std::string value_of(PGconn* conn, const char* sql) {
     PGresult* res = PQexec(conn, sql);
@@ -205,8 +205,8 @@ TEST(PostgresServer, Kill9ThenStartRecoversCommittedDataOnly) {
 
     pg.kill9();
     EXPECT_FALSE(pg.running());
-    EXPECT_TRUE(idem_test::process_gone(postmaster));
-    EXPECT_TRUE(idem_test::process_gone(backend));
+    EXPECT_TRUE(idem::testing::process_gone(postmaster));
+    EXPECT_TRUE(idem::testing::process_gone(backend));
     res = PQexec(in_flight.get(), "COMMIT");
     EXPECT_NE(PQresultStatus(res), PGRES_COMMAND_OK);
     PQclear(res);
@@ -239,7 +239,7 @@ TEST(PostgresServer, DestructorStopsServerAndRemovesTempDir) {
         EXPECT_EQ(dir.filename().string().rfind("idem-pg-", 0), 0U) << dir;
     }
     EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
-    EXPECT_TRUE(idem_test::process_gone(postmaster));
+    EXPECT_TRUE(idem::testing::process_gone(postmaster));
     EXPECT_FALSE(accepts_connections(conninfo));
 }
 
@@ -258,13 +258,13 @@ TEST(PostgresServer, DestructorAfterKill9StillCleansUp) {
 // removes the temp dir. The owner here is a fork()ed child of this test.
 TEST(PostgresServer, WatchdogCleansUpWhenTheOwnerIsKilled) {
     IDEM_REQUIRE_POSTGRES();
-    const auto orphan = idem_test::orphan_server<PostgresServer>();
+    const auto orphan = idem::testing::orphan_server<PostgresServer>();
     ASSERT_TRUE(WIFSIGNALED(orphan.status) && WTERMSIG(orphan.status) == SIGKILL) << orphan.report;
     ASSERT_TRUE(orphan.reported) << orphan.report;
     const std::string conninfo =
         "host=127.0.0.1 port=" + std::to_string(orphan.port) + " user=idem dbname=idem_test";
     EXPECT_TRUE(eventually([&] {
-        return idem_test::process_gone(orphan.pid) && !std::filesystem::exists(orphan.dir) &&
+        return idem::testing::process_gone(orphan.pid) && !std::filesystem::exists(orphan.dir) &&
                !accepts_connections(conninfo);
     })) << "postmaster "
         << orphan.pid << " or " << orphan.dir.string() << " survived its owner";

@@ -24,7 +24,7 @@ class RabbitmqClient : public ::testing::Test {
 
     void SetUp() override {
         IDEM_REQUIRE_RABBITMQ();
-        connection.emplace(idem_test::shared_rabbitmq().endpoint());
+        connection.emplace(idem::testing::shared_rabbitmq().endpoint());
         connection->connect();
         connection->open_channel(ch);
     }

@@ -25,12 +25,12 @@
 #include "idem/idem.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
+#include "idem/testing/redis_server.hpp"
+#include "idem/testing/temp_dir.hpp"
 #include "support/polling.hpp"
-#include "support/redis_server.hpp"
 #include "support/refusing_dependency.hpp"
 #include "support/require_rabbitmq.hpp"
 #include "support/require_redis.hpp"
-#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -46,15 +46,15 @@ using Clock = std::chrono::steady_clock;
 
 constexpr auto deadline_limit = 30s;  // generous: a loaded 2-core CI machine
 
-idem_test::RabbitmqServer& broker() {
+idem::testing::RabbitmqServer& broker() {
     static std::string failure;
-    static const std::unique_ptr<idem_test::RabbitmqServer> server =
-        []() -> std::unique_ptr<idem_test::RabbitmqServer> {
+    static const std::unique_ptr<idem::testing::RabbitmqServer> server =
+        []() -> std::unique_ptr<idem::testing::RabbitmqServer> {
         try {
-            idem_test::RabbitmqOptions options;
+            idem::testing::RabbitmqOptions options;
             options.consumer_timeout = 2000ms;
             options.channel_tick_interval = 200ms;
-            return std::make_unique<idem_test::RabbitmqServer>(options);
+            return std::make_unique<idem::testing::RabbitmqServer>(options);
         } catch (const std::exception& e) {
             failure = e.what();
             return nullptr;
@@ -191,7 +191,7 @@ class RabbitConsumerTest : public ::testing::Test {
     rmq::Endpoint endpoint() const { return broker().endpoint(); }
 
     std::optional<Admin> admin;
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
 };
 
 std::string header_text(const rmq::Message& m, const char* name) {
@@ -534,7 +534,7 @@ TEST_F(RabbitConsumerTest, AFailureWaitsItsRedeliveryBackoffBeforeItComesBack) {
 // would have parked it at its 4th delivery, within a second.
 TEST_F(RabbitConsumerTest, ADependencyRefusingForThreeSecondsDoesNotParkTheMessage) {
     admin->fresh_quorum_queue("refusing");
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("idem.db")};
     idem_test::RefusingDependency gateway{3s};
     auto handler = gateway.handler<RabbitMessage>(store);
@@ -615,7 +615,7 @@ TEST_F(RabbitConsumerTest, AnUnreachableStorePausesConsumingWithoutRaisingHeldCo
 
 TEST_F(RabbitConsumerTest, SlowLiveHolderRedeliveredAfterMissedHeartbeatsIsNotDeadLettered) {
     IDEM_REQUIRE_REDIS();
-    auto& redis = idem_test::shared_redis();
+    auto& redis = idem::testing::shared_redis();
     idem::RedisEndpoint redis_endpoint;
     redis_endpoint.host = redis.host();
     redis_endpoint.port = redis.port();

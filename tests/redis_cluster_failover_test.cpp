@@ -19,10 +19,10 @@
 #include "idem/idem.hpp"
 #include "idem/redis/cluster.hpp"
 #include "idem/store/redis.hpp"
+#include "idem/testing/redis_cluster.hpp"
+#include "idem/testing/redis_server.hpp"
 #include "support/forked_child.hpp"
-#include "support/redis_cluster.hpp"
 #include "support/redis_env.hpp"
-#include "support/redis_server.hpp"
 #include "support/require_redis.hpp"
 #include "support/require_redis_cluster.hpp"
 
@@ -31,11 +31,11 @@ namespace {
 using idem::Delivery;
 using namespace std::chrono_literals;
 
-idem_test::RedisCluster& cluster() {
+idem::testing::RedisCluster& cluster() {
     // Two replicas per master: after the failover the new master still has one to confirm WAIT
     // (restarting the killed master instead would bring back a node that serves its stale data
     // as a master until it hears it was replaced).
-    static idem_test::RedisCluster servers{3, 2, 1000ms};
+    static idem::testing::RedisCluster servers{3, 2, 1000ms};
     return servers;
 }
 
@@ -91,7 +91,7 @@ class RedisClusterFailoverTest : public ::testing::Test {
     }
 
     static Tally run(int replicas_to_ack, long messages) {
-        auto& broker = idem_test::shared_redis();
+        auto& broker = idem::testing::shared_redis();
         broker.flushall();
         auto broker_client = broker.client();
         for (long i = 1; i <= messages; ++i)
@@ -171,10 +171,10 @@ class RedisClusterFailoverTest : public ::testing::Test {
             ADD_FAILURE() << "the master of slot 0 has no replica";
             return {};
         }
-        std::vector<const idem_test::RedisServer*> held;
+        std::vector<const idem::testing::RedisServer*> held;
         for (std::size_t r : replicas)
             held.push_back(&cluster().server(r));
-        if (!idem_test::stop_replicas_level(cluster().server(victim), held, 10s)) {
+        if (!idem::testing::stop_replicas_level(cluster().server(victim), held, 10s)) {
             ADD_FAILURE() << "the replicas did not reach the master's offset";
             return {};
         }

@@ -23,8 +23,8 @@
 #include "idem/idem.hpp"
 #include "idem/redis/cluster.hpp"
 #include "idem/store/redis.hpp"
-#include "support/redis_cluster.hpp"
-#include "support/redis_server.hpp"
+#include "idem/testing/redis_cluster.hpp"
+#include "idem/testing/redis_server.hpp"
 #include "support/require_redis_cluster.hpp"
 
 namespace {
@@ -37,7 +37,7 @@ class RedisClusterTest : public ::testing::Test {
   protected:
     void SetUp() override {
         IDEM_REQUIRE_REDIS_CLUSTER();
-        cluster_ = &idem_test::shared_redis_cluster();
+        cluster_ = &idem::testing::shared_redis_cluster();
         ASSERT_TRUE(cluster_->wait_until_ok(std::chrono::seconds(20)));
         cluster_->flushall();
     }
@@ -63,13 +63,13 @@ class RedisClusterTest : public ::testing::Test {
             auto it = master_of_slot.find(slot);
             if (it == master_of_slot.end())
                 it = master_of_slot.emplace(slot, cluster_->master_index_of(slot)).first;
-            idem_test::RedisClient c = cluster_->client(it->second);
+            idem::testing::RedisClient c = cluster_->client(it->second);
             if (auto value = c.str({"GET", key})) out[key] = *value;
         }
         return out;
     }
 
-    idem_test::RedisCluster* cluster_ = nullptr;
+    idem::testing::RedisCluster* cluster_ = nullptr;
 };
 
 TEST(RedisHashSlot, FollowsTheClusterSpecification) {
@@ -103,7 +103,7 @@ TEST_F(RedisClusterTest, OneNodesAddressIsEnoughToFindTheCluster) {
         EXPECT_TRUE(store.persistence()->aof_enabled);
     }
     // A standalone server is not taken for a cluster, and costs no extra round trip.
-    idem_test::RedisServer standalone;
+    idem::testing::RedisServer standalone;
     idem::RedisEndpoint plain;
     plain.host = standalone.host();
     plain.port = standalone.port();
@@ -261,7 +261,7 @@ TEST_F(RedisClusterTest, ABatchWhoseSlotGroupsDoNotAllCommitReportsEachMessageTr
             tx.write("SET", effect_key(scope, id), "applied");
             if (id == victim) {  // another worker takes this claim over behind our back
                 const std::string key = store.claim_key(scope, id);
-                idem_test::RedisClient c =
+                idem::testing::RedisClient c =
                     cluster_->client(cluster_->master_index_of(hash_slot(key)));
                 auto record = idem::redis::Record::decode(*c.str({"GET", key}));
                 record->state = "leased";
@@ -305,7 +305,7 @@ TEST_F(RedisClusterTest, TheStreamConsumerDrainsAStreamAndAcksAfterTheCommit) {
     std::string stream = "{orders}";
     for (int i = 0; cluster_->master_index_of(hash_slot(stream)) == 0; ++i)
         stream = "{orders-" + std::to_string(i) + "}";
-    idem_test::RedisClient producer =
+    idem::testing::RedisClient producer =
         cluster_->client(cluster_->master_index_of(hash_slot(stream)));
     constexpr int total = 300;
     std::vector<std::string> entry_ids;

@@ -24,9 +24,9 @@
 
 #include "idem/idem.hpp"
 #include "idem/store/redis.hpp"
+#include "idem/testing/redis_server.hpp"
 #include "support/forked_child.hpp"
 #include "support/redis_env.hpp"
-#include "support/redis_server.hpp"
 #include "support/require_redis.hpp"
 
 namespace {
@@ -41,7 +41,7 @@ class RedisForkTest : public ::testing::Test {
   protected:
     void SetUp() override {
         IDEM_REQUIRE_REDIS();
-        auto& server = idem_test::shared_redis();
+        auto& server = idem::testing::shared_redis();
         server.flushall();
         idem::RedisOptions options;
         options.lease = 5s;  // the server's clock: it is shared by every process

@@ -18,9 +18,9 @@
 #include "idem/store/memory.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/testing/crash.hpp"
+#include "idem/testing/redis_server.hpp"
 #include "support/forked_child.hpp"
 #include "support/redis_env.hpp"
-#include "support/redis_server.hpp"
 #include "support/require_redis.hpp"
 
 namespace {
@@ -37,7 +37,7 @@ class RedisLocalEffectTest : public ::testing::Test {
         store().warm_up();
     }
     idem::RedisStore& store() { return *env_->store; }
-    idem_test::RedisClient& client() { return *env_->client; }
+    idem::testing::RedisClient& client() { return *env_->client; }
     long long counter(const std::string& key) { return client().integer({"GET", key}).value_or(0); }
     /// A store of its own on the shared server and its clock (another process, after a fork).
     std::unique_ptr<idem::RedisStore> fresh_store() {
@@ -58,7 +58,7 @@ auto counting_handler(idem::RedisStore& store, int& runs, idem::PolicyOptions op
 }
 
 TEST_F(RedisLocalEffectTest, ANewIdCostsOneRoundTripAndARedeliveryOneAndAppliesNothing) {
-    static_assert(idem::detail::has_claim_and_commit<idem::RedisStore::Transaction>::value);
+    static_assert(idem::has_claim_and_commit<idem::RedisStore::Transaction>::value);
     int runs = 0;
     auto handler = counting_handler(store(), runs);
     auto before = store().round_trips();
@@ -271,7 +271,7 @@ TEST_F(RedisLocalEffectTest, KilledBeforeTheCallOrAfterItBeforeTheAckAppliesOnce
 // Without the one-step path (here the memory store) the wrapper is the ordinary pipeline: the
 // claim comes first, so a duplicate's effect does not even run.
 TEST(LocalEffectOnOtherStores, TakesTheOrdinaryPathClaimThenEffectThenCommit) {
-    static_assert(!idem::detail::has_claim_and_commit<idem::MemoryStore::Transaction>::value);
+    static_assert(!idem::has_claim_and_commit<idem::MemoryStore::Transaction>::value);
     idem::MemoryStore store;
     int runs = 0;
     auto handler = idem::make_handler(store, idem::Policy{"views"},

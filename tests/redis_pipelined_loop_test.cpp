@@ -14,8 +14,8 @@
 #include "idem/idem.hpp"
 #include "idem/store/memory.hpp"
 #include "idem/store/redis.hpp"
+#include "idem/testing/redis_server.hpp"
 #include "support/redis_env.hpp"
-#include "support/redis_server.hpp"
 #include "support/refusing_proxy.hpp"
 #include "support/require_redis.hpp"
 
@@ -33,7 +33,7 @@ class PipelinedLoopTest : public ::testing::Test {
         store().warm_up();
     }
     idem::RedisStore& store() { return *env_->store; }
-    idem_test::RedisClient& client() { return *env_->client; }
+    idem::testing::RedisClient& client() { return *env_->client; }
     long long applied(const std::string& id) {
         return client().integer({"HGET", "applied", id}).value_or(0);
     }

@@ -14,8 +14,8 @@
 #include "idem/broker/redis_streams.hpp"
 #include "idem/idem.hpp"
 #include "idem/store/redis.hpp"
+#include "idem/testing/redis_server.hpp"
 #include "support/redis_env.hpp"
-#include "support/redis_server.hpp"
 #include "support/require_redis.hpp"
 
 namespace {
@@ -27,15 +27,15 @@ using namespace std::chrono_literals;
 
 /// The master and its replica, once per test binary.
 struct Pair {
-    idem_test::RedisServer master;
-    idem_test::RedisServer replica;
+    idem::testing::RedisServer master;
+    idem::testing::RedisServer replica;
 
     Pair()
         // No 5 s wait for more replicas before the first (diskless) sync.
-        : master(idem_test::RedisServer::Setup{
-              idem_test::RedisServer::aof_always, {"--repl-diskless-sync-delay", "0"}, {}}),
-          replica(idem_test::RedisServer::Setup{
-              idem_test::RedisServer::aof_always,
+        : master(idem::testing::RedisServer::Setup{
+              idem::testing::RedisServer::aof_always, {"--repl-diskless-sync-delay", "0"}, {}}),
+          replica(idem::testing::RedisServer::Setup{
+              idem::testing::RedisServer::aof_always,
               {"--replicaof", "127.0.0.1", std::to_string(master.port())},
               {}}) {
         // Ready when a write reaches the replica: WAIT answers 1.
@@ -70,7 +70,7 @@ class RedisReplicasTest : public ::testing::Test {
     /// Both servers' replication as they report it, for a failure message.
     static std::string replication_state() {
         std::string out;
-        for (const idem_test::RedisServer* server : {&pair().master, &pair().replica}) {
+        for (const idem::testing::RedisServer* server : {&pair().master, &pair().replica}) {
             out += (server == &pair().master ? "master :" : "replica :") +
                    std::to_string(server->port()) + ": ";
             try {
@@ -78,7 +78,7 @@ class RedisReplicasTest : public ::testing::Test {
                 for (const char* field :
                      {"role", "master_link_status", "master_sync_in_progress", "connected_slaves",
                       "master_repl_offset", "slave_repl_offset"}) {
-                    const std::string value = idem_test::detail::info_field(info, field);
+                    const std::string value = idem::testing::detail::info_field(info, field);
                     if (!value.empty()) out += std::string(field) + ":" + value + " ";
                 }
             } catch (const std::exception& e) {
@@ -93,9 +93,10 @@ class RedisReplicasTest : public ::testing::Test {
     /// replica back from SIGSTOP works through what it missed before a WAIT can count it, and
     /// a short replicas_timeout must not race that. Empty when it has; the state otherwise.
     static std::string await_replica_caught_up() {
-        const long long offset = idem_test::replication_offset(pair().master, "master_repl_offset");
+        const long long offset =
+            idem::testing::replication_offset(pair().master, "master_repl_offset");
         const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (idem_test::replication_offset(pair().replica, "slave_repl_offset") < offset) {
+        while (idem::testing::replication_offset(pair().replica, "slave_repl_offset") < offset) {
             if (std::chrono::steady_clock::now() >= deadline) {
                 return "the resumed replica did not reach the master's offset " +
                        std::to_string(offset) + " within 10 s; " + replication_state();
@@ -312,7 +313,7 @@ TEST_F(RedisReplicasTest, ThePipelinedLoopSendsTheCommitThenWaitThenTheNextClaim
 TEST_F(RedisReplicasTest, TheStreamConsumerNeverAcksAnUnconfirmedCommit) {
     // The stream on a server of its own (the process's shared one): the consumer acks after the
     // commit, so an ack of an unconfirmed commit would outlive a failover that loses the commit.
-    auto& broker = idem_test::shared_redis();
+    auto& broker = idem::testing::shared_redis();
     broker.flushall();
     auto confirmed = store(1);
     auto h = handler(*confirmed);

@@ -21,10 +21,10 @@
 #include "idem/broker/redis_streams.hpp"
 #include "idem/idem.hpp"
 #include "idem/store/redis.hpp"
+#include "idem/testing/redis_sentinel.hpp"
+#include "idem/testing/redis_server.hpp"
 #include "support/forked_child.hpp"
 #include "support/redis_env.hpp"
-#include "support/redis_sentinel.hpp"
-#include "support/redis_server.hpp"
 #include "support/require_redis.hpp"
 
 namespace {
@@ -33,12 +33,12 @@ using idem::Delivery;
 using idem::Disposition;
 using namespace std::chrono_literals;
 
-idem_test::RedisSentinelGroup& group() {
-    static idem_test::RedisSentinelGroup deployment;
+idem::testing::RedisSentinelGroup& group() {
+    static idem::testing::RedisSentinelGroup deployment;
     return deployment;
 }
 
-idem_test::RedisClient master_client() {
+idem::testing::RedisClient master_client() {
     return group().master().client();
 }
 
@@ -93,14 +93,14 @@ TEST_F(RedisSentinelTest, AForcedFailoverIsFollowedOnceTheOldMasterIsDemoted) {
         [](auto& tx, const std::string& body) { tx.write("INCR", "effects:" + body); });
     ASSERT_EQ(handler.handle(Delivery{"before", 1u}, std::string("before")).disposition,
               Disposition::processed);  // a pooled connection to the first master
-    idem_test::RedisServer& old_master = group().master();
+    idem::testing::RedisServer& old_master = group().master();
     const int old_port = old_master.port();
 
     // SENTINEL FAILOVER: the old master stays up until the Sentinels demote it. A message a
     // second, each a new id, until it is a replica and a message was processed after that.
-    idem_test::RedisClient sentinel{group().sentinels().front()->host(),
-                                    group().sentinels().front()->port()};
-    sentinel.exec({"SENTINEL", "FAILOVER", idem_test::RedisSentinelGroup::master_name});
+    idem::testing::RedisClient sentinel{group().sentinels().front()->host(),
+                                        group().sentinels().front()->port()};
+    sentinel.exec({"SENTINEL", "FAILOVER", idem::testing::RedisSentinelGroup::master_name});
     std::vector<std::string> processed;
     std::size_t failed = 0;
     bool demoted = false;
@@ -122,7 +122,7 @@ TEST_F(RedisSentinelTest, AForcedFailoverIsFollowedOnceTheOldMasterIsDemoted) {
         std::this_thread::sleep_for(20ms);
     }
     ASSERT_TRUE(after_demotion) << "the store did not reach the new master within 30 s";
-    idem_test::RedisServer& now = group().await_new_master(old_port);
+    idem::testing::RedisServer& now = group().await_new_master(old_port);
     ASSERT_NE(now.port(), old_port);
     // What the store wrote to the old master before the Sentinels demoted it is gone: that
     // window is Redis Sentinel's (the old master takes writes until it is told), printed here
@@ -155,7 +155,7 @@ struct Tally {
 /// mid-run the replicas fall behind (SIGSTOPped, their links to the master closed: a replication
 /// lag of 200 ms) and the master is SIGKILLed.
 Tally failover_run(int replicas_to_ack, long messages) {
-    auto& broker = idem_test::shared_redis();
+    auto& broker = idem::testing::shared_redis();
     broker.flushall();
     auto broker_client = broker.client();
     for (long i = 1; i <= messages; ++i) {
@@ -229,19 +229,20 @@ Tally failover_run(int replicas_to_ack, long messages) {
         std::this_thread::sleep_for(5ms);
 
     // The replicas fall behind (SIGSTOP), the master takes commits alone for 200 ms, then dies.
-    std::vector<idem_test::RedisServer*> replicas;
+    std::vector<idem::testing::RedisServer*> replicas;
     for (const auto& server : group().servers()) {
         if (server->running() && server->port() != group().master_port())
             replicas.push_back(server.get());
     }
     // Level with each other (stop_replicas_level): which one is promoted must not decide it.
-    const idem_test::RedisServer* master = nullptr;
+    const idem::testing::RedisServer* master = nullptr;
     for (const auto& server : group().servers()) {
         if (server->running() && server->port() == group().master_port()) master = server.get();
     }
     if (master == nullptr ||
-        !idem_test::stop_replicas_level(
-            *master, std::vector<const idem_test::RedisServer*>(replicas.begin(), replicas.end()),
+        !idem::testing::stop_replicas_level(
+            *master,
+            std::vector<const idem::testing::RedisServer*>(replicas.begin(), replicas.end()),
             10s)) {
         ADD_FAILURE() << "the replicas did not reach the master's offset";
         return {};
@@ -250,7 +251,7 @@ Tally failover_run(int replicas_to_ack, long messages) {
     const int old_port = group().kill_master();
     for (auto* r : replicas)
         r->resume();
-    idem_test::RedisServer& now = group().await_new_master(old_port);
+    idem::testing::RedisServer& now = group().await_new_master(old_port);
 
     // Drained: every entry delivered and none pending.
     idem::redis::Connection reader{broker_endpoint};

@@ -15,16 +15,16 @@
 #include <string>
 #include <vector>
 
-#include "support/process.hpp"
-#include "support/redis_server.hpp"
+#include "idem/testing/process.hpp"
+#include "idem/testing/redis_server.hpp"
 #include "support/require_redis.hpp"
 
 namespace {
 
-using idem_test::eventually;
-using idem_test::RedisClient;
-using idem_test::RedisServer;
-using idem_test::shared_redis;
+using idem::testing::eventually;
+using idem::testing::RedisClient;
+using idem::testing::RedisServer;
+using idem::testing::shared_redis;
 
 /// CONFIG GET name -> its value ("?" when the reply is not a name/value pair).
 std::string config(RedisClient& c, const std::string& name) {
@@ -78,7 +78,7 @@ TEST(RedisServer, WritesBeforeKill9AreThereAfterStartOnTheSamePort) {
 
     redis.kill9();
     EXPECT_FALSE(redis.running());
-    EXPECT_TRUE(idem_test::process_gone(first));
+    EXPECT_TRUE(idem::testing::process_gone(first));
     EXPECT_THROW(c.exec({"PING"}), std::runtime_error);
     EXPECT_FALSE(answers_ping(redis.host(), port));
 
@@ -141,7 +141,7 @@ TEST(RedisServer, DestructorStopsTheServerAndRemovesTheDataDir) {
         EXPECT_TRUE(std::filesystem::exists(dir / "appendonlydir")) << dir;
     }
     EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
-    EXPECT_TRUE(idem_test::process_gone(pid));
+    EXPECT_TRUE(idem::testing::process_gone(pid));
     EXPECT_FALSE(answers_ping("127.0.0.1", port));
 }
 
@@ -160,11 +160,11 @@ TEST(RedisServer, DestructorAfterKill9StillCleansUp) {
 // removes the data dir. The owner here is a fork()ed child of this test.
 TEST(RedisServer, WatchdogCleansUpWhenTheOwnerIsKilled) {
     IDEM_REQUIRE_REDIS();
-    const auto orphan = idem_test::orphan_server<RedisServer>();
+    const auto orphan = idem::testing::orphan_server<RedisServer>();
     ASSERT_TRUE(WIFSIGNALED(orphan.status) && WTERMSIG(orphan.status) == SIGKILL) << orphan.report;
     ASSERT_TRUE(orphan.reported) << orphan.report;
     EXPECT_TRUE(eventually([&] {
-        return idem_test::process_gone(orphan.pid) && !std::filesystem::exists(orphan.dir) &&
+        return idem::testing::process_gone(orphan.pid) && !std::filesystem::exists(orphan.dir) &&
                !answers_ping("127.0.0.1", orphan.port);
     })) << "redis-server "
         << orphan.pid << " or " << orphan.dir.string() << " survived its owner";
@@ -239,7 +239,7 @@ TEST(RedisServer, ClientRepliesNilsAndErrors) {
     EXPECT_EQ(c.str({"PING"}), "PONG");  // an error reply leaves the connection usable
 
     // Nothing listens on a just-probed port: connecting fails at once, with the address.
-    const int closed = idem_test::probe_free_port();
+    const int closed = idem::testing::probe_free_port();
     RedisClient nowhere{"127.0.0.1", closed, std::chrono::milliseconds(500)};
     try {
         nowhere.exec({"PING"});

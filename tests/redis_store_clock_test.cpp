@@ -72,7 +72,7 @@ TEST_F(RedisServerClockTest, ANewIdIsOneSetAndItsTimesAreTheServersWhenRead) {
         << *raw;
     auto found = a->find_claim("pay", "m-1");
     ASSERT_TRUE(found.has_value());
-    const std::int64_t claimed_at = idem::detail::to_unix_ms(found->claimed_at);
+    const std::int64_t claimed_at = idem::to_unix_ms(found->claimed_at);
     EXPECT_GE(claimed_at, before - 1);
     EXPECT_LE(claimed_at, after + 1);
     EXPECT_EQ(found->fingerprint, "fp-1");
@@ -83,7 +83,7 @@ TEST_F(RedisServerClockTest, ANewIdIsOneSetAndItsTimesAreTheServersWhenRead) {
     auto done = a->find_claim("pay", "m-1");
     ASSERT_TRUE(done.has_value());
     EXPECT_EQ(done->disposition, Disposition::processed);
-    EXPECT_EQ(idem::detail::to_unix_ms(done->claimed_at), claimed_at);  // the expiry was kept
+    EXPECT_EQ(idem::to_unix_ms(done->claimed_at), claimed_at);  // the expiry was kept
 
     // A duplicate is answered from what the SET returned: one round trip, no script.
     auto again = a->begin();
@@ -102,8 +102,7 @@ TEST_F(RedisServerClockTest, ALeaseTakenBySetIsLiveUntilItsServerTimeExpiryThenT
     auto a_tx = a->begin();
     a_tx.set_terms(idem::ClaimTerms{400ms, idem::days(1)});
     ASSERT_EQ(a_tx.claim("refund", "m-1").status, ClaimStatus::claimed);
-    const std::int64_t claimed_at =
-        idem::detail::to_unix_ms(a->find_claim("refund", "m-1")->claimed_at);
+    const std::int64_t claimed_at = idem::to_unix_ms(a->find_claim("refund", "m-1")->claimed_at);
     {
         auto b_tx = b->begin();
         b_tx.set_terms(idem::ClaimTerms{400ms, idem::days(1)});
@@ -121,7 +120,7 @@ TEST_F(RedisServerClockTest, ALeaseTakenBySetIsLiveUntilItsServerTimeExpiryThenT
     auto raw = client().str({"GET", claim_key("refund", "m-1")});
     ASSERT_TRUE(raw.has_value());
     EXPECT_EQ(raw->find('~'), std::string::npos) << *raw;
-    EXPECT_EQ(idem::detail::to_unix_ms(b->find_claim("refund", "m-1")->claimed_at), claimed_at);
+    EXPECT_EQ(idem::to_unix_ms(b->find_claim("refund", "m-1")->claimed_at), claimed_at);
     // A's completion is fenced off.
     a_tx.record_outcome("refund", "m-1", Disposition::processed, "");
     EXPECT_THROW(a_tx.commit(), idem::commit_failed);
@@ -311,9 +310,9 @@ TEST_F(RedisServerClockTest, ATakeoverRestartsTheRetentionAndKeepsTheFirstClaime
     // The record says its first claim was ten days ago (its expiry minus the retention, as the SET
     // claim stores it): the takeover keeps that, it does not restart claimed_at.
     const std::int64_t ten_days_ago = server_ms() - idem::days(10) / 1ms;
-    EXPECT_NEAR(static_cast<double>(idem::detail::to_unix_ms(claim->claimed_at)),
+    EXPECT_NEAR(static_cast<double>(idem::to_unix_ms(claim->claimed_at)),
                 static_cast<double>(ten_days_ago), 60'000.0);
-    EXPECT_EQ(record->claimed_at, idem::detail::to_unix_ms(claim->claimed_at));
+    EXPECT_EQ(record->claimed_at, idem::to_unix_ms(claim->claimed_at));
 }
 
 }  // namespace

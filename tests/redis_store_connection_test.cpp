@@ -97,9 +97,9 @@ class RedisRestartTest : public ::testing::Test {
   protected:
     void SetUp() override {
         IDEM_REQUIRE_REDIS();
-        server_ = std::make_unique<idem_test::RedisServer>();
+        server_ = std::make_unique<idem::testing::RedisServer>();
     }
-    std::unique_ptr<idem_test::RedisServer> server_;
+    std::unique_ptr<idem::testing::RedisServer> server_;
 };
 
 TEST_F(RedisRestartTest, AnUnreachableServerIsAFailureAndTheStoreReconnects) {
@@ -178,7 +178,7 @@ TEST_F(RedisRestartTest, KilledAndRestartedMidRunOfAThousandLosesNothingAndAppli
     EXPECT_TRUE(pending.empty()) << pending.size() << " messages never acked";
     EXPECT_GT(failed, 0) << "the kill happened after the run: it proved nothing";
 
-    idem_test::RedisClient check(server_->host(), server_->port());
+    idem::testing::RedisClient check(server_->host(), server_->port());
     EXPECT_EQ(check.integer({"SCARD", "orders"}), kMessages);
     EXPECT_EQ(check.integer({"HLEN", "applied"}), kMessages);
     for (int i = 0; i < kMessages; ++i) {
@@ -192,7 +192,7 @@ TEST_F(RedisRestartTest, KilledAndRestartedMidRunOfAThousandLosesNothingAndAppli
 
 TEST(RedisPersistenceTest, AServerWithoutAofIsRefusedUnlessTheRiskIsAccepted) {
     IDEM_REQUIRE_REDIS();
-    idem_test::RedisServer volatile_server{idem_test::RedisServer::no_aof};
+    idem::testing::RedisServer volatile_server{idem::testing::RedisServer::no_aof};
     const idem::RedisEndpoint endpoint = idem_test::redis_endpoint(volatile_server);
 
     // A server that answers: the store does not even construct.
@@ -225,7 +225,7 @@ TEST(RedisPersistenceTest, AServerWithoutAofIsRefusedUnlessTheRiskIsAccepted) {
     EXPECT_THROW((void)refusing.begin().claim("p", "m-1"), idem::usage_error);
     ASSERT_TRUE(refusing.persistence().has_value());
     EXPECT_FALSE(refusing.persistence()->aof_enabled);
-    idem_test::RedisClient raw = volatile_server.client();
+    idem::testing::RedisClient raw = volatile_server.client();
     EXPECT_EQ(*raw.integer({"DBSIZE"}), 0);  // nothing was claimed or written
 
     idem::RedisOptions accept;
@@ -243,12 +243,12 @@ TEST(RedisPersistenceTest, AServerWithoutAofIsRefusedUnlessTheRiskIsAccepted) {
 TEST(RedisPersistenceTest, AServerStillLoadingItsAofIsCheckedOnceItIsDone) {
     IDEM_REQUIRE_REDIS();
     // key-load-delay (µs per key loaded) makes the replay last long enough to be seen.
-    idem_test::RedisServer server{idem_test::RedisServer::Setup{
-        idem_test::RedisServer::aof_always, {"--key-load-delay", "200"}, {}}};
+    idem::testing::RedisServer server{idem::testing::RedisServer::Setup{
+        idem::testing::RedisServer::aof_always, {"--key-load-delay", "200"}, {}}};
     server.client().exec({"EVAL", "for i = 1, 5000 do redis.call('SET', 'k' .. i, i) end", "0"});
     server.kill9();
     std::thread restart([&] { server.start(); });  // returns once the replay is over
-    idem_test::RedisClient probe{server.host(), server.port(), 500ms};
+    idem::testing::RedisClient probe{server.host(), server.port(), 500ms};
     bool seen_loading = false;
     const auto deadline = std::chrono::steady_clock::now() + 20s;
     while (!seen_loading && std::chrono::steady_clock::now() < deadline) {

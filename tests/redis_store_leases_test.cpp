@@ -218,7 +218,7 @@ TEST_F(RedisStoreTest, TheHandlersLeaseIsTheOneStored) {
         store(), idem::Policy{"capture", options}, [&](auto& tx, const std::string&) {
             auto stored = env_->record(store().claim_key("capture", "m-1"));
             ASSERT_TRUE(stored.has_value());
-            EXPECT_EQ(stored->lease_until(), idem::detail::to_unix_ms(now() + 5s));
+            EXPECT_EQ(stored->lease_until(), idem::to_unix_ms(now() + 5s));
             tx.write("SET", "ran", "1");
         });
     ASSERT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("x")).disposition,

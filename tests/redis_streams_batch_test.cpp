@@ -110,7 +110,7 @@ class StreamBatchTest : public StreamConsumerTest {
 };
 
 TEST_F(StreamBatchTest, SqliteBatchIsOneHandleBatchAndTheConsumerAcksWithOneXack) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("idem.db")};
     store.execute("CREATE TABLE effects(order_id TEXT NOT NULL)");
     idem::PolicyOptions policy;

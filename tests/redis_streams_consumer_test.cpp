@@ -113,7 +113,7 @@ TEST_F(StreamConsumerTest, ThrowingHandlerIsFailedAndNeverEscapesTheLoop) {
 // 2 s, 4 s ... (less up to 20 %), so four deliveries cover about 14 s. Without it they came
 // every visibility timeout (200 ms), and the 4th was parked within a second.
 TEST_F(StreamConsumerTest, ADependencyRefusingForThreeSecondsDoesNotParkTheMessage) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("idem.db")};
     idem_test::RefusingDependency gateway{3s};
     auto handler = gateway.handler<StreamEntry>(store);
@@ -412,8 +412,8 @@ TEST_F(StreamConsumerTest, StopFinishesTheEntryInHandAndLeavesTheRestPending) {
 
 TEST(StreamConsumerRestart, NothingAckedWithoutAnOutcomeAndProcessingContinues) {
     IDEM_REQUIRE_REDIS();
-    idem_test::RedisServer server;  // its own: this test kills it
-    idem_test::RedisClient client = server.client();
+    idem::testing::RedisServer server;  // its own: this test kills it
+    idem::testing::RedisClient client = server.client();
     auto options = fast_options("orders");
 
     // poll_once(): the server dies while the handler works; the ack cannot be sent, so the entry

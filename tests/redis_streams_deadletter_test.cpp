@@ -29,7 +29,7 @@ TEST_F(StreamConsumerTest, ReclaimedEntryCarriesTheTrueDeliveryCount) {
 }
 
 TEST_F(StreamConsumerTest, PoisonReachesTheDeadLetterStreamAtMaxDeliveriesAndIsAcked) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("idem.db")};
     idem::PolicyOptions policy;
     policy.max_deliveries = 5;
@@ -276,7 +276,7 @@ TEST_F(StoreOutageTest, DoesNotDeadLetterHealthyMessagesInBatchMode) {
 }
 
 void StoreOutageTest::run_outage(bool in_batches) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     const std::string path = dir.file("idem.db");
     idem::SqliteOptions sqlite;
     sqlite.busy_timeout = 20ms;  // each attempt against the locked database fails fast
@@ -365,7 +365,7 @@ TEST_F(StreamConsumerTest, PlainHandlerThrowingStoreUnavailablePausesTheConsumer
 }
 
 TEST_F(StreamConsumerTest, DuplicateOfAParkedMessageStillReachesTheDeadLetterStream) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("idem.db")};
     idem::PolicyOptions policy;
     policy.max_deliveries = 2;

@@ -26,14 +26,15 @@
 #include <string>
 #include <thread>
 
+#include "idem/effects/overlap.hpp"
+#include "idem/handler.hpp"
 #include "idem/idem.hpp"
-#include "idem/overlap.hpp"
 #include "idem/store/postgres.hpp"
 #include "idem/store/sqlite.hpp"
+#include "idem/testing/postgres_server.hpp"
+#include "idem/testing/temp_dir.hpp"
 #include "support/forked_child.hpp"
-#include "support/postgres_server.hpp"
 #include "support/require_postgres.hpp"
-#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -58,7 +59,7 @@ struct SqliteForkEnv {
     static constexpr const char* blocked_claim = "failed";
     static constexpr const char* blocked_lock = "failed";
 
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     std::string path = dir.file("idem.db");
     sqlite3* raw = nullptr;
 
@@ -98,8 +99,8 @@ struct PostgresForkEnv {
     PGconn* raw = nullptr;
 
     PostgresForkEnv() {
-        if (!idem_test::PostgresServer::available()) return;
-        auto& server = idem_test::shared_postgres();
+        if (!idem::testing::PostgresServer::available()) return;
+        auto& server = idem::testing::shared_postgres();
         database = server.fresh_database();
         server.exec("CREATE TABLE effects(k TEXT NOT NULL)", database);
     }
@@ -109,7 +110,7 @@ struct PostgresForkEnv {
         if (raw != nullptr) PQfinish(raw);
         if (database.empty()) return;
         try {
-            idem_test::shared_postgres().exec(
+            idem::testing::shared_postgres().exec(
                 "DROP DATABASE IF EXISTS " + database + " WITH (FORCE)", "postgres");
         } catch (...) {  // a leftover database dies with the test server
         }
@@ -117,10 +118,11 @@ struct PostgresForkEnv {
     std::unique_ptr<Store> owned() {
         idem::PostgresOptions options;
         options.lock_timeout = 300ms;
-        return std::make_unique<Store>(idem_test::shared_postgres().conninfo(database), options);
+        return std::make_unique<Store>(idem::testing::shared_postgres().conninfo(database),
+                                       options);
     }
     std::unique_ptr<Store> borrowed() {
-        raw = idem_test::shared_postgres().connect(database);
+        raw = idem::testing::shared_postgres().connect(database);
         return std::make_unique<Store>(raw);
     }
     /// The server process of the store's session.

@@ -17,7 +17,7 @@
 #include "support/backends.hpp"
 #if IDEM_HAS_SQLITE
 #include "idem/store/sqlite.hpp"
-#include "support/temp_dir.hpp"
+#include "idem/testing/temp_dir.hpp"
 #endif
 
 // The enums and their to_string() live in their own namespace so the guard's reasons find the
@@ -790,7 +790,7 @@ TEST(GuardedHandler, CreationEventOnMemoryStore) {
 
 #if IDEM_HAS_SQLITE
 TEST(GuardedHandler, CreationEventOnSqliteStore) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     idem::SqliteStore store{dir.file("payments.db")};
     store.execute("CREATE TABLE payments(id INTEGER PRIMARY KEY, state TEXT NOT NULL)");
     auto effect = idem::guarded(

@@ -26,7 +26,7 @@
 #include "idem/store/sqlite.hpp"
 #include "idem/testing/crash.hpp"
 #include "idem/testing/process.hpp"
-#include "support/temp_dir.hpp"
+#include "idem/testing/temp_dir.hpp"
 
 namespace {
 
@@ -67,7 +67,7 @@ TEST(CrashKit, UnarmedCrashPointIsANoOp) {
 }
 
 TEST(CrashKit, ReachedWindowKillsTheChildThere) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     const std::string before = dir.file("before");
     const std::string after = dir.file("after");
     const auto result = kit::run_and_kill_at("my_window", [&] {
@@ -123,7 +123,7 @@ TEST(CrashKit, TheChildNeverReturnsIntoTheTest) {
 }
 
 TEST(CrashKit, NthHit) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     const std::string progress = dir.file("progress");
     auto loop = [&] {
         for (int i = 1; i <= 5; ++i) {
@@ -352,7 +352,7 @@ bool consume_one(const std::string& store_path, const std::string& gateway_path,
 
 class EveryWindow : public ::testing::TestWithParam<Window> {
   protected:
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     const std::string store_path = dir.file("worker.db");
     const std::string gateway_path = dir.file("gateway.db");
     const CapturePayment message{"8814", 1250};
@@ -408,7 +408,7 @@ INSTANTIATE_TEST_SUITE_P(Sqlite, EveryWindow, ::testing::ValuesIn(kit::all_windo
 // The negative control: the same run with a new gateway key per attempt charges twice, and the
 // kit shows it. A test that cannot fail proves nothing.
 TEST(CrashKitNegativeControl, KeyPerAttemptChargesTwiceAfterAKillAfterTheCall) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     const std::string store_path = dir.file("worker.db");
     const std::string gateway_path = dir.file("gateway.db");
     {

@@ -17,7 +17,7 @@ fi
 example=$1
 shift
 
-# Like the tests (tests/support/redis_server.hpp): IDEM_TEST_REDIS_SERVER names the binary, else
+# Like the tests (include/idem/testing/redis_server.hpp): IDEM_TEST_REDIS_SERVER names the binary, else
 # redis-server in PATH, /usr/bin, /usr/sbin or /usr/local/bin.
 server=""
 why=""

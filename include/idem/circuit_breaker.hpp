@@ -197,11 +197,11 @@ class CircuitBreaker {
 /// session, reconnected if it was lost). Throws while the store is unreachable.
 template <class Store>
 void probe_store(Store& store) {
-    if constexpr (detail::has_ping<Store>::value) {
+    if constexpr (has_ping<Store>::value) {
         store.ping();
     } else {
         auto tx = store.begin();
-        if constexpr (detail::has_rollback<decltype(tx)>::value) tx.rollback();
+        if constexpr (has_rollback<decltype(tx)>::value) tx.rollback();
     }
 }
 

@@ -53,7 +53,7 @@ IDEM_BEGIN_NAMESPACE
 /// (the consumer keeps a reference).
 template <class Store, class Effect>
 class IdempotentHandler {
-    static_assert(detail::check_store<Store>(), "idem: Store does not fit (see above)");
+    static_assert(check_store<Store>(), "idem: Store does not fit (see above)");
 
   public:
     using Transaction = typename detail::AttemptPipeline<Store, Effect>::Transaction;
@@ -159,7 +159,7 @@ class IdempotentHandler {
 
     /// @brief The lease this handler's claims are held for, on a lease store (Redis): the
     /// policy's, or the store's default.
-    template <class S = Store, class = std::enable_if_t<detail::has_default_lease<S>::value>>
+    template <class S = Store, class = std::enable_if_t<has_default_lease<S>::value>>
     [[nodiscard]] std::chrono::milliseconds effective_lease() const {
         return pipeline_.effective_lease();
     }

@@ -57,37 +57,31 @@ constexpr bool check_sender() {
 
 }  // namespace detail
 
-/// @brief Adds an outbox intent in the claim's transaction, so it commits (or rolls back) with
-/// the claim and the effect's rows.
+/// @brief Adds an outbox intent (destination, idempotency key, payload) in the claim's
+/// transaction, so it commits (or rolls back) with the claim and the effect's rows.
 /// @return true when added; false when an intent with this idempotency key already exists (a
 /// producer retry under a new message id: the intent is deduped at the source).
 /// @throws usage_error when the destination or the key is empty; store_error from the store.
 template <class Tx>
-bool enqueue(Tx& tx, const OutboxIntent& intent) {
-    constexpr bool fits = detail::has_add_outbox<Tx>::value;
+bool outbox(Tx& tx, std::string_view destination, std::string_view idempotency_key,
+            std::string_view payload) {
+    constexpr bool fits = has_add_outbox<Tx>::value;
     static_assert(fits,
                   "idem::outbox: this store's transaction has no add_outbox(const "
                   "idem::OutboxIntent&) returning bool; use a store with an outbox (MemoryStore, "
                   "SqliteStore, PostgresStore, MysqlStore)");
-    if (intent.destination.empty()) throw usage_error("idem::outbox: the destination is empty");
-    if (intent.idempotency_key.empty()) {
+    if (destination.empty()) throw usage_error("idem::outbox: the destination is empty");
+    if (idempotency_key.empty()) {
         throw usage_error(
             "idem::outbox: the idempotency key is empty; derive it from a stable business id "
             "(idem::key(\"wire\", payment_id)) or idem::child_id(message_id, step)");
     }
     if constexpr (fits) {
-        return static_cast<bool>(tx.add_outbox(intent));
+        return static_cast<bool>(tx.add_outbox(OutboxIntent{
+            std::string(destination), std::string(idempotency_key), std::string(payload)}));
     } else {
         return false;
     }
-}
-
-/// @brief enqueue() from its parts: `idem::outbox(tx, "rail", idem::key("wire", id), body)`.
-template <class Tx>
-bool outbox(Tx& tx, std::string_view destination, std::string_view idempotency_key,
-            std::string_view payload) {
-    return enqueue(tx, OutboxIntent{std::string(destination), std::string(idempotency_key),
-                                    std::string(payload)});
 }
 
 /// @brief How a Relay leases, retries and parks.
@@ -148,7 +142,7 @@ struct RelayCounters {
 /// object may be shared by threads when the store and the sender are thread-safe.
 template <class Store, class Sender>
 class Relay {
-    static_assert(detail::check_relay_store<Store>(), "idem::Relay: Store does not fit");
+    static_assert(check_relay_store<Store>(), "idem::Relay: Store does not fit");
     static_assert(detail::check_sender<Sender>(), "idem::Relay: Sender does not fit");
 
   public:

@@ -181,11 +181,6 @@ struct Outcome {
     return should_ack(outcome.disposition);
 }
 
-/// @brief See Outcome::store_unreachable().
-[[nodiscard]] constexpr bool store_unreachable(const Outcome& outcome) noexcept {
-    return outcome.store_unreachable();
-}
-
 /// @brief An Outcome for a failure, with its cause.
 [[nodiscard]] inline Outcome failed_outcome(std::string reason, FailureCause cause) {
     Outcome outcome{Disposition::failed, std::move(reason)};

@@ -86,7 +86,7 @@ class PipelinedLoop {
   public:
     using Transaction = typename Handler::Transaction;
     /// Whether the store sends a commit with the next claim (else handle() settles at once).
-    static constexpr bool pipelines = detail::has_commit_with_next_claim<Transaction>::value;
+    static constexpr bool pipelines = has_commit_with_next_claim<Transaction>::value;
 
     using Settled = idem::Settled<Tag>;
 

@@ -38,11 +38,11 @@
 #include "idem/store/postgres.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
-#include "support/mariadb_server.hpp"
-#include "support/postgres_server.hpp"
-#include "support/process.hpp"
-#include "support/redis_cluster.hpp"
-#include "support/redis_server.hpp"
+#include "idem/testing/mariadb_server.hpp"
+#include "idem/testing/postgres_server.hpp"
+#include "idem/testing/process.hpp"
+#include "idem/testing/redis_cluster.hpp"
+#include "idem/testing/redis_server.hpp"
 
 extern char** environ;
 
@@ -70,7 +70,7 @@ std::string self_executable() {
 
 /// The run's own directory (the SQLite file), removed at the end.
 struct RunDir {
-    std::filesystem::path path = idem_test::make_temp_dir("IDEM_CHAOS_TMPDIR", "idem-chaos-");
+    std::filesystem::path path = idem::testing::make_temp_dir("IDEM_CHAOS_TMPDIR", "idem-chaos-");
     RunDir() = default;
     RunDir(const RunDir&) = delete;
     RunDir& operator=(const RunDir&) = delete;
@@ -178,12 +178,12 @@ class Fleet {
         for (int slot = 0; slot < options_.workers; ++slot) {
             Worker& w = workers_[static_cast<std::size_t>(slot)];
             if (w.pid <= 0) continue;
-            auto status = idem_test::wait_for(w.pid, 10s);
+            auto status = idem::testing::wait_for(w.pid, 10s);
             if (!status) {
                 errors_.push_back(
                     fmt::format("worker {} (pid {}) did not stop within 10 s", slot, w.pid));
                 ::kill(w.pid, SIGKILL);
-                status = idem_test::wait_for(w.pid, 10s);
+                status = idem::testing::wait_for(w.pid, 10s);
                 w.pid = -1;
                 continue;
             }
@@ -215,7 +215,7 @@ class Fleet {
     void spawn(int slot) {
         if (errors_.size() > 20) return;  // something is badly wrong: do not spin
         Worker& w = workers_[static_cast<std::size_t>(slot)];
-        idem_test::Spawn s;
+        idem::testing::Spawn s;
         s.argv = {exe_};
         s.argv.insert(s.argv.end(), args_.begin(), args_.end());
         s.argv.insert(s.argv.end(),
@@ -223,7 +223,7 @@ class Fleet {
                        std::to_string(++w.incarnation), "--parent", std::to_string(::getpid())});
         s.env = env_;
         s.out_fd = STDERR_FILENO;  // a worker's messages (and sanitizer reports) go to our stderr
-        w.pid = idem_test::spawn(s);
+        w.pid = idem::testing::spawn(s);
         ++starts_;
     }
 
@@ -272,9 +272,9 @@ CapturesByOrder sqlite_captures(idem::SqliteStore& store) {
     return out;
 }
 
-CapturesByOrder postgres_captures(const idem_test::PostgresServer& server) {
+CapturesByOrder postgres_captures(const idem::testing::PostgresServer& server) {
     CapturesByOrder out;
-    idem_test::PgConnection conn{server.connect()};
+    idem::testing::PgConnection conn{server.connect()};
     std::unique_ptr<PGresult, decltype(&PQclear)> result{
         PQexec(conn.get(), "SELECT order_id, gateway_reference FROM captures"), &PQclear};
     if (PQresultStatus(result.get()) != PGRES_TUPLES_OK) {
@@ -287,7 +287,7 @@ CapturesByOrder postgres_captures(const idem_test::PostgresServer& server) {
     return out;
 }
 
-CapturesByOrder mysql_captures(idem_test::MariadbServer& server) {
+CapturesByOrder mysql_captures(idem::testing::MariadbServer& server) {
     CapturesByOrder out;
     for (const auto& row :
          server.client().query("SELECT order_id, gateway_reference FROM captures"))
@@ -296,7 +296,7 @@ CapturesByOrder mysql_captures(idem_test::MariadbServer& server) {
 }
 
 /// --store redis-cluster: every "chaos:captures:<order>{<claim tag>}" list on every live master.
-CapturesByOrder redis_cluster_captures(idem_test::RedisCluster& cluster) {
+CapturesByOrder redis_cluster_captures(idem::testing::RedisCluster& cluster) {
     CapturesByOrder out;
     for (std::size_t node = 0; node < cluster.size(); ++node) {
         if (!cluster.server(node).running() || !cluster.is_master(node)) continue;
@@ -374,7 +374,7 @@ std::vector<std::string> worker_args(const Options& o, int redis_port, const std
 }
 
 int missing_server(const char* what, const std::string& why) {
-    if (idem_test::running_in_ci()) {
+    if (idem::testing::running_in_ci()) {
         std::printf("idem_chaos: %s is required in CI (CI=true): %s\n", what, why.c_str());
         return exit_harness;
     }
@@ -387,14 +387,14 @@ int missing_server(const char* what, const std::string& why) {
 
 int run_driver(const Options& o) {
     std::string why;
-    if (!idem_test::RedisServer::available(&why)) return missing_server("redis-server", why);
-    if (o.store == StoreKind::postgres && !idem_test::PostgresServer::available(&why)) {
+    if (!idem::testing::RedisServer::available(&why)) return missing_server("redis-server", why);
+    if (o.store == StoreKind::postgres && !idem::testing::PostgresServer::available(&why)) {
         return missing_server("PostgreSQL", why);
     }
-    if (o.store == StoreKind::mysql && !idem_test::MariadbServer::available(&why)) {
+    if (o.store == StoreKind::mysql && !idem::testing::MariadbServer::available(&why)) {
         return missing_server("MariaDB", why);
     }
-    if (o.store == StoreKind::redis_cluster && !idem_test::RedisCluster::available(&why)) {
+    if (o.store == StoreKind::redis_cluster && !idem::testing::RedisCluster::available(&why)) {
         return missing_server("Redis Cluster (redis-server, redis-cli)", why);
     }
     struct sigaction action {};
@@ -411,15 +411,16 @@ int run_driver(const Options& o) {
 
     // --- servers and stores --------------------------------------------------------------------
     say("starting redis-server");
-    idem_test::RedisServer redis_server;
+    idem::testing::RedisServer redis_server;
     idem::RedisEndpoint endpoint;
     endpoint.host = redis_server.host();
     endpoint.port = redis_server.port();
     idem::redis::Connection redis{endpoint};
 
-    std::optional<idem_test::PostgresServer> pg;
-    std::optional<idem_test::MariadbServer> maria;
-    std::optional<idem_test::RedisCluster> cluster;  // the store; the stream and gateway stay out
+    std::optional<idem::testing::PostgresServer> pg;
+    std::optional<idem::testing::MariadbServer> maria;
+    std::optional<idem::testing::RedisCluster>
+        cluster;  // the store; the stream and gateway stay out
     RunDir run_dir;
     std::string db;
     switch (o.store) {

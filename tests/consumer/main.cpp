@@ -38,17 +38,17 @@ int main() {
     // The postgres, redis and mysql components link and their stores fit (no server is needed to
     // check that).
 #if IDEM_CONSUMER_HAS_POSTGRES
-    static_assert(idem::detail::is_store_v<idem::PostgresStore>, "PostgresStore must fit");
+    static_assert(idem::is_store_v<idem::PostgresStore>, "PostgresStore must fit");
 #endif
 #if IDEM_CONSUMER_HAS_REDIS
-    static_assert(idem::detail::is_store_v<idem::RedisStore>, "RedisStore must fit");
+    static_assert(idem::is_store_v<idem::RedisStore>, "RedisStore must fit");
     if (!idem_consumer_redis_testing_kit_links()) {
         std::printf("idem-consumer FAILED: idem::testing::RedisServer\n");
         return 1;
     }
 #endif
 #if IDEM_CONSUMER_HAS_MYSQL
-    static_assert(idem::detail::is_store_v<idem::MysqlStore>, "MysqlStore must fit");
+    static_assert(idem::is_store_v<idem::MysqlStore>, "MysqlStore must fit");
     if (mysql_get_client_version() == 0) return 1;  // libmariadb links
 #endif
 #if IDEM_CONSUMER_HAS_NATS

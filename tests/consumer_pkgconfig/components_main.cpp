@@ -8,8 +8,8 @@
 #include <idem/store/redis.hpp>
 
 int main() {
-    static_assert(idem::detail::is_store_v<idem::PostgresStore>, "PostgresStore must fit");
-    static_assert(idem::detail::is_store_v<idem::RedisStore>, "RedisStore must fit");
+    static_assert(idem::is_store_v<idem::PostgresStore>, "PostgresStore must fit");
+    static_assert(idem::is_store_v<idem::RedisStore>, "RedisStore must fit");
     const int libpq = PQlibVersion();
     redisReader* reader = redisReaderCreate();
     const bool hiredis = reader != nullptr;

@@ -24,7 +24,7 @@
 #include "idem/blob.hpp"
 #include "idem/error.hpp"
 #include "idem/store/mysql.hpp"
-#include "mariadb_server.hpp"
+#include "idem/testing/mariadb_server.hpp"
 #include "store_envs.hpp"
 
 namespace idem_test {
@@ -33,12 +33,12 @@ namespace idem_test {
 inline std::string fresh_mariadb_database() {
     static std::atomic<int> next{0};
     const std::string name = "idem_" + std::to_string(::getpid()) + "_" + std::to_string(++next);
-    shared_mariadb().client("").exec("CREATE DATABASE " + name);
+    idem::testing::shared_mariadb().client("").exec("CREATE DATABASE " + name);
     return name;
 }
 
 inline idem::MysqlEndpoint mariadb_endpoint(const std::string& database) {
-    auto& server = shared_mariadb();
+    auto& server = idem::testing::shared_mariadb();
     idem::MysqlEndpoint endpoint;
     endpoint.host = server.host();
     endpoint.port = static_cast<unsigned>(server.port());
@@ -52,14 +52,17 @@ struct BasicMysqlEnv {
     using Store = idem::MysqlStore;
     static constexpr const char* name = Traits::name;
 
+    /// The conformance suite skips (or, in CI, fails) without the server.
+    static bool available(std::string* why) { return idem::testing::MariadbServer::available(why); }
+
     std::string database;
     time_point now = test_epoch();
     std::unique_ptr<Store> store;
 
     BasicMysqlEnv() {
-        if (!MariadbServer::available()) return;
+        if (!idem::testing::MariadbServer::available()) return;
         database = fresh_mariadb_database();
-        shared_mariadb().client(database).exec(
+        idem::testing::shared_mariadb().client(database).exec(
             "CREATE TABLE effects(k BLOB NOT NULL) ENGINE=InnoDB;"
             "CREATE TABLE deadlock_rows(id INT PRIMARY KEY) ENGINE=InnoDB;"
             "INSERT INTO deadlock_rows VALUES (1), (2);"
@@ -75,7 +78,7 @@ struct BasicMysqlEnv {
         store.reset();
         if (database.empty()) return;
         try {
-            shared_mariadb().client("").exec("DROP DATABASE IF EXISTS " + database);
+            idem::testing::shared_mariadb().client("").exec("DROP DATABASE IF EXISTS " + database);
         } catch (...) {  // a leftover database dies with the test server
         }
     }
@@ -88,7 +91,7 @@ struct BasicMysqlEnv {
     /// A deadlock the server resolves by rolling the effect's transaction back (see above).
     template <class Tx>
     void make_commit_fail(Tx& tx) {
-        MariadbClient heavy = shared_mariadb().client(database);
+        idem::testing::MariadbClient heavy = idem::testing::shared_mariadb().client(database);
         heavy.exec(
             "START TRANSACTION; INSERT INTO ballast SELECT seq FROM seq_1_to_500; "
             "SELECT id FROM deadlock_rows WHERE id = 1 FOR UPDATE");
@@ -99,7 +102,7 @@ struct BasicMysqlEnv {
             } catch (...) {
             }
         });
-        MariadbClient watch = shared_mariadb().client(database);
+        idem::testing::MariadbClient watch = idem::testing::shared_mariadb().client(database);
         for (int i = 0; i < 500; ++i) {
             if (watch.value("SELECT COUNT(*) FROM information_schema.innodb_trx "
                             "WHERE trx_state = 'LOCK WAIT'") != std::optional<std::string>("0")) {

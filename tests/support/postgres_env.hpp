@@ -15,7 +15,7 @@
 
 #include "idem/blob.hpp"
 #include "idem/store/postgres.hpp"
-#include "postgres_server.hpp"
+#include "idem/testing/postgres_server.hpp"
 #include "store_envs.hpp"
 
 namespace idem_test {
@@ -25,13 +25,18 @@ struct PostgresEnv {
     static constexpr const char* name = "postgres";
     static constexpr bool needs_postgres = true;
 
+    /// The conformance suite skips (or, in CI, fails) without the server.
+    static bool available(std::string* why) {
+        return idem::testing::PostgresServer::available(why);
+    }
+
     std::string database;
     time_point now = test_epoch();
     std::unique_ptr<Store> store;
 
     PostgresEnv() {
-        if (!PostgresServer::available()) return;
-        auto& server = shared_postgres();
+        if (!idem::testing::PostgresServer::available()) return;
+        auto& server = idem::testing::shared_postgres();
         database = server.fresh_database();
         server.exec(
             "CREATE TABLE effects(k BYTEA NOT NULL);"
@@ -49,8 +54,8 @@ struct PostgresEnv {
         store.reset();  // closes its connection before the database goes
         if (database.empty()) return;
         try {
-            shared_postgres().exec("DROP DATABASE IF EXISTS " + database + " WITH (FORCE)",
-                                   "postgres");
+            idem::testing::shared_postgres().exec(
+                "DROP DATABASE IF EXISTS " + database + " WITH (FORCE)", "postgres");
         } catch (...) {  // a leftover database dies with the test server
         }
     }

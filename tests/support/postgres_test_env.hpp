@@ -1,6 +1,6 @@
 #pragma once
 // Shared by the postgres_*_test files: PostgresStoreTest, a fresh database per test on the
-// process's shared PostgreSQL server (support/postgres_server.hpp), the store on a clock the
+// process's shared PostgreSQL server (idem/testing/postgres_server.hpp), the store on a clock the
 // test moves, and an effects table written through the claim's transaction.
 
 #include <gtest/gtest.h>
@@ -20,7 +20,7 @@
 
 #include "idem/idem.hpp"
 #include "idem/store/postgres.hpp"
-#include "postgres_server.hpp"
+#include "idem/testing/postgres_server.hpp"
 #include "require_postgres.hpp"
 
 namespace idem_test::postgres_store {
@@ -29,7 +29,7 @@ using idem::ClaimStatus;
 using idem::Delivery;
 using idem::Disposition;
 using idem::PostgresStore;
-using idem_test::PgConnection;
+using idem::testing::PgConnection;
 using namespace std::chrono_literals;
 
 using time_point = std::chrono::system_clock::time_point;
@@ -38,7 +38,7 @@ class PostgresStoreTest : public ::testing::Test {
   protected:
     void SetUp() override {
         IDEM_REQUIRE_POSTGRES();
-        server_ = &idem_test::shared_postgres();
+        server_ = &idem::testing::shared_postgres();
         database_ = server_->fresh_database();
         exec(
             "CREATE TABLE effects(message_id BYTEA NOT NULL);"
@@ -92,7 +92,7 @@ class PostgresStoreTest : public ::testing::Test {
         exec("SELECT pg_terminate_backend(" + std::to_string(pid) + ", 10000)");
     }
 
-    idem_test::PostgresServer* server_ = nullptr;
+    idem::testing::PostgresServer* server_ = nullptr;
     std::string database_;
     std::atomic<long long> now_ms_{1'700'000'000'000LL};
 };

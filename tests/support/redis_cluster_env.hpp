@@ -16,7 +16,7 @@
 
 #include "idem/redis/cluster.hpp"
 #include "idem/store/redis.hpp"
-#include "redis_cluster.hpp"
+#include "idem/testing/redis_cluster.hpp"
 #include "store_envs.hpp"
 
 namespace idem_test {
@@ -26,13 +26,16 @@ struct RedisClusterEnv {
     static constexpr const char* name = "redis_cluster";
     static constexpr const char* effects_key = "conformance:effects";
 
+    /// The conformance suite skips (or, in CI, fails) without the server.
+    static bool available(std::string* why) { return idem::testing::RedisCluster::available(why); }
+
     time_point now = test_epoch();
     std::unique_ptr<Store> store;
-    RedisCluster* cluster = nullptr;
+    idem::testing::RedisCluster* cluster = nullptr;
 
     RedisClusterEnv() {
-        if (!RedisCluster::available()) return;
-        cluster = &shared_redis_cluster();
+        if (!idem::testing::RedisCluster::available()) return;
+        cluster = &idem::testing::shared_redis_cluster();
         cluster->flushall();
         idem::RedisOptions options;
         options.clock = [this] { return now; };
@@ -52,7 +55,7 @@ struct RedisClusterEnv {
     void make_commit_fail(Tx&) {
         for (std::size_t i = 0; i < cluster->size(); ++i) {
             if (!cluster->is_master(i)) continue;
-            RedisClient c = cluster->client(i);
+            idem::testing::RedisClient c = cluster->client(i);
             for (const auto& key : c.array({"KEYS", store->options().key_prefix + "c{*"})) {
                 if (!key) continue;
                 auto value = c.str({"GET", *key});
@@ -74,7 +77,7 @@ struct RedisClusterEnv {
 
   private:
     /// A client on the master of the effects key's slot.
-    RedisClient effects() {
+    idem::testing::RedisClient effects() {
         return cluster->client(cluster->master_index_of(idem::redis::hash_slot(effects_key)));
     }
 };

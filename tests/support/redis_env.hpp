@@ -14,12 +14,12 @@
 #include <string>
 
 #include "idem/store/redis.hpp"
-#include "redis_server.hpp"
+#include "idem/testing/redis_server.hpp"
 #include "store_envs.hpp"
 
 namespace idem_test {
 
-inline idem::RedisEndpoint redis_endpoint(const RedisServer& server) {
+inline idem::RedisEndpoint redis_endpoint(const idem::testing::RedisServer& server) {
     idem::RedisEndpoint endpoint;
     endpoint.host = server.host();
     endpoint.port = server.port();
@@ -31,18 +31,21 @@ struct RedisEnv {
     static constexpr const char* name = "redis";
     static constexpr const char* effects_key = "conformance:effects";
 
+    /// The conformance suite skips (or, in CI, fails) without the server.
+    static bool available(std::string* why) { return idem::testing::RedisServer::available(why); }
+
     time_point now = test_epoch();
     std::unique_ptr<Store> store;
-    std::unique_ptr<RedisClient> client;
+    std::unique_ptr<idem::testing::RedisClient> client;
 
     RedisEnv() {
-        if (!RedisServer::available()) return;
-        auto& server = shared_redis();
+        if (!idem::testing::RedisServer::available()) return;
+        auto& server = idem::testing::shared_redis();
         server.flushall();
         idem::RedisOptions options;
         options.clock = [this] { return now; };
         store = std::make_unique<Store>(redis_endpoint(server), options);
-        client = std::make_unique<RedisClient>(server.host(), server.port());
+        client = std::make_unique<idem::testing::RedisClient>(server.host(), server.port());
     }
 
     template <class Tx>

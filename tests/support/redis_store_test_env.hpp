@@ -18,8 +18,8 @@
 
 #include "idem/idem.hpp"
 #include "idem/store/redis.hpp"
+#include "idem/testing/redis_server.hpp"
 #include "redis_env.hpp"
-#include "redis_server.hpp"
 #include "refusing_proxy.hpp"
 #include "require_redis.hpp"
 
@@ -37,7 +37,7 @@ class RedisStoreTest : public ::testing::Test {
         env_ = std::make_unique<idem_test::RedisEnv>();
     }
     idem::RedisStore& store() { return *env_->store; }
-    idem_test::RedisClient& client() { return *env_->client; }
+    idem::testing::RedisClient& client() { return *env_->client; }
     idem_test::time_point& now() { return env_->now; }
     /// A second store on the same server and clock: another worker process.
     std::unique_ptr<idem::RedisStore> other_worker() {

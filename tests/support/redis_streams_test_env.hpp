@@ -1,6 +1,6 @@
 #pragma once
 // Shared by the redis_streams_*_test files: StreamConsumerTest on the process's shared
-// redis-server (support/redis_server.hpp), fast consumer options, deadline-bounded waits and
+// redis-server (idem/testing/redis_server.hpp), fast consumer options, deadline-bounded waits and
 // dead-letter helpers. Short visibility timeouts keep reclaiming fast; waits poll for a
 // condition under a deadline instead of sleeping a fixed time.
 
@@ -26,10 +26,10 @@
 #include "idem/store/memory.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
+#include "idem/testing/redis_server.hpp"
+#include "idem/testing/temp_dir.hpp"
 #include "polling.hpp"
-#include "redis_server.hpp"
 #include "require_redis.hpp"
-#include "temp_dir.hpp"
 
 namespace idem_test::redis_streams {
 
@@ -45,7 +45,7 @@ using Clock = std::chrono::steady_clock;
 
 inline constexpr auto deadline_limit = 15s;  // generous: a loaded 2-core CI machine
 
-inline idem::RedisEndpoint endpoint_of(const idem_test::RedisServer& server) {
+inline idem::RedisEndpoint endpoint_of(const idem::testing::RedisServer& server) {
     idem::RedisEndpoint endpoint;
     endpoint.host = server.host();
     endpoint.port = server.port();
@@ -116,7 +116,7 @@ class StreamConsumerTest : public ::testing::Test {
   protected:
     void SetUp() override {
         IDEM_REQUIRE_REDIS();
-        server_ = &idem_test::shared_redis();
+        server_ = &idem::testing::shared_redis();
         server_->flushall();
         client_.emplace(server_->host(), server_->port());
     }
@@ -196,8 +196,8 @@ class StreamConsumerTest : public ::testing::Test {
         return std::stoll(info.substr(at + key.size()));
     }
 
-    idem_test::RedisServer* server_ = nullptr;
-    std::optional<idem_test::RedisClient> client_;
+    idem::testing::RedisServer* server_ = nullptr;
+    std::optional<idem::testing::RedisClient> client_;
 };
 
 }  // namespace idem_test::redis_streams

@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "process.hpp"
+#include "idem/testing/process.hpp"
 
 namespace idem_test {
 
@@ -44,7 +44,7 @@ class RefusingProxy {
           error_("-" + std::move(error) + "\r\n") {
         listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (listener_ < 0) throw std::runtime_error("RefusingProxy: socket");
-        port_ = bind_loopback(listener_);
+        port_ = idem::testing::bind_loopback(listener_);
         if (::listen(listener_, 16) != 0) {
             ::close(listener_);
             throw std::runtime_error("RefusingProxy: listen");

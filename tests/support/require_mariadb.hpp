@@ -3,7 +3,7 @@
 // returning void). Without mariadb-install-db and mariadbd it skips the test with the reason,
 // except in CI (environment CI=true or CI=1), where a missing server is a failure, never a skip.
 
-#include "mariadb_server.hpp"
+#include "idem/testing/mariadb_server.hpp"
 #include "require_server.hpp"
 
-#define IDEM_REQUIRE_MARIADB() IDEM_REQUIRE_SERVER(::idem_test::MariadbServer, "MariaDB")
+#define IDEM_REQUIRE_MARIADB() IDEM_REQUIRE_SERVER(idem::testing::MariadbServer, "MariaDB")

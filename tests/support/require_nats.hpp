@@ -3,7 +3,7 @@
 // returning void). Without a nats-server binary it skips the test with the reason, except in CI
 // (environment CI=true or CI=1), where a missing server is a failure, never a skip.
 
-#include "nats_server.hpp"
+#include "idem/testing/nats_server.hpp"
 #include "require_server.hpp"
 
-#define IDEM_REQUIRE_NATS() IDEM_REQUIRE_SERVER(::idem_test::NatsServer, "NATS")
+#define IDEM_REQUIRE_NATS() IDEM_REQUIRE_SERVER(idem::testing::NatsServer, "NATS")

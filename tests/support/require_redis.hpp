@@ -3,7 +3,7 @@
 // returning void). Without a redis-server binary it skips the test with the reason, except in CI
 // (environment CI=true or CI=1), where a missing server is a failure, never a skip.
 
-#include "redis_server.hpp"
+#include "idem/testing/redis_server.hpp"
 #include "require_server.hpp"
 
-#define IDEM_REQUIRE_REDIS() IDEM_REQUIRE_SERVER(::idem_test::RedisServer, "Redis")
+#define IDEM_REQUIRE_REDIS() IDEM_REQUIRE_SERVER(idem::testing::RedisServer, "Redis")

@@ -3,8 +3,8 @@
 // Without redis-server and redis-cli it skips the test with the reason, except in CI (CI=true or
 // CI=1), where a missing binary is a failure, never a skip.
 
-#include "redis_cluster.hpp"
+#include "idem/testing/redis_cluster.hpp"
 #include "require_server.hpp"
 
 #define IDEM_REQUIRE_REDIS_CLUSTER() \
-    IDEM_REQUIRE_SERVER(::idem_test::RedisCluster, "Redis Cluster (redis-server, redis-cli)")
+    IDEM_REQUIRE_SERVER(idem::testing::RedisCluster, "Redis Cluster (redis-server, redis-cli)")

@@ -9,13 +9,13 @@
 
 #include <string>
 
-#include "process.hpp"  // running_in_ci()
+#include "idem/testing/process.hpp"  // running_in_ci()
 
 #define IDEM_REQUIRE_SERVER(Server, name)                                                          \
     do {                                                                                           \
         std::string idem_require_server_why_;                                                      \
         if (!Server::available(&idem_require_server_why_)) {                                       \
-            if (::idem_test::running_in_ci()) {                                                    \
+            if (idem::testing::running_in_ci()) {                                                  \
                 GTEST_FAIL() << name " is required in CI (CI=true): " << idem_require_server_why_; \
             }                                                                                      \
             GTEST_SKIP() << name " not available (set CI=true to make this a failure): "           \

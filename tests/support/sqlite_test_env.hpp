@@ -30,7 +30,7 @@ using idem::SqliteOptions;
 using idem::SqliteStore;
 using time_point = std::chrono::system_clock::time_point;
 
-static_assert(idem::detail::is_store_v<SqliteStore>);
+static_assert(idem::is_store_v<SqliteStore>);
 static_assert(!std::is_copy_constructible_v<SqliteStore::Transaction>);
 static_assert(std::is_nothrow_move_constructible_v<SqliteStore::Transaction>);
 #if IDEM_HAS_CONCEPTS

@@ -1,7 +1,8 @@
 #pragma once
-// One environment per store for the typed conformance suite: how to build the store on a
-// controllable clock, how an effect writes a row through the claim's transaction, how to count
-// committed rows, and how to make the next commit really fail.
+// One environment per store for the typed conformance suite (idem/testing/conformance.hpp says
+// what an environment provides): how to build the store on a controllable clock, how an effect
+// writes a row through the claim's transaction, how to count committed rows, and how to make the
+// next commit really fail.
 
 #include "backends.hpp"
 
@@ -17,7 +18,7 @@
 #include <type_traits>
 
 #include "idem/store/memory.hpp"
-#include "temp_dir.hpp"
+#include "idem/testing/temp_dir.hpp"
 #if IDEM_HAS_SQLITE
 #include "idem/store/sqlite.hpp"
 #endif
@@ -29,16 +30,6 @@ using time_point = std::chrono::system_clock::time_point;
 inline time_point test_epoch() {
     return time_point{} + std::chrono::hours(24 * 365 * 50);
 }
-
-/// Whether an environment declares its effects local (idem::local_effect): `static constexpr
-/// bool local_effects = true;` (RedisLocalEnv). The conformance suite then wraps every effect.
-template <class Env, class = void>
-struct local_effects : std::false_type {};
-template <class Env>
-struct local_effects<Env, std::void_t<decltype(Env::local_effects)>>
-    : std::bool_constant<Env::local_effects> {};
-template <class Env>
-inline constexpr bool local_effects_v = local_effects<Env>::value;
 
 struct MemoryEnv {
     using Store = idem::MemoryStore;
@@ -94,7 +85,7 @@ struct SqliteEnv {
     using Store = idem::SqliteStore;
     static constexpr const char* name = "sqlite";
 
-    TempDir dir;
+    idem::testing::TempDir dir;
     time_point now = test_epoch();
     std::unique_ptr<Store> store;
 

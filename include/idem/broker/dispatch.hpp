@@ -211,7 +211,7 @@ template <class Store, class Effect>
 void check_lease_fits(IdempotentHandler<Store, Effect>& handler,
                       std::chrono::milliseconds redelivery_timeout, std::string_view timeout_name,
                       std::string_view who) {
-    if constexpr (detail::has_default_lease<Store>::value) {
+    if constexpr (has_default_lease<Store>::value) {
         const std::chrono::milliseconds lease = handler.effective_lease();
         if (lease > redelivery_timeout) {
             throw usage_error(fmt::format(

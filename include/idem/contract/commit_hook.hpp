@@ -60,8 +60,6 @@ struct CommitHook {
     }
 };
 
-namespace detail {
-
 /// A transaction that can do (some) commit hooks: `bool attach(CommitHook&)`.
 template <class, class = void>
 struct has_attach : std::false_type {};
@@ -80,14 +78,12 @@ struct has_accepts_commit_hook<
            bool{std::declval<const S&>().accepts_commit_hook(std::declval<const CommitHook&>())})>>
     : std::true_type {};
 
-}  // namespace detail
-
 /// @brief Whether @p store's transactions would do @p hook in their commit (a broker asks once,
 /// e.g. to report it, or to know that a dead letter parked by such a commit is already on its
 /// dead-letter stream). False for a store without the capability.
 template <class Store>
 [[nodiscard]] bool accepts_commit_hook(const Store& store, const CommitHook& hook) {
-    if constexpr (detail::has_accepts_commit_hook<Store>::value) {
+    if constexpr (has_accepts_commit_hook<Store>::value) {
         return store.accepts_commit_hook(hook);
     } else {
         return false;
@@ -98,7 +94,7 @@ template <class Store>
 /// transaction will do it in its commit, false (and nothing happens) when it cannot.
 template <class Tx>
 bool attach_commit_hook(Tx& tx, CommitHook& hook) {
-    if constexpr (detail::has_attach<Tx>::value) {
+    if constexpr (has_attach<Tx>::value) {
         return tx.attach(hook);
     } else {
         return false;

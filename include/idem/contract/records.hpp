@@ -1,16 +1,14 @@
 #pragma once
 /// @file
 /// @brief The values a store exchanges with the handler and its users (ClaimResult,
-/// ClaimStatus, ClaimTerms, ClaimRecord, DeadLetter, the outbox records, PurgeResult), and what
-/// the stores share to build them: the time helpers (to_unix_ms / from_unix_ms). The SQL
-/// stores' decoding of a stored outcome is sql/stored_outcome.hpp. The capabilities a store
-/// offers are in contract/store.hpp.
+/// ClaimStatus, ClaimTerms, ClaimRecord, DeadLetter, the outbox records, PurgeResult). The
+/// clock and the time helpers a store stamps them with are in contract/time.hpp; the
+/// capabilities a store offers are in contract/store.hpp.
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,13 +17,11 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/contract/time.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 
 IDEM_BEGIN_NAMESPACE
-
-/// @brief The time source a store stamps claims with; replaceable in tests of retention.
-using Clock = std::function<std::chrono::system_clock::time_point()>;
 
 /// @brief Answer of Transaction::claim().
 enum class ClaimStatus {
@@ -157,20 +153,5 @@ struct DeadLetter {
     std::string payload;
     std::chrono::system_clock::time_point created_at{};
 };
-
-namespace detail {
-
-/// Milliseconds since the Unix epoch: how every store keeps its times.
-inline std::int64_t to_unix_ms(std::chrono::system_clock::time_point tp) noexcept {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(tp.time_since_epoch()).count();
-}
-
-inline std::chrono::system_clock::time_point from_unix_ms(std::int64_t ms) noexcept {
-    return std::chrono::system_clock::time_point(
-        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-            std::chrono::milliseconds(ms)));
-}
-
-}  // namespace detail
 
 IDEM_END_NAMESPACE

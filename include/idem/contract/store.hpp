@@ -37,6 +37,8 @@
 /// @endcode
 /// The checks: check_store() (the handler's), check_relay_store() (the Relay's), each a
 /// static_assert per missing capability; is_store_v and, in C++20, the IdempotencyStore concept.
+/// All of it is public, in namespace idem, for store authors: a store of your own uses the same
+/// traits the handler does, and idem/testing/conformance.hpp runs the suite ours pass.
 ///
 /// Maintenance and inspection, offered by every idem store and not checked:
 /// @code
@@ -66,8 +68,6 @@
 #include "idem/outcome.hpp"
 
 IDEM_BEGIN_NAMESPACE
-
-namespace detail {
 
 // ---- required: the handler's store ----
 
@@ -282,12 +282,10 @@ constexpr bool check_relay_store() {
     return true;
 }
 
-}  // namespace detail
-
 #if IDEM_HAS_CONCEPTS
 /// @brief C++20 concept for a store usable by IdempotentHandler.
 template <class S>
-concept IdempotencyStore = detail::is_store_v<S>;
+concept IdempotencyStore = is_store_v<S>;
 #endif
 
 IDEM_END_NAMESPACE

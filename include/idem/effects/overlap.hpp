@@ -46,7 +46,7 @@ class WithoutOverlapping {
 
     template <class Tx, class Body>
     EffectResult operator()(Tx& tx, const Body& body, const Delivery& delivery) {
-        static_assert(detail::has_try_lock<Tx>::value,
+        static_assert(has_try_lock<Tx>::value,
                       "idem::without_overlapping: this store's transaction has no "
                       "try_lock(key, expire_after)");
         static_assert(detail::check_effect<Effect, Tx, Body>(), "idem: effect does not fit");

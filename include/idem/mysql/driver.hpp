@@ -29,6 +29,7 @@
 
 #include "idem/blob.hpp"
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/error.hpp"
 #include "idem/mysql/options.hpp"
 #include "idem/outcome.hpp"
@@ -39,7 +40,6 @@
 #include "idem/sql/statements.hpp"
 #include "idem/sql/store.hpp"
 #include "idem/sql/stored_outcome.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace mysql {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "idem/config.hpp"
-#include "idem/store.hpp"
+#include "idem/contract/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 

@@ -1,413 +1,555 @@
 #pragma once
 /// @file
-/// @brief The libpq layer of idem's PostgreSQL driver (namespace idem::postgres): the values a
-/// pipeline sends (Command, Statement, the binding of parameters as text or binary BYTEA), the
-/// reading of results, the classification of SQLSTATEs into idem's exceptions, and libpq's own
-/// notice hooks. With postgres/session.hpp (the session: postgres::Connection),
-/// postgres/driver.hpp and idem/store/postgres.hpp, the only idem headers
-/// that include <libpq-fe.h>.
+/// @brief idem::postgres::Connection: the PostgreSQL session under idem's driver
+/// (postgres/driver.hpp). It owns or borrows the `PGconn*`, knows the process that opened it
+/// (fork safety), reconnects an owned connection (PQreset), tracks which statements are
+/// prepared on the current session (and asks the server again when the session lost some),
+/// runs a pipelined round trip, routes notices and sets lock_timeout once per owned session.
+/// The SQL store's logic (claims, statements, the transaction and its first error) is the
+/// driver's: what the connection reports into it goes through a callback, a template parameter
+/// (no virtual call, no std::function per statement).
 
+#include <fcntl.h>
 #include <libpq-fe.h>
+#include <unistd.h>
 
-#include <charconv>
-#include <climits>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <limits>
-#include <memory>
-#include <new>
-#include <optional>
+#include <functional>
 #include <string>
 #include <string_view>
-#include <system_error>
-#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
-#include "idem/blob.hpp"
 #include "idem/config.hpp"
-#include "idem/detail/sha256.hpp"
 #include "idem/error.hpp"
-#include "idem/sql/bind_traits.hpp"
+#include "idem/postgres/libpq.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace postgres {
 
-// Type OIDs of the built-in types idem reads or binds (pg_type.h, stable across versions).
-inline constexpr Oid bool_oid = 16;
-inline constexpr Oid bytea_oid = 17;
-inline constexpr Oid int8_oid = 20;
-inline constexpr Oid int2_oid = 21;
-inline constexpr Oid int4_oid = 23;
-inline constexpr Oid bytea_array_oid = 1001;
-
-inline constexpr std::size_t max_parameters = 65535;  // the protocol's limit
-
-/// libpq's own notice receiver and processor, those every new PGconn starts with. libpq does not
-/// export them; a connection object that never connects (its conninfo has an unknown option, so
-/// nothing is sent) hands them out, once per process.
-struct LibpqNoticeHooks {
-    PQnoticeReceiver receiver = nullptr;
-    PQnoticeProcessor processor = nullptr;
-};
-inline const LibpqNoticeHooks& libpq_notice_hooks() {
-    static const LibpqNoticeHooks hooks = [] {
-        LibpqNoticeHooks found;
-        if (PGconn* probe = PQconnectStart("idem_no_such_option=1")) {
-            // A null function reads the current hook without changing it.
-            found.receiver = PQsetNoticeReceiver(probe, nullptr, nullptr);
-            found.processor = PQsetNoticeProcessor(probe, nullptr, nullptr);
-            PQfinish(probe);
+/// Throws the exception of a failed @p command (store_timeout, usage_error for a wrong parameter
+/// count of the effect's SQL, store_unavailable, store_error), after handing its message to
+/// @p record (the driver keeps the first failure of a transaction).
+template <class Record>
+[[noreturn]] void fail(const Command& command, const PGresult* result, std::string_view what,
+                       Record&& record) {
+    const std::string_view state = sqlstate(result);
+    std::string message = fmt::format(
+        "idem postgres: {} failed: {}", what,
+        result != nullptr ? server_message(result) : std::string("no answer from the server"));
+    if (command.user) {
+        message += fmt::format("; SQL: {}", command.text());
+        if (state == "42601" && command.text().find('?') != std::string::npos) {
+            message += " (PostgreSQL's placeholders are $1, $2, …, not ?)";
         }
-        return found;
-    }();
-    return hooks;
+    }
+    record(message);
+    if (is_timeout(state)) throw store_timeout(message);
+    if (command.user && state == "08P01") throw usage_error(message);  // wrong parameter count
+    if (is_unavailable(state) || !command.user) throw store_unavailable(message);
+    throw store_error(message);
 }
 
-using sql::always_false;
-using sql::is_char_v;
-using sql::is_optional;
-
-struct ResultFree {
-    void operator()(PGresult* result) const noexcept { PQclear(result); }
-};
-using Result = std::unique_ptr<PGresult, ResultFree>;
-
-/// A statement that can be prepared once per session under `name`.
-struct Statement {
-    std::string sql;
-    std::string name;  // empty: never prepared (transaction control)
-    std::vector<Oid> types;
-    bool prepared = false;
+/// A callback for what has no transaction to record a failure in.
+struct NoRecord {
+    void operator()(const std::string& /*message*/) const noexcept {}
 };
 
-/// One command of a pipeline. It owns its parameter values: it may be queued and sent later.
-struct Command {
-    Statement* statement = nullptr;  // or, when null, `sql`
-    std::string sql;
-    std::vector<std::string> values;
-    std::vector<char> nulls;
-    std::vector<int> formats;
-    std::vector<Oid> types;
-    int result_format = 1;    // idem's own statements read binary results
-    bool user = false;        // the effect's SQL: errors become store_error, with the SQL
-    bool control = false;     // BEGIN / SET / SAVEPOINT …: writes nothing
-    bool savepoint = false;   // `SAVEPOINT idem_effect` (a RELEASE right after cancels it)
-    std::string_view what{};  // for messages
+/// The session: one `PGconn*`, owned (opened from a conninfo) or borrowed (the consumer's).
+class Connection {
+  public:
+    /// The oldest server this store runs on (ON CONFLICT, SKIP LOCKED, to_regclass(text)).
+    static constexpr int min_server_version = 100000;
 
-    [[nodiscard]] const std::string& text() const {
-        return statement != nullptr ? statement->sql : sql;
+    Connection() = default;
+    Connection(const Connection&) = delete;
+    Connection& operator=(const Connection&) = delete;
+    ~Connection() { close_noexcept(); }
+
+    /// Before open() / borrow(): where notices go, whether statements are prepared, and the
+    /// prefix of the names of this store's prepared statements.
+    void configure(std::function<void(std::string_view)> on_notice, bool prepare,
+                   std::string statement_prefix) {
+        on_notice_ = std::move(on_notice);
+        prepare_ = prepare;
+        statement_prefix_ = std::move(statement_prefix);
     }
+    /// A statement whose `prepared` flag this connection keeps true to the session. It must
+    /// outlive the connection (or its close).
+    void track(Statement& statement) { statements_.push_back(&statement); }
+
+    /// Owned: connects with @p conninfo. @throws store_unavailable.
+    void open(const std::string& conninfo) {
+        conninfo_ = conninfo;
+        owned_ = true;
+        connect_owned();
+    }
+    /// Borrowed: checks @p conn and sets it up; on failure it is left as it was (not closed).
+    void borrow(PGconn* conn);
+    /// In a fork()ed child (owned): connect anew with the same conninfo.
+    void connect_owned();
+
+    [[nodiscard]] PGconn* get() const noexcept { return conn_; }
+    [[nodiscard]] bool owned() const noexcept { return owned_; }
+    [[nodiscard]] bool prepares() const noexcept { return prepare_; }
+    [[nodiscard]] std::uint64_t round_trips() const noexcept {
+        return round_trips_.load(std::memory_order_relaxed);
+    }
+    [[nodiscard]] std::string error() const {
+        std::string message = trimmed(PQerrorMessage(conn_));
+        return message.empty() ? std::string("unknown libpq error") : message;
+    }
+
+    /// Drops a connection opened in another process without a byte to the server: PQfinish
+    /// (and PQreset) would send Terminate on the socket the parent still uses. The socket's
+    /// descriptor is first replaced by /dev/null (dup2), so PQfinish only frees memory and
+    /// closes this process's descriptor; a borrowed connection is only forgotten.
+    void forget_inherited() noexcept;
+    /// Closes an owned connection; a borrowed one is left as found (our statements dropped,
+    /// libpq's notice receiver back).
+    void close_noexcept() noexcept;
+
+    /// Before a statement outside a transaction or a BEGIN: reconnects a broken connection,
+    /// finishes a rollback that failed, resyncs the prepared statements, and checks the
+    /// connection is idle, blocking and outside pipeline mode.
+    template <class Record>
+    void ready(std::string_view what, Record&& record);
+    /// Owned sessions: `SET lock_timeout` once per session (a reconnect is a new one).
+    template <class Record>
+    void set_session_lock_timeout(std::chrono::milliseconds timeout, Record&& record);
+    /// Rolls back whatever is open; true when the connection is outside a transaction now.
+    bool rollback_noexcept() noexcept;
+
+    /// Sends @p commands as one pipeline (preparing what is not prepared on this session yet);
+    /// a lost connection hands its message to @p record and throws store_unavailable.
+    template <class Record>
+    std::vector<Result> round_trip(std::vector<Command>& commands, Record&& record);
+    /// One command outside a transaction; throws on failure.
+    template <class Record>
+    Result run(Command command, Record&& record) {
+        std::vector<Command> commands;
+        commands.push_back(std::move(command));
+        std::vector<Result> results = round_trip(commands, record);
+        if (!succeeded(results[0].get()))
+            fail(commands[0], results[0].get(), commands[0].what, record);
+        return std::move(results[0]);
+    }
+
+  private:
+    void setup();
+    void reconnect(std::string_view what);
+    void forget_prepared() noexcept;
+    template <class Record>
+    void resync_prepared(Record&& record);
+    void route_notices();
+    void restore_notices() noexcept;
+    static void notice_receiver(void* connection, const PGresult* notice) noexcept;
+
+    PGconn* conn_ = nullptr;
+    bool owned_ = false;
+    std::string conninfo_;  ///< owned: what connect_owned() connects with
+    std::function<void(std::string_view)> on_notice_;
+    bool notices_routed_ = false;   ///< notice_receiver is installed on conn_
+    bool chain_processor_ = false;  ///< also pass notices to the consumer's notice processor
+    bool prepare_ = true;
+    std::string statement_prefix_;
+    std::vector<Statement*> statements_;
+    int session_timeout_pid_ = 0;  ///< backend whose session has our lock_timeout (owned only)
+    int backend_pid_ = 0;
+    std::atomic<std::uint64_t> round_trips_{0};
+    bool rollback_pending_ = false;  // our ROLLBACK failed: the connection is still in our tx
+    bool resync_prepared_ = false;   // the session lost some of our prepared statements
 };
 
-/// @p text as valid UTF-8 without NULs: each invalid byte (and each NUL) becomes U+FFFD.
-inline std::string valid_utf8(std::string_view text) {
-    static constexpr std::string_view replacement = "\xEF\xBF\xBD";
-    std::string out;
-    out.reserve(text.size());
-    std::size_t i = 0;
-    while (i < text.size()) {
-        const auto lead = static_cast<unsigned char>(text[i]);
-        if (lead != 0 && lead < 0x80) {
-            out.push_back(static_cast<char>(lead));
-            ++i;
+inline void Connection::connect_owned() {
+    // client_encoding and application_name come first: the expanded conninfo overrides them.
+    const char* const keys[] = {"client_encoding", "fallback_application_name", "dbname", nullptr};
+    const char* const values[] = {"UTF8", "idem", conninfo_.c_str(), nullptr};
+    conn_ = PQconnectdbParams(keys, values, 1);
+    if (conn_ == nullptr) throw store_unavailable("idem postgres: cannot connect: out of memory");
+    if (PQstatus(conn_) != CONNECTION_OK) {
+        const std::string message = fmt::format("idem postgres: cannot connect: {}", error());
+        close_noexcept();
+        throw store_unavailable(message);
+    }
+    try {
+        route_notices();
+        setup();
+    } catch (...) {
+        close_noexcept();
+        throw;
+    }
+}
+
+inline void Connection::borrow(PGconn* conn) {
+    conn_ = conn;
+    owned_ = false;
+    try {
+        if (PQstatus(conn_) != CONNECTION_OK) {
+            throw store_unavailable(
+                fmt::format("idem postgres: the borrowed connection is broken: {}", error()));
+        }
+        if (PQpipelineStatus(conn_) != PQ_PIPELINE_OFF || PQisnonblocking(conn_) != 0) {
+            throw usage_error(
+                "idem postgres: the borrowed connection is in pipeline or non-blocking mode; "
+                "PostgresStore needs a blocking connection outside pipeline mode");
+        }
+        if (PQtransactionStatus(conn_) != PQTRANS_IDLE) {
+            throw usage_error(
+                "idem postgres: the borrowed connection is inside a transaction (or busy); "
+                "construct the PostgresStore outside any transaction (it may create its tables)");
+        }
+        route_notices();
+        setup();
+    } catch (...) {
+        restore_notices();
+        conn_ = nullptr;  // borrowed: never closed
+        throw;
+    }
+}
+
+inline void Connection::forget_inherited() noexcept {
+    if (conn_ == nullptr) return;
+    if (owned_) {
+        const int fd = PQsocket(conn_);
+        bool detached = fd < 0;
+        if (!detached) {
+            const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+            if (null >= 0) {
+                detached = ::dup2(null, fd) == fd;
+                ::close(null);
+            }
+        }
+        // Without /dev/null in its place the socket stays open and the PGconn is leaked: better
+        // than a Terminate on the parent's session.
+        if (detached) PQfinish(conn_);
+    }
+    conn_ = nullptr;
+    notices_routed_ = false;
+    forget_prepared();
+    rollback_pending_ = false;
+    session_timeout_pid_ = 0;
+    backend_pid_ = 0;
+}
+
+inline void Connection::close_noexcept() noexcept {
+    if (conn_ == nullptr) return;
+    if (owned_) {
+        PQfinish(conn_);
+    } else if (PQstatus(conn_) == CONNECTION_OK && PQtransactionStatus(conn_) == PQTRANS_IDLE &&
+               PQpipelineStatus(conn_) == PQ_PIPELINE_OFF) {
+        // Leave the borrowed session as we found it: drop our prepared statements.
+        try {
+            std::string sql;
+            for (const Statement* statement : statements_) {
+                if (statement->prepared) sql += fmt::format("DEALLOCATE {};", statement->name);
+            }
+            if (!sql.empty()) PQclear(PQexec(conn_, sql.c_str()));
+        } catch (...) {
+        }
+    }
+    if (!owned_) restore_notices();
+    conn_ = nullptr;
+}
+
+inline void Connection::route_notices() {
+    const auto& libpq = libpq_notice_hooks();
+    if (owned_) {
+        // Our own connection: nobody else listens, so nothing reaches stderr.
+        PQsetNoticeReceiver(conn_, &Connection::notice_receiver, this);
+        notices_routed_ = true;
+        return;
+    }
+    if (!on_notice_ || libpq.receiver == nullptr) return;  // the consumer's connection as it is
+    if (PQsetNoticeReceiver(conn_, nullptr, nullptr) != libpq.receiver) {
+        return;  // the consumer's own receiver: neither chainable nor restorable, so kept
+    }
+    chain_processor_ = PQsetNoticeProcessor(conn_, nullptr, nullptr) != libpq.processor;
+    PQsetNoticeReceiver(conn_, &Connection::notice_receiver, this);
+    notices_routed_ = true;
+}
+
+inline void Connection::restore_notices() noexcept {
+    if (!notices_routed_ || owned_ || conn_ == nullptr) return;
+    // libpq's receiver ignores its argument (a new PGconn has it null).
+    PQsetNoticeReceiver(conn_, libpq_notice_hooks().receiver, nullptr);
+    notices_routed_ = false;
+}
+
+inline void Connection::notice_receiver(void* connection, const PGresult* notice) noexcept {
+    const auto* self = static_cast<const Connection*>(connection);
+    if (self->on_notice_) {
+        std::string_view text = PQresultErrorMessage(notice);
+        while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) {
+            text.remove_suffix(1);
+        }
+        try {
+            self->on_notice_(text);
+        } catch (...) {
+            // Never through libpq's C frames.
+        }
+    }
+    if (self->chain_processor_) {
+        // libpq's receiver hands the notice to the connection's processor (the consumer's).
+        libpq_notice_hooks().receiver(nullptr, notice);
+    }
+}
+
+inline void Connection::forget_prepared() noexcept {
+    for (Statement* statement : statements_)
+        statement->prepared = false;
+    resync_prepared_ = false;
+}
+
+template <class Record>
+void Connection::resync_prepared(Record&& record) {
+    forget_prepared();
+    Command command;
+    command.sql =
+        "SELECT name FROM pg_catalog.pg_prepared_statements WHERE left(name, length($1)) = $1";
+    command.what = "reading the prepared statements";
+    add_params(command, statement_prefix_);
+    Result names = run(std::move(command), record);
+    for (int row = 0; row < PQntuples(names.get()); ++row) {
+        const std::string name = bytes_of(names.get(), row, 0);
+        for (Statement* statement : statements_)
+            if (statement->name == name) statement->prepared = true;
+    }
+}
+
+inline void Connection::setup() {
+    if (PQserverVersion(conn_) < min_server_version) {
+        throw store_unavailable(fmt::format(
+            "idem postgres: the server is version {}; PostgresStore needs PostgreSQL 10 or later",
+            PQserverVersion(conn_)));
+    }
+    backend_pid_ = PQbackendPID(conn_);
+}
+
+inline void Connection::reconnect(std::string_view what) {
+    PQreset(conn_);
+    forget_prepared();
+    rollback_pending_ = false;
+    if (PQstatus(conn_) != CONNECTION_OK) {
+        throw store_unavailable(fmt::format(
+            "idem postgres: {}: the connection to PostgreSQL broke and reconnecting failed: {}",
+            what, error()));
+    }
+    backend_pid_ = PQbackendPID(conn_);
+}
+
+template <class Record>
+void Connection::ready(std::string_view what, Record&& record) {
+    if (PQstatus(conn_) != CONNECTION_OK) reconnect(what);
+    if (PQbackendPID(conn_) != backend_pid_) {
+        // Someone reset the (borrowed) connection: the session and its statements are new.
+        forget_prepared();
+        backend_pid_ = PQbackendPID(conn_);
+    }
+    if (PQpipelineStatus(conn_) != PQ_PIPELINE_OFF) {
+        throw usage_error(fmt::format(
+            "idem postgres: {}: the connection is in pipeline mode; leave it first", what));
+    }
+    if (PQisnonblocking(conn_) != 0) {
+        throw usage_error(fmt::format(
+            "idem postgres: {}: the connection is in non-blocking mode; PostgresStore needs a "
+            "blocking connection (PQsetnonblocking(conn, 0))",
+            what));
+    }
+    PGTransactionStatusType status = PQtransactionStatus(conn_);
+    if (status != PQTRANS_IDLE && rollback_pending_) {
+        rollback_noexcept();
+        status = PQtransactionStatus(conn_);
+    }
+    if (status == PQTRANS_UNKNOWN) {
+        reconnect(what);
+        status = PQtransactionStatus(conn_);
+    }
+    if (status == PQTRANS_IDLE && resync_prepared_) resync_prepared(record);
+    if (status != PQTRANS_IDLE) {
+        throw usage_error(fmt::format(
+            "idem postgres: {}: the connection is already inside a transaction (or busy with a "
+            "query). idem needs its own BEGIN so the claim and the effect commit together: "
+            "commit or roll back your transaction first, and write the effect's rows through the "
+            "idem transaction (Transaction::execute() or Transaction::conn())",
+            what));
+    }
+}
+
+template <class Record>
+void Connection::set_session_lock_timeout(std::chrono::milliseconds timeout, Record&& record) {
+    if (session_timeout_pid_ == PQbackendPID(conn_)) return;
+    Command command;
+    command.sql = fmt::format("SET lock_timeout = {}", timeout.count());
+    command.what = "begin (SET lock_timeout)";
+    command.control = true;
+    run(std::move(command), record);
+    session_timeout_pid_ = PQbackendPID(conn_);
+}
+
+inline bool Connection::rollback_noexcept() noexcept {
+    if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK) {
+        rollback_pending_ = false;  // the server rolls back a transaction whose session died
+        return true;
+    }
+    if (PQpipelineStatus(conn_) != PQ_PIPELINE_OFF) {
+        for (int nulls = 0; nulls < 2;) {
+            PGresult* result = PQgetResult(conn_);
+            if (result == nullptr) {
+                ++nulls;
+            } else {
+                nulls = 0;
+                PQclear(result);
+            }
+            if (PQstatus(conn_) != CONNECTION_OK) break;
+        }
+        PQexitPipelineMode(conn_);
+    }
+    if (PQtransactionStatus(conn_) == PQTRANS_ACTIVE) {
+        while (PGresult* result = PQgetResult(conn_))
+            PQclear(result);
+    }
+    if (PQtransactionStatus(conn_) != PQTRANS_IDLE) {
+        round_trips_.fetch_add(1, std::memory_order_relaxed);
+        PQclear(PQexec(conn_, "ROLLBACK"));
+    }
+    rollback_pending_ =
+        PQstatus(conn_) == CONNECTION_OK && PQtransactionStatus(conn_) != PQTRANS_IDLE;
+    return !rollback_pending_;
+}
+
+template <class Record>
+std::vector<Result> Connection::round_trip(std::vector<Command>& commands, Record&& record) {
+    std::vector<Result> results(commands.size());
+    if (commands.empty()) return results;
+    if (PQenterPipelineMode(conn_) != 1) {
+        throw store_unavailable(fmt::format("idem postgres: cannot start a pipeline: {}", error()));
+    }
+    round_trips_.fetch_add(1, std::memory_order_relaxed);
+
+    struct Slot {
+        std::size_t command;
+        Statement* preparing;  // a Parse of this statement, or null: the command itself
+    };
+    std::vector<Slot> slots;
+    slots.reserve(commands.size() * 2);
+    std::string send_error;
+    std::vector<const char*> values;
+    std::vector<int> lengths;
+    for (std::size_t i = 0; i < commands.size() && send_error.empty(); ++i) {
+        const Command& command = commands[i];
+        const int count = static_cast<int>(command.values.size());
+        Statement* statement = prepare_ ? command.statement : nullptr;
+        if (statement != nullptr && !statement->prepared) {
+            const bool queued = std::any_of(slots.begin(), slots.end(), [&](const Slot& slot) {
+                return slot.preparing == statement;
+            });
+            if (!queued) {
+                if (statement->types.empty()) statement->types = command.types;
+                if (PQsendPrepare(conn_, statement->name.c_str(), statement->sql.c_str(), count,
+                                  statement->types.empty() ? nullptr : statement->types.data()) !=
+                    1) {
+                    send_error = error();
+                    break;
+                }
+                slots.push_back(Slot{i, statement});
+            }
+        }
+        values.assign(command.values.size(), nullptr);
+        lengths.assign(command.values.size(), 0);
+        for (std::size_t k = 0; k < command.values.size(); ++k) {
+            if (command.nulls[k] == 0) values[k] = command.values[k].c_str();
+            lengths[k] = static_cast<int>(command.values[k].size());
+        }
+        const int sent =
+            statement != nullptr
+                ? PQsendQueryPrepared(conn_, statement->name.c_str(), count, values.data(),
+                                      lengths.data(), command.formats.data(), command.result_format)
+                : PQsendQueryParams(conn_, command.text().c_str(), count, command.types.data(),
+                                    values.data(), lengths.data(), command.formats.data(),
+                                    command.result_format);
+        if (sent != 1) {
+            send_error = error();
+            break;
+        }
+        slots.push_back(Slot{i, nullptr});
+    }
+
+    bool broken = PQpipelineSync(conn_) != 1;
+    for (const Slot& slot : slots) {
+        if (broken) break;
+        Result first;
+        while (PGresult* raw = PQgetResult(conn_)) {
+            Result result(raw);
+            if (!first || (!failed(first.get()) && failed(result.get()))) first = std::move(result);
+        }
+        if (slot.preparing != nullptr) {
+            // 42P05: it survived a partial DEALLOCATE; the name is this store's, so it is ours.
+            if (succeeded(first.get()) || sqlstate(first.get()) == "42P05") {
+                slot.preparing->prepared = true;
+            }
+            if (failed(first.get())) {
+                results[slot.command] = std::move(first);  // the command inherits the failure
+            }
+        } else if (!results[slot.command]) {
+            results[slot.command] = std::move(first);
+        }
+        broken = PQstatus(conn_) != CONNECTION_OK;
+    }
+    // Up to the sync point; a lost connection ends the stream with an error and nulls.
+    for (int nulls = 0; !broken && nulls < 2;) {
+        PGresult* raw = PQgetResult(conn_);
+        if (raw == nullptr) {
+            ++nulls;
             continue;
         }
-        std::size_t length = 0;
-        std::uint32_t code = 0;
-        std::uint32_t smallest = 0;
-        if ((lead & 0xE0) == 0xC0) {
-            length = 2, code = lead & 0x1Fu, smallest = 0x80;
-        } else if ((lead & 0xF0) == 0xE0) {
-            length = 3, code = lead & 0x0Fu, smallest = 0x800;
-        } else if ((lead & 0xF8) == 0xF0) {
-            length = 4, code = lead & 0x07u, smallest = 0x10000;
+        const bool sync = PQresultStatus(raw) == PGRES_PIPELINE_SYNC;
+        PQclear(raw);
+        if (sync) break;
+        nulls = 0;
+        broken = PQstatus(conn_) != CONNECTION_OK;
+    }
+    if (PQexitPipelineMode(conn_) != 1 && PQstatus(conn_) == CONNECTION_OK) {
+        while (PGresult* raw = PQgetResult(conn_))
+            PQclear(raw);
+        PQexitPipelineMode(conn_);
+    }
+    for (const auto& result : results) {
+        // "prepared statement does not exist": the session lost statements (DEALLOCATE, DISCARD
+        // ALL, a pooler); ready() asks the server which ones are left before the next use.
+        if (sqlstate(result.get()) == "26000") resync_prepared_ = true;
+    }
+    if (PQstatus(conn_) != CONNECTION_OK) {
+        // Keep the server's own reason (e.g. "terminating connection due to administrator
+        // command") when it sent one.
+        std::string why;
+        bool from_server = false;
+        for (const auto& result : results) {
+            if (failed(result.get())) {
+                why = server_message(result.get());
+                from_server = true;
+                break;
+            }
         }
-        bool ok = length != 0 && i + length <= text.size();
-        for (std::size_t k = 1; ok && k < length; ++k) {
-            const auto next = static_cast<unsigned char>(text[i + k]);
-            ok = (next & 0xC0) == 0x80;
-            code = (code << 6) | (next & 0x3Fu);
-        }
-        ok = ok && code >= smallest && code <= 0x10FFFF && (code < 0xD800 || code > 0xDFFF);
-        if (ok) {
-            out.append(text.substr(i, length));
-            i += length;
-        } else {
-            out.append(replacement);
-            ++i;
-        }
+        if (!from_server) why = error();
+        std::string message = fmt::format(
+            "idem postgres: the connection to PostgreSQL was lost ({}); the open transaction, if "
+            "any, is gone, and the store reconnects on the next begin()",
+            why);
+        record(message);
+        throw store_unavailable(message);
     }
-    return out;
-}
-
-/// A stable 64-bit key for pg_advisory_xact_lock (first 8 bytes of SHA-256).
-inline std::int64_t advisory_key(std::string_view domain, std::string_view key) {
-    detail::Sha256 hash;
-    hash.update(domain);
-    hash.update(std::string_view("\0", 1));
-    hash.update(key);
-    const auto digest = hash.finish();
-    std::uint64_t value = 0;
-    for (std::size_t i = 0; i < 8; ++i)
-        value = (value << 8) | digest[i];
-    return static_cast<std::int64_t>(value);
-}
-
-/// `"name"` with embedded quotes doubled: a safe SQL identifier for any name.
-inline std::string quote_identifier(std::string_view name) {
-    std::string out = "\"";
-    for (char c : name) {
-        if (c == '"') out.push_back('"');
-        out.push_back(c);
+    if (!send_error.empty()) {
+        throw store_unavailable(
+            fmt::format("idem postgres: sending a statement failed: {}", send_error));
     }
-    out.push_back('"');
-    return out;
-}
-
-inline void add_null(Command& command) {
-    command.values.emplace_back();
-    command.nulls.push_back(1);
-    command.formats.push_back(0);
-    command.types.push_back(0);
-}
-
-inline void add_text(Command& command, std::string text) {
-    if (text.find('\0') != std::string::npos) {
-        throw usage_error(fmt::format(
-            "idem postgres: parameter ${} contains a NUL byte, which PostgreSQL text cannot hold; "
-            "bind it as idem::Blob{{bytes}} into a BYTEA column{}{}",
-            command.values.size() + 1, command.user ? "; SQL: " : "",
-            command.user ? command.text() : std::string()));
-    }
-    command.values.push_back(std::move(text));
-    command.nulls.push_back(0);
-    command.formats.push_back(0);
-    command.types.push_back(0);  // the server infers the type from the SQL
-}
-
-inline void add_blob(Command& command, std::string_view bytes) {
-    if (bytes.size() > static_cast<std::size_t>(INT_MAX)) {
-        throw usage_error(
-            fmt::format("idem postgres: parameter ${} is over 2 GiB", command.values.size() + 1));
-    }
-    command.values.emplace_back(bytes);
-    command.nulls.push_back(0);
-    command.formats.push_back(1);
-    command.types.push_back(bytea_oid);
-}
-
-/// Appends a `bytea[]` parameter in PostgreSQL's binary array format (one dimension, no NULLs).
-inline void add_bytea_array(Command& command, const std::vector<std::string_view>& items) {
-    std::size_t size = 20;
-    for (std::string_view item : items)
-        size += 4 + item.size();
-    if (size > static_cast<std::size_t>(INT_MAX)) {
-        throw usage_error(
-            fmt::format("idem postgres: parameter ${} is over 2 GiB", command.values.size() + 1));
-    }
-    std::string out;
-    out.reserve(size);
-    const auto put = [&out](std::uint32_t value) {
-        for (int shift = 24; shift >= 0; shift -= 8)
-            out.push_back(static_cast<char>((value >> shift) & 0xFFu));
-    };
-    put(items.empty() ? 0 : 1);  // dimensions
-    put(0);                      // no NULLs
-    put(bytea_oid);
-    if (!items.empty()) {
-        put(static_cast<std::uint32_t>(items.size()));
-        put(1);  // lower bound
-    }
-    for (std::string_view item : items) {
-        put(static_cast<std::uint32_t>(item.size()));
-        out.append(item.data(), item.size());
-    }
-    command.values.push_back(std::move(out));
-    command.nulls.push_back(0);
-    command.formats.push_back(1);
-    command.types.push_back(bytea_array_oid);
-}
-
-inline std::string float_text(double value) {
-    if (value != value) return "NaN";
-    if (value == std::numeric_limits<double>::infinity()) return "Infinity";
-    if (value == -std::numeric_limits<double>::infinity()) return "-Infinity";
-    return fmt::format("{}", value);  // shortest text that reads back exactly
-}
-
-/// Appends one bound value to @p command.
-template <class T>
-void add_param(Command& command, const T& value) {
-    if constexpr (std::is_same_v<T, Blob>) {
-        add_blob(command, value.bytes);
-    } else if constexpr (std::is_same_v<T, std::nullptr_t> || std::is_same_v<T, std::nullopt_t>) {
-        add_null(command);
-    } else if constexpr (is_optional<T>::value) {
-        if (value) {
-            add_param(command, *value);
-        } else {
-            add_null(command);
-        }
-    } else if constexpr (std::is_same_v<T, bool>) {
-        add_text(command, value ? "true" : "false");
-    } else if constexpr (is_char_v<T>) {
-        static_assert(always_false<T>,
-                      "idem: a single character would be bound as its code point; pass a "
-                      "std::string_view for text or cast to an integer type");
-    } else if constexpr (std::is_integral_v<T>) {
-        add_text(command, std::to_string(value));
-    } else if constexpr (std::is_floating_point_v<T>) {
-        add_text(command, float_text(static_cast<double>(value)));
-    } else if constexpr (std::is_array_v<T>) {
-        static_assert(std::is_same_v<std::remove_cv_t<std::remove_extent_t<T>>, char>,
-                      "idem: only char arrays (string literals) can be bound as text");
-        const void* nul = std::memchr(value, 0, std::extent_v<T>);
-        const std::size_t size =
-            nul != nullptr ? static_cast<std::size_t>(static_cast<const char*>(nul) - value)
-                           : std::extent_v<T>;
-        add_text(command, std::string(value, size));
-    } else if constexpr (std::is_same_v<T, const char*> || std::is_same_v<T, char*>) {
-        if (value == nullptr) {
-            add_null(command);
-        } else {
-            add_text(command, std::string(value));
-        }
-    } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
-        add_text(command, std::string(std::string_view(value)));
-    } else {
-        static_assert(always_false<T>,
-                      "idem: execute()/query_*() bind integers, floating point, bool, "
-                      "std::string / std::string_view / const char* (text), idem::Blob{bytes} "
-                      "(bytea), nullptr / std::nullopt (NULL) and std::optional of those");
-    }
-}
-
-template <class... Args>
-void add_params(Command& command, const Args&... args) {
-    if (sizeof...(Args) > max_parameters) {
-        throw usage_error("idem postgres: more than 65535 parameters in one statement");
-    }
-    command.values.reserve(sizeof...(Args));
-    (add_param(command, args), ...);
-}
-
-inline bool succeeded(const PGresult* result) noexcept {
-    if (result == nullptr) return false;
-    const ExecStatusType status = PQresultStatus(result);
-    return status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK;
-}
-
-/// A command that failed itself (not one skipped because an earlier one failed).
-inline bool failed(const PGresult* result) noexcept {
-    if (result == nullptr) return false;
-    const ExecStatusType status = PQresultStatus(result);
-    return status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK &&
-           status != PGRES_PIPELINE_ABORTED && status != PGRES_PIPELINE_SYNC;
-}
-
-inline std::string_view sqlstate(const PGresult* result) noexcept {
-    const char* state = result != nullptr ? PQresultErrorField(result, PG_DIAG_SQLSTATE) : nullptr;
-    return state != nullptr ? std::string_view(state) : std::string_view();
-}
-
-inline std::string trimmed(const char* text) {
-    std::string out = text != nullptr ? text : "";
-    while (!out.empty() && (out.back() == '\n' || out.back() == ' ' || out.back() == '\r'))
-        out.pop_back();
-    for (char& c : out)
-        if (c == '\n' || c == '\t') c = ' ';
-    return out;
-}
-
-/// The server's message for a failed command: primary text, detail, hint and SQLSTATE.
-inline std::string server_message(const PGresult* result) {
-    const char* primary = PQresultErrorField(result, PG_DIAG_MESSAGE_PRIMARY);
-    if (primary == nullptr) return trimmed(PQresultErrorMessage(result));
-    std::string out = primary;
-    if (const char* detail = PQresultErrorField(result, PG_DIAG_MESSAGE_DETAIL)) {
-        out += fmt::format("; {}", detail);
-    }
-    if (const char* hint = PQresultErrorField(result, PG_DIAG_MESSAGE_HINT)) {
-        out += fmt::format("; hint: {}", hint);
-    }
-    const std::string_view state = sqlstate(result);
-    if (!state.empty()) out += fmt::format(" (SQLSTATE {})", state);
-    return out;
-}
-
-/// Lock, statement and serialization timeouts: the work may succeed when retried.
-inline bool is_timeout(std::string_view state) noexcept {
-    return state == "55P03" || state == "57014" || state == "40001" || state == "40P01";
-}
-
-/// The connection or the server is gone or out of resources.
-inline bool is_unavailable(std::string_view state) noexcept {
-    if (state.empty()) return true;  // libpq's own failure
-    const std::string_view cls = state.substr(0, 2);
-    return (cls == "08" && state != "08P01") || cls == "57" || cls == "53" || cls == "58" ||
-           cls == "XX";
-}
-
-/// Integer of a binary int2 / int4 / int8 column (also bool: 0 / 1).
-inline std::int64_t binary_int(const PGresult* result, int row, int column) {
-    const auto* bytes = reinterpret_cast<const unsigned char*>(PQgetvalue(result, row, column));
-    const int length = PQgetlength(result, row, column);
-    std::uint64_t value = 0;
-    for (int i = 0; i < length && i < 8; ++i)
-        value = (value << 8) | bytes[i];
-    if (length > 1 && length < 8 && (bytes[0] & 0x80) != 0)
-        value |= ~std::uint64_t{0} << (8 * length);
-    return static_cast<std::int64_t>(value);
-}
-
-inline bool binary_bool(const PGresult* result, int row, int column) {
-    return PQgetlength(result, row, column) == 1 && PQgetvalue(result, row, column)[0] != 0;
-}
-
-/// The bytes of a column (binary BYTEA or TEXT), NUL-safe.
-inline std::string bytes_of(const PGresult* result, int row, int column) {
-    if (PQgetisnull(result, row, column) != 0) return {};
-    return std::string(PQgetvalue(result, row, column),
-                       static_cast<std::size_t>(PQgetlength(result, row, column)));
-}
-
-/// A text-format column as bytes: BYTEA is decoded from its hex (or escape) output.
-inline std::string text_column(const PGresult* result, int row, int column) {
-    if (PQftype(result, column) != bytea_oid) return bytes_of(result, row, column);
-    std::size_t length = 0;
-    unsigned char* decoded = PQunescapeBytea(
-        reinterpret_cast<const unsigned char*>(PQgetvalue(result, row, column)), &length);
-    if (decoded == nullptr) throw std::bad_alloc();
-    std::string out(reinterpret_cast<const char*>(decoded), length);
-    PQfreemem(decoded);
-    return out;
-}
-
-/// A text-format column as an integer (integer types, bool, and numerics without a fraction).
-inline std::int64_t text_int(const PGresult* result, int row, int column, std::string_view sql) {
-    const char* text = PQgetvalue(result, row, column);
-    const std::size_t length = static_cast<std::size_t>(PQgetlength(result, row, column));
-    if (PQftype(result, column) == bool_oid) return length > 0 && text[0] == 't' ? 1 : 0;
-    std::int64_t value = 0;
-    const auto [end, error] = std::from_chars(text, text + length, value);
-    if (error != std::errc() || end != text + length) {
-        throw usage_error(fmt::format(
-            "idem postgres: query_int(): the first column is '{}' (type OID {}), not an integer "
-            "that fits 64 bits; SQL: {}",
-            std::string_view(text, length), PQftype(result, column), sql));
-    }
-    return value;
-}
-
-inline std::int64_t affected_rows(const PGresult* result) {
-    const char* text = PQcmdTuples(const_cast<PGresult*>(result));
-    if (text == nullptr || *text == '\0') return 0;
-    std::int64_t value = 0;
-    std::from_chars(text, text + std::strlen(text), value);
-    return value;
+    return results;
 }
 
 }  // namespace postgres

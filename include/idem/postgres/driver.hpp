@@ -3,10 +3,10 @@
 /// @brief idem::postgres::Driver: PostgreSQL (libpq) under the SQL store written once
 /// (sql/store.hpp). Its session (the `PGconn*`, owned or borrowed: connect, reconnect, the
 /// prepared statements per session, the pipelined round trip, notices, lock_timeout per owned
-/// session, fork safety) is a postgres::Connection (postgres/session.hpp); the driver keeps
+/// session, fork safety) is a postgres::Connection (postgres/connection.hpp); the driver keeps
 /// idem's and the effect's statements, the claims, the transaction (what it queues to send with
 /// the next statement, its first failure) and lock_timeout per transaction on a borrowed
-/// connection. SQLSTATEs map to idem's exceptions as postgres/connection.hpp says.
+/// connection. SQLSTATEs map to idem's exceptions as postgres/libpq.hpp says.
 
 #include <libpq-fe.h>
 
@@ -30,17 +30,17 @@
 
 #include "idem/blob.hpp"
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/postgres/connection.hpp"
+#include "idem/postgres/libpq.hpp"
 #include "idem/postgres/options.hpp"
-#include "idem/postgres/session.hpp"
 #include "idem/sql/driver.hpp"
 #include "idem/sql/own_claims.hpp"
 #include "idem/sql/schema.hpp"
 #include "idem/sql/statements.hpp"
 #include "idem/sql/stored_outcome.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace postgres {

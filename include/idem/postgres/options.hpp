@@ -9,7 +9,7 @@
 #include <string_view>
 
 #include "idem/config.hpp"
-#include "idem/store.hpp"
+#include "idem/contract/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 

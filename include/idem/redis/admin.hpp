@@ -16,11 +16,11 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/error.hpp"
 #include "idem/redis/context.hpp"
 #include "idem/redis/record.hpp"
 #include "idem/redis/scripts.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {
@@ -61,7 +61,7 @@ inline std::optional<ClaimRecord> find_claim(StoreContext& store, std::string_vi
     record.disposition = Disposition::in_progress;
     if (stored->state == "done") record.disposition = disposition_from(stored->outcome);
     record.reason = std::move(stored->reason);
-    record.claimed_at = detail::from_unix_ms(stored->claimed_at);
+    record.claimed_at = from_unix_ms(stored->claimed_at);
     record.fingerprint = std::move(stored->fingerprint);
     return record;
 }
@@ -137,8 +137,7 @@ inline std::vector<DeadLetter> dead_letters(StoreContext& store) {
                     item.letter.delivery_count = static_cast<std::uint32_t>(parse_int(value));
                 if (name == "reason") item.letter.reason = value;
                 if (name == "payload") item.letter.payload = value;
-                if (name == "created_at")
-                    item.letter.created_at = detail::from_unix_ms(parse_int(value));
+                if (name == "created_at") item.letter.created_at = from_unix_ms(parse_int(value));
                 if (name == "order_us") item.order = value;
             }
             found.push_back(std::move(item));

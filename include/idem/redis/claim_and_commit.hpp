@@ -14,6 +14,7 @@
 
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/error.hpp"
 #include "idem/redis/commit.hpp"
 #include "idem/redis/context.hpp"
@@ -21,7 +22,6 @@
 #include "idem/redis/replication.hpp"
 #include "idem/redis/scripts.hpp"
 #include "idem/redis/transaction_state.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {

@@ -20,13 +20,13 @@
 
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/error.hpp"
 #include "idem/redis/context.hpp"
 #include "idem/redis/replication.hpp"
 #include "idem/redis/scripts.hpp"
 #include "idem/redis/stream_ack.hpp"
 #include "idem/redis/transaction_state.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {
@@ -65,7 +65,7 @@ std::size_t encode_commit(Args& a, const StoreContext& store, std::string_view t
         if (letter.created_at == std::chrono::system_clock::time_point{}) {
             a.add(std::string_view());
         } else {
-            a.add(detail::to_unix_ms(letter.created_at));
+            a.add(to_unix_ms(letter.created_at));
         }
     }
     return num_keys;

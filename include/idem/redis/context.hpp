@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/redis/cluster.hpp"
@@ -31,7 +32,6 @@
 #include "idem/redis/pool.hpp"
 #include "idem/redis/reply.hpp"
 #include "idem/redis/resp.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {
@@ -70,11 +70,9 @@ class StoreContext {
 
     /// Empty when the server's clock is used (the scripts read TIME themselves).
     [[nodiscard]] std::string now_arg() const {
-        return options.clock ? std::to_string(detail::to_unix_ms(options.clock())) : std::string();
+        return options.clock ? std::to_string(to_unix_ms(options.clock())) : std::string();
     }
-    std::int64_t now_ms() {
-        return options.clock ? detail::to_unix_ms(options.clock()) : server_now_ms();
-    }
+    std::int64_t now_ms() { return options.clock ? to_unix_ms(options.clock()) : server_now_ms(); }
     std::int64_t server_now_ms() {
         Reply reply = router.on_any([](Connection& c) { return c.checked({"TIME"}, "TIME"); });
         if (reply.elements.size() != 2) throw store_error("idem: Redis TIME gave no time");

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/policy.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 

@@ -15,10 +15,10 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/error.hpp"
 #include "idem/redis/context.hpp"
 #include "idem/redis/transaction_state.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {

@@ -16,8 +16,8 @@
 
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/redis/resp.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {

@@ -5,7 +5,7 @@
 /// at which savepoint depth, so a rollback to a savepoint forgets it again) and marks the others
 /// 'claimed' at commit. It also answers a second claim of the same id in the transaction
 /// without asking the database. SQL stores only (namespace idem::sql); it knows the core
-/// contract (idem/store.hpp) and nothing above it.
+/// contract (idem/contract/store.hpp) and nothing above it.
 
 #include <algorithm>
 #include <cstddef>

@@ -32,6 +32,7 @@
 
 #include "idem/blob.hpp"
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/sql/driver.hpp"
@@ -39,7 +40,6 @@
 #include "idem/sql/schema.hpp"
 #include "idem/sql/statements.hpp"
 #include "idem/sql/stored_outcome.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace sql {
@@ -67,11 +67,11 @@ OutboxRow read_outbox_row(const Row& row) {
     out.destination = row.bytes(1);
     out.idempotency_key = row.bytes(2);
     out.payload = row.bytes(3);
-    out.created_at = detail::from_unix_ms(row.int64(4));
-    if (!row.is_null(5)) out.sent_at = detail::from_unix_ms(row.int64(5));
+    out.created_at = from_unix_ms(row.int64(4));
+    if (!row.is_null(5)) out.sent_at = from_unix_ms(row.int64(5));
     out.attempts = to_count(row.int64(6));
     out.last_error = row.bytes(7);
-    out.next_attempt_at = detail::from_unix_ms(row.int64(8));
+    out.next_attempt_at = from_unix_ms(row.int64(8));
     out.parked = row.boolean(9);
     return out;
 }
@@ -200,7 +200,7 @@ class basic_store {
                 ClaimRecord record;
                 record.scope = row.bytes(0);
                 record.message_id = row.bytes(1);
-                record.claimed_at = detail::from_unix_ms(row.int64(2));
+                record.claimed_at = from_unix_ms(row.int64(2));
                 record.disposition = stored_disposition(row.bytes(3), Driver::name);
                 record.reason = row.bytes(4);
                 record.fingerprint = row.bytes(5);
@@ -221,7 +221,7 @@ class basic_store {
             letter.delivery_count = to_count(row.int64(2));
             letter.reason = row.bytes(3);
             letter.payload = row.bytes(4);
-            letter.created_at = detail::from_unix_ms(row.int64(5));
+            letter.created_at = from_unix_ms(row.int64(5));
             letters.push_back(std::move(letter));
         });
         return letters;
@@ -285,7 +285,7 @@ class basic_store {
                             std::chrono::system_clock::time_point retry_at, bool park) {
         Lock lock(*this, "mark_outbox_failed()");
         if (driver_.run(stmt::outbox_failed, "mark_outbox_failed", access::write, no_rows{}, id,
-                        Driver::text(error), detail::to_unix_ms(retry_at), park) != 1) {
+                        Driver::text(error), to_unix_ms(retry_at), park) != 1) {
             throw no_intent(id);
         }
     }
@@ -345,7 +345,7 @@ class basic_store {
     [[nodiscard]] std::chrono::system_clock::time_point now() const {
         return clock_ ? clock_() : std::chrono::system_clock::now();
     }
-    [[nodiscard]] std::int64_t now_ms() const { return detail::to_unix_ms(now()); }
+    [[nodiscard]] std::int64_t now_ms() const { return to_unix_ms(now()); }
 
   private:
     friend class basic_transaction<Driver>;
@@ -519,8 +519,7 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
                                  : letter.created_at;
         driver.write(stmt::dead_letter_insert, "dead_letter", Blob{letter.scope},
                      Blob{letter.message_id}, static_cast<std::int64_t>(letter.delivery_count),
-                     Driver::text(letter.reason), Blob{letter.payload},
-                     detail::to_unix_ms(created));
+                     Driver::text(letter.reason), Blob{letter.payload}, to_unix_ms(created));
     }
 
     /// @brief `SAVEPOINT idem_effect` (may nest).

@@ -31,6 +31,7 @@
 
 #include "idem/blob.hpp"
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/sql/bind_traits.hpp"
@@ -40,7 +41,6 @@
 #include "idem/sql/statements.hpp"
 #include "idem/sql/stored_outcome.hpp"
 #include "idem/sqlite/options.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace sqlite {

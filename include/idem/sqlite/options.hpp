@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "idem/config.hpp"
-#include "idem/store.hpp"
+#include "idem/contract/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 

@@ -46,10 +46,10 @@
 #include <string_view>
 
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/mysql/driver.hpp"
 #include "idem/mysql/options.hpp"
 #include "idem/sql/store.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 
@@ -99,6 +99,6 @@ class MysqlStore : public sql::basic_store<mysql::Driver> {
     }
 };
 
-static_assert(detail::check_store<MysqlStore>());
+static_assert(check_store<MysqlStore>());
 
 IDEM_END_NAMESPACE

@@ -77,10 +77,10 @@
 #include <string_view>
 
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/postgres/driver.hpp"
 #include "idem/postgres/options.hpp"
 #include "idem/sql/store.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 
@@ -144,6 +144,6 @@ class PostgresStore : public sql::basic_store<postgres::Driver> {
     }
 };
 
-static_assert(detail::check_store<PostgresStore>());
+static_assert(check_store<PostgresStore>());
 
 IDEM_END_NAMESPACE

@@ -20,6 +20,7 @@
 
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/policy.hpp"
@@ -36,7 +37,6 @@
 #include "idem/redis/slot_commit.hpp"
 #include "idem/redis/stream_ack.hpp"
 #include "idem/redis/transaction_state.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 

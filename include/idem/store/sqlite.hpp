@@ -44,10 +44,10 @@
 #include <string_view>
 
 #include "idem/config.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/sql/store.hpp"
 #include "idem/sqlite/driver.hpp"
 #include "idem/sqlite/options.hpp"
-#include "idem/store.hpp"
 
 IDEM_BEGIN_NAMESPACE
 
@@ -101,6 +101,6 @@ class SqliteStore : public sql::basic_store<sqlite::Driver> {
     }
 };
 
-static_assert(detail::check_store<SqliteStore>());
+static_assert(check_store<SqliteStore>());
 
 IDEM_END_NAMESPACE

@@ -9,8 +9,8 @@
 
 // @block
 
-static_assert(idem::detail::is_store_v<MyStore>, "the synopsis is a store idem accepts");
-static_assert(idem::detail::check_store<MyStore>());
+static_assert(idem::is_store_v<MyStore>, "the synopsis is a store idem accepts");
+static_assert(idem::check_store<MyStore>());
 static_assert(std::is_move_constructible_v<MyStore::Transaction> &&
               !std::is_copy_constructible_v<MyStore::Transaction>);
 #if IDEM_HAS_CONCEPTS

@@ -1,5 +1,7 @@
 #pragma once
-// A fresh directory under the system temp dir, removed with everything in it on destruction.
+/// @file
+/// @brief idem::testing::TempDir: a fresh directory under the system temp dir, removed with
+/// everything in it on destruction (a store's files in a test). Standard library only.
 
 #include <stdlib.h>
 
@@ -8,8 +10,10 @@
 #include <string>
 #include <system_error>
 
-namespace idem_test {
+namespace idem {
+namespace testing {
 
+/// @brief A fresh directory (mkdtemp), removed with its contents by the destructor.
 class TempDir {
   public:
     TempDir() {
@@ -33,4 +37,5 @@ class TempDir {
     std::filesystem::path path_;
 };
 
-}  // namespace idem_test
+}  // namespace testing
+}  // namespace idem

@@ -1,0 +1,414 @@
+#pragma once
+/// @file
+/// @brief The libpq layer of idem's PostgreSQL driver (namespace idem::postgres): the values a
+/// pipeline sends (Command, Statement, the binding of parameters as text or binary BYTEA), the
+/// reading of results, the classification of SQLSTATEs into idem's exceptions, and libpq's own
+/// notice hooks. With postgres/connection.hpp (the session: postgres::Connection),
+/// postgres/driver.hpp and idem/store/postgres.hpp, the only idem headers
+/// that include <libpq-fe.h>.
+
+#include <libpq-fe.h>
+
+#include <charconv>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "idem/blob.hpp"
+#include "idem/config.hpp"
+#include "idem/detail/sha256.hpp"
+#include "idem/error.hpp"
+#include "idem/sql/bind_traits.hpp"
+
+IDEM_BEGIN_NAMESPACE
+namespace postgres {
+
+// Type OIDs of the built-in types idem reads or binds (pg_type.h, stable across versions).
+inline constexpr Oid bool_oid = 16;
+inline constexpr Oid bytea_oid = 17;
+inline constexpr Oid int8_oid = 20;
+inline constexpr Oid int2_oid = 21;
+inline constexpr Oid int4_oid = 23;
+inline constexpr Oid bytea_array_oid = 1001;
+
+inline constexpr std::size_t max_parameters = 65535;  // the protocol's limit
+
+/// libpq's own notice receiver and processor, those every new PGconn starts with. libpq does not
+/// export them; a connection object that never connects (its conninfo has an unknown option, so
+/// nothing is sent) hands them out, once per process.
+struct LibpqNoticeHooks {
+    PQnoticeReceiver receiver = nullptr;
+    PQnoticeProcessor processor = nullptr;
+};
+inline const LibpqNoticeHooks& libpq_notice_hooks() {
+    static const LibpqNoticeHooks hooks = [] {
+        LibpqNoticeHooks found;
+        if (PGconn* probe = PQconnectStart("idem_no_such_option=1")) {
+            // A null function reads the current hook without changing it.
+            found.receiver = PQsetNoticeReceiver(probe, nullptr, nullptr);
+            found.processor = PQsetNoticeProcessor(probe, nullptr, nullptr);
+            PQfinish(probe);
+        }
+        return found;
+    }();
+    return hooks;
+}
+
+using sql::always_false;
+using sql::is_char_v;
+using sql::is_optional;
+
+struct ResultFree {
+    void operator()(PGresult* result) const noexcept { PQclear(result); }
+};
+using Result = std::unique_ptr<PGresult, ResultFree>;
+
+/// A statement that can be prepared once per session under `name`.
+struct Statement {
+    std::string sql;
+    std::string name;  // empty: never prepared (transaction control)
+    std::vector<Oid> types;
+    bool prepared = false;
+};
+
+/// One command of a pipeline. It owns its parameter values: it may be queued and sent later.
+struct Command {
+    Statement* statement = nullptr;  // or, when null, `sql`
+    std::string sql;
+    std::vector<std::string> values;
+    std::vector<char> nulls;
+    std::vector<int> formats;
+    std::vector<Oid> types;
+    int result_format = 1;    // idem's own statements read binary results
+    bool user = false;        // the effect's SQL: errors become store_error, with the SQL
+    bool control = false;     // BEGIN / SET / SAVEPOINT …: writes nothing
+    bool savepoint = false;   // `SAVEPOINT idem_effect` (a RELEASE right after cancels it)
+    std::string_view what{};  // for messages
+
+    [[nodiscard]] const std::string& text() const {
+        return statement != nullptr ? statement->sql : sql;
+    }
+};
+
+/// @p text as valid UTF-8 without NULs: each invalid byte (and each NUL) becomes U+FFFD.
+inline std::string valid_utf8(std::string_view text) {
+    static constexpr std::string_view replacement = "\xEF\xBF\xBD";
+    std::string out;
+    out.reserve(text.size());
+    std::size_t i = 0;
+    while (i < text.size()) {
+        const auto lead = static_cast<unsigned char>(text[i]);
+        if (lead != 0 && lead < 0x80) {
+            out.push_back(static_cast<char>(lead));
+            ++i;
+            continue;
+        }
+        std::size_t length = 0;
+        std::uint32_t code = 0;
+        std::uint32_t smallest = 0;
+        if ((lead & 0xE0) == 0xC0) {
+            length = 2, code = lead & 0x1Fu, smallest = 0x80;
+        } else if ((lead & 0xF0) == 0xE0) {
+            length = 3, code = lead & 0x0Fu, smallest = 0x800;
+        } else if ((lead & 0xF8) == 0xF0) {
+            length = 4, code = lead & 0x07u, smallest = 0x10000;
+        }
+        bool ok = length != 0 && i + length <= text.size();
+        for (std::size_t k = 1; ok && k < length; ++k) {
+            const auto next = static_cast<unsigned char>(text[i + k]);
+            ok = (next & 0xC0) == 0x80;
+            code = (code << 6) | (next & 0x3Fu);
+        }
+        ok = ok && code >= smallest && code <= 0x10FFFF && (code < 0xD800 || code > 0xDFFF);
+        if (ok) {
+            out.append(text.substr(i, length));
+            i += length;
+        } else {
+            out.append(replacement);
+            ++i;
+        }
+    }
+    return out;
+}
+
+/// A stable 64-bit key for pg_advisory_xact_lock (first 8 bytes of SHA-256).
+inline std::int64_t advisory_key(std::string_view domain, std::string_view key) {
+    detail::Sha256 hash;
+    hash.update(domain);
+    hash.update(std::string_view("\0", 1));
+    hash.update(key);
+    const auto digest = hash.finish();
+    std::uint64_t value = 0;
+    for (std::size_t i = 0; i < 8; ++i)
+        value = (value << 8) | digest[i];
+    return static_cast<std::int64_t>(value);
+}
+
+/// `"name"` with embedded quotes doubled: a safe SQL identifier for any name.
+inline std::string quote_identifier(std::string_view name) {
+    std::string out = "\"";
+    for (char c : name) {
+        if (c == '"') out.push_back('"');
+        out.push_back(c);
+    }
+    out.push_back('"');
+    return out;
+}
+
+inline void add_null(Command& command) {
+    command.values.emplace_back();
+    command.nulls.push_back(1);
+    command.formats.push_back(0);
+    command.types.push_back(0);
+}
+
+inline void add_text(Command& command, std::string text) {
+    if (text.find('\0') != std::string::npos) {
+        throw usage_error(fmt::format(
+            "idem postgres: parameter ${} contains a NUL byte, which PostgreSQL text cannot hold; "
+            "bind it as idem::Blob{{bytes}} into a BYTEA column{}{}",
+            command.values.size() + 1, command.user ? "; SQL: " : "",
+            command.user ? command.text() : std::string()));
+    }
+    command.values.push_back(std::move(text));
+    command.nulls.push_back(0);
+    command.formats.push_back(0);
+    command.types.push_back(0);  // the server infers the type from the SQL
+}
+
+inline void add_blob(Command& command, std::string_view bytes) {
+    if (bytes.size() > static_cast<std::size_t>(INT_MAX)) {
+        throw usage_error(
+            fmt::format("idem postgres: parameter ${} is over 2 GiB", command.values.size() + 1));
+    }
+    command.values.emplace_back(bytes);
+    command.nulls.push_back(0);
+    command.formats.push_back(1);
+    command.types.push_back(bytea_oid);
+}
+
+/// Appends a `bytea[]` parameter in PostgreSQL's binary array format (one dimension, no NULLs).
+inline void add_bytea_array(Command& command, const std::vector<std::string_view>& items) {
+    std::size_t size = 20;
+    for (std::string_view item : items)
+        size += 4 + item.size();
+    if (size > static_cast<std::size_t>(INT_MAX)) {
+        throw usage_error(
+            fmt::format("idem postgres: parameter ${} is over 2 GiB", command.values.size() + 1));
+    }
+    std::string out;
+    out.reserve(size);
+    const auto put = [&out](std::uint32_t value) {
+        for (int shift = 24; shift >= 0; shift -= 8)
+            out.push_back(static_cast<char>((value >> shift) & 0xFFu));
+    };
+    put(items.empty() ? 0 : 1);  // dimensions
+    put(0);                      // no NULLs
+    put(bytea_oid);
+    if (!items.empty()) {
+        put(static_cast<std::uint32_t>(items.size()));
+        put(1);  // lower bound
+    }
+    for (std::string_view item : items) {
+        put(static_cast<std::uint32_t>(item.size()));
+        out.append(item.data(), item.size());
+    }
+    command.values.push_back(std::move(out));
+    command.nulls.push_back(0);
+    command.formats.push_back(1);
+    command.types.push_back(bytea_array_oid);
+}
+
+inline std::string float_text(double value) {
+    if (value != value) return "NaN";
+    if (value == std::numeric_limits<double>::infinity()) return "Infinity";
+    if (value == -std::numeric_limits<double>::infinity()) return "-Infinity";
+    return fmt::format("{}", value);  // shortest text that reads back exactly
+}
+
+/// Appends one bound value to @p command.
+template <class T>
+void add_param(Command& command, const T& value) {
+    if constexpr (std::is_same_v<T, Blob>) {
+        add_blob(command, value.bytes);
+    } else if constexpr (std::is_same_v<T, std::nullptr_t> || std::is_same_v<T, std::nullopt_t>) {
+        add_null(command);
+    } else if constexpr (is_optional<T>::value) {
+        if (value) {
+            add_param(command, *value);
+        } else {
+            add_null(command);
+        }
+    } else if constexpr (std::is_same_v<T, bool>) {
+        add_text(command, value ? "true" : "false");
+    } else if constexpr (is_char_v<T>) {
+        static_assert(always_false<T>,
+                      "idem: a single character would be bound as its code point; pass a "
+                      "std::string_view for text or cast to an integer type");
+    } else if constexpr (std::is_integral_v<T>) {
+        add_text(command, std::to_string(value));
+    } else if constexpr (std::is_floating_point_v<T>) {
+        add_text(command, float_text(static_cast<double>(value)));
+    } else if constexpr (std::is_array_v<T>) {
+        static_assert(std::is_same_v<std::remove_cv_t<std::remove_extent_t<T>>, char>,
+                      "idem: only char arrays (string literals) can be bound as text");
+        const void* nul = std::memchr(value, 0, std::extent_v<T>);
+        const std::size_t size =
+            nul != nullptr ? static_cast<std::size_t>(static_cast<const char*>(nul) - value)
+                           : std::extent_v<T>;
+        add_text(command, std::string(value, size));
+    } else if constexpr (std::is_same_v<T, const char*> || std::is_same_v<T, char*>) {
+        if (value == nullptr) {
+            add_null(command);
+        } else {
+            add_text(command, std::string(value));
+        }
+    } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+        add_text(command, std::string(std::string_view(value)));
+    } else {
+        static_assert(always_false<T>,
+                      "idem: execute()/query_*() bind integers, floating point, bool, "
+                      "std::string / std::string_view / const char* (text), idem::Blob{bytes} "
+                      "(bytea), nullptr / std::nullopt (NULL) and std::optional of those");
+    }
+}
+
+template <class... Args>
+void add_params(Command& command, const Args&... args) {
+    if (sizeof...(Args) > max_parameters) {
+        throw usage_error("idem postgres: more than 65535 parameters in one statement");
+    }
+    command.values.reserve(sizeof...(Args));
+    (add_param(command, args), ...);
+}
+
+inline bool succeeded(const PGresult* result) noexcept {
+    if (result == nullptr) return false;
+    const ExecStatusType status = PQresultStatus(result);
+    return status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK;
+}
+
+/// A command that failed itself (not one skipped because an earlier one failed).
+inline bool failed(const PGresult* result) noexcept {
+    if (result == nullptr) return false;
+    const ExecStatusType status = PQresultStatus(result);
+    return status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK &&
+           status != PGRES_PIPELINE_ABORTED && status != PGRES_PIPELINE_SYNC;
+}
+
+inline std::string_view sqlstate(const PGresult* result) noexcept {
+    const char* state = result != nullptr ? PQresultErrorField(result, PG_DIAG_SQLSTATE) : nullptr;
+    return state != nullptr ? std::string_view(state) : std::string_view();
+}
+
+inline std::string trimmed(const char* text) {
+    std::string out = text != nullptr ? text : "";
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ' || out.back() == '\r'))
+        out.pop_back();
+    for (char& c : out)
+        if (c == '\n' || c == '\t') c = ' ';
+    return out;
+}
+
+/// The server's message for a failed command: primary text, detail, hint and SQLSTATE.
+inline std::string server_message(const PGresult* result) {
+    const char* primary = PQresultErrorField(result, PG_DIAG_MESSAGE_PRIMARY);
+    if (primary == nullptr) return trimmed(PQresultErrorMessage(result));
+    std::string out = primary;
+    if (const char* detail = PQresultErrorField(result, PG_DIAG_MESSAGE_DETAIL)) {
+        out += fmt::format("; {}", detail);
+    }
+    if (const char* hint = PQresultErrorField(result, PG_DIAG_MESSAGE_HINT)) {
+        out += fmt::format("; hint: {}", hint);
+    }
+    const std::string_view state = sqlstate(result);
+    if (!state.empty()) out += fmt::format(" (SQLSTATE {})", state);
+    return out;
+}
+
+/// Lock, statement and serialization timeouts: the work may succeed when retried.
+inline bool is_timeout(std::string_view state) noexcept {
+    return state == "55P03" || state == "57014" || state == "40001" || state == "40P01";
+}
+
+/// The connection or the server is gone or out of resources.
+inline bool is_unavailable(std::string_view state) noexcept {
+    if (state.empty()) return true;  // libpq's own failure
+    const std::string_view cls = state.substr(0, 2);
+    return (cls == "08" && state != "08P01") || cls == "57" || cls == "53" || cls == "58" ||
+           cls == "XX";
+}
+
+/// Integer of a binary int2 / int4 / int8 column (also bool: 0 / 1).
+inline std::int64_t binary_int(const PGresult* result, int row, int column) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(PQgetvalue(result, row, column));
+    const int length = PQgetlength(result, row, column);
+    std::uint64_t value = 0;
+    for (int i = 0; i < length && i < 8; ++i)
+        value = (value << 8) | bytes[i];
+    if (length > 1 && length < 8 && (bytes[0] & 0x80) != 0)
+        value |= ~std::uint64_t{0} << (8 * length);
+    return static_cast<std::int64_t>(value);
+}
+
+inline bool binary_bool(const PGresult* result, int row, int column) {
+    return PQgetlength(result, row, column) == 1 && PQgetvalue(result, row, column)[0] != 0;
+}
+
+/// The bytes of a column (binary BYTEA or TEXT), NUL-safe.
+inline std::string bytes_of(const PGresult* result, int row, int column) {
+    if (PQgetisnull(result, row, column) != 0) return {};
+    return std::string(PQgetvalue(result, row, column),
+                       static_cast<std::size_t>(PQgetlength(result, row, column)));
+}
+
+/// A text-format column as bytes: BYTEA is decoded from its hex (or escape) output.
+inline std::string text_column(const PGresult* result, int row, int column) {
+    if (PQftype(result, column) != bytea_oid) return bytes_of(result, row, column);
+    std::size_t length = 0;
+    unsigned char* decoded = PQunescapeBytea(
+        reinterpret_cast<const unsigned char*>(PQgetvalue(result, row, column)), &length);
+    if (decoded == nullptr) throw std::bad_alloc();
+    std::string out(reinterpret_cast<const char*>(decoded), length);
+    PQfreemem(decoded);
+    return out;
+}
+
+/// A text-format column as an integer (integer types, bool, and numerics without a fraction).
+inline std::int64_t text_int(const PGresult* result, int row, int column, std::string_view sql) {
+    const char* text = PQgetvalue(result, row, column);
+    const std::size_t length = static_cast<std::size_t>(PQgetlength(result, row, column));
+    if (PQftype(result, column) == bool_oid) return length > 0 && text[0] == 't' ? 1 : 0;
+    std::int64_t value = 0;
+    const auto [end, error] = std::from_chars(text, text + length, value);
+    if (error != std::errc() || end != text + length) {
+        throw usage_error(fmt::format(
+            "idem postgres: query_int(): the first column is '{}' (type OID {}), not an integer "
+            "that fits 64 bits; SQL: {}",
+            std::string_view(text, length), PQftype(result, column), sql));
+    }
+    return value;
+}
+
+inline std::int64_t affected_rows(const PGresult* result) {
+    const char* text = PQcmdTuples(const_cast<PGresult*>(result));
+    if (text == nullptr || *text == '\0') return 0;
+    std::int64_t value = 0;
+    std::from_chars(text, text + std::strlen(text), value);
+    return value;
+}
+
+}  // namespace postgres
+IDEM_END_NAMESPACE
