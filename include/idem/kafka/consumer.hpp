@@ -184,8 +184,9 @@ class Consumer {
         auto list = detail::to_list(offsets);
         const rd_kafka_resp_err_t err = rd_kafka_commit(rk, list.get(), mode == CommitMode::async);
         rethrow_pending();
-        detail::check(err, "commit");
+        // The partition's own error first: it names the partition.
         if (mode == CommitMode::sync) check_elements(list.get(), "commit");
+        detail::check(err, "commit");
     }
 
     /// @brief The offsets the group committed for @p partitions (RD_KAFKA_OFFSET_INVALID where
@@ -221,8 +222,9 @@ class Consumer {
     void close() {
         rd_kafka_t* rk = handle("close()");
         if (state_->closed) return;
-        state_->closed = true;
+        // Marked closed only afterwards: on_revoked, run inside, may still commit.
         const rd_kafka_resp_err_t err = rd_kafka_consumer_close(rk);
+        state_->closed = true;
         rethrow_pending();
         detail::check(err, "close");
     }
@@ -336,8 +338,8 @@ class Consumer {
     void destroy_noexcept() noexcept {
         if (!state_ || state_->handle == nullptr) return;
         if (!state_->closed) {
-            state_->closed = true;
             (void)rd_kafka_consumer_close(state_->handle);
+            state_->closed = true;
         }
         rd_kafka_destroy(state_->handle);
         state_->handle = nullptr;
