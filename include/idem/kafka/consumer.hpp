@@ -220,7 +220,7 @@ class Consumer {
     /// @brief Leaves the group: revokes the assignment (on_revoked runs: the last moment to
     /// commit) and closes. The Consumer can then only be destroyed.
     void close() {
-        rd_kafka_t* rk = handle("close()");
+        rd_kafka_t* rk = handle("close()", true);
         if (state_->closed) return;
         // Marked closed only afterwards: on_revoked, run inside, may still commit.
         const rd_kafka_resp_err_t err = rd_kafka_consumer_close(rk);
@@ -244,12 +244,12 @@ class Consumer {
 
     State* this_state() noexcept { return state_.get(); }
 
-    rd_kafka_t* handle(std::string_view what) const {
+    rd_kafka_t* handle(std::string_view what, bool after_close_too = false) const {
         if (!state_) {
             throw usage_error(
                 fmt::format("idem::kafka::Consumer: {} on a moved-from consumer", what));
         }
-        if (state_->closed && what != "close()") {
+        if (state_->closed && !after_close_too) {
             throw usage_error(fmt::format("idem::kafka::Consumer: {} after close()", what));
         }
         return state_->handle;
@@ -273,10 +273,8 @@ class Consumer {
                                      rd_kafka_topic_partition_list_t* partitions,
                                      void* opaque) noexcept {
         auto* state = static_cast<State*>(opaque);
-        const bool cooperative =
-            std::string_view(rd_kafka_rebalance_protocol(rk) == nullptr
-                                 ? ""
-                                 : rd_kafka_rebalance_protocol(rk)) == "COOPERATIVE";
+        const char* protocol = rd_kafka_rebalance_protocol(rk);
+        const bool cooperative = protocol != nullptr && std::string_view(protocol) == "COOPERATIVE";
         try {
             const TopicPartitions list = detail::from_list(partitions);
             if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {

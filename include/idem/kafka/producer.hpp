@@ -196,9 +196,9 @@ class Producer {
     void destroy_noexcept() noexcept {
         if (!handle_) return;
         rd_kafka_flush(handle_.get(), static_cast<int>(flush_on_destroy.count()));
-        // What is left is dropped; its reports (purged) are served so their states are freed.
+        // What is left is dropped; its (purged) reports are served, so their states are freed.
         rd_kafka_purge(handle_.get(), RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-        rd_kafka_poll(handle_.get(), 0);
+        rd_kafka_flush(handle_.get(), 1000);
         handle_.reset();
     }
 
