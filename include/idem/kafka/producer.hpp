@@ -128,18 +128,34 @@ class Producer {
         state->where.topic = std::string(topic);
         auto* opaque = new std::shared_ptr<detail::DeliveryState>(state);
         const std::string topic_name(topic);
-        const rd_kafka_resp_err_t err = rd_kafka_producev(
-            rk, RD_KAFKA_V_TOPIC(topic_name.c_str()), RD_KAFKA_V_PARTITION(partition),
-            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-            RD_KAFKA_V_KEY(const_cast<char*>(key.data()), key.size()),
-            RD_KAFKA_V_VALUE(const_cast<char*>(value.data()), value.size()),
-            RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
-        if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        // rd_kafka_produceva, not the RD_KAFKA_V_* macros (GNU statement expressions).
+        rd_kafka_vu_t fields[7];
+        fields[0].vtype = RD_KAFKA_VTYPE_TOPIC;
+        fields[0].u.cstr = topic_name.c_str();
+        fields[1].vtype = RD_KAFKA_VTYPE_PARTITION;
+        fields[1].u.i32 = partition;
+        fields[2].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
+        fields[2].u.i = RD_KAFKA_MSG_F_COPY;
+        fields[3].vtype = RD_KAFKA_VTYPE_KEY;
+        fields[3].u.mem.ptr = const_cast<char*>(key.data());
+        fields[3].u.mem.size = key.size();
+        fields[4].vtype = RD_KAFKA_VTYPE_VALUE;
+        fields[4].u.mem.ptr = const_cast<char*>(value.data());
+        fields[4].u.mem.size = value.size();
+        fields[5].vtype = RD_KAFKA_VTYPE_HEADERS;
+        fields[5].u.headers = hdrs;
+        fields[6].vtype = RD_KAFKA_VTYPE_OPAQUE;
+        fields[6].u.ptr = opaque;
+        rd_kafka_error_t* failure = rd_kafka_produceva(rk, fields, 7);
+        if (failure != nullptr) {
             // Not queued: the headers and the opaque are still ours.
             rd_kafka_headers_destroy(hdrs);
             delete opaque;
-            if (err == RD_KAFKA_RESP_ERR__FATAL) detail::raise_fatal(rk, "produce");
-            detail::check(err, fmt::format("produce to {}", topic));
+            if (rd_kafka_error_code(failure) == RD_KAFKA_RESP_ERR__FATAL) {
+                rd_kafka_error_destroy(failure);
+                detail::raise_fatal(rk, "produce");
+            }
+            detail::check(failure, fmt::format("produce to {}", topic));
         }
         return Pending(rk, std::move(state));
     }
