@@ -27,9 +27,10 @@
 /// the mock cluster on it, answers with the bootstrap servers, then serves the commands above,
 /// one line each, over a socketpair. A test process that SIGKILLs its consumer processes keeps
 /// the cluster; the host ends when the fixture is destroyed or when the owner dies (its end of
-/// the socketpair closes). The fork needs a process with ONE thread (librdkafka's threads would
-/// not survive it): construct the cluster before any librdkafka client of the test process, and
-/// fork() workers while the test process has no client open either. Only the process that
+/// the socketpair closes; workers fork()ed from the owner hold that end too, so then when the
+/// last of them is gone as well). The fork needs a process with ONE thread (librdkafka's threads
+/// would not survive it): construct the cluster before any librdkafka client of the test process,
+/// and fork() workers while the test process has no client open either. Only the process that
 /// created it controls the cluster; in a fork()ed copy the destructor does nothing.
 
 #include <librdkafka/rdkafka.h>
