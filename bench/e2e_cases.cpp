@@ -152,7 +152,7 @@ double drain_idem(Handler& handler, const std::string& stream, std::size_t n) {
     options.consumer = consumer_name;
     options.id_field = "order";
     options.batch_size = read_count;
-    options.block = 100ms;
+    options.poll_wait = 100ms;
     if constexpr (consumer_batches) options.handle_in_batches = true;
     idem::StreamConsumer consumer{redis_endpoint(), options, handler};
     const auto start = Clock::now();
@@ -507,6 +507,55 @@ int run_profile(const std::string& name, std::size_t messages) {
         };
         return profile_with(loop, raw, name, messages);
     }
+    if (name == "redis_stream_consumer") {
+        // The StreamConsumer's own loop: every entry added before the collected part, then
+        // poll_once() until all are handled (100 a poll, each commit with the next claim and the
+        // entry's XACK in the commit). Its twin is redis_single_raw (one SET NX a message).
+        auto& server = redis_server();
+        idem::RedisStore store{redis_endpoint()};
+        store.warm_up();
+        auto handler =
+            idem::make_handler(store, idem::Policy{scope}, [](auto&, const idem::StreamEntry&) {});
+        const std::string stream = "profile:consumer";
+        RawRedis feeder{server.host(), server.port()};
+        feeder.command({"DEL", stream});
+        auto fill = [&](std::uint64_t first, std::size_t n) {
+            std::vector<std::vector<std::string>> adds;
+            for (std::size_t i = 0; i < n; ++i)
+                adds.push_back({"XADD", stream, "*", "order", "s" + message_id(first + i)});
+            feeder.pipeline(adds);
+        };
+        idem::StreamConsumerOptions options;
+        options.stream = stream;
+        options.group = "g";
+        options.consumer = "c";
+        options.batch_size = 100;
+        options.poll_wait = std::chrono::milliseconds(100);
+        options.id_field = "order";
+        idem::StreamConsumer consumer{store.endpoint(), options, handler};
+        auto loop = [](auto& c, std::uint64_t& seq, std::size_t n) {
+            for (std::size_t done = 0; done < n;) {
+                const std::size_t handled = c.poll_once();
+                if (handled == 0) throw std::runtime_error("profile: poll_once() handled nothing");
+                done += handled;
+                seq += handled;
+            }
+        };
+        fill(1, 1000);
+        fill(1001, messages);
+        std::uint64_t seq = 0;
+        loop(consumer, seq, 1000);  // warm-up
+        const auto start = Clock::now();
+        profiled_loop(loop, consumer, seq, messages);
+        if (consumer.stats().acked_in_commit != seq) {
+            throw std::runtime_error("profile: an entry was not acked in its commit");
+        }
+        emit(Json()
+                 .str("profile", name)
+                 .integer("messages", static_cast<long long>(messages))
+                 .num("seconds", seconds_since(start), 3));
+        return 0;
+    }
     if (name == "postgres_single") {
         const std::string conninfo = postgres_server().conninfo();
         idem::PostgresStore store{conninfo};
@@ -516,7 +565,8 @@ int run_profile(const std::string& name, std::size_t messages) {
     }
     note(
         "--profile: one of memory_single, memory_observed, sqlite_single, sqlite_batch, "
-        "redis_single, redis_single_write, redis_single_local, postgres_single, or "
+        "redis_single, redis_single_write, redis_single_local, redis_stream_consumer, "
+        "postgres_single, or "
         "memory_single_raw, sqlite_single_raw, sqlite_batch_raw, redis_single_raw, "
         "redis_single_local_raw");
     return 2;

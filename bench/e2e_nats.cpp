@@ -98,15 +98,14 @@ template <class Handler>
 double drain_idem(Handler& handler, const std::string& url, const std::string& stream,
                   std::size_t n) {
     idem::JetStreamConsumerOptions options;
-    options.endpoint.url = url;
     options.stream = stream;
     options.durable = "bench";
-    options.create_consumer = false;
+    options.declare = false;
     options.batch_size = fetch_count;
-    options.fetch_wait = 1000ms;
+    options.poll_wait = 1000ms;
     options.visibility_timeout = 30s;
-    options.dead_letter_subject = "bench.dead";  // never used: nothing is dead-lettered
-    idem::JetStreamConsumer consumer{options, handler};
+    options.dead_letter = "bench.dead";  // never used: nothing is dead-lettered
+    idem::JetStreamConsumer consumer{idem::nats::Endpoint{url}, options, handler};
     const auto start = Clock::now();
     std::size_t handled = 0;
     while (handled < n) {

@@ -90,7 +90,7 @@ double drain_idem(Handler& handler, const std::string& queue, std::size_t n) {
     options.queue = queue;
     options.prefetch = prefetch;
     options.batch_size = prefetch;
-    options.block = 100ms;
+    options.poll_wait = 100ms;
     idem::RabbitConsumer consumer{rabbitmq_server().endpoint(), options, handler};
     consumer.start();  // untimed: the queue check and the dead-letter/retry declares
     const auto start = Clock::now();

@@ -739,7 +739,7 @@ void run_redis_cases() {
         options.group = "g";
         options.consumer = "c";
         options.batch_size = 100;
-        options.block = std::chrono::milliseconds(100);
+        options.poll_wait = std::chrono::milliseconds(100);
         options.id_field = "order";
         idem::StreamConsumer consumer{store.endpoint(), options, entry_handler};
         std::size_t left = 0;

@@ -12,9 +12,12 @@
 #   scripts/bench.sh --quick              a fast smoke run (2 rounds, short samples)
 #   scripts/bench.sh --filter 'sqlite'    only the cases whose name matches (--list: the names)
 #   scripts/bench.sh --no-pin             do not pin client and servers to one CPU
-#   scripts/bench.sh --profile [N]        callgrind profiles (instruction counts) of the hot path
-#                                         of memory_single, sqlite_single and sqlite_batch, N
-#                                         messages each (default 20000); needs valgrind
+#   scripts/bench.sh --profile [N] [CASE...]  callgrind profiles (instruction counts) of the hot
+#                                         path of each CASE and its raw twin, N messages each
+#                                         (default 20000; CASEs default: memory_single
+#                                         sqlite_single sqlite_batch; also redis_single,
+#                                         redis_single_local, redis_stream_consumer, whose twin
+#                                         is redis_single_raw); needs valgrind
 # Other options go to idem_bench (scripts/bench.sh --help lists them).
 set -euo pipefail
 
@@ -45,6 +48,8 @@ BIN="$BUILD/bench/idem_bench"
 
 if [[ "${1:-}" == "--profile" ]]; then
     messages="${2:-20000}"
+    cases=("${@:3}")
+    ((${#cases[@]})) || cases=(memory_single sqlite_single sqlite_batch)
     if ! command -v valgrind >/dev/null 2>&1; then
         echo "bench.sh: --profile needs valgrind (Debian: apt-get install valgrind)" >&2
         exit 1
@@ -57,8 +62,9 @@ if [[ "${1:-}" == "--profile" ]]; then
             -e 's/idem::v0::/idem::/g' -e 's/ \[[^]]*\]$//' \
             -e 's/std::_Rb_tree<.*>::\([A-Za-z_]*\)(.*/std::_Rb_tree<...>::\1/' | cut -c1-150
     }
-    for name in memory_single sqlite_single sqlite_batch; do
-        for side in "$name" "${name}_raw"; do
+    twin_of() { case "$1" in redis_stream_consumer) echo redis_single_raw ;; *) echo "${1}_raw" ;; esac; }
+    for name in "${cases[@]}"; do
+        for side in "$name" "$(twin_of "$name")"; do
             valgrind --tool=callgrind --toggle-collect='*profiled_loop*' \
                 --callgrind-out-file="$out/$side.out" "$BIN" --profile "$side" \
                 --messages "$messages" 2>"$out/$side.log" >/dev/null

@@ -70,7 +70,7 @@ class CommitHookTest : public ::testing::Test {
         ack.stream = "orders";
         ack.group = "workers";
         ack.entry_id = entry_id;
-        ack.dead_letter_stream = "orders:dead-letters";
+        ack.dead_letter_stream = "orders.dead-letters";
         ack.fields = {{"order", "x"}};
         ack.delivery_count = 1;
         return CommitHook{std::move(ack)};
@@ -146,7 +146,7 @@ TEST_F(CommitHookTest, RedisStoreDeadLetterIsParkedAndAckedByTheCommit) {
     EXPECT_EQ(outcome.disposition, Disposition::dead_lettered);
     EXPECT_TRUE(hook.acked_in_commit);
     EXPECT_EQ(pending(), 0);
-    EXPECT_EQ(stream_length("orders:dead-letters"), 1);  // XADD + XACK in the commit script
+    EXPECT_EQ(stream_length("orders.dead-letters"), 1);  // XADD + XACK in the commit script
 
     // A delivery without a usable id is parked in a transaction of its own: the hook still
     // reaches it.
@@ -156,19 +156,19 @@ TEST_F(CommitHookTest, RedisStoreDeadLetterIsParkedAndAckedByTheCommit) {
     EXPECT_EQ(parked.disposition, Disposition::dead_lettered);
     EXPECT_TRUE(no_id.acked_in_commit);
     EXPECT_EQ(pending(), 0);
-    EXPECT_EQ(stream_length("orders:dead-letters"), 2);
+    EXPECT_EQ(stream_length("orders.dead-letters"), 2);
 }
 
 TEST_F(CommitHookTest, AHookBuiltAsTheDocsShowParksItsDeadLetterOnTheDefaultStream) {
     // StreamAck{endpoint, stream, group, entry id}: no dead-letter stream named, so a dead
-    // letter goes where StreamConsumer's go, <stream>:dead-letters; it is never acked without
+    // letter goes where StreamConsumer's go, <stream>.dead-letters; it is never acked without
     // its copy. Named, it goes there.
     const idem::redis::StreamAck by_hand{endpoint(), "orders", "workers", "1-0"};
-    EXPECT_EQ(by_hand.dead_letter_stream, "orders:dead-letters");
-    EXPECT_EQ(idem::redis::StreamAck{}.dead_letter_destination(), ":dead-letters");
+    EXPECT_EQ(by_hand.dead_letter_stream, "orders.dead-letters");
+    EXPECT_EQ(idem::redis::StreamAck{}.dead_letter_destination(), ".dead-letters");
     idem::redis::StreamAck filled;
     filled.stream = "{orders}";
-    EXPECT_EQ(filled.dead_letter_destination(), "{orders}:dead-letters");
+    EXPECT_EQ(filled.dead_letter_destination(), "{orders}.dead-letters");
     EXPECT_EQ((idem::redis::StreamAck{endpoint(), "orders", "workers", "1-0", "parked"}
                    .dead_letter_destination()),
               "parked");
@@ -184,7 +184,7 @@ TEST_F(CommitHookTest, AHookBuiltAsTheDocsShowParksItsDeadLetterOnTheDefaultStre
     EXPECT_EQ(outcome.disposition, Disposition::dead_lettered);
     EXPECT_TRUE(hook.acked_in_commit);
     EXPECT_EQ(pending(), 0);
-    EXPECT_EQ(stream_length("orders:dead-letters"), 1);
+    EXPECT_EQ(stream_length("orders.dead-letters"), 1);
 
     // Filled in by hand, member by member, with no dead-letter stream: the same default.
     const std::string second = deliver("bad");
@@ -198,7 +198,7 @@ TEST_F(CommitHookTest, AHookBuiltAsTheDocsShowParksItsDeadLetterOnTheDefaultStre
               Disposition::dead_lettered);
     EXPECT_TRUE(filled_hook.acked_in_commit);
     EXPECT_EQ(pending(), 0);
-    EXPECT_EQ(stream_length("orders:dead-letters"), 2);
+    EXPECT_EQ(stream_length("orders.dead-letters"), 2);
 }
 
 TEST_F(CommitHookTest, FailedMessageIsNotAckedByTheCommit) {

@@ -126,7 +126,7 @@ TEST_F(RedisConcurrency, ConsumersOnThreadsDrainOneStreamEachEntryOnce) {
         options.group = "capture";
         options.consumer = "worker-" + std::to_string(c);
         options.id_field = "order";
-        options.block = std::chrono::milliseconds(100);
+        options.poll_wait = std::chrono::milliseconds(100);
         options.batch_size = 20;
         options.handle_in_batches = c % 2 == 0;
         consumers.push_back(std::make_unique<idem::StreamConsumer>(

@@ -78,19 +78,20 @@ class JetStreamTest : public ::testing::Test {
             nats::delete_stream(*admin_, name);
     }
 
+    nats::Endpoint endpoint() const { return nats::Endpoint{url_}; }
+
     /// Short timings: a redelivery takes ~AckWait (200 ms) instead of 30 s.
     JetStreamConsumerOptions fast_options(std::chrono::milliseconds ack_wait = 200ms) const {
         JetStreamConsumerOptions options;
-        options.endpoint.url = url_;
         options.stream = stream_;
         options.durable = "workers";
-        options.dead_letter_subject = "dead." + stream_;
+        options.dead_letter = "dead." + stream_;
         options.dead_letter_stream = dead_stream_;
         options.visibility_timeout = ack_wait;
         // Long: a fetch returns at the first message anyway, and nats-server 2.9 under-reports
         // a redelivery's NumDelivered when it falls due just as a pull request expires
         // (docs/brokers.md), which a long-lived request makes rare.
-        options.fetch_wait = 1000ms;
+        options.poll_wait = 1000ms;
         // A failure is left for AckWait (the backoff's tests set their own).
         options.redelivery_backoff = idem::RedeliveryBackoff::none();
         return options;
@@ -141,7 +142,7 @@ TEST(JetStreamConsumerOptions, InvalidOptionsAreRefusedWithTheReason) {
     auto handler = [](const Delivery&, const JetStreamMessage&) { return processed(); };
     auto refused = [&](JetStreamConsumerOptions options, const std::string& words) {
         try {
-            JetStreamConsumer consumer{options, handler};
+            JetStreamConsumer consumer{nats::Endpoint{}, options, handler};
             ADD_FAILURE() << "not refused: " << words;
         } catch (const idem::usage_error& e) {
             EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
@@ -160,13 +161,16 @@ TEST(JetStreamConsumerOptions, InvalidOptionsAreRefusedWithTheReason) {
     refused(with([](auto& o) { o.durable = "a.b"; }), "contains '.'");
     refused(with([](auto& o) { o.batch_size = 0; }), "batch_size is 0");
     refused(with([](auto& o) { o.visibility_timeout = 0ms; }), "visibility_timeout");
-    refused(with([](auto& o) {
-                o.id_header.clear();
-                o.sequence_when_no_id_header = false;
-            }),
-            "no message id");
-    JetStreamConsumer consumer{good, handler};
-    EXPECT_EQ(consumer.options().dead_letter_subject, "idem.dead-letters.ORDERS.capture");
+    refused(with([](auto& o) { o.poll_wait = 0ms; }), "poll_wait must be positive");
+    // An empty id_field is the broker's own id (the stream sequence), as on every adapter.
+    JetStreamConsumer by_sequence{nats::Endpoint{}, with([](auto& o) {
+                                      o.id_field.clear();
+                                      o.sequence_when_no_id_field = false;
+                                  }),
+                                  handler};
+    EXPECT_TRUE(by_sequence.options().id_field.empty());
+    JetStreamConsumer consumer{nats::Endpoint{}, good, handler};
+    EXPECT_EQ(consumer.options().dead_letter, "idem.dead-letters.ORDERS.capture");
     EXPECT_EQ(consumer.name(), "ORDERS/capture");
 }
 
@@ -178,7 +182,7 @@ TEST_F(JetStreamTest, ConsumerContradictingTheOptionsIsRefusedAtStart) {
     spec.max_deliver = 3;
     nats::ensure_pull_consumer(*admin_, spec);
     auto plain = [](const Delivery&, const JetStreamMessage&) { return processed(); };
-    JetStreamConsumer mismatched{fast_options(/*ack_wait=*/200ms), plain};
+    JetStreamConsumer mismatched{endpoint(), fast_options(/*ack_wait=*/200ms), plain};
     try {
         mismatched.poll_once();
         ADD_FAILURE() << "AckWait mismatch not refused";
@@ -190,7 +194,8 @@ TEST_F(JetStreamTest, ConsumerContradictingTheOptionsIsRefusedAtStart) {
     idem::SqliteStore store{dir.file("idem.db")};
     auto handler =
         idem::make_handler(store, idem::Policy{"capture"}, [](auto&, const JetStreamMessage&) {});
-    JetStreamConsumer low_max_deliver{fast_options(5s), handler};  // max_deliveries 5 >= 3
+    JetStreamConsumer low_max_deliver{endpoint(), fast_options(5s),
+                                      handler};  // max_deliveries 5 >= 3
     try {
         low_max_deliver.poll_once();
         ADD_FAILURE() << "MaxDeliver at or under max_deliveries not refused";
@@ -200,8 +205,8 @@ TEST_F(JetStreamTest, ConsumerContradictingTheOptionsIsRefusedAtStart) {
 
     auto own_subject = fast_options(5s);
     own_subject.durable = "other";
-    own_subject.dead_letter_subject = stream_ + ".dead";
-    JetStreamConsumer loops{own_subject, plain};
+    own_subject.dead_letter = stream_ + ".dead";
+    JetStreamConsumer loops{endpoint(), own_subject, plain};
     try {
         loops.poll_once();
         ADD_FAILURE() << "a dead-letter subject of the consumed stream not refused";
@@ -217,7 +222,8 @@ TEST_F(JetStreamTest, ConsumerContradictingTheOptionsIsRefusedAtStart) {
 TEST_F(JetStreamTest, DeliveryCountsAreOneTwoThreeThroughAckWaitExpiryAndNakWithDelay) {
     std::vector<std::uint32_t> counts;
     std::vector<std::string> ids;
-    JetStreamConsumer consumer{fast_options(), [&](const Delivery& d, const JetStreamMessage& m) {
+    JetStreamConsumer consumer{endpoint(), fast_options(),
+                               [&](const Delivery& d, const JetStreamMessage& m) {
                                    counts.push_back(d.delivery_count.value());
                                    ids.push_back(d.message_id);
                                    EXPECT_EQ(m.data, "order 1");
@@ -238,8 +244,8 @@ TEST_F(JetStreamTest, DeliveryCountsAreOneTwoThreeThroughAckWaitExpiryAndNakWith
     // No Nats-Msg-Id: the stream sequence, the same on every delivery.
     EXPECT_EQ(ids, (std::vector<std::string>(3, stream_ + ":1")));
     const auto stats = consumer.stats();
-    EXPECT_EQ(stats.read, 1u);       // the first delivery
-    EXPECT_EQ(stats.reclaimed, 2u);  // the redeliveries
+    EXPECT_EQ(stats.read, 1u);         // the first delivery
+    EXPECT_EQ(stats.redelivered, 2u);  // the redeliveries
     EXPECT_EQ(stats.not_acked, 2u);
     EXPECT_EQ(consumer.nacked_with_delay(), 1u);
     EXPECT_EQ(stats.dead_lettered, 0u);
@@ -256,7 +262,7 @@ TEST_F(JetStreamTest, ADependencyRefusingForThreeSecondsDoesNotParkTheMessage) {
     auto handler = gateway.handler<JetStreamMessage>(store);
     auto options = fast_options();
     options.redelivery_backoff = idem::RedeliveryBackoff{};  // the defaults
-    JetStreamConsumer consumer{options, handler};
+    JetStreamConsumer consumer{endpoint(), options, handler};
     publish("1", {}, "order-1");
     ASSERT_TRUE(poll_until(
         consumer, [&] { return consumer.stats().acked == 1; }, 30s));
@@ -270,7 +276,8 @@ TEST_F(JetStreamTest, ADependencyRefusingForThreeSecondsDoesNotParkTheMessage) {
 
 TEST_F(JetStreamTest, NatsMsgIdIsTheMessageIdWhenThereIsOne) {
     std::vector<std::string> ids;
-    JetStreamConsumer consumer{fast_options(), [&](const Delivery& d, const JetStreamMessage&) {
+    JetStreamConsumer consumer{endpoint(), fast_options(),
+                               [&](const Delivery& d, const JetStreamMessage&) {
                                    ids.push_back(d.message_id);
                                    return processed();
                                }};
@@ -309,7 +316,7 @@ TEST_F(JetStreamTest, PoisonAtTheLimitIsPublishedToTheDeadLetterSubjectThenTermi
         reports.push_back({std::string(h.consumer), std::string(h.dead_letter_destination),
                            h.pending, h.dead_letter_depth, h.circuit_open});
     };
-    JetStreamConsumer consumer{options, handler};
+    JetStreamConsumer consumer{endpoint(), options, handler};
     publish("42", {{"Order", "42"}, {"Nats-Expected-Stream", stream_}}, "order-42");
 
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
@@ -353,9 +360,9 @@ TEST_F(JetStreamTest, MessageWithoutItsIdHeaderIsDeadLetteredAsMalformedAndTermi
     auto handler = idem::make_handler(store, idem::Policy{"capture"},
                                       [&](auto&, const JetStreamMessage&) { ++effect_runs; });
     auto options = fast_options();
-    options.id_header = "Order-Id";
-    options.sequence_when_no_id_header = false;
-    JetStreamConsumer consumer{options, handler};
+    options.id_field = "Order-Id";
+    options.sequence_when_no_id_field = false;
+    JetStreamConsumer consumer{endpoint(), options, handler};
     publish("7");  // no Order-Id header
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
     EXPECT_EQ(effect_runs, 0);
@@ -384,7 +391,7 @@ TEST_F(JetStreamTest, BatchModeHandsAFetchToOneHandleBatchAndSettlesEachMessage)
                                       });
     auto options = fast_options();
     options.handle_in_batches = true;
-    JetStreamConsumer consumer{options, handler};
+    JetStreamConsumer consumer{endpoint(), options, handler};
     for (int i = 1; i <= 5; ++i)
         publish(std::to_string(i), {}, "order-" + std::to_string(i));
     const std::size_t first_poll = consumer.poll_once();
@@ -405,7 +412,7 @@ TEST_F(JetStreamTest, TheDeadLetterCopyKeepsOnlyRedactedDataHeadersAndReason) {
         store, idem::Policy{"capture", policy}, [](auto&, const JetStreamMessage& m) -> void {
             throw idem::malformed_message("card " + std::string(*m.header("Card")) + " refused");
         });
-    JetStreamConsumer consumer{fast_options(), handler};
+    JetStreamConsumer consumer{endpoint(), fast_options(), handler};
     admin_->publish(stream_ + ".orders", "order 7 card 4111 1111 1111 1111",
                     {{"Card", "4111 1111 1111 1111"}, {"Order", "7"}});
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
@@ -461,10 +468,10 @@ TEST_F(JetStreamTest, SlowLiveHolderOnALeaseStoreIsNotDeadLetteredByRedeliveries
             return outcome;
         };
     };
-    JetStreamConsumer a{fast_options(), wrapped(nullptr, nullptr)};
+    JetStreamConsumer a{nats::Endpoint{url_}, fast_options(), wrapped(nullptr, nullptr)};
     std::vector<std::uint32_t> b_counts;
     std::vector<Disposition> b_outcomes;
-    JetStreamConsumer b{fast_options(), wrapped(&b_counts, &b_outcomes)};
+    JetStreamConsumer b{nats::Endpoint{url_}, fast_options(), wrapped(&b_counts, &b_outcomes)};
 
     publish("1", {}, "slow-1");
     std::string a_error;
@@ -493,11 +500,11 @@ TEST_F(JetStreamTest, SlowLiveHolderOnALeaseStoreIsNotDeadLetteredByRedeliveries
     EXPECT_EQ(store.attempts("slow", "slow-1"), 1u);  // B's redeliveries never started the effect
     // Nothing comes back any more (a redelivery already on its way finds a duplicate).
     ASSERT_TRUE(wait_for([&] { return ack_pending() == 0; }));
-    const auto before = b.stats().reclaimed;
+    const auto before = b.stats().redelivered;
     const auto until = Clock::now() + 500ms;
     while (Clock::now() < until)
         b.poll_once();
-    EXPECT_LE(b.stats().reclaimed, before + 1);
+    EXPECT_LE(b.stats().redelivered, before + 1);
     EXPECT_EQ(effect_runs.load(), 1);
 }
 
@@ -506,13 +513,14 @@ TEST_F(JetStreamTest, InProgressHeartbeatKeepsASlowHandlersMessageFromBeingRedel
     std::atomic<bool> release{false};
     auto options = fast_options(/*ack_wait=*/300ms);
     options.in_progress_heartbeat = true;  // +WPI every 150 ms
-    JetStreamConsumer a{options, [&](const Delivery&, const JetStreamMessage&) {
+    JetStreamConsumer a{endpoint(), options, [&](const Delivery&, const JetStreamMessage&) {
                             started = true;
                             wait_for([&] { return release.load(); });
                             return processed();
                         }};
     std::atomic<int> b_calls{0};
-    JetStreamConsumer b{fast_options(300ms), [&](const Delivery&, const JetStreamMessage&) {
+    JetStreamConsumer b{endpoint(), fast_options(300ms),
+                        [&](const Delivery&, const JetStreamMessage&) {
                             ++b_calls;
                             return processed();
                         }};
@@ -526,7 +534,7 @@ TEST_F(JetStreamTest, InProgressHeartbeatKeepsASlowHandlersMessageFromBeingRedel
     release = true;
     worker.join();
     EXPECT_EQ(b_calls.load(), 0);
-    EXPECT_EQ(b.stats().read + b.stats().reclaimed, 0u);
+    EXPECT_EQ(b.stats().read + b.stats().redelivered, 0u);
     EXPECT_GE(a.in_progress_sent(), 3u);
     EXPECT_EQ(a.stats().acked, 1u);
     EXPECT_EQ(ack_pending(), 0);
@@ -597,7 +605,7 @@ TEST_F(JetStreamTest, StoreOutageDoesNotDeadLetterHealthyMessages) {
         publish(std::to_string(i));
 
     auto lock = std::make_unique<SqliteWriteLock>(path);  // the store is down
-    JetStreamConsumer consumer{options, handler};
+    JetStreamConsumer consumer{endpoint(), options, handler};
     std::thread worker([&] { consumer.run(); });
     // Long enough for a dozen redeliveries at a 100 ms AckWait without the breaker.
     if (!wait_for([&] { return consumer.stats().not_acked >= 1; })) {
@@ -636,8 +644,8 @@ TEST_F(JetStreamTest, StopFinishesTheMessageInHandAndLeavesTheRestUnsettled) {
     std::atomic<bool> in_handler{false};
     std::atomic<bool> release{false};
     auto options = fast_options(/*ack_wait=*/30s);
-    options.fetch_wait = 300ms;
-    JetStreamConsumer consumer{options, [&](const Delivery&, const JetStreamMessage&) {
+    options.poll_wait = 300ms;
+    JetStreamConsumer consumer{endpoint(), options, [&](const Delivery&, const JetStreamMessage&) {
                                    ++calls;
                                    in_handler = true;
                                    wait_for([&] { return release.load(); });
@@ -659,7 +667,7 @@ TEST_F(JetStreamTest, StopFinishesTheMessageInHandAndLeavesTheRestUnsettled) {
     worker.join();
     EXPECT_LT(Clock::now() - asked, 3s);
     EXPECT_EQ(calls.load(), 1);
-    EXPECT_EQ(consumer.stats().read, 2u);
+    EXPECT_EQ(consumer.stats().read, 1u);  // handed to the handler: the second never was
     EXPECT_EQ(consumer.stats().acked, 1u);
     EXPECT_EQ(ack_pending(), 1);          // the second: redelivered after AckWait
     EXPECT_EQ(consumer.poll_once(), 0u);  // stopped: fetches nothing
@@ -692,17 +700,17 @@ TEST(JetStreamRestart, BrokerKilledAndRestartedMidRunLosesNothingAndAppliesEachO
                                           tx.execute("INSERT INTO effects VALUES (?, 1)", m.data);
                                           ++handled;
                                       });
+    nats::Endpoint endpoint{server.url()};
+    endpoint.reconnect_wait = 100ms;
+    endpoint.request_timeout = 1s;
     JetStreamConsumerOptions options;
-    options.endpoint.url = server.url();
-    options.endpoint.reconnect_wait = 100ms;
-    options.endpoint.request_timeout = 1s;
     options.stream = "RESTART";
     options.durable = "workers";
-    options.dead_letter_subject = "dead.restart";
+    options.dead_letter = "dead.restart";
     options.visibility_timeout = 2s;
-    options.fetch_wait = 500ms;
+    options.poll_wait = 500ms;
     options.batch_size = 4;
-    JetStreamConsumer consumer{options, handler};
+    JetStreamConsumer consumer{endpoint, options, handler};
     std::thread worker([&] { consumer.run(); });
 
     ASSERT_TRUE(wait_for([&] { return handled.load() >= 10; }));

@@ -146,7 +146,7 @@ TEST_F(PostgresStoreOutageTest, DoesNotDeadLetterHealthyMessages) {
     options.group = "workers";
     options.consumer = "c1";
     options.visibility_timeout = 20ms;  // the broker redelivers fast
-    options.block = 20ms;
+    options.poll_wait = 20ms;
     options.circuit_breaker.initial_backoff = 20ms;
     options.circuit_breaker.max_backoff = 100ms;
     constexpr int messages = 40;
@@ -174,7 +174,7 @@ TEST_F(PostgresStoreOutageTest, DoesNotDeadLetterHealthyMessages) {
                       << consumer.stats().dead_lettered;
 
     EXPECT_EQ(consumer.stats().dead_lettered, 0u);
-    EXPECT_EQ(stream_length("orders:dead-letters"), 0);
+    EXPECT_EQ(stream_length("orders.dead-letters"), 0);
     EXPECT_TRUE(store.dead_letters().empty());
     EXPECT_EQ(pending("orders"), 0);
     EXPECT_EQ(store.query_int("SELECT count(*) FROM captures"), messages);  // each once

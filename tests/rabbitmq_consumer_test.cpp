@@ -84,7 +84,7 @@ bool poll_until(RabbitConsumer& consumer, Pred done,
 RabbitConsumerOptions fast_options(const std::string& queue) {
     RabbitConsumerOptions options;
     options.queue = queue;
-    options.block = 50ms;
+    options.poll_wait = 50ms;
     options.prefetch = 4;
     options.in_progress_delay = 200ms;
     // Failures: basic.nack with requeue, redelivered at once (the backoff's tests set their own).
@@ -242,8 +242,8 @@ TEST(RabbitConsumerOptions, InvalidOptionsAreRefusedWithTheReason) {
     o.batch_size = 0;
     refused(o, "batch_size is 0");
     o = base;
-    o.block = 0ms;
-    refused(o, "block must be positive");
+    o.poll_wait = 0ms;
+    refused(o, "poll_wait must be positive");
     o = base;
     o.retry_queue = "orders";
     refused(o, "retry_queue is the queue itself");
@@ -261,7 +261,7 @@ TEST(RabbitConsumerOptions, InvalidOptionsAreRefusedWithTheReason) {
     EXPECT_THROW(RabbitConsumer(rmq::Endpoint{}, base, RabbitConsumer::Handler{}),
                  idem::usage_error);
     RabbitConsumer consumer{rmq::Endpoint{}, base, handler};  // nothing connects yet
-    EXPECT_EQ(consumer.options().dead_letter_exchange, "orders.dead-letters");
+    EXPECT_EQ(consumer.options().dead_letter, "orders.dead-letters");
     EXPECT_EQ(consumer.options().dead_letter_routing_key, "orders");
     EXPECT_EQ(consumer.options().retry_queue, "orders.retry");
 }
@@ -271,14 +271,16 @@ TEST(RabbitConsumerOptions, LeaseLongerThanTheConsumerTimeoutIsRefusedNamingBoth
     auto handler =
         idem::make_handler(store, idem::Policy{"capture"}, [](auto&, const RabbitMessage&) {});
     auto options = fast_options("orders");
-    options.consumer_timeout = 10s;
+    options.visibility_timeout = 10s;
     try {
         RabbitConsumer consumer{rmq::Endpoint{}, options, handler};
         FAIL() << "a 30 s lease against a 10 s consumer_timeout was accepted";
     } catch (const idem::usage_error& e) {
         const std::string text = e.what();
         EXPECT_NE(text.find("30000 ms"), std::string::npos) << text;
-        EXPECT_NE(text.find("consumer_timeout (10000 ms)"), std::string::npos) << text;
+        EXPECT_NE(text.find("visibility_timeout (the broker's consumer_timeout) (10000 ms)"),
+                  std::string::npos)
+            << text;
     }
 }
 
@@ -317,7 +319,7 @@ TEST_F(RabbitConsumerTest, DeliveryCountsGrowThroughRealRedeliveries) {
     EXPECT_EQ(counts, (std::vector<std::uint32_t>{1, 2, 3, 4}));
     const auto stats = consumer.stats();
     EXPECT_EQ(stats.read, 1u);
-    EXPECT_EQ(stats.reclaimed, 3u);
+    EXPECT_EQ(stats.redelivered, 3u);
     EXPECT_EQ(stats.not_acked, 3u);
     EXPECT_EQ(stats.dead_lettered, 0u);
     for (int i = 0; i < 5; ++i)
@@ -344,7 +346,7 @@ TEST_F(RabbitConsumerTest, PoisonAtTheLimitGoesToTheDeadLetterExchangeConfirmedT
     EXPECT_EQ(effect_runs, 2);  // deliveries 1 and 2; the 3rd reaches the limit: no attempt
     EXPECT_EQ(consumer.stats().acked, 1u);
     EXPECT_EQ(consumer.stats().not_acked, 2u);
-    EXPECT_EQ(consumer.stats().reclaimed, 2u);
+    EXPECT_EQ(consumer.stats().redelivered, 2u);
 
     const auto letters = admin->take("poison.dead-letters", 1);
     ASSERT_EQ(letters.size(), 1u);
@@ -472,7 +474,7 @@ TEST_F(RabbitConsumerTest, ADeliveryWithoutAnIdIsDeadLetteredWithTheReason) {
     EXPECT_EQ(admin->depth("no-id"), 0u);
 
     // With id_header, the header is the id (and the message_id property is not needed).
-    options.id_header = "order-id";
+    options.id_field = "order-id";
     RabbitConsumer by_header{endpoint(), options, handler};
     admin->publish("no-id", "order 5", std::nullopt, {{"order-id", std::string("order-5")}});
     ASSERT_TRUE(poll_until(by_header, [&] { return by_header.stats().acked == 1; }));
@@ -849,8 +851,8 @@ TEST_F(RabbitConsumerTest, BatchModeDeadLettersThePoisonRedeliversTheFailureAndA
         EXPECT_EQ(stats.acked, 4u);
         EXPECT_EQ(stats.dead_lettered, 1u);
         EXPECT_EQ(stats.not_acked, 1u);
-        EXPECT_EQ(stats.read, 3u);       // order-1, order-throws, order-2 at count 1
-        EXPECT_EQ(stats.reclaimed, 2u);  // the poison (count 3), order-throws again (count 2)
+        EXPECT_EQ(stats.read, 3u);         // order-1, order-throws, order-2 at count 1
+        EXPECT_EQ(stats.redelivered, 2u);  // the poison (count 3), order-throws again (count 2)
     }
     EXPECT_EQ(attempts["order-throws"], (std::vector<std::uint32_t>{1, 2}));
     EXPECT_EQ(attempts["order-1"], (std::vector<std::uint32_t>{1}));

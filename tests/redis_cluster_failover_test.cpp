@@ -126,9 +126,9 @@ class RedisClusterFailoverTest : public ::testing::Test {
                 c.group = "workers";
                 c.consumer = "worker-" + std::to_string(slot);
                 c.batch_size = 1;
-                c.block = 50ms;
+                c.poll_wait = 50ms;
                 c.visibility_timeout = 1s;
-                c.create_group = false;
+                c.declare = false;
                 c.id_field = "id";  // the order id is the message id: the claim's hash tag
                 c.circuit_breaker.initial_backoff = 50ms;
                 c.circuit_breaker.max_backoff = 400ms;

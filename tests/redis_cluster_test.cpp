@@ -319,7 +319,7 @@ TEST_F(RedisClusterTest, TheStreamConsumerDrainsAStreamAndAcksAfterTheCommit) {
         options.group = group;
         options.consumer = "worker-1";
         options.batch_size = 64;
-        options.block = std::chrono::milliseconds(50);
+        options.poll_wait = std::chrono::milliseconds(50);
         options.handle_in_batches = batches;
         idem::StreamConsumer consumer(node(0), options, handler);
         EXPECT_FALSE(consumer.acks_in_commit()) << "stream and claims are in different slots";

@@ -325,7 +325,7 @@ TEST_F(RedisReplicasTest, TheStreamConsumerNeverAcksAnUnconfirmedCommit) {
     options.stream = "orders";
     options.group = "g";
     options.consumer = "c1";
-    options.block = 50ms;
+    options.poll_wait = 50ms;
     options.circuit_breaker.initial_backoff = 10ms;
     idem::StreamConsumer consumer{idem_test::redis_endpoint(broker), options,
                                   [&](const Delivery& delivery, const idem::StreamEntry& e) {

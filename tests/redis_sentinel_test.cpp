@@ -75,7 +75,7 @@ TEST_F(RedisSentinelTest, TheStoreAndTheConsumerFindTheMasterThroughTheSentinels
     consumer_options.stream = "orders";
     consumer_options.group = "g";
     consumer_options.consumer = "c1";
-    consumer_options.block = 50ms;
+    consumer_options.poll_wait = 50ms;
     idem::StreamConsumer consumer{endpoint, consumer_options, handler};
     EXPECT_EQ(consumer.poll_once(), 1u);
     // Same master name and Sentinels: the ack is part of the commit.
@@ -191,9 +191,9 @@ Tally failover_run(int replicas_to_ack, long messages) {
             c.group = "workers";
             c.consumer = "worker-" + std::to_string(slot);
             c.batch_size = 1;
-            c.block = 50ms;
+            c.poll_wait = 50ms;
             c.visibility_timeout = 1s;
-            c.create_group = false;
+            c.declare = false;
             c.id_field = "id";  // the order id is the message id: the claim's hash tag
             c.circuit_breaker.initial_backoff = 50ms;
             c.circuit_breaker.max_backoff = 400ms;

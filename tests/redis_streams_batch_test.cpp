@@ -83,7 +83,7 @@ class StreamBatchTest : public StreamConsumerTest {
     void expect_second_batch_done(const StreamConsumer& consumer, std::size_t in_commit) {
         const auto stats = consumer.stats();
         EXPECT_EQ(stats.read, 8u);
-        EXPECT_EQ(stats.reclaimed, 3u);  // 3 once, 4 twice
+        EXPECT_EQ(stats.redelivered, 3u);  // 3 once, 4 twice
         EXPECT_EQ(stats.dead_lettered, 2u);
         EXPECT_EQ(stats.not_acked, 3u);
         EXPECT_EQ(stats.acked_in_commit, in_commit);

@@ -22,7 +22,7 @@ TEST_F(StreamConsumerTest, ReclaimedEntryCarriesTheTrueDeliveryCount) {
     EXPECT_EQ(seen, (std::vector<std::uint32_t>{1, 2, 3, 4}));
     const auto stats = consumer.stats();
     EXPECT_EQ(stats.read, 1u);
-    EXPECT_EQ(stats.reclaimed, 3u);
+    EXPECT_EQ(stats.redelivered, 3u);
     EXPECT_EQ(stats.not_acked, 4u);
     EXPECT_EQ(stats.acked, 0u);
     EXPECT_EQ(pending("orders"), 1);  // failed: never acked
@@ -90,7 +90,7 @@ TEST_F(StreamConsumerTest, HealthReportsPendingEntriesAndTheDeadLetterDepth) {
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
     consumer.poll_once();
     EXPECT_EQ(reports.back(), std::make_pair(std::uint64_t{0}, std::uint64_t{1}));  // parked
-    EXPECT_EQ(named, "orders/" + options.group + " -> orders:dead-letters");
+    EXPECT_EQ(named, "orders/" + options.group + " -> orders.dead-letters");
     EXPECT_FALSE(circuit_open);
 }
 
@@ -299,7 +299,7 @@ void StoreOutageTest::run_outage(bool in_batches) {
         });
     auto options = fast_options("orders");
     options.visibility_timeout = 20ms;  // the broker redelivers fast
-    options.block = 20ms;
+    options.poll_wait = 20ms;
     options.circuit_breaker.initial_backoff = 20ms;
     options.circuit_breaker.max_backoff = 100ms;
     options.handle_in_batches = in_batches;

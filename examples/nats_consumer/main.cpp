@@ -262,12 +262,11 @@ int main(int argc, char** argv) try {
         });
 
     idem::JetStreamConsumerOptions consumer_options;
-    consumer_options.endpoint.url = options.url;
     consumer_options.stream = options.stream;
     consumer_options.durable = durable;
-    consumer_options.id_header = "Order-Id";  // the business id: a resent order is claimed once
-    consumer_options.sequence_when_no_id_header = false;  // no Order-Id: malformed, parked
-    consumer_options.dead_letter_subject = "dead." + options.stream;
+    consumer_options.id_field = "Order-Id";  // the business id: a resent order is claimed once
+    consumer_options.sequence_when_no_id_field = false;  // no Order-Id: malformed, parked
+    consumer_options.dead_letter = "dead." + options.stream;
     consumer_options.dead_letter_stream = options.stream + "_DEAD";
     // A message left unacked (the handler failed, or a worker died holding it) is delivered
     // again after this long (the consumer's AckWait). Keep it above your handler's p99.
@@ -275,7 +274,7 @@ int main(int argc, char** argv) try {
     consumer_options.on_error = [](const std::exception& e) {
         std::fprintf(stderr, "nats_consumer: %s (retrying)\n", e.what());
     };
-    idem::JetStreamConsumer consumer(consumer_options, capture);
+    idem::JetStreamConsumer consumer(idem::nats::Endpoint{options.url}, consumer_options, capture);
 
     // SIGINT / SIGTERM ask the consumer to stop: it settles the message in hand and returns.
     running_consumer.store(&consumer);
@@ -333,13 +332,13 @@ int main(int argc, char** argv) try {
     std::printf(
         "%s: produced %ld messages; read %zu, redelivered %zu, acked %zu (not acked %zu); "
         "%s holds %llu dead letters; %zu orders captured in %s\n",
-        consumer.name().c_str(), produced, stats.read, stats.reclaimed, stats.acked,
+        consumer.name().c_str(), produced, stats.read, stats.redelivered, stats.acked,
         stats.not_acked, consumer_options.dead_letter_stream.c_str(),
         static_cast<unsigned long long>(dead_letters), rows_by_order.size(), options.db.c_str());
     std::printf(
         "{\"stream\":%s,\"messages\":%zu,\"processed\":%llu,\"duplicates\":%llu,"
         "\"dead_lettered\":%llu,\"captures\":%ld,\"gateway_charges\":%zu,\"divergences\":%ld}\n",
-        json_string(options.stream).c_str(), stats.read + stats.reclaimed,
+        json_string(options.stream).c_str(), stats.read + stats.redelivered,
         static_cast<unsigned long long>(counters.processed),
         static_cast<unsigned long long>(counters.duplicates),
         static_cast<unsigned long long>(counters.dead_lettered), captures, charges.size(),

@@ -178,7 +178,7 @@ int run(const Options& o) {
 
     idem::RabbitConsumerOptions options;
     options.queue = o.queue;
-    options.block = 200ms;
+    options.poll_wait = 200ms;
     idem::RabbitConsumer consumer{endpoint, options, capture};
     const std::size_t expected = static_cast<std::size_t>(2 * o.produce + (o.produce > 0 ? 1 : 0));
     const auto deadline = std::chrono::steady_clock::now() + 120s;

@@ -5,7 +5,7 @@
 // IdempotentHandler with its true delivery count (XREADGROUP: 1; an entry taken over after the
 // visibility timeout: its count from XPENDING). The handler claims the entry's order id in the
 // same SQLite transaction as the capture row; the consumer acks only what the outcome says to ack
-// and moves dead letters to "<stream>:dead-letters" atomically with their ack.
+// and moves dead letters to "<stream>.dead-letters" atomically with their ack.
 //
 // With --produce N it first adds N capture messages (orders 1..N), each sent TWICE with the same
 // order_id, as a producer retrying after a lost reply would, plus one malformed entry (its amount
@@ -345,17 +345,17 @@ int main(int argc, char** argv) try {
     const auto counters = capture.counters();
     const auto stats = consumer.stats();
     const auto dead_letter_entries =
-        redis.checked({"XLEN", consumer.options().dead_letter_stream}, "XLEN").integer;
+        redis.checked({"XLEN", consumer.options().dead_letter}, "XLEN").integer;
     std::printf(
         "%s: produced %ld entries; read %zu, taken over %zu, acked %zu (not acked %zu); "
         "XLEN %s = %lld; %zu orders captured in %s\n",
-        options.consumer.c_str(), produced, stats.read, stats.reclaimed, stats.acked,
-        stats.not_acked, consumer.options().dead_letter_stream.c_str(), dead_letter_entries,
+        options.consumer.c_str(), produced, stats.read, stats.redelivered, stats.acked,
+        stats.not_acked, consumer.options().dead_letter.c_str(), dead_letter_entries,
         rows_by_order.size(), options.db.c_str());
     std::printf(
         "{\"stream\":%s,\"entries\":%zu,\"processed\":%llu,\"duplicates\":%llu,"
         "\"dead_lettered\":%llu,\"captures\":%ld,\"gateway_charges\":%zu,\"divergences\":%ld}\n",
-        json_string(options.stream).c_str(), stats.read + stats.reclaimed,
+        json_string(options.stream).c_str(), stats.read + stats.redelivered,
         static_cast<unsigned long long>(counters.processed),
         static_cast<unsigned long long>(counters.duplicates),
         static_cast<unsigned long long>(counters.dead_lettered), captures, charges.size(),

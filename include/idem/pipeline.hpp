@@ -2,7 +2,8 @@
 /// @file
 /// @brief PipelinedLoop: for a consumer loop that handles deliveries one at a time, each
 /// message's commit goes out with the next message's claim, in ONE round trip (Redis), and a
-/// message is settled (acked) only once its commit's reply says it committed.
+/// message is settled (acked) only once its commit's reply says it committed. Each message
+/// goes through the handler's attempt pipeline (handler/attempt.hpp), as in handle().
 
 #include <chrono>
 #include <cstddef>
@@ -19,6 +20,9 @@
 #include "idem/contract/store.hpp"
 #include "idem/delivery.hpp"
 #include "idem/handler.hpp"
+#include "idem/handler/attempt.hpp"
+#include "idem/handler/strategy.hpp"
+#include "idem/handler/timing.hpp"
 #include "idem/outcome.hpp"
 
 IDEM_BEGIN_NAMESPACE
@@ -111,7 +115,7 @@ class PipelinedLoop {
         try {
             held->tx.commit();
         } catch (const std::exception& e) {
-            outcome = handler_->failure(e);
+            outcome = handler_->attempt_pipeline().failure(e);
         }
         settle(out, std::move(*held), std::move(outcome));
         return out;
@@ -152,11 +156,11 @@ class PipelinedLoop {
                 out.push_back(Settled{std::move(tag), delivery, std::move(outcome), acked});
                 return out;
             }
-            Handler& h = *handler_;
+            auto& p = handler_->attempt_pipeline();
             std::vector<Report> later;  // the previous message's report, after this attempt
-            if (hook) h.bind_hook(*hook, delivery);
-            const typename Handler::Stopwatch watch(h.observer_ != nullptr);
-            auto fresh = std::make_unique<Held>(Held{h.begin_transaction(hook.get(), hook ? 1 : 0),
+            if (hook) p.bind_hook(*hook, delivery);
+            const detail::Stopwatch watch(p.observed());
+            auto fresh = std::make_unique<Held>(Held{p.begin(hook.get(), hook ? 1 : 0),
                                                      std::move(tag),
                                                      delivery,
                                                      Outcome{},
@@ -164,7 +168,7 @@ class PipelinedLoop {
                                                      {},
                                                      {},
                                                      {}});
-            const std::string fingerprint = h.fingerprint_of(body);
+            const std::string fingerprint = p.fingerprint_of(body);
             ClaimResult claim;
             try {
                 if (held_) {
@@ -172,9 +176,9 @@ class PipelinedLoop {
                     CommitAndClaimResult both;
                     try {
                         both = previous->tx.commit_with_next_claim(
-                            fresh->tx, h.policy_.scope(), delivery.message_id, fingerprint);
+                            fresh->tx, p.policy().scope(), delivery.message_id, fingerprint);
                     } catch (const std::exception& e) {  // the round trip: both unknown
-                        Outcome failed = h.failure(e);
+                        Outcome failed = p.failure(e);
                         settle(out, std::move(*previous), failed, &later);
                         throw;
                     }
@@ -184,26 +188,26 @@ class PipelinedLoop {
                     if (both.next_error) std::rethrow_exception(both.next_error);
                     claim = std::move(both.next);
                 } else {
-                    claim = h.template claim_one<Body>(fresh->tx, delivery.message_id, fingerprint);
+                    claim = p.template claim_one<Body>(fresh->tx, delivery.message_id, fingerprint);
                 }
-                fresh->outcome = h.attempt(fresh->tx, delivery, body,
+                fresh->outcome = p.attempt(fresh->tx, delivery, body,
                                            detail::PreclaimedStrategy<Transaction>{claim},
                                            watch.on() ? &fresh->measure : nullptr)
                                      .outcome;
             } catch (const std::exception& e) {
-                fresh->outcome = handler_->failure(e);
+                fresh->outcome = p.failure(e);
             }
             for (Report& report : later)
                 deliver(report);
             fresh->handled_in = watch.elapsed();
-            if (h.observer_ != nullptr) {
+            if (p.observed()) {
                 // The observer's report may read the body (a gateway key): it settles later.
-                fresh->report = [&h, body](const Delivery& d, const Outcome& o,
+                fresh->report = [&p, body](const Delivery& d, const Outcome& o,
                                            std::chrono::nanoseconds in, const detail::Measure& m) {
-                    h.report(d, body, o, in, m);
+                    p.report(d, body, o, in, m);
                 };
             }
-            if (Handler::writes_something(fresh->outcome.disposition)) {
+            if (detail::writes_something(fresh->outcome.disposition)) {
                 held_ = std::move(fresh);  // its commit goes with the next claim, or flush()
             } else {
                 Outcome outcome = std::move(fresh->outcome);
@@ -217,7 +221,7 @@ class PipelinedLoop {
         try {
             std::rethrow_exception(error);
         } catch (const std::exception& e) {
-            return handler_->failure(e);
+            return handler_->attempt_pipeline().failure(e);
         } catch (...) {
             return failed_outcome("non-standard exception", FailureCause::other);
         }
@@ -238,7 +242,7 @@ class PipelinedLoop {
         if (r.report) {
             r.report(r.delivery, r.outcome, r.handled_in, r.measure);
         } else {  // no observer: report() only counts
-            handler_->counters_.count(r.delivery, r.outcome.disposition);
+            handler_->attempt_pipeline().count(r.delivery, r.outcome.disposition);
         }
     }
 

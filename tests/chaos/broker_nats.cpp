@@ -128,21 +128,21 @@ class NatsWorker final : public BrokerWorker {
 
     void run(const Deliver& deliver) override {
         idem::JetStreamConsumerOptions consumer_options;
-        consumer_options.endpoint.url = options_.broker_address;
-        consumer_options.endpoint.name = settings_.consumer_name;
+        idem::nats::Endpoint endpoint{options_.broker_address};
+        endpoint.name = settings_.consumer_name;
         consumer_options.stream = stream_name;
         consumer_options.durable = group_name;
-        consumer_options.create_consumer = false;  // the driver's, as configured there
-        consumer_options.dead_letter_subject = dead_subject;
+        consumer_options.declare = false;  // the driver's, as configured there
+        consumer_options.dead_letter = dead_subject;
         // One message at a time: a killed worker's unhandled batch would otherwise be redelivered
         // with raised delivery counts although it never reached the handler.
         consumer_options.batch_size = 1;
-        consumer_options.fetch_wait = std::chrono::milliseconds(100);
+        consumer_options.poll_wait = std::chrono::milliseconds(100);
         consumer_options.visibility_timeout = settings_.visibility;
         consumer_options.redelivery_backoff = settings_.backoff;
         consumer_options.on_error = settings_.on_error;
         idem::JetStreamConsumer consumer{
-            consumer_options,
+            endpoint, consumer_options,
             [&](const idem::Delivery& delivery, const idem::JetStreamMessage& message) {
                 return deliver(
                     delivery, Message{fmt::format("{}:{}", message.stream, message.stream_sequence),

@@ -218,13 +218,13 @@ class RabbitmqWorker final : public BrokerWorker {
         idem::RabbitConsumerOptions o;
         o.queue = queue_name;
         o.consumer_tag = settings_.consumer_name;
-        o.dead_letter_exchange = dead_letter_name;
+        o.dead_letter = dead_letter_name;
         o.retry_queue = retry_name;
         // One delivery at a time: a killed worker's prefetched deliveries would otherwise come
         // back with raised counts although they never reached the handler.
         o.prefetch = 1;
         o.batch_size = 1;
-        o.block = 100ms;
+        o.poll_wait = 100ms;
         o.in_progress_delay = settings_.visibility;
         o.redelivery_backoff = settings_.backoff;
         o.on_error = settings_.on_error;

@@ -150,11 +150,11 @@ class RedisStreamsWorker final : public BrokerWorker {
         consumer_options.stream = stream_key;
         consumer_options.group = group_name;
         consumer_options.consumer = settings_.consumer_name;
-        consumer_options.dead_letter_stream = dead_letter_stream_key;
+        consumer_options.dead_letter = dead_letter_stream_key;
         // One entry at a time: a killed worker's unhandled batch would otherwise be redelivered
         // with raised delivery counts although it never reached the handler.
         consumer_options.batch_size = 1;
-        consumer_options.block = std::chrono::milliseconds(100);
+        consumer_options.poll_wait = std::chrono::milliseconds(100);
         consumer_options.visibility_timeout = settings_.visibility;
         consumer_options.redelivery_backoff = settings_.backoff;
         consumer_options.on_error = settings_.on_error;

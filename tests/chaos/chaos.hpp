@@ -130,7 +130,7 @@ struct Options {
 // Keys in the run's redis-server. The harness's own keys start with "chaos:", the gateway's with
 // "gw:", the RedisStore's with "idem:".
 inline constexpr const char* stream_key = "chaos:payments";
-inline constexpr const char* dead_letter_stream_key = "chaos:payments:dead-letters";
+inline constexpr const char* dead_letter_stream_key = "chaos:payments.dead-letters";
 inline constexpr const char* group_name = "capture-workers";
 inline constexpr const char* scope_name = "capture-payment";
 inline constexpr const char* delivered_key = "chaos:delivered";     ///< INCR per delivery

@@ -255,9 +255,9 @@ int consume_pipelined(Store& store, const Options& options, idem::RedisConnectio
     consumer_options.stream = stream_key;
     consumer_options.group = group_name;
     consumer_options.consumer = settings.consumer_name;
-    consumer_options.dead_letter_stream = dead_letter_stream_key;
+    consumer_options.dead_letter = dead_letter_stream_key;
     consumer_options.batch_size = 4;  // a killed worker's unhandled entries come back counted
-    consumer_options.block = std::chrono::milliseconds(100);
+    consumer_options.poll_wait = std::chrono::milliseconds(100);
     consumer_options.visibility_timeout = settings.visibility;
     consumer_options.redelivery_backoff = settings.backoff;
     consumer_options.on_error = settings.on_error;

@@ -60,7 +60,7 @@ inline StreamConsumerOptions fast_options(const std::string& stream,
     options.group = "workers";
     options.consumer = consumer;
     options.visibility_timeout = 100ms;
-    options.block = 50ms;
+    options.poll_wait = 50ms;
     // Every visibility timeout: the tests of the backoff set it themselves.
     options.redelivery_backoff = idem::RedeliveryBackoff::none();
     return options;
@@ -152,7 +152,7 @@ class StreamConsumerTest : public ::testing::Test {
     /// The dead-letter stream of "orders", each entry split (split_dead_letter()).
     std::vector<DeadLetterEntry> dead_letters() {
         std::vector<DeadLetterEntry> letters;
-        for (const auto& entry : xrange("orders:dead-letters"))
+        for (const auto& entry : xrange("orders.dead-letters"))
             letters.push_back(split_dead_letter(entry));
         return letters;
     }

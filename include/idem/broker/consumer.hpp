@@ -1,12 +1,13 @@
 #pragma once
 /// @file
-/// @brief The shape every broker consumer shares (namespace idem::broker): what to do with a
-/// delivery after the handler (Settlement), the handler dispatch (a plain function, an
-/// IdempotentHandler, its batch form), batch mode's handler call (handle_together), the lease
-/// check against the broker's redelivery timeout, the run loop with its backoff, stop flag,
-/// circuit breaker and health reports, and the counters behind ConsumerStats. An adapter (Redis
-/// Streams, RabbitMQ, NATS JetStream) adds only what its broker does differently: how it reads,
-/// counts, acks, redelivers and dead-letters. Includes no store and no client library.
+/// @brief broker::Consumer: the base every broker consumer is written on (the spdlog
+/// `base_sink` way, by CRTP, so the per-message path makes no virtual call). The base owns the
+/// loop (poll_once, run, stop, the backoff after an error), the options every adapter shares
+/// (ConsumerOptions), the circuit breaker and store probe, health reports, the single, batch and
+/// pipelined handle paths, the one decision of what an outcome does at the broker
+/// (settlement_of) and the counters behind ConsumerStats. An adapter supplies reading, the
+/// mapping of a raw delivery to an idem::Delivery and its body, settling and health (see
+/// Consumer). Includes no store and no client library.
 
 #include <algorithm>
 #include <atomic>
@@ -14,350 +15,184 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
-#include <memory>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "idem/broker/dispatch.hpp"
+#include "idem/broker/settlement.hpp"
 #include "idem/circuit_breaker.hpp"
 #include "idem/config.hpp"
 #include "idem/consumer_health.hpp"
 #include "idem/contract/commit_hook.hpp"
-#include "idem/contract/store.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
-#include "idem/handler.hpp"
 #include "idem/outcome.hpp"
-#include "idem/pipeline.hpp"
+#include "idem/redelivery_backoff.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace broker {
 
-/// @brief What a consumer has done so far (a snapshot). Every adapter reports the same fields.
+/// @brief What a consumer has done so far (a snapshot). The same fields, with the same
+/// meaning, on every adapter.
 struct ConsumerStats {
-    std::size_t read = 0;  ///< first deliveries read from the broker
-    /// Deliveries that came again (Redis: taken over by XCLAIM; RabbitMQ, NATS: a delivery
-    /// count above 1).
-    std::size_t reclaimed = 0;
-    std::size_t acked = 0;              ///< settled for good, by the consumer or in the commit
-    std::size_t dead_lettered = 0;      ///< of those, sent to the dead-letter destination first
-    std::size_t not_acked = 0;          ///< left for redelivery: failed, deferred or in_progress
-    std::size_t acked_in_commit = 0;    ///< acked by the store's commit itself (commit hook)
+    std::size_t read = 0;             ///< first deliveries (delivery count 1) handed to the handler
+    std::size_t redelivered = 0;      ///< deliveries that came again (delivery count above 1)
+    std::size_t acked = 0;            ///< settled for good, by the consumer or in the commit
+    std::size_t dead_lettered = 0;    ///< of those, sent to the dead-letter destination first
+    std::size_t not_acked = 0;        ///< left for redelivery: failed, deferred or in_progress
+    std::size_t acked_in_commit = 0;  ///< acked by the store's commit itself (commit hook)
     std::size_t connection_errors = 0;  ///< broker (or its Redis) unreachable or timed out
     std::size_t circuit_opened = 0;     ///< times reading paused: the handler's store unreachable
     std::size_t store_probes = 0;       ///< probes of the store while paused (successful included)
 };
 
-/// @brief What a consumer does with a delivery once the handler returned.
-enum class Settlement : std::uint8_t {
-    ack,                   ///< settle it: never deliver it again
-    dead_letter_then_ack,  ///< send it to the dead-letter destination, confirmed, then settle it
-    redeliver,             ///< leave it (or give it back) to be delivered again
-};
-
-/// @brief The Settlement for an outcome when the CONSUMER settles (not the store's commit).
-///
-/// A duplicate of a message an earlier delivery dead-lettered goes to the dead-letter
-/// destination again before its ack: a crash between the commit that parked it and the
-/// consumer's dead-letter publish would otherwise lose the dead letter. Not so when
-/// @p commit_publishes_dead_letters (the store's commit publishes a dead letter in the same
-/// atomic step as it parks it, e.g. a RedisStore taking the stream's commit hook): that
-/// duplicate's dead letter exists already and it is acked plainly.
-[[nodiscard]] constexpr Settlement settlement_of(
-    const Outcome& outcome, bool commit_publishes_dead_letters = false) noexcept {
-    if (!should_ack(outcome)) return Settlement::redeliver;
-    if (outcome.disposition == Disposition::dead_lettered ||
-        (!commit_publishes_dead_letters && outcome.duplicate_of_dead_letter())) {
-        return Settlement::dead_letter_then_ack;
-    }
-    return Settlement::ack;
-}
-
-/// @brief How long a redelivered message should wait, when the outcome says (a deferred
-/// effect's retry_after, an in_progress claim's remaining lease). Nothing: the broker's own
-/// redelivery delay.
-[[nodiscard]] inline std::optional<std::chrono::milliseconds> redelivery_delay(
-    const Outcome& outcome) {
-    if (outcome.disposition == Disposition::failed) return std::nullopt;
-    return outcome.retry_after;
-}
-
-/// @brief How a consumer calls its handler with a broker's message type: the plain form (the
-/// outcome decides the settlement), or an IdempotentHandler (with a commit hook when the store
-/// settles the delivery in its commit, and a batch form). A handler that throws gives a failed
-/// outcome, never an ack.
-template <class Message>
-class Dispatch {
-  public:
-    using Handler = std::function<Outcome(const Delivery&, const Message&)>;
-    using One = std::function<Outcome(const Delivery&, const Message&, CommitHook*)>;
-    using Many = std::function<std::vector<Outcome>(
-        const std::vector<Delivery>&, const std::vector<Message>&, std::vector<CommitHook>*)>;
-
-    /// @brief A message a sequence settled (in_sequence(), flush_sequence()): the tag the
-    /// consumer gave it (its position in the poll), its delivery, its outcome, and whether its
-    /// commit acked it.
-    struct Settled {
-        std::size_t tag = 0;
-        Delivery delivery{};
-        Outcome outcome{};
-        bool acked_in_commit = false;
-    };
-
-    /// @throws usage_error for an empty handler (@p who names the consumer).
-    static Dispatch plain(Handler handler, std::string_view who) {
-        if (!handler) throw usage_error(fmt::format("{}: the handler is empty", who));
-        Dispatch d;
-        d.one_ = [handler = std::move(handler)](const Delivery& delivery, const Message& message,
-                                                CommitHook*) { return handler(delivery, message); };
-        return d;
-    }
-
-    /// The handler must outlive the consumer (it is referenced, not copied).
-    template <class Store, class Effect>
-    static Dispatch idempotent(IdempotentHandler<Store, Effect>& handler) {
-        Dispatch d;
-        d.one_ = [&handler](const Delivery& delivery, const Message& message,
-                            CommitHook* hook) -> Outcome {
-            if (hook != nullptr) return handler.handle(delivery, message, *hook);
-            return handler.handle(delivery, message);
-        };
-        d.many_ = [&handler](const std::vector<Delivery>& deliveries,
-                             const std::vector<Message>& messages, std::vector<CommitHook>* hooks) {
-            if (hooks != nullptr) return handler.handle_batch(deliveries, messages, *hooks);
-            return handler.handle_batch(deliveries, messages);
-        };
-        using Loop = PipelinedLoop<IdempotentHandler<Store, Effect>, std::size_t>;
-        if constexpr (Loop::pipelines) {
-            d.sequence_ = std::make_shared<SequenceOf<Loop>>(handler);
-        }
-        d.scope_ = std::string(handler.policy().scope());
-        d.probe_ = [&handler] { probe_store(handler.store()); };
-        if (handler.policy().options().redact_payload) {
-            d.redact_ = [&handler](std::string_view text) { return handler.policy().redact(text); };
-        }
-        return d;
-    }
-
-    /// The handler's outcome for one delivery; one that throws counts as failed.
-    [[nodiscard]] Outcome call(const Delivery& delivery, const Message& message,
-                               CommitHook* hook) const {
-        try {
-            return one_(delivery, message, hook);
-        } catch (const std::exception& e) {
-            return failed_outcome(fmt::format("handler threw: {}", e.what()), failure_cause_of(e));
-        } catch (...) {
-            return failed_outcome("handler threw a non-standard exception", FailureCause::other);
-        }
-    }
-
-    /// True for an IdempotentHandler (handle_batch: one transaction for many deliveries).
-    [[nodiscard]] bool batches() const noexcept { return static_cast<bool>(many_); }
-
-    /// One outcome per delivery from handle_batch; a batch that throws (or answers with the
-    /// wrong number of outcomes) fails every delivery in it. Requires batches().
-    [[nodiscard]] std::vector<Outcome> call_batch(const std::vector<Delivery>& deliveries,
-                                                  const std::vector<Message>& messages,
-                                                  std::vector<CommitHook>* hooks) const {
-        std::vector<Outcome> outcomes;
-        try {
-            outcomes = many_(deliveries, messages, hooks);
-            if (outcomes.size() != messages.size()) {
-                throw store_error(fmt::format("handle_batch returned {} outcomes for {} messages",
-                                              outcomes.size(), messages.size()));
-            }
-        } catch (const std::exception& e) {
-            outcomes.assign(messages.size(),
-                            failed_outcome(fmt::format("batch handler threw: {}", e.what()),
-                                           failure_cause_of(e)));
-        } catch (...) {
-            outcomes.assign(messages.size(),
-                            failed_outcome("batch handler threw a non-standard exception",
-                                           FailureCause::other));
-        }
-        return outcomes;
-    }
-
-    /// True for an IdempotentHandler whose store sends a commit with the next claim (a
-    /// RedisStore): in_sequence() then pipelines (idem::PipelinedLoop).
-    [[nodiscard]] bool sequences() const noexcept { return static_cast<bool>(sequence_); }
-
-    /// @brief The next delivery of a sequence handled one at a time: its claim goes with the
-    /// held commit of the one before (PipelinedLoop::handle). Returns what settled, in order —
-    /// the one before once its commit's reply came, this one when it needed no commit; what
-    /// the handler's commit has not yet confirmed is not in it. A delivery whose handling threw
-    /// settles failed at once. Requires sequences().
-    [[nodiscard]] std::vector<Settled> in_sequence(const Delivery& delivery, const Message& message,
-                                                   std::size_t tag, CommitHook* hook) const {
-        try {
-            return sequence_->handle(delivery, message, tag, hook);
-        } catch (const std::exception& e) {
-            return {Settled{
-                tag, delivery,
-                failed_outcome(fmt::format("handler threw: {}", e.what()), failure_cause_of(e)),
-                false}};
-        }
-    }
-    /// @brief Sends the sequence's held commit alone and returns its message, settled (nothing
-    /// when none is held). Call it before the consumer waits for more deliveries, and before it
-    /// stops: a held message keeps its lease until its commit goes.
-    [[nodiscard]] std::vector<Settled> flush_sequence() const {
-        return sequence_ ? sequence_->flush() : std::vector<Settled>{};
-    }
-
-    /// True when the handler's policy redacts payloads (PolicyOptions::redact_payload): the
-    /// consumer's own copy of a dead letter (the message's body or fields) goes through
-    /// redact(). Not its reason: the handler has redacted the texts it puts in reasons already
-    /// (a redactor need not be idempotent).
-    [[nodiscard]] bool redacts() const noexcept { return static_cast<bool>(redact_); }
-    /// @p text as the policy's redactor leaves it (unchanged without one).
-    /// @throws redaction_failed when the redactor throws: the dead letter is then not published
-    /// and the delivery not acked.
-    [[nodiscard]] std::string redact(std::string_view text) const {
-        return redact_ ? redact_(text) : std::string(text);
-    }
-
-    /// The handler's policy scope (dead letters name it); empty for a plain handler.
-    [[nodiscard]] const std::string& scope() const noexcept { return scope_; }
-    /// Probes the IdempotentHandler's store (its ping(), or a transaction begun and rolled
-    /// back); empty for a plain handler.
-    [[nodiscard]] const std::function<void()>& store_probe() const noexcept { return probe_; }
-
-  private:
-    /// The type-erased PipelinedLoop of in_sequence().
-    class Sequence {
-      public:
-        virtual ~Sequence() = default;
-        virtual std::vector<Settled> handle(const Delivery& delivery, const Message& message,
-                                            std::size_t tag, CommitHook* hook) = 0;
-        virtual std::vector<Settled> flush() = 0;
-    };
-    template <class Loop>
-    class SequenceOf final : public Sequence {
-      public:
-        template <class Handler>
-        explicit SequenceOf(Handler& handler) : loop_(handler) {}
-        std::vector<Settled> handle(const Delivery& delivery, const Message& message,
-                                    std::size_t tag, CommitHook* hook) override {
-            return settled(hook != nullptr ? loop_.handle(delivery, message, tag, *hook)
-                                           : loop_.handle(delivery, message, tag));
-        }
-        std::vector<Settled> flush() override { return settled(loop_.flush()); }
-
-      private:
-        static std::vector<Settled> settled(std::vector<typename Loop::Settled> from) {
-            std::vector<Settled> out;
-            out.reserve(from.size());
-            for (auto& s : from) {
-                out.push_back(
-                    Settled{s.tag, std::move(s.delivery), std::move(s.outcome), s.acked_in_commit});
-            }
-            return out;
-        }
-        Loop loop_;
-    };
-
-    One one_;
-    Many many_;
-    std::shared_ptr<Sequence> sequence_;
-    std::string scope_;
-    std::function<void()> probe_;
-    std::function<std::string(std::string_view)> redact_;
-};
-
-/// @brief Refuses a lease store's handler whose lease outlasts the broker's redelivery timeout
-/// (visibility timeout, AckWait, consumer timeout): a worker that dies holding the lease would
-/// block its message across redeliveries. @p who names the consumer and its queue.
-/// @throws usage_error when the lease is longer.
-template <class Store, class Effect>
-void check_lease_fits(IdempotentHandler<Store, Effect>& handler,
-                      std::chrono::milliseconds redelivery_timeout, std::string_view timeout_name,
-                      std::string_view who) {
-    if constexpr (detail::has_default_lease<Store>::value) {
-        const std::chrono::milliseconds lease = handler.effective_lease();
-        if (lease > redelivery_timeout) {
-            throw usage_error(fmt::format(
-                "{}: the handler \"{}\" holds its claims for {} ms, longer than the {} ({} ms): a "
-                "worker that dies holding the lease would block its message across redeliveries. "
-                "Make the {} longer than the handler's p99 and the lease (PolicyOptions::lease or "
-                "the store's lease option) equal to it or just under.",
-                who, handler.policy().scope(), lease.count(), timeout_name,
-                redelivery_timeout.count(), timeout_name));
-        }
-    } else {
-        (void)handler;
-        (void)redelivery_timeout;
-        (void)timeout_name;
-        (void)who;
-    }
-}
-
-/// @brief The loop options every adapter's options carry under the same names.
-struct LoopOptions {
-    /// Told about each error run() recovers from (for logs); what it throws is ignored.
+/// @brief The options every adapter's options inherit, under the same names with the same
+/// meaning (docs/brokers.md has them in one table, broker by broker).
+struct ConsumerOptions {
+    /// Deliveries read per poll, at most (with handle_in_batches: handled together).
+    std::size_t batch_size = 16;
+    /// How long a read waits for messages; also how long run() may take to notice
+    /// request_stop().
+    std::chrono::milliseconds poll_wait{1000};
+    /// How long a delivery stays with this consumer before the broker gives it to another.
+    /// Keep it above the handler's p99; a lease store's lease must not exceed it.
+    std::chrono::milliseconds visibility_timeout{30000};
+    /// How long a delivery that was not acked waits before its next delivery, growing with its
+    /// delivery count. RedeliveryBackoff::none(): the broker's own clock.
+    RedeliveryBackoff redelivery_backoff{};
+    /// The field or header carrying a producer-set message id (a business id, so a message
+    /// sent twice is claimed once). Empty: the broker's own id. A delivery without it gets an
+    /// empty id, which an IdempotentHandler dead-letters as malformed.
+    std::string id_field{};
+    /// Where dead letters go. Empty: `<source>.dead-letters` (see each adapter).
+    std::string dead_letter{};
+    /// Create the broker objects this consumer needs on start (group, queue, consumer) when
+    /// they do not exist.
+    bool declare = true;
+    /// Handle each poll's deliveries together: an IdempotentHandler gets them in ONE
+    /// handle_batch() call (one store transaction, each message in its own savepoint), then
+    /// each is settled. The lease and the visibility timeout must then cover a whole batch,
+    /// and a stop waits for the batch in hand. Off: one at a time.
+    bool handle_in_batches = false;
+    /// Told about each error run() recovers from before it backs off and retries; for logs.
+    /// What it throws is ignored. Empty: only counted.
     std::function<void(const std::exception&)> on_error{};
-    /// The pause while the handler's store is unreachable (see CircuitBreaker).
+    /// The pause while the handler's store is unreachable: after an outcome failed with
+    /// Outcome::store_unreachable() the consumer stops reading (the rest of the poll stays
+    /// unsettled), waits and probes the store, and reads again only once a probe succeeds. So
+    /// delivery counts do not grow during an outage.
     CircuitBreakerOptions circuit_breaker{};
     /// How to probe a plain handler's store (throw while unreachable). Empty: no probe, one
-    /// initial_backoff pause after each such outcome.
+    /// initial_backoff pause after each such outcome. An IdempotentHandler's store is probed
+    /// with a transaction begun and rolled back (or its ping()).
     std::function<void()> store_probe{};
-    /// Receives a ConsumerHealth report after each poll, at most once per health_interval.
+    /// Receives a ConsumerHealth report after a poll, at most once per health_interval (each
+    /// may cost the adapter a round trip). Empty: none. E.g. PrometheusObserver's health_sink().
     HealthSink on_health{};
     std::chrono::milliseconds health_interval{1000};
 };
 
-/// @brief The run loop's state: the stop flag, the circuit breaker, the error backoff, health
-/// reports and the counters. An adapter owns one and asks it between deliveries.
+/// @brief A delivery the consumer settles after the handler: where it is in the poll, its
+/// body, delivery and outcome, and what settlement_of() decided.
+template <class Message>
+struct ToSettle {
+    std::size_t index = 0;  ///< its place in the poll's batch
+    const Message* message = nullptr;
+    Delivery delivery{};
+    Outcome outcome{};
+    Settlement settlement{};
+};
+
+/// @brief The base of a broker consumer. @p Adapter derives from it (CRTP) and befriends it;
+/// @p Options derives from ConsumerOptions; @p Raw is a delivery as the adapter read it;
+/// @p Message the body the handler sees.
 ///
-/// One thread polls; request_stop(), stop_requested() and stats() may be called from any
-/// thread (request_stop() also from a signal handler).
-class Loop {
+/// What an adapter supplies, all called on the polling thread (the one in poll_once()/run()):
+///
+/// - `std::vector<Raw> read()`: connect and declare if needed, then read up to `batch_size`
+///   deliveries, waiting up to `poll_wait` for the first. Throws on a broker failure
+///   (broker_unavailable, store_unavailable, ...: run() backs off).
+/// - `Delivery delivery_of(const Raw&) const`: the id (`id_field`, or the broker's own id), the
+///   delivery count (1 on a first delivery; a broker without one counts attempts in the store
+///   and says 1), the enqueue time. A malformed delivery keeps an empty id (or count 0): the
+///   handler dead-letters it with the reason.
+/// - `const Message& message_of(const Raw&) const`: the body the handler sees. An overload
+///   taking `Raw&&` may move it out (batch mode moves every body into one vector and reads the
+///   raw delivery's body no more).
+/// - `Settlement::Kind settle(Raw&, const Message&, const Delivery&, const Outcome&,
+///   const Settlement&)`: do what the settlement says (ack; publish the dead letter, wait for
+///   its confirmation, then ack; redeliver after `settlement.delay`, nothing: the broker's own
+///   clock) and return what was done (an ack the broker refused for a stale channel:
+///   redeliver). Throws when the broker failed.
+/// - `ConsumerHealth health()`: what the adapter knows (pending, dead-letter depth); the views
+///   must outlive the call. What cannot be read is left unknown, or thrown (reported through
+///   on_error, no report this time).
+///
+/// Optional hooks, the base's default in brackets:
+///
+/// - `CommitHook commit_hook_of(const Raw&, const Delivery&) const`: called only when built
+///   with acks_in_commit: the request asking the store's commit to settle this delivery. [none]
+/// - `void settle_all(std::vector<Raw>&, std::vector<ToSettle<Message>>&)`: settle many in one
+///   round trip, counting each with count(). [settle() each, in order]
+/// - `void unhandled(std::vector<Raw>&, std::size_t from)`: the deliveries from `from` on were
+///   read but not handled (a stop, the store away): keep them for the next read, or leave them
+///   to the broker's redelivery. [nothing]
+/// - `void handling(Raw* first, std::size_t count)`, `void handled()`: around the handler's
+///   call for those deliveries (e.g. a heartbeat that keeps them). [nothing]
+/// - `bool pipelines() const`: true to handle one at a time through the handler's
+///   PipelinedLoop when its store pipelines (a commit sent with the next claim). [false]
+/// - `std::optional<std::chrono::milliseconds> in_progress_delay() const`: the redelivery delay
+///   of an in_progress outcome without a retry_after. [nothing: the broker's clock]
+///
+/// A broker without a delivery count that settles by committing offsets in order (Kafka) fits
+/// the same hooks: delivery_of() says 1 (the store counts attempts); settle() for an ack marks
+/// the record's offset done, and the adapter commits per partition the contiguous prefix of done
+/// offsets (in settle_all(), or before its next read); a dead letter is produced and confirmed
+/// before its offset counts as done; a redeliver pauses the partition and seeks back to the
+/// record (resuming after settlement.delay); unhandled() seeks each partition back to its first
+/// unhandled record.
+///
+/// poll_once() and run() belong to one thread at a time; request_stop(), stop_requested() and
+/// stats() may be called from any thread (request_stop() also from a signal handler).
+template <class Adapter, class Options, class Raw, class Message>
+class Consumer {
   public:
-    /// @p probe is the IdempotentHandler's store probe (Dispatch::store_probe()); empty: the
-    /// options' store_probe, else none.
-    Loop(LoopOptions options, std::function<void()> probe)
-        : options_(std::move(options)),
-          breaker_(options_.circuit_breaker,
-                   probe                  ? std::move(probe)
-                   : options_.store_probe ? options_.store_probe
-                                          : std::function<void()>([] {}),
-                   [this](std::chrono::milliseconds d) { sleep_unless_stopped(d); }) {}
-    Loop(const Loop&) = delete;
-    Loop& operator=(const Loop&) = delete;
+    static_assert(std::is_base_of_v<ConsumerOptions, Options>,
+                  "idem: an adapter's options derive from broker::ConsumerOptions");
 
-    /// Before a poll: false after request_stop(), or when a stop came while the breaker was
-    /// open (waiting and probing the store until it answers).
-    [[nodiscard]] bool ready_to_read() {
-        if (stop_requested()) return false;
-        if (breaker_.is_open() && !breaker_.wait_until_closed([this] { return stop_requested(); }))
-            return false;
-        return true;
-    }
-    /// Between deliveries of one poll: true when the rest must stay unread (a stop, or the
-    /// store found unreachable).
-    [[nodiscard]] bool interrupted() const noexcept {
-        return stop_requested() || breaker_.is_open();
-    }
-    /// After each outcome: opens the breaker on one caused by an unreachable store.
-    void note(const Outcome& outcome) noexcept {
-        if (breaker_.trips_on(outcome)) breaker_.open();
+    Consumer(const Consumer&) = delete;
+    Consumer& operator=(const Consumer&) = delete;
+
+    /// @brief One cycle: read up to batch_size deliveries, hand them to the handler (one at a
+    /// time, pipelined, or together with handle_in_batches) and settle each as its outcome
+    /// says. Returns how many were handled. After request_stop() it returns 0 without reading,
+    /// and stops between deliveries: the rest stays unsettled. While the circuit breaker is
+    /// open it first waits and probes the store until it answers, or returns 0 on a stop.
+    /// @throws what read() and settle() throw: broker and store failures (counted in
+    /// stats().connection_errors when the server is away), redaction_failed when the policy's
+    /// redactor throws on a dead letter's copy (the delivery stays unsettled), usage_error.
+    std::size_t poll_once() {
+        if (!ready_to_read()) return 0;
+        const std::size_t handled = counting_connection_errors([this] { return poll(); });
+        if (health_due()) report_health();
+        return handled;
     }
 
-    /// Calls @p poll until request_stop(). Store and broker errors (a lost connection, a
-    /// restarted server) and a redactor that throws on a dead letter's copy (the delivery stays
-    /// unacked) are reported and retried after a bounded backoff (50 ms doubling to 1 s), never
-    /// thrown.
-    template <class Poll>
-    void run(Poll&& poll) {
+    /// @brief Polls until request_stop(). Store and broker errors (a lost connection, a
+    /// restarted server) and a redactor that throws are reported (on_error) and retried after
+    /// a bounded backoff (50 ms doubling to 1 s), never thrown; a usage_error is. Returns
+    /// within about poll_wait of the stop, once the delivery in hand is settled.
+    void run() {
         std::chrono::milliseconds backoff = min_backoff;
         while (!stop_requested()) {
             try {
-                poll();
+                poll_once();
                 backoff = min_backoff;
             } catch (const store_error& e) {
                 recover(e, backoff);
@@ -369,27 +204,89 @@ class Loop {
         }
     }
 
-    /// Counts a connection error of a poll (store_unavailable / store_timeout /
-    /// broker_unavailable) and rethrows it; other exceptions pass untouched.
-    template <class Poll>
-    auto counting_connection_errors(Poll&& poll) -> decltype(poll()) {
-        try {
-            return poll();
-        } catch (const store_unavailable&) {
-            connection_errors.fetch_add(1, std::memory_order_relaxed);
-            throw;
-        } catch (const store_timeout&) {
-            connection_errors.fetch_add(1, std::memory_order_relaxed);
-            throw;
-        } catch (const broker_unavailable&) {
-            connection_errors.fetch_add(1, std::memory_order_relaxed);
-            throw;
-        }
-    }
-
+    /// @brief Asks run() to return. Lock-free: safe from another thread or a signal handler.
     void request_stop() noexcept { stop_.store(true, std::memory_order_release); }
     [[nodiscard]] bool stop_requested() const noexcept {
         return stop_.load(std::memory_order_acquire);
+    }
+
+    [[nodiscard]] ConsumerStats stats() const noexcept {
+        ConsumerStats s;
+        s.read = read_.load(std::memory_order_relaxed);
+        s.redelivered = redelivered_.load(std::memory_order_relaxed);
+        s.acked = acked_.load(std::memory_order_relaxed);
+        s.dead_lettered = dead_lettered_.load(std::memory_order_relaxed);
+        s.not_acked = not_acked_.load(std::memory_order_relaxed);
+        s.acked_in_commit = acked_in_commit_.load(std::memory_order_relaxed);
+        s.connection_errors = connection_errors_.load(std::memory_order_relaxed);
+        const CircuitBreakerStats breaker = breaker_.stats();
+        s.circuit_opened = breaker.opened;
+        s.store_probes = breaker.probes;
+        return s;
+    }
+
+    /// @brief The options in use (defaults filled in).
+    [[nodiscard]] const Options& options() const noexcept { return options_; }
+    /// @brief True when the handler's commit settles the delivery (the store accepts the
+    /// adapter's commit hook).
+    [[nodiscard]] bool acks_in_commit() const noexcept { return acks_in_commit_; }
+
+  protected:
+    /// @p options are validated already (validate_common() and the adapter's own checks).
+    Consumer(Options options, Dispatch<Message> dispatch, bool acks_in_commit = false)
+        : options_(std::move(options)),
+          dispatch_(std::move(dispatch)),
+          acks_in_commit_(acks_in_commit),
+          breaker_(options_.circuit_breaker, probe_of(dispatch_, options_),
+                   [this](std::chrono::milliseconds d) { sleep_unless_stopped(d); }) {}
+    ~Consumer() = default;
+
+    /// The checks of the shared options; @p who names the consumer in the message.
+    /// @throws usage_error saying which value and why.
+    static void validate_common(const ConsumerOptions& options, std::string_view who) {
+        auto refuse = [&](std::string_view why) {
+            throw usage_error(fmt::format("{}: {}", who, why));
+        };
+        if (options.batch_size == 0) refuse("batch_size is 0; read at least 1 message per poll");
+        if (options.poll_wait.count() <= 0) {
+            refuse(
+                "poll_wait must be positive (e.g. 1000 ms); 0 would make a read wait forever or "
+                "never, and run() could not stop");
+        }
+        if (options.visibility_timeout.count() <= 0) {
+            refuse(
+                "visibility_timeout must be positive: choose it above the handler's p99 (e.g. "
+                "30000 ms)");
+        }
+        options.redelivery_backoff.validate(who);
+    }
+
+    /// What @p outcome of @p delivery does at the broker when the consumer settles it.
+    [[nodiscard]] Settlement settlement_of(const Outcome& outcome,
+                                           const Delivery& delivery) const noexcept {
+        return broker::settlement_of(outcome, delivery, rules(acks_in_commit_));
+    }
+
+    /// Counts one settled delivery: an ack (a dead letter's too), or left for redelivery.
+    void count(Settlement::Kind kind, bool in_commit = false) noexcept {
+        if (kind == Settlement::Kind::redeliver) {
+            not_acked_.fetch_add(1, std::memory_order_relaxed);
+            return;
+        }
+        acked_.fetch_add(1, std::memory_order_relaxed);
+        if (in_commit) acked_in_commit_.fetch_add(1, std::memory_order_relaxed);
+        if (kind == Settlement::Kind::dead_letter_then_ack) {
+            dead_lettered_.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
+
+    /// Tells options.on_error; never throws.
+    void report(const std::exception& e) const noexcept {
+        if (!options_.on_error) return;
+        try {
+            options_.on_error(e);
+        } catch (...) {  // reporting must never stop the loop
+        }
     }
 
     /// Sleeps @p duration in short steps, returning early on request_stop().
@@ -403,81 +300,83 @@ class Loop {
         }
     }
 
-    /// Tells options.on_error; never throws.
-    void report(const std::exception& e) const noexcept {
-        if (!options_.on_error) return;
-        try {
-            options_.on_error(e);
-        } catch (...) {  // reporting must never stop the loop
+    [[nodiscard]] const Dispatch<Message>& dispatch() const noexcept { return dispatch_; }
+
+    // The optional hooks' defaults (see the class comment).
+    CommitHook commit_hook_of(const Raw&, const Delivery&) const { return CommitHook{}; }
+    void settle_all(std::vector<Raw>& batch, std::vector<ToSettle<Message>>& settling) {
+        for (ToSettle<Message>& s : settling) {
+            count(
+                adapter().settle(batch[s.index], *s.message, s.delivery, s.outcome, s.settlement));
         }
     }
-
-    /// True when a health report is due (a sink is set and health_interval has passed): the
-    /// adapter then gathers what it knows (which may cost a round trip) and calls
-    /// report_health().
-    [[nodiscard]] bool health_due() const noexcept {
-        if (!options_.on_health) return false;
-        return std::chrono::steady_clock::now() - last_health_ >= options_.health_interval;
-    }
-    /// Gives @p health (circuit_open filled in here) to the sink; a sink that throws is
-    /// reported through on_error and ignored.
-    void report_health(ConsumerHealth health) noexcept {
-        if (!options_.on_health) return;
-        last_health_ = std::chrono::steady_clock::now();
-        health.circuit_open = breaker_.is_open();
-        try {
-            options_.on_health(health);
-        } catch (const std::exception& e) {
-            report(e);
-        } catch (...) {
-        }
+    void unhandled(std::vector<Raw>&, std::size_t) {}
+    void handling(Raw*, std::size_t) {}
+    void handled() {}
+    [[nodiscard]] bool pipelines() const noexcept { return false; }
+    [[nodiscard]] std::optional<std::chrono::milliseconds> in_progress_delay() const noexcept {
+        return std::nullopt;
     }
 
-    [[nodiscard]] ConsumerStats stats() const noexcept {
-        ConsumerStats s;
-        s.read = read.load(std::memory_order_relaxed);
-        s.reclaimed = reclaimed.load(std::memory_order_relaxed);
-        s.acked = acked.load(std::memory_order_relaxed);
-        s.dead_lettered = dead_lettered.load(std::memory_order_relaxed);
-        s.not_acked = not_acked.load(std::memory_order_relaxed);
-        s.acked_in_commit = acked_in_commit.load(std::memory_order_relaxed);
-        s.connection_errors = connection_errors.load(std::memory_order_relaxed);
-        const CircuitBreakerStats breaker = breaker_.stats();
-        s.circuit_opened = breaker.opened;
-        s.store_probes = breaker.probes;
-        return s;
-    }
-
-    /// Counts one settled delivery: an ack (a dead letter's too), or left for redelivery.
-    void count(Settlement settlement, bool in_commit = false) noexcept {
-        if (settlement == Settlement::redeliver) {
-            not_acked.fetch_add(1, std::memory_order_relaxed);
-            return;
-        }
-        acked.fetch_add(1, std::memory_order_relaxed);
-        if (in_commit) acked_in_commit.fetch_add(1, std::memory_order_relaxed);
-        if (settlement == Settlement::dead_letter_then_ack) {
-            dead_lettered.fetch_add(1, std::memory_order_relaxed);
-        }
-    }
-
-    [[nodiscard]] const LoopOptions& options() const noexcept { return options_; }
-    [[nodiscard]] const CircuitBreaker& breaker() const noexcept { return breaker_; }
-
-    // The counters behind stats(), for the adapter to bump.
-    std::atomic<std::size_t> read{0};
-    std::atomic<std::size_t> reclaimed{0};
-    std::atomic<std::size_t> acked{0};
-    std::atomic<std::size_t> dead_lettered{0};
-    std::atomic<std::size_t> not_acked{0};
-    std::atomic<std::size_t> acked_in_commit{0};
-    std::atomic<std::size_t> connection_errors{0};
+    Options options_;
 
   private:
-    static_assert(std::atomic<bool>::is_always_lock_free,
-                  "idem: request_stop() needs a lock-free std::atomic<bool> (signal handlers)");
     static constexpr std::chrono::milliseconds min_backoff{50};
     static constexpr std::chrono::milliseconds max_backoff{1000};
+    static_assert(std::atomic<bool>::is_always_lock_free,
+                  "idem: request_stop() needs a lock-free std::atomic<bool> (signal handlers)");
+
+    Adapter& adapter() noexcept { return static_cast<Adapter&>(*this); }
+    const Adapter& adapter() const noexcept { return static_cast<const Adapter&>(*this); }
+
+    /// The IdempotentHandler's store probe; else the options' store_probe; else none.
+    static std::function<void()> probe_of(const Dispatch<Message>& dispatch,
+                                          const ConsumerOptions& options) {
+        if (dispatch.store_probe()) return dispatch.store_probe();
+        if (options.store_probe) return options.store_probe;
+        return [] {};
+    }
+
+    SettlementRules rules(bool commit_publishes_dead_letters) const noexcept {
+        return SettlementRules{&options_.redelivery_backoff, adapter().in_progress_delay(),
+                               commit_publishes_dead_letters};
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The loop
+
+    /// Before a poll: false after request_stop(), or when a stop came while the breaker was
+    /// open (waiting and probing the store until it answers).
+    [[nodiscard]] bool ready_to_read() {
+        if (stop_requested()) return false;
+        if (breaker_.is_open() && !breaker_.wait_until_closed([this] { return stop_requested(); }))
+            return false;
+        return true;
+    }
+    /// Between deliveries of one poll: true when the rest must stay unhandled.
+    [[nodiscard]] bool interrupted() const noexcept {
+        return stop_requested() || breaker_.is_open();
+    }
+    /// After each outcome: opens the breaker on one caused by an unreachable store.
+    void note(const Outcome& outcome) noexcept {
+        if (breaker_.trips_on(outcome)) breaker_.open();
+    }
+
+    template <class Poll>
+    auto counting_connection_errors(Poll&& poll) -> decltype(poll()) {
+        try {
+            return poll();
+        } catch (const store_unavailable&) {
+            connection_errors_.fetch_add(1, std::memory_order_relaxed);
+            throw;
+        } catch (const store_timeout&) {
+            connection_errors_.fetch_add(1, std::memory_order_relaxed);
+            throw;
+        } catch (const broker_unavailable&) {
+            connection_errors_.fetch_add(1, std::memory_order_relaxed);
+            throw;
+        }
+    }
 
     void recover(const std::exception& e, std::chrono::milliseconds& backoff) {
         report(e);
@@ -485,41 +384,219 @@ class Loop {
         backoff = std::min(backoff * 2, max_backoff);
     }
 
-    LoopOptions options_;
-    CircuitBreaker breaker_;  ///< after options_: built from options_.circuit_breaker
+    [[nodiscard]] bool health_due() const noexcept {
+        if (!options_.on_health) return false;
+        return std::chrono::steady_clock::now() - last_health_ >= options_.health_interval;
+    }
+    /// The adapter's report, circuit_open filled in, to the sink; what throws (the adapter's
+    /// gathering, the sink) is reported through on_error and ignored.
+    void report_health() noexcept {
+        last_health_ = std::chrono::steady_clock::now();
+        try {
+            ConsumerHealth health = adapter().health();
+            health.circuit_open = breaker_.is_open();
+            options_.on_health(health);
+        } catch (const std::exception& e) {
+            report(e);
+        } catch (...) {
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The handle paths
+
+    std::size_t poll() {
+        std::vector<Raw> batch = adapter().read();
+        if (options_.handle_in_batches) return handle_together(batch);
+        if (adapter().pipelines() && dispatch_.sequences()) return handle_in_sequence(batch);
+        std::size_t handled = 0;
+        for (; handled < batch.size(); ++handled) {
+            if (interrupted()) {  // a stop, or the store found unreachable
+                adapter().unhandled(batch, handled);
+                break;
+            }
+            handle_one(batch[handled]);
+        }
+        return handled;
+    }
+
+    /// The delivery of @p raw, counted as read or redelivered.
+    Delivery delivery_counted(const Raw& raw) {
+        Delivery delivery = adapter().delivery_of(raw);
+        count_delivery(delivery);
+        return delivery;
+    }
+
+    std::optional<CommitHook> hook_for(const Raw& raw, const Delivery& delivery) const {
+        if (!acks_in_commit_) return std::nullopt;
+        return adapter().commit_hook_of(raw, delivery);
+    }
+
+    /// Counts a delivery the store's commit settled (acked, and parked when it was a dead
+    /// letter: the commit published its dead-letter copy).
+    void count_in_commit(const Outcome& outcome, const Delivery& delivery) noexcept {
+        count(broker::settlement_of(outcome, delivery, rules(true)).kind, /*in_commit=*/true);
+    }
+
+    void handle_one(Raw& raw) {
+        const Delivery delivery = delivery_counted(raw);
+        const Message& message = adapter().message_of(raw);
+        std::optional<CommitHook> hook = hook_for(raw, delivery);
+        adapter().handling(&raw, 1);
+        const Outcome outcome = dispatch_.call(delivery, message, hook ? &*hook : nullptr);
+        adapter().handled();
+        note(outcome);
+        if (hook && hook->acked_in_commit) {
+            count_in_commit(outcome, delivery);
+            return;
+        }
+        count(adapter().settle(raw, message, delivery, outcome, settlement_of(outcome, delivery)));
+    }
+
+    /// Batch mode: the poll to the handler at once (one handle_batch() for an
+    /// IdempotentHandler; a plain handler per delivery, stopping between two when
+    /// interrupted), then the ones the commit did not settle, through settle_all().
+    std::size_t handle_together(std::vector<Raw>& batch) {
+        if (batch.empty()) return 0;
+        if (stop_requested()) {  // a stop leaves the whole batch unsettled
+            adapter().unhandled(batch, 0);
+            return 0;
+        }
+        std::vector<Delivery> deliveries;
+        deliveries.reserve(batch.size());
+        std::vector<CommitHook> hooks;
+        if (acks_in_commit_) hooks.reserve(batch.size());
+        for (const Raw& raw : batch) {
+            deliveries.push_back(adapter().delivery_of(raw));
+            if (acks_in_commit_) hooks.push_back(adapter().commit_hook_of(raw, deliveries.back()));
+        }
+        std::vector<Message> moved;
+        if constexpr (!std::is_same_v<Raw, Message>) {
+            moved.reserve(batch.size());
+            for (Raw& raw : batch)
+                moved.push_back(adapter().message_of(std::move(raw)));
+        }
+        const std::vector<Message>& messages = messages_of(batch, moved);
+
+        adapter().handling(batch.data(), batch.size());
+        std::vector<Outcome> outcomes;
+        if (dispatch_.batches()) {
+            outcomes =
+                dispatch_.call_batch(deliveries, messages, acks_in_commit_ ? &hooks : nullptr);
+            for (const Outcome& outcome : outcomes)
+                note(outcome);
+        } else {
+            outcomes.reserve(messages.size());
+            for (std::size_t i = 0; i < messages.size(); ++i) {
+                if (i != 0 && interrupted()) break;  // the rest left unsettled
+                outcomes.push_back(dispatch_.call(deliveries[i], messages[i], nullptr));
+                note(outcomes.back());
+            }
+        }
+        adapter().handled();
+        if (outcomes.size() < batch.size()) adapter().unhandled(batch, outcomes.size());
+
+        std::vector<ToSettle<Message>> settling;
+        settling.reserve(outcomes.size());
+        for (std::size_t i = 0; i < outcomes.size(); ++i) {
+            count_delivery(deliveries[i]);
+            if (!hooks.empty() && hooks[i].acked_in_commit) {
+                count_in_commit(outcomes[i], deliveries[i]);
+                continue;
+            }
+            const Settlement settlement = settlement_of(outcomes[i], deliveries[i]);
+            settling.push_back(ToSettle<Message>{i, &messages[i], std::move(deliveries[i]),
+                                                 std::move(outcomes[i]), settlement});
+        }
+        if (!settling.empty()) adapter().settle_all(batch, settling);
+        return outcomes.size();
+    }
+
+    /// One at a time through the handler's PipelinedLoop: each delivery's claim goes with the
+    /// held commit of the one before; the settlements the commits did not do go through
+    /// settle_all() after the poll's last delivery. No message stays held past the poll: the
+    /// last commit is sent alone, also when the poll is cut short by a stop, an open breaker
+    /// or an error.
+    std::size_t handle_in_sequence(std::vector<Raw>& batch) {
+        std::vector<Settled> settled;
+        std::vector<ToSettle<Message>> settling;
+        auto take = [&] {
+            for (Settled& s : settled) {
+                note(s.outcome);
+                if (s.acked_in_commit) {
+                    count_in_commit(s.outcome, s.delivery);
+                    continue;
+                }
+                const Settlement settlement = settlement_of(s.outcome, s.delivery);
+                settling.push_back(ToSettle<Message>{s.tag, &adapter().message_of(batch[s.tag]),
+                                                     std::move(s.delivery), std::move(s.outcome),
+                                                     settlement});
+            }
+            settled.clear();
+        };
+        std::size_t handled = 0;
+        try {
+            for (; handled < batch.size(); ++handled) {
+                if (interrupted()) {  // the rest stays unsettled
+                    adapter().unhandled(batch, handled);
+                    break;
+                }
+                Raw& raw = batch[handled];
+                const Delivery delivery = delivery_counted(raw);
+                std::optional<CommitHook> hook = hook_for(raw, delivery);
+                adapter().handling(&raw, 1);
+                dispatch_.in_sequence(delivery, adapter().message_of(raw), handled,
+                                      hook ? &*hook : nullptr, settled);
+                adapter().handled();
+                take();
+            }
+            dispatch_.flush_sequence(settled);
+            take();
+        } catch (...) {
+            dispatch_.flush_sequence(settled);
+            take();
+            try {
+                if (!settling.empty()) adapter().settle_all(batch, settling);
+            } catch (const std::exception&) {  // left unsettled: their redelivery is a duplicate
+            }
+            throw;
+        }
+        if (!settling.empty()) adapter().settle_all(batch, settling);
+        return handled;
+    }
+
+    void count_delivery(const Delivery& delivery) noexcept {
+        if (delivery.delivery_count.value() > 1) {
+            redelivered_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+            read_.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
+
+    static const std::vector<Message>& messages_of(const std::vector<Raw>& batch,
+                                                   const std::vector<Message>& moved) noexcept {
+        if constexpr (std::is_same_v<Raw, Message>) {
+            (void)moved;
+            return batch;
+        } else {
+            (void)batch;
+            return moved;
+        }
+    }
+
+    Dispatch<Message> dispatch_;
+    bool acks_in_commit_;
+    CircuitBreaker breaker_;  ///< after options_ and dispatch_: built from both
     std::atomic<bool> stop_{false};
     std::chrono::steady_clock::time_point last_health_{};
+    std::atomic<std::size_t> read_{0};
+    std::atomic<std::size_t> redelivered_{0};
+    std::atomic<std::size_t> acked_{0};
+    std::atomic<std::size_t> dead_lettered_{0};
+    std::atomic<std::size_t> not_acked_{0};
+    std::atomic<std::size_t> acked_in_commit_{0};
+    std::atomic<std::size_t> connection_errors_{0};
 };
-
-/// @brief Batch mode's handler call (an adapter's handle_in_batches), the same on every broker:
-/// an IdempotentHandler gets all of @p messages in ONE handle_batch() call (one store
-/// transaction; @p hooks, when given, one commit hook per message); a plain handler is called
-/// once per message, and stops between two when @p loop is interrupted (a stop, or its store
-/// found unreachable). Every outcome goes to Loop::note (the circuit breaker).
-///
-/// Returns one outcome per message handled, in order: the adapter settles the first
-/// outcomes.size() messages as their outcomes say and leaves the rest unsettled. A stop before
-/// the batch is the adapter's to check (what it does with the unhandled batch differs).
-template <class Message>
-[[nodiscard]] std::vector<Outcome> handle_together(const Dispatch<Message>& dispatch, Loop& loop,
-                                                   const std::vector<Delivery>& deliveries,
-                                                   const std::vector<Message>& messages,
-                                                   std::vector<CommitHook>* hooks = nullptr) {
-    std::vector<Outcome> outcomes;
-    if (dispatch.batches()) {
-        outcomes = dispatch.call_batch(deliveries, messages, hooks);
-        for (const Outcome& outcome : outcomes)
-            loop.note(outcome);
-        return outcomes;
-    }
-    outcomes.reserve(messages.size());
-    for (std::size_t i = 0; i < messages.size(); ++i) {
-        if (i != 0 && loop.interrupted()) break;  // the rest left unsettled
-        outcomes.push_back(dispatch.call(deliveries[i], messages[i], nullptr));
-        loop.note(outcomes.back());
-    }
-    return outcomes;
-}
 
 }  // namespace broker
 IDEM_END_NAMESPACE

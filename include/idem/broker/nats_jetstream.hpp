@@ -66,82 +66,70 @@ struct JetStreamMessage {
     return message.data;
 }
 
-/// @brief Where a JetStreamConsumer pulls from and how it paces itself.
-struct JetStreamConsumerOptions {
+/// @brief Where a JetStreamConsumer pulls from and how it paces itself; the shared options
+/// (broker::ConsumerOptions) under their common names. On NATS JetStream:
+/// - `visibility_timeout`: the consumer's AckWait: a delivery not acked within it is delivered
+///   again. Checked against the consumer's AckWait on the server at start (a mismatch is
+///   refused);
+/// - `poll_wait`: how long a fetch waits for the first message;
+/// - `redelivery_backoff`: a failed outcome, or a deferred one without its own retry_after, is
+///   nacked with the delay before its next delivery (NakWithDelay). RedeliveryBackoff::none():
+///   left unsettled, back after AckWait;
+/// - `declare`: create the durable pull consumer (explicit acks, AckWait = visibility_timeout,
+///   MaxDeliver unlimited: idem's policy dead-letters) when it does not exist;
+/// - `id_field`: the header carrying the message id, by default Nats-Msg-Id (the producer's id
+///   the stream deduplicates on); empty: the stream sequence, `<stream>:<sequence>`. A message
+///   without the header gets the stream sequence when sequence_when_no_id_field, an empty id
+///   (dead-lettered as malformed) otherwise. Both are stable across redeliveries of one stored
+///   message; only the header is stable across a producer's second publish of the same
+///   business message (outside the stream's duplicate window) and across a stream deleted and
+///   created again (sequences restart);
+/// - `dead_letter`: the subject dead letters are published to (with the reason and the original
+///   headers), before the original is terminated; empty: `idem.dead-letters.<stream>.<durable>`.
+///   A stream must capture it (the publish waits for the stream's pub ack), and it must not be
+///   the consumed stream's own (they would be read again): both are checked at start;
+/// - `handle_in_batches`: AckWait (and a lease) must then cover the whole batch;
+/// - `on_health`: pending = the consumer's NumAckPending (one JetStream request),
+///   dead_letter_depth = the messages of dead_letter_stream when it is named (one more).
+struct JetStreamConsumerOptions : broker::ConsumerOptions {
+    JetStreamConsumerOptions() { id_field = "Nats-Msg-Id"; }
+    JetStreamConsumerOptions(std::string stream_, std::string durable_)
+        : JetStreamConsumerOptions() {
+        stream = std::move(stream_);
+        durable = std::move(durable_);
+    }
+
     std::string stream;   ///< the stream
     std::string durable;  ///< the durable pull consumer (one per kind of handler)
-    /// Where dead letters are published (with the reason and the original headers), before the
-    /// original is terminated. Empty: "idem.dead-letters.<stream>.<durable>". A stream must
-    /// capture it (the publish waits for the stream's pub ack), and it must not be the consumed
-    /// stream's own (they would be read again): both are checked at start.
-    std::string dead_letter_subject{};
-    /// The stream that captures dead_letter_subject, when the consumer should report its depth
+    /// The stream that captures `dead_letter`, when the consumer should report its depth
     /// (ConsumerHealth::dead_letter_depth); empty: not reported.
     std::string dead_letter_stream{};
-    /// The header holding the message id (a producer's business id, e.g. the Nats-Msg-Id the
-    /// stream deduplicates on). A message without it gets its stream sequence as the id when
-    /// sequence_when_no_id_header, an empty id (dead-lettered as malformed) otherwise. Both are
-    /// stable across redeliveries of one stored message; only the header is stable across a
-    /// producer's second publish of the same business message (outside the stream's
-    /// duplicate window) and across a stream deleted and created again (sequences restart).
-    std::string id_header = "Nats-Msg-Id";
-    bool sequence_when_no_id_header = true;
-    /// Messages fetched per poll (with handle_in_batches: handled together).
-    std::size_t batch_size = 16;
-    /// How long a fetch waits for the first message; also how long run() may take to notice
-    /// request_stop().
-    std::chrono::milliseconds fetch_wait{1000};
-    /// The consumer's AckWait: a delivery not acked within it is delivered again. Keep it above
-    /// the handler's p99; a lease store's lease must not exceed it. Checked against the
-    /// consumer's AckWait on the server at start (a mismatch is refused).
-    std::chrono::milliseconds visibility_timeout{30000};
-    /// A failed outcome (the effect threw, the store failed), or a deferred one without its own
-    /// retry_after, is nacked with the delay before its next delivery (NakWithDelay), which grows
-    /// with the delivery count (RedeliveryBackoff: 2 s, 4 s, 8 s ... up to 5 min by default): a
-    /// message is parked after about redelivery_backoff.horizon(max_deliveries) of failing. A
-    /// message whose worker died unsettled comes back after AckWait.
-    /// RedeliveryBackoff::none(): left unsettled, back after AckWait (visibility_timeout).
-    RedeliveryBackoff redelivery_backoff{};
-    /// Create the durable pull consumer (explicit acks, AckWait = visibility_timeout,
-    /// MaxDeliver unlimited: idem's policy dead-letters) when it does not exist.
-    bool create_consumer = true;
-    /// With create_consumer: only this subject of the stream (empty: all).
+    /// A message without the id_field header gets its stream sequence as its id (else an empty
+    /// id, which an IdempotentHandler dead-letters as malformed).
+    bool sequence_when_no_id_field = true;
+    /// With declare: only this subject of the stream (empty: all).
     std::string filter_subject{};
     /// Send +WPI (InProgress) for the message in hand every half AckWait while the handler
     /// runs, so a slow but alive handler is not redelivered. It holds off the broker only: a
     /// lease store's lease still ends when it ends (the commit then fails and the message comes
     /// back). Off by default: a hung handler would hold its message forever.
     bool in_progress_heartbeat = false;
-    /// Handle each fetch's messages together: an IdempotentHandler gets them in ONE
-    /// handle_batch() call (one store transaction), then each is settled. AckWait (and a lease)
-    /// must then cover the whole batch.
-    bool handle_in_batches = false;
-    /// Told about each error run() recovers from (the server away, a refused ack) before it
-    /// backs off and retries; for logs. Exceptions it throws are ignored.
-    std::function<void(const std::exception&)> on_error{};
-    /// The pause while the handler's store is unreachable (see StreamConsumerOptions): no
-    /// fetch until a probe of the store succeeds, so delivery counts do not grow in an outage.
-    CircuitBreakerOptions circuit_breaker{};
-    /// How to probe the store of a plain handler (throw while unreachable). Empty: no probe.
-    std::function<void()> store_probe{};
-    /// Receives a ConsumerHealth report after a poll, at most once per health_interval:
-    /// pending = the consumer's NumAckPending (one JetStream request), dead_letter_depth = the
-    /// messages of dead_letter_stream when it is named (one more). Empty: none.
-    HealthSink on_health{};
-    std::chrono::milliseconds health_interval{1000};
-    /// The connection's endpoint details (timeouts, reconnects); its url is the server.
-    nats::Endpoint endpoint{};
 };
 
-/// @brief What a JetStreamConsumer has done so far (a snapshot): `read` counts first
-/// deliveries (NumDelivered 1), `reclaimed` redeliveries (NumDelivered above 1).
-using JetStreamConsumerStats = broker::ConsumerStats;
+namespace detail {
+/// A message as a JetStreamConsumer fetched it: the natsMsg (for its acknowledgements) and the
+/// copy the handler sees.
+struct JetStreamItem {
+    nats::Message message;
+    JetStreamMessage body;
+};
+}  // namespace detail
 
 /// @brief Pulls from a durable JetStream consumer and hands each message to a handler as an
 /// idem::Delivery, so the handler's claim, poison limit and outcome decide the settlement.
 ///
 /// The delivery count is the message's NumDelivered (1, 2, 3 ...), the message id its
-/// id_header (Nats-Msg-Id by default) or its stream sequence. After the handler: an acking
+/// id_field (Nats-Msg-Id by default) or its stream sequence. After the handler: an acking
 /// outcome is acked with AckSync, which waits for the server to confirm; a dead letter (or a
 /// duplicate of one) is first published to the dead-letter subject with headers Idem-Reason,
 /// Idem-Scope, Idem-Message-Id, Idem-Delivery-Count, Idem-Stream, Idem-Stream-Sequence and
@@ -158,25 +146,28 @@ using JetStreamConsumerStats = broker::ConsumerStats;
 /// idem::SqliteStore store{"orders.db"};
 /// auto handler = idem::make_handler(store, idem::Policy{"capture"},
 ///     [&](auto& tx, const idem::JetStreamMessage& m) { /* ... */ });
-/// idem::JetStreamConsumerOptions options;
-/// options.endpoint.url = "nats://127.0.0.1:4222";
-/// options.stream = "ORDERS";
-/// options.durable = "capture";
-/// idem::JetStreamConsumer consumer{options, handler};
+/// idem::nats::Endpoint endpoint;
+/// endpoint.url = "nats://127.0.0.1:4222";
+/// idem::JetStreamConsumer consumer{endpoint, {"ORDERS", "capture"}, handler};
 /// std::thread worker([&] { consumer.run(); });   // ... consumer.request_stop(); worker.join();
 /// @endcode
 ///
-/// poll_once() and run() belong to one thread at a time; request_stop(), stop_requested() and
-/// stats() may be called from any thread (request_stop() also from a signal handler).
-class JetStreamConsumer {
+/// Written on broker::Consumer, which owns the loop; poll_once() and run() belong to one thread
+/// at a time.
+class JetStreamConsumer final : public broker::Consumer<JetStreamConsumer, JetStreamConsumerOptions,
+                                                        detail::JetStreamItem, JetStreamMessage> {
+    using Base = broker::Consumer<JetStreamConsumer, JetStreamConsumerOptions,
+                                  detail::JetStreamItem, JetStreamMessage>;
+    friend Base;
+
   public:
     /// The handler of the plain form: the outcome decides the settlement.
     using Handler = std::function<Outcome(const Delivery&, const JetStreamMessage&)>;
 
     /// @brief A consumer calling @p handler for each message. Connects on the first poll.
     /// @throws usage_error for an invalid option (the message says which and why).
-    JetStreamConsumer(JetStreamConsumerOptions options, Handler handler)
-        : JetStreamConsumer(Private{}, std::move(options),
+    JetStreamConsumer(nats::Endpoint endpoint, JetStreamConsumerOptions options, Handler handler)
+        : JetStreamConsumer(Private{}, std::move(endpoint), std::move(options),
                             broker::Dispatch<JetStreamMessage>::plain(std::move(handler),
                                                                       "idem::JetStreamConsumer"),
                             std::nullopt) {}
@@ -188,8 +179,9 @@ class JetStreamConsumer {
     /// at start).
     /// @throws usage_error for an invalid option or a lease longer than the visibility timeout.
     template <class Store, class Effect>
-    JetStreamConsumer(JetStreamConsumerOptions options, IdempotentHandler<Store, Effect>& handler)
-        : JetStreamConsumer(Private{}, std::move(options),
+    JetStreamConsumer(nats::Endpoint endpoint, JetStreamConsumerOptions options,
+                      IdempotentHandler<Store, Effect>& handler)
+        : JetStreamConsumer(Private{}, std::move(endpoint), std::move(options),
                             broker::Dispatch<JetStreamMessage>::idempotent(handler),
                             handler.policy().max_deliveries()) {
         broker::check_lease_fits(handler, options_.visibility_timeout,
@@ -197,41 +189,8 @@ class JetStreamConsumer {
                                  fmt::format("idem::JetStreamConsumer(\"{}\")", name_));
     }
 
-    JetStreamConsumer(const JetStreamConsumer&) = delete;
-    JetStreamConsumer& operator=(const JetStreamConsumer&) = delete;
     ~JetStreamConsumer() { heartbeat_.stop(); }
 
-    /// @brief One cycle: connect if needed, fetch up to batch_size messages (waiting up to
-    /// fetch_wait), hand each to the handler and settle it as its outcome says. Returns how many
-    /// were handled. After request_stop() it returns 0 without fetching, and stops between
-    /// messages: those fetched but not handled are left unsettled (redelivered after AckWait).
-    /// While the circuit breaker is open it first waits and probes the store.
-    /// @throws nats::unavailable / nats::timeout while the server is away (counted in
-    /// stats().connection_errors), nats::error for a refused call, redaction_failed when the
-    /// policy's redactor throws on a dead letter's copy (the message stays unsettled),
-    /// usage_error when the consumer on the server contradicts the options (AckWait, ack
-    /// policy, MaxDeliver).
-    std::size_t poll_once() {
-        if (!loop_.ready_to_read()) return 0;
-        const std::size_t handled = loop_.counting_connection_errors([this] { return poll(); });
-        if (loop_.health_due()) report_health();
-        return handled;
-    }
-
-    /// @brief Polls until request_stop(). NATS errors (the server away, a refused ack) and a
-    /// throwing redactor are retried after a bounded backoff (50 ms doubling to 1 s), never
-    /// thrown; a usage_error
-    /// (the consumer on the server contradicts the options) is. Returns within about
-    /// fetch_wait of the stop, once the message in hand is settled.
-    void run() {
-        loop_.run([this] { poll_once(); });
-    }
-
-    /// @brief Asks run() to return. Lock-free: safe from another thread or a signal handler.
-    void request_stop() noexcept { loop_.request_stop(); }
-    [[nodiscard]] bool stop_requested() const noexcept { return loop_.stop_requested(); }
-
-    [[nodiscard]] JetStreamConsumerStats stats() const noexcept { return loop_.stats(); }
     /// @brief Deferred messages given back with NakWithDelay (of stats().not_acked).
     [[nodiscard]] std::size_t nacked_with_delay() const noexcept {
         return nacked_with_delay_.load(std::memory_order_relaxed);
@@ -239,8 +198,7 @@ class JetStreamConsumer {
     /// @brief +WPI sent for messages of slow handlers (in_progress_heartbeat).
     [[nodiscard]] std::size_t in_progress_sent() const noexcept { return heartbeat_.sent(); }
 
-    /// @brief The options in use (dead_letter_subject filled in).
-    [[nodiscard]] const JetStreamConsumerOptions& options() const noexcept { return options_; }
+    [[nodiscard]] const nats::Endpoint& endpoint() const noexcept { return endpoint_; }
     /// @brief "<stream>/<durable>": how health reports and errors name this consumer.
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
 
@@ -320,22 +278,19 @@ class JetStreamConsumer {
         std::atomic<std::size_t> sent_{0};
     };
 
-    JetStreamConsumer(Private, JetStreamConsumerOptions options,
+    JetStreamConsumer(Private, nats::Endpoint endpoint, JetStreamConsumerOptions options,
                       broker::Dispatch<JetStreamMessage> dispatch,
                       std::optional<std::uint32_t> max_deliveries)
-        : options_(validated(std::move(options))),
+        : Base(validated(std::move(options)), std::move(dispatch)),
+          endpoint_(std::move(endpoint)),
           name_(options_.stream + "/" + options_.durable),
-          dispatch_(std::move(dispatch)),
-          max_deliveries_(max_deliveries),
-          loop_(
-              broker::LoopOptions{options_.on_error, options_.circuit_breaker, options_.store_probe,
-                                  options_.on_health, options_.health_interval},
-              dispatch_.store_probe()) {}
+          max_deliveries_(max_deliveries) {}
 
     static JetStreamConsumerOptions validated(JetStreamConsumerOptions options) {
+        const std::string who =
+            fmt::format("idem::JetStreamConsumer(\"{}/{}\")", options.stream, options.durable);
         auto refuse = [&](std::string_view why) {
-            throw usage_error(fmt::format("idem::JetStreamConsumer(\"{}/{}\"): {}", options.stream,
-                                          options.durable, why));
+            throw usage_error(fmt::format("{}: {}", who, why));
         };
         if (options.stream.empty()) refuse("options.stream is empty; name the stream to read");
         if (options.durable.empty()) {
@@ -346,23 +301,9 @@ class JetStreamConsumer {
         if (options.durable.find('.') != std::string::npos) {
             refuse("options.durable contains '.', which JetStream refuses in a consumer name");
         }
-        if (options.batch_size == 0) refuse("batch_size is 0; fetch at least 1 message per poll");
-        if (options.fetch_wait.count() <= 0) refuse("fetch_wait must be positive (e.g. 1000 ms)");
-        if (options.visibility_timeout.count() <= 0) {
-            refuse(
-                "visibility_timeout (the consumer's AckWait) must be positive: choose it above "
-                "the handler's p99 (e.g. 30000 ms)");
-        }
-        if (options.id_header.empty() && !options.sequence_when_no_id_header) {
-            refuse(
-                "no message id: id_header is empty and sequence_when_no_id_header is false; name "
-                "the header carrying the business id or allow the stream sequence");
-        }
-        options.redelivery_backoff.validate(
-            fmt::format("idem::JetStreamConsumer(\"{}/{}\")", options.stream, options.durable));
-        if (options.dead_letter_subject.empty()) {
-            options.dead_letter_subject =
-                "idem.dead-letters." + options.stream + "." + options.durable;
+        validate_common(options, who);
+        if (options.dead_letter.empty()) {
+            options.dead_letter = "idem.dead-letters." + options.stream + "." + options.durable;
         }
         return options;
     }
@@ -375,13 +316,13 @@ class JetStreamConsumer {
             subscription_.reset();
             connection_.reset();
         }
-        if (!connection_) connection_ = std::make_unique<nats::Connection>(options_.endpoint);
+        if (!connection_) connection_ = std::make_unique<nats::Connection>(endpoint_);
         if (subscription_) return;
         nats::ConsumerState state;
         try {
             state = nats::consumer_state(*connection_, options_.stream, options_.durable);
         } catch (const nats::not_found& e) {
-            if (!options_.create_consumer || e.js_code() == JSStreamNotFoundErr) throw;
+            if (!options_.declare || e.js_code() == JSStreamNotFoundErr) throw;
             nats::ConsumerSpec spec;
             spec.stream = options_.stream;
             spec.durable = options_.durable;
@@ -425,7 +366,7 @@ class JetStreamConsumer {
     /// The dead-letter subject must not be read back by this consumer.
     void check_dead_letter_subject(const nats::ConsumerState& state) {
         const nats::StreamState stream = nats::stream_state(*connection_, options_.stream);
-        const std::string& subject = options_.dead_letter_subject;
+        const std::string& subject = options_.dead_letter;
         const bool filtered_out =
             !state.filter_subject.empty() && !nats::subject_matches(state.filter_subject, subject);
         for (const std::string& captured : stream.subjects) {
@@ -442,43 +383,44 @@ class JetStreamConsumer {
     // -----------------------------------------------------------------------------------------
     // One poll
 
-    std::size_t poll() {
+    // -----------------------------------------------------------------------------------------
+    // The adapter's hooks (broker::Consumer); a message read but not handled is left
+    // unsettled: redelivered after AckWait.
+
+    std::vector<detail::JetStreamItem> read() {
         ensure_connected();
-        std::vector<nats::Message> batch;
+        std::vector<nats::Message> fetched;
         try {
-            batch = subscription_->fetch(options_.batch_size, options_.fetch_wait);
+            fetched = subscription_->fetch(options_.batch_size, options_.poll_wait);
         } catch (const nats::not_found&) {  // the consumer was deleted: bind (create) again
             subscription_.reset();
             throw;
         }
-        for (const nats::Message& message : batch) {
-            if (message.metadata().num_delivered > 1) {
-                loop_.reclaimed.fetch_add(1, std::memory_order_relaxed);
-            } else {
-                loop_.read.fetch_add(1, std::memory_order_relaxed);
-            }
+        std::vector<detail::JetStreamItem> batch;
+        batch.reserve(fetched.size());
+        for (nats::Message& message : fetched) {
+            JetStreamMessage body = body_of(message);
+            batch.push_back(detail::JetStreamItem{std::move(message), std::move(body)});
         }
-        if (batch.empty()) return 0;
-        if (options_.handle_in_batches) return handle_all(batch);
-        std::size_t handled = 0;
-        for (nats::Message& message : batch) {
-            // The rest is left unsettled: redelivered after AckWait (after a stop, or once the
-            // store answers again).
-            if (loop_.interrupted()) break;
-            handle(message);
-            ++handled;
-        }
-        return handled;
+        return batch;
     }
 
-    Delivery delivery_of(const nats::Message& message) const {
+    static const JetStreamMessage& message_of(const detail::JetStreamItem& item) noexcept {
+        return item.body;
+    }
+    static JetStreamMessage message_of(detail::JetStreamItem&& item) noexcept {
+        return std::move(item.body);
+    }
+
+    Delivery delivery_of(const detail::JetStreamItem& item) const {
+        const nats::Message& message = item.message;
         Delivery delivery;
         const nats::Metadata& meta = message.metadata();
         std::optional<std::string_view> id;
-        if (!options_.id_header.empty()) id = message.header(options_.id_header);
+        if (!options_.id_field.empty()) id = message.header(options_.id_field);
         if (id) {
             delivery.message_id = std::string(*id);
-        } else if (options_.sequence_when_no_id_header) {
+        } else if (options_.id_field.empty() || options_.sequence_when_no_id_field) {
             delivery.message_id = fmt::format("{}:{}", meta.stream, meta.stream_sequence);
         }  // else empty: the handler dead-letters it as malformed
         // NumDelivered is 64-bit; a count past 2^32 is absurd, and refused loudly by from().
@@ -501,74 +443,42 @@ class JetStreamConsumer {
         return body;
     }
 
-    void handle(nats::Message& message) {
-        const Delivery delivery = delivery_of(message);
-        const JetStreamMessage body = body_of(message);
-        begin_heartbeat({&message});
-        const Outcome outcome = dispatch_.call(delivery, body, nullptr);
-        heartbeat_.end();
-        loop_.note(outcome);
-        settle(message, delivery, body, outcome);
-    }
-
-    /// Batch mode: the whole fetch to the handler at once (one handle_batch() for an
-    /// IdempotentHandler), then each settled.
-    std::size_t handle_all(std::vector<nats::Message>& batch) {
-        if (loop_.stop_requested()) return 0;  // a stop leaves the batch unsettled
-        std::vector<Delivery> deliveries;
-        std::vector<JetStreamMessage> bodies;
-        std::vector<nats::Message*> covered;
-        for (nats::Message& message : batch) {
-            deliveries.push_back(delivery_of(message));
-            bodies.push_back(body_of(message));
-            covered.push_back(&message);
-        }
-        begin_heartbeat(std::move(covered));
-        // Those a plain handler did not reach (a stop, the store away) are left unsettled.
-        const std::vector<Outcome> outcomes =
-            broker::handle_together(dispatch_, loop_, deliveries, bodies);
-        heartbeat_.end();
-        for (std::size_t i = 0; i < outcomes.size(); ++i)
-            settle(batch[i], deliveries[i], bodies[i], outcomes[i]);
-        return outcomes.size();
-    }
-
-    void begin_heartbeat(std::vector<nats::Message*> messages) {
+    /// The +WPI heartbeat (in_progress_heartbeat) covers the messages in the handler's hands.
+    void handling(detail::JetStreamItem* first, std::size_t count) {
         if (!options_.in_progress_heartbeat) return;
+        std::vector<nats::Message*> messages;
+        messages.reserve(count);
+        for (std::size_t i = 0; i < count; ++i)
+            messages.push_back(&first[i].message);
         heartbeat_.begin(std::move(messages),
                          std::max(std::chrono::milliseconds(1), options_.visibility_timeout / 2));
+    }
+    void handled() {
+        if (options_.in_progress_heartbeat) heartbeat_.end();
     }
 
     // -----------------------------------------------------------------------------------------
     // Settlement (broker::settlement_of: the consumer settles; JetStream has no commit hook)
 
-    void settle(nats::Message& message, const Delivery& delivery, const JetStreamMessage& body,
-                const Outcome& outcome) {
-        const broker::Settlement settlement = broker::settlement_of(outcome);
-        switch (settlement) {
-            case broker::Settlement::redeliver: {
-                std::optional<std::chrono::milliseconds> delay = broker::redelivery_delay(outcome);
-                if (!delay && outcome.disposition != Disposition::in_progress &&
-                    !options_.redelivery_backoff.off()) {
-                    // failed, or deferred without its own delay: the backoff of the next delivery
-                    delay = options_.redelivery_backoff.before(delivery.delivery_count.value() + 1,
-                                                               delivery.message_id);
-                }
-                if (delay) {
-                    message.nak_with_delay(*delay);
+    broker::Settlement::Kind settle(detail::JetStreamItem& item, const JetStreamMessage& body,
+                                    const Delivery& delivery, const Outcome& outcome,
+                                    const broker::Settlement& settlement) {
+        switch (settlement.kind) {
+            case broker::Settlement::Kind::redeliver:
+                if (settlement.delay) {
+                    item.message.nak_with_delay(*settlement.delay);
                     nacked_with_delay_.fetch_add(1, std::memory_order_relaxed);
                 }  // else unsettled: AckWait brings it back
                 break;
-            }
-            case broker::Settlement::dead_letter_then_ack:
+            case broker::Settlement::Kind::dead_letter_then_ack:
                 publish_dead_letter(delivery, body, outcome.reason);
-                message.term();
+                item.message.term();
                 break;
-            case broker::Settlement::ack:
-                message.ack_sync();
+            case broker::Settlement::Kind::ack:
+                item.message.ack_sync();
                 break;
         }
-        loop_.count(settlement);
+        return settlement.kind;
     }
 
     /// Publishes the copy and waits for its stream's pub ack; throws (and the original is not
@@ -582,7 +492,7 @@ class JetStreamConsumer {
         // redacts the texts it puts there.
         nats::Headers headers{
             {"Idem-Reason", reason},
-            {"Idem-Scope", dispatch_.scope()},
+            {"Idem-Scope", dispatch().scope()},
             {"Idem-Message-Id", delivery.message_id},
             {"Idem-Delivery-Count", std::to_string(delivery.delivery_count.value())},
             {"Idem-Stream", body.stream},
@@ -593,23 +503,22 @@ class JetStreamConsumer {
             // JetStream acts on its own headers (Nats-Expected-Stream would refuse the publish,
             // Nats-Msg-Id would dedupe it against unrelated messages): kept under another name.
             if (name.rfind("Nats-", 0) == 0) {
-                headers.emplace_back("Idem-Original-" + name, dispatch_.redact(value));
+                headers.emplace_back("Idem-Original-" + name, dispatch().redact(value));
             } else {
-                headers.emplace_back(name, dispatch_.redact(value));
+                headers.emplace_back(name, dispatch().redact(value));
             }
         }
         const std::string copy_id =
             fmt::format("idem-dead-letter:{}:{}:{}", name_, body.stream, body.stream_sequence);
-        connection_->publish(options_.dead_letter_subject, dispatch_.redact(body.data), headers,
-                             copy_id);
+        connection_->publish(options_.dead_letter, dispatch().redact(body.data), headers, copy_id);
     }
 
     /// NumAckPending from the consumer's info and the dead-letter stream's depth; what cannot
     /// be read this time is reported as unknown.
-    void report_health() noexcept {
+    ConsumerHealth health() {
         ConsumerHealth health;
         health.consumer = name_;
-        health.dead_letter_destination = options_.dead_letter_subject;
+        health.dead_letter_destination = options_.dead_letter;
         try {
             if (connection_) {
                 const nats::ConsumerState state =
@@ -622,16 +531,14 @@ class JetStreamConsumer {
                 }
             }
         } catch (const std::exception& e) {
-            loop_.report(e);
+            report(e);
         }
-        loop_.report_health(health);
+        return health;
     }
 
-    JetStreamConsumerOptions options_;
+    nats::Endpoint endpoint_;  ///< its url is the server
     std::string name_;
-    broker::Dispatch<JetStreamMessage> dispatch_;
     std::optional<std::uint32_t> max_deliveries_;  ///< the handler's, checked against MaxDeliver
-    broker::Loop loop_;  ///< after options_ and dispatch_: built from both
     std::unique_ptr<nats::Connection> connection_;
     std::unique_ptr<nats::PullSubscription> subscription_;  ///< after connection_: uses it
     Heartbeat heartbeat_;  ///< after the subscription: its +WPI go through it

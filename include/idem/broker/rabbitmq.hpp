@@ -62,38 +62,46 @@ inline constexpr const char* header_prior_deliveries = "x-idem-prior-deliveries"
 
 }  // namespace rabbitmq
 
-/// @brief Where a RabbitConsumer reads and how it paces itself (the shape of
-/// StreamConsumerOptions).
-struct RabbitConsumerOptions {
+/// @brief Where a RabbitConsumer reads and how it paces itself; the shared options
+/// (broker::ConsumerOptions) under their common names. On RabbitMQ:
+/// - `visibility_timeout`: the broker's consumer_timeout (rabbitmq.conf; 30 min by default, the
+///   default here too): a delivery held unacked longer has its channel closed by the broker
+///   (effective once the consumer reads again) and comes back. With it, twice the endpoint's
+///   heartbeat bounds a handler call (the broker drops a connection that missed two heartbeats,
+///   and rabbitmq-c answers them only between calls); a lease store's lease must not exceed the
+///   smaller of the two;
+/// - `poll_wait`: how long a poll waits for the first delivery (the rest up to batch_size only
+///   if already there);
+/// - `redelivery_backoff`: a failed outcome, or a deferred one without its own retry_after,
+///   goes to the retry queue with the delay before its next delivery: RabbitMQ itself
+///   redelivers a nacked message at once, which would spend the poison limit within
+///   milliseconds. RedeliveryBackoff::none(): basic.nack with requeue;
+/// - `declare`: declare what is missing at start: the queue (quorum, with queue_arguments), the
+///   dead-letter exchange (fanout) with a quorum queue of the same name bound to it, and the
+///   retry queues. Off: they must exist (a dead letter no queue takes is refused by the broker
+///   and the original stays unacked);
+/// - `id_field`: the header (a string) carrying the message id; empty: the message_id property;
+/// - `dead_letter`: the exchange dead letters are published to (with publisher confirms, before
+///   the original is acked); empty: `<queue>.dead-letters`;
+/// - `handle_in_batches`: needs prefetch >= batch_size; twice the endpoint's heartbeat must then
+///   cover a whole batch too;
+/// - `on_health`: the dead-letter queue's depth when idem declared it.
+struct RabbitConsumerOptions : broker::ConsumerOptions {
+    RabbitConsumerOptions() { visibility_timeout = std::chrono::minutes(30); }
+    RabbitConsumerOptions(std::string queue_) : RabbitConsumerOptions() {  // NOLINT: {"orders"}
+        queue = std::move(queue_);
+    }
+
     /// The queue: a quorum queue (x-queue-type=quorum). A classic or stream queue is refused at
     /// start: it gives no delivery count (only a `redelivered` flag), so the poison limit could
     /// not work.
     std::string queue;
     /// This consumer's tag, unique per running instance; empty: the broker picks one.
     std::string consumer_tag{};
-    /// Empty: the message id is the message_id property. Otherwise the value of this header (a
-    /// string; a producer's business id). A delivery without it gets an empty id, which an
-    /// IdempotentHandler dead-letters as malformed, with the reason.
-    std::string id_header{};
     /// basic.qos: at most this many deliveries unacked at a time on the consumer's channel. With
     /// handle_in_batches it must be at least batch_size (the broker sends no more than this many
     /// before an ack, so a larger batch could never fill).
     std::uint16_t prefetch = 16;
-    /// Deliveries handled per poll, at most (the first one waited for up to `block`, the rest
-    /// only if already there).
-    std::size_t batch_size = 16;
-    /// How long a poll waits for a delivery; also how long run() may take to notice
-    /// request_stop().
-    std::chrono::milliseconds block{1000};
-    /// The broker's consumer_timeout (rabbitmq.conf; 30 min by default): a delivery held unacked
-    /// longer has its channel closed by the broker (effective once the consumer reads again) and
-    /// comes back. With it, twice the endpoint's heartbeat bounds a handler call (the broker
-    /// drops a connection that missed two heartbeats, and rabbitmq-c answers them only between
-    /// calls); a lease store's lease must not exceed the smaller of the two.
-    std::chrono::milliseconds consumer_timeout{30 * 60 * 1000};
-    /// Where dead letters are published (with publisher confirms, before the original is acked).
-    /// Empty: queue + ".dead-letters".
-    std::string dead_letter_exchange{};
     /// The routing key of dead letters. Empty: the queue's name.
     std::string dead_letter_routing_key{};
     /// Where a message waits out its delay before it comes back (failed: its redelivery
@@ -111,50 +119,10 @@ struct RabbitConsumerOptions {
     /// with this delay, so the message does not bounce between the queue and this consumer
     /// while the holder works. 0: basic.nack with requeue at once.
     std::chrono::milliseconds in_progress_delay{1000};
-    /// A failed outcome (the effect threw, the store failed), or a deferred one without its own
-    /// retry_after, goes to the retry queue with the delay before its next delivery, which grows
-    /// with the delivery count (RedeliveryBackoff: 2 s, 4 s, 8 s ... up to 5 min by default):
-    /// RabbitMQ itself redelivers a nacked message at once, which would spend the poison limit
-    /// (max_deliveries) within milliseconds on a failure that needs a moment to clear. A
-    /// message is parked after about redelivery_backoff.horizon(max_deliveries) of failing.
-    /// RedeliveryBackoff::none(): basic.nack with requeue, redelivered at once.
-    RedeliveryBackoff redelivery_backoff{};
-    /// Handle each poll's deliveries (up to batch_size, those already arrived) together: an
-    /// IdempotentHandler gets them in ONE handle_batch() call (one store transaction, each
-    /// message in its own savepoint), then each is settled in order as its outcome says
-    /// (basic.ack; the dead letter published and confirmed, then basic.ack; the retry queue or
-    /// basic.nack). A plain handler is still called once per delivery, settled after the last.
-    /// The lease, consumer_timeout and twice the endpoint's heartbeat (rabbitmq-c answers
-    /// heartbeats only between calls) must then cover a whole batch, and a delivery's ack waits
-    /// for the batch. Needs prefetch >= batch_size. Off by default: one delivery at a time
-    /// keeps each ack as early as possible and the failure unit small.
-    bool handle_in_batches = false;
-    /// Declare what is missing at start: the queue (quorum, with queue_arguments), the
-    /// dead-letter exchange (fanout) with a quorum queue of the same name bound to it, and the
-    /// retry queue. Off: they must exist (a dead letter no queue takes is refused by the broker
-    /// and the original stays unacked).
-    bool declare = true;
     /// Arguments the queue is declared with besides x-queue-type=quorum; the start check
     /// redeclares the queue with them, so they must match the existing queue's.
     rabbitmq::Table queue_arguments{};
-    /// Told about each error run() recovers from (connection lost, a closed channel) before it
-    /// backs off and reconnects; for logs. Empty: only counted.
-    std::function<void(const std::exception&)> on_error{};
-    /// The pause while the handler's store is unreachable (see StreamConsumerOptions): the
-    /// consumer stops handling deliveries, keeps the ones it was sent unacked (their counts do
-    /// not grow) and goes on once a probe of the store succeeds.
-    CircuitBreakerOptions circuit_breaker{};
-    /// How to probe the store of a plain handler (throw while it is unreachable).
-    std::function<void()> store_probe{};
-    /// Receives a ConsumerHealth report (the dead-letter queue's depth when idem declared it,
-    /// the breaker) after a poll, at most once per health_interval; each costs one round trip.
-    HealthSink on_health{};
-    std::chrono::milliseconds health_interval{1000};
 };
-
-/// @brief What a RabbitConsumer has done so far: `read` counts first deliveries, `reclaimed`
-/// deliveries whose count is above 1.
-using RabbitConsumerStats = broker::ConsumerStats;
 
 /// @brief Consumes a RabbitMQ quorum queue (basic.consume, manual acks, basic.qos prefetch) and
 /// hands each delivery to a handler as an idem::Delivery, so the handler's claim, poison limit
@@ -188,9 +156,14 @@ using RabbitConsumerStats = broker::ConsumerStats;
 /// std::thread worker([&] { consumer.run(); });   // ... consumer.request_stop(); worker.join();
 /// @endcode
 ///
-/// poll_once() and run() belong to one thread at a time; request_stop(), stop_requested() and
-/// stats() may be called from any thread (request_stop() also from a signal handler).
-class RabbitConsumer {
+/// Written on broker::Consumer, which owns the loop; poll_once() and run() belong to one thread
+/// at a time.
+class RabbitConsumer final
+    : public broker::Consumer<RabbitConsumer, RabbitConsumerOptions, RabbitMessage, RabbitMessage> {
+    using Base =
+        broker::Consumer<RabbitConsumer, RabbitConsumerOptions, RabbitMessage, RabbitMessage>;
+    friend Base;
+
   public:
     /// The handler of the plain form: the outcome decides the settlement.
     using Handler = std::function<Outcome(const Delivery&, const RabbitMessage&)>;
@@ -218,17 +191,16 @@ class RabbitConsumer {
         // missed heartbeats.
         const auto heartbeats = std::chrono::duration_cast<std::chrono::milliseconds>(
             2 * connection_.endpoint().heartbeat);
-        if (heartbeats.count() > 0 && heartbeats < options_.consumer_timeout) {
+        if (heartbeats.count() > 0 && heartbeats < options_.visibility_timeout) {
             broker::check_lease_fits(handler, heartbeats, "twice the endpoint's heartbeat",
                                      fmt::format("idem::RabbitConsumer(\"{}\")", options_.queue));
         } else {
-            broker::check_lease_fits(handler, options_.consumer_timeout, "consumer_timeout",
+            broker::check_lease_fits(handler, options_.visibility_timeout,
+                                     "visibility_timeout (the broker's consumer_timeout)",
                                      fmt::format("idem::RabbitConsumer(\"{}\")", options_.queue));
         }
     }
 
-    RabbitConsumer(const RabbitConsumer&) = delete;
-    RabbitConsumer& operator=(const RabbitConsumer&) = delete;
     /// Closes the connection: deliveries not yet settled go back to the queue.
     ~RabbitConsumer() = default;
 
@@ -255,38 +227,6 @@ class RabbitConsumer {
         consuming_epoch_ = connection_.channel_epoch(consume_channel);
     }
 
-    /// @brief One cycle: (re)connect and consume if needed, wait up to `block` for a delivery,
-    /// take the ones already there up to batch_size, hand each to the handler (with
-    /// handle_in_batches: all of them at once) and settle it. Returns how many were handled.
-    /// After request_stop() it returns 0 without reading; a stop between deliveries (or, in
-    /// batch mode, before the batch) leaves the rest unacked (they go back to the queue when
-    /// the consumer closes). While the circuit breaker is open it first waits and probes the
-    /// store.
-    /// @throws broker_unavailable when the broker is unreachable (counted in
-    /// stats().connection_errors; the next call reconnects), broker_error for a closed channel,
-    /// usage_error from start().
-    std::size_t poll_once() {
-        if (!loop_.ready_to_read()) return 0;
-        const std::size_t handled = loop_.counting_connection_errors([this] { return poll(); });
-        if (loop_.health_due()) report_health();
-        return handled;
-    }
-
-    /// @brief Polls until request_stop(). Broker errors (a lost connection, a restarted broker,
-    /// a closed channel) are reported and retried after a bounded backoff, never thrown; a
-    /// usage_error (not a quorum queue) is thrown. Returns within about `block` of the stop.
-    void run() {
-        loop_.run([this] { poll_once(); });
-    }
-
-    /// @brief Asks run() to return. Lock-free: safe from another thread or a signal handler.
-    void request_stop() noexcept { loop_.request_stop(); }
-    [[nodiscard]] bool stop_requested() const noexcept { return loop_.stop_requested(); }
-
-    [[nodiscard]] RabbitConsumerStats stats() const noexcept { return loop_.stats(); }
-
-    /// @brief The options in use (the dead-letter exchange and retry queue filled in).
-    [[nodiscard]] const RabbitConsumerOptions& options() const noexcept { return options_; }
     [[nodiscard]] const RabbitEndpoint& endpoint() const noexcept { return connection_.endpoint(); }
     /// @brief The consumer tag the broker knows this consumer by (once consuming).
     [[nodiscard]] const std::string& consumer_tag() const noexcept { return consumer_tag_; }
@@ -299,17 +239,13 @@ class RabbitConsumer {
 
     RabbitConsumer(Private, RabbitEndpoint endpoint, RabbitConsumerOptions options,
                    broker::Dispatch<RabbitMessage> dispatch)
-        : options_(validated(std::move(options))),
-          connection_(std::move(endpoint)),
-          dispatch_(std::move(dispatch)),
-          loop_(
-              broker::LoopOptions{options_.on_error, options_.circuit_breaker, options_.store_probe,
-                                  options_.on_health, options_.health_interval},
-              dispatch_.store_probe()) {}
+        : Base(validated(std::move(options)), std::move(dispatch)),
+          connection_(std::move(endpoint)) {}
 
     static RabbitConsumerOptions validated(RabbitConsumerOptions options) {
+        const std::string who = fmt::format("idem::RabbitConsumer(\"{}\")", options.queue);
         auto refuse = [&](std::string_view why) {
-            throw usage_error(fmt::format("idem::RabbitConsumer(\"{}\"): {}", options.queue, why));
+            throw usage_error(fmt::format("{}: {}", who, why));
         };
         if (options.queue.empty()) refuse("options.queue is empty; name the quorum queue to read");
         if (options.prefetch == 0) {
@@ -317,7 +253,6 @@ class RabbitConsumer {
                 "prefetch is 0, which RabbitMQ reads as no limit; give the number of unacked "
                 "deliveries this consumer may hold (e.g. 16)");
         }
-        if (options.batch_size == 0) refuse("batch_size is 0; handle at least 1 delivery per poll");
         if (options.handle_in_batches && options.prefetch < options.batch_size) {
             refuse(fmt::format(
                 "handle_in_batches with prefetch ({}) below batch_size ({}): the broker sends at "
@@ -325,16 +260,9 @@ class RabbitConsumer {
                 "at least batch_size, or lower batch_size",
                 options.prefetch, options.batch_size));
         }
-        if (options.block.count() <= 0) refuse("block must be positive (e.g. 1000 ms)");
+        validate_common(options, who);
         if (options.in_progress_delay.count() < 0) refuse("in_progress_delay is negative");
-        options.redelivery_backoff.validate(
-            fmt::format("idem::RabbitConsumer(\"{}\")", options.queue));
-        if (options.consumer_timeout.count() <= 0) {
-            refuse("consumer_timeout must be the broker's (rabbitmq.conf consumer_timeout)");
-        }
-        if (options.dead_letter_exchange.empty()) {
-            options.dead_letter_exchange = options.queue + ".dead-letters";
-        }
+        if (options.dead_letter.empty()) options.dead_letter = options.queue + ".dead-letters";
         if (options.dead_letter_routing_key.empty())
             options.dead_letter_routing_key = options.queue;
         if (options.retry_queue.empty()) options.retry_queue = options.queue + ".retry";
@@ -417,12 +345,11 @@ class RabbitConsumer {
                             who, text));
         }
         if (!options_.declare) return;
-        connection_.declare_exchange(control_channel, options_.dead_letter_exchange, "fanout");
+        connection_.declare_exchange(control_channel, options_.dead_letter, "fanout");
         rabbitmq::QueueDeclare dead;
         dead.arguments = {{"x-queue-type", std::string("quorum")}};
-        connection_.declare_queue(control_channel, options_.dead_letter_exchange, dead);
-        connection_.bind_queue(control_channel, options_.dead_letter_exchange,
-                               options_.dead_letter_exchange, "");
+        connection_.declare_queue(control_channel, options_.dead_letter, dead);
+        connection_.bind_queue(control_channel, options_.dead_letter, options_.dead_letter, "");
         retry_queues_declared_.clear();  // declared again on this connection when first used
         dead_letter_queue_known_ = true;
     }
@@ -450,7 +377,10 @@ class RabbitConsumer {
         return retry_queues_declared_.emplace(tier, name).first->second;
     }
 
-    std::size_t poll() {
+    // -----------------------------------------------------------------------------------------
+    // The adapter's hooks (broker::Consumer)
+
+    std::vector<RabbitMessage> read() {
         start();
         std::vector<RabbitMessage> batch;
         for (RabbitMessage& held : held_) {  // read earlier, left unhandled: first
@@ -458,7 +388,7 @@ class RabbitConsumer {
         }
         held_.clear();
         if (batch.empty()) {
-            if (auto first = connection_.next_delivery(options_.block)) {
+            if (auto first = connection_.next_delivery(options_.poll_wait)) {
                 batch.push_back(std::move(*first));
             }
         }
@@ -469,35 +399,31 @@ class RabbitConsumer {
                 batch.push_back(std::move(*more));
             }
         }
-        if (batch.empty()) return 0;
-        if (options_.handle_in_batches) return handle_all(batch);
-        std::size_t handled = 0;
-        for (const RabbitMessage& message : batch) {
-            // The rest stays unacked on this channel and is handled after the breaker closes, or
-            // goes back to the queue when the consumer stops.
-            if (loop_.interrupted()) {
-                hold(batch, handled);
-                break;
-            }
-            handle(message);
-            ++handled;
-        }
-        return handled;
+        return batch;
     }
 
     /// Deliveries read but not handled (a stop or an open breaker) are kept for the next poll,
-    /// still unacked: nacking them would raise their delivery counts.
-    void hold(std::vector<RabbitMessage>& batch, std::size_t from) {
+    /// still unacked on this channel: nacking them would raise their delivery counts. They go
+    /// back to the queue when the consumer closes.
+    void unhandled(std::vector<RabbitMessage>& batch, std::size_t from) {
         held_.insert(held_.begin(),
                      std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(from)),
                      std::make_move_iterator(batch.end()));
     }
 
+    static const RabbitMessage& message_of(const RabbitMessage& message) noexcept {
+        return message;
+    }
+
+    std::optional<std::chrono::milliseconds> in_progress_delay() const noexcept {
+        return options_.in_progress_delay;
+    }
+
     Delivery delivery_of(const RabbitMessage& message) const {
         Delivery delivery;
-        if (options_.id_header.empty()) {
+        if (options_.id_field.empty()) {
             if (message.properties.message_id) delivery.message_id = *message.properties.message_id;
-        } else if (auto value = message.header_string(options_.id_header)) {
+        } else if (auto value = message.header_string(options_.id_field)) {
             delivery.message_id = std::string(*value);
         }  // else empty: the handler dead-letters it as malformed
         delivery.delivery_count = rabbitmq::delivery_count_of(message);
@@ -508,13 +434,16 @@ class RabbitConsumer {
         return delivery;
     }
 
-    /// Settles @p message as its outcome says. When the settling itself fails (a dead letter
-    /// or retry not confirmed, the connection lost) the connection is dropped: the broker then
-    /// requeues every delivery this consumer held, rather than leaving one unacked on a live
-    /// channel where nobody would ever settle it. Then the error goes up to run()'s backoff.
-    void handle(const RabbitMessage& message) {
+    /// Settles @p message as the settlement says (see the class comment). When the settling
+    /// itself fails (a dead letter or retry not confirmed, the connection lost) the connection
+    /// is dropped: the broker then requeues every delivery this consumer held, rather than
+    /// leaving one unacked on a live channel where nobody would ever settle it. Then the error
+    /// goes up to run()'s backoff.
+    broker::Settlement::Kind settle(RabbitMessage& message, const RabbitMessage&,
+                                    const Delivery& delivery, const Outcome& outcome,
+                                    const broker::Settlement& settlement) {
         try {
-            handle_one(message);
+            return settle_now(message, delivery, outcome, settlement);
         } catch (...) {
             connection_.drop();
             held_.clear();
@@ -522,84 +451,27 @@ class RabbitConsumer {
         }
     }
 
-    void handle_one(const RabbitMessage& message) {
-        const Delivery delivery = delivery_of(message);
-        count_read(delivery);
-        const Outcome outcome = dispatch_.call(delivery, message, nullptr);
-        loop_.note(outcome);
-        settle(message, delivery, outcome);
-    }
-
-    /// Batch mode: the poll's deliveries to the handler at once (one handle_batch() for an
-    /// IdempotentHandler), then each settled in order. Settling fails as handle()'s does: the
-    /// connection is dropped, so the broker requeues the rest of the batch.
-    std::size_t handle_all(std::vector<RabbitMessage>& batch) {
-        if (loop_.stop_requested()) {  // a stop leaves the batch unacked, held
-            hold(batch, 0);
-            return 0;
-        }
-        std::vector<Delivery> deliveries;
-        deliveries.reserve(batch.size());
-        for (const RabbitMessage& message : batch)
-            deliveries.push_back(delivery_of(message));
-        const std::vector<Outcome> outcomes =
-            broker::handle_together(dispatch_, loop_, deliveries, batch);
-        // Those a plain handler did not reach (a stop, the store away) stay unacked, held.
-        hold(batch, outcomes.size());
-        for (std::size_t i = 0; i < outcomes.size(); ++i)
-            count_read(deliveries[i]);
-        try {
-            for (std::size_t i = 0; i < outcomes.size(); ++i)
-                settle(batch[i], deliveries[i], outcomes[i]);
-        } catch (...) {
-            connection_.drop();
-            held_.clear();
-            throw;
-        }
-        return outcomes.size();
-    }
-
-    void count_read(const Delivery& delivery) noexcept {
-        if (delivery.delivery_count.value() > 1) {
-            loop_.reclaimed.fetch_add(1, std::memory_order_relaxed);
-        } else {
-            loop_.read.fetch_add(1, std::memory_order_relaxed);
-        }
-    }
-
-    /// Settles @p message as @p outcome says (see the class comment).
-    void settle(const RabbitMessage& message, const Delivery& delivery, const Outcome& outcome) {
-        const broker::Settlement settlement = broker::settlement_of(outcome);
-        switch (settlement) {
-            case broker::Settlement::ack:
-                settled(connection_.ack(message), settlement);
-                return;
-            case broker::Settlement::dead_letter_then_ack:
+    broker::Settlement::Kind settle_now(const RabbitMessage& message, const Delivery& delivery,
+                                        const Outcome& outcome,
+                                        const broker::Settlement& settlement) {
+        using Kind = broker::Settlement::Kind;
+        switch (settlement.kind) {
+            case Kind::ack:
+                return acked(connection_.ack(message), Kind::ack);
+            case Kind::dead_letter_then_ack:
                 publish_dead_letter(message, delivery, outcome.reason);
-                settled(connection_.ack(message), settlement);
-                return;
-            case broker::Settlement::redeliver:
-                std::optional<std::chrono::milliseconds> delay = broker::redelivery_delay(outcome);
-                if (!delay && outcome.disposition == Disposition::in_progress) {
-                    delay = options_.in_progress_delay;
-                }
-                if (!delay) {  // failed, or deferred without one: the backoff of the next delivery
-                    delay = options_.redelivery_backoff.before(delivery.delivery_count.value() + 1,
-                                                               delivery.message_id);
-                }
-                if (delay && delay->count() > 0) {
-                    if (!current(message)) {
-                        loop_.count(broker::Settlement::redeliver);
-                        return;
-                    }
-                    publish_retry(message, delivery, *delay, outcome.reason);
-                    (void)connection_.ack(message);
-                } else {
-                    (void)connection_.nack(message, /*requeue=*/true);
-                }
-                loop_.count(broker::Settlement::redeliver);
-                return;
+                return acked(connection_.ack(message), Kind::dead_letter_then_ack);
+            case Kind::redeliver:
+                break;
         }
+        if (settlement.delay && settlement.delay->count() > 0) {
+            if (!current(message)) return Kind::redeliver;
+            publish_retry(message, delivery, *settlement.delay, outcome.reason);
+            (void)connection_.ack(message);
+        } else {
+            (void)connection_.nack(message, /*requeue=*/true);
+        }
+        return Kind::redeliver;
     }
 
     bool current(const RabbitMessage& message) const noexcept {
@@ -607,10 +479,10 @@ class RabbitConsumer {
                connection_.channel_epoch(message.channel) == message.channel_epoch;
     }
 
-    /// An ack that went out counts as @p settlement; one refused for a stale channel (the
-    /// delivery is back in the queue: its redelivery will find the claim) as not acked.
-    void settled(bool sent, broker::Settlement settlement) {
-        loop_.count(sent ? settlement : broker::Settlement::redeliver);
+    /// An ack that went out counts as @p kind; one refused for a stale channel (the delivery
+    /// is back in the queue: its redelivery will find the claim) as not acked.
+    static broker::Settlement::Kind acked(bool sent, broker::Settlement::Kind kind) noexcept {
+        return sent ? kind : broker::Settlement::Kind::redeliver;
     }
 
     rabbitmq::Publish republish_of(const RabbitMessage& message, const Delivery& delivery,
@@ -621,7 +493,7 @@ class RabbitConsumer {
         p.properties.delivery_mode = 2;  // persistent
         p.encoded_headers = message.encoded_headers;
         p.headers = {{rabbitmq::header_reason, reason},
-                     {rabbitmq::header_scope, dispatch_.scope()},
+                     {rabbitmq::header_scope, dispatch().scope()},
                      {rabbitmq::header_message_id, delivery.message_id},
                      {rabbitmq::header_delivery_count,
                       static_cast<std::int64_t>(delivery.delivery_count.value())},
@@ -633,11 +505,11 @@ class RabbitConsumer {
     void publish_dead_letter(const RabbitMessage& message, const Delivery& delivery,
                              const std::string& reason) {
         rabbitmq::Publish p = republish_of(message, delivery, reason);
-        p.exchange = options_.dead_letter_exchange;
+        p.exchange = options_.dead_letter;
         p.routing_key = options_.dead_letter_routing_key;
         // The body through the policy's redactor (PolicyOptions::redact_payload), when it has
         // one; a redactor that throws leaves the delivery unacked (redaction_failed).
-        connection_.publish_confirmed(publish_channel, p, dispatch_.redact(message.body));
+        connection_.publish_confirmed(publish_channel, p, dispatch().redact(message.body));
     }
 
     /// To the retry queue with a per-message TTL of @p delay, confirmed; it comes back to the
@@ -655,31 +527,28 @@ class RabbitConsumer {
         connection_.publish_confirmed(publish_channel, p, message.body);
     }
 
-    void report_health() {
+    ConsumerHealth health() {
         ConsumerHealth health;
         health.consumer = options_.queue;
-        health.dead_letter_destination = options_.dead_letter_exchange;
+        health.dead_letter_destination = options_.dead_letter;
         if (dead_letter_queue_known_ && connection_.connected()) {
             try {
                 rabbitmq::QueueDeclare passive;
                 passive.passive = true;
                 std::optional<rabbitmq::QueueState> state;
                 auto refused = on_control([&] {
-                    state = connection_.declare_queue(control_channel,
-                                                      options_.dead_letter_exchange, passive);
+                    state =
+                        connection_.declare_queue(control_channel, options_.dead_letter, passive);
                 });
                 if (!refused && state) health.dead_letter_depth = state->messages;
             } catch (const std::exception& e) {
-                loop_.report(e);
+                report(e);
             }
         }
-        loop_.report_health(health);
+        return health;
     }
 
-    RabbitConsumerOptions options_;
     rabbitmq::Connection connection_;
-    broker::Dispatch<RabbitMessage> dispatch_;
-    broker::Loop loop_;
     std::string consumer_tag_;
     std::uint64_t consuming_epoch_ = 0;
     std::uint64_t checked_on_ = 0;  ///< the connection epoch the queues were checked on

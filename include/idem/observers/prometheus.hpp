@@ -204,7 +204,7 @@ class PrometheusObserver final : public Observer {
     /// @brief A HealthSink (consumer_health.hpp) that calls report_health(): give it to a broker
     /// consumer and the gauges follow each poll. The observer must outlive the consumer.
     /// @code
-    /// consumer_options.on_health = metrics.health_sink();  // LoopOptions,
+    /// consumer_options.on_health = metrics.health_sink();  // broker::ConsumerOptions,
     /// idem/broker/consumer.hpp
     /// @endcode
     [[nodiscard]] HealthSink health_sink() noexcept {

@@ -1,13 +1,13 @@
 #pragma once
 /// @file
 /// @brief idem::rabbitmq::Connection: one AMQP 0-9-1 connection to RabbitMQ through rabbitmq-c
-/// (the only idem header that includes it), with numbered channels, the queue and exchange
-/// methods a consumer needs, manual acks, and publishes that wait for the publisher confirm.
-/// Link idem::rabbitmq.
+/// (rabbitmq/amqp.hpp), with numbered channels (rabbitmq/channel.hpp), the queue and exchange
+/// methods a consumer needs, manual acks, publishes that wait for the publisher confirm, and the
+/// frame pump that reads what the broker sends meanwhile. Link idem::rabbitmq.
 ///
-/// Failures are typed (idem/error.hpp): the connection lost or refused, or no answer within
-/// rpc_timeout → broker_unavailable (the connection is dropped, a timed-out method's effect is
-/// unknown; connect() again), the broker closing one channel (a missing queue,
+/// Failures are typed (idem/error.hpp, rabbitmq/error.hpp): the connection lost or refused, or no
+/// answer within rpc_timeout → broker_unavailable (the connection is dropped, a timed-out method's
+/// effect is unknown; connect() again), the broker closing one channel (a missing queue,
 /// inequivalent arguments, an unknown delivery tag) → rabbitmq::channel_error with the AMQP reply
 /// code; the connection stays usable and the channel must be opened again.
 ///
@@ -19,228 +19,31 @@
 ///
 /// One thread at a time.
 
-#if __has_include(<rabbitmq-c/amqp.h>)
-#include <rabbitmq-c/amqp.h>  // rabbitmq-c 0.12 and later
-#include <rabbitmq-c/tcp.h>
-#else
-#include <amqp.h>  // rabbitmq-c 0.11 (Debian 12's librabbitmq-dev)
-#include <amqp_tcp_socket.h>
-#endif
-#include <sys/time.h>
-
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <deque>
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
 #include "idem/error.hpp"
+#include "idem/rabbitmq/amqp.hpp"
+#include "idem/rabbitmq/channel.hpp"
 #include "idem/rabbitmq/endpoint.hpp"
+#include "idem/rabbitmq/error.hpp"
 #include "idem/rabbitmq/message.hpp"
+#include "idem/rabbitmq/properties.hpp"
+#include "idem/rabbitmq/table.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace rabbitmq {
-
-/// AMQP reply codes idem tells apart.
-inline constexpr std::uint16_t reply_not_found = 404;
-inline constexpr std::uint16_t reply_resource_locked = 405;
-inline constexpr std::uint16_t reply_precondition_failed = 406;
-
-/// @brief The broker closed a channel (channel.close): the channel is gone, the connection is
-/// not. reply_code is the AMQP code (404 NOT_FOUND, 406 PRECONDITION_FAILED, ...), 0 for a
-/// consumer the broker cancelled (basic.cancel: its queue was deleted).
-class channel_error : public broker_error {
-  public:
-    channel_error(std::uint16_t reply_code, const std::string& what)
-        : broker_error(what), reply_code_(reply_code) {}
-    [[nodiscard]] std::uint16_t reply_code() const noexcept { return reply_code_; }
-
-  private:
-    std::uint16_t reply_code_;
-};
-
-/// @brief How a queue is declared (queue.declare).
-struct QueueDeclare {
-    bool passive = false;  ///< only check that it exists (arguments are then ignored by the broker)
-    bool durable = true;
-    bool exclusive = false;
-    bool auto_delete = false;
-    Table arguments{};  ///< x-queue-type, x-dead-letter-exchange, x-message-ttl, ...
-};
-
-/// @brief What queue.declare-ok says.
-struct QueueState {
-    std::uint32_t messages = 0;   ///< ready messages (not those delivered and unacked)
-    std::uint32_t consumers = 0;  ///< active consumers
-};
-
-/// @brief What a publish carries besides its body.
-struct Publish {
-    std::string exchange{};  ///< "" is the default exchange (routing key = queue name)
-    std::string routing_key{};
-    Properties properties{};
-    /// Headers in AMQP wire encoding (Message::encoded_headers), sent first...
-    std::string encoded_headers{};
-    /// ...then these, replacing entries of the same name.
-    Table headers{};
-    /// Ask the broker to return a message no queue takes (then the confirm fails).
-    bool mandatory = true;
-};
-
-namespace detail {
-
-inline timeval to_timeval(std::chrono::milliseconds d) {
-    timeval tv{};
-    if (d.count() < 0) d = std::chrono::milliseconds(0);
-    tv.tv_sec = static_cast<time_t>(d.count() / 1000);
-    tv.tv_usec = static_cast<suseconds_t>((d.count() % 1000) * 1000);
-    return tv;
-}
-
-inline amqp_bytes_t bytes_of(std::string_view s) {
-    amqp_bytes_t b;
-    b.len = s.size();
-    b.bytes = const_cast<char*>(s.data());
-    return b;
-}
-
-inline std::string string_of(amqp_bytes_t b) {
-    if (b.len == 0 || b.bytes == nullptr) return {};
-    return std::string(static_cast<const char*>(b.bytes), b.len);
-}
-
-/// Owns an amqp_pool_t (the memory decoded tables live in).
-class Pool {
-  public:
-    Pool() { init_amqp_pool(&pool_, 4096); }
-    ~Pool() { empty_amqp_pool(&pool_); }
-    Pool(const Pool&) = delete;
-    Pool& operator=(const Pool&) = delete;
-    amqp_pool_t* get() noexcept { return &pool_; }
-
-  private:
-    amqp_pool_t pool_{};
-};
-
-inline FieldValue field_value_of(const amqp_field_value_t& v) {
-    switch (v.kind) {
-        case AMQP_FIELD_KIND_BOOLEAN:
-            return v.value.boolean != 0;
-        case AMQP_FIELD_KIND_I8:
-            return std::int64_t{v.value.i8};
-        case AMQP_FIELD_KIND_U8:
-            return std::int64_t{v.value.u8};
-        case AMQP_FIELD_KIND_I16:
-            return std::int64_t{v.value.i16};
-        case AMQP_FIELD_KIND_U16:
-            return std::int64_t{v.value.u16};
-        case AMQP_FIELD_KIND_I32:
-            return std::int64_t{v.value.i32};
-        case AMQP_FIELD_KIND_U32:
-            return std::int64_t{v.value.u32};
-        case AMQP_FIELD_KIND_I64:
-            return std::int64_t{v.value.i64};
-        case AMQP_FIELD_KIND_U64:
-        case AMQP_FIELD_KIND_TIMESTAMP:
-            return static_cast<std::int64_t>(v.value.u64);
-        case AMQP_FIELD_KIND_F32:
-            return static_cast<double>(v.value.f32);
-        case AMQP_FIELD_KIND_F64:
-            return v.value.f64;
-        case AMQP_FIELD_KIND_UTF8:
-        case AMQP_FIELD_KIND_BYTES:
-            return string_of(v.value.bytes);
-        default:
-            return std::monostate{};
-    }
-}
-
-inline Table table_of(const amqp_table_t& t) {
-    Table out;
-    out.reserve(static_cast<std::size_t>(t.num_entries));
-    for (int i = 0; i < t.num_entries; ++i) {
-        out.emplace_back(string_of(t.entries[i].key), field_value_of(t.entries[i].value));
-    }
-    return out;
-}
-
-/// An amqp_table_t pointing into @p table's strings (valid while @p table and @p entries live).
-inline amqp_table_t to_amqp(const Table& table, std::vector<amqp_table_entry_t>& entries) {
-    entries.clear();
-    entries.reserve(table.size());
-    for (const auto& [key, value] : table) {
-        amqp_table_entry_t e{};
-        e.key = bytes_of(key);
-        if (std::holds_alternative<bool>(value)) {
-            e.value.kind = AMQP_FIELD_KIND_BOOLEAN;
-            e.value.value.boolean = std::get<bool>(value) ? 1 : 0;
-        } else if (std::holds_alternative<std::int64_t>(value)) {
-            e.value.kind = AMQP_FIELD_KIND_I64;
-            e.value.value.i64 = std::get<std::int64_t>(value);
-        } else if (std::holds_alternative<double>(value)) {
-            e.value.kind = AMQP_FIELD_KIND_F64;
-            e.value.value.f64 = std::get<double>(value);
-        } else if (std::holds_alternative<std::string>(value)) {
-            e.value.kind = AMQP_FIELD_KIND_UTF8;
-            e.value.value.bytes = bytes_of(std::get<std::string>(value));
-        } else {
-            e.value.kind = AMQP_FIELD_KIND_VOID;
-        }
-        entries.push_back(e);
-    }
-    amqp_table_t t;
-    t.num_entries = static_cast<int>(entries.size());
-    t.entries = entries.empty() ? nullptr : entries.data();
-    return t;
-}
-
-/// @p table in AMQP wire encoding (what Message::encoded_headers holds).
-inline std::string encode(amqp_table_t table) {
-    std::string buffer(4096, '\0');
-    for (;;) {
-        std::size_t offset = 0;
-        const int status = amqp_encode_table(bytes_of(buffer), &table, &offset);
-        if (status == AMQP_STATUS_OK) {
-            buffer.resize(offset);
-            return buffer;
-        }
-        if (status != AMQP_STATUS_TABLE_TOO_BIG || buffer.size() > (64u << 20)) {
-            throw broker_error(fmt::format("idem::rabbitmq: encoding a header table failed: {}",
-                                           amqp_error_string2(status)));
-        }
-        buffer.assign(buffer.size() * 2, '\0');
-    }
-}
-
-inline Properties properties_of(const amqp_basic_properties_t& p) {
-    Properties out;
-    auto text = [&](amqp_flags_t flag, amqp_bytes_t bytes, std::optional<std::string>& into) {
-        if ((p._flags & flag) != 0) into = string_of(bytes);
-    };
-    text(AMQP_BASIC_CONTENT_TYPE_FLAG, p.content_type, out.content_type);
-    text(AMQP_BASIC_CONTENT_ENCODING_FLAG, p.content_encoding, out.content_encoding);
-    text(AMQP_BASIC_MESSAGE_ID_FLAG, p.message_id, out.message_id);
-    text(AMQP_BASIC_CORRELATION_ID_FLAG, p.correlation_id, out.correlation_id);
-    text(AMQP_BASIC_TYPE_FLAG, p.type, out.type);
-    text(AMQP_BASIC_APP_ID_FLAG, p.app_id, out.app_id);
-    text(AMQP_BASIC_EXPIRATION_FLAG, p.expiration, out.expiration);
-    if ((p._flags & AMQP_BASIC_TIMESTAMP_FLAG) != 0) out.timestamp = p.timestamp;
-    if ((p._flags & AMQP_BASIC_DELIVERY_MODE_FLAG) != 0) out.delivery_mode = p.delivery_mode;
-    if ((p._flags & AMQP_BASIC_PRIORITY_FLAG) != 0) out.priority = p.priority;
-    return out;
-}
-
-}  // namespace detail
 
 /// @brief One AMQP connection (see the file comment). Connects on connect(); the destructor
 /// closes it politely and never throws.
@@ -281,7 +84,7 @@ class Connection {
                        static_cast<int>(endpoint_.heartbeat.count()), AMQP_SASL_METHOD_PLAIN,
                        endpoint_.user.c_str(), endpoint_.password.c_str());
         if (login.reply_type != AMQP_RESPONSE_NORMAL) {
-            const std::string why = describe_reply(login);
+            const std::string why = detail::describe_reply(login);
             amqp_destroy_connection(state);
             throw broker_unavailable(
                 fmt::format("idem::rabbitmq: logging in to {} as {} failed: {}",
@@ -486,7 +289,7 @@ class Connection {
         detail::Pool pool;
         amqp_basic_properties_t props{};
         std::vector<amqp_table_entry_t> entries;
-        fill_properties(what, pool, props, entries);
+        detail::fill_properties(what, pool, props, entries);
         const int status = amqp_basic_publish(
             state_, channel, detail::bytes_of(what.exchange), detail::bytes_of(what.routing_key),
             what.mandatory ? 1 : 0, 0, &props, detail::bytes_of(body));
@@ -515,25 +318,21 @@ class Connection {
                                                    "confirm of a publish to '{}'",
                                                    channel, what.exchange));
             }
-            ChannelState& c = found->second;
-            if (c.confirmed >= tag) {
-                const bool nacked = c.nacked_from != 0 && c.nacked_from <= tag;
-                const bool returned = c.returned;
-                c.returned = false;
-                c.nacked_from = 0;
-                if (nacked) {
+            switch (found->second.confirm_of(tag)) {
+                case ChannelState::Confirm::pending:
+                    break;
+                case ChannelState::Confirm::confirmed:
+                    return;
+                case ChannelState::Confirm::nacked:
                     throw broker_error(fmt::format(
                         "idem::rabbitmq: the broker refused (nacked) a publish to exchange '{}' "
                         "routing key '{}'",
                         what.exchange, what.routing_key));
-                }
-                if (returned) {
+                case ChannelState::Confirm::returned:
                     throw broker_error(fmt::format(
                         "idem::rabbitmq: no queue is bound to exchange '{}' for routing key '{}': "
                         "the message was returned (bind a queue to it)",
                         what.exchange, what.routing_key));
-                }
-                return;
             }
             const auto now = std::chrono::steady_clock::now();
             if (now >= deadline) {
@@ -548,14 +347,7 @@ class Connection {
     }
 
   private:
-    struct ChannelState {
-        std::uint64_t epoch = 0;
-        bool confirms = false;
-        std::uint64_t published = 0;    ///< publishes since confirm.select (their sequence)
-        std::uint64_t confirmed = 0;    ///< every publish up to this one is acked or nacked
-        std::uint64_t nacked_from = 0;  ///< the first nacked one not yet reported
-        bool returned = false;          ///< a basic.return since the last reported confirm
-    };
+    using ChannelState = detail::ChannelState;
 
     /// Handles the frames that have already arrived, without waiting: a channel.close the broker
     /// sent while the handler ran (a consumer timeout) must be seen before an ack goes out on
@@ -608,30 +400,6 @@ class Connection {
                         what, endpoint_.describe(), text));
     }
 
-    static std::string describe_reply(const amqp_rpc_reply_t& r) {
-        switch (r.reply_type) {
-            case AMQP_RESPONSE_NORMAL:
-                return "ok";
-            case AMQP_RESPONSE_NONE:
-                return "no reply";
-            case AMQP_RESPONSE_LIBRARY_EXCEPTION:
-                return amqp_error_string2(r.library_error);
-            case AMQP_RESPONSE_SERVER_EXCEPTION:
-                if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
-                    const auto* m = static_cast<const amqp_connection_close_t*>(r.reply.decoded);
-                    return fmt::format("connection closed by the broker: {} {}", m->reply_code,
-                                       detail::string_of(m->reply_text));
-                }
-                if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
-                    const auto* m = static_cast<const amqp_channel_close_t*>(r.reply.decoded);
-                    return fmt::format("channel closed by the broker: {} {}", m->reply_code,
-                                       detail::string_of(m->reply_text));
-                }
-                return fmt::format("unexpected method 0x{:08x}", r.reply.id);
-        }
-        return "unknown reply";
-    }
-
     /// After a synchronous method: throws the typed error for anything but a normal reply.
     void check_rpc(std::uint16_t channel, const std::string& what) {
         const amqp_rpc_reply_t r = amqp_get_rpc_reply(state_);
@@ -647,7 +415,7 @@ class Connection {
         }
         if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
             r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
-            const std::string why = describe_reply(r);
+            const std::string why = detail::describe_reply(r);
             amqp_connection_close_ok_t ok{};
             (void)amqp_send_method(state_, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
             drop();
@@ -656,7 +424,7 @@ class Connection {
         }
         const bool timeout = r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
                              r.library_error == AMQP_STATUS_TIMEOUT;
-        const std::string why = describe_reply(r);
+        const std::string why = detail::describe_reply(r);
         drop();
         if (timeout) {
             throw broker_unavailable(fmt::format("idem::rabbitmq: {} on {}: no answer within {} ms",
@@ -724,13 +492,7 @@ class Connection {
                     multiple = n->multiple != 0;
                 }
                 auto found = channels_.find(channel);
-                if (found == channels_.end()) return true;
-                ChannelState& c = found->second;
-                if (!ack && c.nacked_from == 0) c.nacked_from = multiple ? c.confirmed + 1 : tag;
-                // Confirms arrive in order on a channel; one for tag N (not multiple) with
-                // earlier ones outstanding only happens for out-of-order confirms, which a
-                // single outstanding publish (publish_confirmed()) never has.
-                if (tag > c.confirmed) c.confirmed = tag;
+                if (found != channels_.end()) found->second.record_confirm(ack, tag, multiple);
                 return true;
             }
             case AMQP_BASIC_RETURN_METHOD: {
@@ -785,7 +547,7 @@ class Connection {
         amqp_message_t message{};
         const amqp_rpc_reply_t r = amqp_read_message(state_, channel, &message, 0);
         if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-            const std::string why = describe_reply(r);
+            const std::string why = detail::describe_reply(r);
             drop();
             throw broker_unavailable(
                 fmt::format("idem::rabbitmq: reading a message from {} "
@@ -804,64 +566,6 @@ class Connection {
             }
         }
         amqp_destroy_message(&message);
-    }
-
-    /// The properties of a publish (their strings point into @p what, the tables into @p pool
-    /// and @p entries).
-    static void fill_properties(const Publish& what, detail::Pool& pool,
-                                amqp_basic_properties_t& props,
-                                std::vector<amqp_table_entry_t>& entries) {
-        const Properties& p = what.properties;
-        props._flags = 0;
-        auto text = [&](amqp_flags_t flag, const std::optional<std::string>& value,
-                        amqp_bytes_t& into) {
-            if (!value) return;
-            props._flags |= flag;
-            into = detail::bytes_of(*value);
-        };
-        text(AMQP_BASIC_CONTENT_TYPE_FLAG, p.content_type, props.content_type);
-        text(AMQP_BASIC_CONTENT_ENCODING_FLAG, p.content_encoding, props.content_encoding);
-        text(AMQP_BASIC_MESSAGE_ID_FLAG, p.message_id, props.message_id);
-        text(AMQP_BASIC_CORRELATION_ID_FLAG, p.correlation_id, props.correlation_id);
-        text(AMQP_BASIC_TYPE_FLAG, p.type, props.type);
-        text(AMQP_BASIC_APP_ID_FLAG, p.app_id, props.app_id);
-        text(AMQP_BASIC_EXPIRATION_FLAG, p.expiration, props.expiration);
-        if (p.timestamp) {
-            props._flags |= AMQP_BASIC_TIMESTAMP_FLAG;
-            props.timestamp = *p.timestamp;
-        }
-        if (p.delivery_mode) {
-            props._flags |= AMQP_BASIC_DELIVERY_MODE_FLAG;
-            props.delivery_mode = *p.delivery_mode;
-        }
-        if (p.priority) {
-            props._flags |= AMQP_BASIC_PRIORITY_FLAG;
-            props.priority = *p.priority;
-        }
-        // Headers: the original encoded table, then ours (replacing entries of the same name).
-        amqp_table_t original{};
-        if (!what.encoded_headers.empty()) {
-            std::size_t offset = 0;
-            const int status = amqp_decode_table(detail::bytes_of(what.encoded_headers), pool.get(),
-                                                 &original, &offset);
-            if (status != AMQP_STATUS_OK) {
-                throw broker_error(
-                    fmt::format("idem::rabbitmq: the encoded headers do not decode: {}",
-                                amqp_error_string2(status)));
-            }
-        }
-        std::vector<amqp_table_entry_t> extra;
-        const amqp_table_t ours = detail::to_amqp(what.headers, extra);
-        if (original.num_entries == 0 && ours.num_entries == 0) return;
-        entries.clear();
-        for (int i = 0; i < original.num_entries; ++i) {
-            const std::string key = detail::string_of(original.entries[i].key);
-            if (find_field(what.headers, key) == nullptr) entries.push_back(original.entries[i]);
-        }
-        entries.insert(entries.end(), extra.begin(), extra.end());
-        props._flags |= AMQP_BASIC_HEADERS_FLAG;
-        props.headers.num_entries = static_cast<int>(entries.size());
-        props.headers.entries = entries.data();
     }
 
     Endpoint endpoint_;

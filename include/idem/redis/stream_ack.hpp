@@ -16,12 +16,12 @@
 IDEM_BEGIN_NAMESPACE
 namespace redis {
 
-/// @brief The dead-letter stream of @p stream when none is named: `<stream>:dead-letters`
-/// (StreamConsumerOptions::dead_letter_stream's default too; a stream named "{orders}" keeps
+/// @brief The dead-letter stream of @p stream when none is named: `<stream>.dead-letters`
+/// (StreamConsumerOptions::dead_letter's default too; a stream named "{orders}" keeps
 /// its hash tag).
 [[nodiscard]] inline std::string default_dead_letter_stream(std::string_view stream) {
     std::string name(stream);
-    name += ":dead-letters";
+    name += ".dead-letters";
     return name;
 }
 
@@ -32,18 +32,18 @@ namespace redis {
 /// `endpoint` is its own server and database (Endpoint::same_database); otherwise the hook is
 /// ignored and the consumer acks after the commit.
 ///
-/// A dead letter always goes somewhere: to `dead_letter_stream`, or `<stream>:dead-letters`
+/// A dead letter always goes somewhere: to `dead_letter_stream`, or `<stream>.dead-letters`
 /// when it is empty (as StreamConsumer's), never XACKed without its copy.
 ///
 /// @code
 /// idem::CommitHook hook{idem::redis::StreamAck{endpoint, "orders", "capture", entry.id}};
-/// auto outcome = handler.handle(delivery, entry, hook);   // dead letters: orders:dead-letters
+/// auto outcome = handler.handle(delivery, entry, hook);   // dead letters: orders.dead-letters
 /// if (!hook.acked_in_commit && idem::should_ack(outcome)) xack(entry.id);
 /// @endcode
 struct StreamAck {
     StreamAck() = default;
     /// @brief The ack of @p entry_id_ of @p stream_ for @p group_ on @p endpoint_; a dead letter
-    /// of it also goes to @p dead_letter_stream_, by default `<stream>:dead-letters`. Set
+    /// of it also goes to @p dead_letter_stream_, by default `<stream>.dead-letters`. Set
     /// `fields` and `delivery_count` for the dead-letter copy to carry them.
     StreamAck(Endpoint endpoint_, std::string stream_, std::string group_, std::string entry_id_,
               std::string dead_letter_stream_ = {})
@@ -59,14 +59,14 @@ struct StreamAck {
     std::string group{};
     std::string entry_id{};
     /// Where a dead letter of this entry also goes, with the entry's fields; empty:
-    /// `<stream>:dead-letters` (dead_letter_destination()).
+    /// `<stream>.dead-letters` (dead_letter_destination()).
     std::string dead_letter_stream{};
     /// The entry's fields, copied to the dead-letter stream with a dead letter.
     std::vector<std::pair<std::string, std::string>> fields{};
     std::uint32_t delivery_count = 0;
 
     /// @brief Where a dead letter of this entry goes: dead_letter_stream, or
-    /// `<stream>:dead-letters` when it is empty.
+    /// `<stream>.dead-letters` when it is empty.
     [[nodiscard]] std::string dead_letter_destination() const {
         return dead_letter_stream.empty() ? default_dead_letter_stream(stream) : dead_letter_stream;
     }

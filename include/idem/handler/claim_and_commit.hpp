@@ -1,0 +1,119 @@
+#pragma once
+/// @file
+/// @brief handle() of a local effect on a store that claims and commits in one step (Redis):
+/// the effect runs first, with no claim held, and its writes go with the claim in ONE
+/// claim_and_commit() call; the answers that need the ordinary path's steps fall back to it.
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "idem/config.hpp"
+#include "idem/contract/commit_hook.hpp"
+#include "idem/contract/records.hpp"
+#include "idem/contract/store.hpp"
+#include "idem/delivery.hpp"
+#include "idem/effect.hpp"
+#include "idem/error.hpp"
+#include "idem/handler/attempt.hpp"
+#include "idem/handler/timing.hpp"
+#include "idem/outcome.hpp"
+
+IDEM_BEGIN_NAMESPACE
+namespace detail {
+
+/// A local effect (local_effect(): only queued writes) on a store that claims and commits
+/// in one step: handle() runs the effect first, with no claim held, and sends its writes with
+/// the claim in one call (claim_and_commit_first).
+template <class Store, class Effect>
+inline constexpr bool runs_before_claim =
+    chain_only_transaction_writes<Effect>() &&
+    has_claim_and_commit<typename AttemptPipeline<Store, Effect>::Transaction>::value;
+
+/// The effect, then ONE claim_and_commit() with its writes. Nothing (the ordinary path takes
+/// the message, claim first) when the message needs its claim before the effect: a count at
+/// the poison limit or 0 (the effect must not run), a message older than the gateway's keys;
+/// or when the answer needs the ordinary path's steps: a deferral, a malformed message, a
+/// reused id (fingerprint differs), a takeover at the limit, a store that cannot send these
+/// writes with the claim (not_attempted: a Redis Cluster write outside the claim's hash
+/// slot). The effect is local, so running it again there leaves no trace.
+template <class Store, class Effect, class Body>
+std::optional<Outcome> claim_and_commit_first(AttemptPipeline<Store, Effect>& p,
+                                              const Delivery& delivery, const Body& body,
+                                              CommitHook* hook, Measure* measure) {
+    using Transaction = typename AttemptPipeline<Store, Effect>::Transaction;
+    const std::uint32_t count = delivery.delivery_count.value();
+    if (count == 0 || count >= p.policy().max_deliveries() || p.older_than_gateway_keys(delivery)) {
+        return std::nullopt;
+    }
+    Transaction tx = p.begin(hook, hook != nullptr ? 1 : 0);
+    const std::string fingerprint = p.fingerprint_of(body);
+    ClaimAndCommit request;
+    request.scope = p.policy().scope();
+    request.message_id = delivery.message_id;
+    request.fingerprint = fingerprint;
+    request.max_attempts = p.policy().max_deliveries();
+    std::string reason;
+    std::optional<Outcome> threw;
+    tx.savepoint();
+    try {
+        EffectResult result = EffectResult::applied();
+        {
+            const EffectTimer timer(measure);
+            result = run_effect(p.effect(), tx, body, delivery);
+        }
+        switch (result.kind()) {
+            case EffectResult::Kind::applied:
+                tx.release_savepoint();
+                request.outcome = Disposition::processed;
+                break;
+            case EffectResult::Kind::rejected:  // the claim without the effect's writes
+                tx.rollback_to_savepoint();
+                reason = result.reason();
+                request.outcome = Disposition::rejected;
+                request.reason = reason;
+                break;
+            case EffectResult::Kind::deferred:  // a duplicate is not deferred: claim first
+                return std::nullopt;
+        }
+    } catch (const malformed_message&) {
+        return std::nullopt;  // parked with its claim by the ordinary path
+    } catch (const store_error&) {
+        throw;  // failed, as on the ordinary path
+    } catch (const std::exception& e) {
+        threw =
+            failed_outcome(fmt::format("effect threw: {}", e.what()), FailureCause::effect_threw);
+    } catch (...) {
+        threw = failed_outcome("effect threw a non-standard exception", FailureCause::effect_threw);
+    }
+    if (threw) tx.rollback_to_savepoint();  // the attempt is counted, nothing applied
+    const auto sent = measure != nullptr ? std::chrono::steady_clock::now()
+                                         : std::chrono::steady_clock::time_point{};
+    const ClaimAndCommitResult answer = tx.claim_and_commit(request);
+    if (measure != nullptr) measure->commit_in = since(sent);
+    switch (answer.status) {
+        case ClaimAndCommitStatus::committed:
+            if (threw) return threw;
+            return Outcome{*request.outcome, std::move(reason)};
+        case ClaimAndCommitStatus::duplicate:
+            if (!fingerprint.empty() && !answer.claim.fingerprint.empty() &&
+                answer.claim.fingerprint != fingerprint) {
+                return std::nullopt;  // dead-lettered as a reused id by the ordinary path
+            }
+            return duplicate_outcome(answer.claim);
+        case ClaimAndCommitStatus::in_progress:
+            return in_progress_outcome(answer.claim);
+        case ClaimAndCommitStatus::at_limit:
+        case ClaimAndCommitStatus::not_attempted:
+            return std::nullopt;
+    }
+    return std::nullopt;
+}
+
+}  // namespace detail
+IDEM_END_NAMESPACE

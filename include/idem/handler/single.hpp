@@ -1,0 +1,102 @@
+#pragma once
+/// @file
+/// @brief handle(): one delivery in its own transaction, through the attempt pipeline
+/// (attempt.hpp) with SingleStrategy; a malformed delivery is parked in a commit of its own,
+/// and a rejected or malformed message on a store whose savepoints cost a statement is recorded
+/// in a second transaction.
+
+#include <exception>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "idem/config.hpp"
+#include "idem/contract/commit_hook.hpp"
+#include "idem/contract/records.hpp"
+#include "idem/contract/store.hpp"
+#include "idem/delivery.hpp"
+#include "idem/error.hpp"
+#include "idem/handler/attempt.hpp"
+#include "idem/handler/claim_and_commit.hpp"
+#include "idem/handler/reporting.hpp"
+#include "idem/handler/strategy.hpp"
+#include "idem/handler/timing.hpp"
+#include "idem/outcome.hpp"
+
+IDEM_BEGIN_NAMESPACE
+namespace detail {
+
+/// A delivery with no usable id cannot be claimed; it is parked with its reason so nothing
+/// is lost. If even that fails the outcome is failed (no ack) and the broker keeps it.
+template <class Store, class Effect, class Body>
+Outcome park_malformed_delivery(AttemptPipeline<Store, Effect>& p, const Delivery& delivery,
+                                const Body& body, std::string reason, CommitHook* hook,
+                                Measure* measure) {
+    using Transaction = typename AttemptPipeline<Store, Effect>::Transaction;
+    try {
+        Transaction tx = p.begin(hook, hook != nullptr ? 1 : 0);
+        tx.dead_letter(p.make_dead_letter(delivery, body, reason));
+        Outcome parked{Disposition::dead_lettered, reason};
+        p.commit_if_stored(tx, parked, measure);
+        return parked;
+    } catch (const std::exception& e) {
+        return failed_outcome(fmt::format("{}; and the dead letter could not be stored: {}", reason,
+                                          quoted(p.policy(), e)),
+                              failure_cause_of(e));
+    }
+}
+
+/// The rare outcomes that keep the claim but none of the effect's writes (rejected, or parked
+/// as malformed), on a store whose savepoints cost a statement each: the first transaction
+/// rolled back, this one claims again and records the outcome the effect gave.
+template <class Store, class Effect, class Body>
+Outcome record_without_effect(AttemptPipeline<Store, Effect>& p, const Delivery& delivery,
+                              const Body& body, Outcome outcome, CommitHook* hook,
+                              Measure* measure) {
+    using Transaction = typename AttemptPipeline<Store, Effect>::Transaction;
+    Transaction tx = p.begin(hook, hook != nullptr ? 1 : 0);
+    const ClaimResult claim =
+        p.template claim_one<Body>(tx, delivery.message_id, p.fingerprint_of(body));
+    // Another worker finished it, or holds it, meanwhile.
+    if (claim.status == ClaimStatus::duplicate) return duplicate_outcome(claim);
+    if (claim.status == ClaimStatus::in_progress) return in_progress_outcome(claim);
+    p.record_or_park(tx, delivery, body, outcome.disposition, outcome.reason);
+    p.commit_if_stored(tx, outcome, measure);
+    return outcome;
+}
+
+/// handle(): validate, then one attempt in its own transaction (or, for a local effect on a
+/// store that can, the effect and one claim_and_commit()).
+template <class Store, class Effect, class Body>
+Outcome handle_one(AttemptPipeline<Store, Effect>& p, const Delivery& delivery, const Body& body,
+                   CommitHook* hook, Measure* measure) {
+    using Transaction = typename AttemptPipeline<Store, Effect>::Transaction;
+    if (auto reason = unclaimable_reason(delivery)) {
+        return park_malformed_delivery(p, delivery, body, std::move(*reason), hook, measure);
+    }
+    try {
+        if constexpr (runs_before_claim<Store, Effect>) {
+            if (auto done = claim_and_commit_first(p, delivery, body, hook, measure))
+                return std::move(*done);
+        }
+        Attempt attempted;
+        {
+            Transaction tx = p.begin(hook, hook != nullptr ? 1 : 0);
+            attempted = p.attempt(tx, delivery, body, SingleStrategy<Transaction>{}, measure);
+            if (!attempted.needs_second_transaction) {
+                p.commit_if_stored(tx, attempted.outcome, measure);
+                return std::move(attempted.outcome);  // or tx rolls back: nothing stored
+            }
+        }  // rolled back: the effect's writes are gone, the claim with them
+        return record_without_effect(p, delivery, body, std::move(attempted.outcome), hook,
+                                     measure);
+    } catch (const std::exception& e) {
+        return p.failure(e);
+    } catch (...) {
+        return failed_outcome("non-standard exception", FailureCause::other);
+    }
+}
+
+}  // namespace detail
+IDEM_END_NAMESPACE
