@@ -65,7 +65,8 @@ int main() {
         nats_options.stream = "ORDERS";
         nats_options.durable = "consumer-check";
         idem::JetStreamConsumer nats_consumer(
-            nats_options, [](const idem::Delivery&, const idem::JetStreamMessage&) {
+            idem::nats::Endpoint{}, nats_options,
+            [](const idem::Delivery&, const idem::JetStreamMessage&) {
                 return idem::Outcome{idem::Disposition::processed, {}};
             });
         std::string why;
