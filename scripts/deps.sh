@@ -37,6 +37,7 @@ IDEM_DEB_PACKAGES=(
     libcpp-httplib-dev  # cpp-httplib, idem::http's /metrics endpoint (and the scrape test's client)
     nats-server         # NATS server 2.9 with JetStream: the tests start their own
     libnats-dev         # cnats 3.4, idem::nats's JetStream client library
+    librdkafka-dev      # librdkafka 2.0, idem::kafka's client library (and its mock cluster)
     python3             # the doc tests' extractor (tests/doctest/doctest.py)
 )
 

@@ -6,7 +6,7 @@
 #              docs/ compiled, tests/doctest/; only here: about 80 CPU seconds)
 #     core     g++ C++17, Debug, every component OFF (IDEM_WITH_<NAME>=OFF for each
 #              idem_add_backend() of CMakeLists.txt): the core tests build and pass without SQLite,
-#              libpq, hiredis, libmariadb, rabbitmq-c, cnats, spdlog or cpp-httplib
+#              libpq, hiredis, libmariadb, rabbitmq-c, cnats, librdkafka, spdlog or cpp-httplib
 #     clang20  clang++ C++20, Debug: every test but the chaos runs and the install and configure
 #              tests (gcc17 and asan run those; here they would only repeat them, and CI has 45
 #              minutes)

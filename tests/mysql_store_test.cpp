@@ -83,7 +83,7 @@ TEST_F(MysqlStoreTest, TablesAreInnoDbAndTheSchemaIsVersioned) {
     auto s = store();
     EXPECT_EQ(count("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = "
                     "DATABASE() AND table_name LIKE 'idem\\_%' AND engine = 'InnoDB'"),
-              5);
+              6);  // claims, dead letters, locks, outbox, attempts, schema
     EXPECT_EQ(count("SELECT MAX(version) FROM idem_schema"), MysqlStore::schema_version);
     // A second store on the same database opens the existing schema.
     EXPECT_NO_THROW(store());

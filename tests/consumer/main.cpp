@@ -3,6 +3,7 @@
 // redelivery is a duplicate. IDEM_CONSUMER_HAS_<NAME>: the components it was given.
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <idem/idem.hpp>
@@ -22,6 +23,11 @@
 #if IDEM_CONSUMER_HAS_NATS
 #include <idem/broker/nats_jetstream.hpp>
 #include <idem/testing/nats_server.hpp>
+#endif
+#if IDEM_CONSUMER_HAS_KAFKA
+#include <idem/kafka/consumer.hpp>
+#include <idem/kafka/producer.hpp>
+#include <idem/testing/kafka_cluster.hpp>
 #endif
 #if IDEM_CONSUMER_HAS_SPDLOG
 #include <spdlog/sinks/null_sink.h>
@@ -66,6 +72,14 @@ int main() {
         std::string why;
         (void)idem::testing::NatsServer::available(&why);
         if (natsStatus_GetText(NATS_OK) == nullptr) return 1;
+    }
+#endif
+#if IDEM_CONSUMER_HAS_KAFKA
+    // The kafka component: its configuration builder works and librdkafka links (no cluster).
+    {
+        const auto config = idem::kafka::Config{}.bootstrap_servers("127.0.0.1:9").group_id("g");
+        if (config.get("group.id") != std::optional<std::string>("g")) return 1;
+        if (rd_kafka_version() == 0) return 1;
     }
 #endif
 #if IDEM_CONSUMER_HAS_SPDLOG

@@ -139,9 +139,10 @@ struct OutboxRow {
 /// @brief Answer of Store::purge(older_than): what it deleted. Dead letters, unsent intents and
 /// parked intents are never purged: they wait for a relay or a human.
 struct PurgeResult {
-    std::size_t claims = 0;         ///< claims whose claimed_at is before the cutoff
-    std::size_t sent_intents = 0;   ///< outbox intents sent before the cutoff
-    std::size_t expired_locks = 0;  ///< locks held with hold_lock() that have expired
+    std::size_t claims = 0;          ///< claims whose claimed_at is before the cutoff
+    std::size_t sent_intents = 0;    ///< outbox intents sent before the cutoff
+    std::size_t expired_locks = 0;   ///< locks held with hold_lock() that have expired
+    std::size_t attempt_counts = 0;  ///< count_attempt() counters last counted before the cutoff
 };
 
 /// @brief A parked message: what it was, why it was parked, and its payload, so nothing is lost.

@@ -33,6 +33,8 @@
 /// Store::mark_outbox_sent(std::int64_t id)               has_mark_outbox_sent    Relay
 /// Store::mark_outbox_failed(id, error, retry_at, park)   has_mark_outbox_failed  Relay
 /// Store::ping()                                          has_ping                probe_store
+/// Store::count_attempt(scope, id) -> std::uint32_t       has_count_attempt       brokers without
+///     (attempts + 1, committed on its own before begin())                         a delivery count
 /// Tx::rollback()                                         has_rollback            probe_store
 /// @endcode
 /// The checks: check_store() (the handler's), check_relay_store() (the Relay's), each a
@@ -216,6 +218,18 @@ template <class, class = void>
 struct has_ping : std::false_type {};
 template <class S>
 struct has_ping<S, std::void_t<decltype(std::declval<S&>().ping())>> : std::true_type {};
+
+/// A store that counts attempts itself, each count committed on its own (SQL stores, memory):
+/// the poison limit of a broker without a delivery count (Kafka). Lease stores count the
+/// effect's starts in their claim instead (ClaimResult::attempts).
+template <class, class = void>
+struct has_count_attempt : std::false_type {};
+template <class S>
+struct has_count_attempt<S, std::void_t<decltype(std::declval<S&>().count_attempt(
+                                std::string_view{}, std::string_view{}))>>
+    : std::is_convertible<decltype(std::declval<S&>().count_attempt(std::string_view{},
+                                                                    std::string_view{})),
+                          std::uint32_t> {};
 
 template <class, class = void>
 struct has_rollback : std::false_type {};

@@ -19,7 +19,7 @@ IDEM_BEGIN_NAMESPACE
 namespace sql {
 
 /// Version of the idem tables this code writes; a database with a newer one is refused.
-inline constexpr int schema_version = 1;
+inline constexpr int schema_version = 2;
 
 /// SQLite's DDL to go from @p from_version (0: nothing there) to schema_version.
 inline std::vector<std::string> sqlite_schema_ddl(int from_version) {
@@ -58,6 +58,16 @@ inline std::vector<std::string> sqlite_schema_ddl(int from_version) {
             "CREATE INDEX IF NOT EXISTS idem_locks_expires_at ON idem_locks(expires_at)",
         };
     }
+    if (from_version < 2) {
+        // Version 2: attempts counted by the store (count_attempt()), for brokers without a
+        // delivery count.
+        ddl.push_back(
+            "CREATE TABLE IF NOT EXISTS idem_attempts("
+            "scope BLOB NOT NULL, message_id BLOB NOT NULL, attempts INTEGER NOT NULL, "
+            "counted_at INTEGER NOT NULL, PRIMARY KEY(scope, message_id)) WITHOUT ROWID");
+        ddl.push_back(
+            "CREATE INDEX IF NOT EXISTS idem_attempts_counted_at ON idem_attempts(counted_at)");
+    }
     return ddl;
 }
 
@@ -94,6 +104,14 @@ inline std::vector<std::string> postgres_schema_ddl(std::string_view prefix, int
                 "idem_outbox(sent_at) WHERE sent_at IS NOT NULL",
             "CREATE INDEX IF NOT EXISTS idem_locks_expires_at ON " + s + "idem_locks(expires_at)",
         };
+    }
+    if (from_version < 2) {
+        ddl.push_back("CREATE TABLE IF NOT EXISTS " + s +
+                      "idem_attempts(scope BYTEA NOT NULL, message_id BYTEA NOT NULL, "
+                      "attempts BIGINT NOT NULL, counted_at BIGINT NOT NULL, "
+                      "PRIMARY KEY (scope, message_id))");
+        ddl.push_back("CREATE INDEX IF NOT EXISTS idem_attempts_counted_at ON " + s +
+                      "idem_attempts(counted_at)");
     }
     return ddl;
 }
@@ -133,6 +151,16 @@ inline std::vector<std::string> mysql_schema_ddl(int from_version) {
             // The relay's query (unsent, unparked, by id) and purge() (sent by age).
             "KEY idem_outbox_unsent(sent_at, parked, id)) ENGINE=InnoDB",
         };
+    }
+    if (from_version < 2) {
+        ddl.push_back(
+            "CREATE TABLE IF NOT EXISTS idem_attempts("
+            "scope BLOB NOT NULL, message_id BLOB NOT NULL, "
+            "attempt_key BINARY(32) AS (UNHEX(SHA2(CONCAT(LPAD(LENGTH(scope), 10, '0'), scope, "
+            "message_id), 256))) STORED, "
+            "attempts BIGINT NOT NULL, counted_at BIGINT NOT NULL, "
+            "UNIQUE KEY idem_attempts_key(attempt_key), "
+            "KEY idem_attempts_counted_at(counted_at)) ENGINE=InnoDB");
     }
     return ddl;
 }

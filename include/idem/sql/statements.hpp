@@ -35,16 +35,21 @@ enum class stmt : std::size_t {
     purge_outbox,        ///< before, batch rows (sent before, not parked)
     purge_locks,         ///< before, batch rows (expired before)
     find_claim,  ///< scope, id → scope, message_id, claimed_at, outcome, reason, fingerprint
-    all_dead_letters,  ///< → scope, message_id, delivery_count, reason, payload, created_at
-    lock_advisory,     ///< a transaction-scoped lock on a 64-bit key (PostgreSQL) → bool
-    lock_live,         ///< key, now → a row (or true) when an unexpired held lock exists
-    lock_hold,         ///< key, owner, expires_at, now (+ dialect-specific) → 1 affected: ours
-    lock_release,      ///< key, owner
-    outbox_insert,     ///< destination, key, payload, created_at; nothing on a known key
-    outbox_lease,      ///< lease_until, now, limit → the outbox columns
-    outbox_sent,       ///< id, sent_at
-    outbox_failed,     ///< id, last_error, next_attempt_at, parked
-    outbox_all,        ///< → the outbox columns, by id
+    all_dead_letters,    ///< → scope, message_id, delivery_count, reason, payload, created_at
+    lock_advisory,       ///< a transaction-scoped lock on a 64-bit key (PostgreSQL) → bool
+    lock_live,           ///< key, now → a row (or true) when an unexpired held lock exists
+    lock_hold,           ///< key, owner, expires_at, now (+ dialect-specific) → 1 affected: ours
+    lock_release,        ///< key, owner
+    outbox_insert,       ///< destination, key, payload, created_at; nothing on a known key
+    outbox_lease,        ///< lease_until, now, limit → the outbox columns
+    outbox_sent,         ///< id, sent_at
+    outbox_failed,       ///< id, last_error, next_attempt_at, parked
+    outbox_all,          ///< → the outbox columns, by id
+    attempt_count,       ///< scope, id, counted_at: attempts + 1 (1 for a new row) → attempts;
+                         ///< a dialect without RETURNING answers no row: attempt_count_read
+    attempt_count_read,  ///< → the attempts attempt_count just wrote on this connection
+    attempt_find,        ///< scope, id → attempts
+    purge_attempts,      ///< before, batch rows (counted before)
     count,
 };
 
@@ -121,6 +126,15 @@ inline statement_table sqlite_statements() {
         "UPDATE idem_outbox SET attempts = attempts + 1, last_error = ?2, next_attempt_at = ?3, "
         "parked = ?4, lease_until = NULL WHERE id = ?1";
     t[stmt::outbox_all] = "SELECT " + cols + " FROM idem_outbox ORDER BY id";
+    t[stmt::attempt_count] =
+        "INSERT INTO idem_attempts(scope, message_id, attempts, counted_at) VALUES (?1, ?2, 1, ?3) "
+        "ON CONFLICT(scope, message_id) DO UPDATE SET attempts = attempts + 1, "
+        "counted_at = excluded.counted_at RETURNING attempts";
+    t[stmt::attempt_find] =
+        "SELECT attempts FROM idem_attempts WHERE scope = ?1 AND message_id = ?2";
+    t[stmt::purge_attempts] =
+        "DELETE FROM idem_attempts WHERE (scope, message_id) IN (SELECT scope, message_id FROM "
+        "idem_attempts WHERE counted_at < ?1 LIMIT ?2)";
     return t;
 }
 
@@ -208,6 +222,17 @@ inline statement_table postgres_statements(std::string_view prefix) {
                              " SET attempts = attempts + 1, last_error = $2, "
                              "next_attempt_at = $3, parked = $4, lease_until = NULL WHERE id = $1";
     t[stmt::outbox_all] = "SELECT " + cols + " FROM " + outbox + " ORDER BY id";
+    const std::string attempts = s + "idem_attempts";
+    t[stmt::attempt_count] = "INSERT INTO " + attempts +
+                             " AS a(scope, message_id, attempts, counted_at) "
+                             "VALUES ($1, $2, 1, $3::bigint) ON CONFLICT (scope, message_id) "
+                             "DO UPDATE SET attempts = a.attempts + 1, "
+                             "counted_at = EXCLUDED.counted_at RETURNING attempts";
+    t[stmt::attempt_find] =
+        "SELECT attempts FROM " + attempts + " WHERE scope = $1 AND message_id = $2";
+    t[stmt::purge_attempts] = "DELETE FROM " + attempts +
+                              " WHERE (scope, message_id) IN (SELECT scope, message_id FROM " +
+                              attempts + " WHERE counted_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)";
     return t;
 }
 
@@ -279,6 +304,17 @@ inline statement_table mysql_statements() {
         "UPDATE idem_outbox SET attempts = attempts + 1, last_error = ?2, next_attempt_at = ?3, "
         "parked = ?4, lease_until = NULL WHERE id = ?1";
     t[stmt::outbox_all] = "SELECT " + cols + " FROM idem_outbox ORDER BY id";
+    // No RETURNING: LAST_INSERT_ID(expr) remembers the count for this connection's next
+    // SELECT LAST_INSERT_ID(), which no other session can change in between.
+    t[stmt::attempt_count] =
+        "INSERT INTO idem_attempts(scope, message_id, attempts, counted_at) "
+        "VALUES (?1, ?2, LAST_INSERT_ID(1), ?3) "
+        "ON DUPLICATE KEY UPDATE attempts = LAST_INSERT_ID(attempts + 1), counted_at = ?3";
+    t[stmt::attempt_count_read] = "SELECT LAST_INSERT_ID()";
+    t[stmt::attempt_find] =
+        "SELECT attempts FROM idem_attempts WHERE attempt_key = " + mysql_claim_key("?1", "?2") +
+        " AND scope = ?1 AND message_id = ?2";
+    t[stmt::purge_attempts] = "DELETE FROM idem_attempts WHERE counted_at < ?1 LIMIT ?2";
     return t;
 }
 

@@ -169,7 +169,8 @@ class basic_store {
     }
 
     /// @brief Deletes claims whose claimed_at is older than clock() - @p older_than, outbox
-    /// intents sent before that cutoff, and locks held with hold_lock() that have expired, in
+    /// intents sent before that cutoff, attempt counters last counted before it, and locks held
+    /// with hold_lock() that have expired, in
     /// batches of 5,000 (each its own statement and transaction, so handlers are not held up).
     /// Dead letters, unsent and parked intents are kept.
     /// @throws usage_error when @p older_than is negative.
@@ -186,7 +187,44 @@ class basic_store {
         result.sent_intents =
             purge_in_batches(stmt::purge_outbox, "purge (sent outbox intents)", cutoff);
         result.expired_locks = purge_in_batches(stmt::purge_locks, "purge (expired locks)", at);
+        result.attempt_counts =
+            purge_in_batches(stmt::purge_attempts, "purge (attempt counts)", cutoff);
         return result;
+    }
+
+    /// @brief Counts one more attempt at (@p scope, @p id) and returns the count, this one
+    /// included, in one statement committed on its own (an upsert: attempts + 1). For brokers
+    /// without a delivery count (Kafka): call it BEFORE begin(), so a worker that dies in the
+    /// effect has still counted the attempt and the poison limit ends a message that kills
+    /// every worker. Processes and hosts counting the same id at once each get their own
+    /// number. The counter stays until purge() finds it older than the retention.
+    /// @throws store_unavailable, store_timeout; usage_error as begin() does (also on a thread
+    /// that holds a transaction of this store: count before begin()).
+    std::uint32_t count_attempt(std::string_view scope, std::string_view id) {
+        Lock lock(*this, "count_attempt()");
+        std::optional<std::int64_t> count;
+        driver_.run(
+            stmt::attempt_count, "count_attempt", access::write,
+            [&](const auto& row) { count = row.int64(0); }, Blob{scope}, Blob{id}, now_ms());
+        if (!count) {  // a dialect without RETURNING (sql/statements.hpp)
+            driver_.run(stmt::attempt_count_read, "count_attempt", access::read,
+                        [&](const auto& row) { count = row.int64(0); });
+        }
+        if (!count || *count < 1) {
+            throw store_unavailable(
+                fmt::format("idem {}: count_attempt(): the count was not returned", Driver::name));
+        }
+        return to_count(*count);
+    }
+
+    /// @brief The attempts count_attempt() counted for (@p scope, @p id); 0 when none.
+    [[nodiscard]] std::uint32_t attempts(std::string_view scope, std::string_view id) {
+        Lock lock(*this, "attempts()");
+        std::int64_t count = 0;
+        driver_.run(
+            stmt::attempt_find, "attempts", access::read,
+            [&](const auto& row) { count = row.int64(0); }, Blob{scope}, Blob{id});
+        return to_count(count);
     }
 
     /// @brief The committed claim of (scope, id), if any.

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -353,8 +355,9 @@ class MemoryStore {
         faults_[static_cast<std::size_t>(fault)] += times;
     }
 
-    /// @brief Deletes claims and sent outbox intents older than clock() - @p older_than, and the
-    /// held locks that have expired. Dead letters, unsent and parked intents stay.
+    /// @brief Deletes claims, sent outbox intents and attempt counters older than clock() -
+    /// @p older_than, and the held locks that have expired. Dead letters, unsent and parked
+    /// intents stay.
     PurgeResult purge(std::chrono::system_clock::duration older_than) {
         if (older_than.count() < 0) {
             throw usage_error("idem::MemoryStore: purge() needs a non-negative age");
@@ -389,7 +392,45 @@ class MemoryStore {
                 ++it;
             }
         }
+        for (auto it = attempts_.begin(); it != attempts_.end();) {
+            if (it->second.counted_at < cutoff) {
+                it = attempts_.erase(it);
+                ++result.attempt_counts;
+            } else {
+                ++it;
+            }
+        }
         return result;
+    }
+
+    /// @brief Counts one more attempt at (@p scope, @p id) and returns the count, this one
+    /// included. Kept apart from transactions: a transaction rolled back afterwards leaves the
+    /// count (as the SQL stores' own short commit does). Call it before begin().
+    /// @throws usage_error on a thread that holds a transaction of this store.
+    std::uint32_t count_attempt(std::string_view scope, std::string_view id) {
+        if (owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
+            throw usage_error(
+                "idem::MemoryStore: count_attempt() while this thread holds a transaction on "
+                "this store; count before begin()");
+        }
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = attempts_.find(ClaimView{scope, id});
+        if (it == attempts_.end()) {
+            it = attempts_.emplace(ClaimKey{std::string(scope), std::string(id)}, AttemptCount{})
+                     .first;
+        }
+        if (it->second.attempts < std::numeric_limits<std::uint32_t>::max()) {
+            ++it->second.attempts;
+        }
+        it->second.counted_at = now();
+        return it->second.attempts;
+    }
+
+    /// @brief The attempts count_attempt() counted for (@p scope, @p id); 0 when none.
+    [[nodiscard]] std::uint32_t attempts(std::string_view scope, std::string_view id) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = attempts_.find(ClaimView{scope, id});
+        return it == attempts_.end() ? 0 : it->second.attempts;
     }
 
     [[nodiscard]] std::optional<ClaimRecord> find_claim(std::string_view scope,
@@ -540,6 +581,11 @@ class MemoryStore {
     std::mutex mutex_;
     std::atomic<std::thread::id> owner_{};
     std::map<ClaimKey, ClaimRecord, ClaimOrder> claims_;
+    struct AttemptCount {
+        std::uint32_t attempts = 0;
+        std::chrono::system_clock::time_point counted_at{};
+    };
+    std::map<ClaimKey, AttemptCount, ClaimOrder> attempts_;
     std::vector<DeadLetter> dead_letters_;
     std::map<std::string, Collection, std::less<>> collections_;
     std::mutex fault_mutex_;
