@@ -76,12 +76,12 @@ struct StoreNames {
 TYPED_TEST_SUITE(AttemptCount, Stores, StoreNames);
 
 template <class Env>
-constexpr bool counts_v = idem::detail::has_count_attempt<typename Env::Store>::value;
+constexpr bool counts_v = idem::has_count_attempt<typename Env::Store>::value;
 static_assert(counts_v<idem_test::MemoryEnv>, "MemoryStore counts attempts");
 #if IDEM_HAS_SQLITE
 static_assert(counts_v<idem_test::SqliteEnv>, "SqliteStore counts attempts");
 #endif
-static_assert(!idem::detail::has_count_attempt<int>::value, "an int does not");
+static_assert(!idem::has_count_attempt<int>::value, "an int does not");
 
 TYPED_TEST(AttemptCount, CountsPerScopeAndIdAndReadsTheCountBack) {
     auto& store = this->store();
