@@ -1,12 +1,9 @@
 #pragma once
 /// @file
-/// @brief idem::postgres::Driver: PostgreSQL (libpq) under the SQL store written once
-/// (sql/store.hpp). Its session (the `PGconn*`, owned or borrowed: connect, reconnect, the
-/// prepared statements per session, the pipelined round trip, notices, lock_timeout per owned
-/// session, fork safety) is a postgres::Connection (postgres/connection.hpp); the driver keeps
-/// idem's and the effect's statements, the claims, the transaction (what it queues to send with
-/// the next statement, its first failure) and lock_timeout per transaction on a borrowed
-/// connection. SQLSTATEs map to idem's exceptions as postgres/libpq.hpp says.
+/// @brief idem::postgres::Driver: PostgreSQL under the SQL store written once (sql/store.hpp).
+/// Its session is a postgres::Connection (postgres/connection.hpp); the driver keeps idem's and
+/// the effect's statements, the claims, the transaction (what it queues for the next round trip,
+/// its first failure) and lock_timeout. SQLSTATEs map to exceptions as postgres/libpq.hpp says.
 
 #include <libpq-fe.h>
 
@@ -44,22 +41,6 @@
 
 IDEM_BEGIN_NAMESPACE
 namespace postgres {
-
-/// One row of an idem statement's (binary) result (sql/driver.hpp's Row).
-class Row {
-  public:
-    Row(const PGresult* result, int row) noexcept : result_(result), row_(row) {}
-    [[nodiscard]] std::string bytes(int column) const { return bytes_of(result_, row_, column); }
-    [[nodiscard]] std::int64_t int64(int column) const { return binary_int(result_, row_, column); }
-    [[nodiscard]] bool boolean(int column) const { return binary_bool(result_, row_, column); }
-    [[nodiscard]] bool is_null(int column) const noexcept {
-        return PQgetisnull(result_, row_, column) != 0;
-    }
-
-  private:
-    const PGresult* result_;
-    int row_;
-};
 
 /// PostgresStore's transaction face: conn().
 template <class Tx>
@@ -119,13 +100,7 @@ class Driver {
 
     /// Reasons and last errors are TEXT: valid UTF-8 without NULs.
     static std::string text(std::string_view value) { return valid_utf8(value); }
-    static void check_outbox(const OutboxIntent& intent) {
-        if (valid_utf8(intent.destination) != intent.destination) {
-            throw usage_error(
-                "idem postgres: add_outbox(): the destination is not valid UTF-8 or holds a NUL "
-                "byte; it is stored as TEXT");
-        }
-    }
+    static void check_outbox(const OutboxIntent& intent) { check_text_destination(intent); }
 
     // -- outside a transaction: autocommit ----------------------------------------------------
 
@@ -555,15 +530,13 @@ inline void Driver::begin(std::string_view what) {
 
 inline ClaimResult Driver::stored_claim(const PGresult* result, int row, int outcome_column,
                                         int fingerprint_column) {
-    namespace pg = postgres;
-    return sql::stored_duplicate(pg::bytes_of(result, row, outcome_column),
-                                 pg::bytes_of(result, row, fingerprint_column), "postgres");
+    return sql::stored_duplicate(postgres::bytes_of(result, row, outcome_column),
+                                 postgres::bytes_of(result, row, fingerprint_column), "postgres");
 }
 
 inline ClaimResult Driver::insert_claim(sql::OwnClaims& claims, std::int64_t now,
                                         std::string_view scope, std::string_view id,
                                         std::string_view fingerprint, bool guarded) {
-    namespace pg = postgres;
     const auto end_guard = [&] {
         if (guarded) queued_.push_back(control(claim_release_sql_, "claim"));
     };
@@ -573,8 +546,8 @@ inline ClaimResult Driver::insert_claim(sql::OwnClaims& claims, std::int64_t now
         auto exchange = tx_exchange(vec(
             own(sql::stmt::claim_insert, "claim", Blob{scope}, Blob{id}, now, Blob{fingerprint})));
         const PGresult* inserted = exchange.result(0);
-        if (!pg::succeeded(inserted)) {
-            if (pg::sqlstate(inserted) == "55P03") {
+        if (!postgres::succeeded(inserted)) {
+            if (postgres::sqlstate(inserted) == "55P03") {
                 // Another live transaction holds this id past lock_timeout, and PostgreSQL
                 // aborted ours: back to the savepoint, or the caller rolls it back.
                 ClaimResult result;
@@ -592,7 +565,7 @@ inline ClaimResult Driver::insert_claim(sql::OwnClaims& claims, std::int64_t now
             }
             fail(exchange.command(0), inserted, "claim");
         }
-        if (pg::affected_rows(inserted) == 1) {
+        if (postgres::affected_rows(inserted) == 1) {
             claims.add(scope, id, fingerprint);
             end_guard();
             return ClaimResult{};  // claimed
@@ -601,7 +574,7 @@ inline ClaimResult Driver::insert_claim(sql::OwnClaims& claims, std::int64_t now
         auto again =
             tx_exchange(vec(own(sql::stmt::claim_outcome, "claim (reading the recorded outcome)",
                                 Blob{scope}, Blob{id})));
-        if (!pg::succeeded(again.result(0))) {
+        if (!postgres::succeeded(again.result(0))) {
             fail(again.command(0), again.result(0), "claim (reading the outcome)");
         }
         end_guard();
@@ -615,7 +588,6 @@ inline std::vector<ClaimResult> Driver::claim_many(sql::OwnClaims& claims, std::
                                                    const std::vector<std::string_view>& ids,
                                                    const std::vector<std::string>& fingerprints,
                                                    std::int64_t now) {
-    namespace pg = postgres;
     const auto fingerprint = [&](std::size_t i) {
         return fingerprints.empty() ? std::string_view() : std::string_view(fingerprints[i]);
     };
@@ -655,12 +627,13 @@ inline std::vector<ClaimResult> Driver::claim_many(sql::OwnClaims& claims, std::
     // One round trip (with the queued BEGIN): the savepoint and the INSERT of every id.
     queued_.push_back(control(claim_savepoint_sql_, "claim_many"));
     Command insert = own(sql::stmt::claim_rows, "claim_many", Blob{scope}, now);
-    pg::add_bytea_array(insert, distinct);
-    pg::add_bytea_array(insert, distinct_fingerprints);
+    postgres::add_bytea_array(insert, distinct);
+    postgres::add_bytea_array(insert, distinct_fingerprints);
     auto exchange = tx_exchange(vec(std::move(insert)));
     const PGresult* inserted = exchange.result(0);
-    if (!pg::succeeded(inserted)) {
-        if (pg::sqlstate(inserted) != "55P03") fail(exchange.command(0), inserted, "claim_many");
+    if (!postgres::succeeded(inserted)) {
+        if (postgres::sqlstate(inserted) != "55P03")
+            fail(exchange.command(0), inserted, "claim_many");
         // It waited past lock_timeout for an id another transaction holds; which one, the
         // error does not say. Undo the INSERT, then claim one id at a time, each in its own
         // savepoint. A repeated copy of an id held elsewhere is not waited for twice.
@@ -704,10 +677,10 @@ inline std::vector<ClaimResult> Driver::claim_many(sql::OwnClaims& claims, std::
         // committed while the INSERT waited).
         Command read = own(sql::stmt::claim_rows_outcome,
                            "claim_many (reading the recorded outcomes)", Blob{scope});
-        pg::add_bytea_array(read, stored);
+        postgres::add_bytea_array(read, stored);
         auto again = tx_exchange(vec(std::move(read)));
         const PGresult* found = again.result(0);
-        if (!pg::succeeded(found)) {
+        if (!postgres::succeeded(found)) {
             fail(again.command(0), found, "claim_many (reading the outcomes)");
         }
         std::unordered_map<std::string_view, ClaimResult> recorded;
@@ -755,27 +728,25 @@ inline void Driver::release_savepoint() {
 }
 
 inline bool Driver::try_lock(std::string_view key, std::int64_t now) {
-    namespace pg = postgres;
     // Two statements in one round trip: the lock check runs after the advisory lock is taken
     // (a new READ COMMITTED snapshot), so a hold_lock() that committed before is seen, and one
     // that comes later cannot take the advisory lock.
     std::vector<Command> commands;
     commands.push_back(
-        own(sql::stmt::lock_advisory, "try_lock", pg::advisory_key("idem lock", key)));
+        own(sql::stmt::lock_advisory, "try_lock", postgres::advisory_key("idem lock", key)));
     commands.push_back(own(sql::stmt::lock_live, "try_lock", Blob{key}, now));
     auto exchange = tx_exchange(std::move(commands));
     for (std::size_t k = 0; k < 2; ++k) {
-        if (!pg::succeeded(exchange.result(k))) {
+        if (!postgres::succeeded(exchange.result(k))) {
             fail(exchange.command(k), exchange.result(k), "try_lock");
         }
     }
-    const bool locked = pg::binary_bool(exchange.result(0), 0, 0);
-    const bool held = pg::binary_bool(exchange.result(1), 0, 0);
+    const bool locked = postgres::binary_bool(exchange.result(0), 0, 0);
+    const bool held = postgres::binary_bool(exchange.result(1), 0, 0);
     return locked && !held;
 }
 
 inline void Driver::commit() {
-    namespace pg = postgres;
     const bool writes = std::any_of(queued_.begin(), queued_.end(),
                                     [](const Command& command) { return !command.control; });
     if (!tx_begun_ && !writes) {
@@ -802,9 +773,9 @@ inline void Driver::commit() {
     }
     std::string failure;
     for (std::size_t i = 0; i < exchange.commands.size() && failure.empty(); ++i) {
-        if (pg::failed(exchange.results[i].get())) {
+        if (postgres::failed(exchange.results[i].get())) {
             failure = fmt::format("{}: {}", exchange.commands[i].what,
-                                  pg::server_message(exchange.results[i].get()));
+                                  postgres::server_message(exchange.results[i].get()));
             if (exchange.commands[i].user) {
                 failure += fmt::format("; SQL: {}", exchange.commands[i].text());
             }

@@ -28,6 +28,7 @@
 
 #include "idem/blob.hpp"
 #include "idem/config.hpp"
+#include "idem/contract/records.hpp"
 #include "idem/detail/sha256.hpp"
 #include "idem/error.hpp"
 #include "idem/sql/bind_traits.hpp"
@@ -141,6 +142,15 @@ inline std::string valid_utf8(std::string_view text) {
         }
     }
     return out;
+}
+
+/// An outbox destination is stored as TEXT: @throws usage_error unless it is valid UTF-8.
+inline void check_text_destination(const OutboxIntent& intent) {
+    if (valid_utf8(intent.destination) != intent.destination) {
+        throw usage_error(
+            "idem postgres: add_outbox(): the destination is not valid UTF-8 or holds a NUL "
+            "byte; it is stored as TEXT");
+    }
 }
 
 /// A stable 64-bit key for pg_advisory_xact_lock (first 8 bytes of SHA-256).
@@ -409,6 +419,22 @@ inline std::int64_t affected_rows(const PGresult* result) {
     std::from_chars(text, text + std::strlen(text), value);
     return value;
 }
+
+/// One row of an idem statement's (binary) result (sql/driver.hpp's Row).
+class Row {
+  public:
+    Row(const PGresult* result, int row) noexcept : result_(result), row_(row) {}
+    [[nodiscard]] std::string bytes(int column) const { return bytes_of(result_, row_, column); }
+    [[nodiscard]] std::int64_t int64(int column) const { return binary_int(result_, row_, column); }
+    [[nodiscard]] bool boolean(int column) const { return binary_bool(result_, row_, column); }
+    [[nodiscard]] bool is_null(int column) const noexcept {
+        return PQgetisnull(result_, row_, column) != 0;
+    }
+
+  private:
+    const PGresult* result_;
+    int row_;
+};
 
 }  // namespace postgres
 IDEM_END_NAMESPACE
