@@ -22,7 +22,8 @@
 
 #include "idem/idem.hpp"
 #include "idem/testing/process.hpp"
-#include "support/store_envs.hpp"  // IDEM_HAS_<NAME>: which stores this build has
+#include "idem/testing/temp_dir.hpp"
+#include "support/sql_store_envs.hpp"  // IDEM_HAS_<NAME>: which stores this build has
 #if IDEM_HAS_POSTGRES
 #include "support/postgres_env.hpp"
 #include "support/require_postgres.hpp"
@@ -51,29 +52,7 @@ class AttemptCount : public ::testing::Test {
     }
 };
 
-using Stores = ::testing::Types<idem_test::MemoryEnv
-#if IDEM_HAS_SQLITE
-                                ,
-                                idem_test::SqliteEnv
-#endif
-#if IDEM_HAS_POSTGRES
-                                ,
-                                idem_test::PostgresEnv
-#endif
-#if IDEM_HAS_MYSQL
-                                ,
-                                idem_test::MysqlEnv
-#endif
-                                >;
-
-struct StoreNames {
-    template <class Env>
-    static std::string GetName(int) {
-        return Env::name;
-    }
-};
-
-TYPED_TEST_SUITE(AttemptCount, Stores, StoreNames);
+TYPED_TEST_SUITE(AttemptCount, idem_test::MemoryAndSqlEnvs, idem_test::EnvNames);
 
 template <class Env>
 constexpr bool counts_v = idem::has_count_attempt<typename Env::Store>::value;
@@ -154,7 +133,7 @@ TYPED_TEST(AttemptCount, ThreadsCountingOneIdEachGetTheirOwnNumber) {
 
 #if IDEM_HAS_SQLITE
 TEST(AttemptCountSchema, AVersionOneSqliteDatabaseIsMigratedToCountAttempts) {
-    idem_test::TempDir dir;
+    idem::testing::TempDir dir;
     const std::string path = dir.file("v1.db");
     {
         idem::SqliteStore store{path};
@@ -209,7 +188,7 @@ using SqlStores = ::testing::Types<
 #endif
     >;
 
-TYPED_TEST_SUITE(AttemptCountAcrossProcesses, SqlStores, StoreNames);
+TYPED_TEST_SUITE(AttemptCountAcrossProcesses, SqlStores, idem_test::EnvNames);
 
 TYPED_TEST(AttemptCountAcrossProcesses, AWorkerKilledBetweenTheCountAndTheCommitHasCounted) {
     {

@@ -26,7 +26,7 @@
 #include "idem/store/memory.hpp"
 #include "idem/store/sqlite.hpp"
 #include "idem/testing/crash.hpp"
-#include "support/store_envs.hpp"  // IDEM_HAS_<NAME>: which stores this build has
+#include "support/sql_store_envs.hpp"  // IDEM_HAS_<NAME>: which stores this build has
 #if IDEM_HAS_POSTGRES
 #include "support/postgres_env.hpp"
 #include "support/require_postgres.hpp"
@@ -192,23 +192,7 @@ class Outbox : public ::testing::Test {
     }
 };
 
-using Stores = ::testing::Types<idem_test::MemoryEnv, idem_test::SqliteEnv
-#if IDEM_HAS_POSTGRES
-                                ,
-                                idem_test::PostgresEnv
-#endif
-#if IDEM_HAS_MYSQL
-                                ,
-                                idem_test::MysqlEnv
-#endif
-                                >;
-struct StoreNames {
-    template <class T>
-    static std::string GetName(int) {
-        return T::name;
-    }
-};
-TYPED_TEST_SUITE(Outbox, Stores, StoreNames);
+TYPED_TEST_SUITE(Outbox, idem_test::MemoryAndSqlEnvs, idem_test::EnvNames);
 
 // --- the intent commits with the claim and the ledger row ------------------------------------
 
