@@ -38,19 +38,7 @@ namespace {
 using namespace std::chrono_literals;
 
 template <class Env>
-class AttemptCount : public ::testing::Test {
-  protected:
-    Env env;
-    typename Env::Store& store() { return *env.store; }
-    void SetUp() override {
-#if IDEM_HAS_POSTGRES
-        if constexpr (std::is_same_v<Env, idem_test::PostgresEnv>) IDEM_REQUIRE_POSTGRES();
-#endif
-#if IDEM_HAS_MYSQL
-        if constexpr (std::is_same_v<typename Env::Store, idem::MysqlStore>) IDEM_REQUIRE_MARIADB();
-#endif
-    }
-};
+class AttemptCount : public idem_test::StoreEnvTest<Env> {};
 
 TYPED_TEST_SUITE(AttemptCount, idem_test::MemoryAndSqlEnvs, idem_test::EnvNames);
 

@@ -137,19 +137,10 @@ std::string idem_payload(const Payment& p) {
 }
 
 template <class Env>
-class Outbox : public ::testing::Test {
+class Outbox : public idem_test::StoreEnvTest<Env> {
   protected:
-    Env env;
-    typename Env::Store& store() { return *env.store; }
-
-    void SetUp() override {
-#if IDEM_HAS_POSTGRES
-        if constexpr (std::is_same_v<Env, idem_test::PostgresEnv>) IDEM_REQUIRE_POSTGRES();
-#endif
-#if IDEM_HAS_MYSQL
-        if constexpr (std::is_same_v<Env, idem_test::MysqlEnv>) IDEM_REQUIRE_MARIADB();
-#endif
-    }
+    using idem_test::StoreEnvTest<Env>::env;
+    using idem_test::StoreEnvTest<Env>::store;
 
     /// Options on the environment's clock (the store's clock too).
     idem::RelayOptions options() {
