@@ -15,6 +15,7 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -64,6 +65,58 @@ TYPED_TEST(AttemptCount, CountsPerScopeAndIdAndReadsTheCountBack) {
     EXPECT_EQ(store.attempts("orders", "m-1"), 3u);
     EXPECT_EQ(store.attempts("orders", "m-2"), 1u);
     EXPECT_EQ(store.attempts("orders", odd), 1u);
+}
+
+// A broker without a count (DeliveryCounter::store, delivery_count 1 every time): the handler
+// counts each attempt in the store before its transaction, so an effect that fails every time is
+// parked on the max_deliveries-th attempt, without running, its reason naming the store's count.
+TYPED_TEST(AttemptCount, TheHandlerCountsInTheStoreWhenTheBrokerKeepsNoCount) {
+    auto& store = this->store();
+    idem::PolicyOptions options;
+    options.max_deliveries = 3;
+    int runs = 0;
+    auto handler =
+        idem::make_handler(store, idem::Policy{"orders", options}, [&](auto&, const std::string&) {
+            ++runs;
+            throw std::runtime_error("gateway away");
+        });
+    idem::Delivery delivery{"m-1", 1u};
+    delivery.counted_by = idem::DeliveryCounter::store;
+    EXPECT_EQ(handler.handle(delivery, std::string("body")).disposition, idem::Disposition::failed);
+    EXPECT_EQ(handler.handle(delivery, std::string("body")).disposition, idem::Disposition::failed);
+    const idem::Outcome parked = handler.handle(delivery, std::string("body"));
+    EXPECT_EQ(parked.disposition, idem::Disposition::dead_lettered);
+    EXPECT_NE(parked.reason.find("attempt 3 (counted in the store"), std::string::npos)
+        << parked.reason;
+    EXPECT_EQ(runs, 2);
+    EXPECT_EQ(store.attempts("orders", "m-1"), 3u);
+    // The broker's count (the default) is not replaced: no write, the delivery's own count.
+    idem::Delivery counted_by_broker{"m-2", 1u};
+    EXPECT_EQ(handler.handle(counted_by_broker, std::string("body")).disposition,
+              idem::Disposition::failed);
+    EXPECT_EQ(store.attempts("orders", "m-2"), 0u);
+}
+
+// handle_batch() counts each store-counted delivery before the batch's transaction.
+TYPED_TEST(AttemptCount, HandleBatchCountsEachDeliveryInTheStore) {
+    auto& store = this->store();
+    idem::PolicyOptions options;
+    options.max_deliveries = 2;
+    auto handler = idem::make_handler(store, idem::Policy{"orders", options},
+                                      [&](auto&, const std::string& body) {
+                                          if (body == "bad") throw std::runtime_error("no");
+                                      });
+    std::vector<idem::Delivery> deliveries{{"a", 1u}, {"b", 1u}};
+    for (auto& d : deliveries)
+        d.counted_by = idem::DeliveryCounter::store;
+    const std::vector<std::string> bodies{"good", "bad"};
+    auto first = handler.handle_batch(deliveries, bodies);
+    EXPECT_EQ(first[0].disposition, idem::Disposition::processed);
+    EXPECT_EQ(first[1].disposition, idem::Disposition::failed);
+    auto second = handler.handle_batch(deliveries, bodies);
+    EXPECT_EQ(second[0].disposition, idem::Disposition::duplicate);
+    EXPECT_EQ(second[1].disposition, idem::Disposition::dead_lettered);
+    EXPECT_EQ(store.attempts("orders", "b"), 2u);
 }
 
 TYPED_TEST(AttemptCount, ARolledBackClaimLeavesTheCount) {

@@ -76,6 +76,18 @@ class DeliveryCount {
     std::uint32_t count_ = 1;
 };
 
+/// @brief Who counts a message's deliveries for the poison limit (PolicyOptions::max_deliveries).
+enum class DeliveryCounter : std::uint8_t {
+    /// delivery_count is the broker's (Redis Streams, RabbitMQ quorum queues, NATS JetStream).
+    broker,
+    /// The broker keeps no count (Kafka). An IdempotentHandler counts each attempt in its store
+    /// instead, in a write committed on its own BEFORE the attempt's transaction (the store's
+    /// count_attempt(); a lease store counts the claims it hands out, which serves the same), so
+    /// a message that kills every worker is still parked after max_deliveries attempts.
+    /// delivery_count then says how often this consumer has tried it (its redelivery backoff).
+    store,
+};
+
 /// @brief One delivery of a message, as the broker reports it.
 ///
 /// @code
@@ -88,6 +100,8 @@ struct Delivery {
     DeliveryCount delivery_count{1u};
     /// When the broker accepted the message, if it says.
     std::optional<std::chrono::system_clock::time_point> enqueued_at{};
+    /// Whose count the poison limit uses: the broker's delivery_count, or the store's.
+    DeliveryCounter counted_by = DeliveryCounter::broker;
 };
 
 /// Longest message id accepted; longer ids are dead-lettered as malformed.

@@ -149,14 +149,27 @@ struct ToSettle {
 ///   PipelinedLoop when its store pipelines (a commit sent with the next claim). [false]
 /// - `std::optional<std::chrono::milliseconds> in_progress_delay() const`: the redelivery delay
 ///   of an in_progress outcome without a retry_after. [nothing: the broker's clock]
+/// - `bool blocked(const Raw&)`: true when a delivery of the poll must wait (one before it in
+///   its partition is being delivered again, and order is kept): not handled, not settled, not
+///   counted; the adapter reads it again later. One at a time only. [false]
+/// - `void settled_in_commit(Raw&, const Outcome&)`: the store's commit settled it (the commit
+///   hook was done). [nothing]
+/// - `bool commit_publishes_dead_letters() const`: whether a commit that did the hook of a
+///   dead-lettered message also delivered its dead letter (a Redis stream's XADD in the commit).
+///   False for a hook that only moves a read position: the adapter then publishes the copy.
+///   [true]
+/// - `void idle(std::chrono::milliseconds)`: how the consumer waits between two probes of its
+///   store while the circuit breaker is open (e.g. pause every partition and keep serving the
+///   group's callbacks). [sleep, returning early on request_stop()]
 ///
-/// A broker without a delivery count that settles by committing offsets in order (Kafka) fits
-/// the same hooks: delivery_of() says 1 (the store counts attempts); settle() for an ack marks
-/// the record's offset done, and the adapter commits per partition the contiguous prefix of done
-/// offsets (in settle_all(), or before its next read); a dead letter is produced and confirmed
-/// before its offset counts as done; a redeliver pauses the partition and seeks back to the
-/// record (resuming after settlement.delay); unhandled() seeks each partition back to its first
-/// unhandled record.
+/// A broker without a delivery count that settles by committing offsets in order (Kafka,
+/// KafkaConsumer) fits the same hooks: delivery_of() says DeliveryCounter::store (the store
+/// counts attempts); settle() for an ack marks the record's offset done, and the adapter
+/// commits per partition the offset after the last one done; a dead letter is produced and
+/// confirmed before its offset counts as done; a redeliver pauses the partition and seeks back
+/// to the record (resuming after settlement.delay), and blocked() holds back the records after
+/// it that the poll already read; unhandled() seeks each partition back to its first unhandled
+/// record.
 ///
 /// poll_once() and run() belong to one thread at a time; request_stop(), stop_requested() and
 /// stats() may be called from any thread (request_stop() also from a signal handler).
@@ -238,7 +251,7 @@ class Consumer {
           dispatch_(std::move(dispatch)),
           acks_in_commit_(acks_in_commit),
           breaker_(options_.circuit_breaker, probe_of(dispatch_, options_),
-                   [this](std::chrono::milliseconds d) { sleep_unless_stopped(d); }) {}
+                   [this](std::chrono::milliseconds d) { adapter().idle(d); }) {}
     ~Consumer() = default;
 
     /// The checks of the shared options; @p who names the consumer in the message.
@@ -317,6 +330,13 @@ class Consumer {
     [[nodiscard]] std::optional<std::chrono::milliseconds> in_progress_delay() const noexcept {
         return std::nullopt;
     }
+    [[nodiscard]] bool blocked(const Raw&) const noexcept { return false; }
+    void settled_in_commit(Raw&, const Outcome&) {}
+    [[nodiscard]] bool commit_publishes_dead_letters() const noexcept { return true; }
+    void idle(std::chrono::milliseconds duration) { sleep_unless_stopped(duration); }
+
+    /// True while the circuit breaker is open (the handler's store found unreachable).
+    [[nodiscard]] bool circuit_open() const noexcept { return breaker_.is_open(); }
 
     Options options_;
 
@@ -337,9 +357,9 @@ class Consumer {
         return [] {};
     }
 
-    SettlementRules rules(bool commit_publishes_dead_letters) const noexcept {
+    SettlementRules rules(bool dead_letters_in_commit) const noexcept {
         return SettlementRules{&options_.redelivery_backoff, adapter().in_progress_delay(),
-                               commit_publishes_dead_letters};
+                               dead_letters_in_commit && adapter().commit_publishes_dead_letters()};
     }
 
     // -----------------------------------------------------------------------------------------
@@ -410,12 +430,14 @@ class Consumer {
         if (options_.handle_in_batches) return handle_together(batch);
         if (adapter().pipelines() && dispatch_.sequences()) return handle_in_sequence(batch);
         std::size_t handled = 0;
-        for (; handled < batch.size(); ++handled) {
+        for (std::size_t i = 0; i < batch.size(); ++i) {
             if (interrupted()) {  // a stop, or the store found unreachable
-                adapter().unhandled(batch, handled);
+                adapter().unhandled(batch, i);
                 break;
             }
-            handle_one(batch[handled]);
+            if (adapter().blocked(batch[i])) continue;
+            handle_one(batch[i]);
+            ++handled;
         }
         return handled;
     }
@@ -448,6 +470,7 @@ class Consumer {
         note(outcome);
         if (hook && hook->acked_in_commit) {
             count_in_commit(outcome, delivery);
+            adapter().settled_in_commit(raw, outcome);
             return;
         }
         count(adapter().settle(raw, message, delivery, outcome, settlement_of(outcome, delivery)));
@@ -502,6 +525,7 @@ class Consumer {
             count_delivery(deliveries[i]);
             if (!hooks.empty() && hooks[i].acked_in_commit) {
                 count_in_commit(outcomes[i], deliveries[i]);
+                adapter().settled_in_commit(batch[i], outcomes[i]);
                 continue;
             }
             const Settlement settlement = settlement_of(outcomes[i], deliveries[i]);
@@ -525,6 +549,7 @@ class Consumer {
                 note(s.outcome);
                 if (s.acked_in_commit) {
                     count_in_commit(s.outcome, s.delivery);
+                    adapter().settled_in_commit(batch[s.tag], s.outcome);
                     continue;
                 }
                 const Settlement settlement = settlement_of(s.outcome, s.delivery);

@@ -127,6 +127,29 @@ class AttemptPipeline {
 
     // ---- the steps ----
 
+    /// @brief @p delivery with the count its poison check uses: as it came, unless the broker
+    /// keeps no count (DeliveryCounter::store). Then this counts the attempt in the store, in a
+    /// write of its own committed before the attempt's transaction begins (so a worker that
+    /// dies in the effect has counted it), and returns the delivery in @p storage with that
+    /// count. A lease store counts the claims it hands out (ClaimResult::attempts) and needs no
+    /// extra write. @throws what count_attempt() throws (the attempt then fails: no ack).
+    const Delivery& counted(const Delivery& delivery, std::optional<Delivery>& storage) {
+        if (delivery.counted_by != DeliveryCounter::store) return delivery;
+        if constexpr (has_count_attempt<Store>::value) {
+            if (unclaimable_reason(delivery)) return delivery;  // parked without a claim
+            storage.emplace(delivery);
+            storage->delivery_count = store_->count_attempt(policy_.scope(), delivery.message_id);
+            return *storage;
+        } else if constexpr (has_default_lease<Store>::value) {
+            return delivery;  // the claim's own attempt count (check_poison)
+        } else {
+            throw usage_error(
+                "idem: the broker keeps no delivery count (DeliveryCounter::store) but this store "
+                "counts no attempts (it has neither count_attempt() nor leases), so the poison "
+                "limit could never be reached");
+        }
+    }
+
     /// Stamps @p hook with the claim it belongs to, for the store to match it to its work.
     void bind_hook(CommitHook& hook, const Delivery& delivery) const {
         hook.scope = policy_.scope();
@@ -325,11 +348,14 @@ class AttemptPipeline {
                 span = fmt::format(", {:.1f} s after it was enqueued",
                                    static_cast<double>(age.count()) / 1000.0);
             }
+            const bool store_counted = delivery.counted_by == DeliveryCounter::store;
             reason = fmt::format(
                 "poison: {} {} {} reached max_deliveries {}{}; the effect was not run on this "
                 "delivery; earlier deliveries may have run it",
-                claim.attempts ? "attempt" : "delivery count", attempts,
-                claim.attempts ? "(claims taken to run the effect, the store's count)" : "(broker)",
+                claim.attempts || store_counted ? "attempt" : "delivery count", attempts,
+                claim.attempts  ? "(claims taken to run the effect, the store's count)"
+                : store_counted ? "(counted in the store before each attempt)"
+                                : "(broker)",
                 policy_.max_deliveries(), span);
         }
         park(tx, delivery, body, reason);

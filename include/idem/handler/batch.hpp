@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <exception>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -74,6 +75,14 @@ void commit_batch_if_stored(Transaction& tx, const std::vector<Outcome>& outcome
         measures != nullptr);
 }
 
+/// Whether any of the deliveries has its attempts counted in the store (AttemptPipeline::counted).
+inline bool count_in_store(const Delivery* deliveries, std::size_t count) noexcept {
+    for (std::size_t i = 0; i < count; ++i) {
+        if (deliveries[i].counted_by == DeliveryCounter::store) return true;
+    }
+    return false;
+}
+
 /// handle_batch(): every message through the same attempt, in ONE transaction.
 template <class Store, class Effect, class Body>
 std::vector<Outcome> handle_many(AttemptPipeline<Store, Effect>& p, const Delivery* deliveries,
@@ -82,7 +91,16 @@ std::vector<Outcome> handle_many(AttemptPipeline<Store, Effect>& p, const Delive
     using Transaction = typename AttemptPipeline<Store, Effect>::Transaction;
     std::vector<Outcome> outcomes(count);
     if (count == 0) return outcomes;
+    std::vector<Delivery> counted;  // the store's attempt counts, when the broker keeps none
     try {
+        if (count_in_store(deliveries, count)) {
+            counted.reserve(count);
+            for (std::size_t i = 0; i < count; ++i) {
+                std::optional<Delivery> storage;
+                counted.push_back(p.counted(deliveries[i], storage));
+            }
+            deliveries = counted.data();
+        }
         Transaction tx = p.begin(hooks, hooks != nullptr ? count : 0);
         // Stores that can claim many ids in one call (SQLite, PostgreSQL, Redis) do so up
         // front: one statement or round trip for the batch instead of one per message.

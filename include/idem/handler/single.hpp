@@ -6,6 +6,7 @@
 /// in a second transaction.
 
 #include <exception>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -69,13 +70,15 @@ Outcome record_without_effect(AttemptPipeline<Store, Effect>& p, const Delivery&
 /// handle(): validate, then one attempt in its own transaction (or, for a local effect on a
 /// store that can, the effect and one claim_and_commit()).
 template <class Store, class Effect, class Body>
-Outcome handle_one(AttemptPipeline<Store, Effect>& p, const Delivery& delivery, const Body& body,
-                   CommitHook* hook, Measure* measure) {
+Outcome handle_one(AttemptPipeline<Store, Effect>& p, const Delivery& as_delivered,
+                   const Body& body, CommitHook* hook, Measure* measure) {
     using Transaction = typename AttemptPipeline<Store, Effect>::Transaction;
-    if (auto reason = unclaimable_reason(delivery)) {
-        return park_malformed_delivery(p, delivery, body, std::move(*reason), hook, measure);
+    if (auto reason = unclaimable_reason(as_delivered)) {
+        return park_malformed_delivery(p, as_delivered, body, std::move(*reason), hook, measure);
     }
+    std::optional<Delivery> storage;
     try {
+        const Delivery& delivery = p.counted(as_delivered, storage);
         if constexpr (runs_before_claim<Store, Effect>) {
             if (auto done = claim_and_commit_first(p, delivery, body, hook, measure))
                 return std::move(*done);

@@ -59,9 +59,15 @@ enum class CommitMode {
 class Consumer {
   public:
     using PartitionsCallback = std::function<void(const TopicPartitions&)>;
+    using PositionsCallback = std::function<void(TopicPartitions&)>;
     using CommittedCallback = std::function<void(rd_kafka_resp_err_t, const TopicPartitions&)>;
     using ErrorCallback = std::function<void(rd_kafka_resp_err_t, std::string_view reason)>;
 
+    /// Called BEFORE partitions are assigned to this member: may set where each starts (its
+    /// offset; RD_KAFKA_OFFSET_INVALID, as given: the group's committed offset, else
+    /// auto.offset.reset). What it throws is rethrown by the call that ran the rebalance, and
+    /// the partitions are assigned from the committed offsets.
+    PositionsCallback on_assigning;
     /// Called after partitions were assigned to this member (eager: the whole new assignment;
     /// cooperative: only the added partitions).
     PartitionsCallback on_assigned;
@@ -202,6 +208,29 @@ class Consumer {
         return detail::from_list(list.get());
     }
 
+    /// @brief Where the next poll() of each of @p partitions would read (the last record it
+    /// returned + 1; RD_KAFKA_OFFSET_INVALID before the first), from the client's own state.
+    [[nodiscard]] TopicPartitions position(const TopicPartitions& partitions) {
+        auto list = detail::to_list(partitions);
+        detail::check(rd_kafka_position(handle("position()"), list.get()), "position");
+        return detail::from_list(list.get());
+    }
+
+    /// @brief The low and high watermarks of @p partition as the client last saw them (no
+    /// request): the high one is the offset the next produced record gets. nullopt when unknown.
+    [[nodiscard]] std::optional<std::pair<std::int64_t, std::int64_t>> watermarks(
+        const TopicPartition& partition) {
+        std::int64_t low = RD_KAFKA_OFFSET_INVALID;
+        std::int64_t high = RD_KAFKA_OFFSET_INVALID;
+        if (rd_kafka_get_watermark_offsets(handle("watermarks()"), partition.topic.c_str(),
+                                           partition.partition, &low,
+                                           &high) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+            high < 0) {
+            return std::nullopt;
+        }
+        return std::make_pair(low, high);
+    }
+
     /// @brief The partitions assigned to this member now.
     [[nodiscard]] TopicPartitions assignment() {
         rd_kafka_topic_partition_list_t* raw = nullptr;
@@ -278,6 +307,19 @@ class Consumer {
         try {
             const TopicPartitions list = detail::from_list(partitions);
             if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+                if (state->owner->on_assigning) {
+                    try {
+                        TopicPartitions positions = list;
+                        state->owner->on_assigning(positions);
+                        for (const TopicPartition& p : positions) {
+                            rd_kafka_topic_partition_t* e = rd_kafka_topic_partition_list_find(
+                                partitions, p.topic.c_str(), p.partition);
+                            if (e != nullptr) e->offset = p.offset;
+                        }
+                    } catch (...) {
+                        if (!state->pending) state->pending = std::current_exception();
+                    }
+                }
                 if (cooperative) {
                     detail::check(rd_kafka_incremental_assign(rk, partitions), "assign");
                 } else {

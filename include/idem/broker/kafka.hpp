@@ -1,0 +1,777 @@
+#pragma once
+/// @file
+/// @brief KafkaConsumer: reads Kafka topics as a member of a consumer group (librdkafka) and
+/// hands each record to a handler as an idem::Delivery, so the handler's claim, poison limit
+/// and outcome decide what happens to the partition's offset: committed after the store's
+/// commit (or stored in the commit itself), retried in place, or moved past a dead letter
+/// produced to `<topic>.DLT` and confirmed. Link idem::kafka.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "idem/broker/consumer.hpp"
+#include "idem/config.hpp"
+#include "idem/consumer_health.hpp"
+#include "idem/contract/commit_hook.hpp"
+#include "idem/contract/store.hpp"
+#include "idem/contract/stored_offset.hpp"
+#include "idem/delivery.hpp"
+#include "idem/error.hpp"
+#include "idem/handler.hpp"
+#include "idem/kafka/config.hpp"
+#include "idem/kafka/consumer.hpp"
+#include "idem/kafka/error.hpp"
+#include "idem/kafka/message.hpp"
+#include "idem/kafka/producer.hpp"
+#include "idem/outcome.hpp"
+
+IDEM_BEGIN_NAMESPACE
+
+/// @brief One Kafka record as the handler sees it (a copy: the consumer keeps the librdkafka
+/// message for its position).
+struct KafkaMessage {
+    std::string topic;
+    std::int32_t partition = 0;
+    std::int64_t offset = 0;
+    std::string key;
+    std::string value;
+    kafka::Headers headers;
+    std::optional<std::chrono::system_clock::time_point> timestamp{};
+
+    /// @brief The last value of header @p name, if any.
+    [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const {
+        for (auto it = headers.rbegin(); it != headers.rend(); ++it) {
+            if (it->first == name) return std::string_view(it->second);
+        }
+        return std::nullopt;
+    }
+};
+
+/// @brief What a dead letter keeps of a Kafka record (found by ADL by the handler): its value.
+[[nodiscard]] inline std::string idem_payload(const KafkaMessage& message) {
+    return message.value;
+}
+
+/// @brief Where a KafkaConsumer keeps its read position.
+enum class KafkaOffsets : std::uint8_t {
+    /// Kafka's group offsets, committed only after the store's commit (asynchronously, once
+    /// per poll, while running; synchronously when partitions are revoked and on close()). A
+    /// member killed between the two hands its records to the next owner again: duplicates,
+    /// absorbed by the claims.
+    commit_after_store,
+    /// The next offset per (group, topic, partition) in the handler's store, written in the
+    /// same transaction as the claim and the effect (a store with stored_offset(): MemoryStore,
+    /// SqliteStore, PostgresStore, MysqlStore). On assignment the consumer starts each
+    /// partition at its stored offset, so a rebalance replays nothing that committed. Kafka's
+    /// group offsets are still committed afterwards, for lag monitoring.
+    in_store,
+};
+
+/// @brief What a KafkaConsumer reads and how; the shared options (broker::ConsumerOptions)
+/// under their common names. On Kafka:
+/// - `batch_size`: records per poll (from any of the assigned partitions; with
+///   handle_in_batches, from one partition);
+/// - `poll_wait`: how long a poll waits for the first record;
+/// - `visibility_timeout`: max.poll.interval.ms (at least session.timeout.ms): a member that
+///   does not poll within it leaves the group and its partitions move. Keep it above the
+///   handler's p99 (a batch's, with handle_in_batches);
+/// - `redelivery_backoff`: how long a partition pauses before a failed (or deferred, without
+///   its own retry_after) record is tried again in place. RedeliveryBackoff::none(): at once;
+/// - `id_field`: the header carrying the message id (a producer-set id, e.g. the relay's key in
+///   `idem-message-id`); empty (the default): `<topic>/<partition>/<offset>`. A record without
+///   the header gets an empty id and is dead-lettered as malformed. The offset is stable across
+///   redeliveries of one stored record, but a producer retry without enable.idempotence can
+///   store one message at two offsets: only a producer-set id makes that a duplicate;
+/// - `dead_letter`: the topic dead letters go to; empty: `<topic>.DLT` of the record's topic;
+/// - `declare`: nothing to declare (topics are created by their owners; the dead-letter topic
+///   must exist or be auto-created by the cluster);
+/// - `on_health`: pending = the assigned partitions' lag (high watermark − position, as the
+///   client last saw them; no request).
+struct KafkaConsumerOptions : broker::ConsumerOptions {
+    KafkaConsumerOptions() = default;
+    KafkaConsumerOptions(std::vector<std::string> topics_, std::string group_)
+        : topics(std::move(topics_)), group(std::move(group_)) {}
+
+    std::vector<std::string> topics;  ///< subscribed to
+    std::string group;                ///< the consumer group (group.id)
+    KafkaOffsets offsets = KafkaOffsets::commit_after_store;
+    /// The dead-letter producer's configuration; nothing: bootstrap.servers of the consumer's
+    /// Config, an idempotent producer.
+    std::optional<kafka::Config> dead_letter_producer{};
+    /// How long a dead letter's delivery report may take before the record is left unsettled.
+    std::chrono::milliseconds dead_letter_timeout{10000};
+};
+
+namespace detail {
+/// A record as a KafkaConsumer polled it: the librdkafka message and the copy the handler sees.
+struct KafkaItem {
+    kafka::Message record;
+    KafkaMessage body;  ///< moved out in batch mode: the position below stays
+    std::string topic;
+    std::int32_t partition = 0;
+    std::int64_t offset = 0;
+    std::uint32_t tries = 1;  ///< this consumer's attempts at this offset, this one included
+};
+}  // namespace detail
+
+/// @brief Reads Kafka topics in a consumer group and hands each record to a handler, keeping
+/// per-partition order: a record whose outcome does not settle it (failed, deferred,
+/// in_progress) is tried again in place (its partition paused, sought back, resumed after the
+/// backoff or the outcome's retry_after), and the records after it wait. Kafka keeps no
+/// delivery count, so the handler counts attempts in its store before each one
+/// (DeliveryCounter::store): a record that kills every worker is parked after max_deliveries.
+///
+/// After the handler: an acking outcome moves the partition's position past the record
+/// (committed to Kafka after the poll, or stored in the handler's commit with
+/// KafkaOffsets::in_store); a dead letter (a poison or malformed record, or a duplicate of
+/// one) is first produced to the dead-letter topic with headers idem-reason, idem-scope,
+/// idem-message-id, idem-original-topic, idem-original-partition, idem-original-offset and the
+/// original headers, and the position moves only once its delivery report confirmed it.
+/// Nothing moves past a record whose outcome is unknown.
+///
+/// Rebalances: librdkafka runs the group's callbacks inside this consumer's own polls, so a
+/// record in the handler's hands is never revoked under it. On revocation (eager: every
+/// partition; cooperative-sticky: those that move) the positions reached are committed
+/// synchronously and the records read but not handled are dropped for the next owner; on a
+/// lost assignment nothing is committed. While the handler's store is unreachable (the circuit
+/// breaker) every assigned partition is paused and the group's callbacks are still served.
+///
+/// @code
+/// idem::SqliteStore store{"orders.db"};
+/// auto handler = idem::make_handler(store, idem::Policy{"capture"},
+///     [&](auto& tx, const idem::KafkaMessage& m) { /* ... */ });
+/// idem::KafkaConsumer consumer{idem::kafka::Config{}.bootstrap_servers("127.0.0.1:9092"),
+///                              {{"payments"}, "capture-worker"}, handler};
+/// std::thread worker([&] { consumer.run(); });   // ... consumer.request_stop(); worker.join();
+/// @endcode
+///
+/// Written on broker::Consumer; poll_once() and run() belong to one thread at a time.
+class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumerOptions,
+                                                    detail::KafkaItem, KafkaMessage> {
+    using Base =
+        broker::Consumer<KafkaConsumer, KafkaConsumerOptions, detail::KafkaItem, KafkaMessage>;
+    friend Base;
+
+  public:
+    /// The handler of the plain form: the outcome decides the settlement.
+    using Handler = std::function<Outcome(const Delivery&, const KafkaMessage&)>;
+
+    /// @brief A consumer calling @p handler for each record. Joins the group on the first poll.
+    /// @throws usage_error for an invalid option (KafkaOffsets::in_store needs an
+    /// IdempotentHandler on a store that keeps offsets).
+    KafkaConsumer(kafka::Config config, KafkaConsumerOptions options, Handler handler)
+        : KafkaConsumer(
+              Private{}, std::move(config), validated(std::move(options), false),
+              broker::Dispatch<KafkaMessage>::plain(std::move(handler), "idem::KafkaConsumer"),
+              {}) {}
+
+    /// @brief A consumer calling @p handler.handle(delivery, record) (or, with
+    /// handle_in_batches, handler.handle_batch() once per poll, for one partition's records).
+    /// @p handler (and its store) must outlive the consumer. The store must count attempts
+    /// (count_attempt(), or leases); KafkaOffsets::in_store needs one with stored_offset().
+    /// @throws usage_error for an invalid option.
+    template <class Store, class Effect>
+    KafkaConsumer(kafka::Config config, KafkaConsumerOptions options,
+                  IdempotentHandler<Store, Effect>& handler)
+        : KafkaConsumer(Private{}, std::move(config),
+                        validated(std::move(options), has_stored_offsets<Store>::value),
+                        broker::Dispatch<KafkaMessage>::idempotent(handler),
+                        positions_in(handler.store())) {
+        static_assert(has_count_attempt<Store>::value || has_default_lease<Store>::value,
+                      "idem::KafkaConsumer: Kafka keeps no delivery count, so the store must "
+                      "count attempts (count_attempt(), or a lease store's claims) for the "
+                      "poison limit");
+    }
+
+    ~KafkaConsumer() { close_noexcept(); }
+
+    /// @brief Leaves the group: the positions reached are committed (synchronously; in the
+    /// store already with KafkaOffsets::in_store), the partitions revoked, the client closed.
+    /// Call it after run() returned; the destructor does it too, reporting instead of throwing.
+    /// @throws kafka::error when the final commit or the close fails.
+    void close() {
+        if (!consumer_) return;
+        try {
+            commit_positions(kafka::CommitMode::sync);
+            consumer_->close();  // on_revoked runs inside: nothing left to commit
+        } catch (...) {
+            forget_all();
+            throw;
+        }
+        forget_all();
+    }
+
+    /// @brief Records tried again in place (of stats().not_acked).
+    [[nodiscard]] std::size_t retried_in_place() const noexcept {
+        return retried_.load(std::memory_order_relaxed);
+    }
+    /// @brief Rebalances this member went through (assignments and revocations).
+    [[nodiscard]] std::size_t rebalances() const noexcept {
+        return rebalances_.load(std::memory_order_relaxed);
+    }
+    /// @brief The partitions assigned now, with the next offset this consumer will read in each
+    /// (RD_KAFKA_OFFSET_INVALID before its first record). Polling thread only.
+    [[nodiscard]] kafka::TopicPartitions assignment() const {
+        kafka::TopicPartitions out;
+        for (const auto& [where, state] : partitions_)
+            out.push_back(kafka::TopicPartition{where.first, where.second, state.done});
+        return out;
+    }
+    /// @brief "<group>": how health reports and errors name this consumer.
+    [[nodiscard]] const std::string& name() const noexcept { return options_.group; }
+
+  private:
+    struct Private {};
+    using PartitionKey = std::pair<std::string, std::int32_t>;
+
+    /// How the store keeps offsets (KafkaOffsets::in_store), captured from an IdempotentHandler's
+    /// store; empty for a store without them and for a plain handler.
+    struct Positions {
+        std::function<std::optional<std::int64_t>(const std::string&, const std::string&,
+                                                  std::int32_t)>
+            read;
+        std::function<void(const StoredOffset&)> write;  ///< in a transaction of its own
+    };
+
+    /// One assigned partition: the records handed out and not yet past, in order.
+    struct PartitionState {
+        /// The offset after the last record settled, with none before it unsettled: what is
+        /// committed. RD_KAFKA_OFFSET_INVALID until the first record.
+        std::int64_t done = RD_KAFKA_OFFSET_INVALID;
+        std::int64_t committed = RD_KAFKA_OFFSET_INVALID;  ///< the last commit sent
+        /// Handed out and not yet past `done`: offset and whether it is settled.
+        std::deque<std::pair<std::int64_t, bool>> outstanding;
+        /// A record to try again: the records after it in this poll wait.
+        std::optional<std::int64_t> retrying;
+        std::uint32_t retry_tries = 0;  ///< the attempts at `retrying` so far
+        bool paused = false;            ///< paused until resume_at
+        std::chrono::steady_clock::time_point resume_at{};
+    };
+
+    template <class Store>
+    static Positions positions_in([[maybe_unused]] Store& store) {
+        Positions positions;
+        if constexpr (has_stored_offsets<Store>::value) {
+            positions.read = [&store](const std::string& group, const std::string& topic,
+                                      std::int32_t partition) {
+                return store.stored_offset(group, topic, partition);
+            };
+            positions.write = [&store](const StoredOffset& offset) {
+                auto tx = store.begin();
+                CommitHook hook{offset};
+                attach_commit_hook(tx, hook);
+                tx.commit();
+            };
+        }
+        return positions;
+    }
+
+    /// @p options are validated already; copied into the base, so that the commit-hook flag
+    /// reads them whatever the order the arguments are evaluated in.
+    KafkaConsumer(Private, kafka::Config config, const KafkaConsumerOptions& options,
+                  broker::Dispatch<KafkaMessage> dispatch, Positions positions)
+        : Base(options, std::move(dispatch),
+               /*acks_in_commit=*/options.offsets == KafkaOffsets::in_store),
+          config_(std::move(config)),
+          positions_(std::move(positions)) {
+        config_.group_id(options_.group);
+        // The group drops a member that does not poll within max.poll.interval.ms; librdkafka
+        // wants it at least session.timeout.ms.
+        std::int64_t session = 45000;
+        if (auto set = config_.get("session.timeout.ms")) session = std::stoll(*set);
+        config_.set("max.poll.interval.ms", std::to_string(std::max<std::int64_t>(
+                                                options_.visibility_timeout.count(), session)));
+    }
+
+    /// The options checked; @p store_keeps_offsets: an IdempotentHandler whose store has
+    /// stored_offset().
+    static KafkaConsumerOptions validated(KafkaConsumerOptions options, bool store_keeps_offsets) {
+        const std::string who = fmt::format("idem::KafkaConsumer(\"{}\")", options.group);
+        auto refuse = [&](std::string_view why) {
+            throw usage_error(fmt::format("{}: {}", who, why));
+        };
+        if (options.group.empty()) refuse("options.group is empty; name the consumer group");
+        if (options.topics.empty()) refuse("options.topics is empty; name the topics to read");
+        for (const std::string& topic : options.topics) {
+            if (topic.empty()) refuse("options.topics holds an empty topic name");
+            if (options.dead_letter.empty()
+                    ? topic.size() > 4 && topic.compare(topic.size() - 4, 4, ".DLT") == 0
+                    : topic == options.dead_letter) {
+                refuse(fmt::format(
+                    "the topic \"{}\" is a dead-letter topic; reading it would hand its dead "
+                    "letters to the handler again",
+                    topic));
+            }
+        }
+        validate_common(options, who);
+        if (options.offsets == KafkaOffsets::in_store) {
+            if (!store_keeps_offsets) {
+                refuse(
+                    "KafkaOffsets::in_store needs an IdempotentHandler whose store keeps offsets "
+                    "(stored_offset(): MemoryStore, SqliteStore, PostgresStore, MysqlStore)");
+            }
+            if (options.handle_in_batches) {
+                refuse(
+                    "KafkaOffsets::in_store with handle_in_batches: a batch commits its other "
+                    "records when one fails, and their stored offset would pass the failed one. "
+                    "Use one of the two");
+            }
+        }
+        return options;
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The client and the group's callbacks
+
+    void ensure_consumer() {
+        if (consumer_) return;
+        consumer_.emplace(config_);
+        kafka::Consumer& consumer = *consumer_;
+        consumer.on_assigning = [this](kafka::TopicPartitions& assigned) {
+            if (options_.offsets != KafkaOffsets::in_store) return;
+            for (kafka::TopicPartition& p : assigned) {
+                try {
+                    if (auto stored = positions_.read(options_.group, p.topic, p.partition)) {
+                        p.offset = *stored;
+                    }
+                } catch (const std::exception& e) {
+                    // The group's committed offset, which is never past the stored one: what
+                    // is replayed from there are duplicates, absorbed by the claims.
+                    report(e);
+                }
+            }
+        };
+        consumer.on_assigned = [this](const kafka::TopicPartitions& assigned) {
+            rebalances_.fetch_add(1, std::memory_order_relaxed);
+            for (const kafka::TopicPartition& p : assigned)
+                partitions_[PartitionKey{p.topic, p.partition}] = PartitionState{};
+            if (store_paused_) pause_all();
+        };
+        consumer.on_revoked = [this](const kafka::TopicPartitions& revoked) {
+            rebalances_.fetch_add(1, std::memory_order_relaxed);
+            commit_positions(kafka::CommitMode::sync, &revoked);
+            forget(revoked);
+        };
+        consumer.on_lost = [this](const kafka::TopicPartitions& lost) {
+            rebalances_.fetch_add(1, std::memory_order_relaxed);
+            forget(lost);  // another member may own them now: nothing is committed for them
+        };
+        consumer.on_committed = [this](rd_kafka_resp_err_t err, const kafka::TopicPartitions&) {
+            // A commit refused during a rebalance: the next owner starts from the last one that
+            // went through and finds duplicates, absorbed by the claims.
+            if (err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
+                report(kafka::error(fmt::format("idem::KafkaConsumer(\"{}\"): offset commit: {}",
+                                                name(), rd_kafka_err2str(err)),
+                                    err, kafka::detail::retriable_code(err), false));
+            }
+        };
+        consumer.on_error = [this](rd_kafka_resp_err_t err, std::string_view reason) {
+            report(kafka::unavailable(
+                fmt::format("idem::KafkaConsumer(\"{}\"): {}", name(), reason), err));
+        };
+        consumer.subscribe(options_.topics);
+    }
+
+    void forget_all() noexcept {
+        consumer_.reset();
+        partitions_.clear();
+        held_.clear();
+    }
+
+    void forget(const kafka::TopicPartitions& partitions) {
+        for (const kafka::TopicPartition& p : partitions)
+            partitions_.erase(PartitionKey{p.topic, p.partition});
+        held_.erase(std::remove_if(held_.begin(), held_.end(),
+                                   [this](const detail::KafkaItem& item) { return !owned(item); }),
+                    held_.end());
+    }
+
+    [[nodiscard]] bool owned(const detail::KafkaItem& item) const {
+        return partitions_.count(PartitionKey{item.topic, item.partition}) != 0;
+    }
+    PartitionState* state_of(const std::string& topic, std::int32_t partition) {
+        auto it = partitions_.find(PartitionKey{topic, partition});
+        return it == partitions_.end() ? nullptr : &it->second;
+    }
+    PartitionState* state_of(const detail::KafkaItem& item) {
+        return state_of(item.topic, item.partition);
+    }
+
+    /// Commits each partition's position where it moved (all of them, or those in @p only). A
+    /// sync commit that fails is reported: the next owner then finds duplicates, which the
+    /// claims absorb.
+    void commit_positions(kafka::CommitMode mode, const kafka::TopicPartitions* only = nullptr) {
+        if (!consumer_) return;
+        kafka::TopicPartitions offsets;
+        for (auto& [where, state] : partitions_) {
+            if (state.done < 0 || state.done == state.committed) continue;
+            if (only != nullptr &&
+                std::none_of(only->begin(), only->end(), [&](const kafka::TopicPartition& p) {
+                    return p.topic == where.first && p.partition == where.second;
+                })) {
+                continue;
+            }
+            offsets.push_back(kafka::TopicPartition{where.first, where.second, state.done});
+            state.committed = state.done;
+        }
+        if (offsets.empty()) return;
+        try {
+            consumer_->commit(offsets, mode);
+        } catch (const broker_error& e) {
+            report(e);
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Reading
+
+    std::vector<detail::KafkaItem> read() {
+        ensure_consumer();
+        commit_positions(kafka::CommitMode::async);  // what the last poll settled
+        if (store_paused_) resume_after_store();
+        rewind_unsettled();
+        resume_due();
+        const std::size_t want = options_.batch_size;
+        std::chrono::milliseconds wait =
+            held_.empty() ? options_.poll_wait : std::chrono::milliseconds(0);
+        while (held_.size() < want) {
+            std::optional<kafka::Message> record = consumer_->poll(wait);
+            if (!record) break;
+            wait = std::chrono::milliseconds(0);
+            detail::KafkaItem item{std::move(*record), {}, {}, 0, 0, 1};
+            item.body = body_of(item.record);
+            item.topic = item.body.topic;
+            item.partition = item.body.partition;
+            item.offset = item.body.offset;
+            if (!owned(item)) continue;  // revoked meanwhile
+            held_.push_back(std::move(item));
+        }
+        return take_held();
+    }
+
+    /// The held records to hand out now: all of them, or with handle_in_batches the first
+    /// partition's (the others wait for the next poll). Each is noted as outstanding.
+    std::vector<detail::KafkaItem> take_held() {
+        std::vector<detail::KafkaItem> batch;
+        if (held_.empty()) return batch;
+        const PartitionKey first{held_.front().topic, held_.front().partition};
+        std::deque<detail::KafkaItem> rest;
+        for (detail::KafkaItem& item : held_) {
+            if (options_.handle_in_batches && PartitionKey{item.topic, item.partition} != first) {
+                rest.push_back(std::move(item));
+                continue;
+            }
+            PartitionState* state = state_of(item);
+            if (state == nullptr) continue;
+            const std::int64_t offset = item.offset;
+            if (state->done >= 0 && offset < state->done) continue;  // settled already
+            if (!state->outstanding.empty() && offset <= state->outstanding.back().first) continue;
+            if (state->done < 0) state->done = offset;
+            state->outstanding.emplace_back(offset, false);
+            if (state->retrying && *state->retrying == offset) {
+                item.tries = ++state->retry_tries;
+                state->retrying.reset();
+            }
+            batch.push_back(std::move(item));
+        }
+        held_ = std::move(rest);
+        return batch;
+    }
+
+    /// Partitions with records handed out but not settled (a retry, a stop, an error, the
+    /// store away): sought back to the first of them, so they are read again, in order.
+    void rewind_unsettled() {
+        for (auto& [where, state] : partitions_) {
+            if (state.outstanding.empty()) continue;
+            const std::int64_t first = state.outstanding.front().first;
+            state.outstanding.clear();
+            held_.erase(std::remove_if(held_.begin(), held_.end(),
+                                       [&](const detail::KafkaItem& item) {
+                                           return item.topic == where.first &&
+                                                  item.partition == where.second;
+                                       }),
+                        held_.end());
+            consumer_->seek(kafka::TopicPartition{where.first, where.second, first});
+            if (!state.retrying) {  // not a retry: an interruption; its tries start again
+                state.retrying = first;
+                state.retry_tries = 0;
+            }
+        }
+    }
+
+    void resume_due() {
+        const auto now = std::chrono::steady_clock::now();
+        kafka::TopicPartitions due;
+        for (auto& [where, state] : partitions_) {
+            if (state.paused && now >= state.resume_at) {
+                state.paused = false;
+                due.push_back(kafka::TopicPartition{where.first, where.second});
+            }
+        }
+        if (!due.empty()) consumer_->resume(due);
+    }
+
+    static KafkaMessage body_of(const kafka::Message& record) {
+        KafkaMessage body;
+        body.topic = std::string(record.topic());
+        body.partition = record.partition();
+        body.offset = record.offset();
+        body.key = std::string(record.key());
+        body.value = std::string(record.value());
+        body.headers = record.headers();
+        body.timestamp = record.timestamp();
+        return body;
+    }
+
+    static const KafkaMessage& message_of(const detail::KafkaItem& item) noexcept {
+        return item.body;
+    }
+    static KafkaMessage message_of(detail::KafkaItem&& item) noexcept {
+        return std::move(item.body);
+    }
+
+    Delivery delivery_of(const detail::KafkaItem& item) const {
+        Delivery delivery;
+        const KafkaMessage& body = item.body;
+        if (options_.id_field.empty()) {
+            delivery.message_id = fmt::format("{}/{}/{}", body.topic, body.partition, body.offset);
+        } else if (auto id = body.header(options_.id_field)) {
+            delivery.message_id = std::string(*id);
+        }  // else empty: the handler dead-letters it as malformed
+        delivery.delivery_count = item.tries;
+        delivery.counted_by = DeliveryCounter::store;
+        delivery.enqueued_at = body.timestamp;
+        return delivery;
+    }
+
+    /// A partition being retried holds back the records after the retried one.
+    bool blocked(const detail::KafkaItem& item) {
+        const PartitionState* state = state_of(item);
+        return state == nullptr ||
+               (state->retrying && item.offset > *state->retrying && retry_pending(*state));
+    }
+    static bool retry_pending(const PartitionState& state) {
+        return !state.outstanding.empty() && !state.outstanding.front().second;
+    }
+
+    /// What a stop or an open breaker left: sought back by the next read (rewind_unsettled).
+    void unhandled(std::vector<detail::KafkaItem>&, std::size_t) {}
+
+    CommitHook commit_hook_of(const detail::KafkaItem& item, const Delivery&) const {
+        return CommitHook{
+            StoredOffset{options_.group, item.topic, item.partition, item.offset + 1}};
+    }
+    [[nodiscard]] bool commit_publishes_dead_letters() const noexcept { return false; }
+
+    void settled_in_commit(detail::KafkaItem& item, const Outcome&) { mark_done(item); }
+
+    // -----------------------------------------------------------------------------------------
+    // Settlement
+
+    broker::Settlement::Kind settle(detail::KafkaItem& item, const KafkaMessage& body,
+                                    const Delivery& delivery, const Outcome& outcome,
+                                    const broker::Settlement& settlement) {
+        switch (settlement.kind) {
+            case broker::Settlement::Kind::redeliver:
+                retry_in_place(item, settlement.delay);
+                break;
+            case broker::Settlement::Kind::dead_letter_then_ack:
+                produce_dead_letter(delivery, body, outcome.reason);
+                store_position(item);
+                mark_done(item);
+                break;
+            case broker::Settlement::Kind::ack:
+                store_position(item);
+                mark_done(item);
+                break;
+        }
+        return settlement.kind;
+    }
+
+    /// With KafkaOffsets::in_store, a record the commit did not move past (a duplicate, a dead
+    /// letter now confirmed) is moved past in a transaction of its own.
+    void store_position(const detail::KafkaItem& item) {
+        if (options_.offsets != KafkaOffsets::in_store) return;
+        positions_.write(StoredOffset{options_.group, item.topic, item.partition, item.offset + 1});
+    }
+
+    void mark_done(const detail::KafkaItem& item) {
+        PartitionState* state = state_of(item);
+        if (state == nullptr) return;
+        for (auto& entry : state->outstanding) {
+            if (entry.first == item.offset) entry.second = true;
+        }
+        while (!state->outstanding.empty() && state->outstanding.front().second) {
+            state->done = state->outstanding.front().first + 1;
+            state->outstanding.pop_front();
+        }
+        if (state->retrying && *state->retrying <= item.offset) state->retrying.reset();
+    }
+
+    /// Pauses the partition until the delay is over; the next read seeks back to the record.
+    void retry_in_place(const detail::KafkaItem& item,
+                        std::optional<std::chrono::milliseconds> delay) {
+        PartitionState* state = state_of(item);
+        if (state == nullptr) return;  // revoked: the next owner reads it
+        retried_.fetch_add(1, std::memory_order_relaxed);
+        state->retrying = item.offset;
+        state->retry_tries = item.tries;
+        if (delay && delay->count() > 0 && !state->paused) {
+            consumer_->pause({kafka::TopicPartition{item.topic, item.partition}});
+            state->paused = true;
+            state->resume_at = std::chrono::steady_clock::now() + *delay;
+        }
+    }
+
+    /// Produces the copy and waits for its delivery report; throws (the record stays
+    /// unsettled, read again) when the cluster does not confirm it.
+    void produce_dead_letter(const Delivery& delivery, const KafkaMessage& body,
+                             const std::string& reason) {
+        if (!producer_) {
+            kafka::Config config = options_.dead_letter_producer.value_or(kafka::Config{});
+            if (!options_.dead_letter_producer) {
+                config.bootstrap_servers(config_.get("bootstrap.servers").value_or(""));
+                config.idempotent();
+            }
+            producer_.emplace(config);
+        }
+        // The value and every original header value through the policy's redactor, when it has
+        // one (a redactor that throws leaves the record unsettled); the reason is the handler's.
+        kafka::Headers headers{
+            {"idem-reason", reason},
+            {"idem-scope", dispatch().scope()},
+            {"idem-message-id", delivery.message_id},
+            {"idem-original-topic", body.topic},
+            {"idem-original-partition", std::to_string(body.partition)},
+            {"idem-original-offset", std::to_string(body.offset)},
+        };
+        for (const auto& [name, value] : body.headers)
+            headers.emplace_back(name, dispatch().redact(value));
+        const std::string topic =
+            options_.dead_letter.empty() ? body.topic + ".DLT" : options_.dead_letter;
+        producer_->produce(topic, body.key, dispatch().redact(body.value), headers)
+            .wait(options_.dead_letter_timeout);
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The store away (the circuit breaker): every partition paused, the group still served
+
+    void idle(std::chrono::milliseconds duration) {
+        if (!consumer_) {
+            sleep_unless_stopped(duration);
+            return;
+        }
+        if (!store_paused_) {
+            store_paused_ = true;
+            pause_all();
+        }
+        const auto until = std::chrono::steady_clock::now() + duration;
+        while (!stop_requested() && std::chrono::steady_clock::now() < until) {
+            try {
+                // Paused: no record comes; one fetched before the pause is dropped here and
+                // read again after it (rewind_unsettled, from the position kept).
+                if (std::optional<kafka::Message> record =
+                        consumer_->poll(std::chrono::milliseconds(50))) {
+                    note_dropped(*record);
+                }
+            } catch (const std::exception& e) {
+                report(e);
+                sleep_unless_stopped(std::chrono::milliseconds(50));
+            }
+        }
+    }
+
+    void pause_all() {
+        kafka::TopicPartitions all;
+        for (const auto& [where, state] : partitions_)
+            all.push_back(kafka::TopicPartition{where.first, where.second});
+        if (!all.empty()) consumer_->pause(all);
+    }
+
+    void note_dropped(const kafka::Message& record) {
+        PartitionState* state = state_of(std::string(record.topic()), record.partition());
+        if (state == nullptr) return;
+        const std::int64_t offset = record.offset();
+        if (state->done >= 0 && offset < state->done) return;
+        if (state->outstanding.empty() || offset < state->outstanding.front().first) {
+            state->outstanding.emplace_front(offset, false);
+        }
+    }
+
+    /// The breaker closed: the partitions that are not waiting for a retry read again.
+    void resume_after_store() {
+        store_paused_ = false;
+        held_.clear();  // read again from the kept positions
+        for (auto& [where, state] : partitions_) {
+            (void)where;
+            if (state.done >= 0 && state.outstanding.empty())
+                state.outstanding.emplace_back(state.done, false);
+        }
+        kafka::TopicPartitions ready;
+        for (auto& [where, state] : partitions_) {
+            if (!state.paused) ready.push_back(kafka::TopicPartition{where.first, where.second});
+        }
+        if (!ready.empty()) consumer_->resume(ready);
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Health
+
+    ConsumerHealth health() {
+        ConsumerHealth health;
+        health.consumer = options_.group;
+        dead_letter_name_ = options_.dead_letter.empty() && !options_.topics.empty()
+                                ? options_.topics.front() + ".DLT"
+                                : options_.dead_letter;
+        health.dead_letter_destination = dead_letter_name_;
+        if (!consumer_) return health;
+        std::uint64_t lag = 0;
+        for (const auto& [where, state] : partitions_) {
+            const auto marks =
+                consumer_->watermarks(kafka::TopicPartition{where.first, where.second});
+            if (!marks) return health;  // not known yet: unknown
+            const std::int64_t from = state.done >= 0 ? state.done : marks->first;
+            lag += static_cast<std::uint64_t>(std::max<std::int64_t>(0, marks->second - from));
+        }
+        health.pending = lag;
+        return health;
+    }
+
+    void close_noexcept() noexcept {
+        try {
+            close();
+        } catch (const std::exception& e) {
+            report(e);
+        } catch (...) {
+        }
+    }
+
+    kafka::Config config_;
+    Positions positions_;
+    std::optional<kafka::Consumer> consumer_;
+    std::optional<kafka::Producer> producer_;  ///< the dead letters', made on first use
+    std::map<PartitionKey, PartitionState> partitions_;
+    std::deque<detail::KafkaItem> held_;  ///< polled, not handed out yet
+    bool store_paused_ = false;           ///< every partition paused for the circuit breaker
+    std::string dead_letter_name_;
+    std::atomic<std::size_t> retried_{0};
+    std::atomic<std::size_t> rebalances_{0};
+};
+
+IDEM_END_NAMESPACE

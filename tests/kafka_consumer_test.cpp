@@ -1,0 +1,666 @@
+// idem::KafkaConsumer against librdkafka's mock cluster (idem::testing::KafkaCluster: the Kafka
+// protocol on loopback, consumer groups and offset commits; not Apache Kafka) and real stores
+// (SQLite, PostgreSQL, Redis): a member SIGKILLed between its commit and its offset commit, a
+// record that kills every worker parked after max_deliveries attempts counted in the store,
+// retries in place keeping partition order, offsets kept in the store through a rebalance, the
+// broker down and back, the store down while records keep coming, batch mode.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <idem/broker/kafka.hpp>
+#include <idem/kafka/consumer.hpp>
+#include <idem/kafka/producer.hpp>
+#include <idem/store/memory.hpp>
+#include <idem/store/postgres.hpp>
+#include <idem/store/redis.hpp>
+#include <idem/store/sqlite.hpp>
+#include <idem/testing/kafka_cluster.hpp>
+#include <idem/testing/postgres_server.hpp>
+#include <idem/testing/process.hpp>
+#include <idem/testing/redis_server.hpp>
+#include <idem/testing/temp_dir.hpp>
+
+#include "support/forked_child.hpp"
+#include "support/require_postgres.hpp"
+#include "support/require_redis.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace kafka = idem::kafka;
+using idem::KafkaConsumer;
+using idem::KafkaConsumerOptions;
+using idem::KafkaMessage;
+using idem::KafkaOffsets;
+using idem::testing::KafkaCluster;
+
+// The cluster is made before any other thread or client of this process (its host is forked).
+KafkaCluster* cluster = nullptr;
+
+class ClusterEnvironment : public ::testing::Environment {
+  public:
+    void SetUp() override { cluster = new KafkaCluster(1); }
+    void TearDown() override {
+        delete cluster;
+        cluster = nullptr;
+    }
+};
+const auto* const registered = ::testing::AddGlobalTestEnvironment(new ClusterEnvironment);
+
+/// A topic and group of this test's own (the cluster is shared by the binary).
+std::string unique(const std::string& what) {
+    static int n = 0;
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = std::string(info->name()) + "-" + what + "-" + std::to_string(++n);
+    for (char& c : name) {  // a topic name: [a-zA-Z0-9._-] (and a file name)
+        if (c == '/') c = '.';
+    }
+    return name;
+}
+
+kafka::Config client_config() {
+    return kafka::Config{}
+        .bootstrap_servers(cluster->bootstrap_servers())
+        .auto_offset_reset("earliest")
+        .session_timeout(3000ms)
+        .set("heartbeat.interval.ms", "300");
+}
+
+/// Produces "<prefix><i>" for i in [from, to) to @p topic (partition by key unless given),
+/// each confirmed; the producer is gone when this returns (a fork may follow).
+void produce(const std::string& topic, int from, int to, std::int32_t partition = -1,
+             const std::string& prefix = "m") {
+    kafka::Producer producer{kafka::Config{}.bootstrap_servers(cluster->bootstrap_servers())};
+    for (int i = from; i < to; ++i) {
+        const std::string value = prefix + std::to_string(i);
+        producer.produce(topic, value, value, {}, partition).wait();
+    }
+}
+
+/// Every record of @p topic (read by a group of its own), as (value, headers).
+std::vector<KafkaMessage> read_all(const std::string& topic, std::size_t expected,
+                                   std::chrono::milliseconds limit = 30s) {
+    kafka::Consumer reader{client_config().group_id(unique("reader"))};
+    reader.subscribe({topic});
+    std::vector<KafkaMessage> out;
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (out.size() < expected && std::chrono::steady_clock::now() < deadline) {
+        if (auto m = reader.poll(100ms)) {
+            KafkaMessage body;
+            body.topic = std::string(m->topic());
+            body.offset = m->offset();
+            body.value = std::string(m->value());
+            body.headers = m->headers();
+            out.push_back(std::move(body));
+        }
+    }
+    // A last look: nothing more than expected arrives.
+    const auto settle = std::chrono::steady_clock::now() + 500ms;
+    while (std::chrono::steady_clock::now() < settle) {
+        if (auto m = reader.poll(100ms)) {
+            KafkaMessage body;
+            body.value = std::string(m->value());
+            out.push_back(std::move(body));
+        }
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stores, reopened by name in each (forked) worker; the effect counts its applications per key
+// in the claim's transaction.
+
+enum class Kind { sqlite, postgres, redis };
+
+struct Target {
+    Kind kind = Kind::sqlite;
+    std::string where;  ///< path, conninfo, or "host:port"
+    int port = 0;
+};
+
+std::unique_ptr<idem::testing::TempDir> temp;
+
+Target prepare(Kind kind) {
+    Target target;
+    target.kind = kind;
+    switch (kind) {
+        case Kind::sqlite: {
+            if (!temp) temp = std::make_unique<idem::testing::TempDir>();
+            target.where = temp->file(unique("db") + ".db");
+            idem::SqliteStore store{target.where};
+            sqlite3_exec(store.db(), "CREATE TABLE effects(k BLOB NOT NULL)", nullptr, nullptr,
+                         nullptr);
+            break;
+        }
+        case Kind::postgres: {
+            auto& server = idem::testing::shared_postgres();
+            const std::string db = server.fresh_database();
+            server.exec("CREATE TABLE effects(k BYTEA NOT NULL)", db);
+            target.where = server.conninfo(db);
+            break;
+        }
+        case Kind::redis: {
+            auto& server = idem::testing::shared_redis();
+            server.flushall();
+            target.where = server.host();
+            target.port = server.port();
+            break;
+        }
+    }
+    return target;
+}
+
+idem::RedisEndpoint endpoint_of(const Target& target) {
+    idem::RedisEndpoint endpoint;
+    endpoint.host = target.where;
+    endpoint.port = target.port;
+    return endpoint;
+}
+
+/// Calls @p body with the store of @p target, opened here.
+template <class Body>
+void with_store(const Target& target, Body&& body) {
+    switch (target.kind) {
+        case Kind::sqlite: {
+            idem::SqliteStore store{target.where};
+            body(store);
+            break;
+        }
+        case Kind::postgres: {
+            idem::PostgresStore store{target.where};
+            body(store);
+            break;
+        }
+        case Kind::redis: {
+            idem::RedisStore store{endpoint_of(target)};
+            body(store);
+            break;
+        }
+    }
+}
+
+template <class Tx>
+void write_effect(Tx& tx, const std::string& key) {
+    if constexpr (std::is_same_v<std::decay_t<Tx>, idem::RedisStore::Transaction>) {
+        tx.write("HINCRBY", "effects", key, "1");
+    } else if constexpr (std::is_same_v<std::decay_t<Tx>, idem::PostgresStore::Transaction>) {
+        tx.execute("INSERT INTO effects(k) VALUES ($1)", idem::Blob{key});
+    } else {
+        tx.execute("INSERT INTO effects(k) VALUES (?)", idem::Blob{key});
+    }
+}
+
+/// Committed effects per key.
+std::map<std::string, long long> effects_of(const Target& target) {
+    std::map<std::string, long long> out;
+    switch (target.kind) {
+        case Kind::sqlite: {
+            idem::SqliteStore store{target.where};
+            sqlite3_stmt* stmt = nullptr;
+            sqlite3_prepare_v2(store.db(), "SELECT k, count(*) FROM effects GROUP BY k", -1, &stmt,
+                               nullptr);
+            while (sqlite3_step(stmt) == SQLITE_ROW) {
+                out[std::string(static_cast<const char*>(sqlite3_column_blob(stmt, 0)),
+                                static_cast<std::size_t>(sqlite3_column_bytes(stmt, 0)))] =
+                    sqlite3_column_int64(stmt, 1);
+            }
+            sqlite3_finalize(stmt);
+            break;
+        }
+        case Kind::postgres: {
+            idem::testing::PgConnection conn{PQconnectdb(target.where.c_str())};
+            PGresult* result = PQexec(conn.get(),
+                                      "SELECT convert_from(k, 'UTF8'), count(*) "
+                                      "FROM effects GROUP BY k");
+            for (int i = 0; i < PQntuples(result); ++i)
+                out[PQgetvalue(result, i, 0)] = std::stoll(PQgetvalue(result, i, 1));
+            PQclear(result);
+            break;
+        }
+        case Kind::redis: {
+            idem::testing::RedisClient client{target.where, target.port};
+            const auto all = client.array({"HGETALL", "effects"});
+            for (std::size_t i = 0; i + 1 < all.size(); i += 2)
+                out[all[i].value_or("")] = std::stoll(all[i + 1].value_or("0"));
+            break;
+        }
+    }
+    return out;
+}
+
+std::string name_of(Kind kind) {
+    switch (kind) {
+        case Kind::sqlite:
+            return "sqlite";
+        case Kind::postgres:
+            return "postgres";
+        case Kind::redis:
+            return "redis";
+    }
+    return "?";
+}
+
+void require(Kind kind) {
+    if (kind == Kind::postgres) IDEM_REQUIRE_POSTGRES();
+    if (kind == Kind::redis) IDEM_REQUIRE_REDIS();
+}
+
+/// A Kafka worker over @p target's store: the effect writes "<value>" once per application;
+/// @p before_effect runs first (a crash, a failure). Polls until @p done says so.
+struct WorkerSpec {
+    std::string topic;
+    std::string group;
+    KafkaOffsets offsets = KafkaOffsets::commit_after_store;
+    std::uint32_t max_deliveries = 5;
+    std::size_t batch_size = 1;
+    bool batches = false;
+};
+
+template <class Store, class BeforeEffect, class After>
+void run_worker(Store& store, const WorkerSpec& spec, BeforeEffect before_effect, After after) {
+    idem::PolicyOptions policy_options;
+    policy_options.max_deliveries = spec.max_deliveries;
+    if constexpr (idem::has_default_lease<Store>::value) policy_options.lease = 1000ms;
+    auto handler = idem::make_handler(store, idem::Policy{"capture", policy_options},
+                                      [&](auto& tx, const KafkaMessage& m) {
+                                          before_effect(m);
+                                          write_effect(tx, m.value);
+                                      });
+    KafkaConsumerOptions options{{spec.topic}, spec.group};
+    options.offsets = spec.offsets;
+    options.batch_size = spec.batch_size;
+    options.handle_in_batches = spec.batches;
+    options.poll_wait = 100ms;
+    options.redelivery_backoff = idem::RedeliveryBackoff::none();
+    KafkaConsumer consumer{client_config(), options, handler};
+    while (!after(consumer, handler))
+        consumer.poll_once();
+    consumer.close();
+}
+
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = 60s) {
+    return idem::testing::eventually(pred, limit);
+}
+
+class KafkaStores : public ::testing::TestWithParam<Kind> {};
+
+// ---------------------------------------------------------------------------------------------
+
+// A member commits m5's effect and is SIGKILLed before its offset commit: the partition's next
+// owner reads m5 again, the claim makes it a duplicate, and every effect happened once.
+TEST_P(KafkaStores, AMemberKilledAfterItsCommitLeavesADuplicateNotASecondEffect) {
+    require(GetParam());
+    const Target target = prepare(GetParam());
+    const std::string topic = unique("t");
+    cluster->create_topic(topic, 1);
+    produce(topic, 0, 10);
+    WorkerSpec spec{topic, unique("g")};
+    {
+        idem_test::ForkedChild child([&](const auto&) {
+            with_store(target, [&](auto& store) {
+                run_worker(
+                    store, spec, [](const KafkaMessage&) {},
+                    [&](KafkaConsumer&, auto& handler) {
+                        // m5's commit done, its offset not committed yet (the next poll would)
+                        if (handler.counters().processed >= 6) ::raise(SIGKILL);
+                        return false;
+                    });
+            });
+        });
+        ASSERT_TRUE(eventually([&] { return idem::testing::process_gone(child.pid()); }));
+    }
+    std::size_t duplicates = 0;
+    with_store(target, [&](auto& store) {
+        run_worker(
+            store, spec, [](const KafkaMessage&) {},
+            [&](KafkaConsumer&, auto& handler) {
+                duplicates = handler.counters().duplicates;
+                return handler.counters().processed + duplicates >= 5 &&
+                       handler.counters().processed >= 4;
+            });
+    });
+    EXPECT_GE(duplicates, 1u) << "m5 must come again to the next owner";
+    const auto effects = effects_of(target);
+    ASSERT_EQ(effects.size(), 10u);
+    for (const auto& [key, count] : effects)
+        EXPECT_EQ(count, 1) << key;
+}
+
+// A record whose effect kills the worker every time: each worker counts the attempt in the
+// store before its effect, so the third worker parks it (max_deliveries 3) in <topic>.DLT, with
+// the reason and the original position, and the partition moves on.
+TEST_P(KafkaStores, ARecordThatKillsEveryWorkerIsParkedInTheDeadLetterTopicAfterMaxDeliveries) {
+    require(GetParam());
+    const Target target = prepare(GetParam());
+    const std::string topic = unique("t");
+    cluster->create_topic(topic, 1);
+    cluster->create_topic(topic + ".DLT", 1);
+    produce(topic, 0, 3);
+    produce(topic, 0, 1, -1, "poison");
+    produce(topic, 3, 6);
+    WorkerSpec spec{topic, unique("g")};
+    spec.max_deliveries = 3;
+    int crashes = 0;
+    for (int worker = 0; worker < 5; ++worker) {
+        idem_test::ForkedChild child([&](const auto& send) {
+            with_store(target, [&](auto& store) {
+                run_worker(
+                    store, spec,
+                    [](const KafkaMessage& m) {
+                        if (m.value == "poison0") ::raise(SIGKILL);
+                    },
+                    [&](KafkaConsumer& consumer, auto& handler) {
+                        if (consumer.stats().dead_lettered == 1 &&
+                            handler.counters().processed + handler.counters().duplicates >= 3) {
+                            send("parked");
+                            return true;
+                        }
+                        return false;
+                    });
+            });
+        });
+        const auto line = child.line(90s);
+        if (line && *line == "parked") break;
+        ++crashes;
+        ASSERT_TRUE(eventually([&] { return idem::testing::process_gone(child.pid()); }));
+    }
+    EXPECT_EQ(crashes, 2) << "attempts 1 and 2 crash; the third is parked without its effect";
+    const auto effects = effects_of(target);
+    EXPECT_EQ(effects.size(), 6u);
+    for (const auto& [key, count] : effects)
+        EXPECT_EQ(count, 1) << key;
+    EXPECT_EQ(effects.count("poison0"), 0u);
+    const auto letters = read_all(topic + ".DLT", 1);
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_EQ(letters[0].value, "poison0");
+    const auto reason = letters[0].header("idem-reason");
+    ASSERT_TRUE(reason);
+    EXPECT_NE(reason->find("attempt 3"), std::string::npos) << *reason;
+    EXPECT_EQ(letters[0].header("idem-original-topic").value_or(""), topic);
+    EXPECT_EQ(letters[0].header("idem-original-offset").value_or(""), "3");
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, KafkaStores,
+                         ::testing::Values(Kind::sqlite, Kind::postgres, Kind::redis),
+                         [](const auto& info) { return name_of(info.param); });
+
+// ---------------------------------------------------------------------------------------------
+
+// m2 fails twice: its partition pauses, seeks back and tries it again; m3.. wait for it.
+TEST(KafkaConsumerOrder, ARetriedRecordKeepsPartitionOrder) {
+    idem::testing::TempDir dir;
+    idem::SqliteStore store{dir.file("order.db")};
+    const std::string topic = unique("t");
+    cluster->create_topic(topic, 1);
+    produce(topic, 0, 6);
+    std::vector<std::string> order;
+    int failures = 0;
+    auto handler =
+        idem::make_handler(store, idem::Policy{"order"}, [&](auto&, const KafkaMessage& m) {
+            if (m.value == "m2" && failures < 2) {
+                ++failures;
+                throw std::runtime_error("gateway away");
+            }
+            order.push_back(m.value);
+        });
+    KafkaConsumerOptions options{{topic}, unique("g")};
+    options.batch_size = 6;
+    options.poll_wait = 100ms;
+    options.redelivery_backoff.initial = 50ms;
+    options.redelivery_backoff.max = 200ms;
+    KafkaConsumer consumer{client_config(), options, handler};
+    ASSERT_TRUE(eventually([&] {
+        consumer.poll_once();
+        return order.size() >= 6;
+    }));
+    EXPECT_EQ(order, (std::vector<std::string>{"m0", "m1", "m2", "m3", "m4", "m5"}));
+    EXPECT_EQ(consumer.retried_in_place(), 2u);
+    EXPECT_EQ(handler.counters().failed, 2u);
+    consumer.close();
+}
+
+#ifdef KAFKA_IN_STORE_READY
+// Offsets in the store: a member SIGKILLed after its commit (its Kafka offset commit never
+// sent); the next owner starts at the offset stored with the last effect, so no committed record
+// reaches the handler again, and each partition's stored offset equals its effects.
+TEST(KafkaOffsetsInStore, ARebalanceReplaysNothingThatCommitted) {
+    idem::testing::TempDir dir;
+    const std::string path = dir.file("offsets.db");
+    {
+        idem::SqliteStore store{path};
+        sqlite3_exec(store.db(), "CREATE TABLE effects(k BLOB NOT NULL)", nullptr, nullptr,
+                     nullptr);
+    }
+    Target target{Kind::sqlite, path, 0};
+    const std::string topic = unique("t");
+    cluster->create_topic(topic, 2);
+    produce(topic, 0, 10, 0);
+    produce(topic, 10, 20, 1);
+    WorkerSpec spec{topic, unique("g")};
+    spec.offsets = KafkaOffsets::in_store;
+    {
+        idem_test::ForkedChild child([&](const auto&) {
+            idem::SqliteStore store{path};
+            run_worker(
+                store, spec, [](const KafkaMessage&) {},
+                [&](KafkaConsumer&, auto& handler) {
+                    if (handler.counters().processed >= 7) ::raise(SIGKILL);
+                    return false;
+                });
+        });
+        ASSERT_TRUE(eventually([&] { return idem::testing::process_gone(child.pid()); }));
+    }
+    idem::SqliteStore store{path};
+    std::size_t duplicates = 99;
+    run_worker(
+        store, spec, [](const KafkaMessage&) {},
+        [&](KafkaConsumer&, auto& handler) {
+            duplicates = handler.counters().duplicates;
+            return effects_of(target).size() >= 20;
+        });
+    EXPECT_EQ(duplicates, 0u) << "a committed record reached the handler again";
+    const auto effects = effects_of(target);
+    ASSERT_EQ(effects.size(), 20u);
+    for (const auto& [key, count] : effects)
+        EXPECT_EQ(count, 1) << key;
+    EXPECT_EQ(store.stored_offset(spec.group, topic, 0), std::optional<std::int64_t>(10));
+    EXPECT_EQ(store.stored_offset(spec.group, topic, 1), std::optional<std::int64_t>(10));
+}
+
+// Two members share four partitions, offsets in the store; the second joins mid-run and leaves
+// again (two rebalances). Every record's effect ran once and no committed one came back.
+TEST(KafkaOffsetsInStore, TwoMembersThroughJoinAndLeaveApplyEachRecordOnce) {
+    idem::MemoryStore store;
+    const std::string topic = unique("t");
+    cluster->create_topic(topic, 4);
+    produce(topic, 0, 200);
+    std::mutex mutex;
+    std::map<std::string, int> calls;
+    auto handler =
+        idem::make_handler(store, idem::Policy{"share"}, [&](auto& tx, const KafkaMessage& m) {
+            std::lock_guard<std::mutex> lock(mutex);
+            ++calls[m.value];
+            tx.put("effects", m.value, "1");
+            std::this_thread::sleep_for(2ms);
+        });
+    KafkaConsumerOptions options{{topic}, unique("g")};
+    options.offsets = KafkaOffsets::in_store;
+    options.poll_wait = 100ms;
+    auto config = client_config().cooperative();
+    KafkaConsumer first{config, options, handler};
+    std::thread one([&] { first.run(); });
+    ASSERT_TRUE(eventually([&] { return store.count("effects") >= 40; }));
+    {
+        KafkaConsumer second{config, options, handler};
+        std::thread two([&] { second.run(); });
+        eventually([&] { return store.count("effects") >= 120; });
+        second.request_stop();
+        two.join();
+        second.close();
+        EXPECT_GE(second.rebalances(), 1u);
+    }
+    ASSERT_TRUE(eventually([&] { return store.count("effects") >= 200; }));
+    first.request_stop();
+    one.join();
+    EXPECT_GE(first.rebalances(), 2u);
+    EXPECT_EQ(calls.size(), 200u);
+    for (const auto& [key, n] : calls)
+        EXPECT_EQ(n, 1) << key;
+    EXPECT_EQ(handler.counters().duplicates, 0u);
+    std::int64_t stored = 0;
+    for (std::int32_t p = 0; p < 4; ++p)
+        stored += store.stored_offset(options.group, topic, p).value_or(0);
+    EXPECT_EQ(stored, 200);
+}
+
+#endif
+// ---------------------------------------------------------------------------------------------
+
+// The broker goes down mid-run and comes back: the consumer reconnects and every record is
+// applied once.
+TEST(KafkaOutage, TheBrokerDownAndBack) {
+    idem::testing::TempDir dir;
+    idem::SqliteStore store{dir.file("outage.db")};
+    const std::string topic = unique("t");
+    cluster->create_topic(topic, 1);
+    produce(topic, 0, 20);
+    auto handler =
+        idem::make_handler(store, idem::Policy{"outage"}, [&](auto& tx, const KafkaMessage& m) {
+            tx.execute("CREATE TABLE IF NOT EXISTS e(k TEXT)");
+            tx.execute("INSERT INTO e(k) VALUES (?)", m.value);
+        });
+    KafkaConsumerOptions options{{topic}, unique("g")};
+    options.poll_wait = 100ms;
+    options.batch_size = 5;
+    KafkaConsumer consumer{client_config(), options, handler};
+    std::thread worker([&] { consumer.run(); });
+    ASSERT_TRUE(eventually([&] { return handler.counters().processed >= 5; }));
+    cluster->broker_down(1);
+    std::this_thread::sleep_for(1500ms);
+    cluster->broker_up(1);
+    produce(topic, 20, 30);
+    ASSERT_TRUE(eventually([&] { return handler.counters().processed >= 30; }, 90s));
+    consumer.request_stop();
+    worker.join();
+    consumer.close();
+    EXPECT_EQ(handler.counters().processed, 30u);
+    EXPECT_EQ(handler.counters().dead_lettered, 0u);
+}
+
+// The store (Redis) is stopped while records keep arriving: the circuit breaker pauses the
+// partitions; nothing is parked, nothing is lost, and all is applied once it is back.
+TEST(KafkaOutage, TheStoreDownWhileRecordsKeepArriving) {
+    IDEM_REQUIRE_REDIS();
+    idem::testing::RedisServer redis;
+    const std::string topic = unique("t");
+    cluster->create_topic(topic, 2);
+    produce(topic, 0, 10);
+    idem::RedisEndpoint endpoint;
+    endpoint.host = redis.host();
+    endpoint.port = redis.port();
+    idem::RedisStore store{endpoint};
+    auto handler = idem::make_handler(
+        store, idem::Policy{"down"},
+        [&](auto& tx, const KafkaMessage& m) { tx.write("HINCRBY", "effects", m.value, "1"); });
+    KafkaConsumerOptions options{{topic}, unique("g")};
+    options.poll_wait = 100ms;
+    options.circuit_breaker.initial_backoff = 100ms;
+    options.circuit_breaker.max_backoff = 300ms;
+    KafkaConsumer consumer{client_config(), options, handler};
+    std::thread worker([&] { consumer.run(); });
+    ASSERT_TRUE(eventually([&] { return handler.counters().processed >= 10; }));
+    redis.stop();
+    produce(topic, 10, 40);
+    ASSERT_TRUE(eventually([&] { return consumer.stats().circuit_opened >= 1; }));
+    std::this_thread::sleep_for(1s);
+    redis.start();
+    ASSERT_TRUE(eventually([&] { return handler.counters().processed >= 40; }, 90s));
+    consumer.request_stop();
+    worker.join();
+    consumer.close();
+    EXPECT_EQ(handler.counters().dead_lettered, 0u);
+    EXPECT_EQ(consumer.stats().dead_lettered, 0u);
+    idem::testing::RedisClient client{redis.host(), redis.port()};
+    EXPECT_EQ(client.integer({"HLEN", "effects"}).value_or(0), 40);
+    for (int i = 0; i < 40; ++i) {
+        EXPECT_EQ(client.integer({"HGET", "effects", "m" + std::to_string(i)}).value_or(0), 1);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// Batch mode: one handle_batch per poll, for one partition's records; a malformed record (no
+// id header) is parked in the dead-letter topic with its reason, the others applied once.
+TEST(KafkaBatches, OneHandleBatchPerPartitionAndAMalformedRecordDeadLettered) {
+    idem::testing::TempDir dir;
+    idem::SqliteStore store{dir.file("batch.db")};
+    const std::string topic = unique("t");
+    cluster->create_topic(topic, 2);
+    cluster->create_topic(topic + ".DLT", 1);
+    {
+        kafka::Producer producer{kafka::Config{}.bootstrap_servers(cluster->bootstrap_servers())};
+        for (int i = 0; i < 20; ++i) {
+            const std::string id = "order-" + std::to_string(i);
+            producer.produce(topic, id, id, {{"idem-message-id", id}}, i % 2).wait();
+        }
+        producer.produce(topic, "x", "no id", {}, 0).wait();
+    }
+    std::set<std::string> seen;
+    std::vector<std::size_t> partitions_per_call;
+    auto handler = idem::make_handler(store, idem::Policy{"batches"},
+                                      [&](auto&, const KafkaMessage& m) { seen.insert(m.value); });
+    KafkaConsumerOptions options{{topic}, unique("g")};
+    options.poll_wait = 100ms;
+    options.batch_size = 8;
+    options.handle_in_batches = true;
+    options.id_field = "idem-message-id";
+    KafkaConsumer consumer{client_config(), options, handler};
+    ASSERT_TRUE(eventually([&] {
+        consumer.poll_once();
+        return seen.size() >= 20 && consumer.stats().dead_lettered >= 1;
+    }));
+    consumer.close();
+    EXPECT_EQ(seen.size(), 20u);
+    EXPECT_EQ(handler.counters().processed, 20u);
+    const auto letters = read_all(topic + ".DLT", 1);
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_EQ(letters[0].value, "no id");
+    EXPECT_NE(letters[0].header("idem-reason").value_or("").find("empty message id"),
+              std::string::npos);
+}
+
+// The usage errors say which option and why.
+TEST(KafkaConsumerOptionsCheck, RefusesWhatCannotWork) {
+    idem::MemoryStore store;
+    auto handler = idem::make_handler(store, idem::Policy{"o"}, [](auto&, const KafkaMessage&) {});
+    KafkaConsumerOptions none{{}, "g"};
+    EXPECT_THROW(KafkaConsumer(client_config(), none, handler), idem::usage_error);
+    KafkaConsumerOptions dlt{{"payments.DLT"}, "g"};
+    EXPECT_THROW(KafkaConsumer(client_config(), dlt, handler), idem::usage_error);
+    KafkaConsumerOptions both{{"payments"}, "g"};
+    both.offsets = KafkaOffsets::in_store;
+    both.handle_in_batches = true;
+    EXPECT_THROW(KafkaConsumer(client_config(), both, handler), idem::usage_error);
+    KafkaConsumerOptions plain{{"payments"}, "g"};
+    plain.offsets = KafkaOffsets::in_store;
+    EXPECT_THROW(KafkaConsumer(client_config(), plain,
+                               [](const idem::Delivery&, const KafkaMessage&) {
+                                   return idem::Outcome{idem::Disposition::processed, {}};
+                               }),
+                 idem::usage_error);
+}
+
+}  // namespace
