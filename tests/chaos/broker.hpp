@@ -28,6 +28,9 @@
 #include "idem/delivery.hpp"
 #include "idem/outcome.hpp"
 #include "idem/redelivery_backoff.hpp"
+#ifdef IDEM_CHAOS_WITH_KAFKA
+#include "idem/kafka/config.hpp"
+#endif
 
 namespace chaos {
 
@@ -153,6 +156,12 @@ std::unique_ptr<BrokerWorker> rabbitmq_worker(const Options& options,
 std::unique_ptr<BrokerRun> start_nats(const Options& options, const std::filesystem::path& run_dir);
 std::unique_ptr<BrokerWorker> nats_worker(const Options& options, const WorkerSettings& settings);
 #endif
+#ifdef IDEM_CHAOS_WITH_KAFKA
+std::unique_ptr<BrokerRun> start_kafka(const Options& options);
+std::unique_ptr<BrokerWorker> kafka_worker(const Options& options, const WorkerSettings& settings);
+/// The client configuration of a worker's KafkaConsumer (--offsets store builds its own).
+idem::kafka::Config kafka_worker_config(const Options& options, const WorkerSettings& settings);
+#endif
 
 }  // namespace chaos
 
@@ -173,6 +182,12 @@ inline std::unique_ptr<BrokerRun> start_broker(const Options& options, int redis
         case BrokerKind::nats:
 #ifdef IDEM_CHAOS_WITH_NATS
             return start_nats(options, run_dir);
+#else
+            break;
+#endif
+        case BrokerKind::kafka:
+#ifdef IDEM_CHAOS_WITH_KAFKA
+            return start_kafka(options);
 #else
             break;
 #endif
@@ -197,6 +212,12 @@ inline std::unique_ptr<BrokerWorker> make_worker(const Options& options,
         case BrokerKind::nats:
 #ifdef IDEM_CHAOS_WITH_NATS
             return nats_worker(options, settings);
+#else
+            break;
+#endif
+        case BrokerKind::kafka:
+#ifdef IDEM_CHAOS_WITH_KAFKA
+            return kafka_worker(options, settings);
 #else
             break;
 #endif

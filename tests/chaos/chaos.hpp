@@ -22,7 +22,7 @@ enum class StoreKind { sqlite, postgres, redis, mysql, redis_cluster };
 
 /// What carries the capture messages (--broker). The run's redis-server (gateway, counters) is
 /// there whatever the broker.
-enum class BrokerKind { redis_streams, rabbitmq, nats };
+enum class BrokerKind { redis_streams, rabbitmq, nats, kafka };
 
 inline const char* to_string(BrokerKind kind) {
     switch (kind) {
@@ -32,6 +32,8 @@ inline const char* to_string(BrokerKind kind) {
             return "rabbitmq";
         case BrokerKind::nats:
             return "nats";
+        case BrokerKind::kafka:
+            return "kafka";
     }
     return "?";
 }
@@ -107,6 +109,10 @@ struct Options {
     /// one entry at a time from polls of several: on a RedisStore each commit goes with the next
     /// claim (StreamConsumerOptions::pipeline_commits) and the ack is in the commit.
     bool pipelined = false;
+    /// --broker kafka: the read offsets kept in the store's transaction (KafkaOffsets::in_store;
+    /// the worker gives the KafkaConsumer the IdempotentHandler itself) instead of committed to
+    /// Kafka after the store's commit.
+    bool offsets_in_store = false;
     double kill_rate = 0.02;                       ///< per window, per delivery
     std::chrono::milliseconds kill_interval{250};  ///< mean time between driver kills; 0: none
     std::chrono::milliseconds visibility{400};     ///< XCLAIM min-idle; the Redis lease

@@ -370,6 +370,7 @@ std::vector<std::string> worker_args(const Options& o, int redis_port, const std
     }
     if (o.naive) args.emplace_back("--naive");
     if (o.pipelined) args.emplace_back("--pipelined");
+    if (o.offsets_in_store) args.insert(args.end(), {"--offsets", "store"});
     return args;
 }
 
@@ -714,9 +715,10 @@ int run_driver(const Options& o) {
         "by the driver%s; %ld worker starts; gateway: %ld requests, %ld charges, %ld refused in "
         "flight; orders without a capture %ld, with several captures %ld, with several charges "
         "%ld, capture and charge disagree %ld; pending at the end %zu\n",
-        o.naive       ? "naive"
-        : o.pipelined ? "idem pipelined"
-                      : "idem",
+        o.naive              ? "naive"
+        : o.pipelined        ? "idem pipelined"
+        : o.offsets_in_store ? "idem (offsets in the store)"
+                             : "idem",
         to_string(o.store), to_string(o.broker), o.messages, o.workers,
         static_cast<unsigned long long>(o.seed), delivered, outcome_text.c_str(),
         count_text.c_str(), fleet.driver_kills(), window_text.c_str(), fleet.starts(),
@@ -768,13 +770,14 @@ int run_driver(const Options& o) {
         }
     }
     std::printf(
-        "{\"store\":\"%s\",\"broker\":\"%s\",%s\"messages\":%ld,\"workers\":%d,\"kills\":%ld,"
+        "{\"store\":\"%s\",\"broker\":\"%s\",%s%s\"messages\":%ld,\"workers\":%d,\"kills\":%ld,"
         "\"delivered\":%ld,"
         "\"redeliveries\":%ld,\"captures\":%ld,\"gateway_requests\":%ld,\"gateway_calls\":%ld,"
         "\"divergences\":%ld,\"dead_lettered\":%ld,\"seconds\":%.1f}\n",
         to_string(o.store), to_string(o.broker), o.pipelined ? "\"pipelined\":true," : "",
-        o.messages, o.workers, fleet.kills(), delivered, redeliveries, captures, gateway_requests,
-        gateway_calls, divergences, dead_lettered, seconds);
+        o.offsets_in_store ? "\"offsets\":\"store\"," : "", o.messages, o.workers, fleet.kills(),
+        delivered, redeliveries, captures, gateway_requests, gateway_calls, divergences,
+        dead_lettered, seconds);
     std::fflush(stdout);
     return status;
 }

@@ -13,7 +13,8 @@ namespace {
 
 constexpr const char* usage =
     "usage: idem_chaos [--store sqlite|postgres|redis|mysql|redis-cluster]\n"
-    "                  [--broker redis|rabbitmq|nats] [--messages N] [--workers K] [--seed S]\n"
+    "                  [--broker redis|rabbitmq|nats|kafka] [--offsets kafka|store]\n"
+    "                  [--messages N] [--workers K] [--seed S]\n"
     "                  [--naive | --pipelined] [--kill-rate P] [--kill-interval-ms MS]\n"
     "                  [--visibility-ms MS]\n"
     "                  [--latency-ms MS] [--inflight-ms MS] [--max-deliveries N] [--timeout S]\n"
@@ -25,7 +26,10 @@ constexpr const char* usage =
     "                    redis-cluster: a 3-master Redis Cluster (replicas_to_ack = 1) whose\n"
     "                    slot-0 master is SIGKILLed a third of the way in\n"
     "  --broker          what carries the messages (default redis: a Redis stream in the run's\n"
-    "                    redis-server; rabbitmq: a quorum queue; nats: a JetStream stream)\n"
+    "                    redis-server; rabbitmq: a quorum queue; nats: a JetStream stream;\n"
+    "                    kafka: a 4-partition topic on librdkafka's mock cluster)\n"
+    "  --offsets         (--broker kafka) kafka: offsets committed after the store's commit\n"
+    "                    (default); store: kept in the store's transaction (SQL stores)\n"
     "  --messages        capture messages, order ids 1..N (default 2000)\n"
     "  --workers         worker processes (default 4)\n"
     "  --seed            seeds the driver's kills and each worker's self-kills (default 1)\n"
@@ -103,10 +107,18 @@ chaos::Options parse(int argc, char** argv) {
                 o.broker = chaos::BrokerKind::rabbitmq;
             } else if (broker == "nats") {
                 o.broker = chaos::BrokerKind::nats;
+            } else if (broker == "kafka") {
+                o.broker = chaos::BrokerKind::kafka;
             } else {
-                throw std::invalid_argument("--broker is redis, rabbitmq or nats, not '" + broker +
-                                            "'");
+                throw std::invalid_argument("--broker is redis, rabbitmq, nats or kafka, not '" +
+                                            broker + "'");
             }
+        } else if (arg == "--offsets") {
+            const std::string mode = value();
+            if (mode != "kafka" && mode != "store") {
+                throw std::invalid_argument("--offsets is kafka or store, not '" + mode + "'");
+            }
+            o.offsets_in_store = mode == "store";
         } else if (arg == "--broker-address") {  // internal, worker mode
             o.broker_address = value();
         } else if (arg == "--messages") {
@@ -176,6 +188,13 @@ chaos::Options parse(int argc, char** argv) {
     }
     if (o.pipelined && (o.naive || o.broker != chaos::BrokerKind::redis_streams)) {
         throw std::invalid_argument("--pipelined is for the idem handler on --broker redis");
+    }
+    if (o.offsets_in_store &&
+        (o.naive || o.broker != chaos::BrokerKind::kafka ||
+         (o.store != chaos::StoreKind::sqlite && o.store != chaos::StoreKind::postgres &&
+          o.store != chaos::StoreKind::mysql))) {
+        throw std::invalid_argument(
+            "--offsets store is for the idem handler on --broker kafka with an SQL store");
     }
     if (o.worker && (o.redis_port == 0 || o.parent == 0)) {
         throw std::invalid_argument("--worker is started by the driver, with its arguments");

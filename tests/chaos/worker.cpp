@@ -35,6 +35,10 @@
 #include "idem/store/postgres.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
+#ifdef IDEM_CHAOS_WITH_KAFKA
+#include "idem/broker/kafka.hpp"
+#include "idem/contract/stored_offset.hpp"
+#endif
 
 namespace chaos {
 namespace {
@@ -43,11 +47,17 @@ std::atomic<BrokerWorker*> running_worker{nullptr};
 volatile sig_atomic_t stopping = 0;
 
 std::atomic<idem::StreamConsumer*> running_consumer{nullptr};  ///< --pipelined
+#ifdef IDEM_CHAOS_WITH_KAFKA
+std::atomic<idem::KafkaConsumer*> running_kafka{nullptr};  ///< --offsets store
+#endif
 
 extern "C" void on_sigterm(int) {
     stopping = 1;
     if (BrokerWorker* worker = running_worker.load()) worker->request_stop();
     if (idem::StreamConsumer* consumer = running_consumer.load()) consumer->request_stop();
+#ifdef IDEM_CHAOS_WITH_KAFKA
+    if (idem::KafkaConsumer* consumer = running_kafka.load()) consumer->request_stop();
+#endif
 }
 
 /// Kills this process at a crash window with the run's probability; counts the kill first (in
@@ -272,6 +282,49 @@ int consume_pipelined(Store& store, const Options& options, idem::redis::Connect
     return 0;
 }
 
+#ifdef IDEM_CHAOS_WITH_KAFKA
+/// --offsets store: the KafkaConsumer given the IdempotentHandler itself, so each record's next
+/// offset commits in the claim's transaction; counted as --pipelined is (SettleCounter).
+template <class Store>
+int consume_kafka_offsets_in_store(Store& store, const Options& options,
+                                   idem::redis::Connection& redis, GatewayClient& gateway,
+                                   CrashWindows& windows, const idem::PolicyOptions& policy_options,
+                                   const WorkerSettings& settings) {
+    if constexpr (!idem::has_stored_offsets<Store>::value) {
+        throw std::invalid_argument("--offsets store needs a store that keeps offsets");
+    } else {
+        SettleCounter counter{redis, windows, settings.consumer_name};
+        const CaptureEffect capture{&gateway, &windows};
+        auto handler = idem::make_handler(
+            store, idem::Policy{scope_name, policy_options},
+            [capture, &counter](auto& tx, const idem::KafkaMessage& record,
+                                const idem::Delivery& delivery) {
+                counter.count(delivery);
+                capture(tx, Message{fmt::format("{}/{}/{}", record.topic, record.partition,
+                                                record.offset),
+                                    Message::decode_fields(record.value)});
+            },
+            &counter);
+        idem::KafkaConsumerOptions consumer_options{{"chaos.payments"}, group_name};
+        consumer_options.offsets = idem::KafkaOffsets::in_store;
+        consumer_options.id_field = "idem-message-id";
+        consumer_options.dead_letter = "chaos.payments.DLT";
+        consumer_options.batch_size = 1;
+        consumer_options.poll_wait = std::chrono::milliseconds(100);
+        consumer_options.redelivery_backoff = settings.backoff;
+        consumer_options.on_error = settings.on_error;
+        idem::KafkaConsumer consumer{kafka_worker_config(options, settings), consumer_options,
+                                     handler};
+        running_kafka.store(&consumer);
+        if (stopping != 0) consumer.request_stop();
+        consumer.run();
+        running_kafka.store(nullptr);
+        consumer.close();
+        return 0;
+    }
+}
+#endif
+
 template <class Store>
 int consume(Store& store, const Options& options, const idem::RedisEndpoint& endpoint,
             std::mt19937_64& random) {
@@ -299,6 +352,12 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
     if (options.pipelined) {
         return consume_pipelined(store, options, redis, gateway, windows, policy_options, settings);
     }
+#ifdef IDEM_CHAOS_WITH_KAFKA
+    if (options.offsets_in_store) {
+        return consume_kafka_offsets_in_store(store, options, redis, gateway, windows,
+                                              policy_options, settings);
+    }
+#endif
     std::unique_ptr<BrokerWorker> worker = make_worker(options, settings);
 
     // The plain std::function form, wrapping the handler, so the worker can die between the

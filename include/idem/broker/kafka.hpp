@@ -349,6 +349,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
                 try {
                     if (auto stored = positions_.read(options_.group, p.topic, p.partition)) {
                         p.offset = *stored;
+                        starting_[PartitionKey{p.topic, p.partition}] = *stored;
                     }
                 } catch (const std::exception& e) {
                     // The group's committed offset, which is never past the stored one: what
@@ -359,8 +360,15 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         };
         consumer.on_assigned = [this](const kafka::TopicPartitions& assigned) {
             rebalances_.fetch_add(1, std::memory_order_relaxed);
-            for (const kafka::TopicPartition& p : assigned)
-                partitions_[PartitionKey{p.topic, p.partition}] = PartitionState{};
+            for (const kafka::TopicPartition& p : assigned) {
+                PartitionState fresh;
+                // Offsets in the store: where it starts is done, and goes to Kafka's group
+                // offsets with the next commit (lag tools, and a member killed before its own).
+                const auto start = starting_.find(PartitionKey{p.topic, p.partition});
+                if (start != starting_.end()) fresh.done = start->second;
+                partitions_[PartitionKey{p.topic, p.partition}] = fresh;
+            }
+            starting_.clear();
             if (store_paused_) pause_all();
         };
         consumer.on_revoked = [this](const kafka::TopicPartitions& revoked) {
@@ -768,6 +776,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     std::optional<kafka::Producer> producer_;  ///< the dead letters', made on first use
     std::map<PartitionKey, PartitionState> partitions_;
     std::deque<detail::KafkaItem> held_;  ///< polled, not handed out yet
+    std::map<PartitionKey, std::int64_t> starting_;  ///< stored offsets being assigned
     bool store_paused_ = false;           ///< every partition paused for the circuit breaker
     std::string dead_letter_name_;
     std::atomic<std::size_t> retried_{0};

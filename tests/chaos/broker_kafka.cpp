@@ -1,0 +1,203 @@
+// The chaos run over Kafka: librdkafka's mock cluster (idem::testing::KafkaCluster, hosted in a
+// forked process of the driver; the Kafka protocol on loopback, not Apache Kafka), a topic
+// chaos.payments with 4 partitions read by one consumer group, idem::KafkaConsumer in every
+// worker, dead letters produced to chaos.payments.DLT. Each record carries its order's message
+// id in the header idem-message-id. Settled means: the group's committed offset of every
+// partition reached its end (with --offsets store the workers also commit to Kafka, after the
+// store).
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "broker.hpp"
+#include "idem/broker/kafka.hpp"
+#include "idem/kafka/consumer.hpp"
+#include "idem/kafka/producer.hpp"
+#include "idem/testing/kafka_cluster.hpp"
+
+namespace chaos {
+namespace {
+
+namespace kafka = idem::kafka;
+
+constexpr const char* topic = "chaos.payments";
+constexpr const char* dead_topic = "chaos.payments.DLT";
+constexpr const char* id_header = "idem-message-id";
+constexpr int partitions = 4;
+
+kafka::Config consumer_config(const std::string& servers) {
+    return kafka::Config{}
+        .bootstrap_servers(servers)
+        .auto_offset_reset("earliest")
+        .session_timeout(std::chrono::milliseconds(3000))
+        .set("heartbeat.interval.ms", "300");
+}
+
+class KafkaRun final : public BrokerRun {
+  public:
+    KafkaRun() : cluster_(1) {
+        cluster_.create_topic(topic, partitions);
+        cluster_.create_topic(dead_topic, 1);
+    }
+
+    std::string worker_address() const override { return cluster_.bootstrap_servers(); }
+
+    void publish(long messages) override {
+        messages_ = messages;
+        kafka::Producer producer{
+            kafka::Config{}.bootstrap_servers(cluster_.bootstrap_servers()).idempotent()};
+        std::vector<std::pair<long, kafka::Pending>> pending;
+        for (long order = 1; order <= messages; ++order) {
+            const std::string id = message_id_of(order);
+            pending.emplace_back(
+                order, producer.produce(
+                           topic, id,
+                           Message::encode_fields({{"order_id", std::to_string(order)},
+                                                   {"amount", std::to_string(amount_of(order))}}),
+                           {{id_header, id}}));
+        }
+        for (auto& [order, report] : pending) {
+            const kafka::Delivered where = report.wait();
+            position_of_order_[order] = {where.partition, where.offset};
+            end_[where.partition] = std::max(end_[where.partition], where.offset + 1);
+        }
+    }
+
+    bool drained() override {
+        const auto committed = committed_offsets();
+        for (const auto& [partition, end] : end_) {
+            const auto it = committed.find(partition);
+            if (it == committed.end() || it->second < end) return false;
+        }
+        return true;
+    }
+
+    std::string progress() override {
+        const auto committed = committed_offsets();
+        std::int64_t done = 0;
+        for (const auto& [partition, offset] : committed)
+            done += std::max<std::int64_t>(0, offset);
+        return fmt::format("committed {}/{}", done, messages_);
+    }
+
+    std::set<long> unsettled_orders() override {
+        const auto committed = committed_offsets();
+        std::set<long> out;
+        for (const auto& [order, where] : position_of_order_) {
+            const auto it = committed.find(where.first);
+            if (it == committed.end() || it->second <= where.second) out.insert(order);
+        }
+        return out;
+    }
+
+    std::map<long, std::string> dead_letters() override {
+        std::map<long, std::string> out;
+        kafka::Consumer reader{
+            consumer_config(cluster_.bootstrap_servers()).group_id("chaos-dead-letter-reader")};
+        reader.subscribe({dead_topic});
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+        while (std::chrono::steady_clock::now() < deadline) {
+            auto letter = reader.poll(std::chrono::milliseconds(200));
+            if (!letter) continue;
+            const auto id = letter->header("idem-message-id");
+            const auto reason = letter->header("idem-reason");
+            out[id ? order_of_message_id(*id).value_or(0) : 0] =
+                reason ? std::string(*reason) : std::string();
+        }
+        return out;
+    }
+
+    std::optional<long> order_of(const std::string& message_id) const override {
+        return order_of_message_id(message_id);
+    }
+    std::string message_id_of_order(long order) const override { return message_id_of(order); }
+
+  private:
+    /// The group's committed offsets, asked of the coordinator by a client that does not join.
+    std::map<std::int32_t, std::int64_t> committed_offsets() {
+        if (!reader_) {
+            reader_.emplace(consumer_config(cluster_.bootstrap_servers()).group_id(group_name));
+        }
+        kafka::TopicPartitions asked;
+        for (std::int32_t p = 0; p < partitions; ++p)
+            asked.push_back({topic, p});
+        std::map<std::int32_t, std::int64_t> out;
+        try {
+            for (const kafka::TopicPartition& p : reader_->committed(asked))
+                out[p.partition] = p.offset;
+        } catch (const idem::broker_error&) {  // the coordinator busy: not drained this time
+        }
+        return out;
+    }
+
+    idem::testing::KafkaCluster cluster_;
+    std::optional<kafka::Consumer> reader_;  ///< after cluster_: closed before it stops
+    long messages_ = 0;
+    std::map<long, std::pair<std::int32_t, std::int64_t>> position_of_order_;
+    std::map<std::int32_t, std::int64_t> end_;
+};
+
+class KafkaWorker final : public BrokerWorker {
+  public:
+    KafkaWorker(const Options& options, const WorkerSettings& settings)
+        : options_(options), settings_(settings) {}
+
+    void run(const Deliver& deliver) override {
+        idem::KafkaConsumerOptions consumer_options{{topic}, group_name};
+        consumer_options.id_field = id_header;
+        consumer_options.dead_letter = dead_topic;
+        // One record at a time: a killed worker leaves at most the record in hand.
+        consumer_options.batch_size = 1;
+        consumer_options.poll_wait = std::chrono::milliseconds(100);
+        consumer_options.redelivery_backoff = settings_.backoff;
+        consumer_options.on_error = settings_.on_error;
+        idem::KafkaConsumer consumer{
+            consumer_config(options_.broker_address).client_id(settings_.consumer_name),
+            consumer_options, [&](const idem::Delivery& delivery, const idem::KafkaMessage& m) {
+                return deliver(delivery,
+                               Message{fmt::format("{}/{}/{}", m.topic, m.partition, m.offset),
+                                       Message::decode_fields(m.value)});
+            }};
+        running_.store(&consumer);
+        if (stop_.load()) consumer.request_stop();
+        consumer.run();
+        running_.store(nullptr);
+        consumer.close();
+    }
+
+    void request_stop() noexcept override {
+        stop_.store(true);
+        if (idem::KafkaConsumer* consumer = running_.load()) consumer->request_stop();
+    }
+
+  private:
+    const Options& options_;
+    WorkerSettings settings_;
+    std::atomic<bool> stop_{false};
+    std::atomic<idem::KafkaConsumer*> running_{nullptr};
+};
+
+}  // namespace
+
+std::unique_ptr<BrokerRun> start_kafka(const Options&) {
+    return std::make_unique<KafkaRun>();
+}
+
+std::unique_ptr<BrokerWorker> kafka_worker(const Options& options, const WorkerSettings& settings) {
+    return std::make_unique<KafkaWorker>(options, settings);
+}
+
+kafka::Config kafka_worker_config(const Options& options, const WorkerSettings& settings) {
+    return consumer_config(options.broker_address).client_id(settings.consumer_name);
+}
+
+}  // namespace chaos
