@@ -33,6 +33,16 @@ inline CommitHook offset_hook(std::string group, std::string topic, std::int32_t
     return CommitHook{StoredOffset{std::move(group), std::move(topic), partition, next_offset}};
 }
 
+/// offset_hook() stamped with its message, as the handler stamps it.
+inline CommitHook offset_hook_of(std::string scope, std::string message_id, std::string group,
+                                 std::string topic, std::int32_t partition,
+                                 std::int64_t next_offset) {
+    CommitHook hook = offset_hook(std::move(group), std::move(topic), partition, next_offset);
+    hook.scope = std::move(scope);
+    hook.message_id = std::move(message_id);
+    return hook;
+}
+
 /// begin(), attach(hook) for each, commit(): what a broker does after a duplicate or a dead
 /// letter.
 template <class Store>
@@ -90,9 +100,8 @@ TYPED_TEST_P(IdemStoreConformance, StoredOffsetCommitsWithTheClaimAndTheEffect) 
         EXPECT_TRUE(this->env.has_effect("o-42"));
 
         // By hand: claim, effect, outcome and offset in one commit.
-        idem::CommitHook next = offset_hook("group", "orders", 3, 44);
-        next.scope = "offsets";
-        next.message_id = "o-43";
+        idem::CommitHook next =
+            idem::testing::conformance::offset_hook_of("offsets", "o-43", "group", "orders", 3, 44);
         {
             auto tx = this->store().begin();
             ASSERT_TRUE(tx.attach(next));
@@ -120,9 +129,8 @@ TYPED_TEST_P(IdemStoreConformance, StoredOffsetCommitsWithTheClaimAndTheEffect) 
 TYPED_TEST_P(IdemStoreConformance, StoredOffsetOfARolledBackTransactionIsNotWritten) {
     IDEM_CONFORMANCE_NEEDS_STORED_OFFSETS() {
         using idem::testing::conformance::offset_hook;
-        idem::CommitHook dropped = offset_hook("group", "topic", 0, 10);
-        dropped.scope = "offsets";
-        dropped.message_id = "o-1";
+        idem::CommitHook dropped =
+            idem::testing::conformance::offset_hook_of("offsets", "o-1", "group", "topic", 0, 10);
         {
             auto tx = this->store().begin();
             ASSERT_TRUE(tx.attach(dropped));
@@ -214,12 +222,9 @@ TYPED_TEST_P(IdemStoreConformance, DeadLetteredMessagesOffsetWaitsForTheBroker) 
         EXPECT_TRUE(malformed.acked_in_commit);
         EXPECT_EQ(this->store().stored_offset("group", "topic", 0), std::optional<std::int64_t>(9));
         // By hand: a dead letter of the hook's message keeps it out; another message's does not.
-        idem::CommitHook mine = offset_hook("group", "topic", 1, 4);
-        mine.scope = "offsets";
-        mine.message_id = "m";
-        idem::CommitHook other = offset_hook("group", "topic", 2, 4);
-        other.scope = "offsets";
-        other.message_id = "n";
+        using idem::testing::conformance::offset_hook_of;
+        idem::CommitHook mine = offset_hook_of("offsets", "m", "group", "topic", 1, 4);
+        idem::CommitHook other = offset_hook_of("offsets", "n", "group", "topic", 2, 4);
         {
             auto tx = this->store().begin();
             ASSERT_TRUE(tx.attach(mine));
