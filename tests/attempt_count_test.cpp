@@ -178,12 +178,15 @@ TEST(AttemptCountSchema, AVersionOneSqliteDatabaseIsMigratedToCountAttempts) {
     const std::string path = dir.file("v1.db");
     {
         idem::SqliteStore store{path};
-        // Back to what version 1 wrote: no attempts table.
+        // Back to what version 1 wrote: no attempts table (nor version 3's offsets).
         store.execute("DROP TABLE idem_attempts");
+        store.execute("DROP TABLE idem_offsets");
         store.execute("UPDATE idem_schema SET version = 1");
     }
-    idem::SqliteStore store{path};
-    EXPECT_EQ(store.query_int("SELECT version FROM idem_schema"), 2);
+    idem::SqliteStore store{path};  // migrated through versions 2 and 3
+    EXPECT_EQ(store.query_int("SELECT version FROM idem_schema"),
+              idem::SqliteStore::schema_version);
+    EXPECT_EQ(store.query_int("SELECT count(*) FROM sqlite_master WHERE name = 'idem_offsets'"), 1);
     EXPECT_EQ(store.count_attempt("orders", "m-1"), 1u);
     EXPECT_EQ(store.count_attempt("orders", "m-1"), 2u);
 }

@@ -22,6 +22,7 @@
 #include "idem/testing/mariadb_server.hpp"
 #include "support/mysql_env.hpp"
 #include "support/require_mariadb.hpp"
+#include "support/stored_offsets.hpp"
 
 namespace {
 
@@ -83,7 +84,7 @@ TEST_F(MysqlStoreTest, TablesAreInnoDbAndTheSchemaIsVersioned) {
     auto s = store();
     EXPECT_EQ(count("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = "
                     "DATABASE() AND table_name LIKE 'idem\\_%' AND engine = 'InnoDB'"),
-              6);  // claims, dead letters, locks, outbox, attempts, schema
+              7);  // claims, dead letters, locks, outbox, attempts, offsets, schema
     EXPECT_EQ(count("SELECT MAX(version) FROM idem_schema"), MysqlStore::schema_version);
     // A second store on the same database opens the existing schema.
     EXPECT_NO_THROW(store());
@@ -94,6 +95,25 @@ TEST_F(MysqlStoreTest, TablesAreInnoDbAndTheSchemaIsVersioned) {
     } catch (const idem::store_error& e) {
         EXPECT_NE(std::string(e.what()).find("version 99"), std::string::npos) << e.what();
     }
+}
+
+TEST_F(MysqlStoreTest, VersionTwoSchemaIsMigratedToStoredOffsets) {
+    {
+        auto created = store();
+        auto handler = capture(*created);
+        ASSERT_EQ(handler.handle(idem::Delivery{"m-1", 1u}, std::string("1")).disposition,
+                  idem::Disposition::processed);
+    }
+    client().exec("DROP TABLE idem_offsets");  // what idem schema version 2 left
+    client().exec("UPDATE idem_schema SET version = 2");
+    auto migrated = store();
+    EXPECT_EQ(count("SELECT MAX(version) FROM idem_schema"), 3);
+    EXPECT_EQ(count("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = "
+                    "DATABASE() AND table_name = 'idem_offsets'"),
+              1);
+    EXPECT_TRUE(migrated->find_claim("capture-payment", "m-1").has_value());
+    EXPECT_TRUE(idem_test::commit_offset(*migrated, "g", "t", 0, 12));
+    EXPECT_EQ(migrated->stored_offset("g", "t", 0), std::optional<std::int64_t>(12));
 }
 
 TEST_F(MysqlStoreTest, BothIsolationLevelsSeeAClaimCommittedWhileTheInsertWaited) {

@@ -2,6 +2,7 @@
 // on a concurrent claim, lock_timeout, hostile values and purge.
 
 #include "support/postgres_test_env.hpp"
+#include "support/stored_offsets.hpp"
 
 namespace idem_test::postgres_store {
 namespace {
@@ -46,6 +47,30 @@ TEST_F(PostgresStoreTest, OwnSchemaWithAnAwkwardNameKeepsTablesApart) {
     EXPECT_EQ(b.handle(Delivery{"m-1", 1u}, std::string("b")).disposition, Disposition::processed);
     EXPECT_EQ(count("SELECT count(*) FROM \"idem \"\"quoted\"\"; DROP\".idem_claims"), 1);
     EXPECT_EQ(count("SELECT count(*) FROM public.idem_claims"), 1);
+}
+
+TEST_F(PostgresStoreTest, VersionTwoSchemaIsMigratedToStoredOffsetsInItsOwnSchema) {
+    idem::PostgresOptions options;
+    options.schema = "idem v2";
+    {
+        auto created = store(options);
+        auto handler = idem::make_handler(*created, idem::Policy{"s"}, writer());
+        ASSERT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("a")).disposition,
+                  Disposition::processed);
+    }
+    // What idem schema version 2 left: no idem_offsets.
+    exec("DROP TABLE \"idem v2\".idem_offsets");
+    exec("UPDATE \"idem v2\".idem_schema SET version = 2");
+    auto migrated = store(options);
+    EXPECT_EQ(count("SELECT version FROM \"idem v2\".idem_schema"), 3);
+    EXPECT_EQ(count("SELECT count(*) FROM pg_tables WHERE schemaname = 'idem v2' AND "
+                    "tablename = 'idem_offsets'"),
+              1);
+    EXPECT_EQ(count("SELECT count(*) FROM pg_tables WHERE tablename = 'idem_offsets'"), 1);
+    EXPECT_TRUE(migrated->find_claim("s", "m-1").has_value());
+    EXPECT_TRUE(idem_test::commit_offset(*migrated, "g", "t", 0, 12));
+    EXPECT_EQ(migrated->stored_offset("g", "t", 0), std::optional<std::int64_t>(12));
+    EXPECT_EQ(count("SELECT next_offset FROM \"idem v2\".idem_offsets"), 12);
 }
 
 TEST_F(PostgresStoreTest, ConcurrentFirstStartsDoNotRace) {

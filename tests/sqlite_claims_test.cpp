@@ -2,6 +2,7 @@
 // and fingerprints.
 
 #include "support/sqlite_test_env.hpp"
+#include "support/stored_offsets.hpp"
 
 namespace idem_test::sqlite_store {
 namespace {
@@ -63,6 +64,25 @@ TEST_F(SqliteStoreTest, NewerSchemaVersionIsRefusedWithAClearMessage) {
     }
     RawDb raw{file()};
     EXPECT_EQ(raw.count("SELECT version FROM idem_schema"), 99);  // left as it was
+}
+
+TEST_F(SqliteStoreTest, VersionTwoDatabaseIsMigratedToStoredOffsets) {
+    {
+        SqliteStore store{file()};
+        claim_and_commit(store, "s", "m-1");
+    }
+    {
+        RawDb raw{file()};  // what idem schema version 2 left: no idem_offsets
+        raw.exec("DROP TABLE idem_offsets");
+        raw.exec("UPDATE idem_schema SET version = 2");
+    }
+    SqliteStore migrated{file()};
+    EXPECT_EQ(migrated.query_int("SELECT version FROM idem_schema"), 3);
+    EXPECT_EQ(migrated.query_int("SELECT count(*) FROM pragma_table_info('idem_offsets')"), 5);
+    EXPECT_TRUE(migrated.find_claim("s", "m-1").has_value());  // kept
+    EXPECT_FALSE(migrated.stored_offset("g", "t", 0).has_value());
+    EXPECT_TRUE(commit_offset(migrated, "g", "t", 0, 12));
+    EXPECT_EQ(migrated.stored_offset("g", "t", 0), std::optional<std::int64_t>(12));
 }
 
 TEST_F(SqliteStoreTest, ProcessesOpeningAFreshFileAtOnceCreateTheSchemaOnce) {

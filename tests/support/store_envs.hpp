@@ -90,15 +90,23 @@ struct SqliteEnv {
     std::unique_ptr<Store> store;
 
     SqliteEnv() {
-        idem::SqliteOptions options;
-        options.clock = [this] { return now; };
-        store = std::make_unique<Store>(dir.file("idem.db"), options);
+        open();
         sqlite_exec(store->db(),
-                    "PRAGMA foreign_keys=ON;"
                     "CREATE TABLE effects(k BLOB NOT NULL);"
                     "CREATE TABLE parents(id INTEGER PRIMARY KEY);"
                     "CREATE TABLE children(parent_id INTEGER REFERENCES parents(id) "
                     "  DEFERRABLE INITIALLY DEFERRED);");
+    }
+    /// Closes the database file and opens it again (the conformance suite's reopen test).
+    void reopen() {
+        store.reset();
+        open();
+    }
+    void open() {
+        idem::SqliteOptions options;
+        options.clock = [this] { return now; };
+        store = std::make_unique<Store>(dir.file("idem.db"), options);
+        sqlite_exec(store->db(), "PRAGMA foreign_keys=ON");
     }
 
     template <class Tx>

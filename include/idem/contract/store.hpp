@@ -36,6 +36,11 @@
 /// Store::count_attempt(scope, id) -> std::uint32_t       has_count_attempt       brokers without
 ///     (attempts + 1, committed on its own before begin())                         a delivery count
 /// Tx::rollback()                                         has_rollback            probe_store
+/// Tx::attach(CommitHook&) -> bool                        has_attach              handle(.., hook)
+///     (contract/commit_hook.hpp: the broker's request done in the commit)
+/// Store::stored_offset(group, topic, partition)          has_stored_offsets      brokers that
+///     -> optional<int64_t>  (+ attach of a StoredOffset)                          read by offset
+///     (contract/stored_offset.hpp)
 /// @endcode
 /// The checks: check_store() (the handler's), check_relay_store() (the Relay's), each a
 /// static_assert per missing capability; is_store_v and, in C++20, the IdempotencyStore concept.

@@ -19,7 +19,7 @@ IDEM_BEGIN_NAMESPACE
 namespace sql {
 
 /// Version of the idem tables this code writes; a database with a newer one is refused.
-inline constexpr int schema_version = 2;
+inline constexpr int schema_version = 3;
 
 /// SQLite's DDL to go from @p from_version (0: nothing there) to schema_version.
 inline std::vector<std::string> sqlite_schema_ddl(int from_version) {
@@ -68,6 +68,14 @@ inline std::vector<std::string> sqlite_schema_ddl(int from_version) {
         ddl.push_back(
             "CREATE INDEX IF NOT EXISTS idem_attempts_counted_at ON idem_attempts(counted_at)");
     }
+    if (from_version < 3) {
+        // Version 3: the read offsets a broker keeps in the store (stored_offset()).
+        ddl.push_back(
+            "CREATE TABLE IF NOT EXISTS idem_offsets("
+            "consumer_group BLOB NOT NULL, topic BLOB NOT NULL, partition_id INTEGER NOT NULL, "
+            "next_offset INTEGER NOT NULL, updated_at INTEGER NOT NULL, "
+            "PRIMARY KEY(consumer_group, topic, partition_id)) WITHOUT ROWID");
+    }
     return ddl;
 }
 
@@ -112,6 +120,13 @@ inline std::vector<std::string> postgres_schema_ddl(std::string_view prefix, int
                       "PRIMARY KEY (scope, message_id))");
         ddl.push_back("CREATE INDEX IF NOT EXISTS idem_attempts_counted_at ON " + s +
                       "idem_attempts(counted_at)");
+    }
+    if (from_version < 3) {
+        ddl.push_back("CREATE TABLE IF NOT EXISTS " + s +
+                      "idem_offsets(consumer_group BYTEA NOT NULL, topic BYTEA NOT NULL, "
+                      "partition_id INTEGER NOT NULL, next_offset BIGINT NOT NULL, "
+                      "updated_at BIGINT NOT NULL, "
+                      "PRIMARY KEY (consumer_group, topic, partition_id))");
     }
     return ddl;
 }
@@ -161,6 +176,16 @@ inline std::vector<std::string> mysql_schema_ddl(int from_version) {
             "attempts BIGINT NOT NULL, counted_at BIGINT NOT NULL, "
             "UNIQUE KEY idem_attempts_key(attempt_key), "
             "KEY idem_attempts_counted_at(counted_at)) ENGINE=InnoDB");
+    }
+    if (from_version < 3) {
+        // The key (group, topic, partition) as the claims': a hash, unique.
+        ddl.push_back(
+            "CREATE TABLE IF NOT EXISTS idem_offsets("
+            "consumer_group BLOB NOT NULL, topic BLOB NOT NULL, partition_id INT NOT NULL, "
+            "offset_key BINARY(32) AS (UNHEX(SHA2(CONCAT(LPAD(LENGTH(consumer_group), 10, '0'), "
+            "consumer_group, LPAD(LENGTH(topic), 10, '0'), topic, partition_id), 256))) STORED, "
+            "next_offset BIGINT NOT NULL, updated_at BIGINT NOT NULL, "
+            "UNIQUE KEY idem_offsets_key(offset_key)) ENGINE=InnoDB");
     }
     return ddl;
 }

@@ -50,6 +50,8 @@ enum class stmt : std::size_t {
     attempt_count_read,  ///< → the attempts attempt_count just wrote on this connection
     attempt_find,        ///< scope, id → attempts
     purge_attempts,      ///< before, batch rows (counted before)
+    offset_upsert,       ///< group, topic, partition, next_offset, updated_at: the greatest wins
+    offset_find,         ///< group, topic, partition → next_offset
     count,
 };
 
@@ -135,6 +137,14 @@ inline statement_table sqlite_statements() {
     t[stmt::purge_attempts] =
         "DELETE FROM idem_attempts WHERE (scope, message_id) IN (SELECT scope, message_id FROM "
         "idem_attempts WHERE counted_at < ?1 LIMIT ?2)";
+    t[stmt::offset_upsert] =
+        "INSERT INTO idem_offsets(consumer_group, topic, partition_id, next_offset, updated_at) "
+        "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT(consumer_group, topic, partition_id) "
+        "DO UPDATE SET next_offset = max(next_offset, excluded.next_offset), "
+        "updated_at = excluded.updated_at";
+    t[stmt::offset_find] =
+        "SELECT next_offset FROM idem_offsets "
+        "WHERE consumer_group = ?1 AND topic = ?2 AND partition_id = ?3";
     return t;
 }
 
@@ -233,6 +243,16 @@ inline statement_table postgres_statements(std::string_view prefix) {
     t[stmt::purge_attempts] = "DELETE FROM " + attempts +
                               " WHERE (scope, message_id) IN (SELECT scope, message_id FROM " +
                               attempts + " WHERE counted_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)";
+    const std::string offsets = s + "idem_offsets";
+    t[stmt::offset_upsert] = "INSERT INTO " + offsets +
+                             " AS o(consumer_group, topic, partition_id, next_offset, updated_at) "
+                             "VALUES ($1, $2, $3::integer, $4::bigint, $5::bigint) "
+                             "ON CONFLICT (consumer_group, topic, partition_id) "
+                             "DO UPDATE SET next_offset = GREATEST(o.next_offset, "
+                             "EXCLUDED.next_offset), updated_at = EXCLUDED.updated_at";
+    t[stmt::offset_find] = "SELECT next_offset FROM " + offsets +
+                           " WHERE consumer_group = $1 AND topic = $2 AND partition_id = "
+                           "$3::integer";
     return t;
 }
 
@@ -247,6 +267,15 @@ inline std::string mysql_claim_key(std::string_view scope, std::string_view id) 
     const std::string s(scope);
     const std::string i(id);
     return "UNHEX(SHA2(CONCAT(LPAD(LENGTH(" + s + "), 10, '0'), " + s + ", " + i + "), 256))";
+}
+
+/// The hash of an idem_offsets row's key (group, topic, partition), as its offset_key column.
+inline std::string mysql_offset_key(std::string_view group, std::string_view topic,
+                                    std::string_view partition) {
+    const std::string g(group);
+    const std::string t(topic);
+    return "UNHEX(SHA2(CONCAT(LPAD(LENGTH(" + g + "), 10, '0'), " + g + ", LPAD(LENGTH(" + t +
+           "), 10, '0'), " + t + ", " + std::string(partition) + "), 256))";
 }
 
 inline statement_table mysql_statements() {
@@ -315,6 +344,13 @@ inline statement_table mysql_statements() {
         "SELECT attempts FROM idem_attempts WHERE attempt_key = " + mysql_claim_key("?1", "?2") +
         " AND scope = ?1 AND message_id = ?2";
     t[stmt::purge_attempts] = "DELETE FROM idem_attempts WHERE counted_at < ?1 LIMIT ?2";
+    t[stmt::offset_upsert] =
+        "INSERT INTO idem_offsets(consumer_group, topic, partition_id, next_offset, updated_at) "
+        "VALUES (?1, ?2, ?3, ?4, ?5) "
+        "ON DUPLICATE KEY UPDATE next_offset = GREATEST(next_offset, ?4), updated_at = ?5";
+    t[stmt::offset_find] = "SELECT next_offset FROM idem_offsets WHERE offset_key = " +
+                           mysql_offset_key("?1", "?2", "?3") +
+                           " AND consumer_group = ?1 AND topic = ?2 AND partition_id = ?3";
     return t;
 }
 

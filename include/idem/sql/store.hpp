@@ -5,9 +5,10 @@
 /// contract: sql/driver.hpp). Claims, outcomes, dead letters, savepoints, the overlap lock, the
 /// outbox, purge in batches, find_claim, the store's mutex with its owner thread, and the
 /// transaction's RAII live here once; idem::SqliteStore and idem::PostgresStore are this class
-/// over sqlite::Driver and postgres::Driver. The driver is a template parameter: every call is
-/// static and inlined, so the hot paths (claim, record_outcome, commit, claim_many) cost what
-/// the driver's statements cost.
+/// over sqlite::Driver and postgres::Driver. Stored offsets (contract/stored_offset.hpp) too:
+/// stored_offset(), and the transaction's attach() of a StoredOffset commit hook. The driver is a
+/// template parameter: every call is static and inlined, so the hot paths (claim, record_outcome,
+/// commit, claim_many) cost what the driver's statements cost.
 
 #include <algorithm>
 #include <atomic>
@@ -32,7 +33,10 @@
 
 #include "idem/blob.hpp"
 #include "idem/config.hpp"
+#include "idem/contract/commit_hook.hpp"
 #include "idem/contract/store.hpp"
+#include "idem/contract/stored_offset.hpp"
+#include "idem/detail/offset_hooks.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/sql/driver.hpp"
@@ -40,79 +44,13 @@
 #include "idem/sql/schema.hpp"
 #include "idem/sql/statements.hpp"
 #include "idem/sql/stored_outcome.hpp"
+#include "idem/sql/support.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace sql {
 
-/// A count column (delivery_count, attempts) as the struct's 32-bit field, clamped.
-inline std::uint32_t to_count(std::int64_t value) noexcept {
-    if (value < 0) return 0;
-    if (value > std::numeric_limits<std::uint32_t>::max()) {
-        return std::numeric_limits<std::uint32_t>::max();
-    }
-    return static_cast<std::uint32_t>(value);
-}
-
-/// For statements whose rows are not read.
-struct no_rows {
-    template <class Row>
-    void operator()(const Row&) const noexcept {}
-};
-
-/// Reads the outbox columns (sql::outbox_columns) of one row.
-template <class Row>
-OutboxRow read_outbox_row(const Row& row) {
-    OutboxRow out;
-    out.id = row.int64(0);
-    out.destination = row.bytes(1);
-    out.idempotency_key = row.bytes(2);
-    out.payload = row.bytes(3);
-    out.created_at = from_unix_ms(row.int64(4));
-    if (!row.is_null(5)) out.sent_at = from_unix_ms(row.int64(5));
-    out.attempts = to_count(row.int64(6));
-    out.last_error = row.bytes(7);
-    out.next_attempt_at = from_unix_ms(row.int64(8));
-    out.parked = row.boolean(9);
-    return out;
-}
-
-/// A correct claim_many() for a driver without a multi-row form: claim() per id.
-template <class Driver>
-std::vector<ClaimResult> claim_each(Driver& driver, OwnClaims& own, std::string_view scope,
-                                    const std::vector<std::string_view>& ids,
-                                    const std::vector<std::string>& fingerprints,
-                                    std::int64_t now_ms) {
-    std::vector<ClaimResult> results(ids.size());
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-        const std::string_view fingerprint =
-            fingerprints.empty() ? std::string_view() : std::string_view(fingerprints[i]);
-        if (const auto* mine = own.find(scope, ids[i])) {
-            results[i] = OwnClaims::duplicate_of(*mine);
-        } else {
-            results[i] = driver.claim(own, scope, ids[i], fingerprint, now_ms);
-        }
-    }
-    return results;
-}
-
 template <class Driver>
 class basic_transaction;
-
-/// Whether a driver has the fork hooks of sql/driver.hpp (owns_connection(),
-/// reopen_after_fork(), forget_inherited()) and ping(). A driver without them still compiles:
-/// its store refuses any use in a fork()ed child, and ping() falls back to begin + rollback.
-template <class, class = void>
-struct has_fork_hooks : std::false_type {};
-template <class D>
-struct has_fork_hooks<D, std::void_t<decltype(std::declval<const D&>().owns_connection()),
-                                     decltype(std::declval<D&>().reopen_after_fork()),
-                                     decltype(std::declval<D&>().forget_inherited())>>
-    : std::true_type {};
-template <class, class = void>
-struct has_driver_ping : std::false_type {};
-template <class D>
-struct has_driver_ping<D, std::void_t<decltype(std::declval<D&>().ping(std::string_view()))>>
-    : std::true_type {};
 
 /// @brief A SQL store over @p Driver. One connection; it may be shared by threads: every
 /// operation (begin() up to the end of its transaction, purge(), find_claim(), ...) holds the
@@ -172,7 +110,8 @@ class basic_store {
     /// intents sent before that cutoff, attempt counters last counted before it, and locks held
     /// with hold_lock() that have expired, in
     /// batches of 5,000 (each its own statement and transaction, so handlers are not held up).
-    /// Dead letters, unsent and parked intents are kept.
+    /// Dead letters, unsent and parked intents, and stored offsets (positions, not claims) are
+    /// kept.
     /// @throws usage_error when @p older_than is negative.
     PurgeResult purge(std::chrono::system_clock::duration older_than) {
         if (older_than.count() < 0) {
@@ -246,6 +185,26 @@ class basic_store {
             },
             Blob{scope}, Blob{id});
         return found;
+    }
+
+    /// @brief The next offset to read that a commit stored for (@p group, @p topic,
+    /// @p partition) (contract/stored_offset.hpp); nullopt when none was.
+    [[nodiscard]] std::optional<std::int64_t> stored_offset(std::string_view group,
+                                                            std::string_view topic,
+                                                            std::int32_t partition) {
+        Lock lock(*this, "stored_offset()");
+        std::optional<std::int64_t> next;
+        driver_.run(
+            stmt::offset_find, "stored_offset", access::read,
+            [&](const auto& row) { next = row.int64(0); }, Blob{group}, Blob{topic},
+            static_cast<std::int64_t>(partition));
+        return next;
+    }
+
+    /// @brief Whether this store's transactions do @p hook in their commit: a StoredOffset
+    /// request (contract/stored_offset.hpp); any other request is the broker's to do.
+    [[nodiscard]] bool accepts_commit_hook(const CommitHook& hook) const noexcept {
+        return hook.request_as<StoredOffset>() != nullptr;
     }
 
     /// @brief Every dead letter, oldest first.
@@ -484,7 +443,8 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
           lock_(std::move(other.lock_)),
           state_(std::exchange(other.state_, State::rolled_back)),
           savepoints_(std::exchange(other.savepoints_, 0)),
-          own_claims_(std::move(other.own_claims_)) {}
+          own_claims_(std::move(other.own_claims_)),
+          offsets_(std::move(other.offsets_)) {}
     basic_transaction& operator=(basic_transaction&& other) noexcept {
         if (this != &other) {
             end_noexcept();
@@ -493,6 +453,7 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
             state_ = std::exchange(other.state_, State::rolled_back);
             savepoints_ = std::exchange(other.savepoints_, 0);
             own_claims_ = std::move(other.own_claims_);
+            offsets_ = std::move(other.offsets_);
         }
         return *this;
     }
@@ -510,6 +471,7 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
     ClaimResult claim(std::string_view scope, std::string_view id,
                       std::string_view fingerprint = {}) {
         Driver& driver = open("claim()");
+        offsets_.claimed(scope, id);
         if (const auto* mine = own_claims_.find(scope, id)) return OwnClaims::duplicate_of(*mine);
         return driver.claim(own_claims_, scope, id, fingerprint, store_->now_ms());
     }
@@ -526,6 +488,10 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
         if (!fingerprints.empty() && fingerprints.size() != ids.size()) {
             throw usage_error(
                 fmt::format("idem {}: claim_many() needs one fingerprint per id", Driver::name));
+        }
+        if (!offsets_.empty()) {
+            for (const std::string_view id : ids)
+                offsets_.claimed(scope, id);
         }
         return driver.claim_many(own_claims_, scope, ids, fingerprints, store_->now_ms());
     }
@@ -552,6 +518,7 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
     /// @brief Inserts a dead letter (created_at from the store's clock when left default).
     void dead_letter(const DeadLetter& letter) {
         Driver& driver = open("dead_letter()");
+        offsets_.dead_lettered(letter.scope, letter.message_id);
         const auto created = letter.created_at == std::chrono::system_clock::time_point{}
                                  ? store_->now()
                                  : letter.created_at;
@@ -564,6 +531,7 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
     void savepoint() {
         open("savepoint()").savepoint();
         own_claims_.savepoint();
+        offsets_.savepoint();
         ++savepoints_;
     }
 
@@ -577,6 +545,7 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
         }
         driver.rollback_to_savepoint();
         own_claims_.rollback_to_savepoint(savepoints_);
+        offsets_.rollback_to_savepoint();
         --savepoints_;
     }
 
@@ -589,6 +558,7 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
         }
         driver.release_savepoint();
         own_claims_.release_savepoint(savepoints_);
+        offsets_.release_savepoint();
         --savepoints_;
     }
 
@@ -611,6 +581,21 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
                             store_->now_ms()) == 1;
     }
 
+    /// @brief The commit-hook capability (contract/commit_hook.hpp; the handler calls it right
+    /// after begin()): true for a hook whose request is a StoredOffset
+    /// (contract/stored_offset.hpp). The commit then upserts its offset in the same database
+    /// transaction as the claims and the effect's writes, the greatest offset winning (a stored
+    /// offset never moves back), and sets CommitHook::acked_in_commit once the commit succeeded.
+    /// Not for a hook whose message (its scope and message id) this transaction parks as a dead
+    /// letter, claims as a duplicate, or claimed and gave back (a batch message that failed or
+    /// deferred): that offset is not written, acked_in_commit stays false. A transaction holding
+    /// nothing but hooks commits them. False, and nothing changes, for any other request.
+    /// @p hook must outlive the transaction.
+    bool attach(CommitHook& hook) {
+        open("attach()");
+        return offsets_.attach(hook);
+    }
+
     /// @brief Commits. @throws commit_failed (with the server's message) when the database
     /// refuses the commit: everything is rolled back. store_unavailable when the connection is
     /// lost during COMMIT (the outcome is unknown; a redelivery finds the claim if it
@@ -625,6 +610,17 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
                              "claimed", "");
             }
         }
+        const detail::OffsetHooks::Plan offsets =
+            offsets_.plan([this](std::string_view scope, std::string_view id) {
+                const auto* mine = own_claims_.find(scope, id);
+                return mine != nullptr && mine->recorded_depth >= 0;
+            });
+        const std::int64_t at = offsets.offsets.empty() ? 0 : store_->now_ms();
+        for (const StoredOffset& offset : offsets.offsets) {
+            driver.write(stmt::offset_upsert, "commit (stored offset)", Blob{offset.group},
+                         Blob{offset.topic}, static_cast<std::int64_t>(offset.partition),
+                         offset.next_offset, at);
+        }
         try {
             driver.commit();
         } catch (...) {
@@ -632,6 +628,7 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
             throw;
         }
         finish(State::committed);
+        detail::OffsetHooks::acknowledge(offsets);
     }
 
     /// @brief Rolls back now (the destructor does the same).
@@ -753,6 +750,7 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
         state_ = state;
         savepoints_ = 0;
         own_claims_.clear();
+        offsets_.clear();
         if (store_ != nullptr) store_->driver_.end_transaction();
         lock_.unlock();
     }
@@ -762,6 +760,7 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
             // Begun before fork(): its ROLLBACK belongs to the parent, on the parent's connection.
             state_ = State::rolled_back;
             own_claims_.clear();
+            offsets_.clear();
             lock_.unlock();
             return;
         }
@@ -775,7 +774,8 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
     Lock lock_;
     State state_ = State::rolled_back;
     int savepoints_ = 0;
-    OwnClaims own_claims_;  ///< inserted as 'processed': see own_claims.hpp
+    OwnClaims own_claims_;         ///< inserted as 'processed': see own_claims.hpp
+    detail::OffsetHooks offsets_;  ///< attach()ed StoredOffset hooks, written by commit()
 };
 
 }  // namespace sql

@@ -16,13 +16,17 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/contract/commit_hook.hpp"
 #include "idem/contract/store.hpp"
+#include "idem/contract/stored_offset.hpp"
+#include "idem/detail/offset_hooks.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 
@@ -43,7 +47,7 @@ struct MemoryStoreOptions {
 /// @brief In-memory store: transactions really roll back, and are serialised by one mutex (like
 /// SQLite's BEGIN IMMEDIATE), so it is thread-safe. The effect writes to simple collections
 /// through the transaction (put/get/erase/count) and those writes commit or roll back with the
-/// claim.
+/// claim. It keeps stored offsets (contract/stored_offset.hpp) as the SQL stores do.
 ///
 /// @code
 /// idem::MemoryStore store;
@@ -103,7 +107,8 @@ class MemoryStore {
             : store_(std::exchange(other.store_, nullptr)),
               lock_(std::move(other.lock_)),
               undo_(std::move(other.undo_)),
-              savepoints_(std::move(other.savepoints_)) {}
+              savepoints_(std::move(other.savepoints_)),
+              offsets_(std::move(other.offsets_)) {}
         Transaction& operator=(Transaction&&) = delete;
         Transaction(const Transaction&) = delete;
         Transaction& operator=(const Transaction&) = delete;
@@ -113,6 +118,7 @@ class MemoryStore {
                           std::string_view fingerprint = {}) {
             active();
             store_->take_fault(Fault::claim);
+            offsets_.claimed(scope, id);
             auto it = store_->claims_.find(ClaimView{scope, id});
             if (it != store_->claims_.end()) {
                 ClaimResult duplicate;
@@ -150,6 +156,7 @@ class MemoryStore {
 
         void dead_letter(const DeadLetter& letter) {
             active();
+            offsets_.dead_lettered(letter.scope, letter.message_id);
             DeadLetter stored = letter;
             if (stored.created_at == std::chrono::system_clock::time_point{}) {
                 stored.created_at = store_->now();
@@ -161,6 +168,7 @@ class MemoryStore {
         void savepoint() {
             active();
             savepoints_.push_back(undo_.size());
+            offsets_.savepoint();
         }
         void rollback_to_savepoint() {
             active();
@@ -168,12 +176,24 @@ class MemoryStore {
                 throw usage_error("idem::MemoryStore: no savepoint to roll back to");
             undo_to(savepoints_.back());
             savepoints_.pop_back();
+            offsets_.rollback_to_savepoint();
         }
         void release_savepoint() {
             active();
             if (savepoints_.empty())
                 throw usage_error("idem::MemoryStore: no savepoint to release");
             savepoints_.pop_back();
+            offsets_.release_savepoint();
+        }
+
+        /// @brief Stored offsets (contract/stored_offset.hpp): true for a hook whose request is
+        /// a StoredOffset; its commit stores the offset (the greatest wins) and sets
+        /// acked_in_commit, as the SQL stores' (sql/store.hpp) do: not for a message this
+        /// transaction parks as a dead letter, claims as a duplicate or rolls back to a
+        /// savepoint. @p hook must outlive the transaction.
+        bool attach(CommitHook& hook) {
+            active();
+            return offsets_.attach(hook);
         }
 
         /// @throws commit_failed when a commit fault was injected (everything is rolled back).
@@ -183,9 +203,16 @@ class MemoryStore {
                 rollback();
                 throw commit_failed("idem::MemoryStore: injected commit failure");
             }
+            const detail::OffsetHooks::Plan offsets =
+                offsets_.plan([this](std::string_view scope, std::string_view id) {
+                    return settled_here(ClaimKey{std::string(scope), std::string(id)});
+                });
+            for (const StoredOffset& offset : offsets.offsets)
+                store_->store_offset(offset);
             undo_.clear();
             savepoints_.clear();
             finish();
+            detail::OffsetHooks::acknowledge(offsets);
         }
 
         /// Undoes everything; a no-op after commit or rollback. Never throws.
@@ -321,7 +348,18 @@ class MemoryStore {
             }
         }
 
+        /// This transaction inserted the claim of @p key and recorded an outcome on it.
+        bool settled_here(const ClaimKey& key) const {
+            auto it = store_->claims_.find(key);
+            if (it == store_->claims_.end() || it->second.disposition == Disposition::in_progress)
+                return false;
+            return std::any_of(undo_.begin(), undo_.end(), [&key](const Undo& u) {
+                return u.kind == Undo::Kind::claim_inserted && u.claim_key == key;
+            });
+        }
+
         void finish() noexcept {
+            offsets_.clear();
             store_->owner_.store(std::thread::id{}, std::memory_order_relaxed);
             store_ = nullptr;
             lock_ = {};
@@ -331,6 +369,7 @@ class MemoryStore {
         std::unique_lock<std::mutex> lock_;
         std::vector<Undo> undo_;
         std::vector<std::size_t> savepoints_;
+        detail::OffsetHooks offsets_;
     };
 
     /// @brief Starts a transaction; blocks while another thread holds one.
@@ -357,7 +396,7 @@ class MemoryStore {
 
     /// @brief Deletes claims, sent outbox intents and attempt counters older than clock() -
     /// @p older_than, and the held locks that have expired. Dead letters, unsent and parked
-    /// intents stay.
+    /// intents, and stored offsets stay.
     PurgeResult purge(std::chrono::system_clock::duration older_than) {
         if (older_than.count() < 0) {
             throw usage_error("idem::MemoryStore: purge() needs a non-negative age");
@@ -431,6 +470,22 @@ class MemoryStore {
         std::lock_guard<std::mutex> lock(mutex_);
         auto it = attempts_.find(ClaimView{scope, id});
         return it == attempts_.end() ? 0 : it->second.attempts;
+    }
+
+    /// @brief The next offset to read that a commit stored for (@p group, @p topic,
+    /// @p partition) (contract/stored_offset.hpp); nullopt when none was.
+    [[nodiscard]] std::optional<std::int64_t> stored_offset(std::string_view group,
+                                                            std::string_view topic,
+                                                            std::int32_t partition) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = offsets_.find(OffsetKey{std::string(group), std::string(topic), partition});
+        if (it == offsets_.end()) return std::nullopt;
+        return it->second;
+    }
+
+    /// @brief Whether this store's transactions do @p hook in their commit: a StoredOffset.
+    [[nodiscard]] bool accepts_commit_hook(const CommitHook& hook) const noexcept {
+        return hook.request_as<StoredOffset>() != nullptr;
     }
 
     [[nodiscard]] std::optional<ClaimRecord> find_claim(std::string_view scope,
@@ -530,6 +585,16 @@ class MemoryStore {
     }
 
   private:
+    using OffsetKey =
+        std::tuple<std::string, std::string, std::int32_t>;  ///< group, topic, partition
+
+    /// Caller holds a transaction. The greatest offset wins.
+    void store_offset(const StoredOffset& offset) {
+        auto [it, added] = offsets_.try_emplace(
+            OffsetKey{offset.group, offset.topic, offset.partition}, offset.next_offset);
+        if (!added) it->second = std::max(it->second, offset.next_offset);
+    }
+
     std::chrono::system_clock::time_point now() const {
         return options_.clock ? options_.clock() : std::chrono::system_clock::now();
     }
@@ -594,6 +659,7 @@ class MemoryStore {
     std::vector<OutboxEntry> outbox_;
     std::set<std::string> outbox_keys_;
     std::int64_t outbox_sequence_ = 0;
+    std::map<OffsetKey, std::int64_t> offsets_;  ///< next offset, by group, topic, partition
 };
 
 IDEM_END_NAMESPACE

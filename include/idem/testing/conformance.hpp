@@ -39,10 +39,15 @@
 ///   static bool available(std::string* why)  false when the store's server is missing: the
 ///                              tests are skipped with `why`, and fail instead under CI=true
 ///   static constexpr bool local_effects = true  every effect is declared idem::local_effect
+///   void reopen()              closes the store and opens it again on the same data (a
+///                              durable store); without it the reopen test is skipped
 /// Store capabilities the suite looks for (idem/contract/store.hpp): with Tx::try_lock and
-/// Store::hold_lock / release_lock the overlap-lock tests run, else they are skipped.
+/// Store::hold_lock / release_lock the overlap-lock tests run, else they are skipped; with
+/// stored_offset() (idem::has_stored_offsets, idem/contract/stored_offset.hpp) the stored-offset
+/// tests run, else they are skipped.
 
 #include "idem/testing/conformance/claims.hpp"
+#include "idem/testing/conformance/offsets.hpp"
 #include "idem/testing/conformance/payloads.hpp"
 #include "idem/testing/conformance/suite.hpp"
 #include "idem/testing/conformance/transactions.hpp"
@@ -67,4 +72,9 @@ REGISTER_TYPED_TEST_SUITE_P(
     MessageOlderThanTheGatewayKeyLifetimeIsNotSentBlindly,
     ReconcileCallbackTakesMessagesOlderThanTheKeyLifetime,
     OverlapLockDefersWhileAnotherJobHoldsTheEntity, OverlapLockExpiresWhenItsHolderDies,
-    OverlapLockCanDropTheBlockedCopy);
+    OverlapLockCanDropTheBlockedCopy, StoredOffsetIsNulloptUntilACommitStoresOne,
+    StoredOffsetCommitsWithTheClaimAndTheEffect, StoredOffsetOfARolledBackTransactionIsNotWritten,
+    StoredOffsetNeverMovesBack, DeadLetteredMessagesOffsetWaitsForTheBroker,
+    StoredOffsetsOfABatchAreThoseOfItsCommittedMessages,
+    StoredOffsetsAreKeptPerGroupTopicAndPartition, StoredOffsetKeysAreBinarySafe,
+    StoredOffsetSurvivesReopeningTheStore);

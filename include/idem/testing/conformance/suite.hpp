@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "idem/contract/store.hpp"
+#include "idem/contract/stored_offset.hpp"
 #include "idem/delivery.hpp"
 #include "idem/detail/sha256.hpp"
 #include "idem/effects/fingerprint.hpp"
@@ -132,6 +133,8 @@ class StoreConformance : public ::testing::Test {
     static constexpr bool can_fail_commit = conformance::can_fail_commit<Env, Transaction>::value;
     static constexpr bool has_overlap_lock =
         has_try_lock<Transaction>::value && conformance::has_held_locks<Store>::value;
+    /// Whether the store keeps offsets (idem/contract/stored_offset.hpp): the offsets tests.
+    static constexpr bool has_stored_offsets = idem::has_stored_offsets<Store>::value;
 
     /// A handler on this store.
     template <class Effect>
