@@ -432,7 +432,6 @@ TEST(KafkaConsumerOrder, ARetriedRecordKeepsPartitionOrder) {
     consumer.close();
 }
 
-#ifdef KAFKA_IN_STORE_READY
 // Offsets in the store: a member SIGKILLed after its commit (its Kafka offset commit never
 // sent); the next owner starts at the offset stored with the last effect, so no committed record
 // reaches the handler again, and each partition's stored offset equals its effects.
@@ -481,52 +480,72 @@ TEST(KafkaOffsetsInStore, ARebalanceReplaysNothingThatCommitted) {
 }
 
 // Two members share four partitions, offsets in the store; the second joins mid-run and leaves
-// again (two rebalances). Every record's effect ran once and no committed one came back.
-TEST(KafkaOffsetsInStore, TwoMembersThroughJoinAndLeaveApplyEachRecordOnce) {
+// again (eager: every partition revoked each time; cooperative-sticky: only those that move).
+// Every record's effect ran once and no committed one came back.
+void two_members_through_join_and_leave(bool cooperative) {
     idem::MemoryStore store;
     const std::string topic = unique("t");
+    constexpr int records = 300;
     cluster->create_topic(topic, 4);
-    produce(topic, 0, 200);
+    produce(topic, 0, records);
     std::mutex mutex;
     std::map<std::string, int> calls;
+    std::map<std::thread::id, int> by_thread;
     auto handler =
         idem::make_handler(store, idem::Policy{"share"}, [&](auto& tx, const KafkaMessage& m) {
-            std::lock_guard<std::mutex> lock(mutex);
-            ++calls[m.value];
+            {
+                std::lock_guard<std::mutex> lock(mutex);
+                ++calls[m.value];
+                ++by_thread[std::this_thread::get_id()];
+            }
             tx.put("effects", m.value, "1");
-            std::this_thread::sleep_for(2ms);
+            std::this_thread::sleep_for(10ms);
         });
+    auto handled_by = [&](const std::thread& t) {
+        std::lock_guard<std::mutex> lock(mutex);
+        return by_thread[t.get_id()];
+    };
     KafkaConsumerOptions options{{topic}, unique("g")};
     options.offsets = KafkaOffsets::in_store;
     options.poll_wait = 100ms;
-    auto config = client_config().cooperative();
+    options.batch_size = 4;
+    auto config = client_config();
+    if (cooperative) config.cooperative();
     KafkaConsumer first{config, options, handler};
     std::thread one([&] { first.run(); });
-    ASSERT_TRUE(eventually([&] { return store.count("effects") >= 40; }));
+    ASSERT_TRUE(eventually([&] { return store.count("effects") >= 20; }));
     {
         KafkaConsumer second{config, options, handler};
         std::thread two([&] { second.run(); });
-        eventually([&] { return store.count("effects") >= 120; });
+        // The second member joins (a rebalance for both), takes partitions and works them.
+        EXPECT_TRUE(eventually([&] { return handled_by(two) >= 20; }));
         second.request_stop();
         two.join();
-        second.close();
+        second.close();  // leaves: its partitions go back to the first member
         EXPECT_GE(second.rebalances(), 1u);
     }
-    ASSERT_TRUE(eventually([&] { return store.count("effects") >= 200; }));
+    ASSERT_TRUE(eventually([&] { return store.count("effects") >= records; }));
     first.request_stop();
     one.join();
-    EXPECT_GE(first.rebalances(), 2u);
-    EXPECT_EQ(calls.size(), 200u);
+    first.close();
+    EXPECT_GE(first.rebalances(), 3u) << "assigned, then partitions revoked, then given back";
+    EXPECT_EQ(calls.size(), static_cast<std::size_t>(records));
     for (const auto& [key, n] : calls)
         EXPECT_EQ(n, 1) << key;
     EXPECT_EQ(handler.counters().duplicates, 0u);
     std::int64_t stored = 0;
     for (std::int32_t p = 0; p < 4; ++p)
         stored += store.stored_offset(options.group, topic, p).value_or(0);
-    EXPECT_EQ(stored, 200);
+    EXPECT_EQ(stored, records) << "the stored offsets sum to the effects";
 }
 
-#endif
+TEST(KafkaOffsetsInStore, TwoMembersThroughJoinAndLeaveApplyEachRecordOnceEager) {
+    two_members_through_join_and_leave(false);
+}
+TEST(KafkaOffsetsInStore, TwoMembersThroughJoinAndLeaveApplyEachRecordOnceCooperative) {
+    two_members_through_join_and_leave(true);
+}
+
 // ---------------------------------------------------------------------------------------------
 
 // The broker goes down mid-run and comes back: the consumer reconnects and every record is
