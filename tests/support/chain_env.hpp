@@ -150,13 +150,16 @@ void relay_ships_keys_as_message_ids(Upstream& up, Ledger<Body>& ledger, const H
 }
 
 /// A relay that crashed between the send and the mark sends again with the same key: the
-/// downstream claim drops the copy (one effect, one duplicate).
+/// downstream claim drops the copy (one effect, one duplicate). @p between runs between the
+/// two sends (NATS: outlive the stream's duplicate window, so the copy reaches the consumer).
 template <class Body>
-void resend_is_a_duplicate(Upstream& up, Ledger<Body>& ledger, const Hop& hop,
-                           const std::string& destination) {
+void resend_is_a_duplicate(
+    Upstream& up, Ledger<Body>& ledger, const Hop& hop, const std::string& destination,
+    const std::function<void()>& between = [] {}) {
     up.add(destination, "wire-7", "seven");
     const idem::OutboxRow row = *up.row("wire-7");
-    hop.send(row);                                        // the send whose mark was lost
+    hop.send(row);  // the send whose mark was lost
+    between();
     EXPECT_EQ(relay_all(up.store(), hop.send).sent, 1u);  // the relay's resend
     ASSERT_TRUE(poll_until(
         hop, [&] { return ledger.handler().counters().duplicates >= 1 && ledger.total() >= 1; }))
@@ -198,10 +201,12 @@ void outage_is_retried_then_delivered(Upstream& up, Ledger<Body>& ledger, const 
 
 /// The consumer of an upstream service emits @p n follow-ups keyed child_id(parent, i) in its
 /// claim's transaction; the parent is delivered twice (a redelivery) and the relay ships every
-/// child twice (a crash before each mark): downstream applies each child once.
+/// child twice (a crash before each mark; @p between runs between the rounds): downstream
+/// applies each child once.
 template <class Body>
-void fan_out_children_apply_once(Upstream& up, Ledger<Body>& ledger, const Hop& hop,
-                                 const std::string& destination, int n) {
+void fan_out_children_apply_once(
+    Upstream& up, Ledger<Body>& ledger, const Hop& hop, const std::string& destination, int n,
+    const std::function<void()>& between = [] {}) {
     auto parent =
         idem::make_handler(up.store(), idem::Policy{"split-order"},
                            [&](auto& tx, const std::string& order, const idem::Delivery& d) {
@@ -219,6 +224,7 @@ void fan_out_children_apply_once(Upstream& up, Ledger<Body>& ledger, const Hop& 
     ASSERT_EQ(rows.size(), static_cast<std::size_t>(n));
     for (const auto& row : rows)
         hop.send(row);  // sent, then the relay died before marking
+    between();
     EXPECT_EQ(relay_all(up.store(), hop.send).sent, static_cast<std::size_t>(n));
     ASSERT_TRUE(poll_until(hop, [&] {
         return ledger.total() == n &&
