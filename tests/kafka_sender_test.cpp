@@ -146,12 +146,8 @@ TEST_F(KafkaSenderTest, FanOutChildrenOfARedeliveredParentApplyOnce) {
 
 TEST_F(KafkaSenderTest, ARecordOverMessageMaxBytesIsParkedAtOnceWithTheReason) {
     idem::KafkaSender sender{producer_config().set("message.max.bytes", "2000")};
-    up_.add(topic_, "wire-big", std::string(8000, 'x'));
-    const auto result = idem_test::chain::relay_all(up_.store(), sender);
-    EXPECT_EQ(result.parked, 1u);
-    const auto row = up_.row("wire-big");
-    EXPECT_TRUE(row->parked);
-    EXPECT_NE(row->last_error.find("SIZE_TOO_LARGE"), std::string::npos) << row->last_error;
+    idem_test::chain::expect_parked_at_once(up_, sender, topic_, "wire-big", std::string(8000, 'x'),
+                                            "SIZE_TOO_LARGE");
 }
 
 }  // namespace

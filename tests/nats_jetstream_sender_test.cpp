@@ -64,13 +64,8 @@ class JetStreamSenderTest : public ::testing::Test {
     std::string subject() const { return stream_ + ".payments"; }
 
     Hop hop() {
-        return Hop{[this](const idem::OutboxRow& row) { (*sender_)(row); },
-                   [this] {
-                       try {
-                           consumer_->poll_once();
-                       } catch (const idem::error&) {  // the server away: the next poll retries
-                       }
-                   }};
+        return idem_test::chain::hop_of([this](const idem::OutboxRow& row) { (*sender_)(row); },
+                                        [this] { consumer_->poll_once(); });
     }
 
     idem::testing::NatsServer* server_ = nullptr;
@@ -114,22 +109,14 @@ TEST_F(JetStreamSenderTest, FanOutChildrenOfARedeliveredParentApplyOnce) {
 }
 
 TEST_F(JetStreamSenderTest, AMessageOverTheMaxPayloadIsParkedAtOnceWithTheReason) {
-    up_.add(subject(), "wire-big", std::string(2 * 1024 * 1024, 'x'));  // max_payload: 1 MB
-    const auto result = idem_test::chain::relay_all(up_.store(), *sender_);
-    EXPECT_EQ(result.parked, 1u);
-    const auto row = up_.row("wire-big");
-    EXPECT_TRUE(row->parked);
-    EXPECT_EQ(row->attempts, 1u);
-    EXPECT_NE(row->last_error.find("refused for good"), std::string::npos) << row->last_error;
+    idem_test::chain::expect_parked_at_once(up_, *sender_, subject(), "wire-big",
+                                            std::string(2 * 1024 * 1024, 'x'),  // max_payload: 1 MB
+                                            "refused for good");
 }
 
 TEST_F(JetStreamSenderTest, NoStreamForTheSubjectIsRetriedLater) {
-    up_.add("nowhere.payments", "wire-lost", "?");
-    const auto result = idem_test::chain::relay_all(up_.store(), *sender_);
-    EXPECT_EQ(result.failed, 1u);
-    const auto row = up_.row("wire-lost");
-    EXPECT_FALSE(row->parked);
-    EXPECT_FALSE(row->last_error.empty());
+    idem_test::chain::expect_retried_later(up_, *sender_, "nowhere.payments", "wire-lost",
+                                           "No responders");
 }
 
 }  // namespace

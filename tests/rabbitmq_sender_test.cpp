@@ -14,6 +14,7 @@
 #include "idem/senders/rabbitmq.hpp"
 #include "idem/testing/rabbitmq_server.hpp"
 #include "support/chain_env.hpp"
+#include "support/rabbitmq_broker.hpp"
 #include "support/require_rabbitmq.hpp"
 
 namespace {
@@ -27,20 +28,9 @@ using idem_test::chain::Upstream;
 constexpr std::size_t max_message_size = 65536;
 
 idem::testing::RabbitmqServer& broker() {
-    static std::string failure;
-    static const std::unique_ptr<idem::testing::RabbitmqServer> server =
-        []() -> std::unique_ptr<idem::testing::RabbitmqServer> {
-        try {
-            idem::testing::RabbitmqOptions options;
-            options.extra_config = {"max_message_size = " + std::to_string(max_message_size)};
-            return std::make_unique<idem::testing::RabbitmqServer>(options);
-        } catch (const std::exception& e) {
-            failure = e.what();
-            return nullptr;
-        }
-    }();
-    if (!server) throw std::runtime_error("RabbitMQ did not start: " + failure);
-    return *server;
+    idem::testing::RabbitmqOptions options;
+    options.extra_config = {"max_message_size = " + std::to_string(max_message_size)};
+    return idem_test::rabbitmq_broker(options);
 }
 
 class RabbitMqSenderTest : public ::testing::Test {
@@ -58,13 +48,8 @@ class RabbitMqSenderTest : public ::testing::Test {
     }
 
     Hop hop() {
-        return Hop{[this](const idem::OutboxRow& row) { (*sender_)(row); },
-                   [this] {
-                       try {
-                           consumer_->poll_once();
-                       } catch (const idem::error&) {  // the broker away: the next poll retries
-                       }
-                   }};
+        return idem_test::chain::hop_of([this](const idem::OutboxRow& row) { (*sender_)(row); },
+                                        [this] { consumer_->poll_once(); });
     }
 
     std::string queue_;
@@ -115,38 +100,24 @@ TEST_F(RabbitMqSenderTest, FanOutChildrenOfARedeliveredParentApplyOnce) {
 }
 
 TEST_F(RabbitMqSenderTest, AnUnroutableIntentIsRetriedLaterWithTheReason) {
-    up_.add("no-such-queue", "wire-lost", "?");
-    const auto result = idem_test::chain::relay_all(up_.store(), *sender_);
-    EXPECT_EQ(result.failed, 1u);
-    const auto row = up_.row("wire-lost");
-    EXPECT_FALSE(row->parked);
-    EXPECT_NE(row->last_error.find("returned"), std::string::npos) << row->last_error;
+    idem_test::chain::expect_retried_later(up_, *sender_, "no-such-queue", "wire-lost", "returned");
 }
 
 TEST_F(RabbitMqSenderTest, AMissingExchangeIsParkedAtOnceWithTheReason) {
     idem::RabbitMqSenderOptions options;
     options.exchange = "no-such-exchange";
     idem::RabbitMqSender sender{broker().endpoint(), options};
-    up_.add(queue_, "wire-1", "one");
-    const auto result = idem_test::chain::relay_all(up_.store(), sender);
-    EXPECT_EQ(result.parked, 1u);
-    const auto row = up_.row("wire-1");
-    EXPECT_TRUE(row->parked);
-    EXPECT_NE(row->last_error.find("404"), std::string::npos) << row->last_error;
+    idem_test::chain::expect_parked_at_once(up_, sender, queue_, "wire-1", "one", "404");
     // The sender reopens its channel: the next intent goes out.
     up_.add(queue_, "wire-2", "two");
     EXPECT_EQ(idem_test::chain::relay_all(up_.store(), *sender_).sent, 1u);
 }
 
 TEST_F(RabbitMqSenderTest, AMessageOverMaxMessageSizeIsParkedAtOnceWithTheReason) {
-    up_.add(queue_, "wire-big", std::string(2 * max_message_size, 'x'));
-    up_.add(queue_, "wire-small", "small");
-    const auto result = idem_test::chain::relay_all(up_.store(), *sender_);
-    EXPECT_EQ(result.parked, 1u);
-    EXPECT_EQ(result.sent, 1u);  // the sender reopened its channel for the next one
-    const auto row = up_.row("wire-big");
-    EXPECT_TRUE(row->parked);
-    EXPECT_NE(row->last_error.find("406"), std::string::npos) << row->last_error;
+    idem_test::chain::expect_parked_at_once(up_, *sender_, queue_, "wire-big",
+                                            std::string(2 * max_message_size, 'x'), "406");
+    up_.add(queue_, "wire-small", "small");  // the sender reopens its channel for the next one
+    EXPECT_EQ(idem_test::chain::relay_all(up_.store(), *sender_).sent, 1u);
 }
 
 // Last: it restarts the broker (seconds).

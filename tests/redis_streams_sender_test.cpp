@@ -53,13 +53,8 @@ class RedisStreamSenderTest : public ::testing::Test {
     }
 
     Hop hop() {
-        return Hop{[this](const idem::OutboxRow& row) { (*sender_)(row); },
-                   [this] {
-                       try {
-                           consumer_->poll_once();
-                       } catch (const idem::error&) {  // the server away: the next poll retries
-                       }
-                   }};
+        return idem_test::chain::hop_of([this](const idem::OutboxRow& row) { (*sender_)(row); },
+                                        [this] { consumer_->poll_once(); });
     }
 
     static constexpr const char* stream = "payments";
@@ -122,13 +117,8 @@ TEST_F(RedisStreamSenderTest, FieldNamesAndMaxLengthAreOptions) {
 
 TEST_F(RedisStreamSenderTest, AKeyThatIsNotAStreamIsParkedAtOnceWithTheReason) {
     server_->client().exec({"SET", "not-a-stream", "x"});
-    up_.add("not-a-stream", "wire-1", "one");
-    const auto result = idem_test::chain::relay_all(up_.store(), *sender_);
-    EXPECT_EQ(result.parked, 1u);
-    const auto row = up_.row("wire-1");
-    EXPECT_TRUE(row->parked);
-    EXPECT_EQ(row->attempts, 1u);
-    EXPECT_NE(row->last_error.find("WRONGTYPE"), std::string::npos) << row->last_error;
+    idem_test::chain::expect_parked_at_once(up_, *sender_, "not-a-stream", "wire-1", "one",
+                                            "WRONGTYPE");
 }
 
 TEST(RedisStreamSender, RefusesFieldNamesThatCannotWork) {

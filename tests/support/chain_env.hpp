@@ -116,12 +116,55 @@ struct Hop {
     std::function<void()> poll;
 };
 
+/// A Hop whose poll outlives a broker away (its errors are dropped: the next poll retries).
+template <class Send, class Poll>
+Hop hop_of(Send send, Poll poll) {
+    return Hop{std::move(send), [poll = std::move(poll)]() mutable {
+                   try {
+                       poll();
+                   } catch (const idem::error&) {
+                   }
+               }};
+}
+
 /// Relays every due intent once; returns what it did.
 template <class Sender>
 idem::RelayResult relay_all(idem::SqliteStore& store, Sender& sender) {
     idem::Relay relay(
         store, [&](const idem::OutboxRow& row) { sender(row); }, Upstream::relay_options());
     return relay.run_once();
+}
+
+/// An intent (@p key to @p destination, @p payload) the broker refuses for good: the relay's
+/// first failure parks it, with a last error containing @p reason.
+template <class Sender>
+void expect_parked_at_once(Upstream& up, Sender& sender, const std::string& destination,
+                           const std::string& key, const std::string& payload,
+                           const std::string& reason) {
+    up.add(destination, key, payload);
+    const auto result = relay_all(up.store(), sender);
+    EXPECT_EQ(result.parked, 1u);
+    const auto row = up.row(key);
+    ASSERT_TRUE(row.has_value());
+    EXPECT_TRUE(row->parked);
+    EXPECT_EQ(row->attempts, 1u);
+    EXPECT_FALSE(row->sent_at.has_value());
+    EXPECT_NE(row->last_error.find(reason), std::string::npos) << row->last_error;
+}
+
+/// An intent the broker cannot take yet: a failure scheduled for a retry, not parked, with a
+/// last error containing @p reason.
+template <class Sender>
+void expect_retried_later(Upstream& up, Sender& sender, const std::string& destination,
+                          const std::string& key, const std::string& reason) {
+    up.add(destination, key, "?");
+    const auto result = relay_all(up.store(), sender);
+    EXPECT_EQ(result.failed, 1u);
+    const auto row = up.row(key);
+    ASSERT_TRUE(row.has_value());
+    EXPECT_FALSE(row->parked);
+    EXPECT_FALSE(row->sent_at.has_value());
+    EXPECT_NE(row->last_error.find(reason), std::string::npos) << row->last_error;
 }
 
 /// Polls @p hop until @p done or the deadline.
