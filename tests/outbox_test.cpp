@@ -414,6 +414,37 @@ TYPED_TEST(Outbox, ParkedAfterMaxAttemptsWithCappedBackoffAndNeverRetried) {
     EXPECT_EQ(relay.counters().failed, 4u);
 }
 
+TYPED_TEST(Outbox, SendRefusedParksAtOnceAndLaterIntentsStillShip) {
+    this->add_intents(3);
+    auto options = this->options();
+    options.max_attempts = 10;
+    std::vector<std::string> calls;
+    idem::Relay relay(
+        this->store(),
+        [&](const OutboxRow& row) {
+            calls.push_back(row.idempotency_key);
+            if (row.idempotency_key == "k-2") throw idem::send_refused("rail: message too large");
+        },
+        options);
+    const auto result = relay.run_once();
+    EXPECT_EQ(result.sent, 2u);
+    EXPECT_EQ(result.parked, 1u);
+    EXPECT_EQ(result.failed, 0u);
+    const auto rows = this->store().outbox_rows();
+    const OutboxRow* refused = this->row(rows, "k-2");
+    ASSERT_NE(refused, nullptr);
+    EXPECT_TRUE(refused->parked);
+    EXPECT_EQ(refused->attempts, 1u);  // parked on its first failure, not after 10
+    EXPECT_EQ(refused->last_error, "rail: message too large");
+    EXPECT_FALSE(refused->sent_at.has_value());
+
+    this->env.now += std::chrono::hours(24);
+    EXPECT_EQ(relay.run_once().total(), 0u);  // never retried
+    EXPECT_EQ(calls, (std::vector<std::string>{"k-1", "k-2", "k-3"}));
+    EXPECT_EQ(relay.counters().parked, 1u);
+    EXPECT_EQ(relay.counters().failed, 0u);
+}
+
 TYPED_TEST(Outbox, NonStandardExceptionIsRecorded) {
     this->add_intents(1);
     idem::Relay relay(

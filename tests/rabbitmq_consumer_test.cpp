@@ -28,6 +28,7 @@
 #include "idem/testing/redis_server.hpp"
 #include "idem/testing/temp_dir.hpp"
 #include "support/polling.hpp"
+#include "support/rabbitmq_broker.hpp"
 #include "support/refusing_dependency.hpp"
 #include "support/require_rabbitmq.hpp"
 #include "support/require_redis.hpp"
@@ -47,21 +48,10 @@ using Clock = std::chrono::steady_clock;
 constexpr auto deadline_limit = 30s;  // generous: a loaded 2-core CI machine
 
 idem::testing::RabbitmqServer& broker() {
-    static std::string failure;
-    static const std::unique_ptr<idem::testing::RabbitmqServer> server =
-        []() -> std::unique_ptr<idem::testing::RabbitmqServer> {
-        try {
-            idem::testing::RabbitmqOptions options;
-            options.consumer_timeout = 2000ms;
-            options.channel_tick_interval = 200ms;
-            return std::make_unique<idem::testing::RabbitmqServer>(options);
-        } catch (const std::exception& e) {
-            failure = e.what();
-            return nullptr;
-        }
-    }();
-    if (!server) throw std::runtime_error("RabbitMQ did not start: " + failure);
-    return *server;
+    idem::testing::RabbitmqOptions options;
+    options.consumer_timeout = 2000ms;
+    options.channel_tick_interval = 200ms;
+    return idem_test::rabbitmq_broker(options);
 }
 
 template <class Pred>

@@ -20,6 +20,10 @@
 ///
 /// Delivery is at least once: a relay killed (or a store failing) between a send and its mark
 /// sends the intent again, with the same key, so the receiver must dedupe on the key.
+///
+/// A sender says "retry later" by throwing any exception, and "park now" (the broker refused
+/// the intent for good: retrying cannot help) by throwing idem::send_refused. The ready senders
+/// of each broker are in include/idem/senders/ (docs/chain.md).
 
 #include <algorithm>
 #include <atomic>
@@ -44,6 +48,15 @@
 #include "idem/error.hpp"
 
 IDEM_BEGIN_NAMESPACE
+
+/// @brief Thrown by a Relay's sender when the receiver refused the intent for good (a message
+/// too large, a destination the broker says does not exist): the Relay parks it at once, with
+/// this text as its last error, instead of retrying it until max_attempts. Any other exception
+/// means "retry later".
+class send_refused : public error {
+  public:
+    using error::error;
+};
 
 namespace detail {
 
@@ -105,7 +118,8 @@ struct RelayOptions {
 struct RelayResult {
     std::size_t sent = 0;    ///< shipped and marked sent
     std::size_t failed = 0;  ///< the sender threw; scheduled for a retry after the backoff
-    std::size_t parked = 0;  ///< the sender threw for the max_attempts-th time; parked
+    /// the sender threw for the max_attempts-th time, or threw send_refused; parked
+    std::size_t parked = 0;
     /// Leased but not attempted because the lease ran out; shipped by a later run.
     std::size_t lease_expired = 0;
 
@@ -130,7 +144,8 @@ struct RelayCounters {
 };
 
 /// @brief Ships outbox intents: leases a batch, calls the sender for each in id order, and marks
-/// it sent, or failed with an exponential backoff, or parked after max_attempts failures.
+/// it sent, or failed with an exponential backoff, or parked after max_attempts failures, or
+/// parked at once when the sender throws idem::send_refused.
 ///
 /// At least once: when the relay dies, or the store fails, between a send and its mark, the
 /// intent's lease passes and it is sent again with the same idempotency key, so the receiver
@@ -263,8 +278,13 @@ class Relay {
     /// Sends one intent and marks it; a store_error from the mark propagates.
     void ship(const OutboxRow& row, RelayResult& result) {
         std::string error;
+        bool refused = false;
         try {
             std::invoke(sender_, row);
+        } catch (const send_refused& e) {
+            refused = true;
+            error = e.what();
+            if (error.empty()) error = "sender refused the intent (send_refused, empty message)";
         } catch (const std::exception& e) {
             error = e.what();
             if (error.empty()) error = "sender threw an exception with an empty message";
@@ -279,7 +299,7 @@ class Relay {
         }
         constexpr auto most = std::numeric_limits<std::uint32_t>::max();
         const std::uint32_t failures = row.attempts == most ? most : row.attempts + 1;
-        const bool park = failures >= options_.max_attempts;
+        const bool park = refused || failures >= options_.max_attempts;
         const auto retry_at = park ? now() : now() + backoff(failures);
         store_.mark_outbox_failed(row.id, error, retry_at, park);
         if (park) {

@@ -301,7 +301,8 @@ class Connection {
     /// @brief basic.publish on a confirm channel (confirm_select()), then waits (rpc_timeout) for
     /// the broker's confirm. Returns once the broker has taken responsibility for the message:
     /// routed to at least one queue (mandatory) and, for durable queues, written.
-    /// @throws broker_error when the broker nacks it or no queue takes it (returned),
+    /// @throws broker_error when the broker nacks it, rabbitmq::unroutable when no queue takes it
+    /// (returned),
     /// broker_unavailable when no confirm comes in time (the connection is dropped: the message
     /// may or may not be there).
     void publish_confirmed(std::uint16_t channel, const Publish& what, std::string_view body) {
@@ -329,7 +330,7 @@ class Connection {
                         "routing key '{}'",
                         what.exchange, what.routing_key));
                 case ChannelState::Confirm::returned:
-                    throw broker_error(fmt::format(
+                    throw unroutable(fmt::format(
                         "idem::rabbitmq: no queue is bound to exchange '{}' for routing key '{}': "
                         "the message was returned (bind a queue to it)",
                         what.exchange, what.routing_key));

@@ -36,6 +36,13 @@ class channel_error : public broker_error {
     std::uint16_t reply_code_;
 };
 
+/// @brief A mandatory publish no queue took: the broker returned it (basic.return) before its
+/// confirm. Nothing was stored; a queue bound later would take a resend.
+class unroutable : public broker_error {
+  public:
+    using broker_error::broker_error;
+};
+
 namespace detail {
 
 /// What a method's reply says, for an error's text.
