@@ -385,6 +385,8 @@ void run_e2e_cases();
 void run_rabbitmq_cases();  ///< e2e_rabbitmq_sqlite (bench/e2e_rabbitmq.cpp)
 #endif
 void run_e2e_nats_cases();  ///< e2e_nats.cpp (IDEM_BENCH_WITH_NATS)
+void prepare_kafka_cluster();  ///< e2e_kafka.cpp: the mock cluster, forked before any thread
+void run_e2e_kafka_cases();    ///< e2e_kafka_sqlite, e2e_kafka_postgres (IDEM_BENCH_WITH_KAFKA)
 void run_rss_case();
 
 /// --profile NAME: the idem side of one case, N messages, in a function callgrind can isolate

@@ -69,7 +69,9 @@ const std::vector<std::string> bench_names{"rss_flat",
                                            "e2e_stream_sqlite",
                                            "e2e_stream_postgres",
                                            "e2e_rabbitmq_sqlite (with idem::rabbitmq)",
-                                           "e2e_nats_sqlite (built with the nats component)"};
+                                           "e2e_nats_sqlite (built with the nats component)",
+                                           "e2e_kafka_sqlite (built with the kafka component)",
+                                           "e2e_kafka_postgres (built with the kafka component)"};
 
 [[noreturn]] void usage(int status) {
     std::fputs(usage_text, status == 0 ? stdout : stderr);
@@ -190,6 +192,9 @@ int main(int argc, char** argv) {
     benchmark::Initialize(&gb_argc, argv);
 
     if (!profile.empty()) return idem_bench::run_profile(profile, profile_messages);
+#ifdef IDEM_BENCH_WITH_KAFKA
+    idem_bench::prepare_kafka_cluster();
+#endif
 
     const auto start = std::chrono::steady_clock::now();
     // The RSS run first: nothing allocated and freed by other cases hides its growth.
@@ -207,6 +212,9 @@ int main(int argc, char** argv) {
 #endif
 #ifdef IDEM_BENCH_WITH_NATS
     guarded("e2e_nats", idem_bench::run_e2e_nats_cases);
+#endif
+#ifdef IDEM_BENCH_WITH_KAFKA
+    guarded("e2e_kafka", idem_bench::run_e2e_kafka_cases);
 #endif
     idem_bench::note(fmt::format(
         "done in {:.0f} s",

@@ -546,6 +546,42 @@ TEST(KafkaOffsetsInStore, TwoMembersThroughJoinAndLeaveApplyEachRecordOnceCooper
     two_members_through_join_and_leave(true);
 }
 
+// Offsets in the store, records the commit does not move past: a dead letter (no id header),
+// whose offset is stored only after the dead-letter topic confirmed it, and a duplicate (the
+// same id twice), whose offset is stored in a transaction of its own.
+TEST(KafkaOffsetsInStore, ADeadLetterAndADuplicateMoveTheStoredOffsetToo) {
+    idem::testing::TempDir dir;
+    idem::SqliteStore store{dir.file("letters.db")};
+    const std::string topic = unique("t");
+    cluster->create_topic(topic, 1);
+    cluster->create_topic(topic + ".DLT", 1);
+    {
+        kafka::Producer producer{kafka::Config{}.bootstrap_servers(cluster->bootstrap_servers())};
+        producer.produce(topic, "a", "a", {{"idem-message-id", "a"}}).wait();
+        producer.produce(topic, "x", "no id").wait();
+        producer.produce(topic, "a", "a", {{"idem-message-id", "a"}}).wait();
+    }
+    int effects = 0;
+    auto handler = idem::make_handler(store, idem::Policy{"letters"},
+                                      [&](auto&, const KafkaMessage&) { ++effects; });
+    KafkaConsumerOptions options{{topic}, unique("g")};
+    options.offsets = KafkaOffsets::in_store;
+    options.id_field = "idem-message-id";
+    options.poll_wait = 100ms;
+    KafkaConsumer consumer{client_config(), options, handler};
+    ASSERT_TRUE(eventually([&] {
+        consumer.poll_once();
+        return consumer.stats().acked >= 3;
+    }));
+    consumer.close();
+    EXPECT_EQ(effects, 1);
+    EXPECT_EQ(handler.counters().duplicates, 1u);
+    EXPECT_EQ(consumer.stats().dead_lettered, 1u);
+    EXPECT_EQ(consumer.stats().acked_in_commit, 1u) << "only the processed one in its commit";
+    EXPECT_EQ(store.stored_offset(options.group, topic, 0), std::optional<std::int64_t>(3));
+    EXPECT_EQ(read_all(topic + ".DLT", 1).size(), 1u);
+}
+
 // ---------------------------------------------------------------------------------------------
 
 // The broker goes down mid-run and comes back: the consumer reconnects and every record is
