@@ -629,7 +629,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
             state->done = state->outstanding.front().first + 1;
             state->outstanding.pop_front();
         }
-        if (state->retrying && *state->retrying <= item.offset) state->retrying.reset();
+        if (state->retrying && *state->retrying == item.offset) state->retrying.reset();
     }
 
     /// Pauses the partition until the delay is over; the next read seeks back to the record.
