@@ -84,6 +84,11 @@ double median(std::vector<double> values);
 /// two medians when the samples are bimodal.
 double paired_ratio(const std::vector<double>& idem, const std::vector<double>& raw);
 
+/// The fields every idem-vs-raw throughput row carries, from the two sides' samples (msgs/s):
+/// idem_msgs_per_s and raw_msgs_per_s (medians), ratio, paired_ratio, ns per message, samples.
+Json& add_rates(Json& line, const std::vector<double>& idem_rates,
+                const std::vector<double>& raw_rates);
+
 // ---------------------------------------------------------------------------------------------
 // CPU pinning. On a 2-vCPU VM a request/reply between two processes on different CPUs pays for
 // waking an idle CPU on every round trip; both ends on one CPU do not (issue 6).
@@ -384,7 +389,7 @@ void run_e2e_cases();
 #ifdef IDEM_BENCH_WITH_RABBITMQ
 void run_rabbitmq_cases();  ///< e2e_rabbitmq_sqlite (bench/e2e_rabbitmq.cpp)
 #endif
-void run_e2e_nats_cases();  ///< e2e_nats.cpp (IDEM_BENCH_WITH_NATS)
+void run_e2e_nats_cases();     ///< e2e_nats.cpp (IDEM_BENCH_WITH_NATS)
 void prepare_kafka_cluster();  ///< e2e_kafka.cpp: the mock cluster, forked before any thread
 void run_e2e_kafka_cases();    ///< e2e_kafka_sqlite, e2e_kafka_postgres (IDEM_BENCH_WITH_KAFKA)
 void run_rss_case();

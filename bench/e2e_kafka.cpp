@@ -128,8 +128,8 @@ double drain_idem(Handler& handler, const std::string& topic, std::size_t n) {
     const double rate = static_cast<double>(n - untimed) / seconds_since(*start);
     const auto stats = consumer.stats();
     if (stats.acked != n || stats.not_acked != 0 || stats.dead_lettered != 0) {
-        throw std::runtime_error(fmt::format("idem: {} records, {} acked, {} not acked, {} dead",
-                                             n, stats.acked, stats.not_acked, stats.dead_lettered));
+        throw std::runtime_error(fmt::format("idem: {} records, {} acked, {} not acked, {} dead", n,
+                                             stats.acked, stats.not_acked, stats.dead_lettered));
     }
     consumer.close();
     return rate;
@@ -177,29 +177,21 @@ void run_case(const std::string& name, const std::string& store_name, MakeRaw ma
         }
     }
     const auto [store_ns, broker_ns] = count_cost(handler, n, name + "-count-");
-    const double idem_rate = median(idem_rates);
-    const double raw_rate = median(raw_rates);
-    emit(Json()
-             .str("bench", name)
-             .str("store", store_name)
-             .str("broker", "kafka (librdkafka mock cluster)")
-             .integer("batch", 1)
-             .num("idem_msgs_per_s", idem_rate)
-             .num("raw_msgs_per_s", raw_rate)
-             .num("ratio", idem_rate / raw_rate, 3)
-             .num("paired_ratio", paired_ratio(idem_rates, raw_rates), 3)
-             .num("idem_ns_per_msg", 1e9 / idem_rate)
-             .num("raw_ns_per_msg", 1e9 / raw_rate)
-             .nums("idem_samples", idem_rates, 0)
-             .nums("raw_samples", raw_rates, 0)
-             .num("store_counted_ns_per_handle", store_ns, 0)
-             .num("broker_counted_ns_per_handle", broker_ns, 0)
-             .num("attempt_count_cost_ratio", store_ns / broker_ns, 3)
-             .integer("rounds", config().rounds)
-             .integer("messages", static_cast<long long>(n))
-             .str("mode",
-                  "per_message: poll 16, then count + handle() per record, one async offset "
-                  "commit per poll (raw: BEGIN, 2 INSERTs, COMMIT per record, the same commit)"));
+    Json line;
+    line.str("bench", name)
+        .str("store", store_name)
+        .str("broker", "kafka (librdkafka mock cluster)")
+        .integer("batch", 1);
+    add_rates(line, idem_rates, raw_rates)
+        .num("store_counted_ns_per_handle", store_ns, 0)
+        .num("broker_counted_ns_per_handle", broker_ns, 0)
+        .num("attempt_count_cost_ratio", store_ns / broker_ns, 3)
+        .integer("rounds", config().rounds)
+        .integer("messages", static_cast<long long>(n))
+        .str("mode",
+             "per_message: poll 16, then count + handle() per record, one async offset "
+             "commit per poll (raw: BEGIN, 2 INSERTs, COMMIT per record, the same commit)");
+    emit(line);
 }
 
 }  // namespace
@@ -233,8 +225,10 @@ void run_e2e_kafka_cases() {
                 },
                 handler);
         } catch (const std::exception& e) {
-            emit(Json().str("bench", "e2e_kafka_sqlite").str("store", "sqlite").str("error",
-                                                                                   e.what()));
+            emit(Json()
+                     .str("bench", "e2e_kafka_sqlite")
+                     .str("store", "sqlite")
+                     .str("error", e.what()));
         }
     }
     if (selected("e2e_kafka_postgres")) {
@@ -257,8 +251,10 @@ void run_e2e_kafka_cases() {
                 [&] { return std::make_unique<RawPostgres>(conninfo, "kafka_raw_effects"); },
                 handler);
         } catch (const std::exception& e) {
-            emit(Json().str("bench", "e2e_kafka_postgres").str("store", "postgres").str("error",
-                                                                                       e.what()));
+            emit(Json()
+                     .str("bench", "e2e_kafka_postgres")
+                     .str("store", "postgres")
+                     .str("error", e.what()));
         }
     }
 }

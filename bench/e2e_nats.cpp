@@ -159,27 +159,19 @@ void run_e2e_nats_cases() {
                 idem::nats::delete_stream(nats, stream);
             }
         }
-        const double idem_rate = median(idem_rates);
-        const double raw_rate = median(raw_rates);
-        emit(Json()
-                 .str("bench", "e2e_nats_sqlite")
-                 .str("store", "sqlite")
-                 .str("broker", "nats")
-                 .integer("batch", 1)
-                 .num("idem_msgs_per_s", idem_rate)
-                 .num("raw_msgs_per_s", raw_rate)
-                 .num("ratio", idem_rate / raw_rate, 3)
-                 .num("paired_ratio", paired_ratio(idem_rates, raw_rates), 3)
-                 .num("idem_ns_per_msg", 1e9 / idem_rate)
-                 .num("raw_ns_per_msg", 1e9 / raw_rate)
-                 .nums("idem_samples", idem_rates, 0)
-                 .nums("raw_samples", raw_rates, 0)
-                 .integer("rounds", config().rounds)
-                 .integer("messages", static_cast<long long>(n))
-                 .str("mode",
-                      "per_message: fetch 100, then handle() + AckSync per message (raw: BEGIN, "
-                      "2 INSERTs, COMMIT + AckSync per message)")
-                 .integer("fetch_count", fetch_count));
+        Json line;
+        line.str("bench", "e2e_nats_sqlite")
+            .str("store", "sqlite")
+            .str("broker", "nats")
+            .integer("batch", 1);
+        add_rates(line, idem_rates, raw_rates)
+            .integer("rounds", config().rounds)
+            .integer("messages", static_cast<long long>(n))
+            .str("mode",
+                 "per_message: fetch 100, then handle() + AckSync per message (raw: BEGIN, "
+                 "2 INSERTs, COMMIT + AckSync per message)")
+            .integer("fetch_count", fetch_count);
+        emit(line);
     } catch (const std::exception& e) {
         emit(Json().str("bench", "e2e_nats_sqlite").str("store", "sqlite").str("error", e.what()));
     }

@@ -154,25 +154,17 @@ void run_rabbitmq_cases() {
                 }
             }
         }
-        const double idem_rate = median(idem_rates);
-        const double raw_rate = median(raw_rates);
-        emit(Json()
-                 .str("bench", "e2e_rabbitmq_sqlite")
-                 .str("store", "sqlite")
-                 .str("broker", "rabbitmq 3.10 quorum queue")
-                 .integer("batch", 1)
-                 .num("idem_msgs_per_s", idem_rate)
-                 .num("raw_msgs_per_s", raw_rate)
-                 .num("ratio", idem_rate / raw_rate, 3)
-                 .num("paired_ratio", paired_ratio(idem_rates, raw_rates), 3)
-                 .num("idem_ns_per_msg", 1e9 / idem_rate)
-                 .num("raw_ns_per_msg", 1e9 / raw_rate)
-                 .nums("idem_samples", idem_rates, 0)
-                 .nums("raw_samples", raw_rates, 0)
-                 .integer("rounds", config().rounds)
-                 .integer("messages", static_cast<long long>(n))
-                 .integer("prefetch", prefetch)
-                 .str("mode", "per_delivery: handle(), commit, basic.ack per message"));
+        Json line;
+        line.str("bench", "e2e_rabbitmq_sqlite")
+            .str("store", "sqlite")
+            .str("broker", "rabbitmq 3.10 quorum queue")
+            .integer("batch", 1);
+        add_rates(line, idem_rates, raw_rates)
+            .integer("rounds", config().rounds)
+            .integer("messages", static_cast<long long>(n))
+            .integer("prefetch", prefetch)
+            .str("mode", "per_delivery: handle(), commit, basic.ack per message");
+        emit(line);
     } catch (const std::exception& e) {
         emit(Json()
                  .str("bench", "e2e_rabbitmq_sqlite")

@@ -137,6 +137,20 @@ double paired_ratio(const std::vector<double>& idem, const std::vector<double>& 
     return median(ratios);
 }
 
+Json& add_rates(Json& line, const std::vector<double>& idem_rates,
+                const std::vector<double>& raw_rates) {
+    const double idem_rate = median(idem_rates);
+    const double raw_rate = median(raw_rates);
+    return line.num("idem_msgs_per_s", idem_rate)
+        .num("raw_msgs_per_s", raw_rate)
+        .num("ratio", idem_rate / raw_rate, 3)
+        .num("paired_ratio", paired_ratio(idem_rates, raw_rates), 3)
+        .num("idem_ns_per_msg", 1e9 / idem_rate)
+        .num("raw_ns_per_msg", 1e9 / raw_rate)
+        .nums("idem_samples", idem_rates, 0)
+        .nums("raw_samples", raw_rates, 0);
+}
+
 double median(std::vector<double> values) {
     if (values.empty()) return std::nan("");
     std::sort(values.begin(), values.end());
