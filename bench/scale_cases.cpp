@@ -815,6 +815,21 @@ void run_workers(const std::string& store_name, const std::function<void()>& res
     }
 }
 
+/// A worker of a SQL store: opens it (after fork), then runs work() with the effect @p insert
+/// (one INSERT of the order id).
+template <class Store, class Where>
+WorkerRun sql_worker(const Where& where, const std::string& insert, int w, std::size_t per,
+                     bool contended) {
+    auto store = std::make_shared<Store>(where);
+    (void)store->find_claim(scope, "warm-up");
+    return [=] {
+        return work(*store, w, per, contended,
+                    [insert](typename Store::Transaction& tx, const Order& o) {
+                        tx.execute(insert, o.order_id);
+                    });
+    };
+}
+
 void workers_postgres() {
     if (!opted_in("postgres_workers")) return;
     auto& server = postgres_server();
@@ -822,16 +837,9 @@ void workers_postgres() {
     server.exec("CREATE TABLE IF NOT EXISTS scale_effects(order_id TEXT NOT NULL)");
     run_workers(
         "postgres", [&] { server.exec("TRUNCATE idem_claims, scale_effects"); },
-        [conninfo](int w, std::size_t per, bool contended) -> WorkerRun {
-            auto store = std::make_shared<idem::PostgresStore>(conninfo);
-            (void)store->find_claim(scope, "warm-up");
-            return [=] {
-                return work(*store, w, per, contended,
-                            [](idem::PostgresStore::Transaction& tx, const Order& o) {
-                                tx.execute("INSERT INTO scale_effects(order_id) VALUES ($1)",
-                                           o.order_id);
-                            });
-            };
+        [conninfo](int w, std::size_t per, bool contended) {
+            return sql_worker<idem::PostgresStore>(
+                conninfo, "INSERT INTO scale_effects(order_id) VALUES ($1)", w, per, contended);
         },
         [&] {
             idem::PostgresStore store{conninfo};
@@ -855,16 +863,9 @@ void workers_mysql() {
             client.query("TRUNCATE TABLE idem_claims");
             client.query("TRUNCATE TABLE scale_effects");
         },
-        [endpoint](int w, std::size_t per, bool contended) -> WorkerRun {
-            auto store = std::make_shared<idem::MysqlStore>(endpoint);
-            (void)store->find_claim(scope, "warm-up");
-            return [=] {
-                return work(*store, w, per, contended,
-                            [](idem::MysqlStore::Transaction& tx, const Order& o) {
-                                tx.execute("INSERT INTO scale_effects(order_id) VALUES (?)",
-                                           o.order_id);
-                            });
-            };
+        [endpoint](int w, std::size_t per, bool contended) {
+            return sql_worker<idem::MysqlStore>(
+                endpoint, "INSERT INTO scale_effects(order_id) VALUES (?)", w, per, contended);
         },
         [&] {
             const auto rows =
