@@ -834,6 +834,7 @@ void workers_postgres() {
     if (!opted_in("postgres_workers")) return;
     auto& server = postgres_server();
     const std::string conninfo = server.conninfo();
+    { idem::PostgresStore schema{conninfo}; }  // creates the idem tables
     server.exec("CREATE TABLE IF NOT EXISTS scale_effects(order_id TEXT NOT NULL)");
     run_workers(
         "postgres", [&] { server.exec("TRUNCATE idem_claims, scale_effects"); },
@@ -853,6 +854,7 @@ void workers_postgres() {
 void workers_mysql() {
     if (!opted_in("mysql_workers")) return;
     const idem::MysqlEndpoint endpoint = mysql_endpoint();
+    { idem::MysqlStore schema{endpoint}; }  // creates the idem tables
     auto client = long_mysql_client();
     client.query(
         "CREATE TABLE IF NOT EXISTS scale_effects(id BIGINT AUTO_INCREMENT PRIMARY KEY, "
