@@ -47,11 +47,17 @@ struct Config {
     std::optional<std::regex> filter;  ///< bench names to run (std::regex_search)
     std::string filter_text;
     std::filesystem::path sqlite_dir;  ///< where the SQLite files go (a fresh temp dir)
+    /// The scale cases (bench/scale_cases.cpp) run only when --filter names them.
+    bool retained_10m = false;            ///< --retained-10m: the 10M-claim level too
+    std::size_t scale_messages = 20'000;  ///< --scale-messages: per retained/purge sample
 };
 
 Config& config();
 /// Whether the case @p name passes --filter.
 bool selected(const std::string& name);
+/// Whether the opt-in case @p name was asked for: --filter given and matching it (the scale
+/// cases are long; a run without --filter leaves them out).
+bool opted_in(const std::string& name);
 
 // ---------------------------------------------------------------------------------------------
 // Output: one JSON object per line on stdout
@@ -393,6 +399,9 @@ void run_e2e_nats_cases();     ///< e2e_nats.cpp (IDEM_BENCH_WITH_NATS)
 void prepare_kafka_cluster();  ///< e2e_kafka.cpp: the mock cluster, forked before any thread
 void run_e2e_kafka_cases();    ///< e2e_kafka_sqlite, e2e_kafka_postgres (IDEM_BENCH_WITH_KAFKA)
 void run_rss_case();
+/// The opt-in scale cases (bench/scale_cases.cpp): <store>_retained_1m / _10m,
+/// <store>_purge_under_load, <store>_workers, rss_flat_<store>.
+void run_scale_cases();
 
 /// --profile NAME: the idem side of one case, N messages, in a function callgrind can isolate
 /// (valgrind --tool=callgrind --toggle-collect='*profiled_loop*').

@@ -42,6 +42,11 @@ const char* const usage_text =
     "  --e2e-messages N     stream entries per end-to-end sample (default 4000; PostgreSQL half)\n"
     "  --rss-messages N     messages of the RSS run (default 1000000, sampled every tenth)\n"
     "  --keep               keep the temp dir with the SQLite files\n"
+    "  --retained-10m       the <store>_retained cases also fill 10,000,000 claims (minutes)\n"
+    "  --scale-messages N   messages per sample of the retained and purge cases (20000)\n"
+    "Opt-in cases (run only when --filter names them): <store>_retained_1m, _10m,\n"
+    "  <store>_purge_under_load, <store>_workers, rss_flat_<store> (sqlite, postgres, mysql,\n"
+    "  redis; rss_flat_memory too), e.g. --filter 'retained|purge|workers|rss_flat_'\n"
     "  --profile NAME       run one side of a case for --messages N (default 20000) and exit,\n"
     "                       for valgrind --tool=callgrind --toggle-collect='*profiled_loop*':\n"
     "                       memory_single, memory_observed, sqlite_single, sqlite_batch,\n"
@@ -71,7 +76,11 @@ const std::vector<std::string> bench_names{"rss_flat",
                                            "e2e_rabbitmq_sqlite (with idem::rabbitmq)",
                                            "e2e_nats_sqlite (built with the nats component)",
                                            "e2e_kafka_sqlite (built with the kafka component)",
-                                           "e2e_kafka_postgres (built with the kafka component)"};
+                                           "e2e_kafka_postgres (built with the kafka component)",
+                                           "<store>_retained_1m, _10m (opt-in: --filter)",
+                                           "<store>_purge_under_load (opt-in: --filter)",
+                                           "<store>_workers (opt-in: --filter)",
+                                           "rss_flat_<store> (opt-in: --filter)"};
 
 [[noreturn]] void usage(int status) {
     std::fputs(usage_text, status == 0 ? stdout : stderr);
@@ -103,6 +112,7 @@ int main(int argc, char** argv) {
     bool keep = false;
     std::optional<std::size_t> e2e_messages;
     std::optional<std::size_t> rss_messages;
+    std::optional<std::size_t> scale_messages;
     std::optional<int> rounds;
     std::optional<double> min_time;
     for (int i = 1; i < argc; ++i) {
@@ -130,6 +140,10 @@ int main(int argc, char** argv) {
             e2e_messages = count_arg(value());
         } else if (arg == "--rss-messages") {
             rss_messages = count_arg(value());
+        } else if (arg == "--retained-10m") {
+            cfg.retained_10m = true;
+        } else if (arg == "--scale-messages") {
+            scale_messages = std::max<std::size_t>(count_arg(value()), 100);
         } else if (arg == "--keep") {
             keep = true;
         } else if (arg == "--profile") {
@@ -153,7 +167,9 @@ int main(int argc, char** argv) {
         cfg.e2e_messages = 1000;
         cfg.e2e_pg_messages = 500;
         cfg.rss_messages = 100'000;
+        cfg.scale_messages = 2000;
     }
+    if (scale_messages) cfg.scale_messages = *scale_messages;
     if (rounds) cfg.rounds = *rounds;
     if (min_time) cfg.min_time = *min_time;
     if (e2e_messages) {
@@ -216,6 +232,7 @@ int main(int argc, char** argv) {
 #ifdef IDEM_BENCH_WITH_KAFKA
     guarded("e2e_kafka", idem_bench::run_e2e_kafka_cases);
 #endif
+    guarded("scale", idem_bench::run_scale_cases);
     idem_bench::note(fmt::format(
         "done in {:.0f} s",
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()));

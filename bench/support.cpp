@@ -32,6 +32,11 @@ bool selected(const std::string& name) {
     return !filter || std::regex_search(name, *filter);
 }
 
+bool opted_in(const std::string& name) {
+    const auto& filter = config().filter;
+    return filter && std::regex_search(name, *filter);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Json
 

@@ -479,3 +479,28 @@ TEST(Promtool, CheckMetricsAcceptsTheRenderedText) {
 }
 
 }  // namespace
+
+TEST(PrometheusGauges, PurgeReportSetsThem) {
+    idem::PrometheusObserver metrics;
+    EXPECT_FALSE(contains(metrics.render(), "idem_purge_duration_seconds"));
+    idem::PurgeResult purged;
+    purged.claims = 5000;
+    purged.expired_locks = 2;
+    const double before =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    metrics.report_purge("orders-db", purged, std::chrono::milliseconds(1500));
+    purged.claims = 12;
+    metrics.report_purge("audit", purged, std::chrono::milliseconds(20));
+    const std::string text = metrics.render();
+    EXPECT_TRUE(contains(text, "# TYPE idem_purge_duration_seconds gauge\n")) << text;
+    EXPECT_TRUE(contains(text, "idem_purge_duration_seconds{store=\"orders-db\"} 1.5\n")) << text;
+    EXPECT_TRUE(contains(text, "idem_purge_duration_seconds{store=\"audit\"} 0.02\n")) << text;
+    EXPECT_TRUE(contains(text, "idem_purge_claims_deleted{store=\"orders-db\"} 5000\n")) << text;
+    EXPECT_TRUE(contains(text, "idem_purge_claims_deleted{store=\"audit\"} 12\n")) << text;
+    const std::string key = "idem_purge_last_completed_timestamp_seconds{store=\"audit\"} ";
+    const auto at = text.find(key);
+    ASSERT_NE(at, std::string::npos) << text;
+    const double stamp = std::stod(text.substr(at + key.size()));
+    EXPECT_GE(stamp, before - 1);
+    EXPECT_LE(stamp, before + 60);
+}

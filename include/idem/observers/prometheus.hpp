@@ -24,6 +24,10 @@
 ///   - `idem_circuit_open{consumer}`, `idem_pending{consumer}`, `idem_dead_letter_depth{stream}`
 ///     gauges a consumer loop sets (set_circuit_open(), set_pending(), set_dead_letter_depth(),
 ///     or all three from the consumer's own reports: health_sink())
+///   - `idem_purge_duration_seconds{store}`, `idem_purge_claims_deleted{store}`,
+///     `idem_purge_last_completed_timestamp_seconds{store}`  gauges of the last store.purge()
+///     run, set by report_purge() (a purge that takes longer and longer cannot keep up with the
+///     claims coming in: docs/alerts.yml IdemPurgeSlow, IdemPurgeNotRunning)
 ///   - `idem_observer_scopes_dropped_total`        outcomes not counted: more scopes than
 ///     PrometheusOptions::max_scopes
 ///
@@ -58,6 +62,7 @@
 
 #include "idem/config.hpp"
 #include "idem/consumer_health.hpp"
+#include "idem/contract/records.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/observer.hpp"
@@ -181,6 +186,24 @@ class PrometheusObserver final : public Observer {
     /// idem_dead_letter_depth{stream}: messages in the dead-letter destination of @p stream.
     void set_dead_letter_depth(std::string_view stream, std::uint64_t depth) {
         set_gauge(dead_letter_depth_, stream, static_cast<double>(depth));
+    }
+
+    /// @brief Sets the purge gauges of @p store (a name of your choice: "orders-db") from one
+    /// store.purge() run that took @p took: idem_purge_duration_seconds, idem_purge_claims_deleted
+    /// and idem_purge_last_completed_timestamp_seconds (now, Unix seconds). Call it after each
+    /// scheduled purge:
+    /// @code
+    /// const auto start = std::chrono::steady_clock::now();
+    /// const idem::PurgeResult purged = store.purge(std::chrono::hours(24 * 14));
+    /// metrics.report_purge("orders-db", purged, std::chrono::steady_clock::now() - start);
+    /// @endcode
+    void report_purge(std::string_view store, const PurgeResult& result,
+                      std::chrono::nanoseconds took) {
+        set_gauge(purge_seconds_, store, std::chrono::duration<double>(took).count());
+        set_gauge(purge_claims_, store, static_cast<double>(result.claims));
+        set_gauge(purge_completed_, store,
+                  std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                      .count());
     }
 
     /// @brief Sets the three gauges from one consumer's report: idem_circuit_open and (when
@@ -324,6 +347,12 @@ class PrometheusObserver final : public Observer {
                      "Messages delivered to the consumer and not yet acknowledged.", pending_);
         render_gauge(out, "idem_dead_letter_depth", "stream",
                      "Messages in the stream's dead-letter destination.", dead_letter_depth_);
+        render_gauge(out, "idem_purge_duration_seconds", "store",
+                     "How long the last store.purge() run took.", purge_seconds_);
+        render_gauge(out, "idem_purge_claims_deleted", "store",
+                     "Expired claims the last store.purge() run deleted.", purge_claims_);
+        render_gauge(out, "idem_purge_last_completed_timestamp_seconds", "store",
+                     "When the last store.purge() run completed (Unix time).", purge_completed_);
         return out;
     }
 
@@ -488,6 +517,9 @@ class PrometheusObserver final : public Observer {
     Gauges circuit_open_;
     Gauges pending_;
     Gauges dead_letter_depth_;
+    Gauges purge_seconds_;
+    Gauges purge_claims_;
+    Gauges purge_completed_;
 };
 
 IDEM_END_NAMESPACE
