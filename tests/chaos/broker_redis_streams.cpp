@@ -13,6 +13,7 @@
 #include "broker.hpp"
 #include "idem/broker/redis_streams.hpp"
 #include "idem/redis/connection.hpp"
+#include "idem/senders/redis_streams.hpp"
 
 namespace chaos {
 namespace {
@@ -22,6 +23,11 @@ idem::RedisEndpoint endpoint_on(int port) {
     endpoint.host = "127.0.0.1";
     endpoint.port = port;
     return endpoint;
+}
+
+/// The field a relayed message carries its key in (the sender's default, the consumer's id_field).
+std::string relayed_id_field() {
+    return idem::RedisStreamSenderOptions{}.id_field;
 }
 
 struct GroupState {
@@ -59,7 +65,7 @@ class RedisStreamsRun final : public BrokerRun {
 
     bool drained() override {
         const GroupState state = group_state();
-        return state.pending == 0 && state.last_delivered_id == last_id_;
+        return state.pending == 0 && state.last_delivered_id == last_entry_id();
     }
 
     std::string progress() override {
@@ -71,6 +77,7 @@ class RedisStreamsRun final : public BrokerRun {
     }
 
     std::set<long> unsettled_orders() override {
+        if (expecting()) return unsettled_when_expecting();
         std::set<long> out;
         for (const auto& row : redis_
                                    .checked({"XPENDING", stream_key, group_name, "-", "+",
@@ -93,7 +100,7 @@ class RedisStreamsRun final : public BrokerRun {
             long order = 0;
             std::string reason;
             for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
-                if (fields[i].str == "idem-entry-id")
+                if (fields[i].str == (expecting() ? relayed_id_field() : "idem-entry-id"))
                     order = order_of(fields[i + 1].str).value_or(0);
                 if (fields[i].str == "idem-reason") reason = fields[i + 1].str;
             }
@@ -103,16 +110,29 @@ class RedisStreamsRun final : public BrokerRun {
     }
 
     std::optional<long> order_of(const std::string& message_id) const override {
+        if (expecting()) return order_of_message_id(message_id);
         const auto found = order_of_entry_.find(message_id);
         if (found == order_of_entry_.end()) return std::nullopt;
         return found->second;
     }
     std::string message_id_of_order(long order) const override {
+        if (expecting()) return message_id_of(order);
         const auto found = entry_of_order_.find(order);
         return found == entry_of_order_.end() ? std::string() : found->second;
     }
 
   private:
+    /// The last entry published (expect(): the stream's last-generated-id, whoever added it).
+    std::string last_entry_id() {
+        if (!expecting()) return last_id_;
+        const idem::redis::Reply reply =
+            redis_.checked({"XINFO", "STREAM", stream_key}, "XINFO STREAM");
+        for (std::size_t i = 0; i + 1 < reply.elements.size(); i += 2) {
+            if (reply.elements[i].str == "last-generated-id") return reply.elements[i + 1].str;
+        }
+        throw std::runtime_error("XINFO STREAM: no last-generated-id");
+    }
+
     GroupState group_state() {
         const idem::redis::Reply reply =
             redis_.checked({"XINFO", "GROUPS", stream_key}, "XINFO GROUPS");
@@ -158,10 +178,15 @@ class RedisStreamsWorker final : public BrokerWorker {
         consumer_options.visibility_timeout = settings_.visibility;
         consumer_options.redelivery_backoff = settings_.backoff;
         consumer_options.on_error = settings_.on_error;
+        if (settings_.relayed) consumer_options.id_field = relayed_id_field();
+        const std::string payload_field = idem::RedisStreamSenderOptions{}.payload_field;
         idem::StreamConsumer consumer{
             endpoint_on(std::stoi(options_.broker_address)), consumer_options,
             [&](const idem::Delivery& delivery, const idem::StreamEntry& entry) {
-                return deliver(delivery, Message{entry.id, entry.fields});
+                if (!settings_.relayed) return deliver(delivery, Message{entry.id, entry.fields});
+                const auto payload = entry.field(payload_field);
+                return deliver(delivery,
+                               Message{entry.id, Message::decode_fields(payload.value_or(""))});
             }};
         running_.store(&consumer);
         if (stop_.load()) consumer.request_stop();
@@ -182,6 +207,11 @@ class RedisStreamsWorker final : public BrokerWorker {
 };
 
 }  // namespace
+
+ChainSender redis_streams_sender(const std::string& address) {
+    auto sender = std::make_shared<idem::RedisStreamSender>(endpoint_on(std::stoi(address)));
+    return {stream_key, [sender](const idem::OutboxRow& row) { (*sender)(row); }};
+}
 
 std::unique_ptr<BrokerRun> start_redis_streams(const Options&, int redis_port) {
     return std::make_unique<RedisStreamsRun>(redis_port);
