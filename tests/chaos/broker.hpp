@@ -127,7 +127,7 @@ class BrokerRun {
     /// 1..messages come from a relay, each under message_id_of(order), some more than once.
     /// drained() then says that nothing that arrived so far is unread or unsettled (the caller
     /// knows when everything was sent); unsettled_orders() says every order while not drained.
-    void expect(long messages) noexcept { expected_ = messages; }
+    virtual void expect(long messages) { expected_ = messages; }
 
   protected:
     [[nodiscard]] bool expecting() const noexcept { return expected_ > 0; }

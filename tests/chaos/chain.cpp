@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -183,9 +184,11 @@ int run_chain_driver(const Options& o) {
     std::map<long, std::string> letters = broker_a->dead_letters();
     for (const auto& [order, reason] : broker_b->dead_letters())
         letters[order] = reason;
-    for (const Service* service : {&service_a, &service_b}) {
+    // The stores' dead letters, named by each broker's message ids (0: not an order's).
+    for (const auto& [service, broker] :
+         {std::pair{&service_a, broker_a.get()}, std::pair{&service_b, broker_b.get()}}) {
         for (const auto& letter : idem::SqliteStore{service->db}.dead_letters())
-            letters[order_of_message_id(letter.message_id).value_or(0)] = letter.reason;
+            letters[broker->order_of(letter.message_id).value_or(0)] = letter.reason;
     }
     std::vector<std::string> charged_keys;
     for (long order = 1; order <= o.messages; ++order)
@@ -220,6 +223,10 @@ int run_chain_driver(const Options& o) {
             intent_state.empty() ? "" : ", intent " + intent_state,
             unsettled.count(order) != 0 ? ", unsettled at a broker" : "",
             letter != letters.end() ? ", dead letter: " + letter->second : ""));
+    }
+    if (const auto unknown = letters.find(0); unknown != letters.end()) {
+        ++divergences;
+        explained.push_back("divergence: a dead letter of no order: " + unknown->second);
     }
     const long delivered = static_cast<long>(get_int(redis, delivered_key));
     const long redeliveries = std::max(0L, delivered - 2 * o.messages);
