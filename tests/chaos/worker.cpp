@@ -1,7 +1,10 @@
 // idem_chaos --worker: one worker process. A StreamConsumer reads the payments stream; each entry
 // goes to the handler under test (an IdempotentHandler whose effect charges the gateway with
 // key("capture", order) and records the capture in the claim's transaction), and the worker kills
-// itself with SIGKILL, with a seeded probability, at each named crash window.
+// itself with SIGKILL, with a seeded probability, at each named crash window. In a chained run
+// (--chain A:B) a worker is service A (--role a: AcceptEffect, the order's row and its outbox
+// intent), the relay (--role relay) or service B (--relayed: the capture, read from the relay's
+// messages).
 //
 // To put your own handler through the same run, replace CaptureEffect (and record_capture) below
 // and the verification in driver.cpp (captures_by_order); everything else stays.
