@@ -8,6 +8,7 @@
 #   ./scripts/chaos.sh --store mysql --messages 2000     # its own mariadbd
 #   ./scripts/chaos.sh --store redis-cluster             # a 3-master cluster; a master killed too
 #   ./scripts/chaos.sh --naive            # the negative control: divergences > 0, exit status 1
+#   ./scripts/chaos.sh --chain redis:nats # two services chained by an outbox relay (docs/chain.md)
 #   ./scripts/chaos.sh --help
 # Installs missing Debian packages first (scripts/deps.sh). Build output goes to stderr, so stdout
 # is the run's own output (its last line is one JSON object); the exit status is the run's.

@@ -1,10 +1,9 @@
 // idem::KafkaSender against librdkafka's mock cluster (idem::testing::KafkaCluster, started
 // once for this binary, before any client: it must fork a one-threaded process). A Relay over
-// an SqliteStore ships intents with the idempotent producer; the downstream reads them with
-// idem::kafka::Consumer and claims the idem-message-id header through an IdempotentHandler (the
-// role of the Kafka consumer adapter, which reads the same header). A resend is a duplicate
-// downstream; a broker down leaves the row unsent and retried; fan-out children apply once; a
-// record over message.max.bytes parks.
+// an SqliteStore ships intents with the idempotent producer; the downstream idem::KafkaConsumer
+// claims each record under its idem-message-id header (KafkaConsumerOptions::id_field). A
+// resend is a duplicate downstream; a broker down leaves the row unsent and retried; fan-out
+// children apply once; a record over message.max.bytes parks.
 
 #include <gtest/gtest.h>
 
@@ -13,7 +12,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "idem/kafka/consumer.hpp"
+#include "idem/broker/kafka.hpp"
 #include "idem/senders/kafka.hpp"
 #include "idem/testing/kafka_cluster.hpp"
 #include "support/chain_env.hpp"
@@ -46,7 +45,7 @@ kafka::Config producer_config() {
         .set("message.timeout.ms", "1500");
 }
 
-/// The last record the downstream read, as it was on the wire.
+/// The last record the downstream applied, as it was on the wire.
 struct Seen {
     std::string key;
     std::optional<std::string> message_id;
@@ -60,50 +59,40 @@ class KafkaSenderTest : public ::testing::Test {
         idem::KafkaSenderOptions options;
         options.delivery_timeout = 10s;
         sender_ = std::make_unique<idem::KafkaSender>(producer_config(), options);
-        consumer_ =
-            std::make_unique<kafka::Consumer>(kafka::Config{}
-                                                  .bootstrap_servers(cluster().bootstrap_servers())
-                                                  .group_id("downstream-" + topic_)
-                                                  .auto_offset_reset("earliest")
-                                                  .session_timeout(3000ms)
-                                                  .set("heartbeat.interval.ms", "500"));
-        consumer_->subscribe({topic_});
+        idem::KafkaConsumerOptions consumer_options{{topic_}, "downstream-" + topic_};
+        consumer_options.id_field = kafka::message_id_header;
+        consumer_options.poll_wait = 50ms;
+        consumer_options.redelivery_backoff = idem::RedeliveryBackoff::none();
+        consumer_ = std::make_unique<idem::KafkaConsumer>(
+            kafka::Config{}
+                .bootstrap_servers(cluster().bootstrap_servers())
+                .auto_offset_reset("earliest")
+                .session_timeout(3000ms)
+                .set("heartbeat.interval.ms", "500"),
+            consumer_options, ledger_.handler());
         // Joined before the test starts (a broker outage while joining delays the join).
         ASSERT_TRUE(idem_test::wait_within(30s, [&] {
-            consumer_->poll(50ms);
+            consumer_->poll_once();
             return !consumer_->assignment().empty();
         }));
     }
 
-    /// One poll: a record is handled under its idem-message-id header, then its offset is
-    /// committed (after the store's commit, as the adapter does).
-    void poll_once() {
-        std::optional<kafka::Message> message;
-        try {
-            message = consumer_->poll(50ms);
-        } catch (const idem::broker_error&) {  // the broker away: the next poll retries
-            return;
-        }
-        if (!message) return;
-        seen_.key = std::string(message->key());
-        const auto id = message->header(kafka::message_id_header);
-        seen_.message_id = id ? std::optional<std::string>(std::string(*id)) : std::nullopt;
-        const idem::Delivery delivery{seen_.message_id.value_or(""), idem::DeliveryCount{1u}};
-        const auto outcome = ledger_.handler().handle(delivery, std::string(message->value()));
-        if (idem::should_ack(outcome)) consumer_->commit({message->next_position()});
-    }
-
     Hop hop() {
-        return Hop{[this](const idem::OutboxRow& row) { (*sender_)(row); },
-                   [this] { poll_once(); }};
+        return idem_test::chain::hop_of([this](const idem::OutboxRow& row) { (*sender_)(row); },
+                                        [this] { consumer_->poll_once(); });
     }
 
     std::string topic_;
     Upstream up_;
-    Ledger<std::string> ledger_{[](const std::string& value) { return value; }};
-    std::unique_ptr<idem::KafkaSender> sender_;
-    std::unique_ptr<kafka::Consumer> consumer_;
     Seen seen_;
+    Ledger<idem::KafkaMessage> ledger_{[this](const idem::KafkaMessage& m) {
+        seen_.key = m.key;
+        const auto id = m.header(kafka::message_id_header);
+        seen_.message_id = id ? std::optional<std::string>(std::string(*id)) : std::nullopt;
+        return m.value;
+    }};
+    std::unique_ptr<idem::KafkaSender> sender_;
+    std::unique_ptr<idem::KafkaConsumer> consumer_;
 };
 
 TEST_F(KafkaSenderTest, RelayShipsIntentsTheConsumerClaimsUnderTheirHeader) {
@@ -116,6 +105,7 @@ TEST_F(KafkaSenderTest, TheKeyIsTheHeaderAndByDefaultTheRecordKey) {
     ASSERT_TRUE(idem_test::chain::poll_until(hop(), [&] { return seen_.message_id.has_value(); }));
     EXPECT_EQ(std::string(kafka::message_id_header), "idem-message-id");
     EXPECT_EQ(seen_.message_id, std::optional<std::string>("wire-5"));
+    EXPECT_EQ(ledger_.effects("wire-5"), 1);  // claimed under the header
     EXPECT_EQ(seen_.key, "wire-5");
 }
 
@@ -127,6 +117,7 @@ TEST_F(KafkaSenderTest, AnOptionChoosesAnotherRecordKey) {
     EXPECT_EQ(idem_test::chain::relay_all(up_.store(), sender).sent, 1u);
     ASSERT_TRUE(idem_test::chain::poll_until(hop(), [&] { return seen_.message_id.has_value(); }));
     EXPECT_EQ(seen_.message_id, std::optional<std::string>("wire-6"));
+    EXPECT_EQ(ledger_.effects("wire-6"), 1);
     EXPECT_EQ(seen_.key, "account-77");
 }
 

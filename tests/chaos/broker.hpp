@@ -26,6 +26,7 @@
 
 #include "chaos.hpp"
 #include "idem/delivery.hpp"
+#include "idem/outbox.hpp"
 #include "idem/outcome.hpp"
 #include "idem/redelivery_backoff.hpp"
 #ifdef IDEM_CHAOS_WITH_KAFKA
@@ -121,6 +122,33 @@ class BrokerRun {
     [[nodiscard]] virtual std::optional<long> order_of(const std::string& message_id) const = 0;
     /// The message id the handler sees for @p order (empty: not published).
     [[nodiscard]] virtual std::string message_id_of_order(long order) const = 0;
+
+    /// Instead of publish() (the chain's second broker, chain.cpp): the messages of orders
+    /// 1..messages come from a relay, each under message_id_of(order), some more than once.
+    /// drained() then says that nothing that arrived so far is unread or unsettled (the caller
+    /// knows when everything was sent); unsettled_orders() says every order while not drained.
+    virtual void expect(long messages) { expected_ = messages; }
+
+  protected:
+    [[nodiscard]] bool expecting() const noexcept { return expected_ > 0; }
+    /// expect() mode's unsettled_orders(): nothing once drained, else every order.
+    [[nodiscard]] std::set<long> unsettled_when_expecting() {
+        std::set<long> out;
+        if (drained()) return out;
+        for (long order = 1; order <= expected_; ++order)
+            out.insert(order);
+        return out;
+    }
+
+  private:
+    long expected_ = 0;
+};
+
+/// What the chain's relay ships to a broker: where, and how (an outbox sender: returns once the
+/// broker confirmed, throws otherwise).
+struct ChainSender {
+    std::string destination;
+    std::function<void(const idem::OutboxRow&)> send;
 };
 
 /// The worker's side: the broker's consumer adapter, plain-handler form.
@@ -141,26 +169,34 @@ struct WorkerSettings {
     std::chrono::milliseconds visibility{400};
     std::function<void(const std::exception&)> on_error;
     idem::RedeliveryBackoff backoff{};  ///< the consumer's redelivery_backoff
+    /// The chain's second service: the messages are a relay's (the outbox key as the message
+    /// id, the payload as the body), sent by make_sender()'s sender.
+    bool relayed = false;
 };
 
 std::unique_ptr<BrokerRun> start_redis_streams(const Options& options, int redis_port);
 std::unique_ptr<BrokerWorker> redis_streams_worker(const Options& options,
                                                    const WorkerSettings& settings);
+/// The sender of each broker to its workers' destination, at @p address (worker_address()).
+ChainSender redis_streams_sender(const std::string& address);
 #ifdef IDEM_CHAOS_WITH_RABBITMQ
 std::unique_ptr<BrokerRun> start_rabbitmq(const Options& options,
                                           const std::filesystem::path& run_dir);
 std::unique_ptr<BrokerWorker> rabbitmq_worker(const Options& options,
                                               const WorkerSettings& settings);
+ChainSender rabbitmq_sender(const std::string& address);
 #endif
 #ifdef IDEM_CHAOS_WITH_NATS
 std::unique_ptr<BrokerRun> start_nats(const Options& options, const std::filesystem::path& run_dir);
 std::unique_ptr<BrokerWorker> nats_worker(const Options& options, const WorkerSettings& settings);
+ChainSender nats_sender(const std::string& address);
 #endif
 #ifdef IDEM_CHAOS_WITH_KAFKA
 std::unique_ptr<BrokerRun> start_kafka(const Options& options);
 std::unique_ptr<BrokerWorker> kafka_worker(const Options& options, const WorkerSettings& settings);
 /// The client configuration of a worker's KafkaConsumer (--offsets store builds its own).
 idem::kafka::Config kafka_worker_config(const Options& options, const WorkerSettings& settings);
+ChainSender kafka_sender(const std::string& address);
 #endif
 
 }  // namespace chaos
@@ -224,6 +260,35 @@ inline std::unique_ptr<BrokerWorker> make_worker(const Options& options,
     }
     throw std::invalid_argument(std::string("idem_chaos was built without the ") +
                                 to_string(options.broker) + " adapter");
+}
+
+/// The sender to broker @p kind at @p address (the chain's relay, and its naive publish).
+inline ChainSender make_sender(BrokerKind kind, const std::string& address) {
+    switch (kind) {
+        case BrokerKind::redis_streams:
+            return redis_streams_sender(address);
+        case BrokerKind::rabbitmq:
+#ifdef IDEM_CHAOS_WITH_RABBITMQ
+            return rabbitmq_sender(address);
+#else
+            break;
+#endif
+        case BrokerKind::nats:
+#ifdef IDEM_CHAOS_WITH_NATS
+            return nats_sender(address);
+#else
+            break;
+#endif
+        case BrokerKind::kafka:
+#ifdef IDEM_CHAOS_WITH_KAFKA
+            return kafka_sender(address);
+#else
+            break;
+#endif
+    }
+    (void)address;
+    throw std::invalid_argument(std::string("idem_chaos was built without the ") + to_string(kind) +
+                                " adapter");
 }
 
 }  // namespace chaos

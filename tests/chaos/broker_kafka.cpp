@@ -22,6 +22,7 @@
 #include "idem/broker/kafka.hpp"
 #include "idem/kafka/consumer.hpp"
 #include "idem/kafka/producer.hpp"
+#include "idem/senders/kafka.hpp"
 #include "idem/testing/kafka_cluster.hpp"
 
 namespace chaos {
@@ -73,6 +74,7 @@ class KafkaRun final : public BrokerRun {
     }
 
     bool drained() override {
+        if (expecting() && !read_to_the_end()) return false;
         const auto committed = committed_offsets();
         for (const auto& [partition, end] : end_) {
             const auto it = committed.find(partition);
@@ -90,6 +92,7 @@ class KafkaRun final : public BrokerRun {
     }
 
     std::set<long> unsettled_orders() override {
+        if (expecting()) return unsettled_when_expecting();
         const auto committed = committed_offsets();
         std::set<long> out;
         for (const auto& [order, where] : position_of_order_) {
@@ -122,6 +125,41 @@ class KafkaRun final : public BrokerRun {
     std::string message_id_of_order(long order) const override { return message_id_of(order); }
 
   private:
+    /// expect(): a reader of its own group reads what the relay produced; end_ becomes the end
+    /// of each partition as the last fetch saw it (its high watermark). True once every
+    /// partition's end is known and the reader has nothing more to read.
+    bool read_to_the_end() {
+        if (!end_reader_) {
+            end_reader_.emplace(
+                consumer_config(cluster_.bootstrap_servers()).group_id("chaos-end-reader"));
+            end_reader_->subscribe({topic});
+        }
+        try {
+            for (int i = 0; i < 1000; ++i) {
+                auto record = end_reader_->poll(std::chrono::milliseconds(i == 0 ? 20 : 0));
+                if (!record) break;
+                auto& end = end_[record->partition()];
+                end = std::max(end, record->offset() + 1);
+            }
+            bool known = true;
+            for (std::int32_t p = 0; p < partitions; ++p) {
+                const auto marks = end_reader_->watermarks({topic, p});
+                if (!marks) {
+                    known = false;
+                    continue;
+                }
+                end_[p] = std::max(end_[p], marks->second);
+                // Not read to the end yet (an empty partition has nothing to read).
+                if (marks->second > 0 &&
+                    end_reader_->position({{topic, p}}).at(0).offset < marks->second)
+                    known = false;
+            }
+            return known;
+        } catch (const idem::broker_error&) {
+            return false;
+        }
+    }
+
     /// The group's committed offsets, asked of the coordinator by a client that does not join.
     std::map<std::int32_t, std::int64_t> committed_offsets() {
         if (!reader_) {
@@ -141,6 +179,7 @@ class KafkaRun final : public BrokerRun {
 
     idem::testing::KafkaCluster cluster_;
     std::optional<kafka::Consumer> reader_;  ///< after cluster_: closed before it stops
+    std::optional<kafka::Consumer> end_reader_;
     long messages_ = 0;
     std::map<long, std::pair<std::int32_t, std::int64_t>> position_of_order_;
     std::map<std::int32_t, std::int64_t> end_;
@@ -187,6 +226,14 @@ class KafkaWorker final : public BrokerWorker {
 };
 
 }  // namespace
+
+ChainSender kafka_sender(const std::string& address) {
+    idem::KafkaSenderOptions options;
+    options.delivery_timeout = std::chrono::seconds(10);
+    auto sender =
+        std::make_shared<idem::KafkaSender>(kafka::Config{}.bootstrap_servers(address), options);
+    return {topic, [sender](const idem::OutboxRow& row) { (*sender)(row); }};
+}
 
 std::unique_ptr<BrokerRun> start_kafka(const Options&) {
     return std::make_unique<KafkaRun>();

@@ -18,6 +18,7 @@
 #include "idem/broker/nats_jetstream.hpp"
 #include "idem/nats/admin.hpp"
 #include "idem/nats/connection.hpp"
+#include "idem/senders/nats_jetstream.hpp"
 #include "idem/testing/nats_server.hpp"
 
 namespace chaos {
@@ -74,6 +75,7 @@ class NatsRun final : public BrokerRun {
     /// unsettled unless nothing is pending at all (an over-estimate only for a run that did not
     /// drain).
     std::set<long> unsettled_orders() override {
+        if (expecting()) return unsettled_when_expecting();
         std::set<long> out;
         const nats::ConsumerState state = consumer();
         if (state.num_pending == 0 && state.num_ack_pending == 0) return out;
@@ -167,6 +169,11 @@ class NatsWorker final : public BrokerWorker {
 };
 
 }  // namespace
+
+ChainSender nats_sender(const std::string& address) {
+    auto sender = std::make_shared<idem::JetStreamSender>(nats::Endpoint{address});
+    return {subject, [sender](const idem::OutboxRow& row) { (*sender)(row); }};
+}
 
 std::unique_ptr<BrokerRun> start_nats(const Options& options, const std::filesystem::path&) {
     return std::make_unique<NatsRun>(options);

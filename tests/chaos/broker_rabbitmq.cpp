@@ -27,6 +27,7 @@
 #include "broker.hpp"
 #include "idem/broker/rabbitmq.hpp"
 #include "idem/rabbitmq/connection.hpp"
+#include "idem/senders/rabbitmq.hpp"
 #include "idem/testing/rabbitmq_server.hpp"
 
 namespace chaos {
@@ -253,6 +254,11 @@ class RabbitmqWorker final : public BrokerWorker {
 };
 
 }  // namespace
+
+ChainSender rabbitmq_sender(const std::string& address) {
+    auto sender = std::make_shared<idem::RabbitMqSender>(endpoint_on(std::stoi(address)));
+    return {queue_name, [sender](const idem::OutboxRow& row) { (*sender)(row); }};
+}
 
 std::unique_ptr<BrokerRun> start_rabbitmq(const Options&, const std::filesystem::path&) {
     std::string why;

@@ -13,6 +13,7 @@
 #include "broker.hpp"
 #include "idem/broker/redis_streams.hpp"
 #include "idem/redis/connection.hpp"
+#include "idem/senders/redis_streams.hpp"
 
 namespace chaos {
 namespace {
@@ -24,6 +25,30 @@ idem::RedisEndpoint endpoint_on(int port) {
     return endpoint;
 }
 
+/// The field a relayed message carries its key in (the sender's default, the consumer's id_field).
+std::string relayed_id_field() {
+    return idem::RedisStreamSenderOptions{}.id_field;
+}
+
+/// Where a worker reads: "<port>" (the run's stream chaos:payments) or "<port>/<stream>" (the
+/// chain's second service, on a stream of its own so that a chain redis:redis has two); the
+/// stream's dead letters go to "<stream>.dead-letters".
+struct Place {
+    int port = 0;
+    std::string stream = stream_key;
+    [[nodiscard]] std::string dead_letters() const { return stream + ".dead-letters"; }
+
+    static Place of(const std::string& address) {
+        Place place;
+        const auto slash = address.find('/');
+        place.port = std::stoi(address.substr(0, slash));
+        if (slash != std::string::npos) place.stream = address.substr(slash + 1);
+        return place;
+    }
+};
+
+constexpr const char* relayed_stream = "chaos:settlements";
+
 struct GroupState {
     long long pending = 0;
     std::string last_delivered_id;
@@ -32,19 +57,28 @@ struct GroupState {
 
 class RedisStreamsRun final : public BrokerRun {
   public:
-    explicit RedisStreamsRun(int port) : port_(port), redis_(endpoint_on(port)) {
-        redis_.checked({"XGROUP", "CREATE", stream_key, group_name, "0", "MKSTREAM"},
-                       "XGROUP CREATE");
+    explicit RedisStreamsRun(int port) : redis_(endpoint_on(port)) {
+        place_.port = port;
+        create_group();
     }
 
-    std::string worker_address() const override { return std::to_string(port_); }
+    std::string worker_address() const override {
+        return expecting() ? fmt::format("{}/{}", place_.port, place_.stream)
+                           : std::to_string(place_.port);
+    }
+
+    void expect(long messages) override {
+        BrokerRun::expect(messages);
+        place_.stream = relayed_stream;
+        create_group();
+    }
 
     void publish(long messages) override {
         messages_ = messages;
         for (long first = 1; first <= messages; first += 500) {
             std::vector<std::vector<std::string>> commands;
             for (long order = first; order < first + 500 && order <= messages; ++order) {
-                commands.push_back({"XADD", stream_key, "*", "order_id", std::to_string(order),
+                commands.push_back({"XADD", place_.stream, "*", "order_id", std::to_string(order),
                                     "amount", std::to_string(amount_of(order))});
             }
             const auto replies = redis_.pipeline(commands);
@@ -59,7 +93,7 @@ class RedisStreamsRun final : public BrokerRun {
 
     bool drained() override {
         const GroupState state = group_state();
-        return state.pending == 0 && state.last_delivered_id == last_id_;
+        return state.pending == 0 && state.last_delivered_id == last_entry_id();
     }
 
     std::string progress() override {
@@ -71,9 +105,10 @@ class RedisStreamsRun final : public BrokerRun {
     }
 
     std::set<long> unsettled_orders() override {
+        if (expecting()) return unsettled_when_expecting();
         std::set<long> out;
         for (const auto& row : redis_
-                                   .checked({"XPENDING", stream_key, group_name, "-", "+",
+                                   .checked({"XPENDING", place_.stream, group_name, "-", "+",
                                              std::to_string(messages_ + 1)},
                                             "XPENDING")
                                    .elements) {
@@ -87,13 +122,13 @@ class RedisStreamsRun final : public BrokerRun {
         // Each dead-letter stream entry names the original entry id and the reason.
         std::map<long, std::string> out;
         for (const auto& entry :
-             redis_.checked({"XRANGE", dead_letter_stream_key, "-", "+"}, "XRANGE").elements) {
+             redis_.checked({"XRANGE", place_.dead_letters(), "-", "+"}, "XRANGE").elements) {
             if (entry.elements.size() < 2) continue;
             const auto& fields = entry.elements[1].elements;
             long order = 0;
             std::string reason;
             for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
-                if (fields[i].str == "idem-entry-id")
+                if (fields[i].str == (expecting() ? relayed_id_field() : "idem-entry-id"))
                     order = order_of(fields[i + 1].str).value_or(0);
                 if (fields[i].str == "idem-reason") reason = fields[i + 1].str;
             }
@@ -103,19 +138,40 @@ class RedisStreamsRun final : public BrokerRun {
     }
 
     std::optional<long> order_of(const std::string& message_id) const override {
+        if (expecting()) return order_of_message_id(message_id);
         const auto found = order_of_entry_.find(message_id);
         if (found == order_of_entry_.end()) return std::nullopt;
         return found->second;
     }
     std::string message_id_of_order(long order) const override {
+        if (expecting()) return message_id_of(order);
         const auto found = entry_of_order_.find(order);
         return found == entry_of_order_.end() ? std::string() : found->second;
     }
 
   private:
+    /// The group on place_.stream (made once: a chain redis:redis has two runs in one server).
+    void create_group() {
+        const idem::redis::Reply reply =
+            redis_.command({"XGROUP", "CREATE", place_.stream, group_name, "0", "MKSTREAM"});
+        if (reply.is_error() && reply.str.rfind("BUSYGROUP", 0) != 0)
+            throw std::runtime_error("XGROUP CREATE: " + reply.str);
+    }
+
+    /// The last entry published (expect(): the stream's last-generated-id, whoever added it).
+    std::string last_entry_id() {
+        if (!expecting()) return last_id_;
+        const idem::redis::Reply reply =
+            redis_.checked({"XINFO", "STREAM", place_.stream}, "XINFO STREAM");
+        for (std::size_t i = 0; i + 1 < reply.elements.size(); i += 2) {
+            if (reply.elements[i].str == "last-generated-id") return reply.elements[i + 1].str;
+        }
+        throw std::runtime_error("XINFO STREAM: no last-generated-id");
+    }
+
     GroupState group_state() {
         const idem::redis::Reply reply =
-            redis_.checked({"XINFO", "GROUPS", stream_key}, "XINFO GROUPS");
+            redis_.checked({"XINFO", "GROUPS", place_.stream}, "XINFO GROUPS");
         for (const idem::redis::Reply& group : reply.elements) {
             GroupState state;
             bool ours = false;
@@ -132,7 +188,7 @@ class RedisStreamsRun final : public BrokerRun {
         throw std::runtime_error("the consumer group is gone");
     }
 
-    int port_;
+    Place place_;
     idem::redis::Connection redis_;
     long messages_ = 0;
     std::string last_id_;
@@ -147,10 +203,11 @@ class RedisStreamsWorker final : public BrokerWorker {
 
     void run(const Deliver& deliver) override {
         idem::StreamConsumerOptions consumer_options;
-        consumer_options.stream = stream_key;
+        const Place place = Place::of(options_.broker_address);
+        consumer_options.stream = place.stream;
         consumer_options.group = group_name;
         consumer_options.consumer = settings_.consumer_name;
-        consumer_options.dead_letter = dead_letter_stream_key;
+        consumer_options.dead_letter = place.dead_letters();
         // One entry at a time: a killed worker's unhandled batch would otherwise be redelivered
         // with raised delivery counts although it never reached the handler.
         consumer_options.batch_size = 1;
@@ -158,10 +215,15 @@ class RedisStreamsWorker final : public BrokerWorker {
         consumer_options.visibility_timeout = settings_.visibility;
         consumer_options.redelivery_backoff = settings_.backoff;
         consumer_options.on_error = settings_.on_error;
+        if (settings_.relayed) consumer_options.id_field = relayed_id_field();
+        const std::string payload_field = idem::RedisStreamSenderOptions{}.payload_field;
         idem::StreamConsumer consumer{
-            endpoint_on(std::stoi(options_.broker_address)), consumer_options,
+            endpoint_on(place.port), consumer_options,
             [&](const idem::Delivery& delivery, const idem::StreamEntry& entry) {
-                return deliver(delivery, Message{entry.id, entry.fields});
+                if (!settings_.relayed) return deliver(delivery, Message{entry.id, entry.fields});
+                const auto payload = entry.field(payload_field);
+                return deliver(delivery,
+                               Message{entry.id, Message::decode_fields(payload.value_or(""))});
             }};
         running_.store(&consumer);
         if (stop_.load()) consumer.request_stop();
@@ -182,6 +244,12 @@ class RedisStreamsWorker final : public BrokerWorker {
 };
 
 }  // namespace
+
+ChainSender redis_streams_sender(const std::string& address) {
+    const Place place = Place::of(address);
+    auto sender = std::make_shared<idem::RedisStreamSender>(endpoint_on(place.port));
+    return {place.stream, [sender](const idem::OutboxRow& row) { (*sender)(row); }};
+}
 
 std::unique_ptr<BrokerRun> start_redis_streams(const Options&, int redis_port) {
     return std::make_unique<RedisStreamsRun>(redis_port);

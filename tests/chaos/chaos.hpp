@@ -91,11 +91,20 @@ enum Window : int {
     after_external_call,      ///< the gateway charged; nothing recorded locally
     before_commit,            ///< the capture is written in the transaction, not committed
     after_commit_before_ack,  ///< committed; the broker has not heard the ack
+    after_send_before_mark,   ///< the chain's relay: the next broker has it, the row is unsent
     window_count
 };
 
 inline constexpr const char* window_names[window_count] = {
-    "after_claim", "after_external_call", "before_commit", "after_commit_before_ack"};
+    "after_claim", "after_external_call", "before_commit", "after_commit_before_ack",
+    "after_send_before_mark"};
+
+/// What a process of a chained run (--chain A:B, chain.cpp) is.
+enum class Role {
+    capture,    ///< the one-broker run's worker (and the chain's service B)
+    service_a,  ///< consumes broker A, writes its row and the outbox intent for B
+    relay,      ///< ships service A's outbox to broker B
+};
 
 struct Options {
     // What the command line sets (both modes; see usage in main.cpp).
@@ -122,6 +131,9 @@ struct Options {
     /// The consumers' RedeliveryBackoff::initial; negative: the library's default.
     std::chrono::milliseconds backoff_initial{-1};
     std::chrono::seconds timeout{300};  ///< give up waiting for the stream to drain
+    /// --chain A:B: `broker` is A, this is B (the store is SQLite, one for each service).
+    bool chain = false;
+    BrokerKind chain_to = BrokerKind::nats;
 
     // Worker mode only (set by the driver).
     bool worker = false;
@@ -131,6 +143,9 @@ struct Options {
     int slot = 0;
     int incarnation = 0;
     pid_t parent = 0;
+    Role role = Role::capture;
+    bool relayed = false;    ///< --relayed: service B, reading the relay's messages
+    std::string to_address;  ///< service A: broker B's worker_address() (chain_to is B)
 };
 
 // Keys in the run's redis-server. The harness's own keys start with "chaos:", the gateway's with
@@ -143,6 +158,7 @@ inline constexpr const char* delivered_key = "chaos:delivered";     ///< INCR pe
 inline constexpr const char* outcomes_key = "chaos:outcomes";       ///< hash: disposition → count
 inline constexpr const char* self_kills_key = "chaos:self-kills";   ///< hash: window → count
 inline constexpr const char* counts_key = "chaos:delivery-counts";  ///< hash: count → deliveries
+inline constexpr const char* relay_sends_key = "chaos:relay-sends";  ///< INCR per relay send
 /// A list per message id: one line per delivery as it starts and one as it settles, written by
 /// the workers ("<unix ms> d<count> <worker> start" / "... <outcome>: <reason>"), read back by
 /// the driver to explain a divergence.
@@ -159,6 +175,7 @@ inline long amount_of(long order) {
 }
 
 int run_driver(const Options& options);
+int run_chain_driver(const Options& options);
 int run_worker(const Options& options);
 
 }  // namespace chaos

@@ -18,7 +18,7 @@ constexpr const char* usage =
     "                  [--naive | --pipelined] [--kill-rate P] [--kill-interval-ms MS]\n"
     "                  [--visibility-ms MS]\n"
     "                  [--latency-ms MS] [--inflight-ms MS] [--max-deliveries N] [--timeout S]\n"
-    "                  [--backoff-ms MS]\n"
+    "                  [--backoff-ms MS] [--chain A:B]\n"
     "\n"
     "  --store           the idem store the workers use (default sqlite); redis-server always "
     "runs\n"
@@ -52,6 +52,12 @@ constexpr const char* usage =
     "                    from there (default: the library's, 2000); 0: none, each broker's own\n"
     "                    redelivery (what the run did before the backoff existed)\n"
     "  --timeout         seconds to wait for the stream to drain (default 300)\n"
+    "  --chain A:B       two services (docs/chain.md): service A consumes broker A and writes its\n"
+    "                    row and an outbox intent in one transaction (SQLite), a relay ships\n"
+    "                    the intents to broker B, service B charges the gateway and writes its\n"
+    "                    capture; A's workers, the relay and B's workers are all killed. With\n"
+    "                    --naive: A publishes inside its effect, B has no claim and a fresh key\n"
+    "                    per attempt (divergences > 0)\n"
     "\n"
     "The last stdout line is one JSON object. Exit status: 0 when every order has exactly one\n"
     "capture and one charge and they agree, nothing is pending or dead-lettered, redeliveries are\n"
@@ -71,6 +77,15 @@ long number(const std::string& option, const std::string& text, long min, long m
                                     " to " + std::to_string(max) + ", not '" + text + "'");
     }
     return value;
+}
+
+chaos::BrokerKind broker_kind(const std::string& option, const std::string& broker) {
+    if (broker == "redis") return chaos::BrokerKind::redis_streams;
+    if (broker == "rabbitmq") return chaos::BrokerKind::rabbitmq;
+    if (broker == "nats") return chaos::BrokerKind::nats;
+    if (broker == "kafka") return chaos::BrokerKind::kafka;
+    throw std::invalid_argument(option + ": a broker is redis, rabbitmq, nats or kafka, not '" +
+                                broker + "'");
 }
 
 chaos::Options parse(int argc, char** argv) {
@@ -100,19 +115,29 @@ chaos::Options parse(int argc, char** argv) {
                     "'");
             }
         } else if (arg == "--broker") {
-            const std::string broker = value();
-            if (broker == "redis") {
-                o.broker = chaos::BrokerKind::redis_streams;
-            } else if (broker == "rabbitmq") {
-                o.broker = chaos::BrokerKind::rabbitmq;
-            } else if (broker == "nats") {
-                o.broker = chaos::BrokerKind::nats;
-            } else if (broker == "kafka") {
-                o.broker = chaos::BrokerKind::kafka;
+            o.broker = broker_kind(arg, value());
+        } else if (arg == "--chain") {
+            const std::string pair = value();
+            const auto colon = pair.find(':');
+            if (colon == std::string::npos) throw std::invalid_argument("--chain wants A:B");
+            o.chain = true;
+            o.broker = broker_kind(arg, pair.substr(0, colon));
+            o.chain_to = broker_kind(arg, pair.substr(colon + 1));
+        } else if (arg == "--chain-to") {  // internal, service A
+            o.chain_to = broker_kind(arg, value());
+        } else if (arg == "--to-address") {  // internal, service A
+            o.to_address = value();
+        } else if (arg == "--role") {  // internal, worker mode
+            const std::string role = value();
+            if (role == "a") {
+                o.role = chaos::Role::service_a;
+            } else if (role == "relay") {
+                o.role = chaos::Role::relay;
             } else {
-                throw std::invalid_argument("--broker is redis, rabbitmq, nats or kafka, not '" +
-                                            broker + "'");
+                throw std::invalid_argument("--role is a or relay");
             }
+        } else if (arg == "--relayed") {  // internal, service B
+            o.relayed = true;
         } else if (arg == "--offsets") {
             const std::string mode = value();
             if (mode != "kafka" && mode != "store") {
@@ -196,6 +221,9 @@ chaos::Options parse(int argc, char** argv) {
         throw std::invalid_argument(
             "--offsets store is for the idem handler on --broker kafka with an SQL store");
     }
+    if (o.chain && (o.pipelined || o.offsets_in_store || o.store != chaos::StoreKind::sqlite)) {
+        throw std::invalid_argument("--chain runs on SQLite, without --pipelined or --offsets");
+    }
     if (o.worker && (o.redis_port == 0 || o.parent == 0)) {
         throw std::invalid_argument("--worker is started by the driver, with its arguments");
     }
@@ -213,7 +241,8 @@ int main(int argc, char** argv) {
         return 2;
     }
     try {
-        return options.worker ? chaos::run_worker(options) : chaos::run_driver(options);
+        if (options.worker) return chaos::run_worker(options);
+        return options.chain ? chaos::run_chain_driver(options) : chaos::run_driver(options);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "idem_chaos%s: %s\n", options.worker ? " worker" : "", e.what());
         return 2;

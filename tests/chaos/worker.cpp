@@ -1,7 +1,10 @@
 // idem_chaos --worker: one worker process. A StreamConsumer reads the payments stream; each entry
 // goes to the handler under test (an IdempotentHandler whose effect charges the gateway with
 // key("capture", order) and records the capture in the claim's transaction), and the worker kills
-// itself with SIGKILL, with a seeded probability, at each named crash window.
+// itself with SIGKILL, with a seeded probability, at each named crash window. In a chained run
+// (--chain A:B) a worker is service A (--role a: AcceptEffect, the order's row and its outbox
+// intent), the relay (--role relay) or service B (--relayed: the capture, read from the relay's
+// messages).
 //
 // To put your own handler through the same run, replace CaptureEffect (and record_capture) below
 // and the verification in driver.cpp (captures_by_order); everything else stays.
@@ -31,6 +34,7 @@
 #include "gateway.hpp"
 #include "idem/broker/redis_streams.hpp"
 #include "idem/idem.hpp"
+#include "idem/outbox.hpp"
 #include "idem/store/mysql.hpp"
 #include "idem/store/postgres.hpp"
 #include "idem/store/redis.hpp"
@@ -325,6 +329,102 @@ int consume_kafka_offsets_in_store(Store& store, const Options& options,
 }
 #endif
 
+// ---------------------------------------------------------------------------------------------
+// The chained run (--chain A:B, chain.cpp).
+
+/// Service A's effect: the order's row and, in the same transaction, the outbox intent for
+/// service B keyed idem::key("order", id) (the harness's message id of the order). --naive: a
+/// plain publish to broker B inside the effect instead, before the commit.
+struct AcceptEffect {
+    const ChainSender* sender;
+    CrashWindows* windows;
+    bool naive;
+
+    void operator()(idem::SqliteStore::Transaction& tx, const Message& entry) const {
+        const Capture order = parse_capture(entry);
+        windows->maybe_die(after_claim);
+        tx.execute("INSERT INTO accepted(order_id) VALUES (?)", order.order_id);
+        const std::string key = idem::key("order", order.order_id);
+        const std::string payload =
+            Message::encode_fields({{"order_id", std::to_string(order.order_id)},
+                                    {"amount", std::to_string(order.amount)}});
+        if (naive) {
+            idem::OutboxRow row;
+            row.destination = sender->destination;
+            row.idempotency_key = key;
+            row.payload = payload;
+            sender->send(row);
+        } else {
+            idem::outbox(tx, sender->destination, key, payload);
+        }
+        windows->maybe_die(after_external_call);
+        windows->maybe_die(before_commit);
+    }
+};
+
+/// The relay: ships service A's outbox to broker B, killing itself after a send and before the
+/// mark with the run's probability (and SIGKILLed by the driver at any moment).
+int run_relay(idem::SqliteStore& store, const Options& options, idem::redis::Connection& redis,
+              CrashWindows& windows) {
+    const ChainSender sender = make_sender(options.broker, options.broker_address);
+    idem::RelayOptions relay_options;
+    relay_options.batch = 10;
+    relay_options.lease = std::chrono::milliseconds(2000);  // a killed relay's batch comes back
+    relay_options.backoff_base = std::chrono::milliseconds(50);
+    relay_options.backoff_max = std::chrono::milliseconds(500);
+    relay_options.max_attempts = 1000;
+    idem::Relay relay(
+        store,
+        [&](const idem::OutboxRow& row) {
+            sender.send(row);
+            try {
+                redis.command({"INCR", relay_sends_key});
+            } catch (const idem::error&) {
+            }
+            windows.maybe_die(after_send_before_mark);
+        },
+        relay_options);
+    while (stopping == 0) {
+        const idem::RelayResult result = relay.run_once();
+        if (result.sent + result.failed + result.parked == 0)
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Runs the broker's consumer until SIGTERM; each delivery goes to @p handle, counted in the
+/// run's Redis, with the after_commit_before_ack window after an acking outcome.
+int serve(const Options& options, idem::redis::Connection& redis, CrashWindows& windows,
+          const WorkerSettings& settings, const BrokerWorker::Deliver& handle) {
+    std::unique_ptr<BrokerWorker> worker = make_worker(options, settings);
+    // The plain std::function form, wrapping the handler, so the worker can die between the
+    // handler's commit and the broker's ack (with the handler form and a RedisStore, the ack of
+    // a Redis stream would be part of the commit and that window would not exist).
+    running_worker.store(worker.get());
+    if (stopping != 0) worker->request_stop();
+    worker->run([&](const idem::Delivery& delivery, const Message& entry) {
+        for (const idem::redis::Reply& reply : redis.pipeline(
+                 {{"INCR", delivered_key},
+                  {"HINCRBY", counts_key, std::to_string(delivery.delivery_count.value()), "1"},
+                  history_start(delivery, settings.consumer_name)})) {
+            if (reply.is_error()) throw std::runtime_error("counting: " + reply.str);
+        }
+        const idem::Outcome outcome = handle(delivery, entry);
+        try {
+            redis.pipeline(
+                {{"HINCRBY", outcomes_key, std::string(idem::to_string(outcome.disposition)), "1"},
+                 history_outcome(delivery, settings.consumer_name, outcome)});
+        } catch (const idem::error&) {  // a lost count must not turn a commit into a failure
+        }
+        if (idem::should_ack(outcome)) windows.maybe_die(after_commit_before_ack);
+        return outcome;
+    });
+    running_worker.store(nullptr);
+    return 0;
+}
+
 template <class Store>
 int consume(Store& store, const Options& options, const idem::RedisEndpoint& endpoint,
             std::mt19937_64& random) {
@@ -338,17 +438,30 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
     if constexpr (std::is_same_v<Store, idem::RedisStore>) {
         policy_options.lease = options.visibility;  // the lease equals the visibility timeout
     }
-    auto handler = idem::make_handler(store, idem::Policy{scope_name, policy_options},
-                                      CaptureEffect{&gateway, &windows});
 
     WorkerSettings settings;
-    settings.consumer_name = fmt::format("worker-{}-{}", options.slot, ::getpid());
+    static constexpr const char* role_names[] = {"worker", "a-worker", "relay"};
+    settings.consumer_name = fmt::format("{}-{}-{}", role_names[static_cast<int>(options.role)],
+                                         options.slot, ::getpid());
     settings.visibility = options.visibility;
+    settings.relayed = options.relayed;
     if (options.backoff_initial.count() >= 0) settings.backoff.initial = options.backoff_initial;
     int errors_reported = 0;
     settings.on_error = [&](const std::exception& e) {
         if (++errors_reported <= 3) std::fprintf(stderr, "idem_chaos worker: %s\n", e.what());
     };
+    if constexpr (std::is_same_v<Store, idem::SqliteStore>) {
+        if (options.role == Role::relay) return run_relay(store, options, redis, windows);
+        if (options.role == Role::service_a) {
+            const ChainSender sender = make_sender(options.chain_to, options.to_address);
+            auto accept = idem::make_handler(store, idem::Policy{"accept-order", policy_options},
+                                             AcceptEffect{&sender, &windows, options.naive});
+            return serve(options, redis, windows, settings,
+                         [&](const idem::Delivery& delivery, const Message& entry) {
+                             return accept.handle(delivery, entry);
+                         });
+        }
+    }
     if (options.pipelined) {
         return consume_pipelined(store, options, redis, gateway, windows, policy_options, settings);
     }
@@ -358,34 +471,14 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
                                               policy_options, settings);
     }
 #endif
-    std::unique_ptr<BrokerWorker> worker = make_worker(options, settings);
-
-    // The plain std::function form, wrapping the handler, so the worker can die between the
-    // handler's commit and the broker's ack (with the handler form and a RedisStore, the ack of
-    // a Redis stream would be part of the commit and that window would not exist).
-    running_worker.store(worker.get());
-    if (stopping != 0) worker->request_stop();
-    worker->run([&](const idem::Delivery& delivery, const Message& entry) {
-        for (const idem::redis::Reply& reply : redis.pipeline(
-                 {{"INCR", delivered_key},
-                  {"HINCRBY", counts_key, std::to_string(delivery.delivery_count.value()), "1"},
-                  history_start(delivery, settings.consumer_name)})) {
-            if (reply.is_error()) throw std::runtime_error("counting: " + reply.str);
-        }
-        const idem::Outcome outcome =
-            options.naive ? naive_capture(store, redis, gateway, windows, random, entry)
-                          : handler.handle(delivery, entry);
-        try {
-            redis.pipeline(
-                {{"HINCRBY", outcomes_key, std::string(idem::to_string(outcome.disposition)), "1"},
-                 history_outcome(delivery, settings.consumer_name, outcome)});
-        } catch (const idem::error&) {  // a lost count must not turn a commit into a failure
-        }
-        if (idem::should_ack(outcome)) windows.maybe_die(after_commit_before_ack);
-        return outcome;
-    });
-    running_worker.store(nullptr);
-    return 0;
+    auto handler = idem::make_handler(store, idem::Policy{scope_name, policy_options},
+                                      CaptureEffect{&gateway, &windows});
+    return serve(options, redis, windows, settings,
+                 [&](const idem::Delivery& delivery, const Message& entry) {
+                     return options.naive
+                                ? naive_capture(store, redis, gateway, windows, random, entry)
+                                : handler.handle(delivery, entry);
+                 });
 }
 
 }  // namespace
