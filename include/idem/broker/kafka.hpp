@@ -775,9 +775,9 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     std::optional<kafka::Consumer> consumer_;
     std::optional<kafka::Producer> producer_;  ///< the dead letters', made on first use
     std::map<PartitionKey, PartitionState> partitions_;
-    std::deque<detail::KafkaItem> held_;  ///< polled, not handed out yet
+    std::deque<detail::KafkaItem> held_;             ///< polled, not handed out yet
     std::map<PartitionKey, std::int64_t> starting_;  ///< stored offsets being assigned
-    bool store_paused_ = false;           ///< every partition paused for the circuit breaker
+    bool store_paused_ = false;  ///< every partition paused for the circuit breaker
     std::string dead_letter_name_;
     std::atomic<std::size_t> retried_{0};
     std::atomic<std::size_t> rebalances_{0};
