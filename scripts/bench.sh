@@ -55,7 +55,13 @@ BUILD=build/bench
 
 BIN="$BUILD/bench/idem_bench"
 
-twin_of() { case "$1" in redis_stream_consumer) echo redis_single_raw ;; *) echo "${1}_raw" ;; esac; }
+twin_of() {
+    case "$1" in
+        redis_stream_consumer) echo redis_single_raw ;;
+        redis_loop_local_*) echo redis_single_local_raw ;;
+        *) echo "${1}_raw" ;;
+    esac
+}
 
 # callgrind of one side of a case: its instruction count in the measured loop (profiled_loop).
 collect() {  # side messages out_dir
