@@ -83,6 +83,9 @@ double median(std::vector<double> values);
 /// that slows down for a while (a neighbour's build) moves both; steadier than the ratio of the
 /// two medians when the samples are bimodal.
 double paired_ratio(const std::vector<double>& idem, const std::vector<double>& raw);
+/// The interquartile range of those per-round ratios over their median (needs 4 rounds, else
+/// NaN): a change of the ratio smaller than about this cannot be told from the noise of one run.
+double paired_spread(const std::vector<double>& idem, const std::vector<double>& raw);
 
 // ---------------------------------------------------------------------------------------------
 // CPU pinning. On a 2-vCPU VM a request/reply between two processes on different CPUs pays for
