@@ -89,6 +89,9 @@ double median(std::vector<double> values);
 /// that slows down for a while (a neighbour's build) moves both; steadier than the ratio of the
 /// two medians when the samples are bimodal.
 double paired_ratio(const std::vector<double>& idem, const std::vector<double>& raw);
+/// The interquartile range of those per-round ratios over their median (needs 4 rounds, else
+/// NaN): a change of the ratio smaller than about this cannot be told from the noise of one run.
+double paired_spread(const std::vector<double>& idem, const std::vector<double>& raw);
 
 /// The fields every idem-vs-raw throughput row carries, from the two sides' samples (msgs/s):
 /// idem_msgs_per_s and raw_msgs_per_s (medians), ratio, paired_ratio, ns per message, samples.

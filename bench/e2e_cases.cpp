@@ -482,6 +482,30 @@ int run_profile(const std::string& name, std::size_t messages) {
             idem::make_handler(store, idem::Policy{scope}, idem::local_effect(redis_write_effect));
         return profile_with(loop_single, handler, name, messages);
     }
+    if (name == "redis_loop_local_one_step" || name == "redis_loop_local_pipelined") {
+        // redis_single_local's effect through a PipelinedLoop: the one-step path (the loop's
+        // default for a local effect) or the pipelined two-step path. Twin:
+        // redis_single_local_raw.
+        idem::RedisStore store{redis_endpoint()};
+        store.warm_up();
+        auto handler =
+            idem::make_handler(store, idem::Policy{scope}, idem::local_effect(redis_write_effect));
+        const auto path = name == "redis_loop_local_one_step"
+                              ? idem::LocalEffectPath::claim_and_commit
+                              : idem::LocalEffectPath::pipelined;
+        auto loop = idem::pipelined_loop<std::uint64_t>(handler, path);
+        auto each = [](auto& l, std::uint64_t& seq, std::size_t n) {
+            for (std::size_t i = 0; i < n; ++i) {
+                std::string id = message_id(++seq);
+                const Order order{id, static_cast<std::int64_t>(seq)};
+                for (const auto& settled : l.handle(idem::Delivery{std::move(id), 1u}, order, seq))
+                    require_processed(settled.outcome, "profile");
+            }
+            for (const auto& settled : l.flush())
+                require_processed(settled.outcome, "profile");
+        };
+        return profile_with(each, loop, name, messages);
+    }
     if (name == "redis_single_write") {
         idem::RedisStore store{redis_endpoint()};
         auto handler = idem::make_handler(store, idem::Policy{scope}, redis_write_effect);
@@ -566,6 +590,7 @@ int run_profile(const std::string& name, std::size_t messages) {
     note(
         "--profile: one of memory_single, memory_observed, sqlite_single, sqlite_batch, "
         "redis_single, redis_single_write, redis_single_local, redis_stream_consumer, "
+        "redis_loop_local_one_step, redis_loop_local_pipelined, "
         "postgres_single, or "
         "memory_single_raw, sqlite_single_raw, sqlite_batch_raw, redis_single_raw, "
         "redis_single_local_raw");

@@ -30,6 +30,10 @@
 //   redis_stream_consumer  the same through idem::StreamConsumer itself (pipeline_commits, its
 //                       default): poll_once() over 100 entries at a time, XAUTOCLAIM and
 //                       XREADGROUP included, no effect write         vs  one SET NX
+//   redis_loop_local_one_step  redis_single_local's effect through a PipelinedLoop, its default
+//                       one-step path for a local effect (one script)  vs  redis_single_local's
+//   redis_loop_local_pipelined  the same with LocalEffectPath::pipelined (commit + next claim)
+//                                                                        vs  the same
 //   redis_cluster_single  handler.handle on a RedisStore given one node of a 3-master Redis
 //                      Cluster (3 replicas)                          vs  one SET NX sent to the
 //                                                                        key's master (hiredis)
@@ -614,8 +618,10 @@ void run_redis_cases() {
     const bool local = selected("redis_single_local");
     const bool stream_pipelined = selected("redis_stream_pipelined");
     const bool stream_consumer = selected("redis_stream_consumer");
+    const bool loop_one_step = selected("redis_loop_local_one_step");
+    const bool loop_pipelined = selected("redis_loop_local_pipelined");
     if (!single && !batch && !with_write && !replicas && !local && !stream_pipelined &&
-        !stream_consumer) {
+        !stream_consumer && !loop_one_step && !loop_pipelined) {
         return;
     }
 
@@ -660,7 +666,7 @@ void run_redis_cases() {
     add_idem<Shape::single>("redis_replicas_to_ack/idem", waiting_handler, idem_seq, waiting_meter);
     add_idem<Shape::single>("redis_replicas_to_ack/raw", handler, idem_seq, idem_meter);
     add_idem<Shape::single>("redis_single_local/idem", local_handler, idem_seq, idem_meter);
-    add("redis_single_local/raw", [&](benchmark::State& state) {
+    auto raw_local = [&](benchmark::State& state) {
         std::vector<std::vector<std::string>> both(2);
         counted(state, raw_seq, raw_meter, [&] {
             for (auto _ : state) {
@@ -670,7 +676,35 @@ void run_redis_cases() {
                 raw.pipeline(both);
             }
         });
-    });
+    };
+    add("redis_single_local/raw", raw_local);
+    // The local effect through a PipelinedLoop (what a StreamConsumer runs): its default one-step
+    // path (claim_and_commit, one script) and the pipelined two-step path (the commit with the
+    // next claim), each against the same raw twin as redis_single_local.
+    auto loop_local = [&](idem::LocalEffectPath path) {
+        return [&, path](benchmark::State& state) {
+            auto loop = idem::pipelined_loop<std::uint64_t>(local_handler, path);
+            std::size_t not_processed = 0;
+            auto check = [&](const auto& settled) {
+                for (const auto& one : settled) {
+                    if (one.outcome.disposition != idem::Disposition::processed) ++not_processed;
+                }
+            };
+            counted(state, idem_seq, idem_meter, [&] {
+                for (auto _ : state) {
+                    std::string id = message_id(++idem_seq);
+                    const Order order{id, static_cast<std::int64_t>(idem_seq)};
+                    check(loop.handle(idem::Delivery{std::move(id), 1u}, order, idem_seq));
+                }
+                check(loop.flush());
+            });
+            if (not_processed > 0) state.SkipWithError("a message was not processed");
+        };
+    };
+    add("redis_loop_local_one_step/idem", loop_local(idem::LocalEffectPath::claim_and_commit));
+    add("redis_loop_local_one_step/raw", raw_local);
+    add("redis_loop_local_pipelined/idem", loop_local(idem::LocalEffectPath::pipelined));
+    add("redis_loop_local_pipelined/raw", raw_local);
     // The stream: filled 100 entries at a time outside the timing, read with XREADGROUP (timed,
     // on a connection of its own: not in the store's round trips), each entry through the loop
     // with its stream ack as the commit hook.
@@ -862,6 +896,34 @@ void run_redis_cases() {
                    "idem::local_effect: one tx.write(\"SET\", \"fx:<order>\", \"1\"), sent with "
                    "the claim in one script",
                    "SET NX + the same SET, pipelined: one round trip", 0.70);
+    }
+    std::optional<Alternated> one_step_result;
+    if (loop_one_step) {
+        Json line;
+        one_step_result = compare("redis_loop_local_one_step", "redis", 1, line);
+        add_pinning(line, pin.active(), server_pid);
+        line.str("loop",
+                 "PipelinedLoop::handle, redis_single_local's local effect, the loop's default "
+                 "LocalEffectPath::claim_and_commit: one script a message, settled at once");
+        line.str("raw", "SET NX + the same SET, pipelined: one round trip");
+        line.str("note", "no target: compare with redis_loop_local_pipelined (x_one_step)");
+        emit(line);
+    }
+    if (loop_pipelined) {
+        Json line;
+        const Alternated result = compare("redis_loop_local_pipelined", "redis", 1, line);
+        add_pinning(line, pin.active(), server_pid);
+        line.str("loop",
+                 "the same loop with LocalEffectPath::pipelined: each commit script with the "
+                 "next claim's SET");
+        line.str("raw", "SET NX + the same SET, pipelined: one round trip");
+        if (one_step_result && one_step_result->error.empty() && result.error.empty()) {
+            // > 1: the one-step path is the faster (idem rate of one step / idem rate here).
+            line.num("x_one_step", one_step_result->idem_rate() / result.idem_rate(), 3);
+        } else {
+            line.null("x_one_step");
+        }
+        emit(line);
     }
     if (stream_pipelined) {
         target_row("redis_stream_pipelined", "loop",

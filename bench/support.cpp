@@ -150,10 +150,23 @@ Json& add_rates(Json& line, const std::vector<double>& idem_rates,
         .num("raw_msgs_per_s", raw_rate)
         .num("ratio", idem_rate / raw_rate, 3)
         .num("paired_ratio", paired_ratio(idem_rates, raw_rates), 3)
+        .num("paired_ratio_spread", paired_spread(idem_rates, raw_rates), 3)
         .num("idem_ns_per_msg", 1e9 / idem_rate)
         .num("raw_ns_per_msg", 1e9 / raw_rate)
         .nums("idem_samples", idem_rates, 0)
         .nums("raw_samples", raw_rates, 0);
+}
+
+double paired_spread(const std::vector<double>& idem, const std::vector<double>& raw) {
+    std::vector<double> ratios;
+    for (std::size_t i = 0; i < idem.size() && i < raw.size(); ++i)
+        ratios.push_back(idem[i] / raw[i]);
+    if (ratios.size() < 4) return std::nan("");
+    std::sort(ratios.begin(), ratios.end());
+    const std::size_t n = ratios.size();
+    const double q1 = ratios[n / 4];
+    const double q3 = ratios[(3 * n) / 4 - (n % 4 == 0 ? 1 : 0)];
+    return (q3 - q1) / median(ratios);
 }
 
 double median(std::vector<double> values) {
@@ -422,6 +435,7 @@ void add_rates(Json& line, const std::string& bench, const std::string& store, i
         .num("raw_msgs_per_s", result.raw_rate())
         .num("ratio", result.idem_rate() / result.raw_rate(), 3)
         .num("paired_ratio", paired_ratio(result.idem_rates(), result.raw_rates()), 3)
+        .num("paired_ratio_spread", paired_spread(result.idem_rates(), result.raw_rates()), 3)
         .num("idem_ns_per_msg", result.idem_ns())
         .num("raw_ns_per_msg", result.raw_ns())
         .nums("idem_samples", result.idem_rates(), 0)

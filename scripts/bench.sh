@@ -22,6 +22,15 @@
 #                                         sqlite_single sqlite_batch; also redis_single,
 #                                         redis_single_local, redis_stream_consumer, whose twin
 #                                         is redis_single_raw); needs valgrind
+#   scripts/bench.sh --instructions [N] [CASE...]  one JSON line per CASE, <CASE>_instructions:
+#                                         instructions per message of the idem side and of its
+#                                         raw twin (callgrind, --toggle-collect on the measured
+#                                         loop, N messages each, default 5000), instr_ratio =
+#                                         idem / raw, and where they go (exclusive cost per
+#                                         message by group: idem_groups, raw_groups). CASEs default:
+#                                         redis_single redis_single_local redis_stream_consumer.
+#                                         Deterministic (instruction counts, not time); needs
+#                                         valgrind; about a minute
 # Other options go to idem_bench (scripts/bench.sh --help lists them).
 set -euo pipefail
 
@@ -50,6 +59,92 @@ BUILD=build/bench
 
 BIN="$BUILD/bench/idem_bench"
 
+twin_of() {
+    case "$1" in
+        redis_stream_consumer) echo redis_single_raw ;;
+        redis_loop_local_*) echo redis_single_local_raw ;;
+        *) echo "${1}_raw" ;;
+    esac
+}
+
+# callgrind of one side of a case: its instruction count in the measured loop (profiled_loop).
+collect() {  # side messages out_dir
+    valgrind --tool=callgrind --toggle-collect='*profiled_loop*' \
+        --callgrind-out-file="$3/$1.out" "$BIN" --profile "$1" --messages "$2" 2>"$3/$1.log" >/dev/null
+    sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$3/$1.log"
+}
+
+# The exclusive cost of a callgrind file grouped by where it is spent, per message, as JSON
+# members ("hiredis":1694,...). A function's inlined pieces count under the file they come from
+# (basic_string.h inlined into an idem function is std::string work).
+groups_json() {  # file messages
+    callgrind_annotate --inclusive=no --auto=no --threshold=100 "$1" 2>/dev/null |
+        grep -E '^ *[0-9,]+ \( *[0-9.]+%\)  ' | grep -v 'PROGRAM TOTALS' |
+        awk -v messages="$2" '{
+            n = $1; gsub(",", "", n); line = $0; g = "other"
+            if (line ~ /libhiredis/) g = "hiredis"
+            else if (line ~ /malloc\.c|arena\.c|operator new|operator delete/) g = "malloc_free"
+            else if (line ~ /fmt::|\/fmt\//) g = "fmt"
+            else if (line ~ /basic_string|char_traits|libstdc\+\+/) g = "std_string"
+            else if (line ~ /stl_vector|vector\.tcc|new_allocator|stl_construct|stl_uninit/) g = "std_vector"
+            else if (line ~ /\/string\/|memmove|memset|memcpy|strlen/) g = "libc_memcpy"
+            else if (line ~ /resp\.hpp|charconv/) g = "resp_args_encoding"
+            else if (line ~ /record\.hpp|keys\.hpp|random\.hpp/) g = "keys_records_token"
+            else if (line ~ /include\/idem\/(redis|store|broker)\//) g = "idem_redis_other"
+            else if (line ~ /include\/idem\//) g = "idem_handler"
+            else if (line ~ /\/bench\//) g = "bench_loop"
+            else if (line ~ /libc\.so/) g = "libc_other"
+            sum[g] += n
+        } END {
+            sep = ""
+            for (g in sum) { printf "%s\"%s\":%d", sep, g, sum[g] / messages; sep = "," }
+        }'
+}
+
+if [[ "${1:-}" == "--instructions" ]]; then
+    messages=5000
+    if [[ "${2:-}" =~ ^[0-9]+$ ]]; then
+        messages="$2"
+        shift
+    fi
+    cases=("${@:2}")
+    ((${#cases[@]})) || cases=(redis_single redis_single_local redis_stream_consumer)
+    if ! command -v valgrind >/dev/null 2>&1; then
+        echo "bench.sh: --instructions needs valgrind (Debian: apt-get install valgrind)" >&2
+        exit 1
+    fi
+    out="$(mktemp -d "${TMPDIR:-/tmp}/idem-instructions-XXXXXX")"
+    for name in "${cases[@]}"; do
+        twin="$(twin_of "$name")"
+        echo "bench.sh: callgrind $name and $twin, $messages messages each" >&2
+        idem="$(collect "$name" "$messages" "$out")"
+        raw="$(collect "$twin" "$messages" "$out")"
+        if [[ -z "$idem" || -z "$raw" ]]; then
+            printf '{"bench":"%s_instructions","error":"callgrind collected nothing (see %s)"}\n' \
+                "$name" "$out"
+            continue
+        fi
+        case "$name" in
+            redis_single) target=1.5 ;;
+            redis_single_local) target=1.2 ;;
+            *) target="" ;;
+        esac
+        awk -v name="$name" -v twin="$twin" -v m="$messages" -v i="$idem" -v r="$raw" \
+            -v target="$target" -v groups="$(groups_json "$out/$name.out" "$messages")" \
+            -v raw_groups="$(groups_json "$out/$twin.out" "$messages")" 'BEGIN {
+                ratio = i / r
+                printf "{\"bench\":\"%s_instructions\",\"raw\":\"%s\",\"messages\":%d,", name, twin, m
+                printf "\"idem_instructions_per_msg\":%d,\"raw_instructions_per_msg\":%d,", i / m, r / m
+                printf "\"instr_ratio\":%.3f,", ratio
+                if (target != "") printf "\"target\":\"instr_ratio <= %s\",\"met\":%s,", target, (ratio <= target + 0 ? "true" : "false")
+                printf "\"idem_groups\":{%s},\"raw_groups\":{%s},", groups, raw_groups
+                printf "\"measured\":\"valgrind --tool=callgrind --toggle-collect=*profiled_loop*\"}\n"
+            }'
+    done
+    echo "bench.sh: callgrind files in $out" >&2
+    exit 0
+fi
+
 if [[ "${1:-}" == "--profile" ]]; then
     messages="${2:-20000}"
     cases=("${@:3}")
@@ -66,7 +161,6 @@ if [[ "${1:-}" == "--profile" ]]; then
             -e 's/idem::v0::/idem::/g' -e 's/ \[[^]]*\]$//' \
             -e 's/std::_Rb_tree<.*>::\([A-Za-z_]*\)(.*/std::_Rb_tree<...>::\1/' | cut -c1-150
     }
-    twin_of() { case "$1" in redis_stream_consumer) echo redis_single_raw ;; *) echo "${1}_raw" ;; esac; }
     for name in "${cases[@]}"; do
         for side in "$name" "$(twin_of "$name")"; do
             valgrind --tool=callgrind --toggle-collect='*profiled_loop*' \

@@ -263,6 +263,56 @@ TEST_F(PipelinedLoopTest, TheStreamAckGoesWithTheCommitAndALoopDroppedHoldingRel
     EXPECT_EQ(applied("s-2"), 0);
 }
 
+// A local effect takes the handler's one-step path by default: each message is settled by the
+// call that handled it (nothing held), in ONE round trip, and its claim record says it was
+// claimed and committed by one script (no pipelined SET). LocalEffectPath::pipelined keeps the
+// two-step path: held, then committed with the next claim.
+TEST_F(PipelinedLoopTest, ALocalEffectTakesTheOneStepPathUnlessAskedToPipeline) {
+    auto handler = idem::make_handler(store(), idem::Policy{"orders"},
+                                      idem::local_effect([](auto& tx, const std::string& id) {
+                                          tx.write("HINCRBY", "applied", id, 1);
+                                      }));
+    {
+        auto loop = idem::pipelined_loop(handler);
+        static_assert(decltype(loop)::one_step_effect);
+        EXPECT_TRUE(loop.takes_one_step());
+        client().exec({"XGROUP", "CREATE", "local", "g", "0", "MKSTREAM"});
+        const std::string entry = client().str({"XADD", "local", "*", "id", "l-0"}).value();
+        client().exec({"XREADGROUP", "GROUP", "g", "c", "STREAMS", "local", ">"});
+        const auto before = store().round_trips();
+        idem::CommitHook hook{idem::redis::StreamAck{store().endpoint(), "local", "g", entry}};
+        auto first = loop.handle(Delivery{"l-0", 1u}, std::string("l-0"), "l-0", hook);
+        ASSERT_EQ(tags(first), std::vector<std::string>{"l-0:processed"});
+        EXPECT_TRUE(first[0].acked_in_commit);  // the XACK went with the one script
+        EXPECT_FALSE(loop.holding());
+        for (int i = 1; i < 10; ++i) {
+            const std::string id = "l-" + std::to_string(i);
+            EXPECT_EQ(tags(loop.handle(Delivery{id, 1u}, id, id)),
+                      std::vector<std::string>{id + ":processed"});
+            EXPECT_FALSE(loop.holding());
+            EXPECT_EQ(applied(id), 1);  // settled by the call that handled it
+        }
+        EXPECT_TRUE(loop.flush().empty());
+        EXPECT_EQ(store().round_trips() - before, 10u);                 // one script call a message
+        EXPECT_EQ(client().integer({"XACK", "local", "g", entry}), 0);  // acked already
+        EXPECT_EQ(tags(loop.handle(Delivery{"l-3", 2u}, std::string("l-3"), "l-3")),
+                  std::vector<std::string>{"l-3:duplicate"});
+        EXPECT_EQ(applied("l-3"), 1);
+    }
+    auto loop = idem::pipelined_loop(handler, idem::LocalEffectPath::pipelined);
+    EXPECT_FALSE(loop.takes_one_step());
+    const auto before = store().round_trips();
+    EXPECT_TRUE(loop.handle(Delivery{"p-0", 1u}, std::string("p-0"), "p-0").empty());
+    EXPECT_TRUE(loop.holding());  // the two-step path: held until the next claim
+    EXPECT_EQ(applied("p-0"), 0);
+    EXPECT_EQ(tags(loop.handle(Delivery{"p-1", 1u}, std::string("p-1"), "p-1")),
+              std::vector<std::string>{"p-0:processed"});
+    EXPECT_EQ(tags(loop.flush()), std::vector<std::string>{"p-1:processed"});
+    EXPECT_EQ(store().round_trips() - before, 3u);  // claim, commit + claim, commit
+    EXPECT_EQ(applied("p-0"), 1);
+    EXPECT_EQ(applied("p-1"), 1);
+}
+
 TEST(PipelinedLoopOnOtherStores, SettlesEachMessageAtOnce) {
     idem::MemoryStore store;
     auto handler =

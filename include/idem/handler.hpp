@@ -58,6 +58,7 @@ class IdempotentHandler {
   public:
     using Transaction = typename detail::AttemptPipeline<Store, Effect>::Transaction;
     using EffectType = Effect;
+    using StoreType = Store;
 
     IdempotentHandler(Store& store, Policy policy, Effect effect, Observer* observer = nullptr)
         : pipeline_(store, std::move(policy), std::move(effect), observer) {}

@@ -21,6 +21,7 @@
 #include "idem/delivery.hpp"
 #include "idem/handler.hpp"
 #include "idem/handler/attempt.hpp"
+#include "idem/handler/claim_and_commit.hpp"
 #include "idem/handler/strategy.hpp"
 #include "idem/handler/timing.hpp"
 #include "idem/outcome.hpp"
@@ -62,6 +63,14 @@ IDEM_BEGIN_NAMESPACE
 /// On a store without commit_with_next_claim (everything but RedisStore) each handle() is the
 /// handler's handle(), settled at once. Not thread-safe: one loop per consumer thread.
 ///
+/// A local effect (idem::local_effect) on a store that claims and commits in one step (Redis)
+/// takes that step by default (LocalEffectPath::claim_and_commit): handle() sends the held
+/// commit, if any, and then handles the message as the handler's handle() does, its writes and
+/// its claim in ONE script call, settled at once. It is one round trip a message as the
+/// pipelined path is, with one script instead of a commit script plus a `SET` (fewer instructions
+/// on both sides: docs/performance.md, redis_loop_local_*). LocalEffectPath::pipelined keeps
+/// the two-step pipelined path for them (for comparison).
+///
 /// @code
 /// idem::PipelinedLoop<decltype(handler), std::string> loop(handler);
 /// while (running) {
@@ -81,16 +90,35 @@ struct Settled {
     bool acked_in_commit = false;  ///< its commit hook's ack went with its commit
 };
 
+/// @brief How a PipelinedLoop handles a local effect on a store that can claim and commit in
+/// one step (see PipelinedLoop).
+enum class LocalEffectPath {
+    claim_and_commit,  ///< the handler's one-step path: one script, settled at once (default)
+    pipelined,         ///< the claim with the previous commit, the commit with the next claim
+};
+
 template <class Handler, class Tag = std::string>
 class PipelinedLoop {
   public:
     using Transaction = typename Handler::Transaction;
     /// Whether the store sends a commit with the next claim (else handle() settles at once).
     static constexpr bool pipelines = has_commit_with_next_claim<Transaction>::value;
+    /// Whether the handler's effect is local and its store claims and commits in one step, so
+    /// LocalEffectPath applies.
+    static constexpr bool one_step_effect =
+        detail::runs_before_claim<typename Handler::StoreType, typename Handler::EffectType>;
 
     using Settled = idem::Settled<Tag>;
 
-    explicit PipelinedLoop(Handler& handler) : handler_(&handler) {}
+    explicit PipelinedLoop(Handler& handler,
+                           LocalEffectPath local = LocalEffectPath::claim_and_commit)
+        : handler_(&handler), local_(local) {}
+
+    /// @brief Whether handle() takes the one-step path (a local effect, LocalEffectPath::
+    /// claim_and_commit, a store that can) rather than the pipelined one.
+    [[nodiscard]] bool takes_one_step() const noexcept {
+        return one_step_effect && local_ == LocalEffectPath::claim_and_commit;
+    }
     PipelinedLoop(const PipelinedLoop&) = delete;
     PipelinedLoop& operator=(const PipelinedLoop&) = delete;
     ~PipelinedLoop() = default;  // a held transaction rolls back: not acked, redelivered
@@ -152,7 +180,8 @@ class PipelinedLoop {
             out.push_back(Settled{std::move(tag), delivery, std::move(outcome), acked});
             return out;
         } else {
-            if (unclaimable_reason(delivery)) {  // parked in a commit of its own
+            // Parked in a commit of its own; or a local effect's one step (claim_and_commit).
+            if (takes_one_step() || unclaimable_reason(delivery)) {
                 out = flush();
                 Outcome outcome = hook ? handler_->handle(delivery, body, *hook)
                                        : handler_->handle(delivery, body);
@@ -270,13 +299,15 @@ class PipelinedLoop {
     }
 
     Handler* handler_;
+    LocalEffectPath local_;
     std::unique_ptr<Held> held_;
 };
 
 /// @brief A PipelinedLoop over @p handler, deducing its type.
 template <class Tag = std::string, class Handler>
-PipelinedLoop<Handler, Tag> pipelined_loop(Handler& handler) {
-    return PipelinedLoop<Handler, Tag>(handler);
+PipelinedLoop<Handler, Tag> pipelined_loop(
+    Handler& handler, LocalEffectPath local = LocalEffectPath::claim_and_commit) {
+    return PipelinedLoop<Handler, Tag>(handler, local);
 }
 
 IDEM_END_NAMESPACE

@@ -70,14 +70,14 @@ inline void os_random_bytes(void* out, std::size_t size) {
 inline std::string os_random_hex(std::size_t bytes) {
     static constexpr char digits[] = "0123456789abcdef";
     unsigned char raw[64];
-    std::string out;
-    out.reserve(2 * bytes);
+    std::string out(2 * bytes, '0');
+    char* next = out.data();  // written in place: no push_back per digit
     while (bytes > 0) {
         const std::size_t n = bytes < sizeof raw ? bytes : sizeof raw;
         os_random_bytes(raw, n);
         for (std::size_t i = 0; i < n; ++i) {
-            out.push_back(digits[raw[i] >> 4]);
-            out.push_back(digits[raw[i] & 0x0f]);
+            *next++ = digits[raw[i] >> 4];
+            *next++ = digits[raw[i] & 0x0f];
         }
         bytes -= n;
     }

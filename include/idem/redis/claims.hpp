@@ -27,21 +27,35 @@
 IDEM_BEGIN_NAMESPACE
 namespace redis {
 
-/// The `SET … NX PX … GET` of each of @p held: a new record, leased to @p tx.
+/// The `SET … NX PX … GET` of each of @p held: a new record, leased to @p tx. The record
+/// (Record::new_head() + Record::fields()) is written straight into the command, in parts.
 inline std::vector<Args> set_claims(const StoreContext& store, const TransactionState& tx,
                                     const std::vector<HeldClaim>& held) {
-    const std::string head = Record::new_head("leased", tx.token, {}, store.now_arg(),
-                                              tx.retention_ms(), tx.lease.count());
+    const std::string now = store.now_arg();
+    const Decimal retention(tx.retention_ms());
+    const Decimal lease(tx.lease.count());
+    // `~<retention>`: the server's now, which a plain SET cannot read (Record::new_head()).
+    const std::string_view tilde = now.empty() ? std::string_view("~") : std::string_view();
+    const std::string_view time = now.empty() ? retention.view() : std::string_view(now);
     std::vector<Args> sets(held.size());
     for (std::size_t i = 0; i < held.size(); ++i) {
-        sets[i]
-            .add("SET")
-            .add(held[i].key)
-            .add(head + Record::fields(held[i].fingerprint, held[i].scope, held[i].id))
-            .add("NX")
-            .add("PX")
-            .add(tx.retention_ms())
-            .add("GET");
+        const HeldClaim& h = held[i];
+        const Decimal fp_size(h.fingerprint.size());
+        const Decimal scope_size(h.scope.size());
+        const Decimal id_size(h.id.size());
+        sets[i].reserve(96 + h.key.size() + 2 * (h.fingerprint.size() + h.id.size()) +
+                        h.scope.size() + tx.token.size());
+        sets[i].add("SET").add(h.key).add_parts({"leased|", tx.token,
+                                                 "||1|",    tilde,
+                                                 time,      "|",
+                                                 tilde,     time,
+                                                 "|",       lease.view(),
+                                                 "|",       fp_size.view(),
+                                                 "|",       scope_size.view(),
+                                                 "|",       id_size.view(),
+                                                 "\n",      h.fingerprint,
+                                                 h.scope,   h.id});
+        sets[i].add("NX").add("PX").add(retention.view()).add("GET");
     }
     return sets;
 }

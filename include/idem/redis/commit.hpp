@@ -80,7 +80,43 @@ std::size_t encode_commit(Args& a, const StoreContext& store, std::string_view t
 /// when there is exactly one per hook (a malformed delivery, an id reused with another payload).
 /// Anything else (failed, deferred, in_progress, duplicate, a request this store does not know)
 /// is left to the caller.
+inline std::vector<CommitHook*> hook_commands(const TransactionState& tx, Commands& out);
+
+/// hook_commands() for ONE attached hook (a single message's commit, the StreamConsumer's every
+/// pipelined commit): the same rule without grouping anything.
+inline std::vector<CommitHook*> one_hook_command(const TransactionState& tx, CommitHook& hook,
+                                                 Commands& out) {
+    const StreamAck* ack = hook.request_as<StreamAck>();
+    if (ack == nullptr) return {};  // not a stream ack (any more)
+    const std::string* dead_letter_reason = nullptr;
+    const std::size_t held = tx.find_held(hook.scope, hook.message_id);
+    if (held < tx.claims.size()) {
+        const HeldClaim& claim = tx.claims[held];
+        Disposition outcome = Disposition::in_progress;
+        if (claim.outcome.empty() || !from_string(claim.outcome, outcome)) return {};
+        if (!should_ack(outcome)) return {};
+        if (outcome == Disposition::dead_lettered) dead_letter_reason = &claim.reason;
+    } else {  // no claim: exactly one dead letter of this (scope, id) pairs with the hook
+        const DeadLetter* found = nullptr;
+        for (const DeadLetter& letter : tx.letters) {
+            if (letter.scope != hook.scope || letter.message_id != hook.message_id) continue;
+            if (found != nullptr) return {};
+            found = &letter;
+        }
+        if (found == nullptr) return {};
+        dead_letter_reason = &found->reason;
+    }
+    if (dead_letter_reason != nullptr) {  // never XACKed without its copy
+        out.add(stream_dead_letter_command(ack->dead_letter_destination(), ack->entry_id,
+                                           ack->fields, *dead_letter_reason, hook.scope,
+                                           hook.message_id, ack->delivery_count));
+    }
+    out.add({"XACK", ack->stream, ack->group, ack->entry_id});
+    return {&hook};
+}
+
 inline std::vector<CommitHook*> hook_commands(const TransactionState& tx, Commands& out) {
+    if (tx.hooks.size() == 1) return one_hook_command(tx, *tx.hooks.front(), out);
     // Entries and dead letters grouped by (scope, message id), in one pass each.
     auto group_key = [](std::string_view scope, std::string_view id) {
         std::string key = std::to_string(scope.size());

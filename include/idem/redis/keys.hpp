@@ -18,28 +18,32 @@ namespace redis {
 /// A key part inside a hash tag: braces would end the tag early (and split one claim's keys
 /// across Cluster slots), and ':' in a scope would let (a:b, c) and (a, b:c) collide.
 inline void append_key_part(std::string& out, std::string_view part, bool escape_colon) {
-    for (char c : part) {
+    // The runs between characters to escape go in with one append each (ids seldom have any).
+    std::size_t run = 0;
+    for (std::size_t i = 0; i < part.size(); ++i) {
+        const char c = part[i];
+        const char* escaped = nullptr;
         switch (c) {
             case '%':
-                out += "%25";
+                escaped = "%25";
                 break;
             case '{':
-                out += "%7B";
+                escaped = "%7B";
                 break;
             case '}':
-                out += "%7D";
+                escaped = "%7D";
                 break;
             case ':':
-                if (escape_colon) {
-                    out += "%3A";
-                } else {
-                    out += c;
-                }
+                if (escape_colon) escaped = "%3A";
                 break;
             default:
-                out += c;
+                break;
         }
+        if (escaped == nullptr) continue;
+        out.append(part.data() + run, i - run).append(escaped, 3);
+        run = i + 1;
     }
+    out.append(part.data() + run, part.size() - run);
 }
 
 /// A literal text inside a SCAN MATCH pattern.
@@ -86,13 +90,11 @@ class KeyLayout {
     [[nodiscard]] std::string tagged(char kind, std::string_view scope, std::string_view id) const {
         std::string out;
         out.reserve(prefix_.size() + scope.size() + id.size() + 5);
-        out += prefix_;
-        out += kind;
-        out += '{';
+        out.append(prefix_).append(1, kind).append(1, '{');
         append_key_part(out, scope, true);
-        out += ':';
+        out.append(1, ':');
         append_key_part(out, id, false);
-        out += '}';
+        out.append(1, '}');
         return out;
     }
 

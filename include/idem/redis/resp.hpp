@@ -7,9 +7,12 @@
 #include <charconv>
 #include <cstddef>
 #include <cstring>
+#include <initializer_list>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "idem/blob.hpp"
@@ -63,43 +66,74 @@ inline void append_decimal(std::string& out, long long value) {
 
 /// The bytes of commands being encoded. Every argument of every command is appended here, so it
 /// grows without std::string's per-append cost (a call into the library, a zero-fill on resize):
-/// the string's own size is the capacity, `size_` the bytes in use.
+/// a plain heap block, `capacity_` bytes of it allocated and `size_` in use.
 class RespBuffer {
   public:
+    RespBuffer() = default;
+    RespBuffer(const RespBuffer& other) { append(other.view()); }
+    RespBuffer(RespBuffer&& other) noexcept
+        : bytes_(std::move(other.bytes_)),
+          capacity_(std::exchange(other.capacity_, 0)),
+          size_(std::exchange(other.size_, 0)) {}
+    RespBuffer& operator=(const RespBuffer& other) {
+        if (this != &other) {
+            clear();
+            append(other.view());
+        }
+        return *this;
+    }
+    RespBuffer& operator=(RespBuffer&& other) noexcept {
+        bytes_ = std::move(other.bytes_);
+        capacity_ = std::exchange(other.capacity_, 0);
+        size_ = std::exchange(other.size_, 0);
+        return *this;
+    }
+    ~RespBuffer() = default;
+
     void append(const char* data, std::size_t n) {
         if (n == 0) return;
-        if (size_ + n > bytes_.size()) grow(size_ + n);
-        std::memcpy(&bytes_[size_], data, n);
+        if (size_ + n > capacity_) grow(size_ + n);
+        std::memcpy(bytes_.get() + size_, data, n);
         size_ += n;
     }
     void append(std::string_view text) { append(text.data(), text.size()); }
     void append_decimal(long long value) { append(Decimal(value).view()); }
     /// One RESP bulk string: `$<length>\r\n<bytes>\r\n`.
     void append_bulk(std::string_view value) {
-        char head[24];
-        head[0] = '$';
-        char* end = std::to_chars(head + 1, head + sizeof head - 2, value.size()).ptr;
-        *end++ = '\r';
-        *end++ = '\n';
-        append(head, static_cast<std::size_t>(end - head));
+        append_bulk_head(value.size());
         append(value);
         append("\r\n", 2);
     }
+    /// The head of a bulk string of @p length bytes (`$<length>\r\n`); the caller appends the
+    /// bytes and then `\r\n` (a value written in parts, with no string of its own).
+    void append_bulk_head(std::size_t length) {
+        char head[24];
+        head[0] = '$';
+        char* end = std::to_chars(head + 1, head + sizeof head - 2, length).ptr;
+        *end++ = '\r';
+        *end++ = '\n';
+        append(head, static_cast<std::size_t>(end - head));
+    }
     void reserve(std::size_t bytes) {
-        if (bytes > bytes_.size()) bytes_.resize(bytes);
+        if (bytes > capacity_) grow(bytes);
     }
     void truncate(std::size_t size) noexcept { size_ = std::min(size_, size); }
     void clear() noexcept { size_ = 0; }
     [[nodiscard]] std::size_t size() const noexcept { return size_; }
-    [[nodiscard]] std::string_view view() const noexcept { return {bytes_.data(), size_}; }
+    [[nodiscard]] std::string_view view() const noexcept { return {bytes_.get(), size_}; }
 
   private:
     void grow(std::size_t need) {
-        // 256 bytes hold a claim or a commit: most buffers never grow twice.
-        bytes_.resize(std::max({need, 2 * bytes_.size(), std::size_t{256}}));
+        // 256 bytes hold a claim or a commit: most buffers never grow twice. Not zero-filled.
+        const std::size_t capacity = std::max({need, 2 * capacity_, std::size_t{256}});
+        std::unique_ptr<char[]> bytes(new char[capacity]);
+        if (size_ > 0) std::memcpy(bytes.get(), bytes_.get(), size_);
+        bytes_ = std::move(bytes);
+        capacity_ = capacity;
     }
 
-    std::string bytes_;
+    std::unique_ptr<char[]> bytes_;
+    std::size_t capacity_ = 0;
     std::size_t size_ = 0;
 };
 
@@ -121,6 +155,18 @@ class Args {
             static_assert(std::is_integral_v<T>,
                           "idem: a Redis command argument must be text, idem::Blob or an integer");
         }
+        ++count_;
+        return *this;
+    }
+    /// One argument made of @p parts back to back (no string of its own is built).
+    Args& add_parts(std::initializer_list<std::string_view> parts) {
+        std::size_t length = 0;
+        for (std::string_view part : parts)
+            length += part.size();
+        resp_.append_bulk_head(length);
+        for (std::string_view part : parts)
+            resp_.append(part);
+        resp_.append("\r\n", 2);
         ++count_;
         return *this;
     }
