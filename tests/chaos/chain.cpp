@@ -250,11 +250,11 @@ int run_chain_driver(const Options& o) {
     std::printf(
         "%s chain %s, %ld messages, %d workers a side and %s, seed %llu: %ld deliveries; %ld "
         "relay sends; kills: %ld by the driver%s (%ld in all, of A's workers %ld, the relay %ld, "
-        "B's workers %ld); gateway: %ld requests, %ld charges\n",
+        "B's workers %ld); %ld process starts; gateway: %ld requests, %ld charges\n",
         o.naive ? "naive" : "idem", chain.c_str(), o.messages, o.workers,
         o.naive ? "no relay" : "one relay", static_cast<unsigned long long>(o.seed), delivered,
         relay_sends, driver_kills, window_text.c_str(), kills, fleet_a.kills(), relay.kills(),
-        fleet_b.kills(), gateway_requests, gateway_calls);
+        fleet_b.kills(), starts, gateway_requests, gateway_calls);
 
     int status = 0;
     if (interrupted) {

@@ -427,7 +427,9 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     void commit_positions(kafka::CommitMode mode, const kafka::TopicPartitions* only = nullptr) {
         if (!consumer_) return;
         kafka::TopicPartitions offsets;
-        for (auto& [where, state] : partitions_) {
+        for (auto& entry : partitions_) {
+            const PartitionKey& where = entry.first;  // named, not bound: lambdas capture it
+            PartitionState& state = entry.second;
             if (state.done < 0 || state.done == state.committed) continue;
             if (only != nullptr &&
                 std::none_of(only->begin(), only->end(), [&](const kafka::TopicPartition& p) {
@@ -505,7 +507,9 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     /// Partitions with records handed out but not settled (a retry, a stop, an error, the
     /// store away): sought back to the first of them, so they are read again, in order.
     void rewind_unsettled() {
-        for (auto& [where, state] : partitions_) {
+        for (auto& entry : partitions_) {
+            const PartitionKey& where = entry.first;  // named, not bound: lambdas capture it
+            PartitionState& state = entry.second;
             if (state.outstanding.empty()) continue;
             const std::int64_t first = state.outstanding.front().first;
             state.outstanding.clear();
