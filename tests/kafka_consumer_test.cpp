@@ -36,6 +36,25 @@
 #include "support/require_postgres.hpp"
 #include "support/require_redis.hpp"
 
+IDEM_BEGIN_NAMESPACE
+namespace detail {
+/// The KafkaConsumer's fault seam: its next @p times seeks fail as a seek that timed out does
+/// (the outcome unknown).
+struct KafkaConsumerProbe {
+    static void fail_seeks(KafkaConsumer& consumer, int times, std::atomic<int>& failed) {
+        consumer.seek_fault_ = [left = times, &failed](const kafka::TopicPartition& p) mutable {
+            if (left <= 0) return;
+            --left;
+            ++failed;
+            throw kafka::timeout("seek to " + p.topic + "/" + std::to_string(p.partition) + "@" +
+                                     std::to_string(p.offset) + " timed out (injected)",
+                                 RD_KAFKA_RESP_ERR__TIMED_OUT);
+        };
+    }
+};
+}  // namespace detail
+IDEM_END_NAMESPACE
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -695,6 +714,179 @@ TEST(KafkaBatches, OneHandleBatchPerPartitionAndAMalformedRecordDeadLettered) {
     EXPECT_EQ(letters[0].value, "no id");
     EXPECT_NE(letters[0].header("idem-reason").value_or("").find("empty message id"),
               std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The store unreachable while records of a second partition are held: the circuit breaker opens
+// on the first begin(); every record read but not yet handed to the handler is read again, in
+// order, and no committed offset passes a record whose effect did not run.
+
+struct HeldRecordsCase {
+    bool batches = false;
+    KafkaOffsets offsets = KafkaOffsets::commit_after_store;
+    bool cooperative = false;
+};
+
+void held_records_come_back_after_a_store_outage(const HeldRecordsCase& c) {
+    idem::MemoryStore store;
+    store.inject(idem::Fault::begin);  // the first transaction finds the store unreachable
+    const std::string topic = unique("t");
+    cluster->create_topic(topic, 2);
+    auto put = [&](int from, int to) {
+        kafka::Producer producer{kafka::Config{}.bootstrap_servers(cluster->bootstrap_servers())};
+        for (int i = from; i < to; ++i) {
+            const std::string value = "m" + std::to_string(i);
+            producer.produce(topic, value, value, {}, i % 2).wait();  // even ids to partition 0
+        }
+    };
+    put(0, 6);
+    std::map<std::string, int> applied;
+    std::vector<std::string> order[2];
+    auto handler =
+        idem::make_handler(store, idem::Policy{"held"}, [&](auto& tx, const KafkaMessage& m) {
+            ++applied[m.value];
+            order[m.partition].push_back(m.value);
+            tx.put("effects", m.value, "1");
+        });
+    KafkaConsumerOptions options{{topic}, unique("g")};
+    options.offsets = c.offsets;
+    options.handle_in_batches = c.batches;
+    options.batch_size = 8;
+    options.poll_wait = 100ms;
+    options.circuit_breaker.initial_backoff = 50ms;
+    options.circuit_breaker.max_backoff = 200ms;
+    auto config = client_config();
+    if (c.cooperative) config.cooperative();
+    KafkaConsumer consumer{config, options, handler};
+    ASSERT_TRUE(eventually([&] {
+        consumer.poll_once();
+        return consumer.stats().circuit_opened >= 1;
+    }));
+    put(6, 8);
+    EXPECT_TRUE(eventually(
+        [&] {
+            consumer.poll_once();
+            return applied.size() >= 8;
+        },
+        30s));
+    for (int i = 0; i < 5; ++i)
+        consumer.poll_once();  // nothing more comes
+    consumer.close();
+    EXPECT_EQ(consumer.stats().circuit_opened, 1u);
+    EXPECT_EQ(applied.size(), 8u) << "a record read before the outage never reached the handler";
+    for (const auto& [value, n] : applied)
+        EXPECT_EQ(n, 1) << value;
+    EXPECT_EQ(order[0], (std::vector<std::string>{"m0", "m2", "m4", "m6"}));
+    EXPECT_EQ(order[1], (std::vector<std::string>{"m1", "m3", "m5", "m7"}));
+    EXPECT_EQ(handler.counters().dead_lettered, 0u);
+    kafka::Consumer reader{client_config().group_id(options.group)};
+    const auto committed = reader.committed({{topic, 0}, {topic, 1}});
+    ASSERT_EQ(committed.size(), 2u);
+    EXPECT_EQ(committed[0].offset, 4) << "partition 0's group offset";
+    EXPECT_EQ(committed[1].offset, 4) << "partition 1's group offset";
+    if (c.offsets == KafkaOffsets::in_store) {
+        EXPECT_EQ(store.stored_offset(options.group, topic, 0), std::optional<std::int64_t>(4));
+        EXPECT_EQ(store.stored_offset(options.group, topic, 1), std::optional<std::int64_t>(4));
+    }
+}
+
+TEST(KafkaBatchBreaker, HeldRecordsOfASecondPartitionAreReadAgainAfterAStoreOutage) {
+    held_records_come_back_after_a_store_outage({true, KafkaOffsets::commit_after_store, false});
+}
+TEST(KafkaBatchBreaker, HeldRecordsAreReadAgainAfterAStoreOutageCooperative) {
+    held_records_come_back_after_a_store_outage({true, KafkaOffsets::commit_after_store, true});
+}
+TEST(KafkaBatchBreaker, OneAtATimeRecordsAreReadAgainAfterAStoreOutage) {
+    held_records_come_back_after_a_store_outage({false, KafkaOffsets::commit_after_store, false});
+}
+TEST(KafkaBatchBreaker, OneAtATimeWithOffsetsInStoreRecordsAreReadAgainAfterAStoreOutage) {
+    held_records_come_back_after_a_store_outage({false, KafkaOffsets::in_store, false});
+}
+TEST(KafkaBatchBreaker, OffsetsInStoreCooperativeRecordsAreReadAgainAfterAStoreOutage) {
+    held_records_come_back_after_a_store_outage({false, KafkaOffsets::in_store, true});
+}
+
+// A record left unsettled (its first attempt failed) is sought back to; that seek fails (a
+// timeout: the client's position unknown). The record is not forgotten: nothing after it is
+// handed out until a seek succeeds, it is applied once, in order, and the group's offset never
+// passes it.
+TEST(KafkaConsumerOrder, AFailedSeekBackForgetsNothing) {
+    idem::MemoryStore store;
+    const std::string topic = unique("t");
+    cluster->create_topic(topic, 1);
+    produce(topic, 0, 4);
+    std::vector<std::string> applied;
+    bool failed_once = false;
+    auto handler =
+        idem::make_handler(store, idem::Policy{"seek"}, [&](auto& tx, const KafkaMessage& m) {
+            if (m.value == "m0" && !failed_once) {
+                failed_once = true;
+                throw std::runtime_error("the first attempt fails");
+            }
+            applied.push_back(m.value);
+            tx.put("effects", m.value, "1");
+        });
+    KafkaConsumerOptions options{{topic}, unique("g")};
+    options.batch_size = 1;
+    options.poll_wait = 100ms;
+    options.redelivery_backoff = idem::RedeliveryBackoff::none();
+    std::atomic<int> seeks_failed{0};
+    KafkaConsumer consumer{client_config(), options, handler};
+    idem::detail::KafkaConsumerProbe::fail_seeks(consumer, 3, seeks_failed);
+    auto poll = [&] {  // as run() does: a broker error is reported and the loop goes on
+        try {
+            consumer.poll_once();
+        } catch (const idem::broker_error&) {
+        }
+    };
+    EXPECT_TRUE(eventually(
+        [&] {
+            poll();
+            return applied.size() >= 4;
+        },
+        30s));
+    for (int i = 0; i < 5; ++i)
+        poll();
+    consumer.close();
+    EXPECT_EQ(seeks_failed.load(), 3);
+    EXPECT_EQ(applied, (std::vector<std::string>{"m0", "m1", "m2", "m3"}));
+    kafka::Consumer reader{client_config().group_id(options.group)};
+    EXPECT_EQ(reader.committed({{topic, 0}}).at(0).offset, 4);
+}
+
+// The coordinator refuses the first offset commits: they are sent again after later polls,
+// though no record moved the position since, so the group's offset reaches the records done
+// without waiting for close().
+TEST(KafkaConsumerCommits, ARefusedCommitIsSentAgain) {
+    idem::MemoryStore store;
+    const std::string topic = unique("t");
+    cluster->create_topic(topic, 1);
+    produce(topic, 0, 5);
+    auto handler = idem::make_handler(
+        store, idem::Policy{"commits"},
+        [&](auto& tx, const KafkaMessage& m) { tx.put("effects", m.value, "1"); });
+    KafkaConsumerOptions options{{topic}, unique("g")};
+    options.poll_wait = 100ms;
+    std::vector<rd_kafka_resp_err_t> refusals;
+    options.on_error = [&](const std::exception& e) {
+        if (const auto* failure = dynamic_cast<const kafka::Failure*>(&e))
+            refusals.push_back(failure->code());
+    };
+    constexpr int offset_commit_api = 8;  // Kafka's OffsetCommit request
+    cluster->push_request_errors(offset_commit_api, {RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE,
+                                                     RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE,
+                                                     RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE});
+    KafkaConsumer consumer{client_config(), options, handler};
+    kafka::Consumer reader{client_config().group_id(options.group)};
+    EXPECT_TRUE(eventually([&] {
+        consumer.poll_once();
+        return handler.counters().processed >= 5 &&
+               reader.committed({{topic, 0}}).at(0).offset == 5;
+    }));
+    EXPECT_GE(refusals.size(), 3u) << "the refusals were reported";
+    EXPECT_EQ(reader.committed({{topic, 0}}).at(0).offset, 5);
+    consumer.close();
+    cluster->clear_request_errors(offset_commit_api);
 }
 
 // The usage errors say which option and why.

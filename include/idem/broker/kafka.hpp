@@ -119,6 +119,8 @@ struct KafkaConsumerOptions : broker::ConsumerOptions {
 };
 
 namespace detail {
+struct KafkaConsumerProbe;  ///< defined by tests only
+
 /// A record as a KafkaConsumer polled it: the librdkafka message and the copy the handler sees.
 struct KafkaItem {
     kafka::Message record;
@@ -237,6 +239,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     [[nodiscard]] const std::string& name() const noexcept { return options_.group; }
 
   private:
+    friend struct detail::KafkaConsumerProbe;  // tests: fault injection
     struct Private {};
     using PartitionKey = std::pair<std::string, std::int32_t>;
 
@@ -254,9 +257,17 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         /// The offset after the last record settled, with none before it unsettled: what is
         /// committed. RD_KAFKA_OFFSET_INVALID until the first record.
         std::int64_t done = RD_KAFKA_OFFSET_INVALID;
-        std::int64_t committed = RD_KAFKA_OFFSET_INVALID;  ///< the last commit sent
+        /// The last offset the group coordinator confirmed: a commit refused or lost is sent
+        /// again (a sent one is not taken for done).
+        std::int64_t committed = RD_KAFKA_OFFSET_INVALID;
+        std::int64_t commit_in_flight = RD_KAFKA_OFFSET_INVALID;  ///< an async commit sent
         /// Handed out and not yet past `done`: offset and whether it is settled.
         std::deque<std::pair<std::int64_t, bool>> outstanding;
+        /// Records from this offset on were read and dropped without being handed out (held
+        /// when the breaker opened, fetched while paused), or the seek back to them failed:
+        /// the client's position is past them. Nothing more of the partition is handed out
+        /// until a seek here succeeds.
+        std::optional<std::int64_t> rewind_to;
         /// A record to try again: the records after it in this poll wait.
         std::optional<std::int64_t> retrying;
         std::uint32_t retry_tries = 0;  ///< the attempts at `retrying` so far
@@ -380,9 +391,12 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
             rebalances_.fetch_add(1, std::memory_order_relaxed);
             forget(lost);  // another member may own them now: nothing is committed for them
         };
-        consumer.on_committed = [this](rd_kafka_resp_err_t err, const kafka::TopicPartitions&) {
-            // A commit refused during a rebalance: the next owner starts from the last one that
-            // went through and finds duplicates, absorbed by the claims.
+        consumer.on_committed = [this](rd_kafka_resp_err_t err,
+                                       const kafka::TopicPartitions& offsets) {
+            note_committed(err, offsets);
+            // A commit refused (during a rebalance, the coordinator away) is sent again after
+            // the next poll; if the partition moves first, its next owner starts from the last
+            // one that went through and finds duplicates, absorbed by the claims.
             if (err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
                 report(kafka::error(fmt::format("idem::KafkaConsumer(\"{}\"): offset commit: {}",
                                                 name(), rd_kafka_err2str(err)),
@@ -421,16 +435,19 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         return state_of(item.topic, item.partition);
     }
 
-    /// Commits each partition's position where it moved (all of them, or those in @p only). A
-    /// sync commit that fails is reported: the next owner then finds duplicates, which the
-    /// claims absorb.
+    /// Commits each partition's position where it moved past what the coordinator confirmed
+    /// (all of them, or those in @p only); an async commit still in flight is not sent twice.
+    /// A commit that fails is reported and sent again by the next call; a sync one that fails
+    /// on revocation leaves the next owner duplicates, which the claims absorb.
     void commit_positions(kafka::CommitMode mode, const kafka::TopicPartitions* only = nullptr) {
         if (!consumer_) return;
+        const bool async = mode == kafka::CommitMode::async;
         kafka::TopicPartitions offsets;
         for (auto& entry : partitions_) {
             const PartitionKey& where = entry.first;  // named, not bound: lambdas capture it
             PartitionState& state = entry.second;
             if (state.done < 0 || state.done == state.committed) continue;
+            if (async && state.done == state.commit_in_flight) continue;
             if (only != nullptr &&
                 std::none_of(only->begin(), only->end(), [&](const kafka::TopicPartition& p) {
                     return p.topic == where.first && p.partition == where.second;
@@ -438,13 +455,29 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
                 continue;
             }
             offsets.push_back(kafka::TopicPartition{where.first, where.second, state.done});
-            state.committed = state.done;
+            if (async) state.commit_in_flight = state.done;
         }
         if (offsets.empty()) return;
         try {
             consumer_->commit(offsets, mode);
         } catch (const broker_error& e) {
+            note_committed(RD_KAFKA_RESP_ERR__FAIL, offsets);  // not sent: send again
             report(e);
+            return;
+        }
+        if (!async) note_committed(RD_KAFKA_RESP_ERR_NO_ERROR, offsets);
+    }
+
+    /// What the coordinator answered for @p offsets (each partition's own error counts too):
+    /// confirmed offsets are committed; a refused one is sent again by the next commit.
+    void note_committed(rd_kafka_resp_err_t err, const kafka::TopicPartitions& offsets) {
+        for (const kafka::TopicPartition& p : offsets) {
+            PartitionState* state = state_of(p.topic, p.partition);
+            if (state == nullptr || p.offset < 0) continue;
+            if (state->commit_in_flight == p.offset)
+                state->commit_in_flight = RD_KAFKA_OFFSET_INVALID;
+            if (err == RD_KAFKA_RESP_ERR_NO_ERROR && p.error == RD_KAFKA_RESP_ERR_NO_ERROR)
+                state->committed = std::max(state->committed, p.offset);
         }
     }
 
@@ -470,6 +503,9 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
             item.partition = item.body.partition;
             item.offset = item.body.offset;
             if (!owned(item)) continue;  // revoked meanwhile
+            // Its position is past records to read again (a failed seek): read from there
+            // once a seek succeeds, not from here.
+            if (state_of(item)->rewind_to) continue;
             held_.push_back(std::move(item));
         }
         return take_held();
@@ -505,26 +541,62 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     }
 
     /// Partitions with records handed out but not settled (a retry, a stop, an error, the
-    /// store away): sought back to the first of them, so they are read again, in order.
+    /// store away) or read and dropped (rewind_to): sought back to the first of them, so they
+    /// are read again, in order. The records are forgotten only once the seek succeeded; a
+    /// seek that fails (its outcome unknown) is reported and tried again by the next read,
+    /// and until then nothing of the partition is handed out, so its position cannot pass them.
     void rewind_unsettled() {
         for (auto& entry : partitions_) {
             const PartitionKey& where = entry.first;  // named, not bound: lambdas capture it
             PartitionState& state = entry.second;
-            if (state.outstanding.empty()) continue;
-            const std::int64_t first = state.outstanding.front().first;
-            state.outstanding.clear();
+            std::optional<std::int64_t> first = state.rewind_to;
+            if (!state.outstanding.empty()) {
+                const std::int64_t handed = state.outstanding.front().first;
+                first = first ? std::min(*first, handed) : handed;
+            }
+            if (!first) continue;
+            // Its held records come after `first`: read again from there.
             held_.erase(std::remove_if(held_.begin(), held_.end(),
                                        [&](const detail::KafkaItem& item) {
                                            return item.topic == where.first &&
                                                   item.partition == where.second;
                                        }),
                         held_.end());
-            consumer_->seek(kafka::TopicPartition{where.first, where.second, first});
+            try {
+                seek(kafka::TopicPartition{where.first, where.second, *first});
+            } catch (const broker_error& e) {
+                state.rewind_to = *first;
+                report(e);
+                continue;
+            }
+            state.rewind_to.reset();
+            state.outstanding.clear();
             if (!state.retrying) {  // not a retry: an interruption; its tries start again
-                state.retrying = first;
+                state.retrying = *first;
                 state.retry_tries = 0;
             }
         }
+    }
+
+    void seek(const kafka::TopicPartition& position) {
+        if (seek_fault_) seek_fault_(position);
+        consumer_->seek(position);
+    }
+
+    /// Records read and not handed out, dropped: each partition reads again from its first.
+    void drop_held() {
+        for (const detail::KafkaItem& item : held_)
+            note_dropped(item.topic, item.partition, item.offset);
+        held_.clear();
+    }
+
+    /// The record at @p offset was read and dropped: the partition is sought back to it.
+    void note_dropped(const std::string& topic, std::int32_t partition, std::int64_t offset) {
+        if (PartitionState* state = state_of(topic, partition)) rewind_at_most(*state, offset);
+    }
+    static void rewind_at_most(PartitionState& state, std::int64_t offset) {
+        if (state.done >= 0 && offset < state.done) return;  // settled already
+        state.rewind_to = state.rewind_to ? std::min(*state.rewind_to, offset) : offset;
     }
 
     void resume_due() {
@@ -697,10 +769,11 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         while (!stop_requested() && std::chrono::steady_clock::now() < until) {
             try {
                 // Paused: no record comes; one fetched before the pause is dropped here and
-                // read again after it (rewind_unsettled, from the position kept).
+                // read again after it (resume_after_store, rewind_unsettled).
                 if (std::optional<kafka::Message> record =
                         consumer_->poll(std::chrono::milliseconds(50))) {
-                    note_dropped(*record);
+                    note_dropped(std::string(record->topic()), record->partition(),
+                                 record->offset());
                 }
             } catch (const std::exception& e) {
                 report(e);
@@ -716,24 +789,14 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         if (!all.empty()) consumer_->pause(all);
     }
 
-    void note_dropped(const kafka::Message& record) {
-        PartitionState* state = state_of(std::string(record.topic()), record.partition());
-        if (state == nullptr) return;
-        const std::int64_t offset = record.offset();
-        if (state->done >= 0 && offset < state->done) return;
-        if (state->outstanding.empty() || offset < state->outstanding.front().first) {
-            state->outstanding.emplace_front(offset, false);
-        }
-    }
-
-    /// The breaker closed: the partitions that are not waiting for a retry read again.
+    /// The breaker closed: every partition reads again from its first record not settled
+    /// (what was held or fetched meanwhile included; rewind_unsettled() seeks), and those
+    /// not waiting for a retry are resumed.
     void resume_after_store() {
         store_paused_ = false;
-        held_.clear();  // read again from the kept positions
-        for (auto& [where, state] : partitions_) {
-            (void)where;
-            if (state.done >= 0 && state.outstanding.empty())
-                state.outstanding.emplace_back(state.done, false);
+        drop_held();
+        for (auto& entry : partitions_) {
+            if (entry.second.done >= 0) rewind_at_most(entry.second, entry.second.done);
         }
         kafka::TopicPartitions ready;
         for (auto& [where, state] : partitions_) {
@@ -782,6 +845,9 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     std::deque<detail::KafkaItem> held_;             ///< polled, not handed out yet
     std::map<PartitionKey, std::int64_t> starting_;  ///< stored offsets being assigned
     bool store_paused_ = false;  ///< every partition paused for the circuit breaker
+    /// Tests only (through detail::KafkaConsumerProbe): runs before each seek and may throw,
+    /// as a seek that timed out does.
+    std::function<void(const kafka::TopicPartition&)> seek_fault_;
     std::string dead_letter_name_;
     std::atomic<std::size_t> retried_{0};
     std::atomic<std::size_t> rebalances_{0};

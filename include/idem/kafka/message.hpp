@@ -36,6 +36,8 @@ struct TopicPartition {
     std::string topic;
     std::int32_t partition = 0;
     std::int64_t offset = RD_KAFKA_OFFSET_INVALID;
+    /// The partition's own result, in a list the client returns (a commit's); not compared.
+    rd_kafka_resp_err_t error = RD_KAFKA_RESP_ERR_NO_ERROR;
 
     friend bool operator==(const TopicPartition& a, const TopicPartition& b) {
         return a.topic == b.topic && a.partition == b.partition && a.offset == b.offset;
@@ -68,7 +70,7 @@ inline TopicPartitions from_list(const rd_kafka_topic_partition_list_t* list) {
     out.reserve(static_cast<std::size_t>(list->cnt));
     for (int i = 0; i < list->cnt; ++i) {
         const auto& e = list->elems[i];
-        out.push_back(TopicPartition{e.topic, e.partition, e.offset});
+        out.push_back(TopicPartition{e.topic, e.partition, e.offset, e.err});
     }
     return out;
 }
