@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// @brief idem::testing::TempDir: a fresh directory under the system temp dir, removed with
-/// everything in it on destruction (a store's files in a test). Standard library only.
+/// everything in it on destruction (a store's files in a test). Standard library only (and
+/// idem/config.hpp: the versioned namespace).
 
 #include <stdlib.h>
 
@@ -10,7 +11,9 @@
 #include <string>
 #include <system_error>
 
-namespace idem {
+#include "idem/config.hpp"
+
+IDEM_BEGIN_NAMESPACE
 namespace testing {
 
 /// @brief A fresh directory (mkdtemp), removed with its contents by the destructor.
@@ -38,4 +41,4 @@ class TempDir {
 };
 
 }  // namespace testing
-}  // namespace idem
+IDEM_END_NAMESPACE
