@@ -111,8 +111,25 @@ run_ctest() {
     (($#)) && shift
     local dir="$ROOT/build/$name"
     say "$name: ctest $*"
+    local rc=0
     (cd "$dir" && "${wrapper[@]}" ctest --output-on-failure -j "$JOBS" "$@") 2>&1 |
-        tee "$dir/ctest.log"
+        tee "$dir/ctest.log" || rc=$?
+    slowest "$name" || true
+    return "$rc"
+}
+
+# slowest NAME: the 15 slowest tests of the configuration's last ctest run, and the seconds all
+# of them took together (where CI's time goes; ctest prints "Test #N: name ... Passed  1.23 sec")
+slowest() {
+    local log="$ROOT/build/$1/ctest.log" times
+    [[ -f "$log" ]] || return 0
+    times="$(awk '/Test +#[0-9]+: / { for (i = 1; i <= NF; ++i) if ($i == "sec") t = $(i - 1);
+                 for (j = 1; j <= NF; ++j) if ($j ~ /^#[0-9]+:$/) name = $(j + 1);
+                 printf "%10.2f  %s\n", t, name }' "$log")"
+    [[ -n "$times" ]] || return 0
+    sort -rn <<<"$times" | head -n 15 | sed "s/^/[test.sh] $1 slowest: /"
+    awk '{ total += $1 } END { printf "[test.sh] %s: %.0f test-seconds in all\n", name, total }' \
+        name="$1" <<<"$times"
 }
 
 run_gcc17() {
