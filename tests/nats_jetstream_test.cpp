@@ -3,7 +3,8 @@
 // redeliveries (AckWait expiry and NakWithDelay), poison parked on the dead-letter subject with
 // its reason and headers and then terminated, a slow but live holder on a lease store, +WPI
 // holding off redelivery, a graceful stop, a broker restart that loses nothing, and the circuit
-// breaker opening in the middle of a fetch, one at a time and in batch mode (NatsJetStreamBreaker).
+// breaker opening in the middle of a fetch, one at a time and in batch mode (NatsJetStreamBreaker;
+// NatsJetStreamOutage: the store's own redis-server killed).
 
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -852,6 +853,81 @@ TEST_F(NatsJetStreamBreaker, TheFetchedMessagesComeAgainInBatchMode) {
 
 TEST_F(NatsJetStreamBreaker, UnhandledMessagesComeAgainInBatchModeWithAPlainHandler) {
     fetched_messages_come_again(Mode::plain_batches);
+}
+
+/// The store a RedisStore on a redis-server of its own (the broker another server), SIGKILLed
+/// during order-2's effect and started again (same port, same AOF) before the next poll: its
+/// commit fails as unreachable and the breaker opens. One at a time order-1 is acked, order-2
+/// failed and 3 and 4 left unsettled; in batch mode the fetch's one commit fails, all four with
+/// it. With 4 more published after, each of the 10 is applied exactly once (an INCR in the
+/// store's commit), none dead-lettered, nothing left ack-pending.
+class NatsJetStreamOutage : public JetStreamTest {
+  protected:
+    void store_killed_mid_poll(bool batches) {
+        IDEM_REQUIRE_REDIS();
+        idem::testing::RedisServer own;  // the store's server: this one is killed
+        idem::RedisEndpoint store_endpoint;
+        store_endpoint.host = own.host();
+        store_endpoint.port = own.port();
+        idem::RedisOptions store_options;
+        store_options.lease = 200ms;  // = AckWait
+        idem::RedisStore store{store_endpoint, store_options};
+        store.warm_up();
+        bool kill = true;
+        auto handler =
+            idem::make_handler(store, idem::Policy{"capture"},
+                               [&](auto& tx, const JetStreamMessage&, const Delivery& d) {
+                                   tx.write("INCR", "effects:" + d.message_id);
+                                   if (kill && d.message_id == "order-2") {
+                                       kill = false;
+                                       own.kill9();
+                                   }
+                               });
+        auto options = fast_options();
+        options.batch_size = 4;
+        options.handle_in_batches = batches;
+        options.circuit_breaker.initial_backoff = 20ms;
+        options.circuit_breaker.max_backoff = 50ms;
+        JetStreamConsumer consumer{endpoint(), options, handler};
+        auto id = [](int i) { return "order-" + std::to_string(i); };
+        for (int i = 1; i <= 6; ++i)
+            publish(std::to_string(i), {}, id(i));
+        EXPECT_EQ(consumer.poll_once(), batches ? 4u : 2u);
+        EXPECT_EQ(consumer.stats().circuit_opened, 1u);
+        EXPECT_EQ(consumer.stats().acked, batches ? 0u : 1u);
+        EXPECT_EQ(consumer.stats().not_acked, batches ? 4u : 1u);
+        EXPECT_EQ(ack_pending(), batches ? 4 : 3);
+
+        own.start();  // the same port and AOF: order-1's commit kept
+        for (int i = 7; i <= 10; ++i)
+            publish(std::to_string(i), {}, id(i));
+        ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked >= 10; }))
+            << "acked " << consumer.stats().acked;
+        EXPECT_EQ(ack_pending(), 0);
+        const auto stats = consumer.stats();
+        EXPECT_EQ(stats.acked, 10u);
+        EXPECT_EQ(stats.dead_lettered, 0u);
+        EXPECT_EQ(stats.circuit_opened, 1u);
+        EXPECT_GE(stats.store_probes, 1u);
+        EXPECT_EQ(stats.read + stats.redelivered, stats.acked + stats.not_acked);
+        EXPECT_TRUE(store.dead_letters().empty());
+        EXPECT_TRUE(dead_letters().empty());
+        auto client = own.client();
+        for (int i = 1; i <= 10; ++i) {
+            EXPECT_EQ(client.integer({"GET", "effects:" + id(i)}).value_or(0), 1) << i;
+            const auto claim = store.find_claim("capture", id(i));
+            ASSERT_TRUE(claim.has_value()) << i;
+            EXPECT_EQ(claim->disposition, Disposition::processed) << i;
+        }
+    }
+};
+
+TEST_F(NatsJetStreamOutage, StoresRedisKilledMidFetchLosesNothingOneAtATime) {
+    store_killed_mid_poll(/*batches=*/false);
+}
+
+TEST_F(NatsJetStreamOutage, StoresRedisKilledMidFetchLosesNothingInBatchMode) {
+    store_killed_mid_poll(/*batches=*/true);
 }
 
 }  // namespace

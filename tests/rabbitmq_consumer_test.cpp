@@ -2,8 +2,8 @@
 // one ctest test: the broker takes seconds to start): options, delivery counts through real
 // redeliveries, poison to the dead-letter exchange, the quorum-queue check, a delivery without
 // an id, a slow but live holder on a lease store, a delayed retry, batch mode
-// (handle_in_batches), the circuit breaker opening in the middle of a poll (RabbitConsumerBreaker)
-// and a broker crash mid-run.
+// (handle_in_batches), the circuit breaker opening in the middle of a poll (RabbitConsumerBreaker;
+// RabbitConsumerOutage: the store's own redis-server killed) and a broker crash mid-run.
 //
 // The broker here has consumer_timeout = 2 s, checked every 200 ms; every test settles its
 // deliveries well within that.
@@ -965,6 +965,85 @@ TEST_F(RabbitConsumerBreaker, PrefetchedDeliveriesComeAgainInBatchMode) {
 
 TEST_F(RabbitConsumerBreaker, PrefetchedDeliveriesComeAgainInBatchModeWithAPlainHandler) {
     prefetched_deliveries_come_again("breaker-plain", Mode::plain_batches);
+}
+
+/// The store a RedisStore on a redis-server of its own (the broker another server), SIGKILLed
+/// during order-2's effect and started again (same port, same AOF) before the next poll: its
+/// commit fails as unreachable and the breaker opens. One at a time order-1 is acked, order-2
+/// failed and 3 and 4 held unhandled; in batch mode the poll's one commit fails, all four with
+/// it. With 4 more published after, each of the 10 is applied exactly once (an INCR in the
+/// store's commit), none dead-lettered, nothing back in the queue once the consumer closed.
+class RabbitConsumerOutage : public RabbitConsumerTest {
+  protected:
+    void store_killed_mid_poll(const std::string& queue, bool batches) {
+        IDEM_REQUIRE_REDIS();
+        admin->fresh_quorum_queue(queue);
+        idem::testing::RedisServer own;  // the store's server: this one is killed
+        idem::RedisEndpoint store_endpoint;
+        store_endpoint.host = own.host();
+        store_endpoint.port = own.port();
+        idem::RedisOptions store_options;
+        store_options.lease = 500ms;  // order-2's lease, left by the killed attempt, ends soon
+        idem::RedisStore store{store_endpoint, store_options};
+        store.warm_up();
+        bool kill = true;
+        auto handler = idem::make_handler(store, idem::Policy{"capture"},
+                                          [&](auto& tx, const RabbitMessage&, const Delivery& d) {
+                                              tx.write("INCR", "effects:" + d.message_id);
+                                              if (kill && d.message_id == "order-2") {
+                                                  kill = false;
+                                                  own.kill9();
+                                              }
+                                          });
+        auto options = fast_options(queue);
+        options.prefetch = 4;
+        options.batch_size = 4;
+        options.handle_in_batches = batches;
+        options.circuit_breaker.initial_backoff = 20ms;
+        options.circuit_breaker.max_backoff = 50ms;
+        auto id = [](int i) { return "order-" + std::to_string(i); };
+        {
+            RabbitConsumer consumer{endpoint(), options, handler};
+            for (int i = 1; i <= 6; ++i)
+                admin->publish(queue, "order " + std::to_string(i), id(i));
+            consumer.start();
+            ASSERT_TRUE(wait_for([&] { return admin->depth(queue) == 2; }));
+            EXPECT_EQ(consumer.poll_once(), batches ? 4u : 2u);
+            EXPECT_EQ(consumer.stats().circuit_opened, 1u);
+            EXPECT_EQ(consumer.stats().acked, batches ? 0u : 1u);
+            EXPECT_EQ(consumer.stats().not_acked, batches ? 4u : 1u);
+
+            own.start();  // the same port and AOF: order-1's commit kept
+            for (int i = 7; i <= 10; ++i)
+                admin->publish(queue, "order " + std::to_string(i), id(i));
+            ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked >= 10; }))
+                << "acked " << consumer.stats().acked;
+            const auto stats = consumer.stats();
+            EXPECT_EQ(stats.acked, 10u);
+            EXPECT_EQ(stats.dead_lettered, 0u);
+            EXPECT_EQ(stats.circuit_opened, 1u);
+            EXPECT_GE(stats.store_probes, 1u);
+            EXPECT_EQ(stats.read + stats.redelivered, stats.acked + stats.not_acked);
+        }
+        EXPECT_EQ(admin->depth(queue), 0u);
+        EXPECT_EQ(admin->depth(queue + ".dead-letters"), 0u);
+        EXPECT_TRUE(store.dead_letters().empty());
+        auto client = own.client();
+        for (int i = 1; i <= 10; ++i) {
+            EXPECT_EQ(client.integer({"GET", "effects:" + id(i)}).value_or(0), 1) << i;
+            const auto claim = store.find_claim("capture", id(i));
+            ASSERT_TRUE(claim.has_value()) << i;
+            EXPECT_EQ(claim->disposition, Disposition::processed) << i;
+        }
+    }
+};
+
+TEST_F(RabbitConsumerOutage, StoresRedisKilledMidPollLosesNothingOneAtATime) {
+    store_killed_mid_poll("outage-one", /*batches=*/false);
+}
+
+TEST_F(RabbitConsumerOutage, StoresRedisKilledMidPollLosesNothingInBatchMode) {
+    store_killed_mid_poll("outage-batch", /*batches=*/true);
 }
 
 // ---------------------------------------------------------------------------------------------
