@@ -2,7 +2,8 @@
 // one ctest test: the broker takes seconds to start): options, delivery counts through real
 // redeliveries, poison to the dead-letter exchange, the quorum-queue check, a delivery without
 // an id, a slow but live holder on a lease store, a delayed retry, batch mode
-// (handle_in_batches), and a broker crash mid-run.
+// (handle_in_batches), the circuit breaker opening in the middle of a poll (RabbitConsumerBreaker;
+// RabbitConsumerOutage: the store's own redis-server killed) and a broker crash mid-run.
 //
 // The broker here has consumer_timeout = 2 s, checked every 200 ms; every test settles its
 // deliveries well within that.
@@ -23,6 +24,7 @@
 
 #include "idem/broker/rabbitmq.hpp"
 #include "idem/idem.hpp"
+#include "idem/store/memory.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/store/sqlite.hpp"
 #include "idem/testing/redis_server.hpp"
@@ -855,6 +857,193 @@ TEST_F(RabbitConsumerTest, BatchModeDeadLettersThePoisonRedeliversTheFailureAndA
     const auto parked = store.dead_letters();
     ASSERT_EQ(parked.size(), 1u);
     EXPECT_EQ(parked.front().message_id, "order-poison");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The circuit breaker and the deliveries of the prefetch window not yet handed to the handler
+
+/// How the breaker scenarios hand a poll to the handler.
+enum class Mode {
+    one_at_a_time,  ///< an IdempotentHandler, one delivery at a time
+    batches,        ///< an IdempotentHandler, handle_in_batches: one handle_batch() per poll
+    plain_batches,  ///< a plain handler (calling the IdempotentHandler), handle_in_batches
+};
+
+/// The MemoryStore's first begin() fails as unreachable (injected_fault, a store_unavailable),
+/// with 6 messages in the queue, prefetch and batch_size 4, so the circuit breaker opens in the
+/// middle of the first poll: one at a time (and a plain handler in batch mode) the first
+/// delivery fails (nacked, back at once: no backoff here) and the three after it, never handed
+/// to the handler, are held unacked for the next poll with their counts; with handle_batch() the
+/// whole poll fails in its one transaction and all four are nacked. With 4 more published
+/// after, each of the 10 is applied exactly once, none dead-lettered, and once the consumer
+/// has closed nothing is back in the queue (an unacked delivery would be).
+class RabbitConsumerBreaker : public RabbitConsumerTest {
+  protected:
+    void prefetched_deliveries_come_again(const std::string& queue, Mode mode) {
+        admin->fresh_quorum_queue(queue);
+        idem::MemoryStore store;
+        std::map<std::string, std::vector<std::uint32_t>> counts;  // id -> counts applied
+        auto handler = idem::make_handler(
+            store, idem::Policy{"capture"}, [&](auto& tx, const RabbitMessage&, const Delivery& d) {
+                counts[d.message_id].push_back(d.delivery_count.value());
+                const int before = std::stoi(tx.get("applied", d.message_id).value_or("0"));
+                tx.put("applied", d.message_id, std::to_string(before + 1));
+            });
+        auto options = fast_options(queue);
+        options.prefetch = 4;
+        options.batch_size = 4;
+        options.handle_in_batches = mode != Mode::one_at_a_time;
+        options.circuit_breaker.initial_backoff = 20ms;
+        options.circuit_breaker.max_backoff = 50ms;
+        options.store_probe = [&] { idem::probe_store(store); };  // the plain handler's
+        auto id = [](int i) { return "order-" + std::to_string(i); };
+        const std::size_t handed = mode == Mode::batches ? 4u : 1u;
+        {
+            std::optional<RabbitConsumer> consumer;
+            if (mode == Mode::plain_batches) {
+                consumer.emplace(endpoint(), options,
+                                 [&](const Delivery& d, const RabbitMessage& m) {
+                                     return handler.handle(d, m);
+                                 });
+            } else {
+                consumer.emplace(endpoint(), options, handler);
+            }
+            for (int i = 1; i <= 6; ++i)
+                admin->publish(queue, "order " + std::to_string(i), id(i));
+            consumer->start();
+            // The prefetch window is full: 4 sent to the consumer, 2 ready.
+            ASSERT_TRUE(wait_for([&] { return admin->depth(queue) == 2; }));
+            store.inject(idem::Fault::begin);
+            EXPECT_EQ(consumer->poll_once(), handed);
+            auto stats = consumer->stats();
+            EXPECT_EQ(stats.circuit_opened, 1u);
+            EXPECT_EQ(stats.read, handed);
+            EXPECT_EQ(stats.not_acked, handed);
+            EXPECT_EQ(stats.acked, 0u);
+            EXPECT_EQ(store.claim_count(), 0u);
+
+            for (int i = 7; i <= 10; ++i)
+                admin->publish(queue, "order " + std::to_string(i), id(i));
+            ASSERT_TRUE(poll_until(*consumer, [&] { return consumer->stats().acked >= 10; }))
+                << "acked " << consumer->stats().acked;
+            stats = consumer->stats();
+            EXPECT_EQ(stats.acked, 10u);
+            EXPECT_EQ(stats.dead_lettered, 0u);
+            EXPECT_EQ(stats.not_acked, handed);
+            EXPECT_EQ(stats.circuit_opened, 1u);
+            EXPECT_GE(stats.store_probes, 1u);
+            EXPECT_EQ(stats.read + stats.redelivered, stats.acked + stats.not_acked);
+        }
+        // The consumer closed its connection: an unacked delivery would be back in the queue.
+        EXPECT_EQ(admin->depth(queue), 0u);
+        EXPECT_EQ(admin->depth(queue + ".dead-letters"), 0u);
+        EXPECT_TRUE(store.dead_letters().empty());
+        for (int i = 1; i <= 10; ++i) {
+            EXPECT_EQ(store.get("applied", id(i)), std::optional<std::string>("1")) << i;
+            const auto claim = store.find_claim("capture", id(i));
+            ASSERT_TRUE(claim.has_value()) << i;
+            EXPECT_EQ(claim->disposition, Disposition::processed) << i;
+        }
+        // The deliveries handed to the handler while the store was away were nacked: back with
+        // count 2. The ones held unhandled were not given back: still their first delivery.
+        for (int i = 1; i <= 4; ++i) {
+            const std::uint32_t count = i <= static_cast<int>(handed) ? 2 : 1;
+            EXPECT_EQ(counts[id(i)], std::vector<std::uint32_t>{count}) << i;
+        }
+        for (int i = 5; i <= 10; ++i)
+            EXPECT_EQ(counts[id(i)], std::vector<std::uint32_t>{1}) << i;
+    }
+};
+
+TEST_F(RabbitConsumerBreaker, PrefetchedDeliveriesComeAgainOneAtATime) {
+    prefetched_deliveries_come_again("breaker-one", Mode::one_at_a_time);
+}
+
+TEST_F(RabbitConsumerBreaker, PrefetchedDeliveriesComeAgainInBatchMode) {
+    prefetched_deliveries_come_again("breaker-batch", Mode::batches);
+}
+
+TEST_F(RabbitConsumerBreaker, PrefetchedDeliveriesComeAgainInBatchModeWithAPlainHandler) {
+    prefetched_deliveries_come_again("breaker-plain", Mode::plain_batches);
+}
+
+/// The store a RedisStore on a redis-server of its own (the broker another server), SIGKILLed
+/// during order-2's effect and started again (same port, same AOF) before the next poll: its
+/// commit fails as unreachable and the breaker opens. One at a time order-1 is acked, order-2
+/// failed and 3 and 4 held unhandled; in batch mode the poll's one commit fails, all four with
+/// it. With 4 more published after, each of the 10 is applied exactly once (an INCR in the
+/// store's commit), none dead-lettered, nothing back in the queue once the consumer closed.
+class RabbitConsumerOutage : public RabbitConsumerTest {
+  protected:
+    void store_killed_mid_poll(const std::string& queue, bool batches) {
+        IDEM_REQUIRE_REDIS();
+        admin->fresh_quorum_queue(queue);
+        idem::testing::RedisServer own;  // the store's server: this one is killed
+        idem::RedisEndpoint store_endpoint;
+        store_endpoint.host = own.host();
+        store_endpoint.port = own.port();
+        idem::RedisOptions store_options;
+        store_options.lease = 500ms;  // order-2's lease, left by the killed attempt, ends soon
+        idem::RedisStore store{store_endpoint, store_options};
+        store.warm_up();
+        bool kill = true;
+        auto handler = idem::make_handler(store, idem::Policy{"capture"},
+                                          [&](auto& tx, const RabbitMessage&, const Delivery& d) {
+                                              tx.write("INCR", "effects:" + d.message_id);
+                                              if (kill && d.message_id == "order-2") {
+                                                  kill = false;
+                                                  own.kill9();
+                                              }
+                                          });
+        auto options = fast_options(queue);
+        options.prefetch = 4;
+        options.batch_size = 4;
+        options.handle_in_batches = batches;
+        options.circuit_breaker.initial_backoff = 20ms;
+        options.circuit_breaker.max_backoff = 50ms;
+        auto id = [](int i) { return "order-" + std::to_string(i); };
+        {
+            RabbitConsumer consumer{endpoint(), options, handler};
+            for (int i = 1; i <= 6; ++i)
+                admin->publish(queue, "order " + std::to_string(i), id(i));
+            consumer.start();
+            ASSERT_TRUE(wait_for([&] { return admin->depth(queue) == 2; }));
+            EXPECT_EQ(consumer.poll_once(), batches ? 4u : 2u);
+            EXPECT_EQ(consumer.stats().circuit_opened, 1u);
+            EXPECT_EQ(consumer.stats().acked, batches ? 0u : 1u);
+            EXPECT_EQ(consumer.stats().not_acked, batches ? 4u : 1u);
+
+            own.start();  // the same port and AOF: order-1's commit kept
+            for (int i = 7; i <= 10; ++i)
+                admin->publish(queue, "order " + std::to_string(i), id(i));
+            ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked >= 10; }))
+                << "acked " << consumer.stats().acked;
+            const auto stats = consumer.stats();
+            EXPECT_EQ(stats.acked, 10u);
+            EXPECT_EQ(stats.dead_lettered, 0u);
+            EXPECT_EQ(stats.circuit_opened, 1u);
+            EXPECT_GE(stats.store_probes, 1u);
+            EXPECT_EQ(stats.read + stats.redelivered, stats.acked + stats.not_acked);
+        }
+        EXPECT_EQ(admin->depth(queue), 0u);
+        EXPECT_EQ(admin->depth(queue + ".dead-letters"), 0u);
+        EXPECT_TRUE(store.dead_letters().empty());
+        auto client = own.client();
+        for (int i = 1; i <= 10; ++i) {
+            EXPECT_EQ(client.integer({"GET", "effects:" + id(i)}).value_or(0), 1) << i;
+            const auto claim = store.find_claim("capture", id(i));
+            ASSERT_TRUE(claim.has_value()) << i;
+            EXPECT_EQ(claim->disposition, Disposition::processed) << i;
+        }
+    }
+};
+
+TEST_F(RabbitConsumerOutage, StoresRedisKilledMidPollLosesNothingOneAtATime) {
+    store_killed_mid_poll("outage-one", /*batches=*/false);
+}
+
+TEST_F(RabbitConsumerOutage, StoresRedisKilledMidPollLosesNothingInBatchMode) {
+    store_killed_mid_poll("outage-batch", /*batches=*/true);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 // idem::StreamConsumer's batch mode against a real redis-server: one handle_batch per poll
-// and one round trip for the acks, with SQLite and Redis stores.
+// and one round trip for the acks, with SQLite and Redis stores; and the circuit breaker opening
+// in the middle of a poll, one at a time and in batch mode (RedisStreamsBreaker).
 
 #include "support/redis_streams_test_env.hpp"
 
@@ -325,6 +326,108 @@ TEST_F(StreamBatchTest, StopBeforeTheBatchLeavesItPending) {
     EXPECT_EQ(consumer.poll_once(), 0u);
     EXPECT_EQ(calls, 0);
     EXPECT_EQ(consumer.stats().read, 0u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. The circuit breaker and the entries of a poll not yet handed to the handler
+
+/// How the breaker scenarios hand a poll to the handler.
+enum class Mode {
+    one_at_a_time,  ///< an IdempotentHandler, one entry at a time
+    batches,        ///< an IdempotentHandler, handle_in_batches: one handle_batch() per poll
+    plain_batches,  ///< a plain handler (calling the IdempotentHandler), handle_in_batches
+};
+
+/// The MemoryStore's first begin() fails as unreachable (injected_fault, a store_unavailable),
+/// with 6 entries in the stream and batch_size 4, so the circuit breaker opens in the middle of
+/// the first poll's entries: one at a time (and a plain handler in batch mode) the first entry
+/// fails and the three after it are never handed to the handler; with handle_batch() the whole
+/// poll fails in its one transaction. None of the four may be acked then, all must come again
+/// (taken over once idle for the visibility timeout), and with 4 more entries added after, each
+/// of the 10 is applied exactly once, none dead-lettered, nothing left pending.
+class RedisStreamsBreaker : public StreamConsumerTest {
+  protected:
+    void prefetched_entries_come_again(Mode mode) {
+        idem::MemoryStore store;
+        std::map<std::string, std::vector<std::uint32_t>> counts;  // order -> counts applied
+        auto handler = idem::make_handler(
+            store, idem::Policy{"capture"}, [&](auto& tx, const StreamEntry& e, const Delivery& d) {
+                const std::string order(*e.field("order"));
+                counts[order].push_back(d.delivery_count.value());
+                const int before = std::stoi(tx.get("applied", order).value_or("0"));
+                tx.put("applied", order, std::to_string(before + 1));
+            });
+        auto options = fast_options("orders");
+        options.id_field = "order";
+        options.batch_size = 4;
+        options.handle_in_batches = mode != Mode::one_at_a_time;
+        options.circuit_breaker.initial_backoff = 20ms;
+        options.circuit_breaker.max_backoff = 50ms;
+        options.store_probe = [&] { idem::probe_store(store); };  // the plain handler's
+        std::optional<StreamConsumer> consumer;
+        if (mode == Mode::plain_batches) {
+            consumer.emplace(endpoint(), options, [&](const Delivery& d, const StreamEntry& e) {
+                return handler.handle(d, e);
+            });
+        } else {
+            consumer.emplace(endpoint(), options, handler);
+        }
+
+        std::vector<std::string> ids;
+        for (int i = 1; i <= 6; ++i)
+            ids.push_back(xadd("orders", {{"order", std::to_string(i)}}));
+        store.inject(idem::Fault::begin);
+        const std::size_t handed = mode == Mode::batches ? 4u : 1u;
+        EXPECT_EQ(consumer->poll_once(), handed);
+        auto stats = consumer->stats();
+        EXPECT_EQ(stats.circuit_opened, 1u);
+        EXPECT_EQ(stats.read, handed);
+        EXPECT_EQ(stats.not_acked, handed);
+        EXPECT_EQ(stats.acked, 0u);
+        EXPECT_EQ(store.claim_count(), 0u);
+        // The four read, handed or not, are all still pending: nothing acked past them.
+        EXPECT_EQ(pending_ids("orders"), std::vector<std::string>(ids.begin(), ids.begin() + 4));
+
+        for (int i = 7; i <= 10; ++i)
+            xadd("orders", {{"order", std::to_string(i)}});
+        ASSERT_TRUE(poll_until(*consumer, [&] { return consumer->stats().acked >= 10; }))
+            << "acked " << consumer->stats().acked;
+        EXPECT_EQ(pending("orders"), 0);
+        for (int i = 1; i <= 10; ++i) {
+            const std::string order = std::to_string(i);
+            EXPECT_EQ(store.get("applied", order), std::optional<std::string>("1")) << order;
+            EXPECT_EQ(counts[order].size(), 1u) << order;
+            const auto claim = store.find_claim("capture", order);
+            ASSERT_TRUE(claim.has_value()) << order;
+            EXPECT_EQ(claim->disposition, Disposition::processed) << order;
+        }
+        EXPECT_TRUE(store.dead_letters().empty());
+        EXPECT_TRUE(dead_letters().empty());
+        stats = consumer->stats();
+        EXPECT_EQ(stats.acked, 10u);
+        EXPECT_EQ(stats.dead_lettered, 0u);
+        EXPECT_EQ(stats.not_acked, handed);
+        EXPECT_EQ(stats.circuit_opened, 1u);
+        EXPECT_GE(stats.store_probes, 1u);
+        EXPECT_EQ(stats.read + stats.redelivered, stats.acked + stats.not_acked);
+        // Entries 1 to 4 came again; 5 to 10 were first deliveries.
+        for (int i = 1; i <= 4; ++i)
+            EXPECT_EQ(counts[std::to_string(i)], std::vector<std::uint32_t>{2}) << i;
+        for (int i = 5; i <= 10; ++i)
+            EXPECT_EQ(counts[std::to_string(i)], std::vector<std::uint32_t>{1}) << i;
+    }
+};
+
+TEST_F(RedisStreamsBreaker, UnhandledEntriesComeAgainOneAtATime) {
+    prefetched_entries_come_again(Mode::one_at_a_time);
+}
+
+TEST_F(RedisStreamsBreaker, ThePollsEntriesComeAgainInBatchMode) {
+    prefetched_entries_come_again(Mode::batches);
+}
+
+TEST_F(RedisStreamsBreaker, UnhandledEntriesComeAgainInBatchModeWithAPlainHandler) {
+    prefetched_entries_come_again(Mode::plain_batches);
 }
 
 }  // namespace
