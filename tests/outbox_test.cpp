@@ -36,6 +36,7 @@
 #include "support/require_mariadb.hpp"
 #endif
 #include "idem/testing/temp_dir.hpp"
+#include "support/stored_offsets.hpp"
 
 namespace {
 
@@ -592,6 +593,168 @@ TYPED_TEST(Outbox, PurgeRemovesSentIntentsOlderThanTheRetentionAndKeepsTheRest) 
     EXPECT_EQ(due[0].idempotency_key, "wire-unsent");
     const auto again = store.purge(retention);
     EXPECT_EQ(again.claims + again.sent_intents + again.expired_locks, 0u);
+}
+
+// A paced purge (small batches, each its own statement in time order) deletes exactly what is
+// past the retention — claims, sent intents, old attempt counters — batch by batch, rows that
+// share a time in one batch, and keeps dead letters, unsent and parked intents, stored offsets
+// and everything younger.
+TYPED_TEST(Outbox, APacedPurgeDeletesExactlyTheExpiredRowsBatchByBatch) {
+    using std::chrono::milliseconds;
+    auto& store = this->store();
+    const auto t0 = this->env.now;
+    idem::PolicyOptions policy_options;
+    policy_options.max_deliveries = 5;
+    auto handler = idem::make_handler(
+        store, idem::Policy{"ledger", policy_options},
+        [](auto& tx, const std::string& body) { TypeParam::write_effect(tx, body); });
+    for (int i = 0; i < 25; ++i) {  // three claims per millisecond
+        this->env.now = t0 + milliseconds(i / 3);
+        ASSERT_EQ(
+            handler.handle(Delivery{"old-" + std::to_string(i), 1u}, std::string("o")).disposition,
+            Disposition::processed);
+    }
+    ASSERT_EQ(handler.handle(Delivery{"poison", 9u}, std::string("p")).disposition,
+              Disposition::dead_lettered);
+    store.count_attempt("ledger", "counted-old");
+    {
+        auto tx = store.begin();
+        ASSERT_TRUE(tx.add_outbox(idem::OutboxIntent{"rail", "wire-sent", "s"}));
+        ASSERT_TRUE(tx.add_outbox(idem::OutboxIntent{"rail", "wire-unsent", "u"}));
+        ASSERT_TRUE(tx.add_outbox(idem::OutboxIntent{"rail", "wire-parked", "p"}));
+        tx.commit();
+    }
+    const auto leased = store.lease_outbox(1, milliseconds(30'000));
+    ASSERT_EQ(leased.size(), 1u);
+    store.mark_outbox_sent(leased[0].id);
+    store.mark_outbox_failed(store.outbox_rows()[2].id, "rail says no", this->env.now, true);
+    ASSERT_TRUE(idem_test::commit_offset(store, "g", "t", 0, 42));
+    this->env.now = t0 + idem::days(10);
+    for (int i = 0; i < 5; ++i) {
+        ASSERT_EQ(
+            handler.handle(Delivery{"new-" + std::to_string(i), 1u}, std::string("n")).disposition,
+            Disposition::processed);
+    }
+    store.count_attempt("ledger", "counted-new");
+
+    this->env.now = t0 + idem::days(15);
+    idem::PurgeOptions options;
+    options.batch_rows = 4;
+    options.duty_cycle = 1.0;  // no pause: this test counts rows, not time
+    std::vector<std::size_t> claims_after_batch;
+    options.on_batch = [&](const idem::PurgeResult& so_far) {
+        claims_after_batch.push_back(so_far.claims);
+    };
+    const auto result = store.purge(idem::days(14), options);
+    EXPECT_TRUE(result.complete);
+    EXPECT_EQ(result.claims, 26u) << "25 old claims and the parked one's";
+    EXPECT_EQ(result.sent_intents, 1u);
+    EXPECT_EQ(result.attempt_counts, 1u);
+    EXPECT_EQ(result.batches, claims_after_batch.size());
+    if (!std::is_same_v<TypeParam, idem_test::MemoryEnv>) {
+        // Batches of 4 rows, widened to the last row's millisecond (3 share one): 4 to 6 rows.
+        std::size_t before = 0;
+        for (std::size_t i = 0; i < claims_after_batch.size() && claims_after_batch[i] < 26u; ++i) {
+            EXPECT_GE(claims_after_batch[i] - before, 4u) << "batch " << i;
+            EXPECT_LE(claims_after_batch[i] - before, 6u) << "batch " << i;
+            before = claims_after_batch[i];
+        }
+        EXPECT_GE(result.batches, 5u);
+    }
+    for (int i = 0; i < 25; ++i)
+        EXPECT_FALSE(store.find_claim("ledger", "old-" + std::to_string(i)).has_value()) << i;
+    for (int i = 0; i < 5; ++i)
+        EXPECT_TRUE(store.find_claim("ledger", "new-" + std::to_string(i)).has_value()) << i;
+    EXPECT_EQ(store.dead_letters().size(), 1u) << "dead letters are never purged";
+    const auto kept = store.outbox_rows();
+    ASSERT_EQ(kept.size(), 2u);
+    EXPECT_EQ(kept[0].idempotency_key, "wire-unsent");
+    EXPECT_EQ(kept[1].idempotency_key, "wire-parked");
+    EXPECT_TRUE(kept[1].parked);
+    EXPECT_EQ(store.stored_offset("g", "t", 0), std::optional<std::int64_t>(42));
+    EXPECT_EQ(store.count_attempt("ledger", "counted-new"), 2u);
+    EXPECT_EQ(store.count_attempt("ledger", "counted-old"), 1u) << "its old count was purged";
+    EXPECT_EQ(store.purge(idem::days(14), options).rows(), 0u);
+}
+
+// A purge asked to stop ends cleanly after its batch, says it is not complete, and the next run
+// deletes the rest.
+TYPED_TEST(Outbox, AStoppedPurgeLeavesTheRestForTheNextRun) {
+    auto& store = this->store();
+    const auto t0 = this->env.now;
+    auto handler = idem::make_handler(
+        store, idem::Policy{"ledger"},
+        [](auto& tx, const std::string& body) { TypeParam::write_effect(tx, body); });
+    for (int i = 0; i < 20; ++i) {
+        this->env.now = t0 + std::chrono::milliseconds(i);
+        ASSERT_EQ(
+            handler.handle(Delivery{"m-" + std::to_string(i), 1u}, std::string("x")).disposition,
+            Disposition::processed);
+    }
+    this->env.now = t0 + idem::days(15);
+    idem::PurgeOptions options;
+    options.batch_rows = 3;
+    std::size_t batches = 0;
+    options.on_batch = [&](const idem::PurgeResult&) { ++batches; };
+    options.should_stop = [&] { return batches >= 2; };
+    const auto first = store.purge(idem::days(14), options);
+    if (std::is_same_v<TypeParam, idem_test::MemoryEnv>) {
+        EXPECT_TRUE(first.complete);  // one step: nothing to stop between
+        EXPECT_EQ(first.claims, 20u);
+        return;
+    }
+    EXPECT_FALSE(first.complete);
+    EXPECT_EQ(first.claims, 6u);
+    EXPECT_EQ(first.batches, 2u);
+    EXPECT_TRUE(store.find_claim("ledger", "m-6").has_value());
+    options.should_stop = nullptr;
+    const auto second = store.purge(idem::days(14), options);
+    EXPECT_TRUE(second.complete);
+    EXPECT_EQ(second.claims, 14u);
+    EXPECT_FALSE(store.find_claim("ledger", "m-19").has_value());
+}
+
+// The Purger runs purge on its schedule, reports each run, and stops cleanly.
+TYPED_TEST(Outbox, APurgerRunsOnItsScheduleAndStops) {
+    auto& store = this->store();
+    const auto t0 = this->env.now;
+    auto handler = idem::make_handler(
+        store, idem::Policy{"ledger"},
+        [](auto& tx, const std::string& body) { TypeParam::write_effect(tx, body); });
+    ASSERT_EQ(handler.handle(Delivery{"old", 1u}, std::string("x")).disposition,
+              Disposition::processed);
+    this->env.now = t0 + idem::days(15);
+    std::mutex mutex;
+    std::vector<idem::PurgeResult> runs;
+    idem::PurgerOptions options;
+    options.retention = idem::days(14);
+    options.interval = std::chrono::milliseconds(20);
+    options.on_run = [&](const idem::PurgeResult& r) {
+        std::lock_guard<std::mutex> lock(mutex);
+        runs.push_back(r);
+    };
+    {
+        idem::Purger<typename TypeParam::Store> purger{store, options};
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (purger.runs() < 3 && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        purger.stop();
+        EXPECT_GE(purger.runs(), 3u);
+        EXPECT_EQ(purger.failures(), 0u);
+        ASSERT_TRUE(purger.last().has_value());
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    ASSERT_GE(runs.size(), 3u);
+    EXPECT_EQ(runs[0].claims, 1u);
+    EXPECT_EQ(runs[1].claims, 0u) << "the second run finds nothing left";
+    EXPECT_FALSE(store.find_claim("ledger", "old").has_value());
+    EXPECT_THROW((idem::Purger<typename TypeParam::Store>{store,
+                                                          [] {
+                                                              idem::PurgerOptions bad;
+                                                              bad.purge.duty_cycle = 0;
+                                                              return bad;
+                                                          }()}),
+                 idem::usage_error);
 }
 
 TYPED_TEST(Outbox, OptionsThatCannotWorkAreRefused) {

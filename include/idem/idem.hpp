@@ -21,6 +21,7 @@
 #include "idem/key.hpp"
 #include "idem/observer.hpp"
 #include "idem/outbox.hpp"
+#include "idem/purger.hpp"
 #include "idem/outcome.hpp"
 #include "idem/payload.hpp"
 #include "idem/pipeline.hpp"

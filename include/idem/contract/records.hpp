@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -143,6 +144,57 @@ struct PurgeResult {
     std::size_t sent_intents = 0;    ///< outbox intents sent before the cutoff
     std::size_t expired_locks = 0;   ///< locks held with hold_lock() that have expired
     std::size_t attempt_counts = 0;  ///< count_attempt() counters last counted before the cutoff
+    std::size_t batches = 0;         ///< delete statements run (each its own transaction)
+    /// False when the run stopped before it was done (its time budget, or should_stop): what
+    /// is left is purged by the next run.
+    bool complete = true;
+    std::chrono::nanoseconds elapsed{0};  ///< the run's wall-clock time, pauses included
+
+    /// @brief Rows deleted, all kinds together.
+    [[nodiscard]] std::size_t rows() const noexcept {
+        return claims + sent_intents + expired_locks + attempt_counts;
+    }
+    /// @brief rows() per second of elapsed().
+    [[nodiscard]] double rows_per_second() const noexcept {
+        const double seconds = std::chrono::duration<double>(elapsed).count();
+        return seconds > 0 ? static_cast<double>(rows()) / seconds : 0.0;
+    }
+};
+
+/// @brief How Store::purge(older_than, options) paces itself beside live consumers. Each batch
+/// is one delete statement in a transaction of its own, over the next `batch_rows` rows in the
+/// time column's order (a cursor: a batch walks only its own rows, never the ones deleted
+/// before it); between two batches the purge sleeps, so the writers it shares the database with
+/// get their turn. The defaults keep the purge to a fifth of the wall-clock time.
+struct PurgeOptions {
+    /// Rows per delete statement (and transaction), at least 1. Smaller batches hold locks
+    /// (SQLite: the single writer's) for less time each.
+    std::size_t batch_rows = 1000;
+    /// The share of wall-clock time the purge may spend deleting, in (0, 1]: after a batch that
+    /// took t it sleeps t * (1 / duty_cycle - 1). 1: no sleep.
+    double duty_cycle = 0.2;
+    /// At most this many rows per second over the run (0: no cap), by sleeping between batches.
+    double max_rows_per_second = 0;
+    /// Stop after this long (0: no budget); PurgeResult::complete says whether it finished.
+    std::chrono::milliseconds time_budget{0};
+    /// Asked between batches (and during the pauses); true stops the run cleanly.
+    std::function<bool()> should_stop{};
+    /// Told the totals so far after each batch (progress for logs and metrics).
+    std::function<void(const PurgeResult&)> on_batch{};
+
+    /// The check every store's purge(older_than, options) makes. @throws usage_error.
+    void validate(std::string_view who) const {
+        if (batch_rows == 0)
+            throw usage_error(fmt::format("{}: batch_rows must be at least 1", who));
+        if (!(duty_cycle > 0.0 && duty_cycle <= 1.0)) {
+            throw usage_error(
+                fmt::format("{}: duty_cycle must be in (0, 1], not {}", who, duty_cycle));
+        }
+        if (max_rows_per_second < 0 || time_budget.count() < 0) {
+            throw usage_error(
+                fmt::format("{}: max_rows_per_second and time_budget cannot be negative", who));
+        }
+    }
 };
 
 /// @brief A parked message: what it was, why it was parked, and its payload, so nothing is lost.

@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include <fmt/format.h>
+
 #include "idem/config.hpp"
 
 IDEM_BEGIN_NAMESPACE
@@ -31,9 +33,9 @@ enum class stmt : std::size_t {
     record_update,       ///< scope, id, outcome, reason
     claim_delete,        ///< scope, id
     dead_letter_insert,  ///< scope, id, delivery_count, reason, payload, created_at
-    purge_claims,        ///< before, batch rows
-    purge_outbox,        ///< before, batch rows (sent before, not parked)
-    purge_locks,         ///< before, batch rows (expired before)
+    purge_claims,        ///< from, through: the claims with claimed_at in [from, through]
+    purge_outbox,        ///< from, through (sent in [from, through], not parked)
+    purge_locks,         ///< from, through (expired in [from, through])
     find_claim,  ///< scope, id → scope, message_id, claimed_at, outcome, reason, fingerprint
     all_dead_letters,    ///< → scope, message_id, delivery_count, reason, payload, created_at
     lock_advisory,       ///< a transaction-scoped lock on a 64-bit key (PostgreSQL) → bool
@@ -49,9 +51,16 @@ enum class stmt : std::size_t {
                          ///< a dialect without RETURNING answers no row: attempt_count_read
     attempt_count_read,  ///< → the attempts attempt_count just wrote on this connection
     attempt_find,        ///< scope, id → attempts
-    purge_attempts,      ///< before, batch rows (counted before)
+    purge_attempts,      ///< from, through (counted in [from, through])
     offset_upsert,       ///< group, topic, partition, next_offset, updated_at: the greatest wins
     offset_find,         ///< group, topic, partition → next_offset
+    // A purge batch's end: from, before, skip → the time of the (skip + 1)-th row in
+    // [from, before), in time order; no row when fewer are left (a cursor: each batch starts
+    // where the last ended and walks only its own rows).
+    purge_claims_bound,
+    purge_outbox_bound,
+    purge_locks_bound,
+    purge_attempts_bound,
     count,
 };
 
@@ -70,6 +79,23 @@ struct statement_table {
     }
     std::string& operator[](stmt which) noexcept { return text[static_cast<std::size_t>(which)]; }
 };
+
+/// The purge batches' bounds, the same in every dialect but for the table prefix, the
+/// placeholders (from, before, skip) and how "not parked" is written.
+inline void purge_bounds(statement_table& t, const std::string& prefix, std::string_view from,
+                         std::string_view before, std::string_view skip,
+                         std::string_view not_parked) {
+    const auto bound = [&](std::string_view table, std::string_view column, std::string_view also) {
+        return fmt::format(
+            "SELECT {1} FROM {0}{2} WHERE {1} >= {3} AND {1} < {4}{5} ORDER BY {1} LIMIT 1 "
+            "OFFSET {6}",
+            prefix, column, table, from, before, also, skip);
+    };
+    t[stmt::purge_claims_bound] = bound("claims", "claimed_at", "");
+    t[stmt::purge_outbox_bound] = bound("outbox", "sent_at", fmt::format(" AND {}", not_parked));
+    t[stmt::purge_locks_bound] = bound("locks", "expires_at", "");
+    t[stmt::purge_attempts_bound] = bound("attempts", "counted_at", "");
+}
 
 /// SQLite (3.35+): `?N`, `INSERT OR IGNORE`, integers for booleans, RETURNING.
 inline statement_table sqlite_statements() {
@@ -93,15 +119,11 @@ inline statement_table sqlite_statements() {
     t[stmt::dead_letter_insert] =
         "INSERT INTO idem_dead_letters(scope, message_id, delivery_count, reason, payload, "
         "created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
-    t[stmt::purge_claims] =
-        "DELETE FROM idem_claims WHERE (scope, message_id) IN (SELECT scope, message_id FROM "
-        "idem_claims WHERE claimed_at < ?1 LIMIT ?2)";
+    t[stmt::purge_claims] = "DELETE FROM idem_claims WHERE claimed_at BETWEEN ?1 AND ?2";
     t[stmt::purge_outbox] =
-        "DELETE FROM idem_outbox WHERE id IN (SELECT id FROM idem_outbox "
-        "WHERE sent_at < ?1 AND parked = 0 LIMIT ?2)";
-    t[stmt::purge_locks] =
-        "DELETE FROM idem_locks WHERE lock_key IN (SELECT lock_key FROM idem_locks "
-        "WHERE expires_at < ?1 LIMIT ?2)";
+        "DELETE FROM idem_outbox WHERE sent_at BETWEEN ?1 AND ?2 AND parked = 0";
+    t[stmt::purge_locks] = "DELETE FROM idem_locks WHERE expires_at BETWEEN ?1 AND ?2";
+    purge_bounds(t, "idem_", "?1", "?2", "?3", "parked = 0");
     t[stmt::find_claim] =
         "SELECT scope, message_id, claimed_at, outcome, reason, fingerprint FROM idem_claims "
         "WHERE scope = ?1 AND message_id = ?2";
@@ -134,9 +156,7 @@ inline statement_table sqlite_statements() {
         "counted_at = excluded.counted_at RETURNING attempts";
     t[stmt::attempt_find] =
         "SELECT attempts FROM idem_attempts WHERE scope = ?1 AND message_id = ?2";
-    t[stmt::purge_attempts] =
-        "DELETE FROM idem_attempts WHERE (scope, message_id) IN (SELECT scope, message_id FROM "
-        "idem_attempts WHERE counted_at < ?1 LIMIT ?2)";
+    t[stmt::purge_attempts] = "DELETE FROM idem_attempts WHERE counted_at BETWEEN ?1 AND ?2";
     t[stmt::offset_upsert] =
         "INSERT INTO idem_offsets(consumer_group, topic, partition_id, next_offset, updated_at) "
         "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT(consumer_group, topic, partition_id) "
@@ -190,13 +210,16 @@ inline statement_table postgres_statements(std::string_view prefix) {
     t[stmt::dead_letter_insert] = "INSERT INTO " + letters +
                                   "(scope, message_id, delivery_count, reason, payload, "
                                   "created_at) VALUES ($1, $2, $3, $4, $5, $6)";
+    // SKIP LOCKED: a row a consumer holds now stays for the next run instead of waiting.
     t[stmt::purge_claims] = "DELETE FROM " + claims +
                             " WHERE (scope, message_id) IN (SELECT scope, message_id FROM " +
-                            claims + " WHERE claimed_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)";
+                            claims + " WHERE claimed_at BETWEEN $1 AND $2 FOR UPDATE SKIP LOCKED)";
     t[stmt::purge_outbox] = "DELETE FROM " + outbox + " WHERE id IN (SELECT id FROM " + outbox +
-                            " WHERE sent_at < $1 AND NOT parked LIMIT $2 FOR UPDATE SKIP LOCKED)";
+                            " WHERE sent_at BETWEEN $1 AND $2 AND NOT parked "
+                            "FOR UPDATE SKIP LOCKED)";
     t[stmt::purge_locks] = "DELETE FROM " + locks + " WHERE lock_key IN (SELECT lock_key FROM " +
-                           locks + " WHERE expires_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)";
+                           locks + " WHERE expires_at BETWEEN $1 AND $2 FOR UPDATE SKIP LOCKED)";
+    purge_bounds(t, s + "idem_", "$1", "$2", "$3", "NOT parked");
     t[stmt::find_claim] =
         "SELECT scope, message_id, claimed_at, outcome, reason, fingerprint FROM " + claims +
         " WHERE scope = $1 AND message_id = $2";
@@ -242,7 +265,8 @@ inline statement_table postgres_statements(std::string_view prefix) {
         "SELECT attempts FROM " + attempts + " WHERE scope = $1 AND message_id = $2";
     t[stmt::purge_attempts] = "DELETE FROM " + attempts +
                               " WHERE (scope, message_id) IN (SELECT scope, message_id FROM " +
-                              attempts + " WHERE counted_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)";
+                              attempts +
+                              " WHERE counted_at BETWEEN $1 AND $2 FOR UPDATE SKIP LOCKED)";
     const std::string offsets = s + "idem_offsets";
     t[stmt::offset_upsert] = "INSERT INTO " + offsets +
                              " AS o(consumer_group, topic, partition_id, next_offset, updated_at) "
@@ -303,9 +327,11 @@ inline statement_table mysql_statements() {
     t[stmt::dead_letter_insert] =
         "INSERT INTO idem_dead_letters(scope, message_id, delivery_count, reason, payload, "
         "created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
-    t[stmt::purge_claims] = "DELETE FROM idem_claims WHERE claimed_at < ?1 LIMIT ?2";
-    t[stmt::purge_outbox] = "DELETE FROM idem_outbox WHERE sent_at < ?1 AND parked = 0 LIMIT ?2";
-    t[stmt::purge_locks] = "DELETE FROM idem_locks WHERE expires_at < ?1 LIMIT ?2";
+    t[stmt::purge_claims] = "DELETE FROM idem_claims WHERE claimed_at BETWEEN ?1 AND ?2";
+    t[stmt::purge_outbox] =
+        "DELETE FROM idem_outbox WHERE sent_at BETWEEN ?1 AND ?2 AND parked = 0";
+    t[stmt::purge_locks] = "DELETE FROM idem_locks WHERE expires_at BETWEEN ?1 AND ?2";
+    purge_bounds(t, "idem_", "?1", "?2", "?3", "parked = 0");
     t[stmt::find_claim] =
         "SELECT scope, message_id, claimed_at, outcome, reason, fingerprint FROM idem_claims" +
         claim;
@@ -343,7 +369,7 @@ inline statement_table mysql_statements() {
     t[stmt::attempt_find] =
         "SELECT attempts FROM idem_attempts WHERE attempt_key = " + mysql_claim_key("?1", "?2") +
         " AND scope = ?1 AND message_id = ?2";
-    t[stmt::purge_attempts] = "DELETE FROM idem_attempts WHERE counted_at < ?1 LIMIT ?2";
+    t[stmt::purge_attempts] = "DELETE FROM idem_attempts WHERE counted_at BETWEEN ?1 AND ?2";
     t[stmt::offset_upsert] =
         "INSERT INTO idem_offsets(consumer_group, topic, partition_id, next_offset, updated_at) "
         "VALUES (?1, ?2, ?3, ?4, ?5) "

@@ -37,6 +37,7 @@
 #include "idem/contract/store.hpp"
 #include "idem/contract/stored_offset.hpp"
 #include "idem/detail/offset_hooks.hpp"
+#include "idem/detail/purge_pacer.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/sql/driver.hpp"
@@ -108,26 +109,38 @@ class basic_store {
 
     /// @brief Deletes claims whose claimed_at is older than clock() - @p older_than, outbox
     /// intents sent before that cutoff, attempt counters last counted before it, and locks held
-    /// with hold_lock() that have expired, in
-    /// batches of 5,000 (each its own statement and transaction, so handlers are not held up).
-    /// Dead letters, unsent and parked intents, and stored offsets (positions, not claims) are
-    /// kept.
-    /// @throws usage_error when @p older_than is negative.
-    PurgeResult purge(std::chrono::system_clock::duration older_than) {
-        if (older_than.count() < 0) {
-            throw usage_error(
-                fmt::format("idem {}: purge() needs a non-negative age", Driver::name));
-        }
+    /// with hold_lock() that have expired, paced by @p options (PurgeOptions: its defaults keep
+    /// the purge to a fifth of the wall-clock time beside live consumers). Each batch is one
+    /// statement in its own transaction over the next `batch_rows` rows in time order, starting
+    /// where the last batch ended (no batch walks the rows deleted before it). Dead letters,
+    /// unsent and parked intents, and stored offsets (positions, not claims) are kept.
+    /// PurgeResult::complete is false when the time budget or should_stop ended the run early.
+    /// @throws usage_error when @p older_than is negative or an option is invalid;
+    /// store_unavailable, store_timeout (what was deleted before stays deleted).
+    PurgeResult purge(std::chrono::system_clock::duration older_than,
+                      const PurgeOptions& options = {}) {
+        const std::string who = fmt::format("idem {}: purge()", Driver::name);
+        if (older_than.count() < 0) throw usage_error(who + " needs a non-negative age");
+        options.validate(who);
         const std::int64_t at = now_ms();
         const std::int64_t cutoff =
             at - std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count();
         PurgeResult result;
-        result.claims = purge_in_batches(stmt::purge_claims, "purge (claims)", cutoff);
-        result.sent_intents =
-            purge_in_batches(stmt::purge_outbox, "purge (sent outbox intents)", cutoff);
-        result.expired_locks = purge_in_batches(stmt::purge_locks, "purge (expired locks)", at);
-        result.attempt_counts =
-            purge_in_batches(stmt::purge_attempts, "purge (attempt counts)", cutoff);
+        const detail::PurgePacer pacer(options);
+        const auto table = [&](stmt bound, stmt range, std::string_view what, std::int64_t before,
+                               std::size_t& counter) {
+            purge_in_batches(bound, range, what, before, options.batch_rows, pacer, result,
+                             counter);
+        };
+        table(stmt::purge_claims_bound, stmt::purge_claims, "purge (claims)", cutoff,
+              result.claims);
+        table(stmt::purge_outbox_bound, stmt::purge_outbox, "purge (sent outbox intents)", cutoff,
+              result.sent_intents);
+        table(stmt::purge_locks_bound, stmt::purge_locks, "purge (expired locks)", at,
+              result.expired_locks);
+        table(stmt::purge_attempts_bound, stmt::purge_attempts, "purge (attempt counts)", cutoff,
+              result.attempt_counts);
+        pacer.finish(result);
         return result;
     }
 
@@ -297,8 +310,6 @@ class basic_store {
     }
 
   protected:
-    static constexpr std::int64_t purge_batch_rows = 5000;
-
     /// The store's mutex, held by a transaction until it ends; refuses re-entry from the thread
     /// that holds it (which would otherwise deadlock).
     class Lock {
@@ -405,16 +416,31 @@ class basic_store {
         return usage_error(fmt::format("idem {}: no outbox intent with id {}", Driver::name, id));
     }
 
-    /// Runs a purge statement (the bound, the batch size) until a batch deletes fewer rows than
-    /// the batch size; each batch is its own statement, committed on its own. Returns the total.
-    std::size_t purge_in_batches(stmt which, std::string_view what, std::int64_t before) {
-        std::size_t total = 0;
-        for (;;) {
-            Lock lock(*this, "purge()");
-            const std::int64_t deleted =
-                driver_.run(which, what, access::write, no_rows{}, before, purge_batch_rows);
-            total += static_cast<std::size_t>(deleted);
-            if (deleted < purge_batch_rows) return total;
+    /// Deletes one table's rows whose time is before @p before, @p batch_rows at a time: each
+    /// batch first finds the time of its last row (from the cursor, in time order), then deletes
+    /// [cursor, that time] in a statement committed on its own; the cursor moves past it. Rows
+    /// sharing the last time all go in that batch. Adds what it deleted to @p counter.
+    void purge_in_batches(stmt bound, stmt range, std::string_view what, std::int64_t before,
+                          std::size_t batch_rows, const detail::PurgePacer& pacer,
+                          PurgeResult& result, std::size_t& counter) {
+        std::int64_t from = std::numeric_limits<std::int64_t>::min();
+        while (result.complete && from < before) {
+            if (!pacer.may_go_on(result)) return;
+            const auto started = detail::PurgePacer::clock::now();
+            std::optional<std::int64_t> last;
+            std::int64_t deleted = 0;
+            {
+                Lock lock(*this, "purge()");
+                driver_.run(
+                    bound, what, access::read, [&](const auto& row) { last = row.int64(0); }, from,
+                    before, static_cast<std::int64_t>(batch_rows - 1));
+                const std::int64_t through = last ? *last : before - 1;
+                deleted = driver_.run(range, what, access::write, no_rows{}, from, through);
+            }
+            counter += static_cast<std::size_t>(deleted);
+            pacer.after_batch(result, detail::PurgePacer::clock::now() - started);
+            if (!last) return;  // fewer than a batch were left: all deleted
+            from = *last + 1;
         }
     }
 

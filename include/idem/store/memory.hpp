@@ -396,10 +396,18 @@ class MemoryStore {
 
     /// @brief Deletes claims, sent outbox intents and attempt counters older than clock() -
     /// @p older_than, and the held locks that have expired. Dead letters, unsent and parked
-    /// intents, and stored offsets stay.
-    PurgeResult purge(std::chrono::system_clock::duration older_than) {
+    /// intents, and stored offsets stay. @p options are checked; the run is one step (nothing
+    /// to pace in memory), unless should_stop already says stop.
+    PurgeResult purge(std::chrono::system_clock::duration older_than,
+                      const PurgeOptions& options = {}) {
         if (older_than.count() < 0) {
             throw usage_error("idem::MemoryStore: purge() needs a non-negative age");
+        }
+        options.validate("idem::MemoryStore: purge()");
+        if (options.should_stop && options.should_stop()) {
+            PurgeResult stopped;
+            stopped.complete = false;
+            return stopped;
         }
         std::lock_guard<std::mutex> lock(mutex_);
         const auto at = now();
@@ -439,6 +447,8 @@ class MemoryStore {
                 ++it;
             }
         }
+        result.batches = 1;
+        if (options.on_batch) options.on_batch(result);
         return result;
     }
 

@@ -140,9 +140,16 @@ class RedisStore {
     /// @brief Deletes claims claimed before clock() - @p older_than (never a live lease) and
     /// expired locks. Redis also expires claims by itself (each record's TTL is the retention);
     /// this is for a clock the server does not share (tests) and for reporting. Dead letters are
-    /// kept.
-    PurgeResult purge(std::chrono::system_clock::duration older_than) {
-        return redis::purge(context_, older_than);
+    /// kept. @p options are checked and the run is timed, but not paced: the sweep is SCAN
+    /// batches of scripts, and the claims' own expiry does the retention.
+    PurgeResult purge(std::chrono::system_clock::duration older_than,
+                      const PurgeOptions& options = {}) {
+        options.validate("idem::RedisStore: purge()");
+        const auto started = std::chrono::steady_clock::now();
+        PurgeResult result = redis::purge(context_, older_than);
+        result.batches = 1;
+        result.elapsed = std::chrono::steady_clock::now() - started;
+        return result;
     }
 
     /// @brief Takes a lock outside any transaction (a long job, another system); false when
