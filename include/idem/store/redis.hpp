@@ -74,6 +74,11 @@ class RedisStore {
   public:
     class Transaction;
 
+    /// @brief Version of the layout of the store's keys and claim records
+    /// (IDEM_REDIS_SCHEMA_VERSION, idem/config.hpp). Not written to Redis and not checked: a
+    /// change of it is a major version of idem (docs/compatibility.md).
+    static constexpr int schema_version = IDEM_REDIS_SCHEMA_VERSION;
+
     explicit RedisStore(RedisEndpoint endpoint, RedisOptions options = {})
         : RedisStore(std::vector<RedisEndpoint>{std::move(endpoint)}, std::move(options)) {}
 
