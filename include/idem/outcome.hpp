@@ -227,6 +227,7 @@ class EffectResult {
 
 IDEM_END_NAMESPACE
 
+/// @cond fmt_formatters
 /// @brief `fmt::format("{}", disposition)`: the disposition's name, with the string_view specs.
 template <>
 struct fmt::formatter<idem::Disposition> : fmt::formatter<std::string_view> {
@@ -235,7 +236,9 @@ struct fmt::formatter<idem::Disposition> : fmt::formatter<std::string_view> {
         return fmt::formatter<std::string_view>::format(idem::to_string(d), ctx);
     }
 };
+/// @endcond
 
+/// @cond fmt_formatters
 /// @brief `fmt::format("{}", cause)`: the failure cause's name.
 template <>
 struct fmt::formatter<idem::FailureCause> : fmt::formatter<std::string_view> {
@@ -244,3 +247,4 @@ struct fmt::formatter<idem::FailureCause> : fmt::formatter<std::string_view> {
         return fmt::formatter<std::string_view>::format(idem::to_string(c), ctx);
     }
 };
+/// @endcond

@@ -52,8 +52,8 @@ struct PolicyOptions {
     /// bodies alike): what failed-job storage keeps must not hold a card number. Empty: kept as
     /// they are. `idem::mask_card_numbers` (payload.hpp) masks 13-19 digit runs to their last 4.
     /// If it throws, nothing is stored and the outcome is `failed` (not acked); see
-    /// docs/contract.md#payloads-in-dead-letters. Also reachable as Policy::redact(). Called from
-    /// every thread the handler runs on: it must be thread-safe if the handler is shared.
+    /// `docs/contract.md`, "Payloads in dead letters". Also reachable as Policy::redact(). Called
+    /// from every thread the handler runs on: it must be thread-safe if the handler is shared.
     std::function<std::string(std::string_view payload)> redact_payload{};
 };
 
