@@ -5,7 +5,8 @@ Doxygen 1.9 turns a link to `page.md#section` into a reference to the label `sec
 a Markdown heading no label of its own. This filter gives each heading the label GitHub gives it
 (lower case, punctuation dropped, spaces as '-'), so the links that work on GitHub work in the
 reference too. Labels are global in Doxygen and pages share headings ("Schema"), so each label
-is prefixed with its page (`stores-fork`), and the links are rewritten to match: `page.md#x`
+is prefixed with its page (`stores-fork`; the title's label is the page's name, `stores`, which
+names its HTML file), and the links are rewritten to match: `page.md#x`
 becomes `#page-x`, `#x` becomes `#<this page>-x`. Fenced code blocks are passed through untouched.
 The file on disk is not changed.
 """
@@ -43,6 +44,7 @@ def escape_code_spans(line):
 
 def main():
     this_page = page(sys.argv[1])
+    titled = False
     fence = None
     lines = iter(open(sys.argv[1], encoding="utf-8"))
     for line in lines:
@@ -67,7 +69,12 @@ def main():
             seen[label] = count + 1
             if count:
                 label = f"{label}-{count}"
-            stripped = f"{heading.group(1)} {heading.group(2)} {{#{this_page}-{label}}}"
+            if heading.group(1) == "#" and not titled:
+                label = this_page  # the page's title: the page is <page>.html
+                titled = True
+            else:
+                label = f"{this_page}-{label}"
+            stripped = f"{heading.group(1)} {heading.group(2)} {{#{label}}}"
         elif not fence and not marker:
             stripped = escape_code_spans(relink(stripped, this_page))
         sys.stdout.write(stripped + "\n")
