@@ -4,7 +4,8 @@
 #   scripts/test.sh                  all configurations, in this order:
 #     gcc17    g++ C++17, Debug: every test, and the doc tests (every C++ block of README.md and
 #              docs/ compiled, tests/doctest/; only here: about 80 CPU seconds), the API reference
-#              (ctest docs.reference: Doxygen over docs/Doxyfile, any warning fails; only here)
+#              (label docs: Doxygen over docs/Doxyfile and docs/Doxyfile.core, any warning fails,
+#              an undocumented entity of the core headers too; only here)
 #              and the Debian package (ctest install.deb_package, label package; only here)
 #     core     g++ C++17, Debug, every component OFF (IDEM_WITH_<NAME>=OFF for each
 #              idem_add_backend() of CMakeLists.txt): the core tests build and pass without SQLite,
@@ -36,7 +37,7 @@ JOBS=2
 export CTEST_PARALLEL_LEVEL=$JOBS
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 
-usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 # The components, as CMakeLists.txt declares them (idem_add_backend(<name>), one a line).
 mapfile -t COMPONENTS < <(sed -n 's/^idem_add_backend(\([a-z0-9_]*\).*/\1/p' "$ROOT/CMakeLists.txt")
