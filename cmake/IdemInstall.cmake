@@ -66,7 +66,7 @@ install(FILES "${PROJECT_SOURCE_DIR}/LICENSE" DESTINATION "${CMAKE_INSTALL_DATAD
 # the client libraries' come through Requires. They are written at install time from
 # cmake/idem.pc.in, because the prefix is known only then (cmake --install --prefix ...), and
 # hold absolute paths (pkg-config then filters system directories such as /usr/include).
-set(IDEM_INSTALL_PKGCONFIGDIR "${CMAKE_INSTALL_LIBDIR}/pkgconfig"
+set(IDEM_INSTALL_PKGCONFIGDIR "${CMAKE_INSTALL_DATADIR}/pkgconfig"
     CACHE STRING "Where idem's pkg-config files are installed (relative to the prefix)")
 set(idem_pc_modules idem)
 set(idem_pc_name_idem "idem")

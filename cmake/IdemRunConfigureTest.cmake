@@ -97,7 +97,7 @@ foreach(var IN ITEMS CONFIGURE_WORK_DIR CONFIGURE_GENERATOR CONFIGURE_CXX_COMPIL
 endforeach()
 
 # The configure line of the Install section, as written: `cmake -S . -B build <arguments>`.
-if(NOT install MATCHES "\ncmake -S \\. -B build([^\n]*)\n")
+if(NOT install MATCHES "\ncmake -S \\. -B build( [^\n]*)?\n")
     message(FATAL_ERROR "README.md's Install section has no line 'cmake -S . -B build ...'")
 endif()
 separate_arguments(readme_args UNIX_COMMAND "${CMAKE_MATCH_1}")

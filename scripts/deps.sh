@@ -39,6 +39,7 @@ IDEM_DEB_PACKAGES=(
     libnats-dev         # cnats 3.4, idem::nats's JetStream client library
     librdkafka-dev      # librdkafka 2.0, idem::kafka's client library (and its mock cluster)
     python3             # the doc tests' extractor (tests/doctest/doctest.py)
+    doxygen             # the API reference (docs/Doxyfile; ctest docs.reference in gcc17)
 )
 
 check_only=0

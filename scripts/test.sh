@@ -3,7 +3,10 @@
 #
 #   scripts/test.sh                  all configurations, in this order:
 #     gcc17    g++ C++17, Debug: every test, and the doc tests (every C++ block of README.md and
-#              docs/ compiled, tests/doctest/; only here: about 80 CPU seconds)
+#              docs/ compiled, tests/doctest/; only here: about 80 CPU seconds), the API reference
+#              (label docs: Doxygen over docs/Doxyfile and docs/Doxyfile.core, any warning fails,
+#              an undocumented entity of the core headers too; only here)
+#              and the Debian package (ctest install.deb_package, label package; only here)
 #     core     g++ C++17, Debug, every component OFF (IDEM_WITH_<NAME>=OFF for each
 #              idem_add_backend() of CMakeLists.txt): the core tests build and pass without SQLite,
 #              libpq, hiredis, libmariadb, rabbitmq-c, cnats, librdkafka, spdlog or cpp-httplib
@@ -12,7 +15,8 @@
 #              minutes)
 #     asan     clang++ C++17, AddressSanitizer + UndefinedBehaviorSanitizer: every test but the
 #              Kafka chaos runs (label chaos_kafka: minutes of group rebalances each; gcc17 runs
-#              them, and kafka_consumer_test runs here)
+#              them, and kafka_consumer_test runs here) and the Debian package's test (label
+#              package: it builds a package, nothing a sanitizer looks at)
 #     tsan     clang++ C++17, ThreadSanitizer: the tests labelled `concurrency`
 #     format   clang-format --dry-run -Werror over include/ tests/ examples/ bench/
 #   scripts/test.sh --quick          gcc17 only
@@ -33,7 +37,7 @@ JOBS=2
 export CTEST_PARALLEL_LEVEL=$JOBS
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 
-usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 # The components, as CMakeLists.txt declares them (idem_add_backend(<name>), one a line).
 mapfile -t COMPONENTS < <(sed -n 's/^idem_add_backend(\([a-z0-9_]*\).*/\1/p' "$ROOT/CMakeLists.txt")
@@ -133,7 +137,7 @@ slowest() {
 }
 
 run_gcc17() {
-    configure_and_build gcc17 g++ 17 -DIDEM_BUILD_DOCTESTS=ON
+    configure_and_build gcc17 g++ 17 -DIDEM_BUILD_DOCTESTS=ON -DIDEM_BUILD_DOCS=ON
     run_ctest gcc17
 }
 
@@ -155,7 +159,7 @@ run_asan() {
     configure_and_build asan clang++ 17 -DCMAKE_CXX_FLAGS="$flags"
     export ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-    run_ctest asan -- -LE chaos_kafka
+    run_ctest asan -- -LE 'chaos_kafka|package'
 }
 
 run_tsan() {

@@ -11,7 +11,7 @@ IDEM_BEGIN_NAMESPACE
 /// @brief Marks a parameter of a SQL store's execute() / query_*() to be bound as binary-safe
 /// bytes (SQLite BLOB, PostgreSQL bytea) instead of text. The bytes must outlive the call.
 struct Blob {
-    std::string_view bytes;
+    std::string_view bytes;  ///< the bytes to bind (not copied)
 };
 
 IDEM_END_NAMESPACE

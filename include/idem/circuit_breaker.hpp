@@ -101,6 +101,7 @@ class CircuitBreaker {
         opened_.fetch_add(1, std::memory_order_relaxed);
     }
 
+    /// Whether the breaker is open (the store failed and no probe has passed since).
     [[nodiscard]] bool is_open() const noexcept { return open_.load(std::memory_order_relaxed); }
 
     /// @brief While open: sleep the backoff, probe; a failed probe doubles the backoff (up to
@@ -153,7 +154,9 @@ class CircuitBreaker {
 
     /// @brief The backoff the next wait is drawn from (before jitter).
     [[nodiscard]] std::chrono::milliseconds backoff() const noexcept { return backoff_; }
+    /// The options the breaker was made with.
     [[nodiscard]] const CircuitBreakerOptions& options() const noexcept { return options_; }
+    /// How often it opened, probed and closed so far.
     [[nodiscard]] CircuitBreakerStats stats() const noexcept {
         CircuitBreakerStats s;
         s.opened = opened_.load(std::memory_order_relaxed);

@@ -35,6 +35,7 @@ class DeliveryCount {
   public:
     constexpr DeliveryCount() noexcept = default;
     // Implicit on purpose: `Delivery{msg.id(), msg.delivery_count()}` must read naturally.
+    /// The count from an unsigned integer of at most 32 bits (`3u`, a broker's `uint32_t`).
     template <class T, std::enable_if_t<fits_v<T>, int> = 0>
     constexpr DeliveryCount(T count) noexcept  // NOLINT
         : count_(static_cast<std::uint32_t>(count)) {}
@@ -64,10 +65,13 @@ class DeliveryCount {
         return DeliveryCount(static_cast<std::uint32_t>(count));
     }
 
+    /// The count (0 when the broker gave none).
     [[nodiscard]] constexpr std::uint32_t value() const noexcept { return count_; }
+    /// Equal when the counts are.
     friend constexpr bool operator==(DeliveryCount a, DeliveryCount b) noexcept {
         return a.count_ == b.count_;
     }
+    /// Different when the counts are.
     friend constexpr bool operator!=(DeliveryCount a, DeliveryCount b) noexcept {
         return a.count_ != b.count_;
     }

@@ -70,9 +70,11 @@ class commit_unconfirmed : public store_error {
 class partial_commit : public commit_failed {
   public:
     using Id = std::pair<std::string, std::string>;  ///< (scope, message id)
+    /// @p committed: the (scope, message id) pairs whose claims were committed.
     partial_commit(const std::string& what, std::vector<Id> committed)
         : commit_failed(what), committed_(std::move(committed)) {}
 
+    /// The (scope, message id) pairs whose claims (or dead letters) were committed.
     [[nodiscard]] const std::vector<Id>& committed() const noexcept { return committed_; }
     /// Whether the claim (or dead letter) of (@p scope, @p message_id) was committed.
     [[nodiscard]] bool committed(std::string_view scope, std::string_view message_id) const {

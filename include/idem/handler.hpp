@@ -56,10 +56,14 @@ class IdempotentHandler {
     static_assert(check_store<Store>(), "idem: Store does not fit (see above)");
 
   public:
+    /// The store's transaction, as the effect receives it.
     using Transaction = typename detail::AttemptPipeline<Store, Effect>::Transaction;
-    using EffectType = Effect;
-    using StoreType = Store;
+    using EffectType = Effect;  ///< the effect, as given
+    using StoreType = Store;    ///< the store, as given
 
+    /// @brief A handler of @p policy's scope over @p store (not owned: it must outlive the
+    /// handler) running @p effect; @p observer (not owned, may be null) sees every outcome.
+    /// make_handler() deduces the types.
     IdempotentHandler(Store& store, Policy policy, Effect effect, Observer* observer = nullptr)
         : pipeline_(store, std::move(policy), std::move(effect), observer) {}
 
@@ -154,8 +158,11 @@ class IdempotentHandler {
         return outcomes;
     }
 
+    /// The policy the handler was made with.
     [[nodiscard]] const Policy& policy() const noexcept { return pipeline_.policy(); }
+    /// A snapshot of the handler's counters (atomic; any thread).
     [[nodiscard]] Counters counters() const noexcept { return pipeline_.counters(); }
+    /// The store the handler claims in.
     [[nodiscard]] Store& store() noexcept { return pipeline_.store(); }
 
     /// @brief The lease this handler's claims are held for, on a lease store (Redis): the

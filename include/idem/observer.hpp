@@ -23,15 +23,15 @@ IDEM_BEGIN_NAMESPACE
 /// `duplicates` rising is healthy (redeliveries absorbed); alarm on a redelivery rate over 1 %
 /// (redeliveries / deliveries) and on dead_lettered > 0.
 struct Counters {
-    std::uint64_t deliveries = 0;
-    std::uint64_t redeliveries = 0;  ///< deliveries whose broker count was > 1
-    std::uint64_t processed = 0;
-    std::uint64_t duplicates = 0;
-    std::uint64_t dead_lettered = 0;
-    std::uint64_t rejected = 0;
-    std::uint64_t deferred = 0;
-    std::uint64_t in_progress = 0;
-    std::uint64_t failed = 0;
+    std::uint64_t deliveries = 0;     ///< every delivery handled
+    std::uint64_t redeliveries = 0;   ///< deliveries whose broker count was > 1
+    std::uint64_t processed = 0;      ///< outcomes Disposition::processed
+    std::uint64_t duplicates = 0;     ///< outcomes Disposition::duplicate
+    std::uint64_t dead_lettered = 0;  ///< outcomes Disposition::dead_lettered
+    std::uint64_t rejected = 0;       ///< outcomes Disposition::rejected
+    std::uint64_t deferred = 0;       ///< outcomes Disposition::deferred
+    std::uint64_t in_progress = 0;    ///< outcomes Disposition::in_progress
+    std::uint64_t failed = 0;         ///< outcomes Disposition::failed
 };
 
 /// @brief What the handler measured of one delivery, besides its outcome (see
@@ -70,6 +70,7 @@ struct OutcomeDetails {
 class Observer {
   public:
     virtual ~Observer() = default;
+    /// @brief Called once per delivery with its outcome, on the thread that handled it.
     virtual void on_outcome(std::string_view scope, const Delivery& delivery,
                             const Outcome& outcome) = 0;
     /// @brief on_outcome() with the time the handler spent on this delivery
@@ -182,6 +183,7 @@ inline void add(Counters& into, const Delivery& delivery, Disposition dispositio
 /// @brief An observer that keeps counters per scope, for several handlers at once.
 class CountingObserver final : public Observer {
   public:
+    /// Counts @p outcome under @p scope.
     void on_outcome(std::string_view scope, const Delivery& delivery,
                     const Outcome& outcome) override {
         std::lock_guard<std::mutex> lock(mutex_);

@@ -108,7 +108,7 @@ struct RelayOptions {
     std::uint32_t max_attempts = 10;
     /// Retry delay after the n-th failure: backoff_base * 2^(n-1), at most backoff_max.
     std::chrono::milliseconds backoff_base = std::chrono::seconds(1);
-    std::chrono::milliseconds backoff_max = std::chrono::minutes(5);
+    std::chrono::milliseconds backoff_max = std::chrono::minutes(5);  ///< the longest delay
     /// Time source for retry times and the lease check; empty = system_clock::now. Use the
     /// store's clock.
     Clock clock{};
@@ -123,9 +123,11 @@ struct RelayResult {
     /// Leased but not attempted because the lease ran out; shipped by a later run.
     std::size_t lease_expired = 0;
 
+    /// Every intent the run leased: sent + failed + parked + lease_expired.
     [[nodiscard]] std::size_t total() const noexcept {
         return sent + failed + parked + lease_expired;
     }
+    /// Adds @p other's counts (to sum the runs of a loop).
     RelayResult& operator+=(const RelayResult& other) noexcept {
         sent += other.sent;
         failed += other.failed;
@@ -137,9 +139,9 @@ struct RelayResult {
 
 /// @brief Running totals of a Relay.
 struct RelayCounters {
-    std::uint64_t sent = 0;
-    std::uint64_t failed = 0;  ///< failures that were scheduled for a retry
-    std::uint64_t parked = 0;
+    std::uint64_t sent = 0;          ///< intents shipped and marked sent
+    std::uint64_t failed = 0;        ///< failures that were scheduled for a retry
+    std::uint64_t parked = 0;        ///< intents parked (max_attempts reached, or send_refused)
     std::uint64_t store_errors = 0;  ///< run_once() calls that ended in a store_error
 };
 
@@ -258,7 +260,9 @@ class Relay {
         return std::min(delay, options_.backoff_max);
     }
 
+    /// The options the relay was made with.
     [[nodiscard]] const RelayOptions& options() const noexcept { return options_; }
+    /// The store the intents are read from.
     [[nodiscard]] Store& store() noexcept { return store_; }
 
   private:

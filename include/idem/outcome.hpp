@@ -129,6 +129,7 @@ enum class FailureCause : std::uint8_t {
     return "unknown";
 }
 
+/// @brief Writes the failure cause's name (to_string()).
 inline std::ostream& operator<<(std::ostream& out, FailureCause c) {
     return out << to_string(c);
 }
@@ -151,8 +152,8 @@ inline std::ostream& operator<<(std::ostream& out, FailureCause c) {
 
 /// @brief The result of IdempotentHandler::handle(): a disposition and a human-readable reason.
 struct Outcome {
-    Disposition disposition = Disposition::failed;
-    std::string reason;
+    Disposition disposition = Disposition::failed;  ///< what happened (the contract table)
+    std::string reason;                             ///< why, for logs and dead letters
     /// For a deferred outcome: how long the consumer should wait before the message comes back
     /// (e.g. the visibility timeout to set, or the delay of a requeue), when the effect says.
     /// For in_progress on a lease store (Redis): what is left of the holder's lease, the
@@ -177,6 +178,7 @@ struct Outcome {
     }
 };
 
+/// @brief Whether the consumer should ack the message: should_ack() of its disposition.
 [[nodiscard]] constexpr bool should_ack(const Outcome& outcome) noexcept {
     return should_ack(outcome.disposition);
 }
@@ -195,8 +197,10 @@ struct Outcome {
 /// @endcode
 class EffectResult {
   public:
+    /// What the effect says: it applied the event, refused it, or it came early.
     enum class Kind { applied, rejected, deferred };
 
+    /// The effect applied the event (what a `void` effect means).
     [[nodiscard]] static EffectResult applied() { return EffectResult(Kind::applied, {}); }
     /// The event must not be applied (stale or impossible). Acked; the claim records it.
     [[nodiscard]] static EffectResult rejected(std::string reason) {
@@ -211,7 +215,9 @@ class EffectResult {
         return result;
     }
 
+    /// Applied, rejected or deferred.
     [[nodiscard]] Kind kind() const noexcept { return kind_; }
+    /// Why it was rejected or deferred (empty when applied).
     [[nodiscard]] const std::string& reason() const noexcept { return reason_; }
     /// For deferred: the delay the effect asks for before the next delivery, if any.
     [[nodiscard]] std::optional<std::chrono::milliseconds> retry_after() const noexcept {
@@ -227,6 +233,7 @@ class EffectResult {
 
 IDEM_END_NAMESPACE
 
+/// @cond fmt_formatters
 /// @brief `fmt::format("{}", disposition)`: the disposition's name, with the string_view specs.
 template <>
 struct fmt::formatter<idem::Disposition> : fmt::formatter<std::string_view> {
@@ -235,7 +242,9 @@ struct fmt::formatter<idem::Disposition> : fmt::formatter<std::string_view> {
         return fmt::formatter<std::string_view>::format(idem::to_string(d), ctx);
     }
 };
+/// @endcond
 
+/// @cond fmt_formatters
 /// @brief `fmt::format("{}", cause)`: the failure cause's name.
 template <>
 struct fmt::formatter<idem::FailureCause> : fmt::formatter<std::string_view> {
@@ -244,3 +253,4 @@ struct fmt::formatter<idem::FailureCause> : fmt::formatter<std::string_view> {
         return fmt::formatter<std::string_view>::format(idem::to_string(c), ctx);
     }
 };
+/// @endcond

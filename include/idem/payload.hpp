@@ -40,14 +40,17 @@ IDEM_BEGIN_NAMESPACE
 template <class Effect>
 class KeepNoPayload {
   public:
+    /// Wraps @p effect.
     explicit KeepNoPayload(Effect effect) : effect_(std::move(effect)) {}
 
+    /// Calls the effect with @p args and returns what it returns.
     template <class... Args>
     auto operator()(Args&&... args)
         -> decltype(std::declval<Effect&>()(std::forward<Args>(args)...)) {
         return effect_(std::forward<Args>(args)...);
     }
 
+    /// The wrapped effect.
     Effect& inner() noexcept { return effect_; }
 
     /// Marks the chain: the handler's dead letters store an empty payload.

@@ -28,6 +28,23 @@
 
 IDEM_BEGIN_NAMESPACE
 
+/// @brief One message's final outcome from a PipelinedLoop (and from a broker consumer's
+/// pipelined path, whose tag is the delivery's position in its poll).
+template <class Tag>
+struct Settled {
+    Tag tag{};                     ///< what handle() was given with it (an entry id, ...)
+    Delivery delivery{};           ///< as handled
+    Outcome outcome{};             ///< should_ack(outcome) says whether to ack
+    bool acked_in_commit = false;  ///< its commit hook's ack went with its commit
+};
+
+/// @brief How a PipelinedLoop handles a local effect on a store that can claim and commit in
+/// one step (see PipelinedLoop).
+enum class LocalEffectPath {
+    claim_and_commit,  ///< the handler's one-step path: one script, settled at once (default)
+    pipelined,         ///< the claim with the previous commit, the commit with the next claim
+};
+
 /// @brief Runs a handler over a sequence of deliveries, holding each processed message's
 /// commit until the next delivery comes, then sending that commit and the next claim together.
 ///
@@ -80,27 +97,10 @@ IDEM_BEGIN_NAMESPACE
 /// }
 /// ack_all(loop.flush());
 /// @endcode
-/// @brief One message's final outcome from a PipelinedLoop (and from a broker consumer's
-/// pipelined path, whose tag is the delivery's position in its poll).
-template <class Tag>
-struct Settled {
-    Tag tag{};                     ///< what handle() was given with it (an entry id, ...)
-    Delivery delivery{};           ///< as handled
-    Outcome outcome{};             ///< should_ack(outcome) says whether to ack
-    bool acked_in_commit = false;  ///< its commit hook's ack went with its commit
-};
-
-/// @brief How a PipelinedLoop handles a local effect on a store that can claim and commit in
-/// one step (see PipelinedLoop).
-enum class LocalEffectPath {
-    claim_and_commit,  ///< the handler's one-step path: one script, settled at once (default)
-    pipelined,         ///< the claim with the previous commit, the commit with the next claim
-};
-
 template <class Handler, class Tag = std::string>
 class PipelinedLoop {
   public:
-    using Transaction = typename Handler::Transaction;
+    using Transaction = typename Handler::Transaction;  ///< the store's transaction
     /// Whether the store sends a commit with the next claim (else handle() settles at once).
     static constexpr bool pipelines = has_commit_with_next_claim<Transaction>::value;
     /// Whether the handler's effect is local and its store claims and commits in one step, so
@@ -108,8 +108,10 @@ class PipelinedLoop {
     static constexpr bool one_step_effect =
         detail::runs_before_claim<typename Handler::StoreType, typename Handler::EffectType>;
 
-    using Settled = idem::Settled<Tag>;
+    using Settled = idem::Settled<Tag>;  ///< one message's final outcome, with its tag
 
+    /// A loop over @p handler (not owned; it must outlive the loop); @p local: see
+    /// LocalEffectPath.
     explicit PipelinedLoop(Handler& handler,
                            LocalEffectPath local = LocalEffectPath::claim_and_commit)
         : handler_(&handler), local_(local) {}

@@ -18,6 +18,7 @@
 
 IDEM_BEGIN_NAMESPACE
 
+/// A duration in days, for retention and redelivery windows (C++17 has no std::chrono::days).
 using days = std::chrono::duration<std::int64_t, std::ratio<86400>>;
 
 /// @brief The tunable numbers of a Policy. Defaults: 5 deliveries, claims kept 14 days against
@@ -52,8 +53,8 @@ struct PolicyOptions {
     /// bodies alike): what failed-job storage keeps must not hold a card number. Empty: kept as
     /// they are. `idem::mask_card_numbers` (payload.hpp) masks 13-19 digit runs to their last 4.
     /// If it throws, nothing is stored and the outcome is `failed` (not acked); see
-    /// docs/contract.md#payloads-in-dead-letters. Also reachable as Policy::redact(). Called from
-    /// every thread the handler runs on: it must be thread-safe if the handler is shared.
+    /// `docs/contract.md`, "Payloads in dead letters". Also reachable as Policy::redact(). Called
+    /// from every thread the handler runs on: it must be thread-safe if the handler is shared.
     std::function<std::string(std::string_view payload)> redact_payload{};
 };
 
@@ -75,6 +76,8 @@ inline constexpr std::size_t max_scope_bytes = 128;
 /// purged and run the effect again).
 class Policy {
   public:
+    /// @brief The policy of the handlers of @p scope (claims are kept per scope and message id);
+    /// what it refuses: the class's @c throws.
     explicit Policy(std::string scope, PolicyOptions options = {})
         : scope_(std::move(scope)), options_(options) {
         if (scope_.empty()) {
@@ -127,21 +130,29 @@ class Policy {
         }
     }
 
+    /// The scope the claims are taken in.
     [[nodiscard]] const std::string& scope() const noexcept { return scope_; }
+    /// PolicyOptions::max_deliveries.
     [[nodiscard]] std::uint32_t max_deliveries() const noexcept { return options_.max_deliveries; }
+    /// PolicyOptions::retention.
     [[nodiscard]] std::chrono::seconds retention() const noexcept { return options_.retention; }
+    /// PolicyOptions::redelivery_window.
     [[nodiscard]] std::chrono::seconds redelivery_window() const noexcept {
         return options_.redelivery_window;
     }
+    /// PolicyOptions::gateway_key_lifetime.
     [[nodiscard]] std::optional<std::chrono::seconds> gateway_key_lifetime() const noexcept {
         return options_.gateway_key_lifetime;
     }
+    /// PolicyOptions::lease.
     [[nodiscard]] std::optional<std::chrono::milliseconds> lease() const noexcept {
         return options_.lease;
     }
+    /// PolicyOptions::visibility_timeout.
     [[nodiscard]] std::optional<std::chrono::milliseconds> visibility_timeout() const noexcept {
         return options_.visibility_timeout;
     }
+    /// All the options.
     [[nodiscard]] const PolicyOptions& options() const noexcept { return options_; }
 
     /// @brief The payload as it may be kept outside the message itself (dead letters; logs):

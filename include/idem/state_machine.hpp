@@ -50,20 +50,22 @@ IDEM_BEGIN_NAMESPACE
 /// @brief One row of a transition table: in state `from`, event `on` leads to state `to`.
 template <class State, class Event>
 struct Transition {
-    State from;
-    Event on;
-    State to;
+    State from;  ///< the state the entity is in
+    Event on;    ///< the event
+    State to;    ///< the state the event leads to
 
+    /// Equal when from, on and to are.
     friend constexpr bool operator==(const Transition& a, const Transition& b) noexcept {
         return a.from == b.from && a.on == b.on && a.to == b.to;
     }
+    /// Different when from, on or to is.
     friend constexpr bool operator!=(const Transition& a, const Transition& b) noexcept {
         return !(a == b);
     }
 };
 
-// Lets `idem::Transition{State::a, Event::e, State::b}` deduce its types in C++17, where
-// aggregates have no implicit deduction.
+/// Lets `idem::Transition{State::a, Event::e, State::b}` deduce its types in C++17, where
+/// aggregates have no implicit deduction.
 template <class State, class Event>
 Transition(State, Event, State) -> Transition<State, Event>;
 
@@ -77,9 +79,10 @@ Transition(State, Event, State) -> Transition<State, Event>;
 /// that no stored entity has (`none`); the table must have a transition from it.
 template <class State>
 struct Initial {
-    State state;
+    State state;  ///< the state of an entity that does not exist yet
 };
 
+/// Lets `idem::Initial{State::none}` deduce its type in C++17.
 template <class State>
 Initial(State) -> Initial<State>;
 
@@ -109,7 +112,7 @@ enum class Verdict {
 /// @brief The answer of StateMachine::classify().
 template <class State>
 struct Classification {
-    Verdict verdict = Verdict::impossible;
+    Verdict verdict = Verdict::impossible;  ///< how the event relates to the state
     /// The state to write: set only when the verdict is allowed.
     std::optional<State> next{};
     /// The event's source state the verdict refers to: the current state when allowed, the
@@ -202,9 +205,9 @@ class StateMachine {
                   "idem::StateMachine: Event must be an enum (or an integer type)");
 
   public:
-    using state_type = State;
-    using event_type = Event;
-    using transition_type = Transition<State, Event>;
+    using state_type = State;                          ///< the entity's states
+    using event_type = Event;                          ///< the events
+    using transition_type = Transition<State, Event>;  ///< a row of the table
 
     /// @brief Builds the table from N transitions.
     /// @throws usage_error when one (from, on) pair leads to two different states.
@@ -243,9 +246,11 @@ class StateMachine {
         validate();
     }
 
+    /// The number of transitions in the table.
     [[nodiscard]] static constexpr std::size_t size() noexcept { return N; }
     /// @brief The state of an entity that does not exist yet, if the table declares one.
     [[nodiscard]] constexpr std::optional<State> initial() const noexcept { return initial_; }
+    /// The table's rows, in the order given.
     [[nodiscard]] constexpr const std::array<transition_type, N>& transitions() const noexcept {
         return table_;
     }
@@ -343,8 +348,10 @@ class StateMachine {
     std::optional<State> initial_{};
 };
 
+/// Lets `StateMachine{rows...}` deduce State, Event and the number of rows.
 template <class State, class Event, class... Rest>
 StateMachine(Transition<State, Event>, Rest...) -> StateMachine<State, Event, 1 + sizeof...(Rest)>;
+/// Lets `StateMachine{idem::Initial{...}, rows...}` deduce State, Event and the number of rows.
 template <class State, class Event, class... Rest>
 StateMachine(Initial<State>, Transition<State, Event>, Rest...)
     -> StateMachine<State, Event, 1 + sizeof...(Rest)>;
@@ -417,9 +424,10 @@ struct event_member {
 template <class Machine, class EventOf, class StateOf, class Apply>
 class Guarded {
   public:
-    using state_type = typename Machine::state_type;
-    using event_type = typename Machine::event_type;
+    using state_type = typename Machine::state_type;  ///< the machine's states
+    using event_type = typename Machine::event_type;  ///< the machine's events
 
+    /// Made by guarded(); see there for the parameters.
     Guarded(const Machine& machine, EventOf event_of, StateOf state_of, Apply apply)
         : machine_(machine),
           event_of_(std::move(event_of)),
@@ -432,6 +440,7 @@ class Guarded {
         copy.entity_ = std::move(entity);
         return copy;
     }
+    /// @brief named() on a temporary: moves instead of copying.
     [[nodiscard]] Guarded named(std::string entity) && {
         entity_ = std::move(entity);
         return std::move(*this);
@@ -442,11 +451,13 @@ class Guarded {
     EffectResult operator()(Tx& tx, const Msg& msg) const {
         return run(*this, tx, msg);
     }
+    /// @brief The same, on a non-const effect (its callables may keep state).
     template <class Tx, class Msg>
     EffectResult operator()(Tx& tx, const Msg& msg) {
         return run(*this, tx, msg);
     }
 
+    /// The transition table.
     [[nodiscard]] const Machine& machine() const noexcept { return machine_; }
 
   private:

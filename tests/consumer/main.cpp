@@ -41,6 +41,22 @@ bool idem_consumer_redis_testing_kit_links();
 
 int main() {
     static_assert(IDEM_VERSION_MAJOR == 0 && IDEM_VERSION_MINOR == 1, "unexpected idem version");
+#ifdef IDEM_CONSUMER_PACKAGE_VERSION_MAJOR
+    static_assert(IDEM_VERSION_MAJOR == IDEM_CONSUMER_PACKAGE_VERSION_MAJOR &&
+                      IDEM_VERSION_MINOR == IDEM_CONSUMER_PACKAGE_VERSION_MINOR &&
+                      IDEM_VERSION_PATCH == IDEM_CONSUMER_PACKAGE_VERSION_PATCH,
+                  "the CMake package's version (find_package) differs from idem/config.hpp's");
+#endif
+    static_assert(
+        IDEM_VERSION == IDEM_VERSION_MAJOR * 10000 + IDEM_VERSION_MINOR * 100 + IDEM_VERSION_PATCH,
+        "IDEM_VERSION");
+#if IDEM_CONSUMER_HAS_SQLITE
+    static_assert(idem::sql::schema_version == IDEM_SQL_SCHEMA_VERSION, "sql::schema_version");
+    static_assert(idem::SqliteStore::schema_version == IDEM_SQL_SCHEMA_VERSION, "SqliteStore");
+#endif
+#if IDEM_CONSUMER_HAS_REDIS
+    static_assert(idem::RedisStore::schema_version == IDEM_REDIS_SCHEMA_VERSION, "RedisStore");
+#endif
     // The postgres, redis and mysql components link and their stores fit (no server is needed to
     // check that).
 #if IDEM_CONSUMER_HAS_POSTGRES

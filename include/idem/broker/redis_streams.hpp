@@ -96,7 +96,7 @@ inline void append_json_bytes(std::string& out, std::string_view bytes) {
 /// @brief The bytes a dead letter keeps of a stream entry (found by ADL by the handler): its
 /// fields as a JSON array of [name, value] pairs, in order, e.g. `[["order","8814"]]`. An array
 /// rather than an object because a stream entry may repeat a name; bytes outside printable ASCII
-/// are escaped as \u00XX (one per byte), so the encoding is unambiguous and readable.
+/// are escaped as `\u00XX` (one per byte), so the encoding is unambiguous and readable.
 [[nodiscard]] inline std::string idem_payload(const StreamEntry& entry) {
     std::string out = "[";
     for (std::size_t i = 0; i < entry.fields.size(); ++i) {

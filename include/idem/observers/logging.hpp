@@ -285,6 +285,7 @@ class LoggingObserver final : public Observer {
 
 IDEM_END_NAMESPACE
 
+/// @cond fmt_formatters
 /// @brief `fmt::format("{}", level)`: the level's name.
 template <>
 struct fmt::formatter<idem::LogLevel> : fmt::formatter<std::string_view> {
@@ -293,3 +294,4 @@ struct fmt::formatter<idem::LogLevel> : fmt::formatter<std::string_view> {
         return fmt::formatter<std::string_view>::format(idem::to_string(level), ctx);
     }
 };
+/// @endcond

@@ -18,8 +18,9 @@
 IDEM_BEGIN_NAMESPACE
 namespace sql {
 
-/// Version of the idem tables this code writes; a database with a newer one is refused.
-inline constexpr int schema_version = 3;
+/// Version of the idem tables this code writes; a database with a newer one is refused
+/// (IDEM_SQL_SCHEMA_VERSION in idem/config.hpp, beside idem's version).
+inline constexpr int schema_version = IDEM_SQL_SCHEMA_VERSION;
 
 /// SQLite's DDL to go from @p from_version (0: nothing there) to schema_version.
 inline std::vector<std::string> sqlite_schema_ddl(int from_version) {

@@ -69,7 +69,9 @@ class basic_store {
     using Transaction = basic_transaction<Driver>;
     using driver_type = Driver;
 
-    /// Version of the idem tables this code writes; a database with a newer one is refused.
+    /// @brief Version of the idem tables this store creates and migrates to, recorded in its
+    /// `idem_schema` table; a database with a newer one is refused (store_error naming both).
+    /// IDEM_SQL_SCHEMA_VERSION (idem/config.hpp); how it moves: docs/compatibility.md.
     static constexpr int schema_version = sql::schema_version;
 
     basic_store(const basic_store&) = delete;

@@ -39,6 +39,7 @@ enum class Fault {
     commit,  ///< commit() rolls back and throws commit_failed
 };
 
+/// @brief What a MemoryStore is made with.
 struct MemoryStoreOptions {
     /// Time source for claimed_at (empty: system clock); set it to test retention.
     Clock clock;
@@ -96,6 +97,7 @@ class MemoryStore {
     };
 
   public:
+    /// An empty store.
     explicit MemoryStore(MemoryStoreOptions options = {}) : options_(std::move(options)) {}
     MemoryStore(const MemoryStore&) = delete;
     MemoryStore& operator=(const MemoryStore&) = delete;
@@ -103,6 +105,7 @@ class MemoryStore {
     /// @brief A serialised transaction; rolls back in its destructor unless committed.
     class Transaction {
       public:
+        /// Takes over @p other's transaction (@p other then holds none).
         Transaction(Transaction&& other) noexcept
             : store_(std::exchange(other.store_, nullptr)),
               lock_(std::move(other.lock_)),
@@ -114,6 +117,8 @@ class MemoryStore {
         Transaction& operator=(const Transaction&) = delete;
         ~Transaction() { rollback(); }
 
+        /// @brief Claims (@p scope, @p id) in this transaction: new, or the duplicate with its
+        /// recorded outcome (and whether @p fingerprint matches the stored one).
         ClaimResult claim(std::string_view scope, std::string_view id,
                           std::string_view fingerprint = {}) {
             active();
@@ -140,6 +145,7 @@ class MemoryStore {
             return ClaimResult{};
         }
 
+        /// Records the claim's outcome (processed, rejected, ...) and its reason.
         void record_outcome(std::string_view scope, std::string_view id, Disposition disposition,
                             std::string_view reason) {
             active();
@@ -154,6 +160,7 @@ class MemoryStore {
             it->second.reason = std::string(reason);
         }
 
+        /// Stores @p letter (created_at set to now when empty) with the transaction.
         void dead_letter(const DeadLetter& letter) {
             active();
             offsets_.dead_lettered(letter.scope, letter.message_id);
@@ -165,11 +172,14 @@ class MemoryStore {
             undo_.push_back(Undo{Undo::Kind::dead_letter_added, {}, {}, {}, {}, {}});
         }
 
+        /// Marks a savepoint (they nest).
         void savepoint() {
             active();
             savepoints_.push_back(undo_.size());
             offsets_.savepoint();
         }
+        /// Undoes what followed the latest savepoint, and drops it. @throws usage_error without
+        /// one.
         void rollback_to_savepoint() {
             active();
             if (savepoints_.empty())
@@ -178,6 +188,7 @@ class MemoryStore {
             savepoints_.pop_back();
             offsets_.rollback_to_savepoint();
         }
+        /// Drops the latest savepoint, keeping what followed it. @throws usage_error without one.
         void release_savepoint() {
             active();
             if (savepoints_.empty())
@@ -283,11 +294,13 @@ class MemoryStore {
             values.erase(it);
             return true;
         }
+        /// collection[key] as this transaction sees it (its own writes included).
         [[nodiscard]] std::optional<std::string> get(std::string_view collection,
                                                      std::string_view key) const {
             active();
             return store_->get_locked(collection, key);
         }
+        /// The number of keys in @p collection, as this transaction sees it.
         [[nodiscard]] std::size_t count(std::string_view collection) const {
             active();
             return store_->count_locked(collection);
@@ -498,6 +511,7 @@ class MemoryStore {
         return hook.request_as<StoredOffset>() != nullptr;
     }
 
+    /// The committed claim of (@p scope, @p id), if any.
     [[nodiscard]] std::optional<ClaimRecord> find_claim(std::string_view scope,
                                                         std::string_view id) {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -506,6 +520,7 @@ class MemoryStore {
         return it->second;
     }
 
+    /// Every committed dead letter, oldest first.
     [[nodiscard]] std::vector<DeadLetter> dead_letters() {
         std::lock_guard<std::mutex> lock(mutex_);
         return dead_letters_;
@@ -548,6 +563,7 @@ class MemoryStore {
         return rows;
     }
 
+    /// Marks outbox intent @p id sent (for a Relay). @throws usage_error for an unknown id.
     void mark_outbox_sent(std::int64_t id) {
         std::lock_guard<std::mutex> lock(mutex_);
         OutboxEntry& entry = outbox_entry(id);
@@ -555,6 +571,8 @@ class MemoryStore {
         entry.lease_until.reset();
     }
 
+    /// @brief Counts a failed send of intent @p id, with @p error, retried at @p retry_at or
+    /// parked (@p park). @throws usage_error for an unknown id.
     void mark_outbox_failed(std::int64_t id, std::string_view error,
                             std::chrono::system_clock::time_point retry_at, bool park) {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -576,6 +594,7 @@ class MemoryStore {
         return rows;
     }
 
+    /// The number of committed claims.
     [[nodiscard]] std::size_t claim_count() {
         std::lock_guard<std::mutex> lock(mutex_);
         return claims_.size();

@@ -58,7 +58,7 @@ IDEM_BEGIN_NAMESPACE
 ///
 /// Its Transaction (sql::basic_transaction<mysql::Driver>) adds `conn()`; `execute()` returns
 /// the affected rows (a SELECT: the rows) as std::int64_t and binds to `?`: integers, floating
-/// point, bool (1 / 0), strings as text, idem::Blob as binary, nullptr/std::nullopt as NULL,
+/// point, bool (1 / 0), strings as text, idem::Blob as binary, `nullptr` / `std::nullopt` as NULL,
 /// std::optional.
 class MysqlStore : public sql::basic_store<mysql::Driver> {
   public:

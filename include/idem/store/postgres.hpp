@@ -90,7 +90,7 @@ IDEM_BEGIN_NAMESPACE
 /// Its Transaction (sql::basic_transaction<postgres::Driver>) adds `conn()` (which first sends
 /// the queued commands) to the members every SQL store has; `execute()` returns the affected
 /// rows as std::int64_t and binds to `$1`, `$2`, …: integers, floating point, bool and strings
-/// as text, idem::Blob as BYTEA, nullptr/std::nullopt as NULL, std::optional.
+/// as text, idem::Blob as BYTEA, `nullptr` / `std::nullopt` as NULL, std::optional.
 ///
 /// @throws store_unavailable when the server cannot be reached or the tables cannot be set up,
 /// store_timeout on lock / statement timeouts, store_error when the database holds a newer idem

@@ -74,6 +74,13 @@ class RedisStore {
   public:
     class Transaction;
 
+    /// @brief Version of the layout of the store's keys and claim records
+    /// (IDEM_REDIS_SCHEMA_VERSION, idem/config.hpp). Not written to Redis and not checked: a
+    /// change of it is a major version of idem (docs/compatibility.md).
+    static constexpr int schema_version = IDEM_REDIS_SCHEMA_VERSION;
+
+    /// @brief A store on one server (or one seed node of a Redis Cluster, or Sentinels: see
+    /// RedisEndpoint); as the constructor below, with one seed.
     explicit RedisStore(RedisEndpoint endpoint, RedisOptions options = {})
         : RedisStore(std::vector<RedisEndpoint>{std::move(endpoint)}, std::move(options)) {}
 
@@ -98,6 +105,7 @@ class RedisStore {
     }
     /// @brief The router (slot map, pools per node): for tests and tools.
     [[nodiscard]] redis::Router& router() noexcept { return context_.router; }
+    /// The options the store was made with.
     [[nodiscard]] const RedisOptions& options() const noexcept { return context_.options; }
     /// Whether new ids are claimed with `SET … NX … GET` (RedisOptions::claim_with_set, until a
     /// server before 7.0 refuses it) rather than the claim script.
@@ -168,9 +176,11 @@ class RedisStore {
     [[nodiscard]] std::string claim_key(std::string_view scope, std::string_view id) const {
         return context_.keys.claim(scope, id);
     }
+    /// The key of the dead letters of (scope, id), in the claim's Cluster slot.
     [[nodiscard]] std::string dead_letter_key(std::string_view scope, std::string_view id) const {
         return context_.keys.dead_letter(scope, id);
     }
+    /// The key of the lock hold_lock() takes on @p key.
     [[nodiscard]] std::string lock_key(std::string_view key) const {
         return context_.keys.lock(key);
     }
@@ -224,6 +234,7 @@ class RedisStore {
 /// committed. Never throws from the destructor.
 class RedisStore::Transaction {
   public:
+    /// Takes over @p other's transaction (@p other then holds none).
     Transaction(Transaction&& other) noexcept
         : store_(std::exchange(other.store_, nullptr)), state_(std::move(other.state_)) {}
     Transaction& operator=(Transaction&&) = delete;
@@ -275,6 +286,8 @@ class RedisStore::Transaction {
         state_.unclaim(scope, id);
     }
 
+    /// @brief Records the outcome of a claim this transaction holds; written by commit().
+    /// @throws usage_error for a claim it does not hold.
     void record_outcome(std::string_view scope, std::string_view id, Disposition disposition,
                         std::string_view reason) {
         active();
@@ -287,6 +300,7 @@ class RedisStore::Transaction {
         state_.claims[index].reason = std::string(reason);
     }
 
+    /// Queues @p letter; commit() stores it.
     void dead_letter(const DeadLetter& letter) {
         active();
         state_.letters.push_back(letter);
@@ -345,6 +359,7 @@ class RedisStore::Transaction {
         return true;
     }
 
+    /// Marks a savepoint in the queued writes, dead letters and claims (no round trip).
     void savepoint() {
         active();
         state_.savepoint();
@@ -360,6 +375,7 @@ class RedisStore::Transaction {
         for (const redis::Reply& reply : redis::release(context(), state_.token, keys))
             context().check_script(reply, "release");
     }
+    /// Drops the latest savepoint, keeping what followed it. @throws usage_error without one.
     void release_savepoint() {
         active();
         if (state_.savepoints.empty())
@@ -513,6 +529,7 @@ class RedisStore::Transaction {
 
     /// @brief The token fencing this transaction's leases (for logs and tests).
     [[nodiscard]] const std::string& token() const noexcept { return state_.token; }
+    /// The store that began the transaction.
     [[nodiscard]] RedisStore& store() noexcept { return *store_; }
 
   private:

@@ -57,8 +57,8 @@ IDEM_BEGIN_NAMESPACE
 /// Its Transaction (sql::basic_transaction<sqlite::Driver>) adds `db()`, the connection, to the
 /// members every SQL store has; `execute()` returns sqlite3_changes() as an int, and binds
 /// integers (INTEGER), floating point (REAL), strings (TEXT), idem::Blob (BLOB),
-/// nullptr/std::nullopt (NULL) and std::optional of those to `?` / `?N`; prepared statements are
-/// cached per SQL string.
+/// `nullptr` / `std::nullopt` (NULL) and std::optional of those to `?` / `?N`; prepared statements
+/// are cached per SQL string.
 ///
 /// @throws store_unavailable when the database cannot be opened or set up, store_timeout when
 /// another writer holds it past the busy timeout, store_error when the database holds a newer
