@@ -82,10 +82,11 @@ class Purger {
         if (thread_.joinable()) thread_.join();
     }
 
-    /// @brief Runs finished (complete or stopped by the budget), and runs that threw.
+    /// @brief Runs finished (complete, or ended early by the budget or a stop).
     [[nodiscard]] std::size_t runs() const noexcept {
         return runs_.load(std::memory_order_relaxed);
     }
+    /// @brief Runs that threw (told to on_error).
     [[nodiscard]] std::size_t failures() const noexcept {
         return failures_.load(std::memory_order_relaxed);
     }
