@@ -124,6 +124,7 @@ struct Options {
     bool offsets_in_store = false;
     double kill_rate = 0.02;                       ///< per window, per delivery
     std::chrono::milliseconds kill_interval{250};  ///< mean time between driver kills; 0: none
+    bool kill_interval_given = false;              ///< else each broker's default (defaults())
     std::chrono::milliseconds visibility{400};     ///< XCLAIM min-idle; the Redis lease
     std::chrono::milliseconds latency{3};          ///< a gateway request takes 0..latency
     std::chrono::milliseconds inflight{2000};      ///< a dead worker's request holds its key
@@ -131,6 +132,7 @@ struct Options {
     /// The consumers' RedeliveryBackoff::initial; negative: the library's default.
     std::chrono::milliseconds backoff_initial{-1};
     std::chrono::seconds timeout{300};  ///< give up waiting for the stream to drain
+    bool timeout_given = false;         ///< else it grows with the messages (defaults())
     /// --chain A:B: `broker` is A, this is B (the store is SQLite, one for each service).
     bool chain = false;
     BrokerKind chain_to = BrokerKind::nats;

@@ -355,12 +355,12 @@ int run_driver(const Options& o) {
 
     // Every divergence explained: what each delivery of the order did, what the store and the
     // dead letters say.
-    auto explain = [&](long order, const std::vector<std::string>& captures_of,
+    auto explain = [&](long order, const char* kind, const std::vector<std::string>& captures_of,
                        const std::vector<std::string>& charges_of, bool pending) {
         const std::string id = broker->message_id_of_order(order);
         std::string text = fmt::format(
-            "divergence: order {} (message id {}): captures [{}], charges [{}], {}", order,
-            id.empty() ? "?" : id, fmt::join(captures_of, " "), fmt::join(charges_of, " "),
+            "divergence ({}): order {} (message id {}): captures [{}], charges [{}], {}", kind,
+            order, id.empty() ? "?" : id, fmt::join(captures_of, " "), fmt::join(charges_of, " "),
             pending ? "still pending at the broker" : "settled at the broker");
         const auto letter = broker_letters.find(order);
         if (letter != broker_letters.end())
@@ -391,9 +391,14 @@ int run_driver(const Options& o) {
         charged_keys.push_back(gw_charged_key(order));
     const auto charges_by_order = lists_of(redis, charged_keys);
 
-    long captures = 0, divergences = 0;
+    // Each order's verdict. Lost, doubled and dead-lettered orders are divergences; a pending
+    // order (read, not settled) or one never read is what a run that did not drain leaves, told
+    // apart by the order's delivery history (the workers log every delivery they start).
+    long captures = 0;
     long no_capture = 0, extra_captures = 0, extra_charges = 0, mismatched = 0;
-    std::vector<std::string> explained;  // one block per divergent order
+    long lost = 0, doubled = 0, parked = 0, pending = 0, never_read = 0;
+    std::vector<std::string> explained;          // one block per divergent order
+    std::vector<long> unsettled_without_effect;  // lost, or never read: the history decides
     for (long order = 1; order <= o.messages; ++order) {
         static const std::vector<std::string> none;
         const auto found = captures_by_order.find(order);
@@ -405,11 +410,39 @@ int run_driver(const Options& o) {
         extra_charges += g.size() > 1 ? 1 : 0;
         const bool agree = c.size() == 1 && g.size() == 1 && c[0] == g[0];
         mismatched += (c.size() == 1 && g.size() == 1 && !agree) ? 1 : 0;
-        if (!agree || pending_orders.count(order) != 0 || dead_lettered_orders.count(order) != 0) {
-            ++divergences;
-            explained.push_back(explain(order, c, g, pending_orders.count(order) != 0));
+        const bool is_pending = pending_orders.count(order) != 0;
+        if (c.size() > 1 || g.size() > 1 || (c.size() == 1 && g.size() == 1 && !agree)) {
+            ++doubled;
+            explained.push_back(explain(order, "doubled", c, g, is_pending));
+        } else if (dead_lettered_orders.count(order) != 0) {
+            ++parked;
+            explained.push_back(explain(order, "dead-lettered", c, g, is_pending));
+        } else if (is_pending) {
+            ++pending;
+        } else if (!agree) {
+            unsettled_without_effect.push_back(order);
         }
     }
+    {
+        std::vector<std::string> keys;
+        for (const long order : unsettled_without_effect)
+            keys.push_back(history_key(broker->message_id_of_order(order)));
+        const auto histories = lists_of(redis, keys);
+        for (std::size_t i = 0; i < unsettled_without_effect.size(); ++i) {
+            const long order = unsettled_without_effect[i];
+            if (histories[i].empty()) {
+                ++never_read;
+                continue;
+            }
+            ++lost;
+            const auto found = captures_by_order.find(order);
+            static const std::vector<std::string> none;
+            explained.push_back(
+                explain(order, "lost", found != captures_by_order.end() ? found->second : none,
+                        charges_by_order[static_cast<std::size_t>(order - 1)], false));
+        }
+    }
+    const long divergences = lost + doubled + parked;
     const long delivered = static_cast<long>(get_int(redis, delivered_key));
     // The field note's count: deliveries beyond one per message (0 for a run that did not drain).
     const long redeliveries = std::max(0L, delivered - o.messages);
@@ -460,9 +493,10 @@ int run_driver(const Options& o) {
         status = exit_harness;
     }
     if (timed_out) {
-        std::printf("idem_chaos: the stream did not drain within %lld s\n",
-                    static_cast<long long>(o.timeout.count()));
-        status = std::max(status, exit_failed);
+        std::printf(
+            "idem_chaos: the stream did not drain within %lld s: %ld orders pending, %ld never "
+            "read (not divergences; --timeout S waits longer)\n",
+            static_cast<long long>(o.timeout.count()), pending, never_read);
     }
     if (!drained && !timed_out && !interrupted) status = exit_harness;
     for (const auto& error : fleet.errors()) {
@@ -472,8 +506,15 @@ int run_driver(const Options& o) {
     for (const std::string& block : explained)
         std::printf("%s\n", block.c_str());
     if (divergences > 0) {
-        std::printf("idem_chaos: %ld of %ld orders diverge\n", divergences, o.messages);
+        std::printf(
+            "idem_chaos: %ld of %ld orders diverge: %ld lost, %ld doubled, %ld dead-lettered\n",
+            divergences, o.messages, lost, doubled, parked);
         status = std::max(status, exit_failed);
+    }
+    if (drained && pending + never_read > 0) {  // the broker said drained: a harness fault
+        std::printf("idem_chaos: drained, yet %ld orders pending and %ld never read\n", pending,
+                    never_read);
+        status = exit_harness;
     }
     if (drained && redeliveries * 20 < o.messages) {
         std::printf(
@@ -498,15 +539,17 @@ int run_driver(const Options& o) {
             status = std::max(status, exit_failed);
         }
     }
+    if (status == 0 && timed_out) status = exit_not_drained;
     std::printf(
         "{\"store\":\"%s\",\"broker\":\"%s\",%s%s\"messages\":%ld,\"workers\":%d,\"kills\":%ld,"
         "\"delivered\":%ld,"
         "\"redeliveries\":%ld,\"captures\":%ld,\"gateway_requests\":%ld,\"gateway_calls\":%ld,"
-        "\"divergences\":%ld,\"dead_lettered\":%ld,\"seconds\":%.1f}\n",
+        "\"divergences\":%ld,\"lost\":%ld,\"doubled\":%ld,\"dead_lettered\":%ld,"
+        "\"pending\":%ld,\"never_read\":%ld,\"drained\":%s,\"seconds\":%.1f}\n",
         to_string(o.store), to_string(o.broker), o.pipelined ? "\"pipelined\":true," : "",
         o.offsets_in_store ? "\"offsets\":\"store\"," : "", o.messages, o.workers, fleet.kills(),
-        delivered, redeliveries, captures, gateway_requests, gateway_calls, divergences,
-        dead_lettered, seconds);
+        delivered, redeliveries, captures, gateway_requests, gateway_calls, divergences, lost,
+        doubled, dead_lettered, pending, never_read, drained ? "true" : "false", seconds);
     std::fflush(stdout);
     return status;
 }

@@ -52,9 +52,10 @@ inline void install_interrupt_handlers() {
     ::signal(SIGPIPE, SIG_IGN);
 }
 
-constexpr int exit_failed = 1;   // the run proved something wrong (or nothing)
-constexpr int exit_harness = 2;  // the harness itself could not do its job
-constexpr int exit_skip = 77;    // no server here (never in CI)
+constexpr int exit_failed = 1;       // the run proved something wrong (or nothing)
+constexpr int exit_harness = 2;      // the harness itself could not do its job
+constexpr int exit_not_drained = 3;  // nothing diverged, but the run ended before it drained
+constexpr int exit_skip = 77;        // no server here (never in CI)
 
 inline std::string self_executable() {
     std::error_code ec;

@@ -1,6 +1,8 @@
 // idem_chaos: workers killed with SIGKILL mid-handler over a real Redis stream; every order must
 // end with exactly one capture and one charge. See docs/testing.md and chaos.hpp.
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -41,7 +43,8 @@ constexpr const char* usage =
     "  --kill-rate       probability that a worker kills itself at each crash window of each\n"
     "                    delivery (default 0.02)\n"
     "  --kill-interval-ms  mean time between the driver's SIGKILLs of a random worker (default\n"
-    "                    250; 0: none)\n"
+    "                    250, with Kafka 2000: a killed member holds its partitions for the\n"
+    "                    group's 3 s session timeout; 0: none)\n"
     "  --visibility-ms   the stream's visibility timeout, and the Redis store's lease (default "
     "400)\n"
     "  --latency-ms      a gateway request takes 0..MS (default 3)\n"
@@ -51,7 +54,8 @@ constexpr const char* usage =
     "  --backoff-ms      the consumers' redelivery backoff before the second delivery, doubling\n"
     "                    from there (default: the library's, 2000); 0: none, each broker's own\n"
     "                    redelivery (what the run did before the backoff existed)\n"
-    "  --timeout         seconds to wait for the stream to drain (default 300)\n"
+    "  --timeout         seconds to wait for the stream to drain (default: 300, or more with\n"
+    "                    --messages: 15 ms a message, 40 ms chained, 600 ms with Kafka)\n"
     "  --chain A:B       two services (docs/chain.md): service A consumes broker A and writes its\n"
     "                    row and an outbox intent in one transaction (SQLite), a relay ships\n"
     "                    the intents to broker B, service B charges the gateway and writes its\n"
@@ -59,10 +63,29 @@ constexpr const char* usage =
     "                    --naive: A publishes inside its effect, B has no claim and a fresh key\n"
     "                    per attempt (divergences > 0)\n"
     "\n"
-    "The last stdout line is one JSON object. Exit status: 0 when every order has exactly one\n"
-    "capture and one charge and they agree, nothing is pending or dead-lettered, redeliveries are\n"
-    "at least 5% of the messages and a worker was killed; 1 otherwise; 2 when the harness failed;\n"
-    "77 when a server is missing (outside CI).\n";
+    "The last stdout line is one JSON object. Each order is ok (one capture and one charge that\n"
+    "agree, settled), lost (settled at the broker without its effect), doubled (more than one\n"
+    "capture or charge, or two that disagree), dead_lettered, pending (read and not settled) or\n"
+    "never_read; divergences = lost + doubled + dead_lettered. Exit status: 0 when every order is\n"
+    "ok, redeliveries are at least 5% of the messages and a worker was killed; 1 when an order\n"
+    "diverged (or the run proved nothing); 3 when nothing diverged but the run did not drain in\n"
+    "time (pending or never_read orders left: \"drained\":false); 2 when the harness failed; 77\n"
+    "when a server is missing (outside CI).\n";
+
+/// What the run chooses when the command line does not: a Kafka member killed holds its
+/// partitions for the group's 3 s session timeout, so kills come every 2 s on average (every
+/// 250 ms would keep the group rebalancing and deliver next to nothing); the drain timeout
+/// grows with the messages, at what a busy 2-core machine drains per broker.
+void defaults(chaos::Options& o) {
+    const bool kafka =
+        o.broker == chaos::BrokerKind::kafka || (o.chain && o.chain_to == chaos::BrokerKind::kafka);
+    if (!o.kill_interval_given && kafka) o.kill_interval = std::chrono::milliseconds(2000);
+    if (!o.timeout_given) {
+        const std::chrono::milliseconds per_message{kafka ? 600 : o.chain ? 40 : 15};
+        o.timeout = std::max(
+            o.timeout, std::chrono::duration_cast<std::chrono::seconds>(per_message * o.messages));
+    }
+}
 
 long number(const std::string& option, const std::string& text, long min, long max) {
     std::size_t used = 0;
@@ -180,6 +203,7 @@ chaos::Options parse(int argc, char** argv) {
             }
         } else if (arg == "--kill-interval-ms") {
             o.kill_interval = milliseconds(number(arg, value(), 0, 3'600'000));
+            o.kill_interval_given = true;
         } else if (arg == "--visibility-ms") {
             o.visibility = milliseconds(number(arg, value(), 50, 3'600'000));
         } else if (arg == "--latency-ms") {
@@ -192,6 +216,7 @@ chaos::Options parse(int argc, char** argv) {
             o.max_deliveries = static_cast<std::uint32_t>(number(arg, value(), 1, 1000));
         } else if (arg == "--timeout") {
             o.timeout = std::chrono::seconds(number(arg, value(), 1, 86'400));
+            o.timeout_given = true;
         } else if (arg == "--worker") {  // internal: the driver starts its workers this way
             o.worker = true;
         } else if (arg == "--redis-port") {
@@ -227,6 +252,7 @@ chaos::Options parse(int argc, char** argv) {
     if (o.worker && (o.redis_port == 0 || o.parent == 0)) {
         throw std::invalid_argument("--worker is started by the driver, with its arguments");
     }
+    defaults(o);
     return o;
 }
 
