@@ -81,8 +81,8 @@ class StoreContext {
 
     void check_script(const Reply& reply, const char* what) const {
         if (reply.is_error()) {
-            throw store_error(fmt::format("idem: Redis {} script failed on {}: {}", what,
-                                          endpoint().describe(), reply.str));
+            throw_reply_error(reply, fmt::format("idem: Redis {} script failed on {}: {}", what,
+                                                 endpoint().describe(), reply.str));
         }
     }
     /// One command on @p key's slot; an error reply throws store_error naming @p what.
@@ -90,7 +90,8 @@ class StoreContext {
     Reply checked_on(std::string_view key, Fn&& fn, std::string_view what) {
         Reply reply = router.on_key(key, std::forward<Fn>(fn));
         if (reply.is_error()) {
-            throw store_error(fmt::format("idem: Redis {} failed on {}: {}", what,
+            throw_reply_error(reply,
+                              fmt::format("idem: Redis {} failed on {}: {}", what,
                                           router.master_of(hash_slot(key)).describe(), reply.str));
         }
         return reply;
