@@ -239,6 +239,26 @@ TEST(RedisStoreProbeTest, NotNowRepliesAreUnavailableOtherErrorsAreNot) {
             EXPECT_TRUE(outcome.store_unreachable()) << outcome.reason;
         }
     }
+    {
+        // A server that answers the persistence check's INFO persistence with LOADING: no answer
+        // yet, not a server without AOF (usage_error). The store is built, and the probe (whose
+        // first contact runs the check) fails until the server answers.
+        idem_test::RefusingProxy loading(
+            redis.host(), redis.port(),
+            [](const std::vector<std::string>& args) {
+                return args.size() == 2 && args[0] == "INFO" && args[1] == "persistence";
+            },
+            "LOADING Redis is loading the dataset in memory");
+        idem::RedisEndpoint endpoint = endpoint_of(redis);
+        endpoint.port = loading.port();
+        std::optional<idem::RedisStore> store;
+        EXPECT_NO_THROW(store.emplace(endpoint));
+        if (store) {
+            bool unreachable = false;
+            const std::string what = probe(*store, &unreachable);
+            EXPECT_TRUE(unreachable) << what;
+        }
+    }
     idem_test::RefusingProxy other(redis.host(), redis.port(), refused, "NOPERM no PING for you");
     idem::RedisEndpoint endpoint = endpoint_of(redis);
     endpoint.port = other.port();

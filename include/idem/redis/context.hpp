@@ -183,6 +183,10 @@ class StoreContext {
     void check_persistence(Connection& connection) {
         RedisPersistence found;
         const Reply info = connection.command({"INFO", "persistence"});
+        if (is_unavailable_error(info)) {  // not an answer yet: checked on the next use
+            throw store_unavailable(fmt::format("idem: Redis at {} cannot answer yet: {}",
+                                                endpoint().describe(), info.str));
+        }
         if (info.is_error() || info.type != Reply::Type::string) {
             throw usage_error(fmt::format(
                 "idem::RedisStore: cannot tell whether Redis at {} persists claims (INFO "
