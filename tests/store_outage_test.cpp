@@ -9,14 +9,15 @@
 // Redis Cluster with one master down fails it, and each passes again once the server is back.
 //
 // The outage tests: a RabbitMQ quorum queue or a Redis stream on ANOTHER redis-server keeps
-// delivering while the store's server (a Redis, a Redis Cluster's masters, a MariaDB) is killed
-// or hung for about 1.5 s — at least five probe intervals with a 100 ms / 200 ms backoff — and
-// messages keep arriving. Each checks: the breaker opened once (at most twice) and kept probing
-// (store_probes grows), no more than the prefetched deliveries were handed to the handler once it
-// was open, no delivery count grew with the outage (the highest a processed message had stays
-// <= 2, or 3 for a hung server: the claim in flight when it hung runs when it resumes), nothing
-// was dead-lettered, and every message was then processed exactly once.
-//
+// delivering while the store's server (a Redis, every master of a Redis Cluster, a MariaDB) is
+// killed for 1.5 s, or the Redis hung (SIGSTOP) for 3 s — at least five probe intervals with a
+// 100 ms / 200 ms backoff — and messages keep arriving. Each checks: the breaker opened once (at
+// most twice) and kept probing (store_probes grew by 5 or more), at most the prefetched
+// deliveries were handed to the handler from the kill on (an observer counts every delivery the
+// handler got), no delivery count grew with the outage (the highest any delivery had stays <= 2,
+// or 3 for a hung server: the claim in flight when it hung runs when it resumes and holds a
+// lease), nothing was dead-lettered, and every message was then processed exactly once.
+
 // RabbitMQ, the Redis servers, the Redis Cluster and MariaDB are each started once for this
 // binary (it runs as one ctest test).
 
