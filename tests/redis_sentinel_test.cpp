@@ -19,11 +19,13 @@
 #include <vector>
 
 #include "idem/broker/redis_streams.hpp"
+#include "idem/circuit_breaker.hpp"
 #include "idem/idem.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/testing/redis_sentinel.hpp"
 #include "idem/testing/redis_server.hpp"
 #include "support/forked_child.hpp"
+#include "support/polling.hpp"
 #include "support/redis_env.hpp"
 #include "support/require_redis.hpp"
 
@@ -84,6 +86,47 @@ TEST_F(RedisSentinelTest, TheStoreAndTheConsumerFindTheMasterThroughTheSentinels
     // The record is on the master the Sentinels name (and, WAIT said so, on a replica).
     EXPECT_EQ(group().sentinels_master_port(), group().master_port());
     EXPECT_TRUE(client.str({"GET", store.claim_key("orders", *id)}).has_value());
+}
+
+// The circuit breaker's probe (RedisStore::ping(), idem::probe_store) asks the Sentinels which
+// server is the master, then PINGs that one: with every Sentinel hung it fails although the
+// master and the store's pooled connection to it are fine, and with the master killed it fails
+// until the Sentinels name its successor, then passes on the new master.
+TEST_F(RedisSentinelTest, ProbeAsksTheSentinelsThenPingsTheMasterTheyName) {
+    idem::RedisEndpoint endpoint = group().endpoint();
+    endpoint.connect_timeout = 300ms;
+    endpoint.command_timeout = 300ms;
+    idem::RedisStore store{endpoint, options(0)};
+    EXPECT_NO_THROW(idem::probe_store(store));
+
+    for (const auto& sentinel : group().sentinels())
+        sentinel->pause();  // SIGSTOP: each question to a Sentinel times out
+    bool unavailable = false;
+    try {
+        store.ping();
+    } catch (const idem::store_unavailable& e) {
+        unavailable = std::string(e.what()).find("Sentinel") != std::string::npos;
+    } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+    }
+    for (const auto& sentinel : group().sentinels())
+        sentinel->resume();
+    EXPECT_TRUE(unavailable) << "the probe passed without asking the Sentinels";
+    EXPECT_NO_THROW(idem::probe_store(store));
+
+    const int old_port = group().kill_master();
+    EXPECT_THROW(store.ping(), idem::store_unavailable);  // they still name the dead one
+    idem::testing::RedisServer& now = group().await_new_master(old_port);
+    ASSERT_NE(now.port(), old_port);
+    const bool back = idem_test::wait_within(30s, [&] {
+        try {
+            store.ping();
+            return true;
+        } catch (const idem::store_error&) {
+            return false;
+        }
+    });
+    EXPECT_TRUE(back) << "the probe did not pass on the new master";
 }
 
 TEST_F(RedisSentinelTest, AForcedFailoverIsFollowedOnceTheOldMasterIsDemoted) {

@@ -11,7 +11,9 @@
 // * flock() serialises transactions across processes (a transaction holds the lock from begin()
 //   to its end, and first replays what other processes appended), a mutex across threads;
 // * the journal refuses to grow past JournalOptions::max_bytes: a commit that would is
-//   commit_failed, with nothing written.
+//   commit_failed, with nothing written;
+// * ping(), the circuit breaker's probe (idem::probe_store): the file lock within a bounded
+//   wait, since begin() would wait for it without limit while another process holds it.
 //
 // Not done here (a production store would): compaction of the journal, the outbox, batch claims
 // (the handler then claims message by message), fork safety. Integers are in the host's byte
@@ -51,6 +53,8 @@ struct JournalOptions {
     idem::Clock clock{};
     /// The largest the journal may grow; a commit past it is refused (commit_failed).
     std::uintmax_t max_bytes = std::uintmax_t{1} << 30;
+    /// How long ping() waits for the file lock another process holds (begin() waits for ever).
+    std::chrono::milliseconds lock_wait{5000};
 };
 
 namespace detail {
@@ -350,6 +354,27 @@ class JournalStore {
         std::vector<detail::Op> ops_;
         std::vector<std::size_t> savepoints_;
     };
+
+    /// @brief Whether the journal can be written now: its file lock taken and given back, waiting
+    /// at most JournalOptions::lock_wait for another process that holds it (idem::probe_store
+    /// calls this; begin() would wait without limit).
+    /// @throws idem::store_timeout when the lock stayed held; store_unavailable when the file
+    /// cannot be locked; usage_error inside this thread's own transaction.
+    void ping() {
+        if (owner_.load() == std::this_thread::get_id())
+            throw idem::usage_error("journal: ping() inside this thread's own transaction");
+        std::lock_guard<std::mutex> guard(mutex_);  // no transaction of this process holds it
+        const auto deadline = std::chrono::steady_clock::now() + options_.lock_wait;
+        while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+            if (errno != EWOULDBLOCK) detail::io_failure("flock");
+            if (std::chrono::steady_clock::now() >= deadline) {
+                throw idem::store_timeout("journal: another process held the lock of " + path_ +
+                                          " for longer than lock_wait");
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        ::flock(fd_, LOCK_UN);
+    }
 
     /// @throws idem::usage_error when this thread already holds a transaction here.
     Transaction begin() {

@@ -6,13 +6,17 @@
 
 #include "journal_store.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include <idem/handler.hpp>
@@ -38,7 +42,13 @@ struct JournalEnv {
         journal::JournalOptions options;
         options.clock = [this] { return now; };
         options.max_bytes = quota;
+        options.lock_wait = std::chrono::milliseconds(100);
         store = std::make_unique<Store>(dir.file("journal"), options);
+    }
+    JournalEnv(const JournalEnv&) = delete;
+    JournalEnv& operator=(const JournalEnv&) = delete;
+    ~JournalEnv() {
+        if (locker_ >= 0) ::close(locker_);
     }
 
     template <class Tx>
@@ -52,6 +62,22 @@ struct JournalEnv {
     }
     std::size_t effect_rows() { return store->count("effects"); }
     bool has_effect(const std::string& key) { return store->get("effects", key).has_value(); }
+    /// The probe test's outage: another process's worth of open file holds the journal's lock
+    /// (a writer hung mid-transaction), so ping() times out; start_server() lets it go.
+    void stop_server() {
+        locker_ = ::open(dir.file("journal").c_str(), O_RDWR | O_CLOEXEC);
+        if (locker_ < 0 || ::flock(locker_, LOCK_EX) != 0) {
+            throw std::runtime_error("JournalEnv: cannot lock the journal");
+        }
+    }
+    void start_server() {
+        ::flock(locker_, LOCK_UN);
+        ::close(locker_);
+        locker_ = -1;
+    }
+
+  private:
+    int locker_ = -1;
 };
 
 }  // namespace

@@ -52,7 +52,7 @@ struct CircuitBreakerStats {
 /// After an outcome whose cause is store_unavailable or store_timeout (Outcome::
 /// store_unreachable()) the loop calls open(), stops reading and calls wait_until_closed(): it
 /// sleeps the backoff (exponential from initial_backoff to max_backoff, with jitter), probes the
-/// store (a cheap transaction begun and rolled back), and returns once a probe succeeds — the
+/// store (idem::probe_store: one round trip to its server), and returns once a probe succeeds — the
 /// breaker is then closed and the backoff back at initial_backoff — or when asked to stop.
 ///
 /// @code
@@ -196,8 +196,15 @@ class CircuitBreaker {
 };
 
 /// @brief The cheap probe of any store: its ping() if it has one, else a transaction begun and
-/// rolled back (on SQLite BEGIN IMMEDIATE, which a locked database refuses; on a network store a
-/// session, reconnected if it was lost). Throws while the store is unreachable.
+/// rolled back. idem's stores: PostgreSQL `SELECT 1` and MySQL/MariaDB `START TRANSACTION` +
+/// `ROLLBACK` (a dead connection reconnected once), SQLite `BEGIN IMMEDIATE` + `ROLLBACK` (a
+/// database another writer holds past the busy timeout: store_timeout), Redis a `PING` of the
+/// server, of the master the Sentinels name or of every master of a Cluster (a server still
+/// loading its data, or a cluster that is down: store_unavailable), MemoryStore begin + rollback
+/// (its injected begin faults). The probe must reach the store's server: a store of your own
+/// whose begin() does no I/O needs a ping(), else the probe passes while the server is down and
+/// a consumer keeps pulling through the outage.
+/// @throws store_unavailable or store_timeout (or what the store throws) while it is unreachable.
 template <class Store>
 void probe_store(Store& store) {
     if constexpr (has_ping<Store>::value) {

@@ -126,6 +126,10 @@ struct BasicMysqlEnv {
         return store->query_int("SELECT COUNT(*) FROM effects WHERE k = ?", idem::Blob{key})
                    .value_or(0) > 0;
     }
+    /// The probe's outage: the process's server SIGKILLed, then started again (InnoDB crash
+    /// recovery).
+    void stop_server() { idem::testing::shared_mariadb().kill9(); }
+    void start_server() { idem::testing::shared_mariadb().start(); }
 };
 
 struct MysqlDefaults {

@@ -77,6 +77,9 @@ struct PostgresEnv {
         return store->query_int("SELECT count(*) FROM effects WHERE k = $1", idem::Blob{key})
                    .value_or(0) > 0;
     }
+    /// The probe's outage: the process's server SIGKILLed, then started again (crash recovery).
+    void stop_server() { idem::testing::shared_postgres().kill9(); }
+    void start_server() { idem::testing::shared_postgres().start(); }
 };
 
 }  // namespace idem_test

@@ -75,6 +75,14 @@ struct RedisClusterEnv {
         return effects().integer({"SISMEMBER", effects_key, key}).value_or(0) == 1;
     }
 
+    /// The probe's outage: every node SIGKILLed (so no replica takes over), then all started
+    /// again and settled (RedisCluster::restore()).
+    void stop_server() {
+        for (std::size_t i = 0; i < cluster->size(); ++i)
+            cluster->kill_node(i);
+    }
+    void start_server() { cluster->restore(); }
+
   private:
     /// A client on the master of the effects key's slot.
     idem::testing::RedisClient effects() {

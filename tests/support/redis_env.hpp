@@ -77,6 +77,10 @@ struct RedisEnv {
     bool has_effect(const std::string& key) {
         return client->integer({"SISMEMBER", effects_key, key}).value_or(0) == 1;
     }
+    /// The probe's outage: the process's server SIGKILLed, then started again on its port and
+    /// data (the AOF is replayed).
+    void stop_server() { idem::testing::shared_redis().kill9(); }
+    void start_server() { idem::testing::shared_redis().start(); }
 };
 
 /// The same store with every effect of the suite declared local (idem::local_effect): the effect

@@ -52,6 +52,10 @@ struct MemoryEnv {
     void make_commit_fail(Tx&) {
         store->inject(idem::Fault::commit);
     }
+    /// No server: every begin() fails as an unreachable store would (idem::injected_fault, a
+    /// store_unavailable), and so does the probe (begin + rollback), until start_server().
+    void stop_server() { store->inject(idem::Fault::begin, 1'000'000); }
+    void start_server() { store->clear_faults(idem::Fault::begin); }
     std::size_t effect_rows() { return store->count("effects"); }
     bool has_effect(const std::string& key) { return store->get("effects", key).has_value(); }
 };
@@ -124,6 +128,30 @@ struct SqliteEnv {
     bool has_effect(const std::string& key) {
         return sqlite_count(store->db(), "SELECT count(*) FROM effects WHERE k = ?", &key) > 0;
     }
+    /// No server: the database is "down" for the store while another connection holds its write
+    /// lock (BEGIN EXCLUSIVE); the probe's BEGIN IMMEDIATE then times out (store_timeout) after
+    /// the store's busy timeout, shortened meanwhile so the test does not wait 5 s a probe.
+    void stop_server() {
+        if (sqlite3_open(dir.file("idem.db").c_str(), &locker_) != SQLITE_OK) {
+            throw std::runtime_error("SqliteEnv: cannot open a second connection");
+        }
+        sqlite_exec(locker_, "BEGIN EXCLUSIVE");
+        sqlite3_busy_timeout(store->db(), 100);
+    }
+    void start_server() {
+        sqlite_exec(locker_, "ROLLBACK");
+        sqlite3_close(locker_);
+        locker_ = nullptr;
+        sqlite3_busy_timeout(store->db(), 5000);
+    }
+    SqliteEnv(const SqliteEnv&) = delete;
+    SqliteEnv& operator=(const SqliteEnv&) = delete;
+    ~SqliteEnv() {
+        if (locker_ != nullptr) sqlite3_close(locker_);
+    }
+
+  private:
+    sqlite3* locker_ = nullptr;
 };
 #endif  // IDEM_HAS_SQLITE
 

@@ -90,7 +90,7 @@ struct ConsumerOptions {
     CircuitBreakerOptions circuit_breaker{};
     /// How to probe a plain handler's store (throw while unreachable). Empty: no probe, one
     /// initial_backoff pause after each such outcome. An IdempotentHandler's store is probed
-    /// with a transaction begun and rolled back (or its ping()).
+    /// with idem::probe_store (its ping(), else a transaction begun and rolled back).
     std::function<void()> store_probe{};
     /// Receives a ConsumerHealth report after a poll, at most once per health_interval (each
     /// may cost the adapter a round trip). Empty: none. E.g. PrometheusObserver's health_sink().

@@ -400,13 +400,12 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
         if (commands.empty()) return;
 
         const std::vector<redis::Reply> replies = connection_.pipeline(commands);
-        std::optional<store_error> error;
+        std::exception_ptr error;
         for (std::size_t k = 0; k < replies.size(); ++k) {
             const bool is_xack = plain_acks != 0 && k == 0;
             if (replies[k].is_error()) {
                 if (!error) {
-                    error.emplace(
-                        reply_error(replies[k], is_xack ? "XACK" : "dead letter (not acked)"));
+                    error = reply_error(replies[k], is_xack ? "XACK" : "dead letter (not acked)");
                 }
             } else if (is_xack) {
                 for (std::size_t n = 0; n < plain_acks; ++n)
@@ -415,7 +414,7 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
                 count(broker::Settlement::Kind::dead_letter_then_ack);
             }
         }
-        if (error) throw *error;
+        if (error) std::rethrow_exception(error);
     }
 
     /// One round trip: the group's pending count (XPENDING summary) and the dead-letter stream's
@@ -446,7 +445,8 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
         redis::Reply reply = connection_.command(
             {"XGROUP", "CREATE", options_.stream, options_.group, "0", "MKSTREAM"});
         if (reply.is_error() && reply.str.rfind("BUSYGROUP", 0) != 0) {
-            throw store_error(
+            redis::throw_reply_error(
+                reply,
                 fmt::format("idem::StreamConsumer: XGROUP CREATE {} {} failed on {}: {}",
                             options_.stream, options_.group, endpoint().describe(), reply.str));
         }
@@ -496,7 +496,7 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
         const std::vector<redis::Reply> replies = connection_.pipeline(claims);
         std::vector<std::string> deleted;
         for (std::size_t i = 0; i < replies.size(); ++i) {
-            if (replies[i].is_error()) throw reply_error(replies[i], "XCLAIM");
+            if (replies[i].is_error()) std::rethrow_exception(reply_error(replies[i], "XCLAIM"));
             if (!replies[i].is_array()) continue;
             for (const redis::Reply& element : replies[i].elements) {
                 if (auto entry = detail::parse_stream_entry(element, options_.stream)) {
@@ -581,30 +581,38 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
         redis::Reply reply = connection_.eval(redis::stream_dead_letter_ack_script(),
                                               {options_.dead_letter, options_.stream}, args);
         if (reply.is_error()) {
-            throw store_error(fmt::format(
-                "idem::StreamConsumer: moving entry {} of {} to {} failed on {} (not acked): {}",
-                entry.id, options_.stream, options_.dead_letter, endpoint().describe(), reply.str));
+            redis::throw_reply_error(reply,
+                                     fmt::format("idem::StreamConsumer: moving entry {} of {} to "
+                                                 "{} failed on {} (not acked): {}",
+                                                 entry.id, options_.stream, options_.dead_letter,
+                                                 endpoint().describe(), reply.str));
         }
     }
 
     redis::Reply checked(const std::vector<std::string>& command, std::string_view what) {
         redis::Reply reply = connection_.command(command);
         if (!reply.is_error()) return reply;
-        throw reply_error(reply, what);
+        std::rethrow_exception(reply_error(reply, what));
     }
 
-    /// The store_error for an error reply to @p what; NOGROUP also has the group created again.
-    store_error reply_error(const redis::Reply& reply, std::string_view what) {
+    /// The error for an error reply to @p what: store_unavailable for a server that cannot serve
+    /// now (redis::is_unavailable_error(): LOADING, MASTERDOWN, ...), else store_error; NOGROUP
+    /// also has the group created again.
+    std::exception_ptr reply_error(const redis::Reply& reply, std::string_view what) {
         if (reply.str.rfind("NOGROUP", 0) == 0) {
             group_ready_ = false;  // e.g. a server restarted without persistence: create it again
-            return store_error(fmt::format(
+            return std::make_exception_ptr(store_error(fmt::format(
                 "idem::StreamConsumer: {} on {}: {} ({})", what, endpoint().describe(), reply.str,
                 options_.declare
                     ? "the group will be created again on the next poll"
-                    : "create it with XGROUP CREATE, or set StreamConsumerOptions::declare"));
+                    : "create it with XGROUP CREATE, or set StreamConsumerOptions::declare")));
         }
-        return store_error(fmt::format("idem::StreamConsumer: {} failed on {}: {}", what,
-                                       endpoint().describe(), reply.str));
+        const std::string message = fmt::format("idem::StreamConsumer: {} failed on {}: {}", what,
+                                                endpoint().describe(), reply.str);
+        if (redis::is_unavailable_error(reply)) {
+            return std::make_exception_ptr(store_unavailable(message));
+        }
+        return std::make_exception_ptr(store_error(message));
     }
 
     redis::FollowingConnection connection_;  ///< follows the stream's slot on a Redis Cluster

@@ -109,8 +109,11 @@ inline bool read_set_claims(StoreContext& store, TransactionState& tx, std::vect
         contested.push_back(i);
     }
     if (error != nullptr) {
-        throw store_error(fmt::format("idem: Redis claim (SET … NX GET): {}",
-                                      error->is_error() ? error->str : "unreadable claim record"));
+        const std::string message =
+            fmt::format("idem: Redis claim (SET … NX GET): {}",
+                        error->is_error() ? error->str : "unreadable claim record");
+        if (error->is_error()) throw_reply_error(*error, message);
+        throw store_error(message);
     }
     return true;
 }

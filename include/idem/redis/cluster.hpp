@@ -36,6 +36,7 @@
 #include "idem/redis/pool.hpp"
 #include "idem/redis/reply.hpp"
 #include "idem/redis/resp.hpp"
+#include "idem/redis/sentinel.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {
@@ -426,6 +427,45 @@ class Router {
         return replies;
     }
 
+    /// @brief One round trip, now, to every server commands go to: a PING to the server (with
+    /// Sentinels: to the master they name now, asked first; a pooled connection to another
+    /// address is dropped), or to each master of the cluster, with `CLUSTER INFO` in the same
+    /// round trip (a cluster_state other than ok refuses keyed commands: unavailable). On a
+    /// cluster the slot map is read again first when a failure marked it stale, so a master that
+    /// failed over is not asked. Each exchange is bounded by the endpoint's connect_timeout and
+    /// command_timeout (and pool_wait_timeout for a pooled connection).
+    /// @throws store_unavailable (a server that refuses or drops the connection, answers LOADING,
+    /// MASTERDOWN or CLUSTERDOWN, no Sentinel names a master, the cluster is down), store_timeout
+    /// (no answer in time: a hung server), store_error (another error reply to PING).
+    void ping() {
+        detect();
+        if (!cluster_.load(std::memory_order_acquire)) {
+            Node& node = server();
+            const RedisEndpoint& endpoint = node.pool.endpoint();
+            if (!endpoint.via_sentinel()) {
+                ping_node(node, false);
+                return;
+            }
+            const MasterAddress master = locate_master(endpoint);
+            with_node(node, [&](Connection& c) {
+                if (c.connected() && (c.peer().host != master.host || c.peer().port != master.port))
+                    c.disconnect();  // the next command connects where the Sentinels say now
+                return ping_on(c, false);
+            });
+            return;
+        }
+        if (stale_.exchange(false, std::memory_order_relaxed)) {
+            try {
+                refresh_map();
+            } catch (const store_error&) {  // the PINGs below say what is down
+            }
+        }
+        const std::vector<Node*> all = masters();
+        if (all.empty()) throw store_unavailable("idem: the Redis Cluster has no master");
+        for (Node* node : all)
+            ping_node(*node, true);
+    }
+
     /// @brief Reads the slot map again now (a test after a resharding; normally a MOVED does).
     void refresh() {
         detect();
@@ -464,6 +504,30 @@ class Router {
     static bool is_redirect(const Reply& reply) {
         return starts_with(reply, "MOVED") || starts_with(reply, "ASK") ||
                starts_with(reply, "TRYAGAIN") || starts_with(reply, "CLUSTERDOWN");
+    }
+
+    void ping_node(Node& node, bool cluster) {
+        with_node(node, [&](Connection& c) { return ping_on(c, cluster); });
+    }
+    /// PING (and CLUSTER INFO) on @p c; throws unless the server can serve commands.
+    static int ping_on(Connection& c, bool cluster) {
+        std::vector<std::vector<std::string>> commands{{"PING"}};
+        if (cluster) commands.push_back({"CLUSTER", "INFO"});
+        const std::vector<Reply> replies = c.pipeline(commands);
+        if (replies[0].is_error()) {
+            throw_reply_error(replies[0], fmt::format("idem: Redis at {} answered PING with {}",
+                                                      c.endpoint().describe(), replies[0].str));
+        }
+        if (!cluster) return 0;
+        const Reply& info = replies[1];
+        if (is_unavailable_error(info) ||
+            (info.type == Reply::Type::string &&
+             info.str.find("cluster_state:ok") == std::string::npos)) {
+            throw store_unavailable(fmt::format(
+                "idem: Redis Cluster node {} does not serve commands: {}", c.endpoint().describe(),
+                info.is_error() ? info.str : "cluster_state is not ok"));
+        }
+        return 0;  // CLUSTER INFO refused otherwise (an ACL): the PING answered
     }
 
     static std::vector<std::size_t> all_indexes(std::size_t n) {
@@ -594,6 +658,11 @@ class Router {
             try {
                 auto ask = [&](Connection& c) {
                     const Reply info = c.command({"INFO", "cluster"});
+                    if (is_unavailable_error(info)) {  // not an answer yet: ask again next time
+                        throw store_unavailable(
+                            fmt::format("idem: Redis at {} cannot answer yet: {}",
+                                        c.endpoint().describe(), info.str));
+                    }
                     const bool cluster = info.type == Reply::Type::string &&
                                          info.str.find("cluster_enabled:1") != std::string::npos;
                     if (cluster) load_map(c);

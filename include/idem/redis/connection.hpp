@@ -74,6 +74,9 @@ class Connection {
     [[nodiscard]] bool connected() const noexcept {
         return context_ != nullptr && pid_ == ::getpid();
     }
+    /// The address of the server connected to (with Sentinels: the master they named at the
+    /// last connect); meaningful while connected().
+    [[nodiscard]] const MasterAddress& peer() const noexcept { return peer_; }
     /// How many times this connection (re)connected; a test sees reconnects with it.
     [[nodiscard]] std::size_t connects() const noexcept { return connects_; }
     /// Request/reply exchanges so far (a pipeline is one; connecting and loading a script count).
@@ -258,9 +261,9 @@ class Connection {
         std::vector<Reply> loaded = pipeline(loads);
         for (std::size_t i = 0; i < missing.size(); ++i) {
             if (loaded[i].is_error()) {
-                throw store_error(fmt::format("idem: Redis refused the {} script on {}: {}",
-                                              missing[i]->name, endpoint_.describe(),
-                                              loaded[i].str));
+                throw_reply_error(
+                    loaded[i], fmt::format("idem: Redis refused the {} script on {}: {}",
+                                           missing[i]->name, endpoint_.describe(), loaded[i].str));
             }
             shas_.emplace(missing[i]->source, std::move(loaded[i].str));
         }
@@ -286,8 +289,8 @@ class Connection {
 
     Reply check(Reply reply, std::string_view what) const {
         if (reply.is_error()) {
-            throw store_error(fmt::format("idem: Redis {} failed on {}: {}", what,
-                                          endpoint_.describe(), reply.str));
+            throw_reply_error(reply, fmt::format("idem: Redis {} failed on {}: {}", what,
+                                                 endpoint_.describe(), reply.str));
         }
         return reply;
     }
@@ -297,8 +300,8 @@ class Connection {
         if (it != shas_.end()) return it->second;
         Reply loaded = command({"SCRIPT", "LOAD", script.source});
         if (loaded.is_error()) {
-            throw store_error(fmt::format("idem: Redis refused the {} script on {}: {}",
-                                          script.name, endpoint_.describe(), loaded.str));
+            throw_reply_error(loaded, fmt::format("idem: Redis refused the {} script on {}: {}",
+                                                  script.name, endpoint_.describe(), loaded.str));
         }
         return shas_.emplace(script.source, std::move(loaded.str)).first->second;
     }
@@ -327,6 +330,7 @@ class Connection {
         redisSetTimeout(context.get(), to_timeval(endpoint_.command_timeout));
         context_ = std::move(context);
         pid_ = ::getpid();
+        peer_ = address;
         ++connects_;
         ++round_trips_;  // the TCP handshake
         try {
@@ -462,6 +466,7 @@ class Connection {
     RedisEndpoint endpoint_;
     std::unique_ptr<redisContext, ContextFree> context_;
     pid_t pid_ = 0;  ///< the process that connected context_
+    MasterAddress peer_{};
     std::unordered_map<const char*, std::string> shas_;
     RespBuffer out_;  ///< the command being sent, as RESP
     std::size_t connects_ = 0;

@@ -81,8 +81,8 @@ class StoreContext {
 
     void check_script(const Reply& reply, const char* what) const {
         if (reply.is_error()) {
-            throw store_error(fmt::format("idem: Redis {} script failed on {}: {}", what,
-                                          endpoint().describe(), reply.str));
+            throw_reply_error(reply, fmt::format("idem: Redis {} script failed on {}: {}", what,
+                                                 endpoint().describe(), reply.str));
         }
     }
     /// One command on @p key's slot; an error reply throws store_error naming @p what.
@@ -90,7 +90,8 @@ class StoreContext {
     Reply checked_on(std::string_view key, Fn&& fn, std::string_view what) {
         Reply reply = router.on_key(key, std::forward<Fn>(fn));
         if (reply.is_error()) {
-            throw store_error(fmt::format("idem: Redis {} failed on {}: {}", what,
+            throw_reply_error(reply,
+                              fmt::format("idem: Redis {} failed on {}: {}", what,
                                           router.master_of(hash_slot(key)).describe(), reply.str));
         }
         return reply;
@@ -182,6 +183,10 @@ class StoreContext {
     void check_persistence(Connection& connection) {
         RedisPersistence found;
         const Reply info = connection.command({"INFO", "persistence"});
+        if (is_unavailable_error(info)) {  // not an answer yet: checked on the next use
+            throw store_unavailable(fmt::format("idem: Redis at {} cannot answer yet: {}",
+                                                endpoint().describe(), info.str));
+        }
         if (info.is_error() || info.type != Reply::Type::string) {
             throw usage_error(fmt::format(
                 "idem::RedisStore: cannot tell whether Redis at {} persists claims (INFO "

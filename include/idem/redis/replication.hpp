@@ -98,7 +98,8 @@ inline void confirm_duplicates(StoreContext& store, const std::vector<HeldClaim>
             return std::move(replies.at(0));  // a redirect here sends both again elsewhere
         });
         if (written.is_error()) {
-            throw store_error("idem: Redis duplicate's replication mark (SET): " + written.str);
+            throw_reply_error(written,
+                              "idem: Redis duplicate's replication mark (SET): " + written.str);
         }
         if (!confirmed(store.options, replicas)) {
             throw commit_unconfirmed(unconfirmed_duplicate_text(store, replicas));

@@ -7,11 +7,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "idem/config.hpp"
+#include "idem/error.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {
@@ -78,6 +80,32 @@ inline std::int64_t parse_int(std::string_view text) {
     for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i)
         value = value * 10 + (text[i] - '0');
     return negative ? -value : value;
+}
+
+/// @brief Whether an error reply says the server cannot serve commands NOW, though it may soon;
+/// the command did not run. `LOADING` (a restarted server replaying its AOF or RDB, a replica
+/// loading its master's data), `MASTERDOWN` (a replica that lost its master), `CLUSTERDOWN` (a
+/// Redis Cluster without quorum, or a slot no master serves) and `TRYAGAIN` (a multi-key command
+/// whose keys a migration split). They read as the server being unreachable (store_unavailable),
+/// not as a failed command: the circuit breaker opens on them and its probe fails on them.
+[[nodiscard]] inline bool is_unavailable_error(const Reply& reply) noexcept {
+    if (!reply.is_error()) return false;
+    const std::string_view text = reply.str;
+    for (std::string_view word : {std::string_view("LOADING"), std::string_view("MASTERDOWN"),
+                                  std::string_view("CLUSTERDOWN"), std::string_view("TRYAGAIN")}) {
+        if (text.size() >= word.size() && text.substr(0, word.size()) == word &&
+            (text.size() == word.size() || text[word.size()] == ' ')) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/// @brief Throws the exception of an error reply, with @p message: store_unavailable for the
+/// answers of a server that cannot serve now (is_unavailable_error()), store_error for the rest.
+[[noreturn]] inline void throw_reply_error(const Reply& reply, const std::string& message) {
+    if (is_unavailable_error(reply)) throw store_unavailable(message);
+    throw store_error(message);
 }
 
 }  // namespace redis

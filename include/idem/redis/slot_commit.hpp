@@ -161,7 +161,9 @@ inline std::exception_ptr commit_per_slot(StoreContext& store, TransactionState&
             continue;
         }
         if (first_problem.empty()) first_problem = problem;
-        only_unreachable = only_unreachable && !unreachable[g].empty();
+        // Unreachable, or answered that it cannot serve now (LOADING, MASTERDOWN: nothing ran).
+        only_unreachable =
+            only_unreachable && (!unreachable[g].empty() || is_unavailable_error(replies[g]));
     }
 
     // The writes outside their claims' slots, for the messages whose claim committed.

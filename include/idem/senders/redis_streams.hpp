@@ -77,7 +77,8 @@ class RedisStreamSender {
 
     /// @brief XADDs @p row; returns once Redis stored it.
     /// @throws idem::send_refused (park: WRONGTYPE), store_unavailable / store_timeout (the
-    /// connection's; retry later) or broker_error (another error reply; retry later).
+    /// connection's, or a server that cannot serve now: LOADING, MASTERDOWN, CLUSTERDOWN,
+    /// TRYAGAIN; retry later) or broker_error (another error reply; retry later).
     void operator()(const OutboxRow& row) {
         std::vector<std::string> command{"XADD", row.destination};
         if (options_.max_length) {
@@ -91,6 +92,7 @@ class RedisStreamSender {
             fmt::format("idem::RedisStreamSender: XADD to \"{}\" on {} refused: {}",
                         row.destination, connection_->endpoint().describe(), reply.str);
         if (reply.str.rfind("WRONGTYPE", 0) == 0) throw send_refused(why);
+        if (redis::is_unavailable_error(reply)) throw store_unavailable(why);  // LOADING, ...
         throw broker_error(why);
     }
 

@@ -406,6 +406,11 @@ class MemoryStore {
         std::lock_guard<std::mutex> lock(fault_mutex_);
         faults_[static_cast<std::size_t>(fault)] += times;
     }
+    /// @brief Forgets the injected faults not used yet (of one kind): the "server" is back.
+    void clear_faults(Fault fault) {
+        std::lock_guard<std::mutex> lock(fault_mutex_);
+        faults_[static_cast<std::size_t>(fault)] = 0;
+    }
 
     /// @brief Deletes claims, sent outbox intents and attempt counters older than clock() -
     /// @p older_than, and the held locks that have expired. Dead letters, unsent and parked

@@ -120,6 +120,19 @@ class RedisStore {
     /// @brief Starts a transaction. No round trip: Redis is contacted by claim() and commit().
     [[nodiscard]] Transaction begin();
 
+    /// @brief One round trip to every server the store writes to, now: what idem::probe_store()
+    /// (the circuit breaker's probe) calls, since begin() and a rollback of nothing send nothing.
+    /// A PING to the server; with Sentinels, the Sentinels are asked for the master first and the
+    /// master is PINGed; on a Cluster every master is PINGed and asked `CLUSTER INFO`. Each
+    /// exchange is bounded by the endpoint's connect_timeout and command_timeout. A server
+    /// still loading its data (`LOADING`), a replica without its master (`MASTERDOWN`) and a
+    /// cluster without quorum (`CLUSTERDOWN`, cluster_state:fail) read as unavailable. On a
+    /// node's first contact the persistence check runs too (RedisOptions::accept_no_persistence).
+    /// @throws store_unavailable when a server cannot be reached or cannot serve now;
+    /// store_timeout when one does not answer in time (a hung server); usage_error from the
+    /// persistence check.
+    void ping() { context_.router.ping(); }
+
     /// @brief Whether this store's transactions do @p hook in their commit: a stream ack
     /// (redis::StreamAck, from StreamConsumer or your own loop) on this store's server and
     /// database. The ack (and a dead letter's dead-letter stream entry) is then part of the

@@ -41,14 +41,23 @@
 ///   static constexpr bool local_effects = true  every effect is declared idem::local_effect
 ///   void reopen()              closes the store and opens it again on the same data (a
 ///                              durable store); without it the reopen test is skipped
+///   stop_server(), start_server()  take the store's server down (kill it; for a store with no
+///                              server, make it unreachable another way, e.g. MemoryStore::
+///                              inject(Fault::begin, n)) and bring it back: the probe test
+///                              checks idem::probe_store() fails (store_unavailable or
+///                              store_timeout) while it is down and passes once it is back.
+///                              Without them that test FAILS, naming what to add: a probe that
+///                              passes while the server is down keeps a consumer pulling
+///                              through the outage
 /// Store capabilities the suite looks for (idem/contract/store.hpp): with Tx::try_lock and
 /// Store::hold_lock / release_lock the overlap-lock tests run, else they are skipped; with
 /// stored_offset() (idem::has_stored_offsets, idem/contract/stored_offset.hpp) the stored-offset
-/// tests run, else they are skipped.
+/// tests run, else they check that the store refuses an offset hook.
 
 #include "idem/testing/conformance/claims.hpp"
 #include "idem/testing/conformance/offsets.hpp"
 #include "idem/testing/conformance/payloads.hpp"
+#include "idem/testing/conformance/probe.hpp"
 #include "idem/testing/conformance/suite.hpp"
 #include "idem/testing/conformance/transactions.hpp"
 
@@ -77,4 +86,4 @@ REGISTER_TYPED_TEST_SUITE_P(
     StoredOffsetNeverMovesBack, DeadLetteredMessagesOffsetWaitsForTheBroker,
     StoredOffsetsOfABatchAreThoseOfItsCommittedMessages,
     StoredOffsetsAreKeptPerGroupTopicAndPartition, StoredOffsetKeysAreBinarySafe,
-    StoredOffsetSurvivesReopeningTheStore);
+    StoredOffsetSurvivesReopeningTheStore, ProbeFailsWhileTheServerIsDownAndPassesOnceItIsBack);
