@@ -61,6 +61,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -285,7 +286,12 @@ class MariadbServer : public ServerProcess {
                                      " is too long for a unix socket; set IDEM_TEST_MARIADB_TMPDIR"
                                      " to a shorter dir");
         }
-        install_db();
+        std::filesystem::create_directories(tmp_dir());
+        // What mariadb-install-db makes, from a template made once per machine.
+        copy_of_template("mariadb-" + std::to_string(std::hash<std::string>{}(install_db_.string() +
+                                                                              mariadbd_.string())),
+                         "IDEM_TEST_MARIADB_TMPDIR", data_dir(), RunAs{},
+                         [this](const std::filesystem::path& data) { install_db(data); });
         start_on_free_port();
         client("").exec("CREATE DATABASE idem_test");
     }
@@ -359,13 +365,12 @@ class MariadbServer : public ServerProcess {
         s.new_process_group = true;
     }
 
-    void install_db() {
-        std::filesystem::create_directories(tmp_dir());
+    void install_db(const std::filesystem::path& data) {
         const int log = open_log("install-db.log");
         Spawn s;
         s.argv = {install_db_.string(),
                   "--no-defaults",
-                  "--datadir=" + data_dir().string(),
+                  "--datadir=" + data.string(),
                   "--tmpdir=" + tmp_dir().string(),
                   "--auth-root-authentication-method=normal",
                   "--skip-test-db",

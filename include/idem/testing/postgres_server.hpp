@@ -53,6 +53,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -215,7 +216,10 @@ class PostgresServer : public ServerProcess {
         if (user_.switch_user && ::chown(dir().c_str(), user_.uid, user_.gid) != 0) {
             throw std::system_error(errno, std::generic_category(), "chown " + dir().string());
         }
-        initdb();
+        // The cluster initdb makes, from a template made once per machine (copy_of_template).
+        copy_of_template("pg-" + std::to_string(std::hash<std::string>{}(bindir_.string())),
+                         "IDEM_TEST_PG_TMPDIR", data_dir(), user_,
+                         [this](const std::filesystem::path& data) { initdb(data); });
         start_on_free_port();
         exec("CREATE DATABASE idem_test", "postgres");
     }
@@ -317,12 +321,12 @@ class PostgresServer : public ServerProcess {
         return env;
     }
 
-    void initdb() {
+    void initdb(const std::filesystem::path& data) {
         const int log = open_log("initdb.log");
         Spawn s;
         s.argv = {(bindir_ / "initdb").string(),
                   "-D",
-                  data_dir().string(),
+                  data.string(),
                   "-U",
                   "idem",
                   "--auth=trust",
