@@ -191,17 +191,10 @@ class KafkaWorker final : public BrokerWorker {
         : options_(options), settings_(settings) {}
 
     void run(const Deliver& deliver) override {
-        idem::KafkaConsumerOptions consumer_options{{topic}, group_name};
-        consumer_options.id_field = id_header;
-        consumer_options.dead_letter = dead_topic;
-        // One record at a time: a killed worker leaves at most the record in hand.
-        consumer_options.batch_size = 1;
-        consumer_options.poll_wait = std::chrono::milliseconds(100);
-        consumer_options.redelivery_backoff = settings_.backoff;
-        consumer_options.on_error = settings_.on_error;
         idem::KafkaConsumer consumer{
             consumer_config(options_.broker_address).client_id(settings_.consumer_name),
-            consumer_options, [&](const idem::Delivery& delivery, const idem::KafkaMessage& m) {
+            kafka_consumer_options(options_, settings_),
+            [&](const idem::Delivery& delivery, const idem::KafkaMessage& m) {
                 return deliver(delivery,
                                Message{fmt::format("{}/{}/{}", m.topic, m.partition, m.offset),
                                        Message::decode_fields(m.value)});
@@ -241,6 +234,22 @@ std::unique_ptr<BrokerRun> start_kafka(const Options&) {
 
 std::unique_ptr<BrokerWorker> kafka_worker(const Options& options, const WorkerSettings& settings) {
     return std::make_unique<KafkaWorker>(options, settings);
+}
+
+idem::KafkaConsumerOptions kafka_consumer_options(const Options& options,
+                                                  const WorkerSettings& settings) {
+    idem::KafkaConsumerOptions consumer_options{{topic}, group_name};
+    consumer_options.id_field = id_header;
+    consumer_options.dead_letter = dead_topic;
+    // One record at a time: a killed worker leaves at most the record in hand. --batch: up to
+    // batch_size_in_batches records of one partition per poll, in one handle_batch().
+    consumer_options.batch_size = options.batch ? batch_size_in_batches : 1;
+    consumer_options.handle_in_batches = options.batch;
+    consumer_options.poll_wait = std::chrono::milliseconds(100);
+    consumer_options.redelivery_backoff = settings.backoff;
+    consumer_options.on_error = settings.on_error;
+    consumer_options.store_probe = settings.store_probe;
+    return consumer_options;
 }
 
 kafka::Config kafka_worker_config(const Options& options, const WorkerSettings& settings) {
