@@ -359,9 +359,6 @@ int consume_kafka_offsets_in_store(Store& store, const Options& options,
 #endif
 
 // --batch: each broker's message as the capture effect reads it (the plain workers' Message).
-inline const Message& message_of(const Message& message) {
-    return message;
-}
 inline Message message_of(const idem::StreamEntry& entry) {
     return Message{entry.id, entry.fields};
 }
