@@ -9,6 +9,12 @@
 #   ./scripts/chaos.sh --store redis-cluster             # a 3-master cluster; a master killed too
 #   ./scripts/chaos.sh --naive            # the negative control: divergences > 0, exit status 1
 #   ./scripts/chaos.sh --chain redis:nats # two services chained by an outbox relay (docs/chain.md)
+#   ./scripts/chaos.sh --broker nats --batch --store-outage-ms 3000 --messages 500
+#       # --batch: each poll's deliveries in one handle_batch() (handle_in_batches), any broker;
+#       # --store-outage-ms MS: the store unreachable for MS every few seconds while workers are
+#       # killed (postgres, mysql, redis: the server SIGSTOPped or SIGKILLed and restarted;
+#       # sqlite: the driver holds BEGIN EXCLUSIVE); docs/testing.md#store-outages
+#   ./scripts/chaos.sh --broker kafka --batch --store-outage-ms 3000 --kill-interval-ms 2000
 #   ./scripts/chaos.sh --help
 # Installs missing Debian packages first (scripts/deps.sh). Build output goes to stderr, so stdout
 # is the run's own output (its last line is one JSON object); the exit status is the run's.

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "chaos.hpp"
+#include "idem/config.hpp"
 #include "idem/delivery.hpp"
 #include "idem/outbox.hpp"
 #include "idem/outcome.hpp"
@@ -32,6 +33,14 @@
 #ifdef IDEM_CHAOS_WITH_KAFKA
 #include "idem/kafka/config.hpp"
 #endif
+
+// The adapters' option types, declared only: their headers are included where they are used.
+IDEM_BEGIN_NAMESPACE
+struct StreamConsumerOptions;
+struct RabbitConsumerOptions;
+struct JetStreamConsumerOptions;
+struct KafkaConsumerOptions;
+IDEM_END_NAMESPACE
 
 namespace chaos {
 
@@ -172,7 +181,28 @@ struct WorkerSettings {
     /// The chain's second service: the messages are a relay's (the outbox key as the message
     /// id, the payload as the body), sent by make_sender()'s sender.
     bool relayed = false;
+    /// The consumer's store_probe (a plain handler's store is probed only through it, while
+    /// the circuit breaker is open); empty: none.
+    std::function<void()> store_probe{};
 };
+
+/// Each worker's consumer options, whichever handler it is given (the plain form above, or with
+/// --batch the IdempotentHandler itself, worker.cpp): one delivery per poll, or with
+/// options.batch batch_size_in_batches handled together (handle_in_batches).
+idem::StreamConsumerOptions redis_streams_consumer_options(const Options& options,
+                                                           const WorkerSettings& settings);
+#ifdef IDEM_CHAOS_WITH_RABBITMQ
+idem::RabbitConsumerOptions rabbitmq_consumer_options(const Options& options,
+                                                      const WorkerSettings& settings);
+#endif
+#ifdef IDEM_CHAOS_WITH_NATS
+idem::JetStreamConsumerOptions nats_consumer_options(const Options& options,
+                                                     const WorkerSettings& settings);
+#endif
+#ifdef IDEM_CHAOS_WITH_KAFKA
+idem::KafkaConsumerOptions kafka_consumer_options(const Options& options,
+                                                  const WorkerSettings& settings);
+#endif
 
 std::unique_ptr<BrokerRun> start_redis_streams(const Options& options, int redis_port);
 std::unique_ptr<BrokerWorker> redis_streams_worker(const Options& options,

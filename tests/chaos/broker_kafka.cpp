@@ -45,7 +45,7 @@ kafka::Config consumer_config(const std::string& servers) {
 
 class KafkaRun final : public BrokerRun {
   public:
-    KafkaRun() : cluster_(1) {
+    explicit KafkaRun(bool small_batches) : cluster_(1), small_batches_(small_batches) {
         cluster_.create_topic(topic, partitions);
         cluster_.create_topic(dead_topic, 1);
     }
@@ -54,8 +54,12 @@ class KafkaRun final : public BrokerRun {
 
     void publish(long messages) override {
         messages_ = messages;
-        kafka::Producer producer{
-            kafka::Config{}.bootstrap_servers(cluster_.bootstrap_servers()).idempotent()};
+        kafka::Config config = kafka::Config{}.bootstrap_servers(cluster_.bootstrap_servers());
+        // --batch: record batches of 4 records (the mock cluster's fetch answers one record
+        // batch per partition), so a worker's fetch brings a few records of each of its
+        // partitions and one poll mixes partitions, as on a busy topic.
+        if (small_batches_) config.set("batch.num.messages", "4");
+        kafka::Producer producer{config.idempotent()};
         std::vector<std::pair<long, kafka::Pending>> pending;
         for (long order = 1; order <= messages; ++order) {
             const std::string id = message_id_of(order);
@@ -178,6 +182,7 @@ class KafkaRun final : public BrokerRun {
     }
 
     idem::testing::KafkaCluster cluster_;
+    bool small_batches_;
     std::optional<kafka::Consumer> reader_;  ///< after cluster_: closed before it stops
     std::optional<kafka::Consumer> end_reader_;
     long messages_ = 0;
@@ -191,17 +196,10 @@ class KafkaWorker final : public BrokerWorker {
         : options_(options), settings_(settings) {}
 
     void run(const Deliver& deliver) override {
-        idem::KafkaConsumerOptions consumer_options{{topic}, group_name};
-        consumer_options.id_field = id_header;
-        consumer_options.dead_letter = dead_topic;
-        // One record at a time: a killed worker leaves at most the record in hand.
-        consumer_options.batch_size = 1;
-        consumer_options.poll_wait = std::chrono::milliseconds(100);
-        consumer_options.redelivery_backoff = settings_.backoff;
-        consumer_options.on_error = settings_.on_error;
         idem::KafkaConsumer consumer{
             consumer_config(options_.broker_address).client_id(settings_.consumer_name),
-            consumer_options, [&](const idem::Delivery& delivery, const idem::KafkaMessage& m) {
+            kafka_consumer_options(options_, settings_),
+            [&](const idem::Delivery& delivery, const idem::KafkaMessage& m) {
                 return deliver(delivery,
                                Message{fmt::format("{}/{}/{}", m.topic, m.partition, m.offset),
                                        Message::decode_fields(m.value)});
@@ -235,12 +233,28 @@ ChainSender kafka_sender(const std::string& address) {
     return {topic, [sender](const idem::OutboxRow& row) { (*sender)(row); }};
 }
 
-std::unique_ptr<BrokerRun> start_kafka(const Options&) {
-    return std::make_unique<KafkaRun>();
+std::unique_ptr<BrokerRun> start_kafka(const Options& options) {
+    return std::make_unique<KafkaRun>(options.batch);
 }
 
 std::unique_ptr<BrokerWorker> kafka_worker(const Options& options, const WorkerSettings& settings) {
     return std::make_unique<KafkaWorker>(options, settings);
+}
+
+idem::KafkaConsumerOptions kafka_consumer_options(const Options& options,
+                                                  const WorkerSettings& settings) {
+    idem::KafkaConsumerOptions consumer_options{{topic}, group_name};
+    consumer_options.id_field = id_header;
+    consumer_options.dead_letter = dead_topic;
+    // One record at a time: a killed worker leaves at most the record in hand. --batch: up to
+    // batch_size_in_batches records of one partition per poll, in one handle_batch().
+    consumer_options.batch_size = options.batch ? batch_size_in_batches : 1;
+    consumer_options.handle_in_batches = options.batch;
+    consumer_options.poll_wait = std::chrono::milliseconds(100);
+    consumer_options.redelivery_backoff = settings.backoff;
+    consumer_options.on_error = settings.on_error;
+    consumer_options.store_probe = settings.store_probe;
+    return consumer_options;
 }
 
 kafka::Config kafka_worker_config(const Options& options, const WorkerSettings& settings) {

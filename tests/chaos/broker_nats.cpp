@@ -129,22 +129,10 @@ class NatsWorker final : public BrokerWorker {
         : options_(options), settings_(settings) {}
 
     void run(const Deliver& deliver) override {
-        idem::JetStreamConsumerOptions consumer_options;
         idem::nats::Endpoint endpoint{options_.broker_address};
         endpoint.name = settings_.consumer_name;
-        consumer_options.stream = stream_name;
-        consumer_options.durable = group_name;
-        consumer_options.declare = false;  // the driver's, as configured there
-        consumer_options.dead_letter = dead_subject;
-        // One message at a time: a killed worker's unhandled batch would otherwise be redelivered
-        // with raised delivery counts although it never reached the handler.
-        consumer_options.batch_size = 1;
-        consumer_options.poll_wait = std::chrono::milliseconds(100);
-        consumer_options.visibility_timeout = settings_.visibility;
-        consumer_options.redelivery_backoff = settings_.backoff;
-        consumer_options.on_error = settings_.on_error;
         idem::JetStreamConsumer consumer{
-            endpoint, consumer_options,
+            endpoint, nats_consumer_options(options_, settings_),
             [&](const idem::Delivery& delivery, const idem::JetStreamMessage& message) {
                 return deliver(
                     delivery, Message{fmt::format("{}:{}", message.stream, message.stream_sequence),
@@ -177,6 +165,26 @@ ChainSender nats_sender(const std::string& address) {
 
 std::unique_ptr<BrokerRun> start_nats(const Options& options, const std::filesystem::path&) {
     return std::make_unique<NatsRun>(options);
+}
+
+idem::JetStreamConsumerOptions nats_consumer_options(const Options& options,
+                                                     const WorkerSettings& settings) {
+    idem::JetStreamConsumerOptions consumer_options;
+    consumer_options.stream = stream_name;
+    consumer_options.durable = group_name;
+    consumer_options.declare = false;  // the driver's, as configured there
+    consumer_options.dead_letter = dead_subject;
+    // One message at a time: a killed worker's unhandled batch would otherwise be redelivered
+    // with raised delivery counts although it never reached the handler. --batch: a batch
+    // fetched and handled together.
+    consumer_options.batch_size = options.batch ? batch_size_in_batches : 1;
+    consumer_options.handle_in_batches = options.batch;
+    consumer_options.poll_wait = std::chrono::milliseconds(100);
+    consumer_options.visibility_timeout = settings.visibility;
+    consumer_options.redelivery_backoff = settings.backoff;
+    consumer_options.on_error = settings.on_error;
+    consumer_options.store_probe = settings.store_probe;
+    return consumer_options;
 }
 
 std::unique_ptr<BrokerWorker> nats_worker(const Options& options, const WorkerSettings& settings) {

@@ -216,21 +216,9 @@ class RabbitmqWorker final : public BrokerWorker {
         : options_(options), settings_(settings) {}
 
     void run(const Deliver& deliver) override {
-        idem::RabbitConsumerOptions o;
-        o.queue = queue_name;
-        o.consumer_tag = settings_.consumer_name;
-        o.dead_letter = dead_letter_name;
-        o.retry_queue = retry_name;
-        // One delivery at a time: a killed worker's prefetched deliveries would otherwise come
-        // back with raised counts although they never reached the handler.
-        o.prefetch = 1;
-        o.batch_size = 1;
-        o.poll_wait = 100ms;
-        o.in_progress_delay = settings_.visibility;
-        o.redelivery_backoff = settings_.backoff;
-        o.on_error = settings_.on_error;
         idem::RabbitConsumer consumer{
-            endpoint_on(std::stoi(options_.broker_address)), o,
+            endpoint_on(std::stoi(options_.broker_address)),
+            rabbitmq_consumer_options(options_, settings_),
             [&](const idem::Delivery& delivery, const idem::RabbitMessage& message) {
                 return deliver(delivery, Message{message.properties.message_id.value_or(""),
                                                  Message::decode_fields(message.body)});
@@ -265,6 +253,27 @@ std::unique_ptr<BrokerRun> start_rabbitmq(const Options&, const std::filesystem:
     if (!idem::testing::RabbitmqServer::available(&why))
         throw server_missing("rabbitmq-server", why);
     return std::make_unique<RabbitmqRun>();
+}
+
+idem::RabbitConsumerOptions rabbitmq_consumer_options(const Options& options,
+                                                      const WorkerSettings& settings) {
+    idem::RabbitConsumerOptions o;
+    o.queue = queue_name;
+    o.consumer_tag = settings.consumer_name;
+    o.dead_letter = dead_letter_name;
+    o.retry_queue = retry_name;
+    // One delivery at a time: a killed worker's prefetched deliveries would otherwise come
+    // back with raised counts although they never reached the handler. --batch: a batch's
+    // worth prefetched and handled together (a killed worker's batch comes back counted).
+    o.prefetch = options.batch ? static_cast<std::uint16_t>(batch_size_in_batches) : 1;
+    o.batch_size = options.batch ? batch_size_in_batches : 1;
+    o.handle_in_batches = options.batch;
+    o.poll_wait = 100ms;
+    o.in_progress_delay = settings.visibility;
+    o.redelivery_backoff = settings.backoff;
+    o.on_error = settings.on_error;
+    o.store_probe = settings.store_probe;
+    return o;
 }
 
 std::unique_ptr<BrokerWorker> rabbitmq_worker(const Options& options,

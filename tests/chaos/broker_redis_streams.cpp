@@ -202,20 +202,9 @@ class RedisStreamsWorker final : public BrokerWorker {
         : options_(options), settings_(settings) {}
 
     void run(const Deliver& deliver) override {
-        idem::StreamConsumerOptions consumer_options;
         const Place place = Place::of(options_.broker_address);
-        consumer_options.stream = place.stream;
-        consumer_options.group = group_name;
-        consumer_options.consumer = settings_.consumer_name;
-        consumer_options.dead_letter = place.dead_letters();
-        // One entry at a time: a killed worker's unhandled batch would otherwise be redelivered
-        // with raised delivery counts although it never reached the handler.
-        consumer_options.batch_size = 1;
-        consumer_options.poll_wait = std::chrono::milliseconds(100);
-        consumer_options.visibility_timeout = settings_.visibility;
-        consumer_options.redelivery_backoff = settings_.backoff;
-        consumer_options.on_error = settings_.on_error;
-        if (settings_.relayed) consumer_options.id_field = relayed_id_field();
+        const idem::StreamConsumerOptions consumer_options =
+            redis_streams_consumer_options(options_, settings_);
         const std::string payload_field = idem::RedisStreamSenderOptions{}.payload_field;
         idem::StreamConsumer consumer{
             endpoint_on(place.port), consumer_options,
@@ -253,6 +242,28 @@ ChainSender redis_streams_sender(const std::string& address) {
 
 std::unique_ptr<BrokerRun> start_redis_streams(const Options&, int redis_port) {
     return std::make_unique<RedisStreamsRun>(redis_port);
+}
+
+idem::StreamConsumerOptions redis_streams_consumer_options(const Options& options,
+                                                           const WorkerSettings& settings) {
+    idem::StreamConsumerOptions consumer_options;
+    const Place place = Place::of(options.broker_address);
+    consumer_options.stream = place.stream;
+    consumer_options.group = group_name;
+    consumer_options.consumer = settings.consumer_name;
+    consumer_options.dead_letter = place.dead_letters();
+    // One entry at a time: a killed worker's unhandled batch would otherwise be redelivered
+    // with raised delivery counts although it never reached the handler. --batch: a batch
+    // read and handled together.
+    consumer_options.batch_size = options.batch ? batch_size_in_batches : 1;
+    consumer_options.handle_in_batches = options.batch;
+    consumer_options.poll_wait = std::chrono::milliseconds(100);
+    consumer_options.visibility_timeout = settings.visibility;
+    consumer_options.redelivery_backoff = settings.backoff;
+    consumer_options.on_error = settings.on_error;
+    consumer_options.store_probe = settings.store_probe;
+    if (settings.relayed) consumer_options.id_field = relayed_id_field();
+    return consumer_options;
 }
 
 std::unique_ptr<BrokerWorker> redis_streams_worker(const Options& options,

@@ -6,6 +6,7 @@
 // See docs/testing.md.
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -122,6 +123,15 @@ struct Options {
     /// the worker gives the KafkaConsumer the IdempotentHandler itself) instead of committed to
     /// Kafka after the store's commit.
     bool offsets_in_store = false;
+    /// --batch: the worker gives the IdempotentHandler itself to the broker's consumer with
+    /// handle_in_batches (batch_size_in_batches per poll): each poll's deliveries in ONE
+    /// handle_batch() transaction, then settled. Counted as --pipelined is (SettleCounter).
+    bool batch = false;
+    /// --store-outage-ms: the driver makes the workers' store unreachable this long, again and
+    /// again at seeded random moments (never overlapping) while it also kills workers; 0: never.
+    /// Server stores: the server stopped (SIGSTOP, a hang) or SIGKILLed and restarted on its data
+    /// (a refusal), alternately; SQLite: the driver holds an exclusive lock on the database.
+    std::chrono::milliseconds store_outage{0};
     double kill_rate = 0.02;                       ///< per window, per delivery
     std::chrono::milliseconds kill_interval{250};  ///< mean time between driver kills; 0: none
     bool kill_interval_given = false;              ///< else each broker's default (defaults())
@@ -152,6 +162,9 @@ struct Options {
 
 // Keys in the run's redis-server. The harness's own keys start with "chaos:", the gateway's with
 // "gw:", the RedisStore's with "idem:".
+/// --batch: deliveries per poll, handled together.
+inline constexpr std::size_t batch_size_in_batches = 8;
+
 inline constexpr const char* stream_key = "chaos:payments";
 inline constexpr const char* dead_letter_stream_key = "chaos:payments.dead-letters";
 inline constexpr const char* group_name = "capture-workers";

@@ -44,6 +44,7 @@
 #include "idem/testing/process.hpp"
 #include "idem/testing/redis_cluster.hpp"
 #include "idem/testing/redis_server.hpp"
+#include "store_outage.hpp"
 
 namespace chaos {
 namespace {
@@ -151,6 +152,9 @@ int run_driver(const Options& o) {
     std::optional<idem::testing::MariadbServer> maria;
     std::optional<idem::testing::RedisCluster>
         cluster;  // the store; the stream and gateway stay out
+    // --store redis with --store-outage-ms: the store's own redis-server, stopped in outages
+    // while the run's (gateway, counters, stream) stays up.
+    std::optional<idem::testing::RedisServer> store_redis;
     RunDir run_dir;
     std::string db;
     switch (o.store) {
@@ -183,6 +187,11 @@ int run_driver(const Options& o) {
             break;
         }
         case StoreKind::redis:
+            if (o.store_outage.count() > 0) {
+                say("starting the store's redis-server");
+                store_redis.emplace();
+                db = std::to_string(store_redis->port());
+            }
             break;
         case StoreKind::redis_cluster: {
             say("starting a Redis Cluster");
@@ -212,6 +221,15 @@ int run_driver(const Options& o) {
         return std::chrono::duration_cast<SteadyClock::duration>(o.kill_interval * factor);
     };
     Fleet fleet{o.workers, worker_args(o, redis_server.port(), db, broker->worker_address())};
+    std::optional<StoreOutages> outages;
+    if (o.store_outage.count() > 0) {
+        StoreOutages::Target target;
+        if (o.store == StoreKind::sqlite) target.sqlite_path = db;
+        if (pg) target.postgres = &*pg;
+        if (maria) target.mariadb = &*maria;
+        if (store_redis) target.redis = &*store_redis;
+        outages.emplace(o, target);
+    }
     fleet.start();
     const auto deadline = started + o.timeout;
     auto next_kill = SteadyClock::now() + next_kill_after();
@@ -225,6 +243,10 @@ int run_driver(const Options& o) {
         if (o.kill_interval.count() > 0 && now >= next_kill) {
             fleet.kill_random(random);
             next_kill = SteadyClock::now() + next_kill_after();
+        }
+        if (outages) {
+            const std::string change = outages->tick();
+            if (!change.empty()) say(change);
         }
         if (now >= next_look) {
             next_look = now + 50ms;
@@ -262,11 +284,14 @@ int run_driver(const Options& o) {
         if (fleet.errors().size() > 20) break;
         std::this_thread::sleep_for(5ms);
     }
+    if (outages) outages->end();  // the store back before the workers stop and it is read
     say("stopping the workers");
     fleet.stop();
     if (progress) std::fprintf(stderr, "\r\033[K");
 
     // --- verification --------------------------------------------------------------------------
+    idem::RedisEndpoint store_endpoint = endpoint;  // --store redis: the store's server
+    if (store_redis) store_endpoint.port = store_redis->port();
     CapturesByOrder captures_by_order;
     std::map<std::string, std::string> store_letters;  // the store's dead letters: id → reason
     switch (o.store) {
@@ -292,8 +317,9 @@ int run_driver(const Options& o) {
             break;
         }
         case StoreKind::redis: {
-            captures_by_order = redis_captures(redis, o.messages);
-            idem::RedisStore store{endpoint};
+            idem::redis::Connection store_connection{store_endpoint};
+            captures_by_order = redis_captures(store_connection, o.messages);
+            idem::RedisStore store{store_endpoint};
             for (const auto& letter : store.dead_letters())
                 store_letters[letter.message_id] = letter.reason;
             break;
@@ -339,7 +365,7 @@ int run_driver(const Options& o) {
             case StoreKind::redis_cluster: {
                 std::optional<idem::RedisStore> store;
                 if (o.store == StoreKind::redis) {
-                    store.emplace(endpoint);
+                    store.emplace(store_endpoint);
                 } else {
                     store.emplace(redis_cluster_seeds_of(db));
                 }
@@ -480,6 +506,7 @@ int run_driver(const Options& o) {
         o.naive              ? "naive"
         : o.pipelined        ? "idem pipelined"
         : o.offsets_in_store ? "idem (offsets in the store)"
+        : o.batch            ? "idem in batches"
                              : "idem",
         to_string(o.store), to_string(o.broker), o.messages, o.workers,
         static_cast<unsigned long long>(o.seed), delivered, outcome_text.c_str(),
@@ -527,6 +554,21 @@ int run_driver(const Options& o) {
         std::printf("idem_chaos: no worker was killed: the run proved nothing\n");
         status = std::max(status, exit_failed);
     }
+    if (outages) {
+        std::printf(
+            "store outages: %ld of %lld ms (%ld SIGSTOP hangs, %ld SIGKILL and restarts, %ld "
+            "exclusive locks)\n",
+            outages->count(), static_cast<long long>(o.store_outage.count()), outages->hangs(),
+            outages->refusals(), outages->locks());
+        if (outages->count() == 0) {
+            std::printf(
+                "idem_chaos: the store was never made unreachable: the run proved nothing about "
+                "an outage (more messages, or a shorter --store-outage-ms)\n");
+            status = std::max(status, exit_failed);
+        }
+    }
+    const std::string outage_field =
+        outages ? fmt::format("\"store_outages\":{},", outages->count()) : std::string();
     if (cluster) {
         if (master_killed) {
             std::printf(
@@ -541,15 +583,17 @@ int run_driver(const Options& o) {
     }
     if (status == 0 && timed_out) status = exit_not_drained;
     std::printf(
-        "{\"store\":\"%s\",\"broker\":\"%s\",%s%s\"messages\":%ld,\"workers\":%d,\"kills\":%ld,"
+        "{\"store\":\"%s\",\"broker\":\"%s\",%s%s%s\"messages\":%ld,\"workers\":%d,"
+        "\"kills\":%ld,%s"
         "\"delivered\":%ld,"
         "\"redeliveries\":%ld,\"captures\":%ld,\"gateway_requests\":%ld,\"gateway_calls\":%ld,"
         "\"divergences\":%ld,\"lost\":%ld,\"doubled\":%ld,\"dead_lettered\":%ld,"
         "\"pending\":%ld,\"never_read\":%ld,\"drained\":%s,\"seconds\":%.1f}\n",
         to_string(o.store), to_string(o.broker), o.pipelined ? "\"pipelined\":true," : "",
-        o.offsets_in_store ? "\"offsets\":\"store\"," : "", o.messages, o.workers, fleet.kills(),
-        delivered, redeliveries, captures, gateway_requests, gateway_calls, divergences, lost,
-        doubled, dead_lettered, pending, never_read, drained ? "true" : "false", seconds);
+        o.offsets_in_store ? "\"offsets\":\"store\"," : "", o.batch ? "\"batch\":true," : "",
+        o.messages, o.workers, fleet.kills(), outage_field.c_str(), delivered, redeliveries,
+        captures, gateway_requests, gateway_calls, divergences, lost, doubled, dead_lettered,
+        pending, never_read, drained ? "true" : "false", seconds);
     std::fflush(stdout);
     return status;
 }

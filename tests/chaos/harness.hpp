@@ -305,6 +305,10 @@ inline std::vector<std::string> worker_args(const Options& o, int redis_port, co
     if (o.naive) args.emplace_back("--naive");
     if (o.pipelined) args.emplace_back("--pipelined");
     if (o.offsets_in_store) args.insert(args.end(), {"--offsets", "store"});
+    if (o.batch) args.emplace_back("--batch");
+    if (o.store_outage.count() > 0) {
+        args.insert(args.end(), {"--store-outage-ms", std::to_string(o.store_outage.count())});
+    }
     return args;
 }
 

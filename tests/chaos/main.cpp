@@ -17,8 +17,8 @@ constexpr const char* usage =
     "usage: idem_chaos [--store sqlite|postgres|redis|mysql|redis-cluster]\n"
     "                  [--broker redis|rabbitmq|nats|kafka] [--offsets kafka|store]\n"
     "                  [--messages N] [--workers K] [--seed S]\n"
-    "                  [--naive | --pipelined] [--kill-rate P] [--kill-interval-ms MS]\n"
-    "                  [--visibility-ms MS]\n"
+    "                  [--naive | --pipelined | --batch] [--kill-rate P] [--kill-interval-ms MS]\n"
+    "                  [--store-outage-ms MS] [--visibility-ms MS]\n"
     "                  [--latency-ms MS] [--inflight-ms MS] [--max-deliveries N] [--timeout S]\n"
     "                  [--backoff-ms MS] [--chain A:B]\n"
     "\n"
@@ -40,6 +40,16 @@ constexpr const char* usage =
     "  --pipelined       (--broker redis) the StreamConsumer is given the handler itself and\n"
     "                    reads 4 entries per poll: on a RedisStore each commit goes with the\n"
     "                    next claim and the ack is in the commit (pipeline_commits)\n"
+    "  --batch           the workers' consumers handle each poll's deliveries together\n"
+    "                    (handle_in_batches, 8 per poll): the IdempotentHandler itself is given\n"
+    "                    to the consumer, one handle_batch() transaction per poll; any broker\n"
+    "  --store-outage-ms  makes the workers' store unreachable for MS, again and again at\n"
+    "                    random moments (seeded; one every ~max(MS, 2000) ms, never overlapping)\n"
+    "                    while workers are killed too. postgres, mysql, redis: the store's server\n"
+    "                    alternately SIGSTOPped (a hang) and SIGKILLed + restarted on its data\n"
+    "                    (a refusal; --store redis then gets a redis-server of its own); sqlite:\n"
+    "                    the driver holds BEGIN EXCLUSIVE on the database (the workers' busy\n"
+    "                    timeout is MS/4, so they see store_timeout). Not with redis-cluster\n"
     "  --kill-rate       probability that a worker kills itself at each crash window of each\n"
     "                    delivery (default 0.02)\n"
     "  --kill-interval-ms  mean time between the driver's SIGKILLs of a random worker (default\n"
@@ -189,6 +199,10 @@ chaos::Options parse(int argc, char** argv) {
             o.naive = true;
         } else if (arg == "--pipelined") {
             o.pipelined = true;
+        } else if (arg == "--batch") {
+            o.batch = true;
+        } else if (arg == "--store-outage-ms") {
+            o.store_outage = milliseconds(number(arg, value(), 0, 600'000));
         } else if (arg == "--kill-rate") {
             const std::string text = value();
             std::size_t used = 0;
@@ -248,6 +262,15 @@ chaos::Options parse(int argc, char** argv) {
     }
     if (o.chain && (o.pipelined || o.offsets_in_store || o.store != chaos::StoreKind::sqlite)) {
         throw std::invalid_argument("--chain runs on SQLite, without --pipelined or --offsets");
+    }
+    if (o.batch && (o.naive || o.pipelined || o.offsets_in_store || o.chain)) {
+        // KafkaConsumer refuses KafkaOffsets::in_store with handle_in_batches.
+        throw std::invalid_argument(
+            "--batch is for the idem handler, without --pipelined, --offsets store or --chain");
+    }
+    if (o.store_outage.count() > 0 && (o.chain || o.store == chaos::StoreKind::redis_cluster)) {
+        throw std::invalid_argument(
+            "--store-outage-ms is for one broker's run on sqlite, postgres, mysql or redis");
     }
     if (o.worker && (o.redis_port == 0 || o.parent == 0)) {
         throw std::invalid_argument("--worker is started by the driver, with its arguments");

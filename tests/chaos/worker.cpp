@@ -13,6 +13,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -43,6 +44,12 @@
 #include "idem/broker/kafka.hpp"
 #include "idem/contract/stored_offset.hpp"
 #endif
+#ifdef IDEM_CHAOS_WITH_RABBITMQ
+#include "idem/broker/rabbitmq.hpp"
+#endif
+#ifdef IDEM_CHAOS_WITH_NATS
+#include "idem/broker/nats_jetstream.hpp"
+#endif
 
 namespace chaos {
 namespace {
@@ -50,9 +57,15 @@ namespace {
 std::atomic<BrokerWorker*> running_worker{nullptr};
 volatile sig_atomic_t stopping = 0;
 
-std::atomic<idem::StreamConsumer*> running_consumer{nullptr};  ///< --pipelined
+std::atomic<idem::StreamConsumer*> running_consumer{nullptr};  ///< --pipelined, --batch
 #ifdef IDEM_CHAOS_WITH_KAFKA
-std::atomic<idem::KafkaConsumer*> running_kafka{nullptr};  ///< --offsets store
+std::atomic<idem::KafkaConsumer*> running_kafka{nullptr};  ///< --offsets store, --batch
+#endif
+#ifdef IDEM_CHAOS_WITH_RABBITMQ
+std::atomic<idem::RabbitConsumer*> running_rabbit{nullptr};  ///< --batch
+#endif
+#ifdef IDEM_CHAOS_WITH_NATS
+std::atomic<idem::JetStreamConsumer*> running_nats{nullptr};  ///< --batch
 #endif
 
 extern "C" void on_sigterm(int) {
@@ -62,6 +75,22 @@ extern "C" void on_sigterm(int) {
 #ifdef IDEM_CHAOS_WITH_KAFKA
     if (idem::KafkaConsumer* consumer = running_kafka.load()) consumer->request_stop();
 #endif
+#ifdef IDEM_CHAOS_WITH_RABBITMQ
+    if (idem::RabbitConsumer* consumer = running_rabbit.load()) consumer->request_stop();
+#endif
+#ifdef IDEM_CHAOS_WITH_NATS
+    if (idem::JetStreamConsumer* consumer = running_nats.load()) consumer->request_stop();
+#endif
+}
+
+/// Runs @p consumer until SIGTERM (published in @p running for the signal handler).
+template <class Consumer>
+int run_until_stopped(Consumer& consumer, std::atomic<Consumer*>& running) {
+    running.store(&consumer);
+    if (stopping != 0) consumer.request_stop();
+    consumer.run();
+    running.store(nullptr);
+    return 0;
 }
 
 /// Kills this process at a crash window with the run's probability; counts the kill first (in
@@ -329,6 +358,95 @@ int consume_kafka_offsets_in_store(Store& store, const Options& options,
 }
 #endif
 
+// --batch: each broker's message as the capture effect reads it (the plain workers' Message).
+inline Message message_of(const idem::StreamEntry& entry) {
+    return Message{entry.id, entry.fields};
+}
+#ifdef IDEM_CHAOS_WITH_RABBITMQ
+inline Message message_of(const idem::RabbitMessage& message) {
+    return Message{message.properties.message_id.value_or(""),
+                   Message::decode_fields(message.body)};
+}
+#endif
+#ifdef IDEM_CHAOS_WITH_NATS
+inline Message message_of(const idem::JetStreamMessage& message) {
+    return Message{fmt::format("{}:{}", message.stream, message.stream_sequence),
+                   Message::decode_fields(message.data)};
+}
+#endif
+#ifdef IDEM_CHAOS_WITH_KAFKA
+inline Message message_of(const idem::KafkaMessage& record) {
+    return Message{fmt::format("{}/{}/{}", record.topic, record.partition, record.offset),
+                   Message::decode_fields(record.value)};
+}
+#endif
+
+/// --batch: the broker's consumer given the IdempotentHandler itself, with handle_in_batches
+/// (each broker's *_consumer_options): each poll's deliveries in one handle_batch()
+/// transaction; counted as --pipelined is (SettleCounter), the after_commit_before_ack window
+/// once the batch's commit came back. A Redis stream on a RedisStore of the stream's server
+/// acks in the commit.
+template <class Store>
+int consume_batches(Store& store, const Options& options, idem::redis::Connection& redis,
+                    GatewayClient& gateway, CrashWindows& windows,
+                    const idem::PolicyOptions& policy_options, const WorkerSettings& settings) {
+    SettleCounter counter{redis, windows, settings.consumer_name};
+    const CaptureEffect capture{&gateway, &windows};
+    auto handler = idem::make_handler(
+        store, idem::Policy{scope_name, policy_options},
+        [capture, &counter](auto& tx, const auto& body, const idem::Delivery& delivery) {
+            counter.count(delivery);
+            capture(tx, message_of(body));
+        },
+        &counter);
+    switch (options.broker) {
+        case BrokerKind::redis_streams: {
+            idem::RedisEndpoint broker;
+            broker.host = "127.0.0.1";
+            broker.port = std::stoi(options.broker_address);
+            idem::StreamConsumer consumer{broker, redis_streams_consumer_options(options, settings),
+                                          handler};
+            return run_until_stopped(consumer, running_consumer);
+        }
+        case BrokerKind::rabbitmq: {
+#ifdef IDEM_CHAOS_WITH_RABBITMQ
+            idem::RabbitEndpoint broker;
+            broker.host = "127.0.0.1";
+            broker.port = std::stoi(options.broker_address);
+            idem::RabbitConsumer consumer{broker, rabbitmq_consumer_options(options, settings),
+                                          handler};
+            return run_until_stopped(consumer, running_rabbit);
+#else
+            break;
+#endif
+        }
+        case BrokerKind::nats: {
+#ifdef IDEM_CHAOS_WITH_NATS
+            idem::nats::Endpoint broker{options.broker_address};
+            broker.name = settings.consumer_name;
+            idem::JetStreamConsumer consumer{broker, nats_consumer_options(options, settings),
+                                             handler};
+            return run_until_stopped(consumer, running_nats);
+#else
+            break;
+#endif
+        }
+        case BrokerKind::kafka: {
+#ifdef IDEM_CHAOS_WITH_KAFKA
+            idem::KafkaConsumer consumer{kafka_worker_config(options, settings),
+                                         kafka_consumer_options(options, settings), handler};
+            const int status = run_until_stopped(consumer, running_kafka);
+            consumer.close();
+            return status;
+#else
+            break;
+#endif
+        }
+    }
+    throw std::invalid_argument(std::string("idem_chaos was built without the ") +
+                                to_string(options.broker) + " adapter");
+}
+
 // ---------------------------------------------------------------------------------------------
 // The chained run (--chain A:B, chain.cpp).
 
@@ -450,6 +568,13 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
     settings.on_error = [&](const std::exception& e) {
         if (++errors_reported <= 3) std::fprintf(stderr, "idem_chaos worker: %s\n", e.what());
     };
+    // --store-outage-ms: the plain handler's store probed while its consumer's circuit breaker
+    // is open, so it reads again only once the store answers (without a probe: one pause of
+    // the breaker's initial backoff per failure). The IdempotentHandler given to a consumer
+    // (--pipelined, --offsets store, --batch) brings its own probe.
+    if (options.store_outage.count() > 0) {
+        settings.store_probe = [&store] { idem::probe_store(store); };
+    }
     if constexpr (std::is_same_v<Store, idem::SqliteStore>) {
         if (options.role == Role::relay) return run_relay(store, options, redis, windows);
         if (options.role == Role::service_a) {
@@ -464,6 +589,9 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
     }
     if (options.pipelined) {
         return consume_pipelined(store, options, redis, gateway, windows, policy_options, settings);
+    }
+    if (options.batch) {
+        return consume_batches(store, options, redis, gateway, windows, policy_options, settings);
     }
 #ifdef IDEM_CHAOS_WITH_KAFKA
     if (options.offsets_in_store) {
@@ -505,8 +633,20 @@ int run_worker(const Options& options) {
     try {
         switch (options.store) {
             case StoreKind::sqlite: {
-                auto store = with_retries(
-                    "SqliteStore", [&] { return std::make_unique<idem::SqliteStore>(options.db); });
+                // --store-outage-ms: the driver holds the database's write lock for that long.
+                // Under the default busy timeout (5 s) a shorter hold is only a stall that no
+                // call reports; with a busy timeout of a quarter of it, every write in it fails
+                // with store_timeout, which opens the consumer's circuit breaker: an outage as
+                // a user whose lock outlasts the busy timeout sees it.
+                idem::SqliteOptions sqlite_options;
+                if (options.store_outage.count() > 0) {
+                    sqlite_options.busy_timeout =
+                        std::min(sqlite_options.busy_timeout,
+                                 std::max(std::chrono::milliseconds(50), options.store_outage / 4));
+                }
+                auto store = with_retries("SqliteStore", [&] {
+                    return std::make_unique<idem::SqliteStore>(options.db, sqlite_options);
+                });
                 return consume(*store, options, endpoint, random);
             }
             case StoreKind::postgres: {
@@ -516,7 +656,11 @@ int run_worker(const Options& options) {
                 return consume(*store, options, endpoint, random);
             }
             case StoreKind::redis: {
-                idem::RedisStore store{endpoint};
+                // --store-outage-ms: the store has a redis-server of its own (--db is its port),
+                // so that stopping it leaves the gateway, the counters and the stream alone.
+                idem::RedisEndpoint store_endpoint = endpoint;
+                if (!options.db.empty()) store_endpoint.port = std::stoi(options.db);
+                idem::RedisStore store{store_endpoint};
                 return consume(store, options, endpoint, random);
             }
             case StoreKind::redis_cluster: {
