@@ -104,7 +104,7 @@ struct ConsumerOptions {
 template <class Message>
 struct ToSettle {
     std::size_t index = 0;  ///< its place in the poll's batch
-    /// Its body, in the poll's batch (or the moved bodies)
+    /// Its body, in the poll's batch (or the moved bodies).
     const Message* message = nullptr;
     /// What the handler was given.
     Delivery delivery{};

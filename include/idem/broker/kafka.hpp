@@ -52,11 +52,11 @@ struct KafkaMessage {
     std::int32_t partition = 0;
     /// Its offset in the partition.
     std::int64_t offset = 0;
-    /// The record's key (empty when it has none)
+    /// The record's key (empty when it has none).
     std::string key;
     /// The record's value: the body.
     std::string value;
-    /// The record's headers, in order (a name may repeat)
+    /// The record's headers, in order (a name may repeat).
     kafka::Headers headers;
     /// The record's timestamp (create or log-append time, as the topic says); nullopt when it has
     /// none. The delivery's enqueued_at.

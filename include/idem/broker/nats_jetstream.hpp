@@ -51,7 +51,7 @@ struct JetStreamMessage {
     std::string subject;
     /// The payload: the body.
     std::string data;
-    /// Its headers, in order (a name may repeat)
+    /// Its headers, in order (a name may repeat).
     nats::Headers headers;
     std::uint64_t stream_sequence = 0;  ///< the same on every delivery of this message
 

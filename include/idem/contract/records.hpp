@@ -90,7 +90,7 @@ enum class ClaimAndCommitStatus {
 
 /// @brief Answer of Tx::claim_and_commit(): what was done, and what claim() would have answered.
 struct ClaimAndCommitResult {
-    /// What was done (and applied)
+    /// What was done (and applied).
     ClaimAndCommitStatus status = ClaimAndCommitStatus::committed;
     /// What claim() would have answered: for a duplicate its recorded outcome and fingerprint,
     /// for in_progress retry_after; attempts (this one included) when the store knows it.
@@ -227,7 +227,7 @@ struct DeadLetter {
     std::string message_id;
     /// The delivery count when it was parked (the broker's, or the store's attempts count).
     std::uint32_t delivery_count = 0;
-    /// Why it was parked (the poison limit, a fingerprint mismatch, ...)
+    /// Why it was parked (the poison limit, a fingerprint mismatch, ...).
     std::string reason;
     /// The body's bytes through the policy's redaction hook, or empty under keep_no_payload
     /// (payload.hpp), so the message can be looked at or replayed.

@@ -219,7 +219,7 @@ struct StoredMessage {
     std::string subject;
     /// Its payload.
     std::string data;
-    /// Its headers, in order (a name may repeat)
+    /// Its headers, in order (a name may repeat).
     Headers headers;
 
     /// The first value of header @p name (case-sensitive), if any.
