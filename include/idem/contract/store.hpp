@@ -251,8 +251,8 @@ struct transaction_of {
     /// No transaction: @p S has no begin().
     using type = void;
 };
-template <class S>
 /// @brief transaction_of for a store that has begin().
+template <class S>
 struct transaction_of<S, true> {
     /// What begin() returns, references removed.
     using type = std::remove_reference_t<transaction_t<S>>;

@@ -32,8 +32,8 @@ inline std::uint32_t to_count(std::int64_t value) noexcept {
 
 /// For statements whose rows are not read.
 struct no_rows {
+    /// Ignores the row.
     template <class Row>
-    /// Ignores @p row.
     void operator()(const Row&) const noexcept {}
 };
 
