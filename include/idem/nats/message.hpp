@@ -46,7 +46,8 @@ struct Metadata {
 /// (cnats remembers); in_progress() may repeat.
 class Message {
   public:
-    /// Takes @p msg (from a fetch). @throws nats::error when it is not a JetStream message.
+    /// Takes @p msg (from a fetch). @throws nats::error when it is not a JetStream message,
+    /// idem::usage_error when it is null.
     Message(natsMsg* msg, std::chrono::milliseconds request_timeout)
         : msg_(msg), request_timeout_(request_timeout) {
         if (msg_ == nullptr) throw idem::usage_error("idem::nats::Message: null natsMsg");

@@ -27,8 +27,9 @@ inline constexpr std::uint16_t reply_resource_locked = 405;
 inline constexpr std::uint16_t reply_precondition_failed = 406;
 
 /// @brief The broker closed a channel (channel.close): the channel is gone, the connection is
-/// not. reply_code is the AMQP code (404 NOT_FOUND, 406 PRECONDITION_FAILED, ...), 0 for a
-/// consumer the broker cancelled (basic.cancel: its queue was deleted).
+/// not. reply_code is the AMQP code (404 NOT_FOUND, 406 PRECONDITION_FAILED, ...), 0 when the
+/// broker sent no close: a consumer it cancelled (basic.cancel: its queue was deleted), or a
+/// channel the client found closed (before a publish's confirm, or before a call on it).
 class channel_error : public broker_error {
   public:
     /// @brief A channel closed with AMQP @p reply_code, described by @p what; 0 when the broker
