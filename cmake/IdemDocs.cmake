@@ -2,7 +2,8 @@
 # docs/Doxyfile (its scope and why: the comment at its top) into <dir>/docs/html; with the tests,
 # ctest docs.reference (label docs) runs it too and fails on any warning (the Doxyfile's
 # WARN_AS_ERROR = FAIL_ON_WARNINGS), and ctest docs.core_documented (docs/Doxyfile.core) fails
-# when an entity of the core headers or the stores' faces has no doc comment. scripts/test.sh's gcc17 configuration turns it on.
+# when an entity of the reference's headers has no doc comment. scripts/test.sh's gcc17
+# configuration turns it on.
 include_guard(GLOBAL)
 
 find_program(IDEM_DOXYGEN NAMES doxygen DOC "Doxygen, for the docs target (Debian: doxygen)")
@@ -22,8 +23,8 @@ OUTPUT_DIRECTORY = @PROJECT_BINARY_DIR@/docs
 FILTER_PATTERNS = *.md="@Python3_EXECUTABLE@ docs/doxygen_markdown_filter.py"
 ]] @ONLY)
 
-# The documented core (docs/Doxyfile.core): every entity of include/idem/*.hpp and
-# include/idem/store/*.hpp has a comment.
+# The documented API (docs/Doxyfile.core): every entity of the reference's headers (include/idem,
+# recursively, but for idem::detail and include/idem/testing/) has a comment.
 set(idem_doxyfile_core "${PROJECT_BINARY_DIR}/docs/Doxyfile.core")
 file(CONFIGURE OUTPUT "${idem_doxyfile_core}" CONTENT [[
 @INCLUDE = @PROJECT_SOURCE_DIR@/docs/Doxyfile.core

@@ -5,7 +5,7 @@
 #     gcc17    g++ C++17, Debug: every test, and the doc tests (every C++ block of README.md and
 #              docs/ compiled, tests/doctest/; only here: about 80 CPU seconds), the API reference
 #              (label docs: Doxygen over docs/Doxyfile and docs/Doxyfile.core, any warning fails,
-#              an undocumented entity of the core headers too; only here)
+#              an undocumented entity of the reference too; only here)
 #              and the Debian package (ctest install.deb_package, label package; only here)
 #     core     g++ C++17, Debug, every component OFF (IDEM_WITH_<NAME>=OFF for each
 #              idem_add_backend() of CMakeLists.txt): the core tests build and pass without SQLite,

@@ -95,6 +95,7 @@ struct ConsumerOptions {
     /// Receives a ConsumerHealth report after a poll, at most once per health_interval (each
     /// may cost the adapter a round trip). Empty: none. E.g. PrometheusObserver's health_sink().
     HealthSink on_health{};
+    /// The least time between two on_health reports.
     std::chrono::milliseconds health_interval{1000};
 };
 
@@ -103,9 +104,13 @@ struct ConsumerOptions {
 template <class Message>
 struct ToSettle {
     std::size_t index = 0;  ///< its place in the poll's batch
+    /// Its body, in the poll's batch (or the moved bodies).
     const Message* message = nullptr;
+    /// What the handler was given.
     Delivery delivery{};
+    /// What the handler returned.
     Outcome outcome{};
+    /// What settlement_of() decided for the outcome.
     Settlement settlement{};
 };
 
@@ -219,10 +224,13 @@ class Consumer {
 
     /// @brief Asks run() to return. Lock-free: safe from another thread or a signal handler.
     void request_stop() noexcept { stop_.store(true, std::memory_order_release); }
+    /// @brief True once request_stop() was called. Lock-free: safe from any thread.
     [[nodiscard]] bool stop_requested() const noexcept {
         return stop_.load(std::memory_order_acquire);
     }
 
+    /// @brief A snapshot of the counters (relaxed loads: each field is exact, the set is not taken
+    /// atomically). Safe from any thread.
     [[nodiscard]] ConsumerStats stats() const noexcept {
         ConsumerStats s;
         s.read = read_.load(std::memory_order_relaxed);
@@ -313,31 +321,46 @@ class Consumer {
         }
     }
 
+    /// How the handler is called (for an adapter that must know whether it batches or pipelines).
     [[nodiscard]] const Dispatch<Message>& dispatch() const noexcept { return dispatch_; }
 
     // The optional hooks' defaults (see the class comment).
+    /// Hook default: no commit hook request (an adapter whose store can settle in the commit
+    /// overrides it).
     CommitHook commit_hook_of(const Raw&, const Delivery&) const { return CommitHook{}; }
+    /// Hook default: settle() each of @p settling in order, counting each.
     void settle_all(std::vector<Raw>& batch, std::vector<ToSettle<Message>>& settling) {
         for (ToSettle<Message>& s : settling) {
             count(
                 adapter().settle(batch[s.index], *s.message, s.delivery, s.outcome, s.settlement));
         }
     }
+    /// Hook default: deliveries read but not handled are left to the broker's redelivery.
     void unhandled(std::vector<Raw>&, std::size_t) {}
+    /// Hook default: nothing before the handler's call (see handled()).
     void handling(Raw*, std::size_t) {}
+    /// Hook default: nothing after the handler's call (see handling()).
     void handled() {}
+    /// Hook default: no pipelining; one delivery at a time through the plain handle path.
     [[nodiscard]] bool pipelines() const noexcept { return false; }
+    /// Hook default: an in_progress outcome without a retry_after waits for the broker's clock.
     [[nodiscard]] std::optional<std::chrono::milliseconds> in_progress_delay() const noexcept {
         return std::nullopt;
     }
+    /// Hook default: no delivery of a poll waits for another.
     [[nodiscard]] bool blocked(const Raw&) const noexcept { return false; }
+    /// Hook default: nothing to do once the store's commit settled a delivery.
     void settled_in_commit(Raw&, const Outcome&) {}
+    /// Hook default: a commit that did a dead letter's hook also published its dead letter.
     [[nodiscard]] bool commit_publishes_dead_letters() const noexcept { return true; }
+    /// Hook default: the wait between two store probes is a sleep that returns early on
+    /// request_stop().
     void idle(std::chrono::milliseconds duration) { sleep_unless_stopped(duration); }
 
     /// True while the circuit breaker is open (the handler's store found unreachable).
     [[nodiscard]] bool circuit_open() const noexcept { return breaker_.is_open(); }
 
+    /// The options in use, readable by the adapter (validated before the base was built).
     Options options_;
 
   private:

@@ -41,8 +41,11 @@ using Settled = idem::Settled<std::size_t>;
 template <class Message>
 class Dispatch {
   public:
+    /// A plain handler: the outcome it returns decides the settlement.
     using Handler = std::function<Outcome(const Delivery&, const Message&)>;
+    /// One delivery to the handler, with the commit hook the store may do (null when none).
     using One = std::function<Outcome(const Delivery&, const Message&, CommitHook*)>;
+    /// A poll's deliveries to the handler at once, with their commit hooks (null when none).
     using Many = std::function<std::vector<Outcome>(
         const std::vector<Delivery>&, const std::vector<Message>&, std::vector<CommitHook>*)>;
 

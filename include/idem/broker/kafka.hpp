@@ -46,12 +46,20 @@ IDEM_BEGIN_NAMESPACE
 /// @brief One Kafka record as the handler sees it (a copy: the consumer keeps the librdkafka
 /// message for its position).
 struct KafkaMessage {
+    /// The topic it was read from.
     std::string topic;
+    /// Its partition in the topic.
     std::int32_t partition = 0;
+    /// Its offset in the partition.
     std::int64_t offset = 0;
+    /// The record's key (empty when it has none).
     std::string key;
+    /// The record's value: the body.
     std::string value;
+    /// The record's headers, in order (a name may repeat).
     kafka::Headers headers;
+    /// The record's timestamp (create or log-append time, as the topic says); nullopt when it has
+    /// none. The delivery's enqueued_at.
     std::optional<std::chrono::system_clock::time_point> timestamp{};
 
     /// @brief The last value of header @p name, if any.
@@ -105,11 +113,14 @@ enum class KafkaOffsets : std::uint8_t {
 ///   client last saw them; no request).
 struct KafkaConsumerOptions : broker::ConsumerOptions {
     KafkaConsumerOptions() = default;
+    /// @brief Options for consuming @p topics_ in consumer group @p group_, the rest defaults.
     KafkaConsumerOptions(std::vector<std::string> topics_, std::string group_)
         : topics(std::move(topics_)), group(std::move(group_)) {}
 
     std::vector<std::string> topics;  ///< subscribed to
     std::string group;                ///< the consumer group (group.id)
+    /// Where the group's read position is kept (see KafkaOffsets); in_store needs a store with
+    /// stored_offset().
     KafkaOffsets offsets = KafkaOffsets::commit_after_store;
     /// The dead-letter producer's configuration; nothing: bootstrap.servers of the consumer's
     /// Config, an idempotent producer.

@@ -45,9 +45,13 @@ IDEM_BEGIN_NAMESPACE
 /// @brief One JetStream message as the handler sees it (a copy: the consumer keeps the
 /// natsMsg for its acknowledgements).
 struct JetStreamMessage {
+    /// The stream it was read from.
     std::string stream;
+    /// The subject it was published on.
     std::string subject;
+    /// The payload: the body.
     std::string data;
+    /// Its headers, in order (a name may repeat).
     nats::Headers headers;
     std::uint64_t stream_sequence = 0;  ///< the same on every delivery of this message
 
@@ -93,6 +97,8 @@ struct JetStreamMessage {
 ///   dead_letter_depth = the messages of dead_letter_stream when it is named (one more).
 struct JetStreamConsumerOptions : broker::ConsumerOptions {
     JetStreamConsumerOptions() { id_field = "Nats-Msg-Id"; }
+    /// @brief Options for the durable pull consumer @p durable_ of stream @p stream_, the rest
+    /// defaults (id_field Nats-Msg-Id).
     JetStreamConsumerOptions(std::string stream_, std::string durable_)
         : JetStreamConsumerOptions() {
         stream = std::move(stream_);
@@ -198,6 +204,7 @@ class JetStreamConsumer final : public broker::Consumer<JetStreamConsumer, JetSt
     /// @brief +WPI sent for messages of slow handlers (in_progress_heartbeat).
     [[nodiscard]] std::size_t in_progress_sent() const noexcept { return heartbeat_.sent(); }
 
+    /// @brief The NATS server (or cluster) this consumer reads from.
     [[nodiscard]] const nats::Endpoint& endpoint() const noexcept { return endpoint_; }
     /// @brief "<stream>/<durable>": how health reports and errors name this consumer.
     [[nodiscard]] const std::string& name() const noexcept { return name_; }

@@ -38,11 +38,16 @@ namespace rabbitmq {
     return message.body;
 }
 
-/// Headers idem writes on the messages it republishes (dead letters, delayed retries).
+/// Headers idem writes on the messages it republishes (dead letters, delayed retries); this one:
+/// why it was republished (the outcome's reason).
 inline constexpr const char* header_reason = "x-idem-reason";
+/// The policy scope of the handler that republished it.
 inline constexpr const char* header_scope = "x-idem-scope";
+/// The message id idem claimed it under.
 inline constexpr const char* header_message_id = "x-idem-message-id";
+/// Its delivery count when it was republished (delivery_count_of()).
 inline constexpr const char* header_delivery_count = "x-idem-delivery-count";
+/// The queue it was consumed from.
 inline constexpr const char* header_queue = "x-idem-queue";
 /// On a delayed retry: the deliveries the message had before it was moved to the retry queue
 /// (a republished message starts a new x-delivery-count; this carries the old one over).
@@ -88,6 +93,8 @@ inline constexpr const char* header_prior_deliveries = "x-idem-prior-deliveries"
 /// - `on_health`: the dead-letter queue's depth when idem declared it.
 struct RabbitConsumerOptions : broker::ConsumerOptions {
     RabbitConsumerOptions() { visibility_timeout = std::chrono::minutes(30); }
+    /// @brief Options for consuming quorum queue @p queue_, the rest defaults (visibility_timeout
+    /// 30 minutes). Implicit, so `{"orders"}` reads as the queue.
     RabbitConsumerOptions(std::string queue_) : RabbitConsumerOptions() {  // NOLINT: {"orders"}
         queue = std::move(queue_);
     }
@@ -227,6 +234,7 @@ class RabbitConsumer final
         consuming_epoch_ = connection_.channel_epoch(consume_channel);
     }
 
+    /// @brief The RabbitMQ server this consumer reads from.
     [[nodiscard]] const RabbitEndpoint& endpoint() const noexcept { return connection_.endpoint(); }
     /// @brief The consumer tag the broker knows this consumer by (once consuming).
     [[nodiscard]] const std::string& consumer_tag() const noexcept { return consumer_tag_; }

@@ -40,8 +40,10 @@ IDEM_BEGIN_NAMESPACE
 
 /// @brief One entry of a stream, as read. Binary-safe: names and values are bytes.
 struct StreamEntry {
+    /// The stream key it was read from.
     std::string stream;
     std::string id;  ///< the entry id, "<ms>-<seq>"
+    /// Its field-value pairs, in the entry's order (a name may repeat).
     std::vector<std::pair<std::string, std::string>> fields;
 
     /// @brief The value of the first field named @p name (a stream entry may repeat a name).
@@ -132,6 +134,8 @@ inline void append_json_bytes(std::string& out, std::string_view bytes) {
 ///   one round trip per report.
 struct StreamConsumerOptions : broker::ConsumerOptions {
     StreamConsumerOptions() = default;
+    /// @brief Options for consumer @p consumer_ of group @p group_ on stream @p stream_, the rest
+    /// defaults.
     StreamConsumerOptions(std::string stream_, std::string group_, std::string consumer_)
         : stream(std::move(stream_)), group(std::move(group_)), consumer(std::move(consumer_)) {}
 
@@ -256,6 +260,7 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
                                              options_.stream, options_.group));
     }
 
+    /// @brief The Redis server this consumer reads from (and acks on).
     [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return connection_.endpoint(); }
     /// @brief "<stream>/<group>": how health reports name this consumer.
     [[nodiscard]] const std::string& name() const noexcept { return name_; }

@@ -19,17 +19,21 @@ namespace broker {
 
 /// @brief What a consumer does with a delivery once the handler returned.
 struct Settlement {
+    /// @brief The three things a consumer can do with a delivery.
     enum class Kind : std::uint8_t {
         ack,                   ///< settle it: never deliver it again
         dead_letter_then_ack,  ///< send it to the dead-letter destination, confirmed, then ack
         redeliver,             ///< leave it (or give it back) to be delivered again
     };
+    /// What is done with the delivery.
     Kind kind = Kind::redeliver;
     /// For redeliver: how long the delivery should wait before it comes again. Nothing: the
     /// broker's own clock (the visibility timeout). A broker that can only redeliver on its
     /// own clock (Redis Streams: the next take-over) ignores it.
     std::optional<std::chrono::milliseconds> delay{};
 
+    /// @brief True when the delivery is acked (after its dead letter, if any): it is not delivered
+    /// again.
     [[nodiscard]] constexpr bool acks() const noexcept { return kind != Kind::redeliver; }
 };
 

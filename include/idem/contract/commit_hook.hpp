@@ -35,6 +35,7 @@ IDEM_BEGIN_NAMESPACE
 /// the commit: should_ack(outcome) decides.
 struct CommitHook {
     CommitHook() = default;
+    /// @brief A hook carrying @p request_, the broker's request in its store family's type.
     explicit CommitHook(std::any request_) : request(std::move(request_)) {}
 
     /// The broker's request, opaque to the handler; a store recognises its own family's type.
@@ -54,6 +55,7 @@ struct CommitHook {
     [[nodiscard]] T* request_as() noexcept {
         return std::any_cast<T>(&request);
     }
+    /// The request as @p T, or null when it is not one (the const overload).
     template <class T>
     [[nodiscard]] const T* request_as() const noexcept {
         return std::any_cast<T>(&request);

@@ -31,7 +31,10 @@ enum class ClaimStatus {
     in_progress,  ///< another live worker holds it (lease stores, lock timeouts)
 };
 
+/// @brief Answer of Transaction::claim(): whether this transaction now owns the id and, when it
+/// does not, what the store knows of the claim that holds it.
 struct ClaimResult {
+    /// Claimed, duplicate or in_progress.
     ClaimStatus status = ClaimStatus::claimed;
     /// For a duplicate: the outcome the earlier run recorded.
     Disposition recorded = Disposition::processed;
@@ -59,12 +62,15 @@ struct ClaimTerms {
 /// claim (scope, message_id) and, only if it is new or its claim was released or has expired,
 /// commit the transaction's queued writes with the claim recorded as `outcome`.
 struct ClaimAndCommit {
+    /// The handler's policy scope: with message_id, the claim's key, as claim()'s.
     std::string_view scope;
+    /// The delivery's message id.
     std::string_view message_id;
     std::string_view fingerprint;  ///< stored with a new claim, as claim()'s
     /// processed or rejected, recorded with the claim (and acked by attached hooks); unset: the
     /// effect threw, so the attempt is counted, nothing is applied and the id stays free.
     std::optional<Disposition> outcome{};
+    /// Recorded with `outcome` (e.g. a rejection's reason), as record_outcome()'s.
     std::string_view reason;
     /// The poison limit: a takeover whose attempt would reach it applies nothing (at_limit), so
     /// the handler takes the ordinary path, which dead-letters it.
@@ -82,7 +88,9 @@ enum class ClaimAndCommitStatus {
     not_attempted,
 };
 
+/// @brief Answer of Tx::claim_and_commit(): what was done, and what claim() would have answered.
 struct ClaimAndCommitResult {
+    /// What was done (and applied).
     ClaimAndCommitStatus status = ClaimAndCommitStatus::committed;
     /// What claim() would have answered: for a duplicate its recorded outcome and fingerprint,
     /// for in_progress retry_after; attempts (this one included) when the store knows it.
@@ -106,10 +114,16 @@ struct CommitAndClaimResult {
 
 /// @brief A stored claim, for inspection and tests.
 struct ClaimRecord {
+    /// The handler's policy scope the claim was made in.
     std::string scope;
+    /// The claimed delivery's message id.
     std::string message_id;
+    /// The outcome recorded for it.
     Disposition disposition = Disposition::processed;
+    /// Recorded with the outcome; may be empty.
     std::string reason;
+    /// When the claim was made, by the store's clock; purge(older_than) compares it with its
+    /// cutoff.
     std::chrono::system_clock::time_point claimed_at{};
     /// Fingerprint of the payload's stable part, when the handler computes one.
     std::string fingerprint{};
@@ -120,19 +134,27 @@ struct ClaimRecord {
 struct OutboxIntent {
     std::string destination;      ///< where the relay sends it (a rail, a queue, a topic)
     std::string idempotency_key;  ///< unique; the receiver dedupes on it
+    /// The body the receiver gets, as the relay sends it.
     std::string payload;
 };
 
 /// @brief A stored outbox intent with its delivery state.
 struct OutboxRow {
     std::int64_t id = 0;  ///< insertion order: the relay ships in this order
+    /// As OutboxIntent::destination.
     std::string destination;
+    /// As OutboxIntent::idempotency_key.
     std::string idempotency_key;
+    /// As OutboxIntent::payload.
     std::string payload;
+    /// When the intent was written, by the store's clock.
     std::chrono::system_clock::time_point created_at{};
+    /// When the relay marked it sent; unset while it is unsent (or parked).
     std::optional<std::chrono::system_clock::time_point> sent_at{};
     std::uint32_t attempts = 0;  ///< failed sends so far
+    /// The last failed send's error; empty when none.
     std::string last_error;
+    /// The earliest time the relay may lease it again (a failed send's backoff).
     std::chrono::system_clock::time_point next_attempt_at{};
     bool parked = false;  ///< gave up after too many failures; a human looks at it
 };
@@ -199,11 +221,18 @@ struct PurgeOptions {
 
 /// @brief A parked message: what it was, why it was parked, and its payload, so nothing is lost.
 struct DeadLetter {
+    /// The policy scope of the handler that parked it.
     std::string scope;
+    /// The parked delivery's message id.
     std::string message_id;
+    /// The delivery count when it was parked (the broker's, or the store's attempts count).
     std::uint32_t delivery_count = 0;
+    /// Why it was parked (the poison limit, a fingerprint mismatch, ...).
     std::string reason;
+    /// The body's bytes through the policy's redaction hook, or empty under keep_no_payload
+    /// (payload.hpp), so the message can be looked at or replayed.
     std::string payload;
+    /// When it was parked, by the store's clock.
     std::chrono::system_clock::time_point created_at{};
 };
 

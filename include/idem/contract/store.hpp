@@ -78,6 +78,7 @@ IDEM_BEGIN_NAMESPACE
 
 // ---- required: the handler's store ----
 
+/// @brief The type a store's begin() returns (its transaction; a reference for some stores).
 template <class T>
 using transaction_t = decltype(std::declval<T&>().begin());
 
@@ -243,12 +244,17 @@ struct has_rollback<T, std::void_t<decltype(std::declval<T&>().rollback())>> : s
 
 // ---- the checks: each names what is missing, so a misfit store fails with one readable line ----
 
+/// @brief The transaction type of store @p S, references removed; `void` when @p S has no begin(),
+/// so the checks below report that one line instead of a cascade.
 template <class S, bool = has_begin<S>::value>
 struct transaction_of {
+    /// No transaction: @p S has no begin().
     using type = void;
 };
+/// @brief transaction_of for a store that has begin().
 template <class S>
 struct transaction_of<S, true> {
+    /// What begin() returns, references removed.
     using type = std::remove_reference_t<transaction_t<S>>;
 };
 
@@ -276,6 +282,9 @@ constexpr bool check_store() {
     return true;
 }
 
+/// @brief True when @p S has everything the handler needs of a store (begin() and a transaction
+/// with claim, record_outcome, dead_letter, savepoints and commit); check_store() says what is
+/// missing.
 template <class S>
 inline constexpr bool is_store_v =
     has_begin<S>::value&& has_claim<typename transaction_of<S>::type>::value&&

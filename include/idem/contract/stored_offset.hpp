@@ -33,8 +33,11 @@ IDEM_BEGIN_NAMESPACE
 
 /// @brief The next offset to read in one partition of a topic, for one consumer group.
 struct StoredOffset {
+    /// The consumer group whose position it is.
     std::string group;
+    /// The topic read.
     std::string topic;
+    /// The topic's partition.
     std::int32_t partition = 0;
     /// The offset of the NEXT record to read (the handled record's offset + 1).
     std::int64_t next_offset = 0;

@@ -20,9 +20,13 @@ IDEM_BEGIN_NAMESPACE
 template <class FingerprintOf, class Effect>
 class Fingerprinted {
   public:
+    /// @brief Wraps @p effect; @p fingerprint_of maps a body to its stable part (see
+    /// with_fingerprint()).
     Fingerprinted(FingerprintOf fingerprint_of, Effect effect)
         : fingerprint_of_(std::move(fingerprint_of)), effect_(std::move(effect)) {}
 
+    /// @brief Runs the wrapped effect, unchanged (the handler reads the fingerprint, not the
+    /// effect). An effect returning void counts as applied.
     template <class Tx, class Body>
     EffectResult operator()(Tx& tx, const Body& body, const Delivery& delivery) {
         static_assert(detail::check_effect<Effect, Tx, Body>(), "idem: effect does not fit");
@@ -37,6 +41,7 @@ class Fingerprinted {
         return detail::sha256_hex(std::string_view(fingerprint_of_(body)));
     }
 
+    /// @brief The wrapped effect, for the handler's look through the chain of wrappers.
     Effect& inner() noexcept { return effect_; }
 
   private:

@@ -19,9 +19,13 @@ IDEM_BEGIN_NAMESPACE
 template <class KeyOf, class Effect>
 class GatewayKeyed {
   public:
+    /// @brief Wraps @p effect; @p key_of maps a body to its gateway idempotency key (see
+    /// with_gateway_key()).
     GatewayKeyed(KeyOf key_of, Effect effect)
         : key_of_(std::move(key_of)), effect_(std::move(effect)) {}
 
+    /// @brief Runs the wrapped effect, unchanged (the handler reads the key, not the effect). An
+    /// effect returning void counts as applied.
     template <class Tx, class Body>
     EffectResult operator()(Tx& tx, const Body& body, const Delivery& delivery) {
         static_assert(detail::check_effect<Effect, Tx, Body>(), "idem: effect does not fit");
@@ -36,6 +40,7 @@ class GatewayKeyed {
         return std::string(key_of_(body));
     }
 
+    /// @brief The wrapped effect, for the handler's look through the chain of wrappers.
     Effect& inner() noexcept { return effect_; }
 
   private:

@@ -21,14 +21,17 @@ class LocalEffect {
     /// What the handler looks for in the chain (detail::chain_only_transaction_writes).
     static constexpr bool only_transaction_writes = true;
 
+    /// @brief Wraps @p effect, declared to do nothing but the transaction's queued writes.
     explicit LocalEffect(Effect effect) : effect_(std::move(effect)) {}
 
+    /// @brief Runs the wrapped effect, unchanged. An effect returning void counts as applied.
     template <class Tx, class Body>
     EffectResult operator()(Tx& tx, const Body& body, const Delivery& delivery) {
         static_assert(detail::check_effect<Effect, Tx, Body>(), "idem: effect does not fit");
         return detail::run_effect(effect_, tx, body, delivery);
     }
 
+    /// @brief The wrapped effect, for the handler's look through the chain of wrappers.
     Effect& inner() noexcept { return effect_; }
 
   private:

@@ -29,11 +29,14 @@ enum class OnContention {
     drop,
 };
 
+/// @brief The lock's terms for without_overlapping(): how long it may outlive a dead holder, and
+/// what a delivery that finds it taken does.
 struct OverlapOptions {
     /// How long the lock may be held if its holder dies; longer than the job can run.
     std::chrono::milliseconds expire_after = std::chrono::minutes(3);
     /// The retry delay reported with a deferred outcome.
     std::chrono::milliseconds release_after = std::chrono::seconds(15);
+    /// What a delivery that finds the lock taken does: defer it (default) or drop it.
     OnContention on_contention = OnContention::defer;
 };
 
@@ -41,9 +44,15 @@ struct OverlapOptions {
 template <class KeyOf, class Effect>
 class WithoutOverlapping {
   public:
+    /// @brief Wraps @p effect; @p key_of maps a body to the entity's lock key (see
+    /// without_overlapping()).
     WithoutOverlapping(KeyOf key_of, OverlapOptions options, Effect effect)
         : key_of_(std::move(key_of)), options_(options), effect_(std::move(effect)) {}
 
+    /// @brief Takes the lock on `key_of(body)` in @p tx, then runs the wrapped effect; when another
+    /// job holds it, returns deferred (retry after release_after) or, under OnContention::drop,
+    /// rejected, and runs nothing. An effect returning void counts as applied.
+    /// @throws what the store's try_lock() (store errors) or the wrapped effect throws.
     template <class Tx, class Body>
     EffectResult operator()(Tx& tx, const Body& body, const Delivery& delivery) {
         static_assert(has_try_lock<Tx>::value,
@@ -62,6 +71,7 @@ class WithoutOverlapping {
         return detail::run_effect(effect_, tx, body, delivery);
     }
 
+    /// @brief The wrapped effect, for the handler's look through the chain of wrappers.
     Effect& inner() noexcept { return effect_; }
 
   private:

@@ -17,9 +17,13 @@ IDEM_BEGIN_NAMESPACE
 template <class Effect, class Reconcile>
 class Reconciling {
   public:
+    /// @brief Wraps @p effect; @p reconcile runs instead of it for an expired message (see
+    /// reconcile_expired()).
     Reconciling(Effect effect, Reconcile reconcile)
         : effect_(std::move(effect)), reconcile_(std::move(reconcile)) {}
 
+    /// @brief Runs the wrapped effect (for a message within the key lifetime; the handler calls
+    /// reconcile() otherwise). An effect returning void counts as applied.
     template <class Tx, class Body>
     EffectResult operator()(Tx& tx, const Body& body, const Delivery& delivery) {
         static_assert(detail::check_effect<Effect, Tx, Body>(), "idem: effect does not fit");
@@ -35,6 +39,7 @@ class Reconciling {
         return detail::run_effect(reconcile_, tx, body, delivery);
     }
 
+    /// @brief The wrapped effect, for the handler's look through the chain of wrappers.
     Effect& inner() noexcept { return effect_; }
 
   private:

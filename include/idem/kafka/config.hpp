@@ -40,12 +40,17 @@ using ConfPtr = std::unique_ptr<rd_kafka_conf_t, ConfFree>;
 class Config {
   public:
     Config() : conf_(rd_kafka_conf_new()) {}
+    /// @brief A copy: duplicates @p other's librdkafka configuration.
     Config(const Config& other) : conf_(other.duplicate()) {}
+    /// @brief Replaces this configuration with a duplicate of @p other's.
     Config& operator=(const Config& other) {
         if (this != &other) conf_ = other.duplicate();
         return *this;
     }
+    /// @brief Takes the other's configuration; the moved-from Config starts again from librdkafka's
+    /// defaults on its next use.
     Config(Config&&) noexcept = default;
+    /// @brief Frees this configuration and takes the other's.
     Config& operator=(Config&&) noexcept = default;
     ~Config() = default;
 

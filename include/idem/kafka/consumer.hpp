@@ -58,9 +58,14 @@ enum class CommitMode {
 /// @brief A Kafka group consumer.
 class Consumer {
   public:
+    /// @brief Told a list of partitions (on_assigned, on_revoked, on_lost).
     using PartitionsCallback = std::function<void(const TopicPartitions&)>;
+    /// @brief Told the partitions about to be assigned, whose offsets it may change (on_assigning).
     using PositionsCallback = std::function<void(TopicPartitions&)>;
+    /// @brief Told a commit's result: the error (RD_KAFKA_RESP_ERR_NO_ERROR when it went through)
+    /// and the offsets, each with its own error (on_committed).
     using CommittedCallback = std::function<void(rd_kafka_resp_err_t, const TopicPartitions&)>;
+    /// @brief Told a non-fatal client error: its code and librdkafka's reason (on_error).
     using ErrorCallback = std::function<void(rd_kafka_resp_err_t, std::string_view reason)>;
 
     /// Called BEFORE partitions are assigned to this member: may set where each starts (its
@@ -109,9 +114,13 @@ class Consumer {
         rd_kafka_poll_set_consumer(handle);
     }
 
+    /// @brief Takes @p other's handle and group membership; @p other is left without one. The
+    /// callbacks (on_assigning, ...) are NOT moved: set them again on this object.
     Consumer(Consumer&& other) noexcept : state_(std::move(other.state_)) {
         if (state_) state_->owner = this;
     }
+    /// @brief Closes this consumer (leaves the group, never throws), then takes @p other's handle.
+    /// This object's callbacks stay as they were; @p other's are not moved.
     Consumer& operator=(Consumer&& other) noexcept {
         if (this != &other) {
             destroy_noexcept();

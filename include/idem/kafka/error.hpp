@@ -28,6 +28,7 @@ namespace kafka {
 /// @brief What every idem::kafka error carries.
 class Failure {
   public:
+    /// @brief A failure of librdkafka error @p code, as retriable and fatal as librdkafka says.
     Failure(rd_kafka_resp_err_t code, bool retriable, bool fatal) noexcept
         : code_(code), retriable_(retriable), fatal_(fatal) {}
 
@@ -48,6 +49,7 @@ class Failure {
 /// @brief A librdkafka call the cluster or the client refused: an idem::broker_error.
 class error : public broker_error, public Failure {
   public:
+    /// @brief A refusal described by @p what, of librdkafka error @p code.
     error(const std::string& what, rd_kafka_resp_err_t code, bool retriable, bool fatal)
         : broker_error(what), Failure(code, retriable, fatal) {}
 };
@@ -55,6 +57,8 @@ class error : public broker_error, public Failure {
 /// @brief No broker can be reached: an idem::broker_unavailable; retry later.
 class unavailable : public broker_unavailable, public Failure {
   public:
+    /// @brief An unreachable cluster described by @p what, of librdkafka error @p code: retriable,
+    /// not fatal.
     unavailable(const std::string& what, rd_kafka_resp_err_t code)
         : broker_unavailable(what), Failure(code, true, false) {}
 };
@@ -62,6 +66,7 @@ class unavailable : public broker_unavailable, public Failure {
 /// @brief No answer in time. For a commit or a produce: it may or may not have been done.
 class timeout : public unavailable {
   public:
+    /// @brief As unavailable's: @p what and the librdkafka error code (a timeout's).
     using unavailable::unavailable;
 };
 

@@ -28,22 +28,30 @@ inline constexpr const char* message_id_header = "idem-message-id";
 
 /// @brief A record header (a name may repeat; a value may be absent, stored as empty).
 using Header = std::pair<std::string, std::string>;
+/// @brief A record's headers, in order.
 using Headers = std::vector<Header>;
 
 /// @brief A partition of a topic and an offset in it. For commit() and the committed offsets:
 /// the offset of the NEXT record to read (the last processed + 1), as Kafka stores it.
 struct TopicPartition {
+    /// The topic's name.
     std::string topic;
+    /// The partition's number in the topic.
     std::int32_t partition = 0;
+    /// The offset (see above); RD_KAFKA_OFFSET_INVALID: none (the group's committed offset, else
+    /// auto.offset.reset).
     std::int64_t offset = RD_KAFKA_OFFSET_INVALID;
     /// The partition's own result, in a list the client returns (a commit's); not compared.
     rd_kafka_resp_err_t error = RD_KAFKA_RESP_ERR_NO_ERROR;
 
+    /// @brief Same topic, partition and offset (the per-partition error is not compared).
     friend bool operator==(const TopicPartition& a, const TopicPartition& b) {
         return a.topic == b.topic && a.partition == b.partition && a.offset == b.offset;
     }
+    /// @brief Not operator==.
     friend bool operator!=(const TopicPartition& a, const TopicPartition& b) { return !(a == b); }
 };
+/// @brief A list of partitions (an assignment, offsets to commit or committed).
 using TopicPartitions = std::vector<TopicPartition>;
 
 namespace detail {
@@ -87,10 +95,13 @@ class Message {
     /// Takes ownership of @p message (from rd_kafka_consumer_poll()).
     explicit Message(rd_kafka_message_t* message) noexcept : message_(message) {}
 
+    /// The topic the record was read from.
     [[nodiscard]] std::string_view topic() const noexcept {
         return rd_kafka_topic_name(message_->rkt);
     }
+    /// The partition the record was read from.
     [[nodiscard]] std::int32_t partition() const noexcept { return message_->partition; }
+    /// The record's offset in its partition.
     [[nodiscard]] std::int64_t offset() const noexcept { return message_->offset; }
     /// Empty when the record has no key.
     [[nodiscard]] std::string_view key() const noexcept {
@@ -104,6 +115,7 @@ class Message {
                    ? std::string_view()
                    : std::string_view(static_cast<const char*>(message_->payload), message_->len);
     }
+    /// False for a null value (a tombstone); true for any other, an empty one included.
     [[nodiscard]] bool has_value() const noexcept { return message_->payload != nullptr; }
 
     /// The record's headers, in order.

@@ -37,8 +37,11 @@ namespace kafka {
 
 /// @brief Where the broker stored a produced record.
 struct Delivered {
+    /// The topic it was written to.
     std::string topic;
+    /// The partition the broker stored it in.
     std::int32_t partition = RD_KAFKA_PARTITION_UA;
+    /// Its offset in that partition.
     std::int64_t offset = RD_KAFKA_OFFSET_INVALID;
 };
 
@@ -98,7 +101,10 @@ class Producer {
         conf.release();  // rd_kafka_new took it
         handle_.reset(rk);
     }
+    /// @brief Takes @p other's handle and its records in flight.
     Producer(Producer&&) noexcept = default;
+    /// @brief Destroys this producer as the destructor does (flushes up to flush_on_destroy, drops
+    /// the rest; never throws), then takes @p other's handle.
     Producer& operator=(Producer&& other) noexcept {
         if (this != &other) {
             destroy_noexcept();

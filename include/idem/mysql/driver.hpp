@@ -46,7 +46,10 @@ IDEM_BEGIN_NAMESPACE
 namespace mysql {
 
 // Server and client error numbers (mysqld_error.h, errmsg.h).
+/// ER_LOCK_WAIT_TIMEOUT: a row lock waited for past innodb_lock_wait_timeout (a claim's:
+/// in_progress).
 inline constexpr unsigned er_lock_wait_timeout = 1205;
+/// ER_LOCK_DEADLOCK: InnoDB chose this transaction as a deadlock's victim and rolled it back.
 inline constexpr unsigned er_lock_deadlock = 1213;
 
 /// The connection is gone: the server went away, closed or killed it, or cannot be reached.
@@ -77,18 +80,24 @@ inline bool is_timeout(unsigned code) noexcept {
 /// One row of a stored result (sql/driver.hpp's Row): text protocol, binary-safe lengths.
 class Row {
   public:
+    /// A view of @p row with its column @p lengths (mysql_fetch_lengths()), valid until the next
+    /// fetch.
     Row(MYSQL_ROW row, const unsigned long* lengths) noexcept : row_(row), lengths_(lengths) {}
+    /// A column's bytes (binary-safe); NULL gives "".
     [[nodiscard]] std::string bytes(int column) const {
         const auto c = static_cast<std::size_t>(column);
         return row_[c] == nullptr ? std::string() : std::string(row_[c], lengths_[c]);
     }
+    /// An integer column, parsed from its text; NULL or not a number gives 0.
     [[nodiscard]] std::int64_t int64(int column) const {
         const auto c = static_cast<std::size_t>(column);
         std::int64_t value = 0;
         if (row_[c] != nullptr) std::from_chars(row_[c], row_[c] + lengths_[c], value);
         return value;
     }
+    /// An integer column as a boolean (non-zero).
     [[nodiscard]] bool boolean(int column) const { return int64(column) != 0; }
+    /// True when the column is NULL.
     [[nodiscard]] bool is_null(int column) const noexcept {
         return row_[static_cast<std::size_t>(column)] == nullptr;
     }
@@ -113,12 +122,19 @@ class TransactionFace {
 /// The MySQL / MariaDB driver (the contract: sql/driver.hpp).
 class Driver {
   public:
+    /// Names the backend in messages ("idem mysql: ...").
     static constexpr std::string_view name = "mysql";
+    /// Names the store class in messages.
     static constexpr std::string_view store_class = "MysqlStore";
+    /// The transaction's MySQL members (conn()), mixed into basic_transaction.
     template <class Tx>
     using transaction_face = TransactionFace<Tx>;
+    /// A result row, as run() and query() pass it to their callback.
     using Row = mysql::Row;
 
+    /// Connects to @p endpoint and owns the connection. @throws usage_error for bad @p options or
+    /// an endpoint without a database, store_unavailable when the server cannot be reached or
+    /// refuses the login.
     Driver(const MysqlEndpoint& endpoint, const MysqlOptions& options) : owned_(true) {
         init(options);
         if (endpoint.database.empty()) {
@@ -128,6 +144,9 @@ class Driver {
         connect("connecting");
     }
 
+    /// Uses the consumer's own connection, which it never closes, and sets its session up (lock
+    /// wait timeout, isolation). @throws usage_error for a null connection, one opened with
+    /// CLIENT_FOUND_ROWS, one inside a transaction, or bad @p options.
     Driver(MYSQL* conn, const MysqlOptions& options) : conn_(conn), owned_(false) {
         if (conn_ == nullptr)
             throw usage_error("idem mysql: MysqlStore needs a connection, got null");
@@ -157,16 +176,22 @@ class Driver {
         if (owned_ && conn_ != nullptr) mysql_close(conn_);
     }
 
+    /// The connection (owned or borrowed); null once forgotten.
     [[nodiscard]] MYSQL* conn() const noexcept { return conn_; }
     /// Sessions opened (1 + reconnects); for tests.
     [[nodiscard]] unsigned sessions() const noexcept { return sessions_; }
 
     /// Reasons and last errors are BLOBs: any bytes, sent as hex.
     static Blob text(std::string_view value) noexcept { return Blob{value}; }
+    /// Every outbox intent fits the BLOB columns: nothing to refuse.
     static void check_outbox(const OutboxIntent&) noexcept {}
 
     // -- outside a transaction ----------------------------------------------------------------
 
+    /// One statement outside a transaction (sql/driver.hpp), committed on its own; outbox_lease is
+    /// the SELECT ... FOR UPDATE SKIP LOCKED and the UPDATE of the leased rows, in one transaction.
+    /// @return the rows changed. @throws store_timeout for a lock wait or a deadlock,
+    /// store_unavailable for other server errors and a lost connection.
     template <class OnRow, class... Args>
     std::int64_t run(sql::stmt which, std::string_view what, sql::access mode, OnRow&& on_row,
                      const Args&... args) {
@@ -200,6 +225,9 @@ class Driver {
         return changed;
     }
 
+    /// Takes, renews or takes over (when expired) the idem_locks row of @p key for @p owner until
+    /// @p expires_ms, committed at once, without waiting for a transaction that holds it with
+    /// try_lock() (then not ours). @return whether @p owner holds it now.
     bool hold_lock(std::string_view key, std::string_view owner, std::int64_t expires_ms,
                    std::int64_t now_ms) {
         ready("hold_lock()");
@@ -230,6 +258,8 @@ class Driver {
 
     // -- the transaction ----------------------------------------------------------------------
 
+    /// START TRANSACTION, reconnecting once when the connection was lost (nothing was sent in it
+    /// yet). @throws as sql/driver.hpp's begin().
     void begin(std::string_view what) {
         ready(what);
         std::int64_t n = 0;
@@ -245,12 +275,16 @@ class Driver {
         tx_error_.clear();
     }
 
+    /// A write inside the transaction, run at once; nothing once the server rolled the transaction
+    /// back (commit() then fails).
     template <class... Args>
     void write(sql::stmt which, std::string_view what, const Args&... args) {
         if (rolled_back_) return;  // commit() fails; nothing may run in autocommit now
         must(render_own(which, args...), Kind::idem, what, sql::no_rows{});
     }
 
+    /// One statement inside the transaction; @p on_row per result row. @return the rows changed.
+    /// @throws store_unavailable once the server rolled the transaction back, or as run().
     template <class OnRow, class... Args>
     std::int64_t query(sql::stmt which, std::string_view what, OnRow&& on_row,
                        const Args&... args) {
@@ -258,6 +292,8 @@ class Driver {
         return must(render_own(which, args...), Kind::idem, what, on_row);
     }
 
+    /// Whether the transaction is still there: lost with the connection (@p cause says why), ended
+    /// by the effect's COMMIT, ROLLBACK or DDL (an implicit commit), else ok.
     sql::tx_health health(bool /*after_user_sql*/, std::string& cause) const {
         if (broken_) {
             cause = fmt::format(
@@ -274,6 +310,10 @@ class Driver {
         return sql::tx_health::ok;
     }
 
+    /// INSERT ... ON DUPLICATE KEY UPDATE of the claim: claimed when the row went in (added to @p
+    /// own), in_progress when another transaction holds the id past innodb_lock_wait_timeout, else
+    /// the stored duplicate. @throws store_unavailable for a server error, or when the conflicting
+    /// row keeps disappearing (purged while claiming).
     ClaimResult claim(sql::OwnClaims& own, std::string_view scope, std::string_view id,
                       std::string_view fingerprint, std::int64_t now_ms) {
         refuse_if_rolled_back("claim");
@@ -307,6 +347,7 @@ class Driver {
             "idem mysql: claim: the conflicting claim kept disappearing (purged while claiming?)");
     }
 
+    /// The claims of @p ids in order, one statement each (sql::claim_each()).
     std::vector<ClaimResult> claim_many(sql::OwnClaims& own, std::string_view scope,
                                         const std::vector<std::string_view>& ids,
                                         const std::vector<std::string>& fingerprints,
@@ -314,6 +355,8 @@ class Driver {
         return sql::claim_each(*this, own, scope, ids, fingerprints, now_ms);
     }
 
+    /// The overlap lock: the idem_locks row of @p key locked until this transaction ends, without
+    /// waiting; false when another transaction holds it or an unexpired hold_lock() row does.
     bool try_lock(std::string_view key, std::int64_t now_ms) {
         refuse_if_rolled_back("try_lock");
         // The idem_locks row locked until this transaction ends (a placeholder when new); a
@@ -329,13 +372,19 @@ class Driver {
         return !held;
     }
 
+    /// SAVEPOINT idem_effect.
     void savepoint() { write(sql::stmt::savepoint, "savepoint"); }
+    /// ROLLBACK TO idem_effect, then RELEASE it.
     void rollback_to_savepoint() {
         write(sql::stmt::rollback_to_savepoint, "rollback_to_savepoint");
         write(sql::stmt::release_savepoint, "rollback_to_savepoint (release)");
     }
+    /// RELEASE idem_effect.
     void release_savepoint() { write(sql::stmt::release_savepoint, "release_savepoint"); }
 
+    /// COMMIT. @throws commit_failed when the server refuses it or had rolled the transaction back
+    /// (all rolled back), store_unavailable when the connection is lost during it (the outcome is
+    /// unknown).
     void commit() {
         if (rolled_back_) {
             const bool clean = rollback_noexcept();
@@ -360,6 +409,8 @@ class Driver {
                                         clean ? "" : " (and the rollback failed too)"));
     }
 
+    /// ROLLBACK (and the schema's named lock released). @return true when no transaction is left
+    /// open (a lost session's ended with it).
     bool rollback_noexcept() noexcept {
         if (conn_ == nullptr || broken_) return true;  // the server ends a dead session's tx
         const bool ok = mysql_real_query(conn_, "ROLLBACK", 8) == 0;
@@ -372,10 +423,12 @@ class Driver {
         return ok || broken_;
     }
 
+    /// The client's message for the connection's last failure.
     [[nodiscard]] std::string last_error() const {
         return conn_ != nullptr ? mysql_error(conn_) : "no connection";
     }
 
+    /// Forgets the transaction's state (open, rolled back by the server, its first error).
     void end_transaction() noexcept {
         tx_open_ = false;
         rolled_back_ = false;
@@ -384,10 +437,16 @@ class Driver {
 
     // -- the effect's own SQL: `?` placeholders ------------------------------------------------
 
+    /// The effect's own statement with `?` placeholders, in the transaction or alone
+    /// (sql::context). @return the rows changed. @throws store_timeout for a lock wait or a
+    /// deadlock, store_unavailable for a lost connection, store_error naming the SQL for other
+    /// errors, usage_error for a wrong parameter count.
     template <class... Args>
     std::int64_t execute(sql::context where, std::string_view sql, const Args&... args) {
         return user(where, "execute", sql, sql::no_rows{}, args...);
     }
+    /// The first column of the first row of the effect's query, as an integer; nullopt without a
+    /// row or for NULL. @throws store_error when it is not an integer, or as execute().
     template <class... Args>
     std::optional<std::int64_t> query_int(sql::context where, std::string_view sql,
                                           const Args&... args) {
@@ -402,6 +461,8 @@ class Driver {
         }
         return value;
     }
+    /// The first column of the first row of the effect's query, as text; nullopt without a row or
+    /// for NULL. @throws as execute().
     template <class... Args>
     std::optional<std::string> query_text(sql::context where, std::string_view sql,
                                           const Args&... args) {
@@ -419,6 +480,8 @@ class Driver {
 
     // -- the schema -----------------------------------------------------------------------------
 
+    /// The recorded schema version; nullopt when the idem_schema table does not exist in the
+    /// database.
     std::optional<std::int64_t> stored_schema_version() {
         std::int64_t tables = 0;
         must(
@@ -428,6 +491,9 @@ class Driver {
         if (tables == 0) return std::nullopt;
         return read_schema_version();
     }
+    /// Takes the database's named lock `idem_schema:<db>` (DDL commits implicitly, so a lock
+    /// instead of a transaction serializes processes starting at once), then creates idem_schema.
+    /// @throws store_timeout after 60 s of waiting for the lock.
     void begin_schema_change() {
         // DDL commits implicitly in MySQL: a named lock (per database) serializes the
         // processes that start at once on an empty database instead of a transaction.
@@ -442,9 +508,11 @@ class Driver {
         schema_locked_ = true;
         execute_ddl("CREATE TABLE IF NOT EXISTS idem_schema(version INT NOT NULL) ENGINE=InnoDB");
     }
+    /// One DDL statement of the migration (committed at once by MySQL).
     void execute_ddl(std::string_view sql) {
         must(std::string(sql), Kind::idem, "creating the idem schema", sql::no_rows{});
     }
+    /// The version in idem_schema, inside begin_schema_change().
     std::optional<std::int64_t> read_schema_version() {
         std::optional<std::int64_t> version;
         must("SELECT MAX(version) FROM idem_schema", Kind::idem, "reading the idem schema version",
@@ -453,22 +521,27 @@ class Driver {
              });
         return version;
     }
+    /// Records @p version as the schema's.
     void write_schema_version(int version) {
         execute_ddl("DELETE FROM idem_schema");
         execute_ddl(fmt::format("INSERT INTO idem_schema(version) VALUES ({})", version));
     }
+    /// Releases the named lock: the migration is done.
     void commit_schema_change() {
         execute_ddl("DO RELEASE_LOCK(CONCAT('idem_schema:', DATABASE()))");
         schema_locked_ = false;
     }
+    /// "the database '<name>'", for messages about the schema.
     [[nodiscard]] std::string schema_location() const {
         return conn_ != nullptr && conn_->db != nullptr
                    ? fmt::format("the database '{}'", conn_->db)
                    : std::string("the database");
     }
+    /// Where else the tables could be, for messages: another database.
     [[nodiscard]] std::string_view schema_elsewhere() const noexcept {
         return "another database (MysqlEndpoint::database)";
     }
+    /// The DDL from @p from_version to the current one (sql/schema.hpp).
     [[nodiscard]] std::vector<std::string> schema_ddl(int from_version) const {
         return sql::mysql_schema_ddl(from_version);
     }

@@ -26,6 +26,7 @@
 IDEM_BEGIN_NAMESPACE
 namespace mysql {
 
+/// Appends @p bytes as a hex literal `X'...'` (binary-safe, no escaping needed).
 inline void append_hex(std::string& out, std::string_view bytes) {
     static constexpr char digits[] = "0123456789ABCDEF";
     out += "X'";
@@ -37,6 +38,7 @@ inline void append_hex(std::string& out, std::string_view bytes) {
     out += '\'';
 }
 
+/// Appends @p text as a quoted string literal, escaped for @p conn's character set.
 inline void append_text(MYSQL* conn, std::string& out, std::string_view text) {
     std::string buffer(text.size() * 2 + 1, '\0');
     const unsigned long n = mysql_real_escape_string(conn, buffer.data(), text.data(),
@@ -46,6 +48,9 @@ inline void append_text(MYSQL* conn, std::string& out, std::string_view text) {
     out += '\'';
 }
 
+/// Appends @p value as a SQL literal: Blob as hex, text quoted and escaped, integers, finite
+/// floating point, bool as 1 / 0, null pointers and empty optionals as NULL. @throws usage_error
+/// for an infinite or NaN floating point value.
 template <class T>
 void append(MYSQL* conn, std::string& out, const T& value) {
     if constexpr (std::is_same_v<T, Blob>) {
@@ -97,6 +102,8 @@ void append(MYSQL* conn, std::string& out, const T& value) {
     }
 }
 
+/// Each of @p args as a SQL literal (append()), in order, for render_numbered() and the `?`
+/// placeholders.
 template <class... Args>
 std::vector<std::string> literals([[maybe_unused]] MYSQL* conn, const Args&... args) {
     std::vector<std::string> out(sizeof...(Args));

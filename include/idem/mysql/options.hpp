@@ -15,10 +15,13 @@ IDEM_BEGIN_NAMESPACE
 /// @brief A MySQL / MariaDB server and database for a connection the store opens and owns.
 struct MysqlEndpoint {
     std::string host = "127.0.0.1";  ///< ignored when unix_socket is set
+    /// The TCP port (ignored when unix_socket is set).
     unsigned port = 3306;
+    /// The user to log in as.
     std::string user;
     std::string password;  ///< never repeated in messages
     std::string database;  ///< required: the idem tables live here, beside the effect's own
+    /// A Unix socket path to connect through instead of TCP; empty: TCP.
     std::string unix_socket{};
 };
 
@@ -39,7 +42,10 @@ struct MysqlOptions {
     /// Owned connections: MYSQL_OPT_CONNECT_TIMEOUT, MYSQL_OPT_READ_TIMEOUT and
     /// MYSQL_OPT_WRITE_TIMEOUT (a silent partition becomes an error instead of a hang).
     std::chrono::seconds connect_timeout{5};
+    /// MYSQL_OPT_READ_TIMEOUT; 0: the client library's default. Must exceed lock_wait_timeout, or a
+    /// claim waiting for a row lock would be cut off as a lost connection.
     std::chrono::seconds read_timeout{30};
+    /// MYSQL_OPT_WRITE_TIMEOUT; 0: the client library's default.
     std::chrono::seconds write_timeout{30};
     /// Time source for claimed_at / created_at / purge() / locks / outbox; empty = system_clock.
     Clock clock{};

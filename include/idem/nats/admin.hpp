@@ -26,6 +26,7 @@ namespace nats {
 
 /// @brief A stream to create: its name, the subjects it captures, where it keeps messages.
 struct StreamSpec {
+    /// The stream's name.
     std::string name;
     std::vector<std::string> subjects;  ///< empty: the name is the only subject
     bool memory_storage = false;        ///< false: the file store (survives a server restart)
@@ -36,7 +37,9 @@ struct StreamSpec {
 
 /// @brief A durable pull consumer to create, with explicit acks.
 struct ConsumerSpec {
+    /// The stream it reads.
     std::string stream;
+    /// Its durable name.
     std::string durable;
     std::string filter_subject{};  ///< empty: every subject of the stream
     /// The visibility timeout: a delivery not acked (nor +WPI'd) within it is redelivered.
@@ -51,12 +54,17 @@ struct ConsumerSpec {
 
 /// @brief A consumer's configuration and state, as the server reports it.
 struct ConsumerState {
+    /// The stream it reads.
     std::string stream;
+    /// Its (durable) name.
     std::string name;
     bool pull = false;          ///< a pull consumer (no deliver subject)
     bool explicit_ack = false;  ///< AckPolicy explicit
+    /// Its AckWait: the visibility timeout.
     std::chrono::milliseconds ack_wait{0};
+    /// Its MaxDeliver; -1: unlimited.
     std::int64_t max_deliver = -1;
+    /// Empty: every subject of the stream.
     std::string filter_subject;
     std::int64_t num_ack_pending = 0;    ///< delivered, not yet acked or terminated
     std::int64_t num_redelivered = 0;    ///< of those, delivered more than once
@@ -66,10 +74,15 @@ struct ConsumerState {
 
 /// @brief A stream's subjects and message count.
 struct StreamState {
+    /// The stream's name.
     std::string name;
+    /// The subjects it captures.
     std::vector<std::string> subjects;
+    /// Messages it holds now.
     std::uint64_t messages = 0;
+    /// The sequence of its oldest message.
     std::uint64_t first_sequence = 0;
+    /// The sequence of its newest message.
     std::uint64_t last_sequence = 0;
 };
 
@@ -202,8 +215,11 @@ inline StreamState stream_state(Connection& connection, const std::string& strea
 
 /// @brief A message as the stream stores it (read by sequence, not delivered: no ack).
 struct StoredMessage {
+    /// The subject it was published on.
     std::string subject;
+    /// Its payload.
     std::string data;
+    /// Its headers, in order (a name may repeat).
     Headers headers;
 
     /// The first value of header @p name (case-sensitive), if any.

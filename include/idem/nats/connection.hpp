@@ -28,6 +28,7 @@ namespace nats {
 
 /// @brief A header of a NATS message (a name may repeat).
 using Header = std::pair<std::string, std::string>;
+/// @brief A message's headers, in order.
 using Headers = std::vector<Header>;
 
 /// @brief Where a Connection goes and how patient it is.
@@ -186,8 +187,11 @@ class Connection {
         if (connection_) natsConnection_Close(connection_.get());
     }
 
+    /// @brief The server(s) and settings it was made with.
     [[nodiscard]] const Endpoint& endpoint() const noexcept { return endpoint_; }
+    /// @brief The cnats connection, for calls idem does not wrap; owned by this object.
     [[nodiscard]] natsConnection* native() const noexcept { return connection_.get(); }
+    /// @brief The cnats JetStream context on this connection; owned by this object.
     [[nodiscard]] jsCtx* jetstream() const noexcept { return js_.get(); }
 
     /// True while connected (not while cnats is reconnecting, not once closed).

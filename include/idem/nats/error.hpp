@@ -29,6 +29,7 @@ namespace nats {
 /// @brief What every idem::nats error carries: the cnats status and the JetStream error code.
 class Failure {
   public:
+    /// @brief A failure of cnats status @p status and JetStream error code @p js_code (0: none).
     Failure(natsStatus status, int js_code) noexcept : status_(status), js_code_(js_code) {}
 
     /// The cnats status of the call.
@@ -46,6 +47,7 @@ class Failure {
 /// idem::broker_error, so a consumer's run() backs off and retries.
 class error : public broker_error, public Failure {
   public:
+    /// @brief A refusal described by @p what, with the call's cnats status and JetStream code.
     error(const std::string& what, natsStatus status, int js_code)
         : broker_error(what), Failure(status, js_code) {}
 };
@@ -53,6 +55,7 @@ class error : public broker_error, public Failure {
 /// @brief The stream or the consumer named does not exist.
 class not_found : public error {
   public:
+    /// @brief As error's: @p what, the cnats status and the JetStream code (e.g. 10059).
     using error::error;
 };
 
@@ -60,6 +63,8 @@ class not_found : public error {
 /// idem::broker_unavailable, counted as a connection error; retry later.
 class unavailable : public broker_unavailable, public Failure {
   public:
+    /// @brief An unreachable server described by @p what, with the call's cnats status and
+    /// JetStream code.
     unavailable(const std::string& what, natsStatus status, int js_code)
         : broker_unavailable(what), Failure(status, js_code) {}
 };
@@ -67,6 +72,7 @@ class unavailable : public broker_unavailable, public Failure {
 /// @brief No answer in time. For an ack or a publish: it may or may not have been done.
 class timeout : public unavailable {
   public:
+    /// @brief As unavailable's: @p what, the cnats status and the JetStream code.
     using unavailable::unavailable;
 };
 

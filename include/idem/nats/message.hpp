@@ -46,7 +46,8 @@ struct Metadata {
 /// (cnats remembers); in_progress() may repeat.
 class Message {
   public:
-    /// Takes @p msg (from a fetch). @throws nats::error when it is not a JetStream message.
+    /// Takes @p msg (from a fetch). @throws nats::error when it is not a JetStream message,
+    /// idem::usage_error when it is null.
     Message(natsMsg* msg, std::chrono::milliseconds request_timeout)
         : msg_(msg), request_timeout_(request_timeout) {
         if (msg_ == nullptr) throw idem::usage_error("idem::nats::Message: null natsMsg");
@@ -69,15 +70,22 @@ class Message {
         metadata_.timestamp_ns = meta->Timestamp;
     }
 
+    /// @brief Takes the other's natsMsg; the moved-from Message must not be acknowledged.
     Message(Message&&) noexcept = default;
+    /// @brief Frees this natsMsg (if it was never acknowledged, the server delivers it again after
+    /// AckWait) and takes the other's.
     Message& operator=(Message&&) noexcept = default;
     Message(const Message&) = delete;
     Message& operator=(const Message&) = delete;
     ~Message() = default;
 
+    /// @brief The subject it was published on.
     [[nodiscard]] const std::string& subject() const noexcept { return subject_; }
+    /// @brief Its payload.
     [[nodiscard]] const std::string& data() const noexcept { return data_; }
+    /// @brief Its headers, in order (a name may repeat).
     [[nodiscard]] const Headers& headers() const noexcept { return headers_; }
+    /// @brief Its JetStream metadata: stream, consumer, sequences, delivery count, timestamp.
     [[nodiscard]] const Metadata& metadata() const noexcept { return metadata_; }
 
     /// The first value of header @p name (case-sensitive, as cnats 3 is), if any.

@@ -56,7 +56,9 @@ class PullSubscription {
     /// Frees the subscription; the durable consumer stays on the server (cnats >= 3.4).
     ~PullSubscription() = default;
 
+    /// @brief The stream the consumer reads.
     [[nodiscard]] const std::string& stream() const noexcept { return stream_; }
+    /// @brief The durable consumer it fetches from.
     [[nodiscard]] const std::string& durable() const noexcept { return durable_; }
 
     /// @brief Up to @p batch messages, waiting up to @p wait for the first; empty when none

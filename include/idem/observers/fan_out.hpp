@@ -85,6 +85,7 @@ class FanOutObserver final : public Observer {
         return false;
     }
 
+    /// @brief The observers told, in order (not owned).
     [[nodiscard]] const std::vector<Observer*>& observers() const noexcept { return observers_; }
 
   private:

@@ -94,6 +94,7 @@ class MetricsEndpoint {
 
     /// The port it listens on (the one chosen when it was asked for port 0).
     [[nodiscard]] int port() const noexcept { return port_; }
+    /// @brief The address it listens on, as given.
     [[nodiscard]] const std::string& host() const noexcept { return host_; }
     /// `http://host:port/metrics`.
     [[nodiscard]] std::string url() const {

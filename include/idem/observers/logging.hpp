@@ -86,14 +86,18 @@ enum class LogLevel : std::uint8_t { debug, info, warn, error };
 
 /// @brief One outcome, as a Logger receives it. The views are valid during Logger::log() only.
 struct LogRecord {
+    /// The record's level: log_level_of() the disposition.
     LogLevel level = LogLevel::debug;
     std::string_view scope;       ///< the handler's Policy scope
     std::string_view message_id;  ///< the broker's id at debug; empty at info and above
     /// The gateway idempotency key at debug, when the effect chain names one
     /// (with_gateway_key()); empty at info and above.
     std::string_view gateway_key;
+    /// The outcome's disposition.
     Disposition disposition = Disposition::failed;
+    /// For a failed outcome, why (Outcome::cause); else none.
     FailureCause cause = FailureCause::none;
+    /// The delivery's count, as the handler saw it.
     std::uint32_t delivery_count = 0;
     std::string reason;  ///< the outcome's reason through LoggingOptions::redact
     /// The time the handler spent (Observer::on_timed_outcome()); empty from on_outcome().
@@ -112,6 +116,8 @@ struct LogRecord {
 class Logger {
   public:
     virtual ~Logger() = default;
+    /// @brief Writes @p record (its `message` is the formatted line). Should not throw: what it
+    /// throws is swallowed by the handler (observing never changes an outcome).
     virtual void log(const LogRecord& record) = 0;
     /// False when a record of @p level would be dropped anyway (the observer then skips
     /// building it). Default: every level.
@@ -226,6 +232,7 @@ class LoggingObserver final : public Observer {
         return options_.min_level <= LogLevel::debug && logger_->enabled(LogLevel::debug);
     }
 
+    /// @brief The options this observer was built with.
     [[nodiscard]] const LoggingOptions& options() const noexcept { return options_; }
 
   private:

@@ -118,6 +118,10 @@ enum class PrometheusHistogram : std::uint8_t {
 /// between many handlers and threads. See the file's documentation for the metrics.
 class PrometheusObserver final : public Observer {
   public:
+    /// @brief An observer with no series yet; histograms with @p options' buckets (the effect's and
+    /// commit's default to the handle's when empty).
+    /// @throws usage_error when max_scopes is 0, or a bucket list is not finite, positive and
+    /// ascending.
     explicit PrometheusObserver(PrometheusOptions options = {})
         : bounds_{Bounds(std::move(options.buckets)),
                   options.effect_buckets.empty() ? Bounds{}
@@ -236,14 +240,17 @@ class PrometheusObserver final : public Observer {
 
     // ---- reading back (tests, logs) ----
 
+    /// idem_deliveries_total of @p scope and disposition @p d (0 for a scope never seen).
     [[nodiscard]] std::uint64_t deliveries(std::string_view scope, Disposition d) const {
         const Series* s = find(scope);
         return s == nullptr ? 0 : load(s->by_disposition[static_cast<std::size_t>(d)]);
     }
+    /// idem_redeliveries_total of @p scope (0 for a scope never seen).
     [[nodiscard]] std::uint64_t redeliveries(std::string_view scope) const {
         const Series* s = find(scope);
         return s == nullptr ? 0 : load(s->redeliveries);
     }
+    /// idem_failed_total of @p scope and @p cause (0 for a scope never seen).
     [[nodiscard]] std::uint64_t failed(std::string_view scope, FailureCause cause) const {
         const Series* s = find(scope);
         return s == nullptr ? 0 : load(s->by_cause[static_cast<std::size_t>(cause)]);
@@ -276,6 +283,8 @@ class PrometheusObserver final : public Observer {
         PrometheusHistogram which = PrometheusHistogram::handle) const noexcept {
         return bounds_[index(which)].seconds;
     }
+    /// idem_observer_scopes_dropped_total: outcomes not counted because max_scopes scopes were
+    /// held.
     [[nodiscard]] std::uint64_t scopes_dropped() const noexcept { return load(dropped_); }
 
     /// @brief Every metric in the Prometheus text exposition format 0.0.4 (serve it with

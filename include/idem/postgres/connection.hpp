@@ -58,6 +58,7 @@ template <class Record>
 
 /// A callback for what has no transaction to record a failure in.
 struct NoRecord {
+    /// Ignores the failure's message.
     void operator()(const std::string& /*message*/) const noexcept {}
 };
 
@@ -95,12 +96,17 @@ class Connection {
     /// In a fork()ed child (owned): connect anew with the same conninfo.
     void connect_owned();
 
+    /// The libpq connection; null before open() / borrow() and once closed or forgotten.
     [[nodiscard]] PGconn* get() const noexcept { return conn_; }
+    /// True when opened here from a conninfo (closed by this object), false for a borrowed one.
     [[nodiscard]] bool owned() const noexcept { return owned_; }
+    /// Whether idem's statements are prepared once per session (configure()).
     [[nodiscard]] bool prepares() const noexcept { return prepare_; }
+    /// Round trips to the server so far (a pipeline counts once); for tests and benchmarks.
     [[nodiscard]] std::uint64_t round_trips() const noexcept {
         return round_trips_.load(std::memory_order_relaxed);
     }
+    /// libpq's message for the connection's last failure, on one line.
     [[nodiscard]] std::string error() const {
         std::string message = trimmed(PQerrorMessage(conn_));
         return message.empty() ? std::string("unknown libpq error") : message;

@@ -58,26 +58,38 @@ class TransactionFace {
 /// The PostgreSQL driver (the contract: sql/driver.hpp).
 class Driver {
   public:
+    /// Names the backend in messages ("idem postgres: ...").
     static constexpr std::string_view name = "postgres";
+    /// Names the store class in messages.
     static constexpr std::string_view store_class = "PostgresStore";
     /// Effect statements (SQL and parameter kinds) kept prepared; further ones are not.
     static constexpr std::size_t max_cached_statements = 256;
     /// The oldest server this store runs on (ON CONFLICT, SKIP LOCKED, to_regclass(text)).
     static constexpr int min_server_version = Connection::min_server_version;
+    /// The transaction's PostgreSQL members (conn()), mixed into basic_transaction.
     template <class Tx>
     using transaction_face = TransactionFace<Tx>;
+    /// A row of an idem statement's binary result, as run() and query() pass it to their callback.
     using Row = postgres::Row;
 
+    /// Connects with @p conninfo and owns the connection. @throws usage_error for bad @p options or
+    /// a conninfo with a NUL byte, store_unavailable when the server cannot be reached or is too
+    /// old.
     Driver(const std::string& conninfo, const PostgresOptions& options);
+    /// Uses the consumer's own connection, which it never closes. @throws usage_error for a null
+    /// connection, bad @p options, or a connection in pipeline or non-blocking mode or inside a
+    /// transaction; store_unavailable for a broken one or a server older than PostgreSQL 10.
     Driver(PGconn* conn, const PostgresOptions& options);
     Driver(const Driver&) = delete;
     Driver& operator=(const Driver&) = delete;
     ~Driver();
 
+    /// The connection (owned or borrowed); null once forgotten.
     [[nodiscard]] PGconn* conn() const noexcept { return conn_.get(); }
 
     // -- fork() and ping (sql/driver.hpp) -----------------------------------------------------
 
+    /// True when the driver opened the connection itself (a conninfo), false for a borrowed one.
     [[nodiscard]] bool owns_connection() const noexcept { return conn_.owned(); }
     /// In a fork()ed child: drops the parent's connection (forget_inherited) and connects anew
     /// with the same conninfo: a session of the child's own.
@@ -95,15 +107,22 @@ class Driver {
     /// One round trip (`SELECT 1`); a connection found dead is reconnected (PQreset) and asked
     /// again once. @throws store_unavailable while the server does not answer.
     void ping(std::string_view what);
+    /// The schema the idem tables live in (PostgresOptions::schema).
     [[nodiscard]] const std::string& schema() const noexcept { return schema_; }
+    /// Round trips to the server so far (Connection::round_trips()).
     [[nodiscard]] std::uint64_t round_trips() const noexcept { return conn_.round_trips(); }
 
     /// Reasons and last errors are TEXT: valid UTF-8 without NULs.
     static std::string text(std::string_view value) { return valid_utf8(value); }
+    /// The destination is stored as TEXT. @throws usage_error unless it is valid UTF-8 without
+    /// NULs.
     static void check_outbox(const OutboxIntent& intent) { check_text_destination(intent); }
 
     // -- outside a transaction: autocommit ----------------------------------------------------
 
+    /// One statement outside a transaction, in autocommit (a write is committed on its own); @p
+    /// on_row per result row. @return the rows changed. @throws store_timeout for a lock or
+    /// statement timeout, store_unavailable for other errors.
     template <class OnRow, class... Args>
     std::int64_t run(sql::stmt which, std::string_view what, sql::access, OnRow&& on_row,
                      const Args&... args) {
@@ -114,6 +133,9 @@ class Driver {
         return affected_rows(result.get());
     }
 
+    /// Takes, renews or takes over (when expired) the idem_locks row of @p key for @p owner until
+    /// @p expires_ms, under the key's advisory lock, committed at once. @return whether @p owner
+    /// holds it now.
     bool hold_lock(std::string_view key, std::string_view owner, std::int64_t expires_ms,
                    std::int64_t now_ms) {
         ready("hold_lock()");
@@ -124,13 +146,19 @@ class Driver {
 
     // -- the transaction ----------------------------------------------------------------------
 
+    /// Queues BEGIN (and, on a borrowed session, SET LOCAL lock_timeout); nothing is sent until the
+    /// first statement that needs an answer. @throws as sql/driver.hpp's begin().
     void begin(std::string_view what);
 
+    /// Queues a write: it goes with the next statement that needs an answer, or the commit, in one
+    /// pipeline; its failure surfaces there.
     template <class... Args>
     void write(sql::stmt which, std::string_view what, const Args&... args) {
         queued_.push_back(own(which, what, args...));
     }
 
+    /// One statement answered now, sent with what is queued; @p on_row per result row. @return the
+    /// rows changed. @throws store_timeout or store_unavailable when it (or a queued write) failed.
     template <class OnRow, class... Args>
     std::int64_t query(sql::stmt which, std::string_view what, OnRow&& on_row,
                        const Args&... args) {
@@ -142,6 +170,8 @@ class Driver {
         return affected_rows(result);
     }
 
+    /// Whether the transaction is still there: lost with the connection (@p cause says why), ended
+    /// by the effect's own COMMIT or ROLLBACK, else ok.
     sql::tx_health health(bool /*after_user_sql*/, std::string& cause) const {
         if (PQstatus(conn()) != CONNECTION_OK) {
             cause = fmt::format(
@@ -156,21 +186,40 @@ class Driver {
         return sql::tx_health::ok;
     }
 
+    /// INSERT ... ON CONFLICT DO NOTHING of the claim: claimed when the row went in (added to @p
+    /// claims), in_progress when another transaction holds the id past lock_timeout, else the
+    /// stored duplicate.
     ClaimResult claim(sql::OwnClaims& claims, std::string_view scope, std::string_view id,
                       std::string_view fingerprint, std::int64_t now) {
         return insert_claim(claims, now, scope, id, fingerprint, false);
     }
+    /// The claims of @p ids in one statement (each distinct new id once, in id order), with the
+    /// results in order as claim() one by one would give them.
     std::vector<ClaimResult> claim_many(sql::OwnClaims& claims, std::string_view scope,
                                         const std::vector<std::string_view>& ids,
                                         const std::vector<std::string>& fingerprints,
                                         std::int64_t now);
+    /// The overlap lock: the key's transaction-scoped advisory lock, without waiting, then the
+    /// idem_locks check, in one round trip; false when another transaction or an unexpired
+    /// hold_lock() row holds it.
     bool try_lock(std::string_view key, std::int64_t now);
+    /// Queues SAVEPOINT idem_effect.
     void savepoint();
+    /// Queues ROLLBACK TO and RELEASE of idem_effect; when nothing was queued since the savepoint,
+    /// drops it instead.
     void rollback_to_savepoint();
+    /// Queues RELEASE idem_effect; when nothing was queued since the savepoint, drops it instead.
     void release_savepoint();
+    /// Sends what is queued and COMMIT in one round trip. @throws commit_failed when a statement or
+    /// the COMMIT failed (all rolled back), store_unavailable when the connection is lost during it
+    /// (the outcome is unknown).
     void commit();
+    /// Drops what is queued and rolls back what is open. @return true when the connection is
+    /// outside a transaction now.
     bool rollback_noexcept() noexcept;
+    /// libpq's message for the connection's last failure.
     [[nodiscard]] std::string last_error() const { return conn_.error(); }
+    /// Forgets the transaction's state (open, begun, its first error, the queue).
     void end_transaction() noexcept {
         tx_open_ = false;
         tx_begun_ = false;
@@ -182,10 +231,17 @@ class Driver {
 
     // -- the effect's own SQL -----------------------------------------------------------------
 
+    /// The effect's own statement with `$N` placeholders, in the transaction (sent with what is
+    /// queued) or alone in autocommit (sql::context). @return the rows changed. @throws
+    /// store_timeout for a lock or statement timeout, store_unavailable for a lost connection,
+    /// store_error naming the SQL for other errors, usage_error for a wrong parameter count.
     template <class... Args>
     std::int64_t execute(sql::context where, std::string_view sql, const Args&... args) {
         return affected_rows(user_result(where, "execute", sql, args...).get());
     }
+    /// The first column of the first row of the effect's query, as an integer (integer types, bool,
+    /// numerics without a fraction); nullopt without a row or for NULL. @throws usage_error when it
+    /// is not such an integer, or as execute().
     template <class... Args>
     std::optional<std::int64_t> query_int(sql::context where, std::string_view sql,
                                           const Args&... args) {
@@ -193,6 +249,8 @@ class Driver {
         if (no_value(result.get())) return std::nullopt;
         return text_int(result.get(), 0, 0, sql);
     }
+    /// The first column of the first row of the effect's query, as bytes (BYTEA decoded); nullopt
+    /// without a row or for NULL. @throws as execute().
     template <class... Args>
     std::optional<std::string> query_text(sql::context where, std::string_view sql,
                                           const Args&... args) {
@@ -203,6 +261,8 @@ class Driver {
 
     // -- the schema ---------------------------------------------------------------------------
 
+    /// The recorded schema version; nullopt when the idem_schema table does not exist (no lock, no
+    /// CREATE privilege needed).
     std::optional<std::int64_t> stored_schema_version() {
         // An up-to-date schema needs no lock and no CREATE privilege.
         Result exists = run(adhoc("SELECT to_regclass($1) IS NOT NULL", "reading the idem schema",
@@ -210,6 +270,8 @@ class Driver {
         if (!binary_bool(exists.get(), 0, 0)) return std::nullopt;
         return read_schema_version();
     }
+    /// BEGIN, the schema's advisory lock (processes starting at once serialize here), the schema
+    /// and the idem_schema table when missing.
     void begin_schema_change() {
         const auto exec = [&](const std::string& sql) { execute_ddl(sql); };
         exec(begin_sql_);
@@ -226,9 +288,11 @@ class Driver {
         exec("CREATE TABLE IF NOT EXISTS " + table_prefix_ +
              "idem_schema(version INTEGER NOT NULL)");
     }
+    /// One DDL statement of the migration, inside its transaction.
     void execute_ddl(std::string_view sql) {
         run(control(std::string(sql), "creating the idem schema"));
     }
+    /// The version in idem_schema, inside begin_schema_change().
     std::optional<std::int64_t> read_schema_version() {
         Result version =
             run(adhoc("SELECT max(version)::bigint FROM " + table_prefix_ + "idem_schema",
@@ -238,18 +302,23 @@ class Driver {
         }
         return binary_int(version.get(), 0, 0);
     }
+    /// Records @p version as the schema's.
     void write_schema_version(int version) {
         execute_ddl("DELETE FROM " + table_prefix_ + "idem_schema");
         run(adhoc("INSERT INTO " + table_prefix_ + "idem_schema(version) VALUES ($1)",
                   "creating the idem schema", version));
     }
+    /// Commits the migration.
     void commit_schema_change() { execute_ddl(commit_sql_); }
+    /// "schema \"<name>\"", for messages about the schema.
     [[nodiscard]] std::string schema_location() const {
         return "schema " + quote_identifier(schema_);
     }
+    /// Where else the tables could be, for messages: another schema.
     [[nodiscard]] std::string_view schema_elsewhere() const noexcept {
         return "another schema (PostgresOptions::schema)";
     }
+    /// The DDL from @p from_version to the current one, in the store's schema (sql/schema.hpp).
     [[nodiscard]] std::vector<std::string> schema_ddl(int from_version) const {
         return sql::postgres_schema_ddl(table_prefix_, from_version);
     }

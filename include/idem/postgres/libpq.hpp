@@ -37,22 +37,34 @@ IDEM_BEGIN_NAMESPACE
 namespace postgres {
 
 // Type OIDs of the built-in types idem reads or binds (pg_type.h, stable across versions).
+/// OID of `boolean`.
 inline constexpr Oid bool_oid = 16;
+/// OID of `bytea`.
 inline constexpr Oid bytea_oid = 17;
+/// OID of `bigint`.
 inline constexpr Oid int8_oid = 20;
+/// OID of `smallint`.
 inline constexpr Oid int2_oid = 21;
+/// OID of `integer`.
 inline constexpr Oid int4_oid = 23;
+/// OID of `bytea[]`.
 inline constexpr Oid bytea_array_oid = 1001;
 
+/// The most parameters one statement can have: the protocol's limit.
 inline constexpr std::size_t max_parameters = 65535;  // the protocol's limit
 
 /// libpq's own notice receiver and processor, those every new PGconn starts with. libpq does not
 /// export them; a connection object that never connects (its conninfo has an unknown option, so
 /// nothing is sent) hands them out, once per process.
 struct LibpqNoticeHooks {
+    /// libpq's default notice receiver (null if it could not be read).
     PQnoticeReceiver receiver = nullptr;
+    /// libpq's default notice processor (null if it could not be read).
     PQnoticeProcessor processor = nullptr;
 };
+/// @brief libpq's default notice hooks, read once per process (see LibpqNoticeHooks): a borrowed
+/// connection still using them gets idem's receiver, chained to its processor, and them back when
+/// the store lets it go.
 inline const LibpqNoticeHooks& libpq_notice_hooks() {
     static const LibpqNoticeHooks hooks = [] {
         LibpqNoticeHooks found;
@@ -71,33 +83,45 @@ using sql::always_false;
 using sql::is_char_v;
 using sql::is_optional;
 
+/// PQclear() as a deleter.
 struct ResultFree {
+    /// Frees @p result.
     void operator()(PGresult* result) const noexcept { PQclear(result); }
 };
+/// An owned PGresult.
 using Result = std::unique_ptr<PGresult, ResultFree>;
 
 /// A statement that can be prepared once per session under `name`.
 struct Statement {
+    /// The statement's text, `$N` placeholders.
     std::string sql;
-    std::string name;  // empty: never prepared (transaction control)
+    std::string name;  ///< empty: never prepared (transaction control)
+    /// Its parameters' type OIDs (0: inferred by the server).
     std::vector<Oid> types;
+    /// Prepared on the current session.
     bool prepared = false;
 };
 
 /// One command of a pipeline. It owns its parameter values: it may be queued and sent later.
 struct Command {
-    Statement* statement = nullptr;  // or, when null, `sql`
+    Statement* statement = nullptr;  ///< the statement to run or, when null, `sql`
+    /// The text to run when `statement` is null.
     std::string sql;
+    /// The parameters' values, text or binary.
     std::vector<std::string> values;
+    /// Per parameter: 1 for NULL.
     std::vector<char> nulls;
+    /// Per parameter: 0 text, 1 binary.
     std::vector<int> formats;
+    /// Per parameter: its type OID (0: inferred).
     std::vector<Oid> types;
-    int result_format = 1;    // idem's own statements read binary results
-    bool user = false;        // the effect's SQL: errors become store_error, with the SQL
-    bool control = false;     // BEGIN / SET / SAVEPOINT …: writes nothing
-    bool savepoint = false;   // `SAVEPOINT idem_effect` (a RELEASE right after cancels it)
-    std::string_view what{};  // for messages
+    int result_format = 1;    ///< idem's own statements read binary results
+    bool user = false;        ///< the effect's SQL: errors become store_error, with the SQL
+    bool control = false;     ///< BEGIN / SET / SAVEPOINT …: writes nothing
+    bool savepoint = false;   ///< `SAVEPOINT idem_effect` (a RELEASE right after cancels it)
+    std::string_view what{};  ///< for messages
 
+    /// The text it runs: the statement's, or `sql`.
     [[nodiscard]] const std::string& text() const {
         return statement != nullptr ? statement->sql : sql;
     }
@@ -177,6 +201,7 @@ inline std::string quote_identifier(std::string_view name) {
     return out;
 }
 
+/// Appends a NULL parameter to @p command.
 inline void add_null(Command& command) {
     command.values.emplace_back();
     command.nulls.push_back(1);
@@ -184,6 +209,8 @@ inline void add_null(Command& command) {
     command.types.push_back(0);
 }
 
+/// Appends a text parameter (its type inferred by the server). @throws usage_error when @p text
+/// holds a NUL byte.
 inline void add_text(Command& command, std::string text) {
     if (text.find('\0') != std::string::npos) {
         throw usage_error(fmt::format(
@@ -198,6 +225,7 @@ inline void add_text(Command& command, std::string text) {
     command.types.push_back(0);  // the server infers the type from the SQL
 }
 
+/// Appends a binary `bytea` parameter. @throws usage_error when it is over 2 GiB.
 inline void add_blob(Command& command, std::string_view bytes) {
     if (bytes.size() > static_cast<std::size_t>(INT_MAX)) {
         throw usage_error(
@@ -241,6 +269,7 @@ inline void add_bytea_array(Command& command, const std::vector<std::string_view
     command.types.push_back(bytea_array_oid);
 }
 
+/// @p value as PostgreSQL reads it back exactly (NaN and the infinities by name).
 inline std::string float_text(double value) {
     if (value != value) return "NaN";
     if (value == std::numeric_limits<double>::infinity()) return "Infinity";
@@ -295,6 +324,8 @@ void add_param(Command& command, const T& value) {
     }
 }
 
+/// Appends each of @p args as a parameter (add_param()), in order. @throws usage_error past
+/// max_parameters, or as add_param().
 template <class... Args>
 void add_params(Command& command, const Args&... args) {
     if (sizeof...(Args) > max_parameters) {
@@ -304,6 +335,7 @@ void add_params(Command& command, const Args&... args) {
     (add_param(command, args), ...);
 }
 
+/// True for a command that completed (with or without rows).
 inline bool succeeded(const PGresult* result) noexcept {
     if (result == nullptr) return false;
     const ExecStatusType status = PQresultStatus(result);
@@ -318,11 +350,14 @@ inline bool failed(const PGresult* result) noexcept {
            status != PGRES_PIPELINE_ABORTED && status != PGRES_PIPELINE_SYNC;
 }
 
+/// The SQLSTATE of a failed command; empty for libpq's own failures.
 inline std::string_view sqlstate(const PGresult* result) noexcept {
     const char* state = result != nullptr ? PQresultErrorField(result, PG_DIAG_SQLSTATE) : nullptr;
     return state != nullptr ? std::string_view(state) : std::string_view();
 }
 
+/// @p text (null: "") on one line: trailing newlines and spaces removed, inner newlines and tabs as
+/// spaces.
 inline std::string trimmed(const char* text) {
     std::string out = text != nullptr ? text : "";
     while (!out.empty() && (out.back() == '\n' || out.back() == ' ' || out.back() == '\r'))
@@ -373,6 +408,7 @@ inline std::int64_t binary_int(const PGresult* result, int row, int column) {
     return static_cast<std::int64_t>(value);
 }
 
+/// A binary `boolean` column.
 inline bool binary_bool(const PGresult* result, int row, int column) {
     return PQgetlength(result, row, column) == 1 && PQgetvalue(result, row, column)[0] != 0;
 }
@@ -412,6 +448,7 @@ inline std::int64_t text_int(const PGresult* result, int row, int column, std::s
     return value;
 }
 
+/// The rows a command changed or returned (PQcmdTuples); 0 when it does not say.
 inline std::int64_t affected_rows(const PGresult* result) {
     const char* text = PQcmdTuples(const_cast<PGresult*>(result));
     if (text == nullptr || *text == '\0') return 0;
@@ -423,10 +460,15 @@ inline std::int64_t affected_rows(const PGresult* result) {
 /// One row of an idem statement's (binary) result (sql/driver.hpp's Row).
 class Row {
   public:
+    /// Row @p row of @p result (which must outlive it).
     Row(const PGresult* result, int row) noexcept : result_(result), row_(row) {}
+    /// A binary BYTEA or TEXT column's bytes; NULL gives "".
     [[nodiscard]] std::string bytes(int column) const { return bytes_of(result_, row_, column); }
+    /// A binary int2 / int4 / int8 column (bool as 0 / 1).
     [[nodiscard]] std::int64_t int64(int column) const { return binary_int(result_, row_, column); }
+    /// A binary `boolean` column.
     [[nodiscard]] bool boolean(int column) const { return binary_bool(result_, row_, column); }
+    /// True when the column is NULL.
     [[nodiscard]] bool is_null(int column) const noexcept {
         return PQgetisnull(result_, row_, column) != 0;
     }

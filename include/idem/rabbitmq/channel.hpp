@@ -17,8 +17,11 @@ namespace rabbitmq {
 /// @brief How a queue is declared (queue.declare).
 struct QueueDeclare {
     bool passive = false;  ///< only check that it exists (arguments are then ignored by the broker)
+    /// Survives a broker restart (a quorum queue must be durable).
     bool durable = true;
+    /// This connection's only; deleted when it closes.
     bool exclusive = false;
+    /// Deleted once its last consumer is gone.
     bool auto_delete = false;
     Table arguments{};  ///< x-queue-type, x-dead-letter-exchange, x-message-ttl, ...
 };
@@ -32,7 +35,9 @@ struct QueueState {
 /// @brief What a publish carries besides its body.
 struct Publish {
     std::string exchange{};  ///< "" is the default exchange (routing key = queue name)
+    /// With the default exchange: the queue's name.
     std::string routing_key{};
+    /// The basic properties sent with it.
     Properties properties{};
     /// Headers in AMQP wire encoding (Message::encoded_headers), sent first...
     std::string encoded_headers{};

@@ -49,12 +49,17 @@ namespace rabbitmq {
 /// closes it politely and never throws.
 class Connection {
   public:
+    /// @brief A connection to the broker at @p endpoint, not yet made: connect() makes it (other
+    /// calls need it made and throw until then).
     explicit Connection(Endpoint endpoint) : endpoint_(std::move(endpoint)) {}
     ~Connection() { close(); }
     Connection(const Connection&) = delete;
     Connection& operator=(const Connection&) = delete;
 
+    /// @brief The broker and the settings it was made with.
     [[nodiscard]] const Endpoint& endpoint() const noexcept { return endpoint_; }
+    /// @brief True while connected: false before connect(), and after an error dropped the
+    /// connection.
     [[nodiscard]] bool connected() const noexcept { return state_ != nullptr; }
 
     /// @brief Opens the socket and logs in; no-op when connected.
@@ -146,6 +151,8 @@ class Connection {
         if (r.reply_type != AMQP_RESPONSE_NORMAL) drop();
     }
 
+    /// @brief True when @p channel is open on the current connection (a dropped connection closes
+    /// all).
     [[nodiscard]] bool channel_open(std::uint16_t channel) const noexcept {
         return state_ != nullptr && channels_.count(channel) != 0;
     }

@@ -20,16 +20,24 @@ namespace rabbitmq {
 
 /// AMQP reply codes idem tells apart.
 inline constexpr std::uint16_t reply_not_found = 404;
+/// 405 RESOURCE_LOCKED: e.g. an exclusive queue another connection holds.
 inline constexpr std::uint16_t reply_resource_locked = 405;
+/// 406 PRECONDITION_FAILED: e.g. a declare whose arguments differ from the queue's, or a message
+/// larger than max_message_size.
 inline constexpr std::uint16_t reply_precondition_failed = 406;
 
 /// @brief The broker closed a channel (channel.close): the channel is gone, the connection is
-/// not. reply_code is the AMQP code (404 NOT_FOUND, 406 PRECONDITION_FAILED, ...), 0 for a
-/// consumer the broker cancelled (basic.cancel: its queue was deleted).
+/// not. reply_code is the AMQP code (404 NOT_FOUND, 406 PRECONDITION_FAILED, ...), 0 when the
+/// broker sent no close: a consumer it cancelled (basic.cancel: its queue was deleted), or a
+/// channel the client found closed (before a publish's confirm, or before a call on it).
 class channel_error : public broker_error {
   public:
+    /// @brief A channel closed with AMQP @p reply_code, described by @p what; 0 when the broker
+    /// sent no close (a consumer it cancelled, a channel found closed before a confirm or a call).
     channel_error(std::uint16_t reply_code, const std::string& what)
         : broker_error(what), reply_code_(reply_code) {}
+    /// @brief The AMQP reply code of the close (compare with reply_not_found, ...); 0 when the
+    /// broker sent none (see the constructor).
     [[nodiscard]] std::uint16_t reply_code() const noexcept { return reply_code_; }
 
   private:

@@ -36,32 +36,46 @@ using Table = std::vector<std::pair<std::string, FieldValue>>;
 
 /// @brief The basic properties idem reads and carries over (others are dropped on a republish).
 struct Properties {
+    /// MIME type of the body.
     std::optional<std::string> content_type{};
+    /// E.g. gzip.
     std::optional<std::string> content_encoding{};
+    /// The producer's id (an idem sender's idempotency key).
     std::optional<std::string> message_id{};
+    /// The request it answers (RPC).
     std::optional<std::string> correlation_id{};
+    /// The producer's message type name.
     std::optional<std::string> type{};
+    /// The producing application.
     std::optional<std::string> app_id{};
     std::optional<std::string> expiration{};      ///< per-message TTL, milliseconds as text
     std::optional<std::uint64_t> timestamp{};     ///< seconds since the epoch
     std::optional<std::uint8_t> delivery_mode{};  ///< 2: persistent
+    /// Priority 0-9 (for a priority queue).
     std::optional<std::uint8_t> priority{};
 };
 
 /// @brief One delivery (basic.deliver) as read from a channel.
 struct Message {
+    /// The payload, as it came.
     std::string body;
+    /// Its basic properties.
     Properties properties{};
     /// The headers property, decoded (see FieldValue for what shows).
     Table headers{};
     /// The headers property in its exact AMQP wire encoding (empty: no headers), so that a dead
     /// letter or a retry republishes the original headers byte for byte, nested values included.
     std::string encoded_headers{};
+    /// The exchange it was published to ("": the default).
     std::string exchange{};
+    /// The routing key it was published with.
     std::string routing_key{};
+    /// The consumer it was delivered to.
     std::string consumer_tag{};
     std::uint64_t delivery_tag = 0;  ///< valid on its channel only: see channel_epoch
+    /// The broker delivered it before (its redelivered flag).
     bool redelivered = false;
+    /// The channel it came on, where it must be acked.
     std::uint16_t channel = 0;
     /// Which incarnation of the channel delivered it: a channel reopened after an error (or a
     /// reconnect) has a new epoch, and a delivery tag of an older epoch must never be acked.

@@ -29,8 +29,11 @@ namespace redis {
 /// What claim_and_commit_round_trip() sent and got back.
 struct ClaimAndCommitSent {
     bool attempted = false;  ///< false: nothing was sent (the writes are in another slot)
+    /// The script's answer (when attempted).
     Reply reply;
     std::optional<Reply> replicas;  ///< WAIT's, with replicas_to_ack
+    /// The attached hooks whose acks went with the script: marked acked_in_commit once it
+    /// committed.
     std::vector<CommitHook*> acked_hooks;
 };
 

@@ -82,8 +82,11 @@ struct RedirectCounts {
 
 /// One script call of Router::eval_each(): its keys' slot, then its keys and arguments.
 struct SlotCall {
+    /// The hash slot of its keys.
     std::uint16_t slot = 0;
+    /// How many of keys_then_args are keys.
     std::size_t num_keys = 0;
+    /// The keys, then the arguments.
     Args keys_then_args{};
 };
 
@@ -95,6 +98,7 @@ struct SlotCall {
 /// through one.
 class FollowingConnection {
   public:
+    /// @brief A connection to @p endpoint (not made yet: the first command makes it).
     explicit FollowingConnection(RedisEndpoint endpoint)
         : given_(endpoint), connection_(std::make_unique<Connection>(std::move(endpoint))) {}
 
@@ -103,16 +107,24 @@ class FollowingConnection {
     /// MOVED replies followed so far.
     [[nodiscard]] std::size_t moves() const noexcept { return moves_; }
 
+    /// @brief One command, following MOVED and ASK. An error reply is returned, not thrown. @throws
+    /// store_unavailable or store_timeout as Connection's, store_unavailable after too many
+    /// redirects.
     Reply command(const std::vector<std::string>& args) {
         return follow([&](Connection& c) { return c.command(args); });
     }
+    /// @brief Every command in one round trip, following MOVED and ASK (the commands are sent
+    /// again). @throws as command().
     std::vector<Reply> pipeline(const std::vector<std::vector<std::string>>& commands) {
         return follow_all([&](Connection& c) { return c.pipeline(commands); });
     }
+    /// @brief @p script on @p keys and @p args (EVALSHA), following MOVED and ASK. @throws as
+    /// command().
     Reply eval(const Script& script, const std::vector<std::string>& keys,
                const std::vector<std::string>& args) {
         return follow([&](Connection& c) { return c.eval(script, keys, args); });
     }
+    /// @brief Drops the connection; the next command reconnects (to the address given).
     void disconnect() noexcept { connection_->disconnect(); }
 
   private:
@@ -202,6 +214,7 @@ class Router {
 
     /// The first address given: the server, or the first seed node.
     [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return seeds_.front(); }
+    /// Every address given: the server, or the cluster's seed nodes.
     [[nodiscard]] const std::vector<RedisEndpoint>& seeds() const noexcept { return seeds_; }
 
     /// @brief Whether the server is a cluster node. Asks it (`INFO cluster`) on the first call
@@ -225,6 +238,7 @@ class Router {
     [[nodiscard]] std::size_t round_trips() const noexcept {
         return round_trips_.load(std::memory_order_relaxed);
     }
+    /// What the router did besides sending commands so far (see RedirectCounts).
     [[nodiscard]] RedirectCounts redirects() const noexcept {
         RedirectCounts out;
         out.moved = moved_.load(std::memory_order_relaxed);

@@ -199,10 +199,15 @@ inline std::vector<CommitHook*> hook_commands(const TransactionState& tx, Comman
 
 /// The whole transaction's commit script call, encoded once, and the attached hooks it acks.
 struct PreparedCommit {
+    /// The script's keys, then its arguments.
     Args call;
+    /// How many of `call` are keys.
     std::size_t num_keys = 0;
+    /// The attached hooks whose acks are in `call`.
     std::vector<CommitHook*> acked_hooks;
 };
+/// The complete script's call for all of @p tx (one server): its claims, dead letters, leases to
+/// free, queued writes, then the attached hooks' acks.
 inline PreparedCommit prepare_commit(const StoreContext& store, const TransactionState& tx) {
     PreparedCommit prepared;
     Args& call = prepared.call;
@@ -255,7 +260,11 @@ inline CommitReplies commit_round_trip(Connection& connection, const RedisOption
 
 /// What a commit script's reply says (the complete script's, or the claim-and-commit script's).
 struct CommitVerdict {
+    /// @brief committed; lease_lost (another worker took a claim over: nothing written); parked (a
+    /// write failed after others were applied: the claims parked as dead letters); write_failed
+    /// (the first write failed: nothing applied).
     enum class Kind { committed, lease_lost, parked, write_failed };
+    /// What the script did.
     Kind kind = Kind::committed;
     std::string problem;  ///< why not committed; empty when it was
 };

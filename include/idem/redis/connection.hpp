@@ -56,7 +56,9 @@ enum class AfterNoscript : std::uint8_t {
 /// @brief A command Connection::eval_then() pipelines after its script, and what a NOSCRIPT
 /// answer does to it. @p args must outlive the call.
 struct ThenCommand {
+    /// The command, encoded.
     const Args* args;
+    /// Whether it is sent again after a NOSCRIPT reload.
     AfterNoscript after_noscript;
 };
 
@@ -65,10 +67,12 @@ struct ThenCommand {
 /// call reconnects, so a restarted server is picked up without the caller doing anything.
 class Connection {
   public:
+    /// @brief A connection to @p endpoint, not made yet: the first command makes it.
     explicit Connection(RedisEndpoint endpoint) : endpoint_(std::move(endpoint)) {}
     Connection(const Connection&) = delete;
     Connection& operator=(const Connection&) = delete;
 
+    /// The address (or Sentinels) given.
     [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return endpoint_; }
     /// Whether a socket is open (one inherited across fork() does not count: it is the parent's).
     [[nodiscard]] bool connected() const noexcept {
@@ -102,6 +106,7 @@ class Connection {
     Reply checked(const std::vector<std::string>& args, std::string_view what) {
         return check(command(args), what);
     }
+    /// @brief The same, with the arguments already encoded (Args).
     Reply checked(const Args& args, std::string_view what) { return check(command(args), what); }
 
     /// @brief Sends every command, then reads every reply: one round trip for all of them.

@@ -46,6 +46,9 @@ inline Disposition disposition_from(std::string_view text) {
 /// the server's persistence on construction (or, when the server is down then, on first use).
 class StoreContext {
   public:
+    /// @brief The state of a store on @p seeds (one server, or a cluster's seed nodes). @throws
+    /// usage_error for bad options, or for a server without AOF that answers now (unless
+    /// accept_no_persistence); an unreachable one is checked on first use.
     StoreContext(std::vector<RedisEndpoint> seeds, RedisOptions options_)
         : options(std::move(options_)),
           keys(options.key_prefix),
@@ -66,19 +69,26 @@ class StoreContext {
     StoreContext(const StoreContext&) = delete;
     StoreContext& operator=(const StoreContext&) = delete;
 
+    /// The first address given (Router::endpoint()).
     [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return router.endpoint(); }
 
     /// Empty when the server's clock is used (the scripts read TIME themselves).
     [[nodiscard]] std::string now_arg() const {
         return options.clock ? std::to_string(to_unix_ms(options.clock())) : std::string();
     }
+    /// The store's time in milliseconds since the Unix epoch: RedisOptions::clock's, else the
+    /// server's (TIME). @throws what server_now_ms() throws.
     std::int64_t now_ms() { return options.clock ? to_unix_ms(options.clock()) : server_now_ms(); }
+    /// The server's clock (TIME) in milliseconds since the Unix epoch. @throws store_unavailable,
+    /// store_timeout, or store_error when the reply is no time.
     std::int64_t server_now_ms() {
         Reply reply = router.on_any([](Connection& c) { return c.checked({"TIME"}, "TIME"); });
         if (reply.elements.size() != 2) throw store_error("idem: Redis TIME gave no time");
         return parse_int(reply.elements[0].str) * 1000 + parse_int(reply.elements[1].str) / 1000;
     }
 
+    /// @throws the store error an error @p reply of script @p what stands for; nothing for another
+    /// reply.
     void check_script(const Reply& reply, const char* what) const {
         if (reply.is_error()) {
             throw_reply_error(reply, fmt::format("idem: Redis {} script failed on {}: {}", what,
@@ -145,7 +155,9 @@ class StoreContext {
         return persistence_;
     }
 
+    /// The store's options (checked).
     RedisOptions options;
+    /// The store's keys (RedisOptions::key_prefix).
     KeyLayout keys;
     Router router;  ///< connections to the server, or to each master of a cluster
     /// Whether new ids are claimed with `SET … NX … GET` (off for good once a server refuses it).

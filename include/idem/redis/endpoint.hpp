@@ -19,9 +19,12 @@ IDEM_BEGIN_NAMESPACE
 
 /// @brief The address of one Redis Sentinel.
 struct RedisSentinelAddress {
+    /// The Sentinel's host name or address.
     std::string host = "127.0.0.1";
+    /// Its port.
     int port = 26379;
 
+    /// @brief Same host and port.
     friend bool operator==(const RedisSentinelAddress& a, const RedisSentinelAddress& b) {
         return a.host == b.host && a.port == b.port;
     }
@@ -36,6 +39,7 @@ struct RedisEndpoint {
     int db = 0;                      ///< SELECTed after connecting (standalone servers only)
     std::string username{};          ///< ACL user (Redis 6+); empty: AUTH with the password only
     std::string password{};          ///< empty: no AUTH
+    /// How long connecting (and asking the Sentinels) may take.
     std::chrono::milliseconds connect_timeout{2000};
     /// Per command. A command that times out is `failed` for the handler (never an ack); its
     /// effect on the server is unknown, which the lease and the claim record make harmless.
@@ -60,6 +64,7 @@ struct RedisEndpoint {
     /// Whether the address comes from Sentinels.
     [[nodiscard]] bool via_sentinel() const noexcept { return !sentinels.empty(); }
 
+    /// @brief `host:port/db`, or the master and its Sentinels, for messages (no password).
     [[nodiscard]] std::string describe() const {
         if (!via_sentinel()) return fmt::format("{}:{}/{}", host, port, db);
         std::string list;

@@ -60,8 +60,10 @@ inline std::string glob_escape(std::string_view text) {
 /// letter for the kind, then the hash tag.
 class KeyLayout {
   public:
+    /// @brief The keys under @p prefix (RedisOptions::key_prefix).
     explicit KeyLayout(std::string prefix) : prefix_(std::move(prefix)) {}
 
+    /// The prefix every key starts with.
     [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
     /// The record of (scope, id).
     [[nodiscard]] std::string claim(std::string_view scope, std::string_view id) const {
@@ -77,6 +79,7 @@ class KeyLayout {
     [[nodiscard]] std::string replication_mark(std::string_view scope, std::string_view id) const {
         return tagged('w', scope, id);
     }
+    /// The lock of overlap key @p key (without_overlapping(), hold_lock()); its own hash tag.
     [[nodiscard]] std::string lock(std::string_view key) const {
         std::string out = prefix_ + "l{";
         append_key_part(out, key, false);

@@ -41,6 +41,8 @@ struct RedisOptions {
     /// Connections the store opens at most (in use and idle together). A call that needs one
     /// when all are in use waits up to pool_wait_timeout, then throws store_timeout.
     std::size_t max_connections = 64;
+    /// How long a call waits for a connection when max_connections are in use, before
+    /// store_timeout.
     std::chrono::milliseconds pool_wait_timeout{5'000};
     /// A pooled connection idle this long is PINGed before it is reused; a dead one (the server
     /// restarted, CLIENT KILL, a proxy dropped it) is replaced, so the call does not fail on it.
@@ -58,6 +60,7 @@ struct RedisOptions {
 
 /// @brief What the store found out about the server's persistence (RedisStore::persistence()).
 struct RedisPersistence {
+    /// INFO persistence said aof_enabled:1 (AOF on).
     bool aof_enabled = false;
     /// `CONFIG GET appendfsync` (always, everysec, no); empty when CONFIG is disabled or renamed.
     std::string appendfsync{};

@@ -40,12 +40,15 @@ struct PoolOptions {
 /// give_back() it. Thread-safe.
 class Pool {
   public:
+    /// @brief An empty pool for @p endpoint: connections are made when acquired.
     Pool(RedisEndpoint endpoint, PoolOptions options)
         : endpoint_(std::move(endpoint)), options_(options) {}
     Pool(const Pool&) = delete;
     Pool& operator=(const Pool&) = delete;
 
+    /// The address its connections go to.
     [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return endpoint_; }
+    /// Its limits (max_connections, the wait, the idle ping).
     [[nodiscard]] const PoolOptions& options() const noexcept { return options_; }
 
     /// @brief A pooled connection, or a new one while fewer than max_connections are open; else

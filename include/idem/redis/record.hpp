@@ -54,12 +54,18 @@ struct Record {
     std::string state;    ///< leased, done or free
     std::string token;    ///< empty unless leased
     std::string outcome;  ///< empty unless done
+    /// Attempts counted: one per claim or takeover, less those whose effect never started.
     std::uint32_t attempts = 0;
+    /// The first claim's time, ms since the epoch.
     std::int64_t claimed_at = 0;
     std::int64_t leased_at = 0;  ///< the lease: from leased_at, lease_ms long (while leased)
+    /// The lease's length.
     std::int64_t lease_ms = 0;
+    /// Stored with the claim (a takeover stores its own).
     std::string fingerprint;
+    /// The policy scope.
     std::string scope;
+    /// The message id.
     std::string id;
     std::string reason;  ///< empty unless done
     /// claimed_at and leased_at are "the record's expiry minus this" (`~<ms>` in the record: a
@@ -117,6 +123,7 @@ struct Record {
         return r;
     }
 
+    /// The record as stored (the inverse of decode()).
     [[nodiscard]] std::string encode() const {
         return fmt::format("{}|{}|{}|{}|{}|{}|{}|", state, token, outcome, attempts, claimed_at,
                            leased_at, lease_ms) +

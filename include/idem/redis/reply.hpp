@@ -20,14 +20,21 @@ namespace redis {
 
 /// @brief A reply, copied out of hiredis so it outlives the connection's buffers.
 struct Reply {
+    /// @brief The RESP reply types idem reads.
     enum class Type { nil, string, status, integer, array, error };
+    /// Which kind of reply.
     Type type = Type::nil;
     std::string str{};  ///< string, status and error replies
+    /// An integer reply's value.
     long long integer = 0;
+    /// An array reply's elements.
     std::vector<Reply> elements{};
 
+    /// True for a nil reply (no value).
     [[nodiscard]] bool is_nil() const noexcept { return type == Type::nil; }
+    /// True for an error reply (`str` has its text).
     [[nodiscard]] bool is_error() const noexcept { return type == Type::error; }
+    /// True for an array reply.
     [[nodiscard]] bool is_array() const noexcept { return type == Type::array; }
     /// The text of a string or status reply, or the decimal of an integer reply.
     [[nodiscard]] std::string text() const {
@@ -35,6 +42,7 @@ struct Reply {
     }
 };
 
+/// A deep copy of hiredis' @p reply; null gives a nil reply.
 inline Reply copy_reply(const redisReply* reply) {
     Reply out;
     if (reply == nullptr) return out;

@@ -50,9 +50,11 @@ std::vector<std::string> to_command(const Args&... args) {
 class Decimal {
   public:
     template <class Int>
+    /// The decimal text of @p value.
     explicit Decimal(Int value) noexcept
         : size_(static_cast<std::size_t>(
               std::to_chars(digits_, digits_ + sizeof digits_, value).ptr - digits_)) {}
+    /// The text, valid while the Decimal lives.
     [[nodiscard]] std::string_view view() const noexcept { return {digits_, size_}; }
 
   private:
@@ -60,6 +62,7 @@ class Decimal {
     std::size_t size_;
 };
 
+/// Appends @p value's decimal text to @p out.
 inline void append_decimal(std::string& out, long long value) {
     out.append(Decimal(value).view());
 }
@@ -70,11 +73,14 @@ inline void append_decimal(std::string& out, long long value) {
 class RespBuffer {
   public:
     RespBuffer() = default;
+    /// A copy of @p other's bytes.
     RespBuffer(const RespBuffer& other) { append(other.view()); }
+    /// Takes @p other's block; @p other is left empty.
     RespBuffer(RespBuffer&& other) noexcept
         : bytes_(std::move(other.bytes_)),
           capacity_(std::exchange(other.capacity_, 0)),
           size_(std::exchange(other.size_, 0)) {}
+    /// Replaces the bytes with a copy of @p other's.
     RespBuffer& operator=(const RespBuffer& other) {
         if (this != &other) {
             clear();
@@ -82,6 +88,7 @@ class RespBuffer {
         }
         return *this;
     }
+    /// Takes @p other's block (this one's is freed); @p other is left empty.
     RespBuffer& operator=(RespBuffer&& other) noexcept {
         bytes_ = std::move(other.bytes_);
         capacity_ = std::exchange(other.capacity_, 0);
@@ -90,13 +97,16 @@ class RespBuffer {
     }
     ~RespBuffer() = default;
 
+    /// Appends @p n bytes from @p data, growing the block when needed.
     void append(const char* data, std::size_t n) {
         if (n == 0) return;
         if (size_ + n > capacity_) grow(size_ + n);
         std::memcpy(bytes_.get() + size_, data, n);
         size_ += n;
     }
+    /// Appends @p text's bytes.
     void append(std::string_view text) { append(text.data(), text.size()); }
+    /// Appends @p value's decimal text.
     void append_decimal(long long value) { append(Decimal(value).view()); }
     /// One RESP bulk string: `$<length>\r\n<bytes>\r\n`.
     void append_bulk(std::string_view value) {
@@ -114,12 +124,17 @@ class RespBuffer {
         *end++ = '\n';
         append(head, static_cast<std::size_t>(end - head));
     }
+    /// Makes room for @p bytes in all, without changing the contents.
     void reserve(std::size_t bytes) {
         if (bytes > capacity_) grow(bytes);
     }
+    /// Keeps the first @p size bytes (no-op when there are fewer).
     void truncate(std::size_t size) noexcept { size_ = std::min(size_, size); }
+    /// Drops the contents, keeping the block.
     void clear() noexcept { size_ = 0; }
+    /// The bytes in use.
     [[nodiscard]] std::size_t size() const noexcept { return size_; }
+    /// The bytes, valid until the next change.
     [[nodiscard]] std::string_view view() const noexcept { return {bytes_.get(), size_}; }
 
   private:
@@ -143,6 +158,7 @@ class RespBuffer {
 /// text, idem::Blob (bytes) and integers (their decimal).
 class Args {
   public:
+    /// Appends @p value as one bulk string: text or Blob as its bytes, an integer as its decimal.
     template <class T>
     Args& add(const T& value) {
         if constexpr (std::is_same_v<T, Blob>) {
@@ -184,25 +200,33 @@ class Args {
         return *this;
     }
 
+    /// How many arguments there are.
     [[nodiscard]] std::size_t count() const noexcept { return count_; }
+    /// True when there is no argument.
     [[nodiscard]] bool empty() const noexcept { return count_ == 0; }
     /// The arguments as RESP, without the command's `*<count>` header.
     [[nodiscard]] std::string_view resp() const noexcept { return resp_.view(); }
 
     /// Where the arguments end now; truncate() drops what was added after it (savepoints).
     struct Mark {
+        /// The argument count then.
         std::size_t count = 0;
+        /// The encoding's size then.
         std::size_t bytes = 0;
     };
+    /// Where the arguments end now (for truncate()).
     [[nodiscard]] Mark mark() const noexcept { return Mark{count_, resp_.size()}; }
+    /// Drops the arguments added after @p mark.
     void truncate(Mark mark) {
         resp_.truncate(mark.bytes);
         count_ = std::min(count_, mark.count);
     }
+    /// Drops every argument, keeping the buffer.
     void clear() noexcept {
         resp_.clear();
         count_ = 0;
     }
+    /// Makes room for @p bytes of encoding.
     void reserve(std::size_t bytes) { resp_.reserve(bytes); }
 
   private:

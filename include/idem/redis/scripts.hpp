@@ -18,8 +18,8 @@ namespace redis {
 // The helpers, one per snippet, so that each script includes only those it uses (every `local
 // function` is made anew on every call).
 
-// The store's clock in milliseconds, as text: ARGV's now, or the server's TIME cut as text
-// (seconds, then the first 3 of 6 digits of microseconds) rather than computed as a number.
+/// The store's clock in milliseconds, as text: ARGV's now, or the server's TIME cut as text
+/// (seconds, then the first 3 of 6 digits of microseconds) rather than computed as a number.
 inline constexpr const char* lua_now = R"(
 local function now_text(arg, t)
   if arg ~= '' then return arg end
@@ -28,19 +28,20 @@ local function now_text(arg, t)
 end
 )";
 
+/// Lua: int(x), a number as integer text (no exponent, no fraction).
 inline constexpr const char* lua_int = R"(
 local function int(x) return string.format('%d', x) end
 )";
 
-// `rest` is everything from attempts on, which a change of state keeps.
+/// `rest` is everything from attempts on, which a change of state keeps.
 inline constexpr const char* lua_record = R"(
 local function record(state, token, outcome, rest)
   return state .. '|' .. token .. '|' .. outcome .. '|' .. rest
 end
 )";
 
-// Every field of the header, and rest and tail (from #fp on); nothing when there is no record.
-// The times come back as numbers, `~<retention>` ones resolved against the record's expiry.
+/// Every field of the header, and rest and tail (from `#fp` on); nothing when there is no record.
+/// The times come back as numbers, `~<retention>` ones resolved against the record's expiry.
 inline constexpr const char* lua_split = R"(
 local function split(key, v)
   if not v then return nil end
@@ -61,8 +62,8 @@ local function split(key, v)
 end
 )";
 
-// The rest of a record that starts with `prefix` ('leased|<token>||': leased to that token),
-// else nil. No pattern: cheaper than split().
+/// The rest of a record that starts with `prefix` ('leased|\<token\>||': leased to that token),
+/// else nil. No pattern: cheaper than split().
 inline constexpr const char* lua_held = R"(
 local function held(v, prefix)
   if v and string.sub(v, 1, #prefix) == prefix then return string.sub(v, #prefix + 1) end
@@ -70,7 +71,7 @@ local function held(v, prefix)
 end
 )";
 
-// The fingerprint, scope and id in a record's rest.
+/// The fingerprint, scope and id in a record's rest.
 inline constexpr const char* lua_fields = R"(
 local function fields(rest)
   local nf, ns, ni, at = string.match(rest, '^%d+|~?%d+|~?%d*|%d*|(%d+)|(%d+)|(%d+)\n()')
@@ -80,7 +81,7 @@ local function fields(rest)
 end
 )";
 
-// Frees a lease if the token of `prefix` still holds it; attempts and the expiry stay.
+/// Frees a lease if the token of `prefix` still holds it; attempts and the expiry stay.
 inline constexpr const char* lua_release = R"(
 local function release(key, prefix)
   local rest = held(redis.call('GET', key), prefix)
@@ -90,8 +91,8 @@ local function release(key, prefix)
 end
 )";
 
-// lua_release for a claim whose effect never started (a pipelined claim whose answer was lost):
-// it also takes back the attempt the claim counted.
+/// lua_release for a claim whose effect never started (a pipelined claim whose answer was lost):
+/// it also takes back the attempt the claim counted.
 inline constexpr const char* lua_release_unstarted = R"(
 local function release(key, prefix)
   local rest = held(redis.call('GET', key), prefix)
@@ -103,8 +104,8 @@ local function release(key, prefix)
 end
 )";
 
-// Adds a dead letter to a stream: assigns `add_letter` (declared by the caller; needs
-// lua_now). The clock is read only here, once.
+/// Adds a dead letter to a stream: assigns `add_letter` (declared by the caller; needs
+/// lua_now). The clock is read only here, once.
 inline constexpr const char* lua_add_letter = R"(
 add_letter = function(key, scope, id, count, reason, payload, created_at)
   local t = redis.call('TIME')
@@ -115,6 +116,7 @@ add_letter = function(key, scope, id, count, reason, payload, created_at)
 end
 )";
 
+/// A script's source: @p parts (snippets, then the body) back to back.
 inline std::string lua(std::initializer_list<const char*> parts) {
     std::string out;
     for (const char* part : parts)
@@ -122,11 +124,11 @@ inline std::string lua(std::initializer_list<const char*> parts) {
     return out;
 }
 
-// KEYS: the claim records, one per id. ARGV: token, lease_ms, retention_ms, now, then per key
-// the fields of its new record ("#fp|#scope|#id\n" fp scope id). One script for a whole batch:
-// one call instead of one per id. Answers, per key, 1 for a new claim (attempt 1, the
-// fingerprint sent) or {status, detail, fingerprint, attempts}: an array of them, or for one
-// key its answer alone.
+/// KEYS: the claim records, one per id. ARGV: token, lease_ms, retention_ms, now, then per key
+/// the fields of its new record (`"#fp|#scope|#id\n"` fp scope id). One script for a whole batch:
+/// one call instead of one per id. Answers, per key, 1 for a new claim (attempt 1, the
+/// fingerprint sent) or {status, detail, fingerprint, attempts}: an array of them, or for one
+/// key its answer alone.
 inline const std::string& claim_source() {
     static const std::string source = lua({lua_now, lua_int, lua_record, lua_split, lua_fields}) +
                                       R"(
@@ -166,11 +168,11 @@ return out
     return source;
 }
 
-// KEYS: the claims' records (n_claims), then the stream of each dead letter, then leases to free
-// (unclaimed). ARGV: now, token, n_claims, {outcome, reason} * n_claims, n_letters, {scope, id,
-// delivery_count, reason, payload, created_at} * n_letters, n_commands, {argc, args...} *
-// n_commands. Every lease is checked before anything is written: a lost lease writes nothing.
-// Returns 'ok', or {why, detail...}. The clock is read only for dead letters.
+/// KEYS: the claims' records (n_claims), then the stream of each dead letter, then leases to free
+/// (unclaimed). ARGV: now, token, n_claims, {outcome, reason} * n_claims, n_letters, {scope, id,
+/// delivery_count, reason, payload, created_at} * n_letters, n_commands, {argc, args...} *
+/// n_commands. Every lease is checked before anything is written: a lost lease writes nothing.
+/// Returns 'ok', or {why, detail...}. The clock is read only for dead letters.
 inline const std::string& complete_source() {
     // The common commit (leases held, the effect's writes, no dead letter) runs no `local
     // function` statement: each one builds a closure on every call. The helpers are made only
@@ -243,18 +245,18 @@ return 'ok'
     return source;
 }
 
-// The claim and the commit of a local effect (idem::local_effect: its only effect is the
-// transaction's queued writes, already computed with no claim held) in ONE script. KEYS: the
-// claim record, its dead letters. ARGV: now, retention_ms, lease_ms, max_attempts, outcome
-// (processed or rejected; '' for an effect that threw: count the attempt, apply nothing, leave
-// the id free), reason, the record's fields ("#fp|#scope|#id\n" fp scope id), the whole record
-// of a new id (made by the client, as the SET claim's), n_commands, {argc, args...} *
-// n_commands. A new id (or a released or expired claim) has the writes applied and the claim
-// recorded done with the outcome; anything else applies nothing. Answers 'ok' (a new id,
-// committed), or {status, detail, fingerprint, attempts}: duplicate (detail: the recorded
-// outcome), in_progress (the lease's time left), limit (a takeover would reach max_attempts:
-// nothing applied, take the ordinary path), committed (a takeover or a counted failure; detail:
-// the state taken over); or {command_failed | partial, k, why} as the commit.
+/// The claim and the commit of a local effect (idem::local_effect: its only effect is the
+/// transaction's queued writes, already computed with no claim held) in ONE script. KEYS: the
+/// claim record, its dead letters. ARGV: now, retention_ms, lease_ms, max_attempts, outcome
+/// (processed or rejected; '' for an effect that threw: count the attempt, apply nothing, leave
+/// the id free), reason, the record's fields (`"#fp|#scope|#id\n"` fp scope id), the whole record
+/// of a new id (made by the client, as the SET claim's), n_commands, {argc, args...} *
+/// n_commands. A new id (or a released or expired claim) has the writes applied and the claim
+/// recorded done with the outcome; anything else applies nothing. Answers 'ok' (a new id,
+/// committed), or {status, detail, fingerprint, attempts}: duplicate (detail: the recorded
+/// outcome), in_progress (the lease's time left), limit (a takeover would reach max_attempts:
+/// nothing applied, take the ordinary path), committed (a takeover or a counted failure; detail:
+/// the state taken over); or {command_failed | partial, k, why} as the commit.
 inline const std::string& claim_commit_source() {
     // The common case (a new id) is one SET NX of the client's record and the writes, with no
     // `local function` made (each builds a closure per call) and no string built; the rest
@@ -320,7 +322,7 @@ return answer
     return source;
 }
 
-// Calls the release() defined before it on every key; answers how many leases it freed.
+/// Calls the release() defined before it on every key; answers how many leases it freed.
 inline constexpr const char* lua_release_each = R"(
 local mine = 'leased|' .. ARGV[1] .. '||'
 local freed = 0
@@ -330,21 +332,21 @@ end
 return freed
 )";
 
-// KEYS: claim records. ARGV: token. Frees only leases this token holds; attempts stay.
+/// KEYS: claim records. ARGV: token. Frees only leases this token holds; attempts stay.
 inline const std::string& release_source() {
     static const std::string source = lua({lua_record, lua_held, lua_release, lua_release_each});
     return source;
 }
 
-// KEYS: claim records. ARGV: token. Frees only leases this token holds, each with one attempt
-// fewer (their effects never started).
+/// KEYS: claim records. ARGV: token. Frees only leases this token holds, each with one attempt
+/// fewer (their effects never started).
 inline const std::string& release_unstarted_source() {
     static const std::string source =
         lua({lua_record, lua_held, lua_release_unstarted, lua_release_each});
     return source;
 }
 
-// KEYS[1] lock. ARGV: owner, expire_ms, now. 1: taken (or renewed by its owner), 0: held.
+/// KEYS[1] lock. ARGV: owner, expire_ms, now. 1: taken (or renewed by its owner), 0: held.
 inline const std::string& lock_source() {
     static const std::string source = lua({lua_now, lua_int}) + R"(
 local now = tonumber(now_text(ARGV[3]))
@@ -357,7 +359,7 @@ return 1
     return source;
 }
 
-// KEYS[1] lock. ARGV: owner. 1: released, 0: not ours.
+/// KEYS[1] lock. ARGV: owner. 1: released, 0: not ours.
 inline constexpr const char* unlock_source = R"(
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -366,8 +368,8 @@ end
 return 0
 )";
 
-// KEYS: claim records. ARGV: cutoff_ms, now. Deletes claims claimed before the cutoff (never a
-// live lease). Returns {claims deleted, released records deleted}.
+/// KEYS: claim records. ARGV: cutoff_ms, now. Deletes claims claimed before the cutoff (never a
+/// live lease). Returns {claims deleted, released records deleted}.
 inline const std::string& purge_claims_source() {
     static const std::string source = lua({lua_now, lua_split}) + R"(
 local now = tonumber(now_text(ARGV[2]))
@@ -386,7 +388,7 @@ return {claims, released}
     return source;
 }
 
-// KEYS: locks. ARGV: now. Deletes locks whose expiry is before now.
+/// KEYS: locks. ARGV: now. Deletes locks whose expiry is before now.
 inline const std::string& purge_locks_source() {
     static const std::string source = lua({lua_now}) + R"(
 local now = tonumber(now_text(ARGV[1]))
@@ -403,38 +405,47 @@ return n
     return source;
 }
 
+/// claim_source() as a Script (made once).
 inline const Script& claim_script() {
     static const Script script{"claim", claim_source().c_str()};
     return script;
 }
+/// complete_source() as a Script (made once).
 inline const Script& complete_script() {
     static const Script script{"complete", complete_source().c_str()};
     return script;
 }
+/// claim_commit_source() as a Script (made once).
 inline const Script& claim_commit_script() {
     static const Script script{"claim and commit", claim_commit_source().c_str()};
     return script;
 }
+/// release_source() as a Script (made once).
 inline const Script& release_script() {
     static const Script script{"release", release_source().c_str()};
     return script;
 }
+/// release_unstarted_source() as a Script (made once).
 inline const Script& release_unstarted_script() {
     static const Script script{"release unstarted", release_unstarted_source().c_str()};
     return script;
 }
+/// lock_source() as a Script (made once).
 inline const Script& lock_script() {
     static const Script script{"lock", lock_source().c_str()};
     return script;
 }
+/// unlock_source as a Script (made once).
 inline const Script& unlock_script() {
     static const Script script{"unlock", unlock_source};
     return script;
 }
+/// purge_claims_source() as a Script (made once).
 inline const Script& purge_claims_script() {
     static const Script script{"purge claims", purge_claims_source().c_str()};
     return script;
 }
+/// purge_locks_source() as a Script (made once).
 inline const Script& purge_locks_script() {
     static const Script script{"purge locks", purge_locks_source().c_str()};
     return script;
@@ -446,14 +457,15 @@ IDEM_END_NAMESPACE
 IDEM_BEGIN_NAMESPACE
 namespace redis {
 
-// The Redis Streams consumer's dead letter: KEYS[1] dead-letter stream, KEYS[2] stream. ARGV:
-// group, entry id, then the XADD field/value pairs. A script rather than MULTI/EXEC: EXEC still
-// runs the XACK when the XADD fails at run time (a dead-letter key of another type), which would
-// ack an entry that was never parked. Here a failing XADD raises before the XACK.
+/// The Redis Streams consumer's dead letter: KEYS[1] dead-letter stream, KEYS[2] stream. ARGV:
+/// group, entry id, then the XADD field/value pairs. A script rather than MULTI/EXEC: EXEC still
+/// runs the XACK when the XADD fails at run time (a dead-letter key of another type), which would
+/// ack an entry that was never parked. Here a failing XADD raises before the XACK.
 inline constexpr const char* stream_dead_letter_ack_source = R"(
 redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
 return redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
 )";
+/// stream_dead_letter_ack_source as a Script (made once).
 inline const Script& stream_dead_letter_ack_script() {
     static const Script script{"stream dead letter", stream_dead_letter_ack_source};
     return script;

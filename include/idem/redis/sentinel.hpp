@@ -31,16 +31,22 @@ namespace redis {
 
 /// @brief An address a Sentinel gave.
 struct MasterAddress {
+    /// The host name or address, as the Sentinel gave it.
     std::string host;
+    /// The port.
     int port = 0;
 };
 
 namespace sentinel_detail {
 
+/// redisFree() as a deleter.
 struct SentinelContextFree {
+    /// Frees @p c.
     void operator()(redisContext* c) const noexcept { redisFree(c); }
 };
+/// freeReplyObject() as a deleter.
 struct SentinelReplyFree {
+    /// Frees @p r.
     void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
 };
 

@@ -34,7 +34,9 @@ namespace redis {
 struct SlotGroup {
     std::vector<std::size_t> claims;   ///< into the transaction's claims
     std::vector<std::size_t> letters;  ///< into its dead letters
+    /// Keys of leases to free, in the transaction.
     std::vector<const std::string*> released;
+    /// The queued writes that go with these claims.
     Commands commands;
 };
 
@@ -72,9 +74,11 @@ inline std::string slot_problem(const TransactionState& tx, const Reply& reply,
 /// The writes queued on a cluster, each placed: with its claim's slot group (or beside the
 /// claims, for a write of no message), or in @p later (outside its claim's slot).
 struct LaterWrite {
+    /// The hash slot of its key.
     std::uint16_t slot;
     const std::string* owner;  ///< the claim key of its message; null: none
     std::string_view resp;     ///< {argc, args...} as encoded in the transaction's commands
+    /// How many encoded arguments `resp` holds (each argc included).
     std::size_t count;
 };
 

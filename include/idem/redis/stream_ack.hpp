@@ -55,14 +55,18 @@ struct StreamAck {
                                                          : std::move(dead_letter_stream_)) {}
 
     RedisEndpoint endpoint{};  ///< the server and database the stream is on
+    /// The stream the entry was read from.
     std::string stream{};
+    /// The consumer group that read it.
     std::string group{};
+    /// The entry's id, `<ms>-<seq>`.
     std::string entry_id{};
     /// Where a dead letter of this entry also goes, with the entry's fields; empty:
     /// `<stream>.dead-letters` (dead_letter_destination()).
     std::string dead_letter_stream{};
     /// The entry's fields, copied to the dead-letter stream with a dead letter.
     std::vector<std::pair<std::string, std::string>> fields{};
+    /// The entry's delivery count, written with a dead letter.
     std::uint32_t delivery_count = 0;
 
     /// @brief Where a dead letter of this entry goes: dead_letter_stream, or

@@ -24,24 +24,33 @@ namespace redis {
 
 /// One claim a transaction holds (or is taking).
 struct HeldClaim {
+    /// The policy scope.
     std::string scope;
+    /// The message id.
     std::string id;
+    /// Its claim key (KeyLayout::claim()).
     std::string key;
+    /// Stored with the claim.
     std::string fingerprint;
     std::string_view outcome;  ///< a Disposition's name (static text); empty: none yet
+    /// Recorded with the outcome.
     std::string reason;
 };
 
 /// Commands for a commit script, each as {argc, args...}.
 struct Commands {
+    /// The commands, each as {argc, args...}, encoded.
     Args args;
+    /// How many commands.
     std::size_t count = 0;
+    /// Appends @p command (its arguments) as {argc, args...}.
     void add(const std::vector<std::string>& command) {
         args.add(command.size());
         for (const auto& arg : command)
             args.add(arg);
         ++count;
     }
+    /// Appends @p command (its arguments) as {argc, args...}.
     void add(std::initializer_list<std::string_view> command) {
         args.add(command.size());
         for (std::string_view arg : command)
@@ -59,26 +68,39 @@ struct Commands {
 struct TransactionState {
     /// A savepoint: how much of each list it keeps.
     struct Mark {
+        /// Where the queued writes' encoding ended.
         Args::Mark commands;
+        /// How many writes were queued.
         std::size_t command_count;
+        /// How many dead letters.
         std::size_t letters;
+        /// How many claims were held.
         std::size_t claims;
     };
     /// Where a queued write goes on a cluster: its key's slot, and the claim of its message.
     struct WritePlace {
         Args::Mark end;  ///< where its encoding ends in commands
+        /// The hash slot of its key.
         std::uint16_t slot;
         std::string owner;  ///< the claim key of the message it was queued for; empty: none
     };
 
+    /// This transaction's lease token: a lease is ours when it carries it.
     std::string token;
+    /// How long its claims are leased (ClaimTerms::lease).
     std::chrono::milliseconds lease{};
+    /// How long a finished claim is kept (ClaimTerms::retention).
     std::chrono::seconds retention{};
+    /// The claims held, in claim order.
     std::vector<HeldClaim> claims;
+    /// Dead letters to add at the commit.
     std::vector<DeadLetter> letters;
     Args commands;  ///< the queued writes, encoded for the commit script
+    /// How many writes are queued in `commands`.
     std::size_t command_count = 0;
+    /// The open savepoints, innermost last.
     std::vector<Mark> savepoints;
+    /// Keys of the try_lock()s taken, released at the end.
     std::vector<std::string> locks;
     std::vector<std::string> released;  ///< keys of unclaim()ed leases, freed at the end
     /// Keys this transaction may hold a lease on whose effect never started (a pipelined claim
@@ -88,6 +110,7 @@ struct TransactionState {
     std::vector<WritePlace> write_places;  ///< on a cluster: one per queued write
     mutable std::size_t last_found = 0;    ///< find_held()'s hint
 
+    /// `retention` in milliseconds, as the scripts take it.
     [[nodiscard]] long long retention_ms() const {
         return std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
     }
@@ -157,6 +180,7 @@ struct TransactionState {
             mark.claims = std::min(mark.claims, claims.size());
     }
 
+    /// Opens a savepoint: remembers how much of each list there is now.
     void savepoint() {
         savepoints.push_back(Mark{commands.mark(), command_count, letters.size(), claims.size()});
     }

@@ -46,6 +46,7 @@ IDEM_BEGIN_NAMESPACE
 /// is replaced on the next send). One Relay thread at a time; movable.
 class JetStreamSender {
   public:
+    /// @brief A sender to the JetStream server(s) of @p endpoint; connects on the first send.
     explicit JetStreamSender(nats::Endpoint endpoint) : endpoint_(std::move(endpoint)) {}
 
     /// @brief Publishes @p row and waits for the PubAck.
@@ -67,6 +68,7 @@ class JetStreamSender {
         }
     }
 
+    /// @brief The NATS server (or cluster) it publishes to.
     [[nodiscard]] const nats::Endpoint& endpoint() const noexcept { return endpoint_; }
 
   private:

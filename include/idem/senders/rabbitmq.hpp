@@ -58,6 +58,9 @@ struct RabbitMqSenderOptions {
 /// One thread at a time (one connection); movable, so a Relay can own it.
 class RabbitMqSender {
   public:
+    /// @brief A sender to the broker at @p endpoint, publishing as @p options says; connects on the
+    /// first send.
+    /// @throws usage_error when options.channel is 0 (the connection's own).
     explicit RabbitMqSender(RabbitEndpoint endpoint, RabbitMqSenderOptions options = {})
         : options_(std::move(options)),
           connection_(std::make_unique<rabbitmq::Connection>(std::move(endpoint))) {
@@ -94,6 +97,7 @@ class RabbitMqSender {
         }
     }
 
+    /// @brief The options in use.
     [[nodiscard]] const RabbitMqSenderOptions& options() const noexcept { return options_; }
 
   private:

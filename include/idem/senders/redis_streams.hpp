@@ -96,7 +96,9 @@ class RedisStreamSender {
         throw broker_error(why);
     }
 
+    /// @brief The options in use.
     [[nodiscard]] const RedisStreamSenderOptions& options() const noexcept { return options_; }
+    /// @brief The Redis server it appends to.
     [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return connection_->endpoint(); }
 
   private:

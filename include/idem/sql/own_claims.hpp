@@ -19,11 +19,17 @@
 IDEM_BEGIN_NAMESPACE
 namespace sql {
 
+/// @brief The claims one SQL transaction inserted, with the savepoint depth each outcome was
+/// recorded at (see the file comment); cleared when the transaction ends.
 class OwnClaims {
   public:
+    /// @brief One claim this transaction inserted.
     struct Claim {
+        /// The policy scope.
         std::string scope;
+        /// The message id.
         std::string id;
+        /// Stored with the claim; a second claim's duplicate answers it.
         std::string fingerprint;
         int recorded_depth = -1;  ///< savepoint depth its outcome was recorded at; -1: none
     };
@@ -52,6 +58,8 @@ class OwnClaims {
         return result;
     }
 
+    /// Remembers a claim the transaction just inserted (its row says 'processed', no outcome
+    /// recorded yet).
     void add(std::string_view scope, std::string_view id, std::string_view fingerprint) {
         claims_.push_back(Claim{std::string(scope), std::string(id), std::string(fingerprint), -1});
     }
@@ -87,6 +95,7 @@ class OwnClaims {
         return false;
     }
 
+    /// A savepoint opened: claims made from now on go with a rollback to it.
     void savepoint() { marks_.push_back(claims_.size()); }
 
     /// Claims made since the savepoint at @p depth are gone, outcomes recorded since undone.
@@ -113,9 +122,12 @@ class OwnClaims {
         }
     }
 
+    /// The claims, in the order they were made (commit() marks those without an outcome 'claimed').
     [[nodiscard]] const std::vector<Claim>& claims() const noexcept { return claims_; }
+    /// How many claims the transaction holds.
     [[nodiscard]] std::size_t size() const noexcept { return claims_.size(); }
 
+    /// Forgets everything (the transaction ended).
     void clear() noexcept {
         claims_.clear();
         marks_.clear();

@@ -64,6 +64,7 @@ enum class stmt : std::size_t {
     count,
 };
 
+/// The number of statements of a dialect (stmt's values before `count`).
 inline constexpr std::size_t statement_count = static_cast<std::size_t>(stmt::count);
 
 /// The result columns of outbox_lease and outbox_all, in this order.
@@ -73,10 +74,13 @@ inline constexpr std::string_view outbox_columns =
 
 /// One dialect's texts, indexed by stmt.
 struct statement_table {
+    /// The texts, indexed by stmt's value.
     std::array<std::string, statement_count> text{};
+    /// The text of statement @p which.
     [[nodiscard]] const std::string& operator[](stmt which) const noexcept {
         return text[static_cast<std::size_t>(which)];
     }
+    /// The text of statement @p which, to fill in.
     std::string& operator[](stmt which) noexcept { return text[static_cast<std::size_t>(which)]; }
 };
 
@@ -302,6 +306,8 @@ inline std::string mysql_offset_key(std::string_view group, std::string_view top
            "), 10, '0'), " + t + ", " + std::string(partition) + "), 256))";
 }
 
+/// MySQL / MariaDB's texts: the dialect described at mysql_claim_key() (`?N` rendered as literals,
+/// hashed unique keys, no RETURNING).
 inline statement_table mysql_statements() {
     const std::string cols(outbox_columns);
     const std::string claim =

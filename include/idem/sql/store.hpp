@@ -66,7 +66,9 @@ class basic_transaction;
 template <class Driver>
 class basic_store {
   public:
+    /// The transaction begin() returns.
     using Transaction = basic_transaction<Driver>;
+    /// The driver this store runs on (sql/driver.hpp).
     using driver_type = Driver;
 
     /// @brief Version of the idem tables this store creates and migrates to, recorded in its
@@ -317,8 +319,12 @@ class basic_store {
     class Lock {
       public:
         Lock() noexcept = default;
+        /// Takes @p store's mutex (@p what names the call in messages). @throws usage_error when
+        /// this thread holds it already; in a fork()ed child, what reopening the connection throws.
         Lock(basic_store& store, std::string_view what) : store_(&store) { store.lock(what); }
+        /// Takes @p other's hold of the mutex.
         Lock(Lock&& other) noexcept : store_(std::exchange(other.store_, nullptr)) {}
+        /// Releases this hold, then takes @p other's.
         Lock& operator=(Lock&& other) noexcept {
             if (this != &other) {
                 unlock();
@@ -329,6 +335,7 @@ class basic_store {
         Lock(const Lock&) = delete;
         Lock& operator=(const Lock&) = delete;
         ~Lock() { unlock(); }
+        /// Releases the mutex now (idempotent).
         void unlock() noexcept {
             if (store_ != nullptr) std::exchange(store_, nullptr)->unlock();
         }
@@ -349,12 +356,16 @@ class basic_store {
         if (connection_pid_ != ::getpid()) forget_inherited();
     }
 
+    /// The driver, for a face's backend-specific members (the connection accessor).
     [[nodiscard]] Driver& driver() noexcept { return driver_; }
+    /// The driver, for a face's backend-specific members (const).
     [[nodiscard]] const Driver& driver() const noexcept { return driver_; }
 
+    /// The store's clock: the one given at construction, else the system clock.
     [[nodiscard]] std::chrono::system_clock::time_point now() const {
         return clock_ ? clock_() : std::chrono::system_clock::now();
     }
+    /// now() in milliseconds since the Unix epoch, as the tables store times.
     [[nodiscard]] std::int64_t now_ms() const { return to_unix_ms(now()); }
 
   private:
@@ -466,6 +477,8 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
     /// Each savepoint is a statement: the handler avoids them on its common path.
     static constexpr bool cheap_savepoints = false;
 
+    /// @brief Takes @p other's open transaction (and the store's mutex with it); @p other is left
+    /// ended.
     basic_transaction(basic_transaction&& other) noexcept
         : store_(std::exchange(other.store_, nullptr)),
           lock_(std::move(other.lock_)),
@@ -473,6 +486,7 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
           savepoints_(std::exchange(other.savepoints_, 0)),
           own_claims_(std::move(other.own_claims_)),
           offsets_(std::move(other.offsets_)) {}
+    /// @brief Rolls back this transaction if it is open (never throws), then takes @p other's.
     basic_transaction& operator=(basic_transaction&& other) noexcept {
         if (this != &other) {
             end_noexcept();

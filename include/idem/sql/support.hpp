@@ -32,6 +32,7 @@ inline std::uint32_t to_count(std::int64_t value) noexcept {
 
 /// For statements whose rows are not read.
 struct no_rows {
+    /// Ignores the row.
     template <class Row>
     void operator()(const Row&) const noexcept {}
 };

@@ -60,12 +60,16 @@ class TransactionFace {
 /// The SQLite driver (the contract: sql/driver.hpp).
 class Driver {
   public:
+    /// Names the backend in messages ("idem sqlite: ...").
     static constexpr std::string_view name = "sqlite";
+    /// Names the store class in messages.
     static constexpr std::string_view store_class = "SqliteStore";
     /// User SQL strings whose prepared statements are kept; further ones are prepared per call.
     static constexpr std::size_t max_cached_statements = 256;
+    /// The transaction's SQLite members (db()), mixed into basic_transaction.
     template <class Tx>
     using transaction_face = TransactionFace<Tx>;
+    /// A result row, as run() and query() pass it to their callback.
     using Row = sqlite::Row;
 
     /// Opens (creating if needed) the database file and owns the connection.
@@ -98,10 +102,13 @@ class Driver {
     /// Finalizes the statements; closes the connection only if the driver opened it.
     ~Driver() { close_noexcept(); }
 
+    /// The connection (owned or borrowed); null once closed or forgotten.
     [[nodiscard]] sqlite3* db() const noexcept { return db_; }
 
     // -- fork() and ping (sql/driver.hpp) --------------------------------------------------
 
+    /// True when the driver opened the database file itself (a path), false for a borrowed
+    /// connection.
     [[nodiscard]] bool owns_connection() const noexcept { return owned_; }
     /// In a fork()ed child: drops the parent's connection (forget_inherited) and opens the
     /// file again, set up as the first time (busy timeout, WAL, synchronous).
@@ -149,11 +156,17 @@ class Driver {
         }
     }
 
+    /// TEXT values are bound as they are: SQLite stores any bytes.
     static std::string_view text(std::string_view value) noexcept { return value; }
+    /// Every outbox intent fits SQLite's columns: nothing to refuse.
     static void check_outbox(const OutboxIntent&) noexcept {}
 
     // -- outside a transaction ------------------------------------------------------------
 
+    /// One statement outside a transaction (sql/driver.hpp): a read as it is, a write in its own
+    /// BEGIN IMMEDIATE ... COMMIT, so it waits for other writers with the busy timeout. @return the
+    /// rows changed. @throws store_timeout past the busy timeout, store_unavailable for other
+    /// SQLite errors, commit_failed when the COMMIT is refused.
     template <class OnRow, class... Args>
     std::int64_t run(sql::stmt which, std::string_view what, sql::access mode, OnRow&& on_row,
                      const Args&... args) {
@@ -174,6 +187,8 @@ class Driver {
         return changed;
     }
 
+    /// Takes, renews or takes over (when expired) the idem_locks row of @p key for @p owner until
+    /// @p expires_ms, committed at once. @return whether @p owner holds it now.
     bool hold_lock(std::string_view key, std::string_view owner, std::int64_t expires_ms,
                    std::int64_t now_ms) {
         // Inserts a free lock; takes over an expired one or renews our own; leaves another
@@ -184,19 +199,25 @@ class Driver {
 
     // -- the transaction ------------------------------------------------------------------
 
+    /// BEGIN IMMEDIATE: this connection becomes the database's one writer until the transaction
+    /// ends. @throws as sql/driver.hpp's begin().
     void begin(std::string_view what) { open_transaction(what); }
 
+    /// A write inside the transaction, run at once (SQLite has no pipeline).
     template <class... Args>
     void write(sql::stmt which, std::string_view what, const Args&... args) {
         step_own(which, what, args...);
     }
 
+    /// One statement inside the transaction; @p on_row per result row. @return the rows changed.
     template <class OnRow, class... Args>
     std::int64_t query(sql::stmt which, std::string_view what, OnRow&& on_row,
                        const Args&... args) {
         return step_rows(which, what, on_row, args...);
     }
 
+    /// Whether the transaction is still open: SQLite may have rolled it back after an error (lost,
+    /// with the error as @p cause), or the effect ended it with its own COMMIT / ROLLBACK (ended).
     sql::tx_health health(bool after_user_sql, std::string& cause) const {
         if (after_user_sql || sqlite3_get_autocommit(db_) == 0) return sql::tx_health::ok;
         // The transaction ended without us: SQLite rolled it back after an error (disk full,
@@ -209,6 +230,9 @@ class Driver {
         return sql::tx_health::lost;
     }
 
+    /// INSERT OR IGNORE of the claim: claimed when the row went in (added to @p own), else the
+    /// stored duplicate. Under BEGIN IMMEDIATE no other writer is running, so there is no
+    /// in_progress. @throws store_unavailable for a SQLite error (store_timeout when busy).
     ClaimResult claim(sql::OwnClaims& own, std::string_view scope, std::string_view id,
                       std::string_view fingerprint, std::int64_t now_ms) {
         if (step_own(sql::stmt::claim_insert, "claim", Blob{scope}, Blob{id}, now_ms,
@@ -230,11 +254,14 @@ class Driver {
         return sql::stored_duplicate(column_string(stmt, 0), column_string(stmt, 1), name);
     }
 
+    /// The claims of @p ids in order, as claim() one by one would answer them.
     std::vector<ClaimResult> claim_many(sql::OwnClaims& own, std::string_view scope,
                                         const std::vector<std::string_view>& ids,
                                         const std::vector<std::string>& fingerprints,
                                         std::int64_t now);
 
+    /// The overlap lock: the transaction's write lock already excludes other transactions, so only
+    /// an unexpired hold_lock() row of @p key refuses it.
     bool try_lock(std::string_view key, std::int64_t now_ms) {
         // Inside BEGIN IMMEDIATE this connection is the only writer until the transaction
         // ends, so the write lock is the overlap lock: only an unexpired hold_lock() refuses it.
@@ -244,13 +271,17 @@ class Driver {
         return !held;
     }
 
+    /// SAVEPOINT idem_effect.
     void savepoint() { step_own(sql::stmt::savepoint, "savepoint"); }
+    /// ROLLBACK TO idem_effect, then RELEASE it.
     void rollback_to_savepoint() {
         step_own(sql::stmt::rollback_to_savepoint, "rollback_to_savepoint");
         step_own(sql::stmt::release_savepoint, "rollback_to_savepoint (release)");
     }
+    /// RELEASE idem_effect.
     void release_savepoint() { step_own(sql::stmt::release_savepoint, "release_savepoint"); }
 
+    /// COMMIT. @throws commit_failed when SQLite refuses it (all rolled back).
     void commit() {
         sqlite3_stmt* stmt = prepared(sql::stmt::commit_tx);
         const int rc = sqlite3_step(stmt);
@@ -265,6 +296,8 @@ class Driver {
         throw commit_failed(message);
     }
 
+    /// ROLLBACK when a transaction is open. @return true when the connection is outside a
+    /// transaction now.
     bool rollback_noexcept() noexcept {
         if (sqlite3_get_autocommit(db_) == 0) {
             sqlite3_stmt*& stmt = own_[index(sql::stmt::rollback_tx)];
@@ -282,8 +315,10 @@ class Driver {
         return !rollback_pending_;
     }
 
+    /// SQLite's message for the connection's last failure.
     [[nodiscard]] std::string last_error() const { return sqlite3_errmsg(db_); }
 
+    /// Forgets the transaction's state (open, its first error).
     void end_transaction() noexcept {
         tx_open_ = false;
         tx_error_.clear();
@@ -291,16 +326,24 @@ class Driver {
 
     // -- the effect's own SQL -------------------------------------------------------------
 
+    /// The effect's own statement on this connection (inside the transaction: SQLite has one
+    /// connection per store, so sql::context is ignored). @return the rows changed. @throws
+    /// store_timeout when busy, store_error naming the SQL, usage_error for a wrong parameter
+    /// count.
     template <class... Args>
     int execute(sql::context, std::string_view sql, const Args&... args) {
         return execute_impl(Kind::user, true, sql, args...);
     }
+    /// The first column of the first row of the effect's query, as an integer; nullopt without a
+    /// row. @throws as execute().
     template <class... Args>
     std::optional<std::int64_t> query_int(sql::context, std::string_view sql, const Args&... args) {
         return first_value<std::int64_t>(
             Kind::user, true, sql, [](sqlite3_stmt* s) { return sqlite3_column_int64(s, 0); },
             args...);
     }
+    /// The first column of the first row of the effect's query, as text; nullopt without a row.
+    /// @throws as execute().
     template <class... Args>
     std::optional<std::string> query_text(sql::context, std::string_view sql, const Args&... args) {
         return first_value<std::string>(
@@ -309,6 +352,7 @@ class Driver {
 
     // -- the schema -----------------------------------------------------------------------
 
+    /// The recorded schema version; nullopt when the idem_schema table does not exist.
     std::optional<std::int64_t> stored_schema_version() {
         const auto tables = first_value<std::int64_t>(
             Kind::idem, false,
@@ -317,33 +361,42 @@ class Driver {
         if (tables.value_or(0) == 0) return std::nullopt;
         return read_schema_version();
     }
+    /// BEGIN IMMEDIATE (two processes opening a fresh file serialize here) and the idem_schema
+    /// table.
     void begin_schema_change() {
         // BEGIN IMMEDIATE: two processes opening a fresh file at once serialize here.
         open_transaction("creating the idem schema");
         execute_ddl("CREATE TABLE IF NOT EXISTS idem_schema(version INTEGER NOT NULL)");
     }
+    /// One DDL statement of the migration.
     void execute_ddl(std::string_view sql) { execute_impl(Kind::idem, false, sql); }
+    /// The version in idem_schema, inside begin_schema_change().
     std::optional<std::int64_t> read_schema_version() {
         return first_value<std::int64_t>(
             Kind::idem, false, "SELECT max(version) FROM idem_schema",
             [](sqlite3_stmt* s) { return sqlite3_column_int64(s, 0); });
     }
+    /// Records @p version as the schema's.
     void write_schema_version(int version) {
         execute_impl(Kind::idem, false, "DELETE FROM idem_schema");
         execute_impl(Kind::idem, false, "INSERT INTO idem_schema(version) VALUES (?1)", version);
     }
+    /// Commits the migration.
     void commit_schema_change() {
         step_own(sql::stmt::commit_tx, "committing the idem schema");
         end_transaction();
     }
+    /// "the database '<file>'", for messages about the schema.
     [[nodiscard]] std::string schema_location() const {
         const char* file = sqlite3_db_filename(db_, "main");
         if (file == nullptr || *file == '\0') return "the database (in-memory database)";
         return fmt::format("the database '{}'", file);
     }
+    /// Where else the tables could be, for messages: another database file.
     [[nodiscard]] std::string_view schema_elsewhere() const noexcept {
         return "another database file";
     }
+    /// The DDL from @p from_version to the current one (sql/schema.hpp).
     [[nodiscard]] std::vector<std::string> schema_ddl(int from_version) const {
         return sql::sqlite_schema_ddl(from_version);
     }

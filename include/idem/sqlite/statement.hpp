@@ -30,6 +30,8 @@ using sql::always_false;
 using sql::is_char_v;
 using sql::is_optional;
 
+/// True for SQLITE_BUSY and SQLITE_LOCKED (extended codes included): a wait on another connection
+/// past the busy timeout.
 inline bool is_busy(int rc) noexcept {
     const int primary = rc & 0xff;
     return primary == SQLITE_BUSY || primary == SQLITE_LOCKED;
@@ -41,6 +43,8 @@ inline std::string error_text(sqlite3* db, int rc) {
     return fmt::format("{} (SQLite error {})", sqlite3_errmsg(db), sqlite3_extended_errcode(db));
 }
 
+/// Binds @p text as TEXT, not copied (the value outlives the statement's use). @return SQLite's
+/// result code.
 inline int bind_text(sqlite3_stmt* stmt, int index, std::string_view text) noexcept {
     // SQLITE_STATIC: the caller's value outlives the statement's use (bindings are cleared
     // before execute() returns), so nothing is copied.
@@ -49,6 +53,8 @@ inline int bind_text(sqlite3_stmt* stmt, int index, std::string_view text) noexc
                                SQLITE_UTF8);
 }
 
+/// Binds @p bytes as a BLOB, not copied; empty binds a zero-length BLOB, not NULL. @return SQLite's
+/// result code.
 inline int bind_blob(sqlite3_stmt* stmt, int index, std::string_view bytes) noexcept {
     // A null pointer would bind NULL; an empty id is a zero-length BLOB, not NULL.
     if (bytes.empty()) return sqlite3_bind_zeroblob(stmt, index, 0);
@@ -123,6 +129,8 @@ inline std::string column_string(sqlite3_stmt* stmt, int column) {
 /// Resets and clears a cached statement (or finalizes a one-off one) when a use ends.
 class StatementUse {
   public:
+    /// Guards one use of @p stmt: a cached one (@p one_off false) is reset and its bindings
+    /// cleared, a one-off one finalized.
     StatementUse(sqlite3_stmt* stmt, bool one_off) noexcept : stmt_(stmt), one_off_(one_off) {}
     StatementUse(const StatementUse&) = delete;
     StatementUse& operator=(const StatementUse&) = delete;
@@ -143,15 +151,21 @@ class StatementUse {
 /// One result row of a stepped statement (sql/driver.hpp's Row).
 class Row {
   public:
+    /// The current row of @p stmt, just stepped to SQLITE_ROW.
     explicit Row(sqlite3_stmt* stmt) noexcept : stmt_(stmt) {}
+    /// A BLOB or TEXT column's bytes; NULL gives "".
     [[nodiscard]] std::string bytes(int column) const { return column_string(stmt_, column); }
+    /// An integer column (booleans as 0 / 1).
     [[nodiscard]] std::int64_t int64(int column) const noexcept {
         return sqlite3_column_int64(stmt_, column);
     }
+    /// An integer column as a boolean (non-zero).
     [[nodiscard]] bool boolean(int column) const noexcept { return int64(column) != 0; }
+    /// True when the column is NULL.
     [[nodiscard]] bool is_null(int column) const noexcept {
         return sqlite3_column_type(stmt_, column) == SQLITE_NULL;
     }
+    /// The statement, for the columns the helpers above do not read.
     [[nodiscard]] sqlite3_stmt* stmt() const noexcept { return stmt_; }
 
   private:
