@@ -199,6 +199,12 @@ class KafkaWorker final : public BrokerWorker {
         consumer_options.poll_wait = std::chrono::milliseconds(100);
         consumer_options.redelivery_backoff = settings_.backoff;
         consumer_options.on_error = settings_.on_error;
+        if (options_.relayed || options_.role == Role::service_a) {
+            // A chain's services: max.poll.interval.ms (the visibility timeout) past any run, so
+            // the client never re-sends a JoinGroup the mock cluster dropped (its JoinGroup
+            // times out after max.poll.interval.ms + 3 s); docs/chain.md, "Kafka's mock".
+            consumer_options.visibility_timeout = std::chrono::hours(1);
+        }
         idem::KafkaConsumer consumer{
             consumer_config(options_.broker_address).client_id(settings_.consumer_name),
             consumer_options, [&](const idem::Delivery& delivery, const idem::KafkaMessage& m) {
