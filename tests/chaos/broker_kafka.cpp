@@ -201,8 +201,9 @@ class KafkaWorker final : public BrokerWorker {
         consumer_options.on_error = settings_.on_error;
         if (options_.relayed || options_.role == Role::service_a) {
             // A chain's services: max.poll.interval.ms (the visibility timeout) past any run, so
-            // the client never re-sends a JoinGroup the mock cluster dropped (its JoinGroup
-            // times out after max.poll.interval.ms + 3 s); docs/chain.md, "Kafka's mock".
+            // that a client never re-sends, under a member id the mock may have given another
+            // member since, a JoinGroup the mock dropped (it would after max.poll.interval.ms +
+            // 3 s); docs/chain.md, "Kafka's mock cluster".
             consumer_options.visibility_timeout = std::chrono::hours(1);
         }
         idem::KafkaConsumer consumer{

@@ -85,9 +85,9 @@ int run_chain_driver(const Options& o) {
     if (a.broker == BrokerKind::kafka || b.broker == BrokerKind::kafka) {
         // The servers started above keep their priority; this driver and everything it starts
         // from here (A's workers, the relay, B's workers) run 10 nice levels below them, so
-        // that the mock Kafka cluster's timers fire on time however busy its clients keep the
-        // machine: a late session check drops the group's parked requests (docs/chain.md,
-        // "Kafka's mock").
+        // that the run's own processes do not make the mock Kafka cluster's session check
+        // late: run late, it drops the members waiting in a round, and the answers it holds
+        // for them (docs/chain.md, "Kafka's mock cluster").
         errno = 0;
         if (::nice(10) == -1 && errno != 0) std::perror("idem_chaos: nice");
     }
