@@ -254,6 +254,13 @@ idem::KafkaConsumerOptions kafka_consumer_options(const Options& options,
     consumer_options.redelivery_backoff = settings.backoff;
     consumer_options.on_error = settings.on_error;
     consumer_options.store_probe = settings.store_probe;
+    if (options.relayed || options.role == Role::service_a) {
+        // A chain's services: max.poll.interval.ms (the visibility timeout) past any run, so
+        // that a client never re-sends, under a member id the mock may have given another member
+        // since, a JoinGroup the mock dropped (it would after max.poll.interval.ms + 3 s);
+        // docs/chain.md, "Kafka's mock cluster".
+        consumer_options.visibility_timeout = std::chrono::hours(1);
+    }
     return consumer_options;
 }
 

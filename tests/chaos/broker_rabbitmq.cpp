@@ -131,12 +131,19 @@ class RabbitmqRun final : public BrokerRun {
     long ready(const std::string& queue) {
         rmq::QueueDeclare passive;
         passive.passive = true;
-        try {
-            if (!connection_.connected()) connection_.connect();
-            if (!connection_.channel_open(ch)) connection_.open_channel(ch);
-            return static_cast<long>(connection_.declare_queue(ch, queue, passive).messages);
-        } catch (const rmq::channel_error&) {
-            return 0;
+        for (int attempt = 1;; ++attempt) {
+            try {
+                if (!connection_.connected()) connection_.connect();
+                if (!connection_.channel_open(ch)) connection_.open_channel(ch);
+                return static_cast<long>(connection_.declare_queue(ch, queue, passive).messages);
+            } catch (const rmq::channel_error&) {
+                return 0;
+            } catch (const idem::broker_unavailable&) {
+                // The connection dropped (dropped already): idle past its heartbeat, as when a
+                // chain's service A takes minutes and B's queue is not looked at meanwhile.
+                // Once more on a new one.
+                if (attempt == 2) throw;
+            }
         }
     }
 
