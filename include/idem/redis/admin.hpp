@@ -113,7 +113,7 @@ inline std::vector<Reply> run_in_batches(StoreContext& store, const Script& scri
 /// A dead letter as read back from its stream, with the order it was written in.
 struct StoredDeadLetter {
     std::string order;  ///< order_us: orders the letters of one millisecond
-    DeadLetter letter;
+    DeadLetter letter;  ///< the letter, as the store hands it out
 };
 
 /// The dead letter of an XRANGE entry of a dead-letter stream ([id, [name, value, ...]], the
