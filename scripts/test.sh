@@ -12,11 +12,14 @@
 #              libpq, hiredis, libmariadb, rabbitmq-c, cnats, librdkafka, spdlog or cpp-httplib
 #     clang20  clang++ C++20, Debug: every test but the chaos runs and the install and configure
 #              tests (gcc17 and asan run those; here they would only repeat them, and CI has 45
-#              minutes)
+#              minutes), and without the fuzz targets (IDEM_BUILD_FUZZERS=OFF: asan runs them)
 #     asan     clang++ C++17, AddressSanitizer + UndefinedBehaviorSanitizer: every test but the
 #              Kafka chaos runs (label chaos_kafka: minutes of group rebalances each; gcc17 runs
 #              them, and kafka_consumer_test runs here) and the Debian package's test (label
-#              package: it builds a package, nothing a sanitizer looks at)
+#              package: it builds a package, nothing a sanitizer looks at); and the only run of
+#              the libFuzzer targets (IDEM_BUILD_FUZZERS=ON, tests/fuzz/): fuzz.<parser>, label
+#              fuzz, each IDEM_FUZZ_SECONDS (15) over its seed corpus, about 2 CPU minutes in
+#              all. The gcc configurations do not register them
 #     tsan     clang++ C++17, ThreadSanitizer: the tests labelled `concurrency`
 #     format   clang-format --dry-run -Werror over include/ tests/ examples/ bench/
 #   scripts/test.sh --quick          gcc17 only
@@ -37,7 +40,7 @@ JOBS=2
 export CTEST_PARALLEL_LEVEL=$JOBS
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 
-usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 # The components, as CMakeLists.txt declares them (idem_add_backend(<name>), one a line).
 mapfile -t COMPONENTS < <(sed -n 's/^idem_add_backend(\([a-z0-9_]*\).*/\1/p' "$ROOT/CMakeLists.txt")
@@ -150,13 +153,13 @@ run_core() {
 }
 
 run_clang20() {
-    configure_and_build clang20 clang++ 20
+    configure_and_build clang20 clang++ 20 -DIDEM_BUILD_FUZZERS=OFF
     run_ctest clang20 -- -LE 'chaos|install|configure'
 }
 
 run_asan() {
     local flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-    configure_and_build asan clang++ 17 -DCMAKE_CXX_FLAGS="$flags"
+    configure_and_build asan clang++ 17 -DCMAKE_CXX_FLAGS="$flags" -DIDEM_BUILD_FUZZERS=ON
     export ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
     run_ctest asan -- -LE 'chaos_kafka|package'

@@ -930,4 +930,27 @@ TEST_F(NatsJetStreamOutage, StoresRedisKilledMidFetchLosesNothingInBatchMode) {
     store_killed_mid_poll(/*batches=*/true);
 }
 
+// ---- fuzz regressions (tests/fuzz/corpus/nats_metadata) -----------------------------------------
+// The delivered count comes from the server's ack subject: one past UINT32_MAX (a corrupt
+// subject) made delivery_of() throw usage_error on every poll; it is now count 0, which the
+// handler dead-letters as malformed.
+
+TEST(JetStreamDeliveryFuzzRegression, ADeliveredCountPastUint32IsZeroNotAThrow) {
+    nats::Metadata meta;
+    meta.stream = "orders";
+    meta.stream_sequence = 7;
+    for (const std::uint64_t delivered : {std::uint64_t{1} << 32, std::uint64_t{INT64_MAX}}) {
+        meta.num_delivered = delivered;
+        const Delivery d =
+            idem::detail::jetstream_delivery(meta, std::nullopt, "Nats-Msg-Id", true);
+        EXPECT_EQ(d.delivery_count.value(), 0u) << delivered;
+        EXPECT_EQ(d.message_id, "orders:7");
+        EXPECT_TRUE(idem::malformed_reason(d));
+    }
+    meta.num_delivered = UINT32_MAX;
+    EXPECT_EQ(idem::detail::jetstream_delivery(meta, std::string_view("id-1"), "Nats-Msg-Id", false)
+                  .delivery_count.value(),
+              UINT32_MAX);
+}
+
 }  // namespace

@@ -161,4 +161,44 @@ TEST_F(RabbitmqClient, AClassicQueueFailsTheQuorumRedeclare) {
     EXPECT_FALSE(connection->channel_open(ch));
 }
 
+// ---- fuzz findings (tests/fuzz/corpus/amqp_table) -----------------------------------------------
+// What Message::encoded_headers keeps is rabbitmq-c's decoding encoded again: the same entries,
+// but a boolean byte other than 0 reads as 1 (corpus: noncanonical_boolean), and a table whose
+// last entry runs past its declared length gets its true length (corpus: overlong_last_entry).
+
+TEST(AmqpTableFuzzFinding, HeadersAreReencodedAsRabbitmqCDecodedThem) {
+    // A table of one entry: "f" → boolean, written with the byte 0x3f.
+    const std::string received(
+        "\0\0\0\x04\x01"
+        "ft\x3f",
+        8);
+    rmq::detail::Pool pool;
+    amqp_table_t decoded{};
+    std::size_t used = 0;
+    ASSERT_EQ(amqp_decode_table(rmq::detail::bytes_of(received), pool.get(), &decoded, &used),
+              AMQP_STATUS_OK);
+    EXPECT_EQ(used, received.size());
+    const std::string encoded = rmq::detail::encode(decoded);
+    EXPECT_EQ(encoded, std::string("\0\0\0\x04\x01"
+                                   "ft\x01",
+                                   8));
+    const rmq::Table table = rmq::detail::table_of(decoded);
+    ASSERT_EQ(table.size(), 1u);
+    EXPECT_EQ(std::get<bool>(table[0].second), true);
+
+    // Declared 3 bytes, the entry takes 4: read, and re-encoded with length 4.
+    const std::string overlong(
+        "\0\0\0\x03\x01"
+        "ft\x01",
+        8);
+    rmq::detail::Pool pool2;
+    amqp_table_t lenient{};
+    used = 0;
+    ASSERT_EQ(amqp_decode_table(rmq::detail::bytes_of(overlong), pool2.get(), &lenient, &used),
+              AMQP_STATUS_OK);
+    EXPECT_EQ(rmq::detail::encode(lenient), std::string("\0\0\0\x04\x01"
+                                                        "ft\x01",
+                                                        8));
+}
+
 }  // namespace

@@ -315,5 +315,90 @@ TEST_F(RedisServerClockTest, ATakeoverRestartsTheRetentionAndKeepsTheFirstClaime
     EXPECT_EQ(record->claimed_at, idem::to_unix_ms(claim->claimed_at));
 }
 
+// ---- fuzz regressions (tests/fuzz/corpus/redis_record, redis_dead_letter) ----------------------
+// A stored value is outside bytes: a corrupt or hostile record must read as no record, or as
+// numbers held at their limits, never overflow or throw (fuzz.redis_record found each of these).
+
+TEST(RedisRecordFuzzRegression, ALongRunOfDigitsReadsAsTheNearestLimit) {
+    using idem::redis::parse_int;
+    EXPECT_EQ(parse_int("99999999999999999999"), INT64_MAX);
+    EXPECT_EQ(parse_int("-99999999999999999999"), INT64_MIN);
+    EXPECT_EQ(parse_int("9223372036854775807"), INT64_MAX);
+    EXPECT_EQ(parse_int("-9223372036854775808"), INT64_MIN);
+    EXPECT_EQ(parse_int("-9223372036854775807"), -INT64_MAX);
+    EXPECT_EQ(parse_int("1700000000000|rest"), 1700000000000);
+    EXPECT_EQ(parse_int("x"), 0);
+}
+
+TEST(RedisRecordFuzzRegression, ANegativeOrWrappingFieldLengthIsNoRecord) {
+    using idem::redis::Record;
+    // corpus: regression-decode-negative-length (substr threw std::out_of_range)
+    constexpr char negative[] =
+        "leased|0123456394abcdef0123456789abc||1|1700000000200|1700000000000|30000|0|-3|5\n"
+        "order\0\0sorder";
+    EXPECT_FALSE(Record::decode(std::string_view(negative, sizeof negative - 1)));
+    // lengths whose sum wraps around size_t
+    EXPECT_FALSE(Record::decode("done|||1|0|0|0|9223372036854775807|9223372036854775807|2\nab"));
+    EXPECT_FALSE(Record::decode("done|||1|0|0|0|3|0|0\nab"));
+    auto fits = Record::decode("done||processed|1|0|0|0|1|0|1\nabreason");
+    ASSERT_TRUE(fits);
+    EXPECT_EQ(fits->fingerprint, "a");
+    EXPECT_EQ(fits->id, "b");
+    EXPECT_EQ(fits->reason, "reason");
+}
+
+TEST(RedisRecordFuzzRegression, TimesAtTheLimitsResolveAndEndWithoutOverflow) {
+    using idem::redis::Record;
+    // corpus: regression-resolve-overflow (the expiry minus `~<ms>` overflowed)
+    auto set_claim = Record::decode("free|||3|~86400000|~86400000|30000|0|1|2\nsid");
+    ASSERT_TRUE(set_claim);
+    set_claim->resolve(INT64_MIN);
+    EXPECT_EQ(set_claim->claimed_at, INT64_MIN);
+    auto before_min = Record::decode("free|||3|~-9223372036854775808|~0|0|0|0|0\n");
+    ASSERT_TRUE(before_min);
+    before_min->resolve(1);
+    EXPECT_EQ(before_min->claimed_at, INT64_MAX);
+    // corpus: regression-lease-until-overflow (a claim written with times and lease at INT64_MIN)
+    const std::string head =
+        Record::new_head("leased", "ab", "", "-9223372036854775808", 86400000, INT64_MIN);
+    auto leased = Record::decode(head + Record::fields("", "s", "id"));
+    ASSERT_TRUE(leased);
+    EXPECT_EQ(leased->leased_at, INT64_MIN);
+    EXPECT_EQ(leased->lease_ms, INT64_MIN);
+    EXPECT_EQ(leased->lease_until(), INT64_MIN);
+    // corpus: regression-parse-int-overflow (INT64_MIN written, read back past the limit)
+    auto server_time = Record::decode(Record::new_head("leased", "ab", "", "", INT64_MIN, 1) +
+                                      Record::fields("", "s", "id"));
+    ASSERT_TRUE(server_time);
+    EXPECT_EQ(server_time->times_before_expiry, INT64_MIN);
+}
+
+TEST(RedisDeadLetterFuzzRegression, ACreatedAtPastTheClockIsHeldAtItsLatestTime) {
+    using idem::redis::Reply;
+    auto text = [](std::string s) {
+        Reply r;
+        r.type = Reply::Type::string;
+        r.str = std::move(s);
+        return r;
+    };
+    Reply fields;
+    fields.type = Reply::Type::array;
+    for (const char* part : {"scope", "s", "id", "m", "delivery_count", "5", "created_at",
+                             "99999999999999999999", "order_us", "1"})
+        fields.elements.push_back(text(part));
+    Reply entry;
+    entry.type = Reply::Type::array;
+    entry.elements = {text("1-0"), fields};
+    const auto letter = idem::redis::dead_letter_of(entry);
+    ASSERT_TRUE(letter);
+    EXPECT_EQ(letter->letter.created_at, std::chrono::system_clock::time_point::max());
+    EXPECT_EQ(letter->letter.delivery_count, 5u);
+    EXPECT_EQ(letter->letter.message_id, "m");
+    Reply short_entry;
+    short_entry.type = Reply::Type::array;
+    short_entry.elements = {text("1-0")};
+    EXPECT_FALSE(idem::redis::dead_letter_of(short_entry));
+}
+
 }  // namespace
 }  // namespace idem_test::redis_store

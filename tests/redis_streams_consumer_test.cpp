@@ -466,5 +466,18 @@ TEST(StreamConsumerRestart, NothingAckedWithoutAnOutcomeAndProcessingContinues) 
     EXPECT_EQ(client.array({"XPENDING", "orders", "workers"}).at(0), "0");
 }
 
+// ---- fuzz regressions (tests/fuzz/corpus/resp_reply) -------------------------------------------
+// An entry id is the server's (an explicit XADD id may be any 64-bit milliseconds): one past
+// what the clock holds reads as its latest time, never a wrapped one.
+
+TEST(StreamEntryIdFuzzRegression, AnIdPastTheClockReadsAsItsLatestTime) {
+    using idem::detail::stream_enqueued_at;
+    EXPECT_EQ(stream_enqueued_at("999999999999999999-0"),
+              std::chrono::system_clock::time_point::max());
+    EXPECT_EQ(stream_enqueued_at("1700000000000-7"), idem::from_unix_ms(1700000000000));
+    EXPECT_EQ(stream_enqueued_at("0-1"), std::chrono::system_clock::time_point{});
+    EXPECT_FALSE(stream_enqueued_at("x-1"));
+    EXPECT_FALSE(stream_enqueued_at("9999999999999999999-0"));  // 19 digits: not an id here
+}
 }  // namespace
 }  // namespace idem_test::redis_streams

@@ -331,5 +331,26 @@ TEST_F(SqliteStoreTest, FingerprintIsStoredWithTheClaimAndReturnedWithADuplicate
               binary);
 }
 
+// ---- fuzz regressions (tests/fuzz/corpus/stored_outcome) ---------------------------------------
+// A stored time is outside bytes: one the clock cannot hold (a corrupt row) is held at the
+// clock's limit, never wrapped (fuzz.stored_outcome found from_unix_ms(INT64_MIN) overflowing).
+
+TEST(StoredTimesFuzzRegression, AMillisecondCountPastTheClockIsHeldAtItsLimit) {
+    using clock = std::chrono::system_clock;
+    EXPECT_EQ(idem::from_unix_ms(INT64_MIN), clock::time_point::min());
+    EXPECT_EQ(idem::from_unix_ms(INT64_MAX), clock::time_point::max());
+    EXPECT_EQ(idem::to_unix_ms(idem::from_unix_ms(1700000000123)), 1700000000123);
+    EXPECT_EQ(idem::to_unix_ms(idem::from_unix_ms(-1)), -1);
+    EXPECT_LT(idem::from_unix_ms(-9223372036854), idem::from_unix_ms(9223372036854));
+}
+
+TEST(StoredTimesFuzzRegression, OnlyTheOutcomesIdemWritesAreRead) {
+    EXPECT_EQ(idem::sql::stored_disposition("claimed", "t"), idem::Disposition::in_progress);
+    EXPECT_EQ(idem::sql::stored_disposition("dead_lettered", "t"),
+              idem::Disposition::dead_lettered);
+    EXPECT_THROW((void)idem::sql::stored_disposition("PROCESSED", "t"), idem::store_error);
+    EXPECT_THROW((void)idem::sql::stored_disposition(std::string("processed\0", 10), "t"),
+                 idem::store_error);
+}
 }  // namespace
 }  // namespace idem_test::sqlite_store

@@ -129,6 +129,35 @@ struct JetStreamItem {
     nats::Message message;
     JetStreamMessage body;
 };
+
+/// The Delivery of a message with metadata @p meta (from the server's ack subject) and
+/// @p id_header, the value of its header @p id_field (nothing when it has none or @p id_field is
+/// empty): the id is that value or, when @p sequence_when_no_id_field or there is no
+/// @p id_field, `<stream>:<stream sequence>` (else empty); the count and enqueue time are the
+/// metadata's. Never throws: a malformed delivery keeps an empty id or a count of 0, and the
+/// handler dead-letters it.
+inline Delivery jetstream_delivery(const nats::Metadata& meta,
+                                   std::optional<std::string_view> id_header,
+                                   std::string_view id_field, bool sequence_when_no_id_field) {
+    Delivery delivery;
+    if (!id_field.empty() && id_header) {
+        delivery.message_id = std::string(*id_header);
+    } else if (id_field.empty() || sequence_when_no_id_field) {
+        delivery.message_id = fmt::format("{}:{}", meta.stream, meta.stream_sequence);
+    }  // else empty: the handler dead-letters it as malformed
+    // NumDelivered is 64-bit; a count past 2^32 is absurd (a corrupt ack subject): count 0,
+    // which the handler dead-letters as malformed instead of failing every poll.
+    delivery.delivery_count = meta.num_delivered <= UINT32_MAX
+                                  ? DeliveryCount::from(meta.num_delivered)
+                                  : DeliveryCount(0u);
+    if (meta.timestamp_ns > 0) {
+        delivery.enqueued_at = std::chrono::system_clock::time_point{} +
+                               std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                   std::chrono::nanoseconds(meta.timestamp_ns));
+    }
+    return delivery;
+}
+
 }  // namespace detail
 
 /// @brief Pulls from a durable JetStream consumer and hands each message to a handler as an
@@ -421,23 +450,10 @@ class JetStreamConsumer final : public broker::Consumer<JetStreamConsumer, JetSt
 
     Delivery delivery_of(const detail::JetStreamItem& item) const {
         const nats::Message& message = item.message;
-        Delivery delivery;
-        const nats::Metadata& meta = message.metadata();
         std::optional<std::string_view> id;
         if (!options_.id_field.empty()) id = message.header(options_.id_field);
-        if (id) {
-            delivery.message_id = std::string(*id);
-        } else if (options_.id_field.empty() || options_.sequence_when_no_id_field) {
-            delivery.message_id = fmt::format("{}:{}", meta.stream, meta.stream_sequence);
-        }  // else empty: the handler dead-letters it as malformed
-        // NumDelivered is 64-bit; a count past 2^32 is absurd, and refused loudly by from().
-        delivery.delivery_count = DeliveryCount::from(meta.num_delivered);
-        if (meta.timestamp_ns > 0) {
-            delivery.enqueued_at = std::chrono::system_clock::time_point{} +
-                                   std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                                       std::chrono::nanoseconds(meta.timestamp_ns));
-        }
-        return delivery;
+        return detail::jetstream_delivery(message.metadata(), id, options_.id_field,
+                                          options_.sequence_when_no_id_field);
     }
 
     static JetStreamMessage body_of(const nats::Message& message) {

@@ -24,6 +24,7 @@
 #include "idem/circuit_breaker.hpp"
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
+#include "idem/contract/time.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/handler.hpp"
@@ -167,6 +168,14 @@ inline std::optional<std::int64_t> stream_id_ms(std::string_view id) {
         value = value * 10 + (c - '0');
     }
     return value;
+}
+
+/// When the entry of id @p id was added (its millisecond part), or nothing if it is not an id.
+/// An id past what the clock holds (an explicit XADD id, ~292 years on) reads as its latest time.
+inline std::optional<std::chrono::system_clock::time_point> stream_enqueued_at(
+    std::string_view id) {
+    if (auto ms = stream_id_ms(id)) return from_unix_ms(*ms);
+    return std::nullopt;
 }
 
 /// An entry of an XREADGROUP / XCLAIM reply: [id, [name, value, ...]]. Nothing for an entry
@@ -344,11 +353,7 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
             delivery.message_id = std::string(*value);
         }  // else empty: the handler dead-letters it as malformed
         delivery.delivery_count = item.delivery_count;
-        if (auto ms = detail::stream_id_ms(item.entry.id)) {
-            delivery.enqueued_at = std::chrono::system_clock::time_point{} +
-                                   std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                                       std::chrono::milliseconds(*ms));
-        }
+        delivery.enqueued_at = detail::stream_enqueued_at(item.entry.id);
         return delivery;
     }
 

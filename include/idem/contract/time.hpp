@@ -21,11 +21,19 @@ using Clock = std::function<std::chrono::system_clock::time_point()>;
 }
 
 /// @brief The instant @p ms milliseconds after the Unix epoch: from_unix_ms(to_unix_ms(t)) is t
-/// for a millisecond-aligned t.
+/// for a millisecond-aligned t. A value beyond what the clock holds (about ±292 years around
+/// 1970 with nanosecond ticks; a corrupt or hostile stored time) is clamped to the clock's
+/// earliest or latest time point, never wrapped.
 [[nodiscard]] inline std::chrono::system_clock::time_point from_unix_ms(std::int64_t ms) noexcept {
+    using duration = std::chrono::system_clock::duration;
+    constexpr std::int64_t max_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(duration::max()).count();
+    constexpr std::int64_t min_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(duration::min()).count();
+    if (ms >= max_ms) return std::chrono::system_clock::time_point::max();
+    if (ms <= min_ms) return std::chrono::system_clock::time_point::min();
     return std::chrono::system_clock::time_point(
-        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-            std::chrono::milliseconds(ms)));
+        std::chrono::duration_cast<duration>(std::chrono::milliseconds(ms)));
 }
 
 IDEM_END_NAMESPACE

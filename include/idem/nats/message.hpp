@@ -36,6 +36,31 @@ struct Metadata {
     std::int64_t timestamp_ns = 0;        ///< when the stream stored it, ns since the epoch (UTC)
 };
 
+namespace detail {
+
+/// The Metadata of cnats' parse of an ack subject (null strings read as empty).
+inline Metadata metadata_of(const jsMsgMetaData& meta) {
+    Metadata out;
+    out.stream = meta.Stream != nullptr ? meta.Stream : "";
+    out.consumer = meta.Consumer != nullptr ? meta.Consumer : "";
+    out.stream_sequence = meta.Sequence.Stream;
+    out.consumer_sequence = meta.Sequence.Consumer;
+    out.num_delivered = meta.NumDelivered;
+    out.num_pending = meta.NumPending;
+    out.timestamp_ns = meta.Timestamp;
+    return out;
+}
+
+/// The first value of header @p name of @p headers (case-sensitive), if any.
+inline std::optional<std::string_view> first_header(const Headers& headers, std::string_view name) {
+    for (const auto& [key, value] : headers) {
+        if (key == name) return std::string_view(value);
+    }
+    return std::nullopt;
+}
+
+}  // namespace detail
+
 /// @brief One received JetStream message. Move-only; owns the natsMsg. The subject, data,
 /// headers and metadata are read once when it is made (cnats parses headers lazily and not
 /// thread-safely); afterwards only the acknowledgements touch the natsMsg.
@@ -61,13 +86,7 @@ class Message {
         detail::check(natsMsg_GetMetaData(&raw, msg_.get()),
                       fmt::format("metadata of a message on {}", subject_));
         std::unique_ptr<jsMsgMetaData, MetaFree> meta{raw};
-        metadata_.stream = meta->Stream != nullptr ? meta->Stream : "";
-        metadata_.consumer = meta->Consumer != nullptr ? meta->Consumer : "";
-        metadata_.stream_sequence = meta->Sequence.Stream;
-        metadata_.consumer_sequence = meta->Sequence.Consumer;
-        metadata_.num_delivered = meta->NumDelivered;
-        metadata_.num_pending = meta->NumPending;
-        metadata_.timestamp_ns = meta->Timestamp;
+        metadata_ = detail::metadata_of(*meta);
     }
 
     /// @brief Takes the other's natsMsg; the moved-from Message must not be acknowledged.
@@ -90,10 +109,7 @@ class Message {
 
     /// The first value of header @p name (case-sensitive, as cnats 3 is), if any.
     [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const {
-        for (const auto& [key, value] : headers_) {
-            if (key == name) return std::string_view(value);
-        }
-        return std::nullopt;
+        return detail::first_header(headers_, name);
     }
 
     /// @brief +ACK, waiting for the server's confirmation (AckSync: the double ack).

@@ -63,8 +63,10 @@ struct Message {
     Properties properties{};
     /// The headers property, decoded (see FieldValue for what shows).
     Table headers{};
-    /// The headers property in its exact AMQP wire encoding (empty: no headers), so that a dead
-    /// letter or a retry republishes the original headers byte for byte, nested values included.
+    /// The headers property in AMQP wire encoding (empty: no headers), so that a dead letter or
+    /// a retry republishes the original headers, nested values included: byte for byte for a
+    /// canonical table; rabbitmq-c re-encodes what it decoded, so a boolean byte other than 0
+    /// reads as 1 and a table's length prefix is its entries' length.
     std::string encoded_headers{};
     /// The exchange it was published to ("": the default).
     std::string exchange{};

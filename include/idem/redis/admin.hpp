@@ -110,13 +110,45 @@ inline std::vector<Reply> run_in_batches(StoreContext& store, const Script& scri
     return store.eval_calls(script, calls);
 }
 
+/// A dead letter as read back from its stream, with the order it was written in.
+struct StoredDeadLetter {
+    std::string order;  ///< order_us: orders the letters of one millisecond
+    DeadLetter letter;  ///< the letter, as the store hands it out
+};
+
+/// The dead letter of an XRANGE entry of a dead-letter stream ([id, [name, value, ...]], the
+/// fields the commit script writes); nothing when @p entry is not such an entry. Fields it does
+/// not know are skipped.
+inline std::optional<StoredDeadLetter> dead_letter_of(const Reply& entry) {
+    if (entry.elements.size() < 2) return std::nullopt;
+    StoredDeadLetter item;
+    const auto& fields = entry.elements[1].elements;
+    for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
+        const std::string& name = fields[i].str;
+        const std::string& value = fields[i + 1].str;
+        if (name == "scope") item.letter.scope = value;
+        if (name == "id") item.letter.message_id = value;
+        if (name == "delivery_count")
+            item.letter.delivery_count = static_cast<std::uint32_t>(parse_int(value));
+        if (name == "reason") item.letter.reason = value;
+        if (name == "payload") item.letter.payload = value;
+        if (name == "created_at") item.letter.created_at = from_unix_ms(parse_int(value));
+        if (name == "order_us") item.order = value;
+    }
+    return item;
+}
+
+/// Oldest first: by created_at, then by order_us (a number: a shorter one is smaller).
+inline bool written_before(const StoredDeadLetter& a, const StoredDeadLetter& b) {
+    if (a.letter.created_at != b.letter.created_at)
+        return a.letter.created_at < b.letter.created_at;
+    if (a.order.size() != b.order.size()) return a.order.size() < b.order.size();
+    return a.order < b.order;
+}
+
 /// Every dead letter, oldest first.
 inline std::vector<DeadLetter> dead_letters(StoreContext& store) {
-    struct Ordered {
-        std::string order;
-        DeadLetter letter;
-    };
-    std::vector<Ordered> found;
+    std::vector<StoredDeadLetter> found;
     for (const std::string& key : scan(store, store.keys.glob() + "d{*")) {
         Reply entries = store.checked_on(
             key,
@@ -125,30 +157,10 @@ inline std::vector<DeadLetter> dead_letters(StoreContext& store) {
             },
             "XRANGE");
         for (const Reply& entry : entries.elements) {
-            if (entry.elements.size() < 2) continue;
-            Ordered item;
-            const auto& fields = entry.elements[1].elements;
-            for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
-                const std::string& name = fields[i].str;
-                const std::string& value = fields[i + 1].str;
-                if (name == "scope") item.letter.scope = value;
-                if (name == "id") item.letter.message_id = value;
-                if (name == "delivery_count")
-                    item.letter.delivery_count = static_cast<std::uint32_t>(parse_int(value));
-                if (name == "reason") item.letter.reason = value;
-                if (name == "payload") item.letter.payload = value;
-                if (name == "created_at") item.letter.created_at = from_unix_ms(parse_int(value));
-                if (name == "order_us") item.order = value;
-            }
-            found.push_back(std::move(item));
+            if (auto item = dead_letter_of(entry)) found.push_back(std::move(*item));
         }
     }
-    std::sort(found.begin(), found.end(), [](const Ordered& a, const Ordered& b) {
-        if (a.letter.created_at != b.letter.created_at)
-            return a.letter.created_at < b.letter.created_at;
-        if (a.order.size() != b.order.size()) return a.order.size() < b.order.size();
-        return a.order < b.order;
-    });
+    std::sort(found.begin(), found.end(), written_before);
     std::vector<DeadLetter> letters;
     letters.reserve(found.size());
     for (auto& item : found)

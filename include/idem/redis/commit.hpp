@@ -311,7 +311,13 @@ inline std::exception_ptr settle_commit(StoreContext& store, TransactionState& t
                                         const std::vector<CommitHook*>& acked_hooks) {
     store.check_script(replies.commit, "commit");
     const CommitVerdict verdict = read_commit_reply(
-        replies.commit, [&](std::size_t i) -> const HeldClaim& { return tx.claims.at(i); },
+        replies.commit,
+        [&](std::size_t i) -> const HeldClaim& {
+            // The script names the claim by its key's number; another is not a reply of ours.
+            if (i >= tx.claims.size())
+                throw store_error("idem: Redis commit script: unexpected reply");
+            return tx.claims[i];
+        },
         "nothing");
     if (verdict.kind == CommitVerdict::Kind::committed) {
         // Committed on the master: not ours to release any more, whatever WAIT says.

@@ -75,14 +75,28 @@ struct Record {
     /// Turns `~<ms>` times into numbers, given the record's PEXPIRETIME.
     void resolve(std::int64_t expiry_ms) {
         if (!times_before_expiry) return;
-        claimed_at = expiry_ms - *times_before_expiry;
+        claimed_at = saturating_sub(expiry_ms, *times_before_expiry);
         leased_at = claimed_at;
         times_before_expiry.reset();
     }
 
     /// When the lease ends; 0 when the record is not leased.
     [[nodiscard]] std::int64_t lease_until() const {
-        return state == "leased" ? leased_at + lease_ms : 0;
+        return state == "leased" ? saturating_add(leased_at, lease_ms) : 0;
+    }
+
+    /// @p a + @p b, held at the int64 limits: the times of a corrupt record (any decimal) must
+    /// not overflow; the result is then meaningless, but defined.
+    static std::int64_t saturating_add(std::int64_t a, std::int64_t b) noexcept {
+        if (b > 0 && a > INT64_MAX - b) return INT64_MAX;
+        if (b < 0 && a < INT64_MIN - b) return INT64_MIN;
+        return a + b;
+    }
+    /// @p a - @p b, held at the int64 limits (as saturating_add()).
+    static std::int64_t saturating_sub(std::int64_t a, std::int64_t b) noexcept {
+        if (b < 0 && a > INT64_MAX + b) return INT64_MAX;
+        if (b > 0 && a < INT64_MIN + b) return INT64_MIN;
+        return a - b;
     }
 
     /// Nothing when @p value is not a claim record.
@@ -111,11 +125,19 @@ struct Record {
             r.leased_at = parse_int(parts[5]);
         }
         r.lease_ms = parse_int(parts[6]);
-        const auto nf = static_cast<std::size_t>(parse_int(parts[7]));
-        const auto ns = static_cast<std::size_t>(parse_int(parts[8]));
-        const auto ni = static_cast<std::size_t>(parse_int(parts[9]));
         const std::string_view fields = value.substr(newline + 1);
-        if (r.state.empty() || fields.size() < nf + ns + ni) return std::nullopt;
+        // The three lengths, each within what is left of the value (a negative or oversized
+        // length, e.g. a corrupt value, is not a record; their sum must not wrap).
+        std::size_t lengths[3] = {};
+        std::size_t left = fields.size();
+        for (std::size_t k = 0; k < 3; ++k) {
+            const std::int64_t n = parse_int(parts[7 + k]);
+            if (n < 0 || static_cast<std::uint64_t>(n) > left) return std::nullopt;
+            lengths[k] = static_cast<std::size_t>(n);
+            left -= lengths[k];
+        }
+        const std::size_t nf = lengths[0], ns = lengths[1], ni = lengths[2];
+        if (r.state.empty()) return std::nullopt;
         r.fingerprint = std::string(fields.substr(0, nf));
         r.scope = std::string(fields.substr(nf, ns));
         r.id = std::string(fields.substr(nf + ns, ni));

@@ -77,17 +77,23 @@ inline Reply copy_reply(const redisReply* reply) {
 }
 
 /// The decimal at the start of @p text (a reply's, a record's field); 0 when there is none.
+/// Saturates at the int64 limits: a longer run of digits (a corrupt or hostile value) reads as
+/// the nearest limit, never as a wrapped number.
 inline std::int64_t parse_int(std::string_view text) {
-    std::int64_t value = 0;
+    constexpr std::uint64_t limit = std::uint64_t{1} << 63;  // |INT64_MIN|
+    std::uint64_t value = 0;
     bool negative = false;
     std::size_t i = 0;
     if (!text.empty() && text[0] == '-') {
         negative = true;
         i = 1;
     }
-    for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i)
-        value = value * 10 + (text[i] - '0');
-    return negative ? -value : value;
+    for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+        const auto digit = static_cast<std::uint64_t>(text[i] - '0');
+        value = value > (limit - digit) / 10 ? limit : value * 10 + digit;
+    }
+    if (negative) return value == limit ? INT64_MIN : -static_cast<std::int64_t>(value);
+    return value >= limit ? INT64_MAX : static_cast<std::int64_t>(value);
 }
 
 /// @brief Whether an error reply says the server cannot serve commands NOW, though it may soon;

@@ -65,7 +65,14 @@ inline std::string slot_problem(const TransactionState& tx, const Reply& reply,
     if (!unreachable.empty()) return "Redis unreachable, outcome unknown: " + unreachable;
     if (reply.is_error()) return "the commit script failed: " + reply.str;
     CommitVerdict verdict = read_commit_reply(
-        reply, [&](std::size_t i) -> const HeldClaim& { return tx.claims.at(group.claims.at(i)); },
+        reply,
+        [&](std::size_t i) -> const HeldClaim& {
+            // The script names the claim by its key's number; another is not a reply of ours.
+            if (i >= group.claims.size()) {
+                throw store_error("idem: Redis commit script: unexpected reply");
+            }
+            return tx.claims.at(group.claims[i]);
+        },
         "nothing of its hash slot");
     *parked = verdict.kind == CommitVerdict::Kind::parked;
     return std::move(verdict.problem);
