@@ -28,6 +28,7 @@
 #include "idem/testing/nats_server.hpp"
 #include "idem/testing/redis_server.hpp"
 #include "idem/testing/temp_dir.hpp"
+#include "support/breaker_scenario.hpp"
 #include "support/polling.hpp"
 #include "support/refusing_dependency.hpp"
 #include "support/require_nats.hpp"
@@ -754,12 +755,7 @@ TEST(JetStreamRestart, BrokerKilledAndRestartedMidRunLosesNothingAndAppliesEachO
 // ---------------------------------------------------------------------------------------------
 // The circuit breaker and the messages of a fetch not yet handed to the handler
 
-/// How the breaker scenarios hand a fetch to the handler.
-enum class Mode {
-    one_at_a_time,  ///< an IdempotentHandler, one message at a time
-    batches,        ///< an IdempotentHandler, handle_in_batches: one handle_batch() per fetch
-    plain_batches,  ///< a plain handler (calling the IdempotentHandler), handle_in_batches
-};
+using idem_test::BreakerMode;
 
 /// The MemoryStore's first begin() fails as unreachable (injected_fault, a store_unavailable),
 /// with 6 messages in the stream and batch_size 4, so the circuit breaker opens in the middle of
@@ -770,7 +766,7 @@ enum class Mode {
 /// exactly once, none dead-lettered, nothing left ack-pending.
 class NatsJetStreamBreaker : public JetStreamTest {
   protected:
-    void fetched_messages_come_again(Mode mode) {
+    void fetched_messages_come_again(BreakerMode mode) {
         idem::MemoryStore store;
         std::mutex mutex;
         std::map<std::string, std::vector<std::uint32_t>> counts;  // id -> counts applied
@@ -785,13 +781,9 @@ class NatsJetStreamBreaker : public JetStreamTest {
                 tx.put("applied", d.message_id, std::to_string(before + 1));
             });
         auto options = fast_options();
-        options.batch_size = 4;
-        options.handle_in_batches = mode != Mode::one_at_a_time;
-        options.circuit_breaker.initial_backoff = 20ms;
-        options.circuit_breaker.max_backoff = 50ms;
-        options.store_probe = [&] { idem::probe_store(store); };  // the plain handler's
+        idem_test::breaker_options(options, mode, store);
         std::optional<JetStreamConsumer> consumer;
-        if (mode == Mode::plain_batches) {
+        if (mode == BreakerMode::plain_batches) {
             consumer.emplace(
                 endpoint(), options,
                 [&](const Delivery& d, const JetStreamMessage& m) { return handler.handle(d, m); });
@@ -803,14 +795,10 @@ class NatsJetStreamBreaker : public JetStreamTest {
         for (int i = 1; i <= 6; ++i)
             publish(std::to_string(i), {}, id(i));
         store.inject(idem::Fault::begin);
-        const std::size_t handed = mode == Mode::batches ? 4u : 1u;
+        const std::size_t handed = idem_test::handed_before_the_breaker(mode);
         EXPECT_EQ(consumer->poll_once(), handed);
         auto stats = consumer->stats();
-        EXPECT_EQ(stats.circuit_opened, 1u);
-        EXPECT_EQ(stats.read, handed);
-        EXPECT_EQ(stats.not_acked, handed);
-        EXPECT_EQ(stats.acked, 0u);
-        EXPECT_EQ(store.claim_count(), 0u);
+        idem_test::expect_first_poll_cut_short(stats, mode, store);
         EXPECT_EQ(ack_pending(), 4);  // the four fetched, handed or not: none acked
 
         for (int i = 7; i <= 10; ++i)
@@ -844,15 +832,15 @@ class NatsJetStreamBreaker : public JetStreamTest {
 };
 
 TEST_F(NatsJetStreamBreaker, UnhandledMessagesComeAgainOneAtATime) {
-    fetched_messages_come_again(Mode::one_at_a_time);
+    fetched_messages_come_again(BreakerMode::one_at_a_time);
 }
 
 TEST_F(NatsJetStreamBreaker, TheFetchedMessagesComeAgainInBatchMode) {
-    fetched_messages_come_again(Mode::batches);
+    fetched_messages_come_again(BreakerMode::batches);
 }
 
 TEST_F(NatsJetStreamBreaker, UnhandledMessagesComeAgainInBatchModeWithAPlainHandler) {
-    fetched_messages_come_again(Mode::plain_batches);
+    fetched_messages_come_again(BreakerMode::plain_batches);
 }
 
 /// The store a RedisStore on a redis-server of its own (the broker another server), SIGKILLed

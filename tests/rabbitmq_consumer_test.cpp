@@ -29,6 +29,7 @@
 #include "idem/store/sqlite.hpp"
 #include "idem/testing/redis_server.hpp"
 #include "idem/testing/temp_dir.hpp"
+#include "support/breaker_scenario.hpp"
 #include "support/polling.hpp"
 #include "support/rabbitmq_broker.hpp"
 #include "support/refusing_dependency.hpp"
@@ -862,12 +863,7 @@ TEST_F(RabbitConsumerTest, BatchModeDeadLettersThePoisonRedeliversTheFailureAndA
 // ---------------------------------------------------------------------------------------------
 // The circuit breaker and the deliveries of the prefetch window not yet handed to the handler
 
-/// How the breaker scenarios hand a poll to the handler.
-enum class Mode {
-    one_at_a_time,  ///< an IdempotentHandler, one delivery at a time
-    batches,        ///< an IdempotentHandler, handle_in_batches: one handle_batch() per poll
-    plain_batches,  ///< a plain handler (calling the IdempotentHandler), handle_in_batches
-};
+using idem_test::BreakerMode;
 
 /// The MemoryStore's first begin() fails as unreachable (injected_fault, a store_unavailable),
 /// with 6 messages in the queue, prefetch and batch_size 4, so the circuit breaker opens in the
@@ -879,7 +875,7 @@ enum class Mode {
 /// has closed nothing is back in the queue (an unacked delivery would be).
 class RabbitConsumerBreaker : public RabbitConsumerTest {
   protected:
-    void prefetched_deliveries_come_again(const std::string& queue, Mode mode) {
+    void prefetched_deliveries_come_again(const std::string& queue, BreakerMode mode) {
         admin->fresh_quorum_queue(queue);
         idem::MemoryStore store;
         std::map<std::string, std::vector<std::uint32_t>> counts;  // id -> counts applied
@@ -891,16 +887,12 @@ class RabbitConsumerBreaker : public RabbitConsumerTest {
             });
         auto options = fast_options(queue);
         options.prefetch = 4;
-        options.batch_size = 4;
-        options.handle_in_batches = mode != Mode::one_at_a_time;
-        options.circuit_breaker.initial_backoff = 20ms;
-        options.circuit_breaker.max_backoff = 50ms;
-        options.store_probe = [&] { idem::probe_store(store); };  // the plain handler's
+        idem_test::breaker_options(options, mode, store);
         auto id = [](int i) { return "order-" + std::to_string(i); };
-        const std::size_t handed = mode == Mode::batches ? 4u : 1u;
+        const std::size_t handed = idem_test::handed_before_the_breaker(mode);
         {
             std::optional<RabbitConsumer> consumer;
-            if (mode == Mode::plain_batches) {
+            if (mode == BreakerMode::plain_batches) {
                 consumer.emplace(endpoint(), options,
                                  [&](const Delivery& d, const RabbitMessage& m) {
                                      return handler.handle(d, m);
@@ -916,11 +908,7 @@ class RabbitConsumerBreaker : public RabbitConsumerTest {
             store.inject(idem::Fault::begin);
             EXPECT_EQ(consumer->poll_once(), handed);
             auto stats = consumer->stats();
-            EXPECT_EQ(stats.circuit_opened, 1u);
-            EXPECT_EQ(stats.read, handed);
-            EXPECT_EQ(stats.not_acked, handed);
-            EXPECT_EQ(stats.acked, 0u);
-            EXPECT_EQ(store.claim_count(), 0u);
+            idem_test::expect_first_poll_cut_short(stats, mode, store);
 
             for (int i = 7; i <= 10; ++i)
                 admin->publish(queue, "order " + std::to_string(i), id(i));
@@ -956,15 +944,15 @@ class RabbitConsumerBreaker : public RabbitConsumerTest {
 };
 
 TEST_F(RabbitConsumerBreaker, PrefetchedDeliveriesComeAgainOneAtATime) {
-    prefetched_deliveries_come_again("breaker-one", Mode::one_at_a_time);
+    prefetched_deliveries_come_again("breaker-one", BreakerMode::one_at_a_time);
 }
 
 TEST_F(RabbitConsumerBreaker, PrefetchedDeliveriesComeAgainInBatchMode) {
-    prefetched_deliveries_come_again("breaker-batch", Mode::batches);
+    prefetched_deliveries_come_again("breaker-batch", BreakerMode::batches);
 }
 
 TEST_F(RabbitConsumerBreaker, PrefetchedDeliveriesComeAgainInBatchModeWithAPlainHandler) {
-    prefetched_deliveries_come_again("breaker-plain", Mode::plain_batches);
+    prefetched_deliveries_come_again("breaker-plain", BreakerMode::plain_batches);
 }
 
 /// The store a RedisStore on a redis-server of its own (the broker another server), SIGKILLed

@@ -2,6 +2,7 @@
 // and one round trip for the acks, with SQLite and Redis stores; and the circuit breaker opening
 // in the middle of a poll, one at a time and in batch mode (RedisStreamsBreaker).
 
+#include "support/breaker_scenario.hpp"
 #include "support/redis_streams_test_env.hpp"
 
 namespace idem_test::redis_streams {
@@ -331,12 +332,7 @@ TEST_F(StreamBatchTest, StopBeforeTheBatchLeavesItPending) {
 // ---------------------------------------------------------------------------------------------
 // 7. The circuit breaker and the entries of a poll not yet handed to the handler
 
-/// How the breaker scenarios hand a poll to the handler.
-enum class Mode {
-    one_at_a_time,  ///< an IdempotentHandler, one entry at a time
-    batches,        ///< an IdempotentHandler, handle_in_batches: one handle_batch() per poll
-    plain_batches,  ///< a plain handler (calling the IdempotentHandler), handle_in_batches
-};
+using idem_test::BreakerMode;
 
 /// The MemoryStore's first begin() fails as unreachable (injected_fault, a store_unavailable),
 /// with 6 entries in the stream and batch_size 4, so the circuit breaker opens in the middle of
@@ -347,7 +343,7 @@ enum class Mode {
 /// of the 10 is applied exactly once, none dead-lettered, nothing left pending.
 class RedisStreamsBreaker : public StreamConsumerTest {
   protected:
-    void prefetched_entries_come_again(Mode mode) {
+    void prefetched_entries_come_again(BreakerMode mode) {
         idem::MemoryStore store;
         std::map<std::string, std::vector<std::uint32_t>> counts;  // order -> counts applied
         auto handler = idem::make_handler(
@@ -359,13 +355,9 @@ class RedisStreamsBreaker : public StreamConsumerTest {
             });
         auto options = fast_options("orders");
         options.id_field = "order";
-        options.batch_size = 4;
-        options.handle_in_batches = mode != Mode::one_at_a_time;
-        options.circuit_breaker.initial_backoff = 20ms;
-        options.circuit_breaker.max_backoff = 50ms;
-        options.store_probe = [&] { idem::probe_store(store); };  // the plain handler's
+        idem_test::breaker_options(options, mode, store);
         std::optional<StreamConsumer> consumer;
-        if (mode == Mode::plain_batches) {
+        if (mode == BreakerMode::plain_batches) {
             consumer.emplace(endpoint(), options, [&](const Delivery& d, const StreamEntry& e) {
                 return handler.handle(d, e);
             });
@@ -377,14 +369,10 @@ class RedisStreamsBreaker : public StreamConsumerTest {
         for (int i = 1; i <= 6; ++i)
             ids.push_back(xadd("orders", {{"order", std::to_string(i)}}));
         store.inject(idem::Fault::begin);
-        const std::size_t handed = mode == Mode::batches ? 4u : 1u;
+        const std::size_t handed = idem_test::handed_before_the_breaker(mode);
         EXPECT_EQ(consumer->poll_once(), handed);
         auto stats = consumer->stats();
-        EXPECT_EQ(stats.circuit_opened, 1u);
-        EXPECT_EQ(stats.read, handed);
-        EXPECT_EQ(stats.not_acked, handed);
-        EXPECT_EQ(stats.acked, 0u);
-        EXPECT_EQ(store.claim_count(), 0u);
+        idem_test::expect_first_poll_cut_short(stats, mode, store);
         // The four read, handed or not, are all still pending: nothing acked past them.
         EXPECT_EQ(pending_ids("orders"), std::vector<std::string>(ids.begin(), ids.begin() + 4));
 
@@ -419,15 +407,15 @@ class RedisStreamsBreaker : public StreamConsumerTest {
 };
 
 TEST_F(RedisStreamsBreaker, UnhandledEntriesComeAgainOneAtATime) {
-    prefetched_entries_come_again(Mode::one_at_a_time);
+    prefetched_entries_come_again(BreakerMode::one_at_a_time);
 }
 
 TEST_F(RedisStreamsBreaker, ThePollsEntriesComeAgainInBatchMode) {
-    prefetched_entries_come_again(Mode::batches);
+    prefetched_entries_come_again(BreakerMode::batches);
 }
 
 TEST_F(RedisStreamsBreaker, UnhandledEntriesComeAgainInBatchModeWithAPlainHandler) {
-    prefetched_entries_come_again(Mode::plain_batches);
+    prefetched_entries_come_again(BreakerMode::plain_batches);
 }
 
 }  // namespace
