@@ -560,12 +560,9 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         for (auto& entry : partitions_) {
             const PartitionKey& where = entry.first;  // named, not bound: lambdas capture it
             PartitionState& state = entry.second;
-            std::optional<std::int64_t> first = state.rewind_to;
-            if (!state.outstanding.empty()) {
-                const std::int64_t handed = state.outstanding.front().first;
-                first = first ? std::min(*first, handed) : handed;
-            }
-            if (!first) continue;
+            if (!state.outstanding.empty()) rewind_at_most(state, state.outstanding.front().first);
+            if (!state.rewind_to) continue;
+            const std::int64_t first = *state.rewind_to;
             // Its held records come after `first`: read again from there.
             held_.erase(std::remove_if(held_.begin(), held_.end(),
                                        [&](const detail::KafkaItem& item) {
@@ -574,16 +571,15 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
                                        }),
                         held_.end());
             try {
-                seek(kafka::TopicPartition{where.first, where.second, *first});
+                seek(kafka::TopicPartition{where.first, where.second, first});
             } catch (const broker_error& e) {
-                state.rewind_to = *first;
-                report(e);
+                report(e);  // rewind_to stays: tried again by the next read
                 continue;
             }
             state.rewind_to.reset();
             state.outstanding.clear();
             if (!state.retrying) {  // not a retry: an interruption; its tries start again
-                state.retrying = *first;
+                state.retrying = first;
                 state.retry_tries = 0;
             }
         }
