@@ -237,6 +237,7 @@ int run_driver(const Options& o) {
     bool drained = false;
     bool timed_out = false;
     bool master_killed = false;
+    bool first_outage_due = false;
     while (!interrupted) {
         fleet.reap();
         const auto now = SteadyClock::now();
@@ -266,6 +267,13 @@ int run_driver(const Options& o) {
                         cluster->state());
                 }
                 cluster->restart_node(victim);
+            }
+            // --store-outage-ms: the first outage a tenth of the way in (by the deliveries the
+            // workers counted), however fast the run.
+            if (outages && !first_outage_due &&
+                get_int(redis, delivered_key) >= std::max(1L, o.messages / 10)) {
+                first_outage_due = true;
+                outages->start_soon();
             }
             if (broker->drained()) {
                 drained = true;
