@@ -28,6 +28,7 @@ namespace {
 
 #if IDEM_CONFORMANCE_ON_REDIS_CLUSTER
 using Stores = ::testing::Types<idem_test::RedisClusterEnv>;
+using DurableStores = Stores;
 #else
 using Stores = ::testing::Types<idem_test::MemoryEnv
 #if IDEM_HAS_SQLITE
@@ -47,6 +48,26 @@ using Stores = ::testing::Types<idem_test::MemoryEnv
                                 idem_test::MysqlEnv, idem_test::MysqlReadCommittedEnv
 #endif
                                 >;
+#if IDEM_HAS_SQLITE
+// Every store but the memory fake keeps its data across a restart: the durability suite.
+using DurableStores = ::testing::Types<
+#if IDEM_HAS_SQLITE
+    idem_test::SqliteEnv
+#endif
+#if IDEM_HAS_POSTGRES
+    ,
+    idem_test::PostgresEnv
+#endif
+#if IDEM_HAS_REDIS
+    ,
+    idem_test::RedisEnv, idem_test::RedisLocalEnv
+#endif
+#if IDEM_HAS_MYSQL
+    ,
+    idem_test::MysqlEnv, idem_test::MysqlReadCommittedEnv
+#endif
+    >;
+#endif
 #endif
 
 // Every store fits the Store concept: the C++17 trait, and the C++20 concept where available.
@@ -68,3 +89,7 @@ static_assert(!idem::IdempotencyStore<std::string>);
 }  // namespace
 
 INSTANTIATE_TYPED_TEST_SUITE_P(Idem, IdemStoreConformance, Stores, idem::testing::ConformanceNames);
+#if IDEM_CONFORMANCE_ON_REDIS_CLUSTER || IDEM_HAS_SQLITE
+INSTANTIATE_TYPED_TEST_SUITE_P(Idem, IdemDurableStoreConformance, DurableStores,
+                               idem::testing::ConformanceNames);
+#endif

@@ -38,7 +38,13 @@ struct JournalEnv {
     std::chrono::system_clock::time_point now = idem::testing::conformance_epoch();
     std::unique_ptr<Store> store;
 
-    JournalEnv() {
+    JournalEnv() { open(); }
+    /// Closes the journal and opens it again (the durability suite): its state is replayed.
+    void reopen() {
+        store.reset();
+        open();
+    }
+    void open() {
         journal::JournalOptions options;
         options.clock = [this] { return now; };
         options.max_bytes = quota;
@@ -83,6 +89,8 @@ struct JournalEnv {
 }  // namespace
 
 INSTANTIATE_TYPED_TEST_SUITE_P(Journal, IdemStoreConformance, ::testing::Types<JournalEnv>,
+                               idem::testing::ConformanceNames);
+INSTANTIATE_TYPED_TEST_SUITE_P(Journal, IdemDurableStoreConformance, ::testing::Types<JournalEnv>,
                                idem::testing::ConformanceNames);
 
 namespace {

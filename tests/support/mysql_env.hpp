@@ -67,6 +67,15 @@ struct BasicMysqlEnv {
             "CREATE TABLE deadlock_rows(id INT PRIMARY KEY) ENGINE=InnoDB;"
             "INSERT INTO deadlock_rows VALUES (1), (2);"
             "CREATE TABLE ballast(id INT) ENGINE=InnoDB");
+        open();
+    }
+    /// Closes the store's connection and opens a new one on the same database (the
+    /// durability suite).
+    void reopen() {
+        store.reset();
+        open();
+    }
+    void open() {
         idem::MysqlOptions options;
         options.clock = [this] { return now; };
         options.isolation = Traits::isolation;

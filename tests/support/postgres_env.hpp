@@ -44,9 +44,19 @@ struct PostgresEnv {
             "CREATE TABLE children(parent_id INTEGER REFERENCES parents(id) "
             "  DEFERRABLE INITIALLY DEFERRED);",
             database);
+        open();
+    }
+    /// Closes the store's connection and opens a new one on the same database (the
+    /// durability suite).
+    void reopen() {
+        store.reset();
+        open();
+    }
+    void open() {
         idem::PostgresOptions options;
         options.clock = [this] { return now; };
-        store = std::make_unique<Store>(server.conninfo(database), options);
+        store =
+            std::make_unique<Store>(idem::testing::shared_postgres().conninfo(database), options);
     }
     PostgresEnv(const PostgresEnv&) = delete;
     PostgresEnv& operator=(const PostgresEnv&) = delete;

@@ -37,6 +37,15 @@ struct RedisClusterEnv {
         if (!idem::testing::RedisCluster::available()) return;
         cluster = &idem::testing::shared_redis_cluster();
         cluster->flushall();
+        open();
+    }
+    /// Closes the store's connections and opens new ones on the same cluster (the durability
+    /// suite).
+    void reopen() {
+        store.reset();
+        open();
+    }
+    void open() {
         idem::RedisOptions options;
         options.clock = [this] { return now; };
         idem::RedisEndpoint one_node;

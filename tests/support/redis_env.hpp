@@ -42,10 +42,19 @@ struct RedisEnv {
         if (!idem::testing::RedisServer::available()) return;
         auto& server = idem::testing::shared_redis();
         server.flushall();
+        open();
+        client = std::make_unique<idem::testing::RedisClient>(server.host(), server.port());
+    }
+    /// Closes the store's connection and opens a new one on the same server (the durability
+    /// suite).
+    void reopen() {
+        store.reset();
+        open();
+    }
+    void open() {
         idem::RedisOptions options;
         options.clock = [this] { return now; };
-        store = std::make_unique<Store>(redis_endpoint(server), options);
-        client = std::make_unique<idem::testing::RedisClient>(server.host(), server.port());
+        store = std::make_unique<Store>(redis_endpoint(idem::testing::shared_redis()), options);
     }
 
     template <class Tx>

@@ -39,8 +39,6 @@
 ///   static bool available(std::string* why)  false when the store's server is missing: the
 ///                              tests are skipped with `why`, and fail instead under CI=true
 ///   static constexpr bool local_effects = true  every effect is declared idem::local_effect
-///   void reopen()              closes the store and opens it again on the same data (a
-///                              durable store); without it the reopen test is skipped
 ///   stop_server(), start_server()  take the store's server down (kill it; for a store with no
 ///                              server, make it unreachable another way, e.g. MemoryStore::
 ///                              inject(Fault::begin, n)) and bring it back: the probe test
@@ -53,8 +51,17 @@
 /// Store::hold_lock / release_lock the overlap-lock tests run, else they are skipped; with
 /// stored_offset() (idem::has_stored_offsets, idem/contract/stored_offset.hpp) the stored-offset
 /// tests run, else they check that the store refuses an offset hook.
+///
+/// A store that keeps its data across a restart (every store but a memory fake) also passes
+/// the durability suite, IdemDurableStoreConformance: its environment adds `void reopen()`,
+/// which closes the store and opens it again on the same data.
+/// @code
+/// INSTANTIATE_TYPED_TEST_SUITE_P(Mine, IdemDurableStoreConformance, ::testing::Types<MyEnv>,
+///                                idem::testing::ConformanceNames);
+/// @endcode
 
 #include "idem/testing/conformance/claims.hpp"
+#include "idem/testing/conformance/durability.hpp"
 #include "idem/testing/conformance/offsets.hpp"
 #include "idem/testing/conformance/payloads.hpp"
 #include "idem/testing/conformance/probe.hpp"
@@ -86,4 +93,8 @@ REGISTER_TYPED_TEST_SUITE_P(
     StoredOffsetNeverMovesBack, DeadLetteredMessagesOffsetWaitsForTheBroker,
     StoredOffsetsOfABatchAreThoseOfItsCommittedMessages,
     StoredOffsetsAreKeptPerGroupTopicAndPartition, StoredOffsetKeysAreBinarySafe,
-    StoredOffsetSurvivesReopeningTheStore, ProbeFailsWhileTheServerIsDownAndPassesOnceItIsBack);
+    ProbeFailsWhileTheServerIsDownAndPassesOnceItIsBack);
+
+REGISTER_TYPED_TEST_SUITE_P(IdemDurableStoreConformance, ProcessedClaimSurvivesReopeningTheStore,
+                            DeadLetterSurvivesReopeningTheStore,
+                            StoredOffsetSurvivesReopeningTheStore);

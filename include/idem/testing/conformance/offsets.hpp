@@ -21,12 +21,6 @@ namespace idem {
 namespace testing {
 namespace conformance {
 
-/// An environment whose store can be closed and opened again on the same data: `reopen()`.
-template <class Env, class = void>
-struct can_reopen : std::false_type {};
-template <class Env>
-struct can_reopen<Env, std::void_t<decltype(std::declval<Env&>().reopen())>> : std::true_type {};
-
 /// A commit hook asking to store (group, topic, partition) → next_offset.
 inline CommitHook offset_hook(std::string group, std::string topic, std::int32_t partition,
                               std::int64_t next_offset) {
@@ -341,25 +335,6 @@ TYPED_TEST_P(IdemStoreConformance, StoredOffsetKeysAreBinarySafe) {
         EXPECT_EQ(this->store().stored_offset(group, topic, 7), std::optional<std::int64_t>(77));
         EXPECT_EQ(this->store().stored_offset(group, near, 7), std::optional<std::int64_t>(11));
         EXPECT_FALSE(this->store().stored_offset(group.substr(0, 2), topic, 7).has_value());
-    }
-}
-
-TYPED_TEST_P(IdemStoreConformance, StoredOffsetSurvivesReopeningTheStore) {
-    IDEM_CONFORMANCE_NEEDS_STORED_OFFSETS() {
-        if constexpr (!idem::testing::conformance::can_reopen<TypeParam>::value) {
-            GTEST_SKIP() << TypeParam::name
-                         << " has no Env::reopen() to close and open its store again";
-        } else {
-            using idem::testing::conformance::offset_hook;
-            auto handler = this->writer("offsets");
-            idem::CommitHook hook = offset_hook("group", "topic", 2, 1001);
-            ASSERT_EQ(
-                handler.handle(idem::Delivery{"r-1", 1u}, std::string("r-1"), hook).disposition,
-                idem::Disposition::processed);
-            this->env.reopen();
-            EXPECT_EQ(this->store().stored_offset("group", "topic", 2),
-                      std::optional<std::int64_t>(1001));
-        }
     }
 }
 
