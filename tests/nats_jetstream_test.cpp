@@ -219,6 +219,82 @@ TEST_F(JetStreamTest, ConsumerContradictingTheOptionsIsRefusedAtStart) {
     }
 }
 
+// The defaults (visibility 30 s, backoff 2 s doubling to 5 min, jitter 20 %): the nominal
+// delays, each at least the visibility timeout, until they reach their cap. No backoff, or one
+// that never outlasts the visibility timeout: no BackOff (AckWait alone waits as long).
+TEST(JetStreamBackoff, FollowsTheRedeliveryBackoffUntilItsCap) {
+    JetStreamConsumerOptions options{"ORDERS", "capture"};
+    const std::vector<std::chrono::milliseconds> defaults{30s, 30s,  30s,  30s, 32s,
+                                                          64s, 128s, 256s, 300s};
+    EXPECT_EQ(idem::jetstream_backoff(options), defaults);
+    options.redelivery_backoff = idem::RedeliveryBackoff::none();
+    EXPECT_TRUE(idem::jetstream_backoff(options).empty());
+    options.redelivery_backoff = idem::RedeliveryBackoff{};
+    options.redelivery_backoff.max = 20s;  // never above the visibility timeout
+    EXPECT_TRUE(idem::jetstream_backoff(options).empty());
+    options.redelivery_backoff.multiplier = 1.0;  // constant 2 s against a 1 s visibility
+    options.visibility_timeout = 1s;
+    EXPECT_EQ(idem::jetstream_backoff(options), (std::vector<std::chrono::milliseconds>{2s, 2s}));
+}
+
+// A worker killed mid-delivery settles nothing. The declared consumer's BackOff
+// (idem::jetstream_backoff) makes that delivery wait its redelivery backoff, as a failed one
+// would, instead of coming back after AckWait.
+TEST_F(JetStreamTest, AnUnsettledDeliveryComesBackAfterItsBackoffNotAfterAckWait) {
+    auto options = fast_options(/*ack_wait=*/500ms);
+    options.redelivery_backoff = idem::RedeliveryBackoff{};
+    options.redelivery_backoff.initial = 3s;
+    options.redelivery_backoff.max = 10s;
+    options.redelivery_backoff.jitter = 0.0;
+    const std::vector<std::chrono::milliseconds> schedule{3000ms, 6000ms, 10000ms};
+    ASSERT_EQ(idem::jetstream_backoff(options), schedule);
+
+    std::vector<std::pair<std::uint32_t, Clock::time_point>> seen;
+    JetStreamConsumer consumer{endpoint(), options,
+                               [&](const Delivery& d, const JetStreamMessage&) {
+                                   seen.emplace_back(d.delivery_count.value(), Clock::now());
+                                   return processed();
+                               }};
+    consumer.poll_once();  // declares the consumer; nothing published yet
+    EXPECT_EQ(nats::consumer_state(*admin_, stream_, "workers").backoff, schedule);
+
+    publish("1");
+    Clock::time_point fetched;
+    {  // the worker that dies: it fetched the message and settles nothing
+        nats::Connection doomed{endpoint()};
+        nats::PullSubscription subscription{doomed, stream_, "workers"};
+        ASSERT_EQ(subscription.fetch(1, 2s).size(), 1u);
+        fetched = Clock::now();
+    }
+    ASSERT_TRUE(poll_until(consumer, [&] { return seen.size() == 1; }));
+    EXPECT_EQ(seen[0].first, 2u);
+    // 3 s, the backoff before delivery 2; AckWait alone brought it back after 0.5 s.
+    EXPECT_GE(seen[0].second - fetched, 2800ms);
+    EXPECT_EQ(ack_pending(), 0);
+}
+
+TEST_F(JetStreamTest, AConsumerWithAnotherBackOffIsRefusedAtStart) {
+    nats::ConsumerSpec spec;
+    spec.stream = stream_;
+    spec.durable = "workers";
+    spec.ack_wait = 1s;
+    spec.backoff = {1s, 2s};
+    spec.max_deliver = 100;
+    nats::ensure_pull_consumer(*admin_, spec);
+    auto options = fast_options(/*ack_wait=*/1s);
+    options.redelivery_backoff = idem::RedeliveryBackoff{};
+    options.redelivery_backoff.jitter = 0.0;  // asks for 2 s, 4 s, ... 300 s
+    JetStreamConsumer consumer{
+        endpoint(), options, [](const Delivery&, const JetStreamMessage&) { return processed(); }};
+    try {
+        consumer.poll_once();
+        ADD_FAILURE() << "a consumer with another BackOff was not refused";
+    } catch (const idem::usage_error& e) {
+        EXPECT_NE(std::string(e.what()).find("BackOff (1000, 2000 ms)"), std::string::npos)
+            << e.what();
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Delivery counts through real redeliveries
 

@@ -168,6 +168,50 @@ TEST_F(StreamConsumerTest, AHeldBackEntryKeepsItsCountWhileAnotherIsTakenOver) {
     EXPECT_EQ(pending("orders"), 0);
 }
 
+// A failed entry is due after its backoff (300 ms), not after the visibility timeout (10 s):
+// the consumer that saw it fail moves its idle time forward. One at a time and in batch mode.
+void expect_failed_entry_due_after_its_backoff(const idem::RedisEndpoint& endpoint,
+                                               const std::function<void()>& publish,
+                                               bool in_batches) {
+    auto options = fast_options("orders");
+    options.visibility_timeout = 10s;
+    options.handle_in_batches = in_batches;
+    options.redelivery_backoff.initial = 300ms;
+    options.redelivery_backoff.max = 300ms;
+    options.redelivery_backoff.jitter = 0.0;
+    std::vector<std::pair<std::uint32_t, Clock::time_point>> seen;
+    StreamConsumer consumer{endpoint, options, [&](const Delivery& d, const StreamEntry&) {
+                                seen.emplace_back(d.delivery_count.value(), Clock::now());
+                                return seen.size() == 1 ? Outcome{Disposition::failed, "503"}
+                                                        : Outcome{Disposition::processed, ""};
+                            }};
+    publish();
+    ASSERT_TRUE(poll_until(
+        consumer, [&] { return seen.size() == 2; }, 8s));
+    EXPECT_EQ(seen[0].first, 1u);
+    EXPECT_EQ(seen[1].first, 2u);  // the count kept (JUSTID), then the take-over's
+    EXPECT_GE(seen[1].second - seen[0].second, 250ms);
+    EXPECT_EQ(consumer.stats().acked, 1u);
+}
+
+TEST_F(StreamConsumerTest, AFailedEntryIsDueAfterItsBackoffNotAfterTheVisibilityTimeout) {
+    expect_failed_entry_due_after_its_backoff(
+        endpoint(),
+        [&] {
+            xadd("orders", {{"order", "1"}});
+        },
+        /*in_batches=*/false);
+}
+
+TEST_F(StreamConsumerTest, AFailedEntryIsDueAfterItsBackoffInBatchModeToo) {
+    expect_failed_entry_due_after_its_backoff(
+        endpoint(),
+        [&] {
+            xadd("orders", {{"order", "1"}});
+        },
+        /*in_batches=*/true);
+}
+
 TEST(RedeliveryBackoffOptions, AStreamConsumerRefusesABackoffThatCannotWork) {
     StreamConsumerOptions options = fast_options("orders");
     options.redelivery_backoff.multiplier = 0.5;

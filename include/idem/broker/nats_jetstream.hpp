@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "idem/broker/consumer.hpp"
 #include "idem/circuit_breaker.hpp"
@@ -80,7 +81,10 @@ struct JetStreamMessage {
 ///   nacked with the delay before its next delivery (NakWithDelay). RedeliveryBackoff::none():
 ///   left unsettled, back after AckWait;
 /// - `declare`: create the durable pull consumer (explicit acks, AckWait = visibility_timeout,
-///   MaxDeliver unlimited: idem's policy dead-letters) when it does not exist;
+///   MaxDeliver unlimited (2·10⁹ with a BackOff): idem's policy dead-letters, BackOff =
+///   jetstream_backoff(): a message whose worker died comes back no sooner than its redelivery
+///   backoff) when it does not exist. A consumer that has a BackOff must have that one (checked at
+///   start);
 /// - `id_field`: the header carrying the message id, by default Nats-Msg-Id (the producer's id
 ///   the stream deduplicates on); empty: the stream sequence, `<stream>:<sequence>`. A message
 ///   without the header gets the stream sequence when sequence_when_no_id_field, an empty id
@@ -159,6 +163,30 @@ inline Delivery jetstream_delivery(const nats::Metadata& meta,
 }
 
 }  // namespace detail
+
+/// @brief The BackOff a JetStream consumer needs so that a delivery nobody settled (its worker
+/// was killed, its connection lost) comes back no sooner than a failed one would: entry n − 1
+/// is how long delivery n waits for its ack, the longer of the visibility timeout and the
+/// redelivery backoff's nominal delay before delivery n + 1; the last entry (where the delays
+/// stop growing) serves every later delivery. Empty when no entry would exceed the visibility
+/// timeout (AckWait alone waits as long). With `declare` the consumer is created with it; give
+/// a consumer you create yourself the same (nats::ConsumerSpec::backoff).
+[[nodiscard]] inline std::vector<std::chrono::milliseconds> jetstream_backoff(
+    const JetStreamConsumerOptions& options) {
+    std::vector<std::chrono::milliseconds> waits;
+    const RedeliveryBackoff& backoff = options.redelivery_backoff;
+    if (backoff.off()) return waits;
+    bool longer = false;
+    // Until the delay reaches its cap (or stops growing); 64 entries at most.
+    for (std::uint32_t delivery = 1; delivery <= 64; ++delivery) {
+        const std::chrono::milliseconds delay = backoff.nominal_before(delivery + 1);
+        waits.push_back(std::max(options.visibility_timeout, delay));
+        longer = longer || delay > options.visibility_timeout;
+        if (delay >= backoff.max || delay == backoff.nominal_before(delivery)) break;
+    }
+    if (!longer) waits.clear();
+    return waits;
+}
 
 /// @brief Pulls from a durable JetStream consumer and hands each message to a handler as an
 /// idem::Delivery, so the handler's claim, poison limit and outcome decide the settlement.
@@ -364,7 +392,10 @@ class JetStreamConsumer final : public broker::Consumer<JetStreamConsumer, JetSt
             spec.durable = options_.durable;
             spec.filter_subject = options_.filter_subject;
             spec.ack_wait = options_.visibility_timeout;
-            spec.max_deliver = -1;
+            spec.backoff = jetstream_backoff(options_);
+            // Unlimited: idem's policy dead-letters. With a BackOff the server wants a number
+            // (above the BackOff's length): one no policy reaches.
+            spec.max_deliver = spec.backoff.empty() ? -1 : unlimited_deliveries;
             state = nats::ensure_pull_consumer(*connection_, spec);
         }
         check_consumer(state);
@@ -383,11 +414,22 @@ class JetStreamConsumer final : public broker::Consumer<JetStreamConsumer, JetSt
                 "the consumer's AckPolicy is not explicit; with none or all, acks would settle "
                 "messages whose outcome is unknown. Create it with AckPolicy explicit");
         }
-        if (state.ack_wait != options_.visibility_timeout) {
+        // With a BackOff the server takes its first entry as the AckWait.
+        const bool backoff_first = !state.backoff.empty() && state.ack_wait == state.backoff[0];
+        if (state.ack_wait != options_.visibility_timeout && !backoff_first) {
             refuse(fmt::format(
                 "the consumer's AckWait is {} ms but visibility_timeout is {} ms; the lease check "
                 "and the +WPI period rely on it. Make them equal",
                 state.ack_wait.count(), options_.visibility_timeout.count()));
+        }
+        if (!state.backoff.empty() && state.backoff != jetstream_backoff(options_)) {
+            refuse(fmt::format(
+                "the consumer's BackOff ({} ms) is not what visibility_timeout and "
+                "redelivery_backoff ask for ({} ms): a delivery nobody settled would come back "
+                "on another schedule than a failed one. Create it with "
+                "idem::jetstream_backoff(options)",
+                fmt::join(millis(state.backoff), ", "),
+                fmt::join(millis(jetstream_backoff(options_)), ", ")));
         }
         if (max_deliveries_ && state.max_deliver > 0 &&
             static_cast<std::uint64_t>(state.max_deliver) <= *max_deliveries_) {
@@ -397,6 +439,16 @@ class JetStreamConsumer final : public broker::Consumer<JetStreamConsumer, JetSt
                 "leaving it neither handled nor parked. Set MaxDeliver to -1 (unlimited)",
                 state.max_deliver, *max_deliveries_));
         }
+    }
+
+    /// MaxDeliver "unlimited" where the server needs a number.
+    static constexpr std::int64_t unlimited_deliveries = 2'000'000'000;
+
+    static std::vector<std::int64_t> millis(const std::vector<std::chrono::milliseconds>& waits) {
+        std::vector<std::int64_t> out;
+        for (const std::chrono::milliseconds wait : waits)
+            out.push_back(wait.count());
+        return out;
     }
 
     /// The dead-letter subject must not be read back by this consumer.

@@ -121,8 +121,11 @@ inline void append_json_bytes(std::string& out, std::string_view bytes) {
 /// - `poll_wait`: how long XREADGROUP waits for new entries when nothing was taken over; must
 ///   be shorter than the endpoint's command_timeout;
 /// - `redelivery_backoff`: an entry delivered n − 1 times is taken over only once it has been
-///   idle for the longer of visibility_timeout and redelivery_backoff.before(n) (the consumer
-///   cannot tell a failure from a slow holder, so never sooner than the visibility timeout);
+///   idle for the longer of visibility_timeout and redelivery_backoff.before(n) (a consumer
+///   cannot tell another's failure from a slow holder). An entry whose handler failed here
+///   (or deferred it with a retry_after) is due after that delay even when it is shorter than
+///   the visibility timeout: the consumer moves its idle time forward (XCLAIM to itself, IDLE,
+///   JUSTID: its count unchanged);
 /// - `declare`: create the group (at id 0, with the stream) when it does not exist;
 /// - `id_field`: the entry field carrying the message id; empty: the entry id;
 /// - `dead_letter`: the dead-letter stream; empty: `<stream>.dead-letters`. On a Redis Cluster
@@ -375,15 +378,41 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
     }
 
     /// Acks what the settlement says; redeliver: stays pending, the next take-over brings it
-    /// back (the backoff is applied there, so the settlement's delay is not needed).
+    /// back, after the settlement's delay where that is shorter than the visibility timeout
+    /// (due_after()), else after the longer of the two.
     broker::Settlement::Kind settle(Item&, const StreamEntry& entry, const Delivery& delivery,
                                     const Outcome& outcome, const broker::Settlement& settlement) {
         if (settlement.kind == broker::Settlement::Kind::dead_letter_then_ack) {
             dead_letter_and_ack(entry, delivery, outcome.reason);
         } else if (settlement.kind == broker::Settlement::Kind::ack) {
             checked({"XACK", options_.stream, options_.group, entry.id}, "XACK");
+        } else if (auto command = due_after(entry, settlement)) {
+            try {
+                connection_.command(*command);
+            } catch (const std::exception&) {
+                // Still pending: it comes back after the visibility timeout instead; the next
+                // poll meets the connection's trouble and reports it.
+            }
         }
         return settlement.kind;
+    }
+
+    /// A failed (or deferred) entry the consumer still holds is due again after the settlement's
+    /// delay, not after the visibility timeout, when the delay is the shorter: XCLAIM to itself
+    /// with JUSTID (its delivery count unchanged) and IDLE visibility − delay, so the take-over's
+    /// min-idle-time (the visibility timeout) is reached once the delay has passed. Nothing when
+    /// there is no delay or it is not shorter (the take-over waits the longer already).
+    std::optional<std::vector<std::string>> due_after(const StreamEntry& entry,
+                                                      const broker::Settlement& settlement) const {
+        if (settlement.kind != broker::Settlement::Kind::redeliver || !settlement.delay ||
+            *settlement.delay >= options_.visibility_timeout) {
+            return std::nullopt;
+        }
+        const std::chrono::milliseconds idle = options_.visibility_timeout - *settlement.delay;
+        return std::vector<std::string>{
+            "XCLAIM", options_.stream, options_.group, options_.consumer,
+            "0",      entry.id,        "IDLE",         std::to_string(idle.count()),
+            "JUSTID"};
     }
 
     /// Settles in one round trip: one XACK for the ordinary acks, pipelined with one
@@ -392,10 +421,14 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
         std::vector<std::vector<std::string>> commands;
         std::vector<std::string> xack{"XACK", options_.stream, options_.group};
         std::size_t plain_acks = 0;
+        std::vector<std::vector<std::string>> due;  // failed entries due before the timeout
         for (const broker::ToSettle<StreamEntry>& s : settling) {
             switch (s.settlement.kind) {
                 case broker::Settlement::Kind::redeliver:
                     count(s.settlement.kind);
+                    if (auto command = due_after(*s.message, s.settlement)) {
+                        due.push_back(std::move(*command));
+                    }
                     break;
                 case broker::Settlement::Kind::dead_letter_then_ack:
                     commands.push_back(dead_letter_eval(*s.message, s.delivery, s.outcome.reason));
@@ -407,11 +440,15 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
             }
         }
         if (plain_acks != 0) commands.insert(commands.begin(), std::move(xack));
+        const std::size_t settling_commands = commands.size();
+        // Last, so a failed one (the entry then waits for the visibility timeout) is ignored.
+        for (std::vector<std::string>& command : due)
+            commands.push_back(std::move(command));
         if (commands.empty()) return;
 
         const std::vector<redis::Reply> replies = connection_.pipeline(commands);
         std::exception_ptr error;
-        for (std::size_t k = 0; k < replies.size(); ++k) {
+        for (std::size_t k = 0; k < settling_commands; ++k) {
             const bool is_xack = plain_acks != 0 && k == 0;
             if (replies[k].is_error()) {
                 if (!error) {

@@ -50,6 +50,10 @@ struct ConsumerSpec {
     std::int64_t max_deliver = -1;
     /// Deliveries handed out and not yet acked, at most; -1: the server's default (1000).
     std::int64_t max_ack_pending = -1;
+    /// BackOff: how long delivery n waits for its ack before the server delivers it again is
+    /// backoff[n − 1] (the last entry for every later one), instead of ack_wait. Empty: ack_wait
+    /// for every delivery. The server (2.9) then requires a max_deliver above its length, not −1.
+    std::vector<std::chrono::milliseconds> backoff{};
 };
 
 /// @brief A consumer's configuration and state, as the server reports it.
@@ -64,6 +68,8 @@ struct ConsumerState {
     std::chrono::milliseconds ack_wait{0};
     /// Its MaxDeliver; -1: unlimited.
     std::int64_t max_deliver = -1;
+    /// Its BackOff (ConsumerSpec::backoff); empty: AckWait for every delivery.
+    std::vector<std::chrono::milliseconds> backoff;
     /// Empty: every subject of the stream.
     std::string filter_subject;
     std::int64_t num_ack_pending = 0;    ///< delivered, not yet acked or terminated
@@ -126,6 +132,10 @@ inline ConsumerState consumer_state_of(const jsConsumerInfo& info) {
         out.ack_wait = std::chrono::duration_cast<std::chrono::milliseconds>(
             std::chrono::nanoseconds(c.AckWait));
         out.max_deliver = c.MaxDeliver;
+        for (int i = 0; c.BackOff != nullptr && i < c.BackOffLen; ++i) {
+            out.backoff.push_back(std::chrono::duration_cast<std::chrono::milliseconds>(
+                std::chrono::nanoseconds(c.BackOff[i])));
+        }
         if (c.FilterSubject != nullptr) out.filter_subject = c.FilterSubject;
     }
     out.num_ack_pending = info.NumAckPending;
@@ -176,6 +186,11 @@ inline ConsumerState ensure_pull_consumer(Connection& connection, const Consumer
     config.MaxDeliver = spec.max_deliver;
     if (spec.max_ack_pending > 0) config.MaxAckPending = spec.max_ack_pending;
     if (!spec.filter_subject.empty()) config.FilterSubject = spec.filter_subject.c_str();
+    std::vector<int64_t> backoff;
+    for (const std::chrono::milliseconds wait : spec.backoff)
+        backoff.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count());
+    config.BackOff = backoff.empty() ? nullptr : backoff.data();
+    config.BackOffLen = static_cast<int>(backoff.size());
     jsOptions options = detail::request_options(connection);
     jsConsumerInfo* raw = nullptr;
     jsErrCode js_code = static_cast<jsErrCode>(0);
