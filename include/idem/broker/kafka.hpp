@@ -14,7 +14,6 @@
 #include <deque>
 #include <exception>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,7 +37,9 @@
 #include "idem/kafka/consumer.hpp"
 #include "idem/kafka/error.hpp"
 #include "idem/kafka/message.hpp"
+#include "idem/kafka/offset_ledger.hpp"
 #include "idem/kafka/producer.hpp"
+#include "idem/kafka/store_offsets.hpp"
 #include "idem/outcome.hpp"
 
 IDEM_BEGIN_NAMESPACE
@@ -205,7 +206,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         : KafkaConsumer(Private{}, std::move(config),
                         validated(std::move(options), has_stored_offsets<Store>::value),
                         broker::Dispatch<KafkaMessage>::idempotent(handler),
-                        positions_in(handler.store())) {
+                        kafka::StoreOffsets::of(handler.store())) {
         static_assert(has_count_attempt<Store>::value || has_default_lease<Store>::value,
                       "idem::KafkaConsumer: Kafka keeps no delivery count, so the store must "
                       "count attempts (count_attempt(), or a lease store's claims) for the "
@@ -240,12 +241,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     }
     /// @brief The partitions assigned now, with the next offset this consumer will read in each
     /// (RD_KAFKA_OFFSET_INVALID before its first record). Polling thread only.
-    [[nodiscard]] kafka::TopicPartitions assignment() const {
-        kafka::TopicPartitions out;
-        for (const auto& [where, state] : partitions_)
-            out.push_back(kafka::TopicPartition{where.first, where.second, state.done});
-        return out;
-    }
+    [[nodiscard]] kafka::TopicPartitions assignment() const { return ledger_.positions(); }
     /// @brief "<group>": how health reports and errors name this consumer.
     [[nodiscard]] const std::string& name() const noexcept { return options_.group; }
 
@@ -254,64 +250,14 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     struct Private {};
     using PartitionKey = std::pair<std::string, std::int32_t>;
 
-    /// How the store keeps offsets (KafkaOffsets::in_store), captured from an IdempotentHandler's
-    /// store; empty for a store without them and for a plain handler.
-    struct Positions {
-        std::function<std::optional<std::int64_t>(const std::string&, const std::string&,
-                                                  std::int32_t)>
-            read;
-        std::function<void(const StoredOffset&)> write;  ///< in a transaction of its own
-    };
-
-    /// One assigned partition: the records handed out and not yet past, in order.
-    struct PartitionState {
-        /// The offset after the last record settled, with none before it unsettled: what is
-        /// committed. RD_KAFKA_OFFSET_INVALID until the first record.
-        std::int64_t done = RD_KAFKA_OFFSET_INVALID;
-        /// The last offset the group coordinator confirmed: a commit refused or lost is sent
-        /// again (a sent one is not taken for done).
-        std::int64_t committed = RD_KAFKA_OFFSET_INVALID;
-        std::int64_t commit_in_flight = RD_KAFKA_OFFSET_INVALID;  ///< an async commit sent
-        /// Handed out and not yet past `done`: offset and whether it is settled.
-        std::deque<std::pair<std::int64_t, bool>> outstanding;
-        /// Records from this offset on were read and dropped without being handed out (held
-        /// when the breaker opened, fetched while paused), or the seek back to them failed:
-        /// the client's position is past them. Nothing more of the partition is handed out
-        /// until a seek here succeeds.
-        std::optional<std::int64_t> rewind_to;
-        /// A record to try again: the records after it in this poll wait.
-        std::optional<std::int64_t> retrying;
-        std::uint32_t retry_tries = 0;  ///< the attempts at `retrying` so far
-        bool paused = false;            ///< paused until resume_at
-        std::chrono::steady_clock::time_point resume_at{};
-    };
-
-    template <class Store>
-    static Positions positions_in([[maybe_unused]] Store& store) {
-        Positions positions;
-        if constexpr (has_stored_offsets<Store>::value) {
-            positions.read = [&store](const std::string& group, const std::string& topic,
-                                      std::int32_t partition) {
-                return store.stored_offset(group, topic, partition);
-            };
-            positions.write = [&store](const StoredOffset& offset) {
-                auto tx = store.begin();
-                CommitHook hook{offset};
-                attach_commit_hook(tx, hook);
-                tx.commit();
-            };
-        }
-        return positions;
-    }
-
     /// @p options are validated already; copied into the base, so that the commit-hook flag
     /// reads them whatever the order the arguments are evaluated in.
     KafkaConsumer(Private, kafka::Config config, const KafkaConsumerOptions& options,
-                  broker::Dispatch<KafkaMessage> dispatch, Positions positions)
+                  broker::Dispatch<KafkaMessage> dispatch, kafka::StoreOffsets store_offsets)
         : Base(options, std::move(dispatch),
                /*acks_in_commit=*/options.offsets == KafkaOffsets::in_store),
           config_(std::move(config)),
-          positions_(std::move(positions)) {
+          store_offsets_(std::move(store_offsets)) {
         config_.group_id(options_.group);
         // The group drops a member that does not poll within max.poll.interval.ms; librdkafka
         // wants it at least session.timeout.ms.
@@ -320,7 +266,6 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         config_.set("max.poll.interval.ms", std::to_string(std::max<std::int64_t>(
                                                 options_.visibility_timeout.count(), session)));
     }
-
     /// The options checked; @p store_keeps_offsets: an IdempotentHandler whose store has
     /// stored_offset().
     static KafkaConsumerOptions validated(KafkaConsumerOptions options, bool store_keeps_offsets) {
@@ -367,30 +312,16 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         kafka::Consumer& consumer = *consumer_;
         consumer.on_assigning = [this](kafka::TopicPartitions& assigned) {
             if (options_.offsets != KafkaOffsets::in_store) return;
-            for (kafka::TopicPartition& p : assigned) {
-                try {
-                    if (auto stored = positions_.read(options_.group, p.topic, p.partition)) {
-                        p.offset = *stored;
-                        starting_[PartitionKey{p.topic, p.partition}] = *stored;
-                    }
-                } catch (const std::exception& e) {
-                    // The group's committed offset, which is never past the stored one: what
-                    // is replayed from there are duplicates, absorbed by the claims.
-                    report(e);
-                }
-            }
+            store_offsets_.assigning(options_.group, assigned,
+                                     [this](const std::exception& e) { report(e); });
         };
         consumer.on_assigned = [this](const kafka::TopicPartitions& assigned) {
             rebalances_.fetch_add(1, std::memory_order_relaxed);
-            for (const kafka::TopicPartition& p : assigned) {
-                PartitionState fresh;
-                // Offsets in the store: where it starts is done, and goes to Kafka's group
-                // offsets with the next commit (lag tools, and a member killed before its own).
-                const auto start = starting_.find(PartitionKey{p.topic, p.partition});
-                if (start != starting_.end()) fresh.done = start->second;
-                partitions_[PartitionKey{p.topic, p.partition}] = fresh;
-            }
-            starting_.clear();
+            // Offsets in the store: where it starts is done, and goes to Kafka's group offsets
+            // with the next commit (lag tools, and a member killed before its own).
+            for (const kafka::TopicPartition& p : assigned)
+                ledger_.assign(p.topic, p.partition, store_offsets_.start_of(p.topic, p.partition));
+            store_offsets_.assigned();
             if (store_paused_) pause_all();
         };
         consumer.on_revoked = [this](const kafka::TopicPartitions& revoked) {
@@ -404,7 +335,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         };
         consumer.on_committed = [this](rd_kafka_resp_err_t err,
                                        const kafka::TopicPartitions& offsets) {
-            note_committed(err, offsets);
+            ledger_.note_committed(err, offsets);
             // A commit refused (during a rebalance, the coordinator away) is sent again after
             // the next poll; if the partition moves first, its next owner starts from the last
             // one that went through and finds duplicates, absorbed by the claims.
@@ -423,27 +354,20 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
 
     void forget_all() noexcept {
         consumer_.reset();
-        partitions_.clear();
+        ledger_.clear();
         held_.clear();
     }
 
     void forget(const kafka::TopicPartitions& partitions) {
         for (const kafka::TopicPartition& p : partitions)
-            partitions_.erase(PartitionKey{p.topic, p.partition});
+            ledger_.forget(p.topic, p.partition);
         held_.erase(std::remove_if(held_.begin(), held_.end(),
                                    [this](const detail::KafkaItem& item) { return !owned(item); }),
                     held_.end());
     }
 
     [[nodiscard]] bool owned(const detail::KafkaItem& item) const {
-        return partitions_.count(PartitionKey{item.topic, item.partition}) != 0;
-    }
-    PartitionState* state_of(const std::string& topic, std::int32_t partition) {
-        auto it = partitions_.find(PartitionKey{topic, partition});
-        return it == partitions_.end() ? nullptr : &it->second;
-    }
-    PartitionState* state_of(const detail::KafkaItem& item) {
-        return state_of(item.topic, item.partition);
+        return ledger_.owns(item.topic, item.partition);
     }
 
     /// Commits each partition's position where it moved past what the coordinator confirmed
@@ -453,43 +377,16 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     void commit_positions(kafka::CommitMode mode, const kafka::TopicPartitions* only = nullptr) {
         if (!consumer_) return;
         const bool async = mode == kafka::CommitMode::async;
-        kafka::TopicPartitions offsets;
-        for (auto& entry : partitions_) {
-            const PartitionKey& where = entry.first;  // named, not bound: lambdas capture it
-            PartitionState& state = entry.second;
-            if (state.done < 0 || state.done == state.committed) continue;
-            if (async && state.done == state.commit_in_flight) continue;
-            if (only != nullptr &&
-                std::none_of(only->begin(), only->end(), [&](const kafka::TopicPartition& p) {
-                    return p.topic == where.first && p.partition == where.second;
-                })) {
-                continue;
-            }
-            offsets.push_back(kafka::TopicPartition{where.first, where.second, state.done});
-            if (async) state.commit_in_flight = state.done;
-        }
+        const kafka::TopicPartitions offsets = ledger_.to_commit(async, only);
         if (offsets.empty()) return;
         try {
             consumer_->commit(offsets, mode);
         } catch (const broker_error& e) {
-            note_committed(RD_KAFKA_RESP_ERR__FAIL, offsets);  // not sent: send again
+            ledger_.note_committed(RD_KAFKA_RESP_ERR__FAIL, offsets);  // not sent: send again
             report(e);
             return;
         }
-        if (!async) note_committed(RD_KAFKA_RESP_ERR_NO_ERROR, offsets);
-    }
-
-    /// What the coordinator answered for @p offsets (each partition's own error counts too):
-    /// confirmed offsets are committed; a refused one is sent again by the next commit.
-    void note_committed(rd_kafka_resp_err_t err, const kafka::TopicPartitions& offsets) {
-        for (const kafka::TopicPartition& p : offsets) {
-            PartitionState* state = state_of(p.topic, p.partition);
-            if (state == nullptr || p.offset < 0) continue;
-            if (state->commit_in_flight == p.offset)
-                state->commit_in_flight = RD_KAFKA_OFFSET_INVALID;
-            if (err == RD_KAFKA_RESP_ERR_NO_ERROR && p.error == RD_KAFKA_RESP_ERR_NO_ERROR)
-                state->committed = std::max(state->committed, p.offset);
-        }
+        if (!async) ledger_.note_committed(RD_KAFKA_RESP_ERR_NO_ERROR, offsets);
     }
 
     // -----------------------------------------------------------------------------------------
@@ -516,7 +413,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
             if (!owned(item)) continue;  // revoked meanwhile
             // Its position is past records to read again (a failed seek): read from there
             // once a seek succeeds, not from here.
-            if (state_of(item)->rewind_to) continue;
+            if (ledger_.must_rewind(item.topic, item.partition)) continue;
             held_.push_back(std::move(item));
         }
         return take_held();
@@ -534,17 +431,9 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
                 rest.push_back(std::move(item));
                 continue;
             }
-            PartitionState* state = state_of(item);
-            if (state == nullptr) continue;
-            const std::int64_t offset = item.offset;
-            if (state->done >= 0 && offset < state->done) continue;  // settled already
-            if (!state->outstanding.empty() && offset <= state->outstanding.back().first) continue;
-            if (state->done < 0) state->done = offset;
-            state->outstanding.emplace_back(offset, false);
-            if (state->retrying && *state->retrying == offset) {
-                item.tries = ++state->retry_tries;
-                state->retrying.reset();
-            }
+            const auto tries = ledger_.hand_out(item.topic, item.partition, item.offset);
+            if (!tries) continue;  // revoked, or settled or handed out already
+            item.tries = *tries;
             batch.push_back(std::move(item));
         }
         held_ = std::move(rest);
@@ -552,36 +441,26 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     }
 
     /// Partitions with records handed out but not settled (a retry, a stop, an error, the
-    /// store away) or read and dropped (rewind_to): sought back to the first of them, so they
-    /// are read again, in order. The records are forgotten only once the seek succeeded; a
-    /// seek that fails (its outcome unknown) is reported and tried again by the next read,
-    /// and until then nothing of the partition is handed out, so its position cannot pass them.
+    /// store away) or read and dropped: sought back to the first of them, so they are read
+    /// again, in order. The records are forgotten only once the seek succeeded; a seek that
+    /// fails (its outcome unknown) is reported and tried again by the next read, and until
+    /// then nothing of the partition is handed out, so its position cannot pass them.
     void rewind_unsettled() {
-        for (auto& entry : partitions_) {
-            const PartitionKey& where = entry.first;  // named, not bound: lambdas capture it
-            PartitionState& state = entry.second;
-            if (!state.outstanding.empty()) rewind_at_most(state, state.outstanding.front().first);
-            if (!state.rewind_to) continue;
-            const std::int64_t first = *state.rewind_to;
-            // Its held records come after `first`: read again from there.
+        for (const kafka::TopicPartition& position : ledger_.rewinds()) {
+            // Its held records come after the position: read again from there.
             held_.erase(std::remove_if(held_.begin(), held_.end(),
                                        [&](const detail::KafkaItem& item) {
-                                           return item.topic == where.first &&
-                                                  item.partition == where.second;
+                                           return item.topic == position.topic &&
+                                                  item.partition == position.partition;
                                        }),
                         held_.end());
             try {
-                seek(kafka::TopicPartition{where.first, where.second, first});
+                seek(position);
             } catch (const broker_error& e) {
-                report(e);  // rewind_to stays: tried again by the next read
+                report(e);  // still due: tried again by the next read
                 continue;
             }
-            state.rewind_to.reset();
-            state.outstanding.clear();
-            if (!state.retrying) {  // not a retry: an interruption; its tries start again
-                state.retrying = first;
-                state.retry_tries = 0;
-            }
+            ledger_.rewound(position);
         }
     }
 
@@ -593,31 +472,14 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     /// Records read and not handed out, dropped: each partition reads again from its first.
     void drop_held() {
         for (const detail::KafkaItem& item : held_)
-            note_dropped(item.topic, item.partition, item.offset);
+            ledger_.rewind_at_most(item.topic, item.partition, item.offset);
         held_.clear();
     }
 
-    /// The record at @p offset was read and dropped: the partition is sought back to it.
-    void note_dropped(const std::string& topic, std::int32_t partition, std::int64_t offset) {
-        if (PartitionState* state = state_of(topic, partition)) rewind_at_most(*state, offset);
-    }
-    static void rewind_at_most(PartitionState& state, std::int64_t offset) {
-        if (state.done >= 0 && offset < state.done) return;  // settled already
-        state.rewind_to = state.rewind_to ? std::min(*state.rewind_to, offset) : offset;
-    }
-
     void resume_due() {
-        const auto now = std::chrono::steady_clock::now();
-        kafka::TopicPartitions due;
-        for (auto& [where, state] : partitions_) {
-            if (state.paused && now >= state.resume_at) {
-                state.paused = false;
-                due.push_back(kafka::TopicPartition{where.first, where.second});
-            }
-        }
+        const kafka::TopicPartitions due = ledger_.take_due(std::chrono::steady_clock::now());
         if (!due.empty()) consumer_->resume(due);
     }
-
     static KafkaMessage body_of(const kafka::Message& record) {
         KafkaMessage body;
         body.topic = std::string(record.topic());
@@ -652,15 +514,9 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     }
 
     /// A partition being retried holds back the records after the retried one.
-    bool blocked(const detail::KafkaItem& item) {
-        const PartitionState* state = state_of(item);
-        return state == nullptr ||
-               (state->retrying && item.offset > *state->retrying && retry_pending(*state));
+    bool blocked(const detail::KafkaItem& item) const {
+        return ledger_.blocked(item.topic, item.partition, item.offset);
     }
-    static bool retry_pending(const PartitionState& state) {
-        return !state.outstanding.empty() && !state.outstanding.front().second;
-    }
-
     /// What a stop or an open breaker left: sought back by the next read (rewind_unsettled).
     void unhandled(std::vector<detail::KafkaItem>&, std::size_t) {}
 
@@ -699,37 +555,26 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     /// letter now confirmed) is moved past in a transaction of its own.
     void store_position(const detail::KafkaItem& item) {
         if (options_.offsets != KafkaOffsets::in_store) return;
-        positions_.write(StoredOffset{options_.group, item.topic, item.partition, item.offset + 1});
+        store_offsets_.write(
+            StoredOffset{options_.group, item.topic, item.partition, item.offset + 1});
     }
 
     void mark_done(const detail::KafkaItem& item) {
-        PartitionState* state = state_of(item);
-        if (state == nullptr) return;
-        for (auto& entry : state->outstanding) {
-            if (entry.first == item.offset) entry.second = true;
-        }
-        while (!state->outstanding.empty() && state->outstanding.front().second) {
-            state->done = state->outstanding.front().first + 1;
-            state->outstanding.pop_front();
-        }
-        if (state->retrying && *state->retrying == item.offset) state->retrying.reset();
+        ledger_.settle(item.topic, item.partition, item.offset);
     }
 
     /// Pauses the partition until the delay is over; the next read seeks back to the record.
     void retry_in_place(const detail::KafkaItem& item,
                         std::optional<std::chrono::milliseconds> delay) {
-        PartitionState* state = state_of(item);
-        if (state == nullptr) return;  // revoked: the next owner reads it
+        // Not assigned: revoked, the next owner reads it.
+        if (!ledger_.retry(item.topic, item.partition, item.offset, item.tries)) return;
         retried_.fetch_add(1, std::memory_order_relaxed);
-        state->retrying = item.offset;
-        state->retry_tries = item.tries;
-        if (delay && delay->count() > 0 && !state->paused) {
+        if (delay && delay->count() > 0 && !ledger_.paused(item.topic, item.partition)) {
             consumer_->pause({kafka::TopicPartition{item.topic, item.partition}});
-            state->paused = true;
-            state->resume_at = std::chrono::steady_clock::now() + *delay;
+            ledger_.paused_until(item.topic, item.partition,
+                                 std::chrono::steady_clock::now() + *delay);
         }
     }
-
     /// Produces the copy and waits for its delivery report; throws (the record stays
     /// unsettled, read again) when the cluster does not confirm it.
     void produce_dead_letter(const Delivery& delivery, const KafkaMessage& body,
@@ -779,8 +624,8 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
                 // read again after it (resume_after_store, rewind_unsettled).
                 if (std::optional<kafka::Message> record =
                         consumer_->poll(std::chrono::milliseconds(50))) {
-                    note_dropped(std::string(record->topic()), record->partition(),
-                                 record->offset());
+                    ledger_.rewind_at_most(std::string(record->topic()), record->partition(),
+                                           record->offset());
                 }
             } catch (const std::exception& e) {
                 report(e);
@@ -790,9 +635,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     }
 
     void pause_all() {
-        kafka::TopicPartitions all;
-        for (const auto& [where, state] : partitions_)
-            all.push_back(kafka::TopicPartition{where.first, where.second});
+        const kafka::TopicPartitions all = ledger_.partitions();
         if (!all.empty()) consumer_->pause(all);
     }
 
@@ -802,13 +645,8 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     void resume_after_store() {
         store_paused_ = false;
         drop_held();
-        for (auto& entry : partitions_) {
-            if (entry.second.done >= 0) rewind_at_most(entry.second, entry.second.done);
-        }
-        kafka::TopicPartitions ready;
-        for (auto& [where, state] : partitions_) {
-            if (!state.paused) ready.push_back(kafka::TopicPartition{where.first, where.second});
-        }
+        ledger_.rewind_all_to_done();
+        const kafka::TopicPartitions ready = ledger_.unpaused();
         if (!ready.empty()) consumer_->resume(ready);
     }
 
@@ -824,11 +662,10 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         health.dead_letter_destination = dead_letter_name_;
         if (!consumer_) return health;
         std::uint64_t lag = 0;
-        for (const auto& [where, state] : partitions_) {
-            const auto marks =
-                consumer_->watermarks(kafka::TopicPartition{where.first, where.second});
+        for (const kafka::TopicPartition& p : ledger_.positions()) {
+            const auto marks = consumer_->watermarks(kafka::TopicPartition{p.topic, p.partition});
             if (!marks) return health;  // not known yet: unknown
-            const std::int64_t from = state.done >= 0 ? state.done : marks->first;
+            const std::int64_t from = p.offset >= 0 ? p.offset : marks->first;
             lag += static_cast<std::uint64_t>(std::max<std::int64_t>(0, marks->second - from));
         }
         health.pending = lag;
@@ -845,13 +682,12 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     }
 
     kafka::Config config_;
-    Positions positions_;
+    kafka::StoreOffsets store_offsets_;  ///< KafkaOffsets::in_store: the handler's store
     std::optional<kafka::Consumer> consumer_;
     std::optional<kafka::Producer> producer_;  ///< the dead letters', made on first use
-    std::map<PartitionKey, PartitionState> partitions_;
-    std::deque<detail::KafkaItem> held_;             ///< polled, not handed out yet
-    std::map<PartitionKey, std::int64_t> starting_;  ///< stored offsets being assigned
-    bool store_paused_ = false;  ///< every partition paused for the circuit breaker
+    kafka::OffsetLedger ledger_;               ///< the assigned partitions' offsets
+    std::deque<detail::KafkaItem> held_;       ///< polled, not handed out yet
+    bool store_paused_ = false;                ///< every partition paused for the circuit breaker
     /// Tests only (through detail::KafkaConsumerProbe): runs before each seek and may throw,
     /// as a seek that timed out does.
     std::function<void(const kafka::TopicPartition&)> seek_fault_;
