@@ -25,8 +25,8 @@
 #include <fmt/format.h>
 
 #include "idem/broker/consumer.hpp"
+#include "idem/broker/consumer_health.hpp"
 #include "idem/config.hpp"
-#include "idem/consumer_health.hpp"
 #include "idem/contract/commit_hook.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/contract/stored_offset.hpp"
