@@ -4,7 +4,8 @@
 /// hands each record to a handler as an idem::Delivery, so the handler's claim, poison limit
 /// and outcome decide what happens to the partition's offset: committed after the store's
 /// commit (or stored in the commit itself), retried in place, or moved past a dead letter
-/// produced to `<topic>.DLT` and confirmed. Link idem::kafka.
+/// produced to `<topic>.DLT` and confirmed. Its parts are in idem/kafka/ (consumer_options,
+/// group_member, offset_ledger, store_offsets). Link idem::kafka.
 
 #include <algorithm>
 #include <atomic>
@@ -35,7 +36,9 @@
 #include "idem/handler.hpp"
 #include "idem/kafka/config.hpp"
 #include "idem/kafka/consumer.hpp"
+#include "idem/kafka/consumer_options.hpp"
 #include "idem/kafka/error.hpp"
+#include "idem/kafka/group_member.hpp"
 #include "idem/kafka/message.hpp"
 #include "idem/kafka/offset_ledger.hpp"
 #include "idem/kafka/producer.hpp"
@@ -43,92 +46,6 @@
 #include "idem/outcome.hpp"
 
 IDEM_BEGIN_NAMESPACE
-
-/// @brief One Kafka record as the handler sees it (a copy: the consumer keeps the librdkafka
-/// message for its position).
-struct KafkaMessage {
-    /// The topic it was read from.
-    std::string topic;
-    /// Its partition in the topic.
-    std::int32_t partition = 0;
-    /// Its offset in the partition.
-    std::int64_t offset = 0;
-    /// The record's key (empty when it has none).
-    std::string key;
-    /// The record's value: the body.
-    std::string value;
-    /// The record's headers, in order (a name may repeat).
-    kafka::Headers headers;
-    /// The record's timestamp (create or log-append time, as the topic says); nullopt when it has
-    /// none. The delivery's enqueued_at.
-    std::optional<std::chrono::system_clock::time_point> timestamp{};
-
-    /// @brief The last value of header @p name, if any.
-    [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const {
-        for (auto it = headers.rbegin(); it != headers.rend(); ++it) {
-            if (it->first == name) return std::string_view(it->second);
-        }
-        return std::nullopt;
-    }
-};
-
-/// @brief What a dead letter keeps of a Kafka record (found by ADL by the handler): its value.
-[[nodiscard]] inline std::string idem_payload(const KafkaMessage& message) {
-    return message.value;
-}
-
-/// @brief Where a KafkaConsumer keeps its read position.
-enum class KafkaOffsets : std::uint8_t {
-    /// Kafka's group offsets, committed only after the store's commit (asynchronously, once
-    /// per poll, while running; synchronously when partitions are revoked and on close()). A
-    /// member killed between the two hands its records to the next owner again: duplicates,
-    /// absorbed by the claims.
-    commit_after_store,
-    /// The next offset per (group, topic, partition) in the handler's store, written in the
-    /// same transaction as the claim and the effect (a store with stored_offset(): MemoryStore,
-    /// SqliteStore, PostgresStore, MysqlStore). On assignment the consumer starts each
-    /// partition at its stored offset, so a rebalance replays nothing that committed. Kafka's
-    /// group offsets are still committed afterwards, for lag monitoring.
-    in_store,
-};
-
-/// @brief What a KafkaConsumer reads and how; the shared options (broker::ConsumerOptions)
-/// under their common names. On Kafka:
-/// - `batch_size`: records per poll (from any of the assigned partitions; with
-///   handle_in_batches, from one partition);
-/// - `poll_wait`: how long a poll waits for the first record;
-/// - `visibility_timeout`: max.poll.interval.ms (at least session.timeout.ms): a member that
-///   does not poll within it leaves the group and its partitions move. Keep it above the
-///   handler's p99 (a batch's, with handle_in_batches);
-/// - `redelivery_backoff`: how long a partition pauses before a failed (or deferred, without
-///   its own retry_after) record is tried again in place. RedeliveryBackoff::none(): at once;
-/// - `id_field`: the header carrying the message id (a producer-set id, e.g. the relay's key in
-///   `idem-message-id`); empty (the default): `<topic>/<partition>/<offset>`. A record without
-///   the header gets an empty id and is dead-lettered as malformed. The offset is stable across
-///   redeliveries of one stored record, but a producer retry without enable.idempotence can
-///   store one message at two offsets: only a producer-set id makes that a duplicate;
-/// - `dead_letter`: the topic dead letters go to; empty: `<topic>.DLT` of the record's topic;
-/// - `declare`: nothing to declare (topics are created by their owners; the dead-letter topic
-///   must exist or be auto-created by the cluster);
-/// - `on_health`: pending = the assigned partitions' lag (high watermark − position, as the
-///   client last saw them; no request).
-struct KafkaConsumerOptions : broker::ConsumerOptions {
-    KafkaConsumerOptions() = default;
-    /// @brief Options for consuming @p topics_ in consumer group @p group_, the rest defaults.
-    KafkaConsumerOptions(std::vector<std::string> topics_, std::string group_)
-        : topics(std::move(topics_)), group(std::move(group_)) {}
-
-    std::vector<std::string> topics;  ///< subscribed to
-    std::string group;                ///< the consumer group (group.id)
-    /// Where the group's read position is kept (see KafkaOffsets); in_store needs a store with
-    /// stored_offset().
-    KafkaOffsets offsets = KafkaOffsets::commit_after_store;
-    /// The dead-letter producer's configuration; nothing: bootstrap.servers of the consumer's
-    /// Config, an idempotent producer.
-    std::optional<kafka::Config> dead_letter_producer{};
-    /// How long a dead letter's delivery report may take before the record is left unsettled.
-    std::chrono::milliseconds dead_letter_timeout{10000};
-};
 
 namespace detail {
 struct KafkaConsumerProbe;  ///< defined by tests only
@@ -220,15 +137,14 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     /// Call it after run() returned; the destructor does it too, reporting instead of throwing.
     /// @throws kafka::error when the final commit or the close fails.
     void close() {
-        if (!consumer_) return;
+        if (!member_.joined()) return;
         try {
-            commit_positions(kafka::CommitMode::sync);
-            consumer_->close();  // on_revoked runs inside: nothing left to commit
+            member_.leave();
         } catch (...) {
-            forget_all();
+            held_.clear();
             throw;
         }
-        forget_all();
+        held_.clear();
     }
 
     /// @brief Records tried again in place (of stats().not_acked).
@@ -236,12 +152,10 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         return retried_.load(std::memory_order_relaxed);
     }
     /// @brief Rebalances this member went through (assignments and revocations).
-    [[nodiscard]] std::size_t rebalances() const noexcept {
-        return rebalances_.load(std::memory_order_relaxed);
-    }
+    [[nodiscard]] std::size_t rebalances() const noexcept { return member_.rebalances(); }
     /// @brief The partitions assigned now, with the next offset this consumer will read in each
     /// (RD_KAFKA_OFFSET_INVALID before its first record). Polling thread only.
-    [[nodiscard]] kafka::TopicPartitions assignment() const { return ledger_.positions(); }
+    [[nodiscard]] kafka::TopicPartitions assignment() const { return member_.ledger().positions(); }
     /// @brief "<group>": how health reports and errors name this consumer.
     [[nodiscard]] const std::string& name() const noexcept { return options_.group; }
 
@@ -256,145 +170,47 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
                   broker::Dispatch<KafkaMessage> dispatch, kafka::StoreOffsets store_offsets)
         : Base(options, std::move(dispatch),
                /*acks_in_commit=*/options.offsets == KafkaOffsets::in_store),
-          config_(std::move(config)),
-          store_offsets_(std::move(store_offsets)) {
-        config_.group_id(options_.group);
-        // The group drops a member that does not poll within max.poll.interval.ms; librdkafka
-        // wants it at least session.timeout.ms.
-        std::int64_t session = 45000;
-        if (auto set = config_.get("session.timeout.ms")) session = std::stoll(*set);
-        config_.set("max.poll.interval.ms", std::to_string(std::max<std::int64_t>(
-                                                options_.visibility_timeout.count(), session)));
-    }
+          member_(std::move(config), options_.group, options_.topics, options_.visibility_timeout,
+                  options_.offsets == KafkaOffsets::in_store, std::move(store_offsets),
+                  {[this](const std::exception& e) { report(e); },
+                   [this] {
+                       if (store_paused_) pause_all();
+                   },
+                   [this] { drop_unowned(); }}) {}
     /// The options checked; @p store_keeps_offsets: an IdempotentHandler whose store has
     /// stored_offset().
     static KafkaConsumerOptions validated(KafkaConsumerOptions options, bool store_keeps_offsets) {
         const std::string who = fmt::format("idem::KafkaConsumer(\"{}\")", options.group);
-        auto refuse = [&](std::string_view why) {
-            throw usage_error(fmt::format("{}: {}", who, why));
-        };
-        if (options.group.empty()) refuse("options.group is empty; name the consumer group");
-        if (options.topics.empty()) refuse("options.topics is empty; name the topics to read");
-        for (const std::string& topic : options.topics) {
-            if (topic.empty()) refuse("options.topics holds an empty topic name");
-            if (options.dead_letter.empty()
-                    ? topic.size() > 4 && topic.compare(topic.size() - 4, 4, ".DLT") == 0
-                    : topic == options.dead_letter) {
-                refuse(fmt::format(
-                    "the topic \"{}\" is a dead-letter topic; reading it would hand its dead "
-                    "letters to the handler again",
-                    topic));
-            }
-        }
+        kafka::detail::check_topics(options, who);
         validate_common(options, who);
-        if (options.offsets == KafkaOffsets::in_store) {
-            if (!store_keeps_offsets) {
-                refuse(
-                    "KafkaOffsets::in_store needs an IdempotentHandler whose store keeps offsets "
-                    "(stored_offset(): MemoryStore, SqliteStore, PostgresStore, MysqlStore)");
-            }
-            if (options.handle_in_batches) {
-                refuse(
-                    "KafkaOffsets::in_store with handle_in_batches: a batch commits its other "
-                    "records when one fails, and their stored offset would pass the failed one. "
-                    "Use one of the two");
-            }
-        }
+        kafka::detail::check_offsets(options, store_keeps_offsets, who);
         return options;
     }
 
     // -----------------------------------------------------------------------------------------
-    // The client and the group's callbacks
+    // The group (kafka::GroupMember: the client, rebalances, commits, the offset ledger)
 
-    void ensure_consumer() {
-        if (consumer_) return;
-        consumer_.emplace(config_);
-        kafka::Consumer& consumer = *consumer_;
-        consumer.on_assigning = [this](kafka::TopicPartitions& assigned) {
-            if (options_.offsets != KafkaOffsets::in_store) return;
-            store_offsets_.assigning(options_.group, assigned,
-                                     [this](const std::exception& e) { report(e); });
-        };
-        consumer.on_assigned = [this](const kafka::TopicPartitions& assigned) {
-            rebalances_.fetch_add(1, std::memory_order_relaxed);
-            // Offsets in the store: where it starts is done, and goes to Kafka's group offsets
-            // with the next commit (lag tools, and a member killed before its own).
-            for (const kafka::TopicPartition& p : assigned)
-                ledger_.assign(p.topic, p.partition, store_offsets_.start_of(p.topic, p.partition));
-            store_offsets_.assigned();
-            if (store_paused_) pause_all();
-        };
-        consumer.on_revoked = [this](const kafka::TopicPartitions& revoked) {
-            rebalances_.fetch_add(1, std::memory_order_relaxed);
-            commit_positions(kafka::CommitMode::sync, &revoked);
-            forget(revoked);
-        };
-        consumer.on_lost = [this](const kafka::TopicPartitions& lost) {
-            rebalances_.fetch_add(1, std::memory_order_relaxed);
-            forget(lost);  // another member may own them now: nothing is committed for them
-        };
-        consumer.on_committed = [this](rd_kafka_resp_err_t err,
-                                       const kafka::TopicPartitions& offsets) {
-            ledger_.note_committed(err, offsets);
-            // A commit refused (during a rebalance, the coordinator away) is sent again after
-            // the next poll; if the partition moves first, its next owner starts from the last
-            // one that went through and finds duplicates, absorbed by the claims.
-            if (err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
-                report(kafka::error(fmt::format("idem::KafkaConsumer(\"{}\"): offset commit: {}",
-                                                name(), rd_kafka_err2str(err)),
-                                    err, kafka::detail::retriable_code(err), false));
-            }
-        };
-        consumer.on_error = [this](rd_kafka_resp_err_t err, std::string_view reason) {
-            report(kafka::unavailable(
-                fmt::format("idem::KafkaConsumer(\"{}\"): {}", name(), reason), err));
-        };
-        consumer.subscribe(options_.topics);
-    }
+    kafka::Consumer& client() noexcept { return member_.client(); }
+    kafka::OffsetLedger& ledger() noexcept { return member_.ledger(); }
+    const kafka::OffsetLedger& ledger() const noexcept { return member_.ledger(); }
 
-    void forget_all() noexcept {
-        consumer_.reset();
-        ledger_.clear();
-        held_.clear();
-    }
-
-    void forget(const kafka::TopicPartitions& partitions) {
-        for (const kafka::TopicPartition& p : partitions)
-            ledger_.forget(p.topic, p.partition);
+    /// Held records of partitions revoked or lost are dropped: their next owner reads them.
+    void drop_unowned() {
         held_.erase(std::remove_if(held_.begin(), held_.end(),
                                    [this](const detail::KafkaItem& item) { return !owned(item); }),
                     held_.end());
     }
 
     [[nodiscard]] bool owned(const detail::KafkaItem& item) const {
-        return ledger_.owns(item.topic, item.partition);
-    }
-
-    /// Commits each partition's position where it moved past what the coordinator confirmed
-    /// (all of them, or those in @p only); an async commit still in flight is not sent twice.
-    /// A commit that fails is reported and sent again by the next call; a sync one that fails
-    /// on revocation leaves the next owner duplicates, which the claims absorb.
-    void commit_positions(kafka::CommitMode mode, const kafka::TopicPartitions* only = nullptr) {
-        if (!consumer_) return;
-        const bool async = mode == kafka::CommitMode::async;
-        const kafka::TopicPartitions offsets = ledger_.to_commit(async, only);
-        if (offsets.empty()) return;
-        try {
-            consumer_->commit(offsets, mode);
-        } catch (const broker_error& e) {
-            ledger_.note_committed(RD_KAFKA_RESP_ERR__FAIL, offsets);  // not sent: send again
-            report(e);
-            return;
-        }
-        if (!async) ledger_.note_committed(RD_KAFKA_RESP_ERR_NO_ERROR, offsets);
+        return member_.ledger().owns(item.topic, item.partition);
     }
 
     // -----------------------------------------------------------------------------------------
     // Reading
 
     std::vector<detail::KafkaItem> read() {
-        ensure_consumer();
-        commit_positions(kafka::CommitMode::async);  // what the last poll settled
+        member_.join();
+        member_.commit(kafka::CommitMode::async);  // what the last poll settled
         if (store_paused_) resume_after_store();
         rewind_unsettled();
         resume_due();
@@ -402,18 +218,18 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         std::chrono::milliseconds wait =
             held_.empty() ? options_.poll_wait : std::chrono::milliseconds(0);
         while (held_.size() < want) {
-            std::optional<kafka::Message> record = consumer_->poll(wait);
+            std::optional<kafka::Message> record = client().poll(wait);
             if (!record) break;
             wait = std::chrono::milliseconds(0);
             detail::KafkaItem item{std::move(*record), {}, {}, 0, 0, 1};
-            item.body = body_of(item.record);
+            item.body = kafka::detail::copy_of(item.record);
             item.topic = item.body.topic;
             item.partition = item.body.partition;
             item.offset = item.body.offset;
             if (!owned(item)) continue;  // revoked meanwhile
             // Its position is past records to read again (a failed seek): read from there
             // once a seek succeeds, not from here.
-            if (ledger_.must_rewind(item.topic, item.partition)) continue;
+            if (ledger().must_rewind(item.topic, item.partition)) continue;
             held_.push_back(std::move(item));
         }
         return take_held();
@@ -431,7 +247,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
                 rest.push_back(std::move(item));
                 continue;
             }
-            const auto tries = ledger_.hand_out(item.topic, item.partition, item.offset);
+            const auto tries = ledger().hand_out(item.topic, item.partition, item.offset);
             if (!tries) continue;  // revoked, or settled or handed out already
             item.tries = *tries;
             batch.push_back(std::move(item));
@@ -446,7 +262,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     /// fails (its outcome unknown) is reported and tried again by the next read, and until
     /// then nothing of the partition is handed out, so its position cannot pass them.
     void rewind_unsettled() {
-        for (const kafka::TopicPartition& position : ledger_.rewinds()) {
+        for (const kafka::TopicPartition& position : ledger().rewinds()) {
             // Its held records come after the position: read again from there.
             held_.erase(std::remove_if(held_.begin(), held_.end(),
                                        [&](const detail::KafkaItem& item) {
@@ -460,38 +276,26 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
                 report(e);  // still due: tried again by the next read
                 continue;
             }
-            ledger_.rewound(position);
+            ledger().rewound(position);
         }
     }
 
     void seek(const kafka::TopicPartition& position) {
         if (seek_fault_) seek_fault_(position);
-        consumer_->seek(position);
+        client().seek(position);
     }
 
     /// Records read and not handed out, dropped: each partition reads again from its first.
     void drop_held() {
         for (const detail::KafkaItem& item : held_)
-            ledger_.rewind_at_most(item.topic, item.partition, item.offset);
+            ledger().rewind_at_most(item.topic, item.partition, item.offset);
         held_.clear();
     }
 
     void resume_due() {
-        const kafka::TopicPartitions due = ledger_.take_due(std::chrono::steady_clock::now());
-        if (!due.empty()) consumer_->resume(due);
+        const kafka::TopicPartitions due = ledger().take_due(std::chrono::steady_clock::now());
+        if (!due.empty()) client().resume(due);
     }
-    static KafkaMessage body_of(const kafka::Message& record) {
-        KafkaMessage body;
-        body.topic = std::string(record.topic());
-        body.partition = record.partition();
-        body.offset = record.offset();
-        body.key = std::string(record.key());
-        body.value = std::string(record.value());
-        body.headers = record.headers();
-        body.timestamp = record.timestamp();
-        return body;
-    }
-
     static const KafkaMessage& message_of(const detail::KafkaItem& item) noexcept {
         return item.body;
     }
@@ -515,7 +319,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
 
     /// A partition being retried holds back the records after the retried one.
     bool blocked(const detail::KafkaItem& item) const {
-        return ledger_.blocked(item.topic, item.partition, item.offset);
+        return ledger().blocked(item.topic, item.partition, item.offset);
     }
     /// What a stop or an open breaker left: sought back by the next read (rewind_unsettled).
     void unhandled(std::vector<detail::KafkaItem>&, std::size_t) {}
@@ -555,24 +359,24 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     /// letter now confirmed) is moved past in a transaction of its own.
     void store_position(const detail::KafkaItem& item) {
         if (options_.offsets != KafkaOffsets::in_store) return;
-        store_offsets_.write(
+        member_.store_offsets().write(
             StoredOffset{options_.group, item.topic, item.partition, item.offset + 1});
     }
 
     void mark_done(const detail::KafkaItem& item) {
-        ledger_.settle(item.topic, item.partition, item.offset);
+        ledger().settle(item.topic, item.partition, item.offset);
     }
 
     /// Pauses the partition until the delay is over; the next read seeks back to the record.
     void retry_in_place(const detail::KafkaItem& item,
                         std::optional<std::chrono::milliseconds> delay) {
         // Not assigned: revoked, the next owner reads it.
-        if (!ledger_.retry(item.topic, item.partition, item.offset, item.tries)) return;
+        if (!ledger().retry(item.topic, item.partition, item.offset, item.tries)) return;
         retried_.fetch_add(1, std::memory_order_relaxed);
-        if (delay && delay->count() > 0 && !ledger_.paused(item.topic, item.partition)) {
-            consumer_->pause({kafka::TopicPartition{item.topic, item.partition}});
-            ledger_.paused_until(item.topic, item.partition,
-                                 std::chrono::steady_clock::now() + *delay);
+        if (delay && delay->count() > 0 && !ledger().paused(item.topic, item.partition)) {
+            client().pause({kafka::TopicPartition{item.topic, item.partition}});
+            ledger().paused_until(item.topic, item.partition,
+                                  std::chrono::steady_clock::now() + *delay);
         }
     }
     /// Produces the copy and waits for its delivery report; throws (the record stays
@@ -582,7 +386,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         if (!producer_) {
             kafka::Config config = options_.dead_letter_producer.value_or(kafka::Config{});
             if (!options_.dead_letter_producer) {
-                config.bootstrap_servers(config_.get("bootstrap.servers").value_or(""));
+                config.bootstrap_servers(member_.config().get("bootstrap.servers").value_or(""));
                 config.idempotent();
             }
             producer_.emplace(config);
@@ -609,7 +413,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     // The store away (the circuit breaker): every partition paused, the group still served
 
     void idle(std::chrono::milliseconds duration) {
-        if (!consumer_) {
+        if (!member_.joined()) {
             sleep_unless_stopped(duration);
             return;
         }
@@ -623,9 +427,9 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
                 // Paused: no record comes; one fetched before the pause is dropped here and
                 // read again after it (resume_after_store, rewind_unsettled).
                 if (std::optional<kafka::Message> record =
-                        consumer_->poll(std::chrono::milliseconds(50))) {
-                    ledger_.rewind_at_most(std::string(record->topic()), record->partition(),
-                                           record->offset());
+                        client().poll(std::chrono::milliseconds(50))) {
+                    ledger().rewind_at_most(std::string(record->topic()), record->partition(),
+                                            record->offset());
                 }
             } catch (const std::exception& e) {
                 report(e);
@@ -635,8 +439,8 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     }
 
     void pause_all() {
-        const kafka::TopicPartitions all = ledger_.partitions();
-        if (!all.empty()) consumer_->pause(all);
+        const kafka::TopicPartitions all = ledger().partitions();
+        if (!all.empty()) client().pause(all);
     }
 
     /// The breaker closed: every partition reads again from its first record not settled
@@ -645,9 +449,9 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     void resume_after_store() {
         store_paused_ = false;
         drop_held();
-        ledger_.rewind_all_to_done();
-        const kafka::TopicPartitions ready = ledger_.unpaused();
-        if (!ready.empty()) consumer_->resume(ready);
+        ledger().rewind_all_to_done();
+        const kafka::TopicPartitions ready = ledger().unpaused();
+        if (!ready.empty()) client().resume(ready);
     }
 
     // -----------------------------------------------------------------------------------------
@@ -660,10 +464,10 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
                                 ? options_.topics.front() + ".DLT"
                                 : options_.dead_letter;
         health.dead_letter_destination = dead_letter_name_;
-        if (!consumer_) return health;
+        if (!member_.joined()) return health;
         std::uint64_t lag = 0;
-        for (const kafka::TopicPartition& p : ledger_.positions()) {
-            const auto marks = consumer_->watermarks(kafka::TopicPartition{p.topic, p.partition});
+        for (const kafka::TopicPartition& p : ledger().positions()) {
+            const auto marks = client().watermarks(kafka::TopicPartition{p.topic, p.partition});
             if (!marks) return health;  // not known yet: unknown
             const std::int64_t from = p.offset >= 0 ? p.offset : marks->first;
             lag += static_cast<std::uint64_t>(std::max<std::int64_t>(0, marks->second - from));
@@ -681,11 +485,8 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         }
     }
 
-    kafka::Config config_;
-    kafka::StoreOffsets store_offsets_;  ///< KafkaOffsets::in_store: the handler's store
-    std::optional<kafka::Consumer> consumer_;
+    kafka::GroupMember member_;  ///< the client, its rebalances and commits, the offset ledger
     std::optional<kafka::Producer> producer_;  ///< the dead letters', made on first use
-    kafka::OffsetLedger ledger_;               ///< the assigned partitions' offsets
     std::deque<detail::KafkaItem> held_;       ///< polled, not handed out yet
     bool store_paused_ = false;                ///< every partition paused for the circuit breaker
     /// Tests only (through detail::KafkaConsumerProbe): runs before each seek and may throw,
@@ -693,7 +494,6 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     std::function<void(const kafka::TopicPartition&)> seek_fault_;
     std::string dead_letter_name_;
     std::atomic<std::size_t> retried_{0};
-    std::atomic<std::size_t> rebalances_{0};
 };
 
 IDEM_END_NAMESPACE
