@@ -16,7 +16,7 @@
 
 #include <fmt/format.h>
 
-#include "idem/circuit_breaker.hpp"
+#include "idem/broker/circuit_breaker.hpp"
 #include "idem/idem.hpp"
 #include "idem/store/memory.hpp"
 

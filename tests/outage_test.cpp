@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "idem/broker/circuit_breaker.hpp"
 #include "idem/broker/redis_streams.hpp"
-#include "idem/circuit_breaker.hpp"
 #include "idem/idem.hpp"
 #include "idem/redis/connection.hpp"
 #include "idem/store/postgres.hpp"

@@ -6,8 +6,8 @@
 #include <set>
 #include <string>
 
+#include "idem/broker/redelivery_backoff.hpp"
 #include "idem/error.hpp"
-#include "idem/redelivery_backoff.hpp"
 
 namespace {
 

@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "idem/broker/circuit_breaker.hpp"
 #include "idem/broker/redis_streams.hpp"
-#include "idem/circuit_breaker.hpp"
 #include "idem/idem.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/testing/redis_sentinel.hpp"

@@ -41,9 +41,9 @@
 #include <thread>
 #include <vector>
 
+#include "idem/broker/circuit_breaker.hpp"
 #include "idem/broker/rabbitmq.hpp"
 #include "idem/broker/redis_streams.hpp"
-#include "idem/circuit_breaker.hpp"
 #include "idem/idem.hpp"
 #include "idem/observer.hpp"
 #include "idem/redis/cluster.hpp"

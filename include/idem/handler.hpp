@@ -177,8 +177,8 @@ class IdempotentHandler {
     void set_clock(Clock clock) { pipeline_.set_clock(std::move(clock)); }
 
     /// @brief The attempt pipeline this handler runs its messages through, for idem's loops
-    /// that hold a message's commit (PipelinedLoop, pipeline.hpp). Not for users: its interface
-    /// may change in any release.
+    /// that hold a message's commit (PipelinedLoop, broker/pipeline.hpp). Not for users: its
+    /// interface may change in any release.
     [[nodiscard]] detail::AttemptPipeline<Store, Effect>& attempt_pipeline() noexcept {
         return pipeline_;
     }

@@ -5,6 +5,7 @@
 /// is idem/contract/ (included here), its conformance suite idem/testing/conformance.hpp (not
 /// included: it needs GoogleTest).
 
+#include "idem/broker/pipeline.hpp"
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
 #include "idem/contract/records.hpp"
@@ -23,7 +24,6 @@
 #include "idem/outbox.hpp"
 #include "idem/outcome.hpp"
 #include "idem/payload.hpp"
-#include "idem/pipeline.hpp"
 #include "idem/policy.hpp"
 #include "idem/purger.hpp"
 #include "idem/state_machine.hpp"

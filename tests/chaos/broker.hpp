@@ -25,11 +25,11 @@
 #include <vector>
 
 #include "chaos.hpp"
+#include "idem/broker/redelivery_backoff.hpp"
 #include "idem/config.hpp"
 #include "idem/delivery.hpp"
 #include "idem/outbox.hpp"
 #include "idem/outcome.hpp"
-#include "idem/redelivery_backoff.hpp"
 #ifdef IDEM_CHAOS_WITH_KAFKA
 #include "idem/kafka/config.hpp"
 #endif

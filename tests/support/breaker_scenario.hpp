@@ -8,7 +8,7 @@
 #include <chrono>
 #include <cstddef>
 
-#include "idem/circuit_breaker.hpp"
+#include "idem/broker/circuit_breaker.hpp"
 #include "idem/store/memory.hpp"
 
 namespace idem_test {

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "idem/broker/redelivery_backoff.hpp"
 #include "idem/delivery.hpp"
 #include "idem/handler.hpp"
 #include "idem/policy.hpp"
-#include "idem/redelivery_backoff.hpp"
 
 namespace idem_test {
 

@@ -24,16 +24,16 @@
 
 #include <fmt/format.h>
 
+#include "idem/broker/circuit_breaker.hpp"
+#include "idem/broker/consumer_health.hpp"
 #include "idem/broker/dispatch.hpp"
+#include "idem/broker/redelivery_backoff.hpp"
 #include "idem/broker/settlement.hpp"
-#include "idem/circuit_breaker.hpp"
 #include "idem/config.hpp"
-#include "idem/consumer_health.hpp"
 #include "idem/contract/commit_hook.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
-#include "idem/redelivery_backoff.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace broker {

@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "idem/broker/pipeline.hpp"
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
 #include "idem/contract/store.hpp"
@@ -25,7 +26,6 @@
 #include "idem/error.hpp"
 #include "idem/handler.hpp"
 #include "idem/outcome.hpp"
-#include "idem/pipeline.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace broker {

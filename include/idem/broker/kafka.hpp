@@ -4,7 +4,8 @@
 /// hands each record to a handler as an idem::Delivery, so the handler's claim, poison limit
 /// and outcome decide what happens to the partition's offset: committed after the store's
 /// commit (or stored in the commit itself), retried in place, or moved past a dead letter
-/// produced to `<topic>.DLT` and confirmed. Link idem::kafka.
+/// produced to `<topic>.DLT` and confirmed. Its parts are in idem/kafka/ (consumer_options,
+/// group_member, offset_ledger, store_offsets). Link idem::kafka.
 
 #include <algorithm>
 #include <atomic>
@@ -14,7 +15,6 @@
 #include <deque>
 #include <exception>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,8 +26,8 @@
 #include <fmt/format.h>
 
 #include "idem/broker/consumer.hpp"
+#include "idem/broker/consumer_health.hpp"
 #include "idem/config.hpp"
-#include "idem/consumer_health.hpp"
 #include "idem/contract/commit_hook.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/contract/stored_offset.hpp"
@@ -36,98 +36,16 @@
 #include "idem/handler.hpp"
 #include "idem/kafka/config.hpp"
 #include "idem/kafka/consumer.hpp"
+#include "idem/kafka/consumer_options.hpp"
 #include "idem/kafka/error.hpp"
+#include "idem/kafka/group_member.hpp"
 #include "idem/kafka/message.hpp"
+#include "idem/kafka/offset_ledger.hpp"
 #include "idem/kafka/producer.hpp"
+#include "idem/kafka/store_offsets.hpp"
 #include "idem/outcome.hpp"
 
 IDEM_BEGIN_NAMESPACE
-
-/// @brief One Kafka record as the handler sees it (a copy: the consumer keeps the librdkafka
-/// message for its position).
-struct KafkaMessage {
-    /// The topic it was read from.
-    std::string topic;
-    /// Its partition in the topic.
-    std::int32_t partition = 0;
-    /// Its offset in the partition.
-    std::int64_t offset = 0;
-    /// The record's key (empty when it has none).
-    std::string key;
-    /// The record's value: the body.
-    std::string value;
-    /// The record's headers, in order (a name may repeat).
-    kafka::Headers headers;
-    /// The record's timestamp (create or log-append time, as the topic says); nullopt when it has
-    /// none. The delivery's enqueued_at.
-    std::optional<std::chrono::system_clock::time_point> timestamp{};
-
-    /// @brief The last value of header @p name, if any.
-    [[nodiscard]] std::optional<std::string_view> header(std::string_view name) const {
-        for (auto it = headers.rbegin(); it != headers.rend(); ++it) {
-            if (it->first == name) return std::string_view(it->second);
-        }
-        return std::nullopt;
-    }
-};
-
-/// @brief What a dead letter keeps of a Kafka record (found by ADL by the handler): its value.
-[[nodiscard]] inline std::string idem_payload(const KafkaMessage& message) {
-    return message.value;
-}
-
-/// @brief Where a KafkaConsumer keeps its read position.
-enum class KafkaOffsets : std::uint8_t {
-    /// Kafka's group offsets, committed only after the store's commit (asynchronously, once
-    /// per poll, while running; synchronously when partitions are revoked and on close()). A
-    /// member killed between the two hands its records to the next owner again: duplicates,
-    /// absorbed by the claims.
-    commit_after_store,
-    /// The next offset per (group, topic, partition) in the handler's store, written in the
-    /// same transaction as the claim and the effect (a store with stored_offset(): MemoryStore,
-    /// SqliteStore, PostgresStore, MysqlStore). On assignment the consumer starts each
-    /// partition at its stored offset, so a rebalance replays nothing that committed. Kafka's
-    /// group offsets are still committed afterwards, for lag monitoring.
-    in_store,
-};
-
-/// @brief What a KafkaConsumer reads and how; the shared options (broker::ConsumerOptions)
-/// under their common names. On Kafka:
-/// - `batch_size`: records per poll (from any of the assigned partitions; with
-///   handle_in_batches, from one partition);
-/// - `poll_wait`: how long a poll waits for the first record;
-/// - `visibility_timeout`: max.poll.interval.ms (at least session.timeout.ms): a member that
-///   does not poll within it leaves the group and its partitions move. Keep it above the
-///   handler's p99 (a batch's, with handle_in_batches);
-/// - `redelivery_backoff`: how long a partition pauses before a failed (or deferred, without
-///   its own retry_after) record is tried again in place. RedeliveryBackoff::none(): at once;
-/// - `id_field`: the header carrying the message id (a producer-set id, e.g. the relay's key in
-///   `idem-message-id`); empty (the default): `<topic>/<partition>/<offset>`. A record without
-///   the header gets an empty id and is dead-lettered as malformed. The offset is stable across
-///   redeliveries of one stored record, but a producer retry without enable.idempotence can
-///   store one message at two offsets: only a producer-set id makes that a duplicate;
-/// - `dead_letter`: the topic dead letters go to; empty: `<topic>.DLT` of the record's topic;
-/// - `declare`: nothing to declare (topics are created by their owners; the dead-letter topic
-///   must exist or be auto-created by the cluster);
-/// - `on_health`: pending = the assigned partitions' lag (high watermark − position, as the
-///   client last saw them; no request).
-struct KafkaConsumerOptions : broker::ConsumerOptions {
-    KafkaConsumerOptions() = default;
-    /// @brief Options for consuming @p topics_ in consumer group @p group_, the rest defaults.
-    KafkaConsumerOptions(std::vector<std::string> topics_, std::string group_)
-        : topics(std::move(topics_)), group(std::move(group_)) {}
-
-    std::vector<std::string> topics;  ///< subscribed to
-    std::string group;                ///< the consumer group (group.id)
-    /// Where the group's read position is kept (see KafkaOffsets); in_store needs a store with
-    /// stored_offset().
-    KafkaOffsets offsets = KafkaOffsets::commit_after_store;
-    /// The dead-letter producer's configuration; nothing: bootstrap.servers of the consumer's
-    /// Config, an idempotent producer.
-    std::optional<kafka::Config> dead_letter_producer{};
-    /// How long a dead letter's delivery report may take before the record is left unsettled.
-    std::chrono::milliseconds dead_letter_timeout{10000};
-};
 
 namespace detail {
 struct KafkaConsumerProbe;  ///< defined by tests only
@@ -205,7 +123,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         : KafkaConsumer(Private{}, std::move(config),
                         validated(std::move(options), has_stored_offsets<Store>::value),
                         broker::Dispatch<KafkaMessage>::idempotent(handler),
-                        positions_in(handler.store())) {
+                        kafka::StoreOffsets::of(handler.store())) {
         static_assert(has_count_attempt<Store>::value || has_default_lease<Store>::value,
                       "idem::KafkaConsumer: Kafka keeps no delivery count, so the store must "
                       "count attempts (count_attempt(), or a lease store's claims) for the "
@@ -219,15 +137,14 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     /// Call it after run() returned; the destructor does it too, reporting instead of throwing.
     /// @throws kafka::error when the final commit or the close fails.
     void close() {
-        if (!consumer_) return;
+        if (!member_.joined()) return;
         try {
-            commit_positions(kafka::CommitMode::sync);
-            consumer_->close();  // on_revoked runs inside: nothing left to commit
+            member_.leave();
         } catch (...) {
-            forget_all();
+            held_.clear();
             throw;
         }
-        forget_all();
+        held_.clear();
     }
 
     /// @brief Records tried again in place (of stats().not_acked).
@@ -235,17 +152,10 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         return retried_.load(std::memory_order_relaxed);
     }
     /// @brief Rebalances this member went through (assignments and revocations).
-    [[nodiscard]] std::size_t rebalances() const noexcept {
-        return rebalances_.load(std::memory_order_relaxed);
-    }
+    [[nodiscard]] std::size_t rebalances() const noexcept { return member_.rebalances(); }
     /// @brief The partitions assigned now, with the next offset this consumer will read in each
     /// (RD_KAFKA_OFFSET_INVALID before its first record). Polling thread only.
-    [[nodiscard]] kafka::TopicPartitions assignment() const {
-        kafka::TopicPartitions out;
-        for (const auto& [where, state] : partitions_)
-            out.push_back(kafka::TopicPartition{where.first, where.second, state.done});
-        return out;
-    }
+    [[nodiscard]] kafka::TopicPartitions assignment() const { return member_.ledger().positions(); }
     /// @brief "<group>": how health reports and errors name this consumer.
     [[nodiscard]] const std::string& name() const noexcept { return options_.group; }
 
@@ -254,250 +164,53 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     struct Private {};
     using PartitionKey = std::pair<std::string, std::int32_t>;
 
-    /// How the store keeps offsets (KafkaOffsets::in_store), captured from an IdempotentHandler's
-    /// store; empty for a store without them and for a plain handler.
-    struct Positions {
-        std::function<std::optional<std::int64_t>(const std::string&, const std::string&,
-                                                  std::int32_t)>
-            read;
-        std::function<void(const StoredOffset&)> write;  ///< in a transaction of its own
-    };
-
-    /// One assigned partition: the records handed out and not yet past, in order.
-    struct PartitionState {
-        /// The offset after the last record settled, with none before it unsettled: what is
-        /// committed. RD_KAFKA_OFFSET_INVALID until the first record.
-        std::int64_t done = RD_KAFKA_OFFSET_INVALID;
-        /// The last offset the group coordinator confirmed: a commit refused or lost is sent
-        /// again (a sent one is not taken for done).
-        std::int64_t committed = RD_KAFKA_OFFSET_INVALID;
-        std::int64_t commit_in_flight = RD_KAFKA_OFFSET_INVALID;  ///< an async commit sent
-        /// Handed out and not yet past `done`: offset and whether it is settled.
-        std::deque<std::pair<std::int64_t, bool>> outstanding;
-        /// Records from this offset on were read and dropped without being handed out (held
-        /// when the breaker opened, fetched while paused), or the seek back to them failed:
-        /// the client's position is past them. Nothing more of the partition is handed out
-        /// until a seek here succeeds.
-        std::optional<std::int64_t> rewind_to;
-        /// A record to try again: the records after it in this poll wait.
-        std::optional<std::int64_t> retrying;
-        std::uint32_t retry_tries = 0;  ///< the attempts at `retrying` so far
-        bool paused = false;            ///< paused until resume_at
-        std::chrono::steady_clock::time_point resume_at{};
-    };
-
-    template <class Store>
-    static Positions positions_in([[maybe_unused]] Store& store) {
-        Positions positions;
-        if constexpr (has_stored_offsets<Store>::value) {
-            positions.read = [&store](const std::string& group, const std::string& topic,
-                                      std::int32_t partition) {
-                return store.stored_offset(group, topic, partition);
-            };
-            positions.write = [&store](const StoredOffset& offset) {
-                auto tx = store.begin();
-                CommitHook hook{offset};
-                attach_commit_hook(tx, hook);
-                tx.commit();
-            };
-        }
-        return positions;
-    }
-
     /// @p options are validated already; copied into the base, so that the commit-hook flag
     /// reads them whatever the order the arguments are evaluated in.
     KafkaConsumer(Private, kafka::Config config, const KafkaConsumerOptions& options,
-                  broker::Dispatch<KafkaMessage> dispatch, Positions positions)
+                  broker::Dispatch<KafkaMessage> dispatch, kafka::StoreOffsets store_offsets)
         : Base(options, std::move(dispatch),
                /*acks_in_commit=*/options.offsets == KafkaOffsets::in_store),
-          config_(std::move(config)),
-          positions_(std::move(positions)) {
-        config_.group_id(options_.group);
-        // The group drops a member that does not poll within max.poll.interval.ms; librdkafka
-        // wants it at least session.timeout.ms.
-        std::int64_t session = 45000;
-        if (auto set = config_.get("session.timeout.ms")) session = std::stoll(*set);
-        config_.set("max.poll.interval.ms", std::to_string(std::max<std::int64_t>(
-                                                options_.visibility_timeout.count(), session)));
-    }
-
+          member_(std::move(config), options_.group, options_.topics, options_.visibility_timeout,
+                  options_.offsets == KafkaOffsets::in_store, std::move(store_offsets),
+                  {[this](const std::exception& e) { report(e); },
+                   [this] {
+                       if (store_paused_) pause_all();
+                   },
+                   [this] { drop_unowned(); }}) {}
     /// The options checked; @p store_keeps_offsets: an IdempotentHandler whose store has
     /// stored_offset().
     static KafkaConsumerOptions validated(KafkaConsumerOptions options, bool store_keeps_offsets) {
         const std::string who = fmt::format("idem::KafkaConsumer(\"{}\")", options.group);
-        auto refuse = [&](std::string_view why) {
-            throw usage_error(fmt::format("{}: {}", who, why));
-        };
-        if (options.group.empty()) refuse("options.group is empty; name the consumer group");
-        if (options.topics.empty()) refuse("options.topics is empty; name the topics to read");
-        for (const std::string& topic : options.topics) {
-            if (topic.empty()) refuse("options.topics holds an empty topic name");
-            if (options.dead_letter.empty()
-                    ? topic.size() > 4 && topic.compare(topic.size() - 4, 4, ".DLT") == 0
-                    : topic == options.dead_letter) {
-                refuse(fmt::format(
-                    "the topic \"{}\" is a dead-letter topic; reading it would hand its dead "
-                    "letters to the handler again",
-                    topic));
-            }
-        }
+        kafka::detail::check_topics(options, who);
         validate_common(options, who);
-        if (options.offsets == KafkaOffsets::in_store) {
-            if (!store_keeps_offsets) {
-                refuse(
-                    "KafkaOffsets::in_store needs an IdempotentHandler whose store keeps offsets "
-                    "(stored_offset(): MemoryStore, SqliteStore, PostgresStore, MysqlStore)");
-            }
-            if (options.handle_in_batches) {
-                refuse(
-                    "KafkaOffsets::in_store with handle_in_batches: a batch commits its other "
-                    "records when one fails, and their stored offset would pass the failed one. "
-                    "Use one of the two");
-            }
-        }
+        kafka::detail::check_offsets(options, store_keeps_offsets, who);
         return options;
     }
 
     // -----------------------------------------------------------------------------------------
-    // The client and the group's callbacks
+    // The group (kafka::GroupMember: the client, rebalances, commits, the offset ledger)
 
-    void ensure_consumer() {
-        if (consumer_) return;
-        consumer_.emplace(config_);
-        kafka::Consumer& consumer = *consumer_;
-        consumer.on_assigning = [this](kafka::TopicPartitions& assigned) {
-            if (options_.offsets != KafkaOffsets::in_store) return;
-            for (kafka::TopicPartition& p : assigned) {
-                try {
-                    if (auto stored = positions_.read(options_.group, p.topic, p.partition)) {
-                        p.offset = *stored;
-                        starting_[PartitionKey{p.topic, p.partition}] = *stored;
-                    }
-                } catch (const std::exception& e) {
-                    // The group's committed offset, which is never past the stored one: what
-                    // is replayed from there are duplicates, absorbed by the claims.
-                    report(e);
-                }
-            }
-        };
-        consumer.on_assigned = [this](const kafka::TopicPartitions& assigned) {
-            rebalances_.fetch_add(1, std::memory_order_relaxed);
-            for (const kafka::TopicPartition& p : assigned) {
-                PartitionState fresh;
-                // Offsets in the store: where it starts is done, and goes to Kafka's group
-                // offsets with the next commit (lag tools, and a member killed before its own).
-                const auto start = starting_.find(PartitionKey{p.topic, p.partition});
-                if (start != starting_.end()) fresh.done = start->second;
-                partitions_[PartitionKey{p.topic, p.partition}] = fresh;
-            }
-            starting_.clear();
-            if (store_paused_) pause_all();
-        };
-        consumer.on_revoked = [this](const kafka::TopicPartitions& revoked) {
-            rebalances_.fetch_add(1, std::memory_order_relaxed);
-            commit_positions(kafka::CommitMode::sync, &revoked);
-            forget(revoked);
-        };
-        consumer.on_lost = [this](const kafka::TopicPartitions& lost) {
-            rebalances_.fetch_add(1, std::memory_order_relaxed);
-            forget(lost);  // another member may own them now: nothing is committed for them
-        };
-        consumer.on_committed = [this](rd_kafka_resp_err_t err,
-                                       const kafka::TopicPartitions& offsets) {
-            note_committed(err, offsets);
-            // A commit refused (during a rebalance, the coordinator away) is sent again after
-            // the next poll; if the partition moves first, its next owner starts from the last
-            // one that went through and finds duplicates, absorbed by the claims.
-            if (err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
-                report(kafka::error(fmt::format("idem::KafkaConsumer(\"{}\"): offset commit: {}",
-                                                name(), rd_kafka_err2str(err)),
-                                    err, kafka::detail::retriable_code(err), false));
-            }
-        };
-        consumer.on_error = [this](rd_kafka_resp_err_t err, std::string_view reason) {
-            report(kafka::unavailable(
-                fmt::format("idem::KafkaConsumer(\"{}\"): {}", name(), reason), err));
-        };
-        consumer.subscribe(options_.topics);
-    }
+    kafka::Consumer& client() noexcept { return member_.client(); }
+    kafka::OffsetLedger& ledger() noexcept { return member_.ledger(); }
+    const kafka::OffsetLedger& ledger() const noexcept { return member_.ledger(); }
 
-    void forget_all() noexcept {
-        consumer_.reset();
-        partitions_.clear();
-        held_.clear();
-    }
-
-    void forget(const kafka::TopicPartitions& partitions) {
-        for (const kafka::TopicPartition& p : partitions)
-            partitions_.erase(PartitionKey{p.topic, p.partition});
+    /// Held records of partitions revoked or lost are dropped: their next owner reads them.
+    void drop_unowned() {
         held_.erase(std::remove_if(held_.begin(), held_.end(),
                                    [this](const detail::KafkaItem& item) { return !owned(item); }),
                     held_.end());
     }
 
     [[nodiscard]] bool owned(const detail::KafkaItem& item) const {
-        return partitions_.count(PartitionKey{item.topic, item.partition}) != 0;
-    }
-    PartitionState* state_of(const std::string& topic, std::int32_t partition) {
-        auto it = partitions_.find(PartitionKey{topic, partition});
-        return it == partitions_.end() ? nullptr : &it->second;
-    }
-    PartitionState* state_of(const detail::KafkaItem& item) {
-        return state_of(item.topic, item.partition);
-    }
-
-    /// Commits each partition's position where it moved past what the coordinator confirmed
-    /// (all of them, or those in @p only); an async commit still in flight is not sent twice.
-    /// A commit that fails is reported and sent again by the next call; a sync one that fails
-    /// on revocation leaves the next owner duplicates, which the claims absorb.
-    void commit_positions(kafka::CommitMode mode, const kafka::TopicPartitions* only = nullptr) {
-        if (!consumer_) return;
-        const bool async = mode == kafka::CommitMode::async;
-        kafka::TopicPartitions offsets;
-        for (auto& entry : partitions_) {
-            const PartitionKey& where = entry.first;  // named, not bound: lambdas capture it
-            PartitionState& state = entry.second;
-            if (state.done < 0 || state.done == state.committed) continue;
-            if (async && state.done == state.commit_in_flight) continue;
-            if (only != nullptr &&
-                std::none_of(only->begin(), only->end(), [&](const kafka::TopicPartition& p) {
-                    return p.topic == where.first && p.partition == where.second;
-                })) {
-                continue;
-            }
-            offsets.push_back(kafka::TopicPartition{where.first, where.second, state.done});
-            if (async) state.commit_in_flight = state.done;
-        }
-        if (offsets.empty()) return;
-        try {
-            consumer_->commit(offsets, mode);
-        } catch (const broker_error& e) {
-            note_committed(RD_KAFKA_RESP_ERR__FAIL, offsets);  // not sent: send again
-            report(e);
-            return;
-        }
-        if (!async) note_committed(RD_KAFKA_RESP_ERR_NO_ERROR, offsets);
-    }
-
-    /// What the coordinator answered for @p offsets (each partition's own error counts too):
-    /// confirmed offsets are committed; a refused one is sent again by the next commit.
-    void note_committed(rd_kafka_resp_err_t err, const kafka::TopicPartitions& offsets) {
-        for (const kafka::TopicPartition& p : offsets) {
-            PartitionState* state = state_of(p.topic, p.partition);
-            if (state == nullptr || p.offset < 0) continue;
-            if (state->commit_in_flight == p.offset)
-                state->commit_in_flight = RD_KAFKA_OFFSET_INVALID;
-            if (err == RD_KAFKA_RESP_ERR_NO_ERROR && p.error == RD_KAFKA_RESP_ERR_NO_ERROR)
-                state->committed = std::max(state->committed, p.offset);
-        }
+        return member_.ledger().owns(item.topic, item.partition);
     }
 
     // -----------------------------------------------------------------------------------------
     // Reading
 
     std::vector<detail::KafkaItem> read() {
-        ensure_consumer();
-        commit_positions(kafka::CommitMode::async);  // what the last poll settled
+        member_.join();
+        member_.commit(kafka::CommitMode::async);  // what the last poll settled
         if (store_paused_) resume_after_store();
         rewind_unsettled();
         resume_due();
@@ -505,18 +218,18 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         std::chrono::milliseconds wait =
             held_.empty() ? options_.poll_wait : std::chrono::milliseconds(0);
         while (held_.size() < want) {
-            std::optional<kafka::Message> record = consumer_->poll(wait);
+            std::optional<kafka::Message> record = client().poll(wait);
             if (!record) break;
             wait = std::chrono::milliseconds(0);
             detail::KafkaItem item{std::move(*record), {}, {}, 0, 0, 1};
-            item.body = body_of(item.record);
+            item.body = kafka::detail::copy_of(item.record);
             item.topic = item.body.topic;
             item.partition = item.body.partition;
             item.offset = item.body.offset;
             if (!owned(item)) continue;  // revoked meanwhile
             // Its position is past records to read again (a failed seek): read from there
             // once a seek succeeds, not from here.
-            if (state_of(item)->rewind_to) continue;
+            if (ledger().must_rewind(item.topic, item.partition)) continue;
             held_.push_back(std::move(item));
         }
         return take_held();
@@ -534,17 +247,9 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
                 rest.push_back(std::move(item));
                 continue;
             }
-            PartitionState* state = state_of(item);
-            if (state == nullptr) continue;
-            const std::int64_t offset = item.offset;
-            if (state->done >= 0 && offset < state->done) continue;  // settled already
-            if (!state->outstanding.empty() && offset <= state->outstanding.back().first) continue;
-            if (state->done < 0) state->done = offset;
-            state->outstanding.emplace_back(offset, false);
-            if (state->retrying && *state->retrying == offset) {
-                item.tries = ++state->retry_tries;
-                state->retrying.reset();
-            }
+            const auto tries = ledger().hand_out(item.topic, item.partition, item.offset);
+            if (!tries) continue;  // revoked, or settled or handed out already
+            item.tries = *tries;
             batch.push_back(std::move(item));
         }
         held_ = std::move(rest);
@@ -552,84 +257,45 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     }
 
     /// Partitions with records handed out but not settled (a retry, a stop, an error, the
-    /// store away) or read and dropped (rewind_to): sought back to the first of them, so they
-    /// are read again, in order. The records are forgotten only once the seek succeeded; a
-    /// seek that fails (its outcome unknown) is reported and tried again by the next read,
-    /// and until then nothing of the partition is handed out, so its position cannot pass them.
+    /// store away) or read and dropped: sought back to the first of them, so they are read
+    /// again, in order. The records are forgotten only once the seek succeeded; a seek that
+    /// fails (its outcome unknown) is reported and tried again by the next read, and until
+    /// then nothing of the partition is handed out, so its position cannot pass them.
     void rewind_unsettled() {
-        for (auto& entry : partitions_) {
-            const PartitionKey& where = entry.first;  // named, not bound: lambdas capture it
-            PartitionState& state = entry.second;
-            if (!state.outstanding.empty()) rewind_at_most(state, state.outstanding.front().first);
-            if (!state.rewind_to) continue;
-            const std::int64_t first = *state.rewind_to;
-            // Its held records come after `first`: read again from there.
+        for (const kafka::TopicPartition& position : ledger().rewinds()) {
+            // Its held records come after the position: read again from there.
             held_.erase(std::remove_if(held_.begin(), held_.end(),
                                        [&](const detail::KafkaItem& item) {
-                                           return item.topic == where.first &&
-                                                  item.partition == where.second;
+                                           return item.topic == position.topic &&
+                                                  item.partition == position.partition;
                                        }),
                         held_.end());
             try {
-                seek(kafka::TopicPartition{where.first, where.second, first});
+                seek(position);
             } catch (const broker_error& e) {
-                report(e);  // rewind_to stays: tried again by the next read
+                report(e);  // still due: tried again by the next read
                 continue;
             }
-            state.rewind_to.reset();
-            state.outstanding.clear();
-            if (!state.retrying) {  // not a retry: an interruption; its tries start again
-                state.retrying = first;
-                state.retry_tries = 0;
-            }
+            ledger().rewound(position);
         }
     }
 
     void seek(const kafka::TopicPartition& position) {
         if (seek_fault_) seek_fault_(position);
-        consumer_->seek(position);
+        client().seek(position);
     }
 
     /// Records read and not handed out, dropped: each partition reads again from its first.
     void drop_held() {
         for (const detail::KafkaItem& item : held_)
-            note_dropped(item.topic, item.partition, item.offset);
+            ledger().rewind_at_most(item.topic, item.partition, item.offset);
         held_.clear();
     }
 
-    /// The record at @p offset was read and dropped: the partition is sought back to it.
-    void note_dropped(const std::string& topic, std::int32_t partition, std::int64_t offset) {
-        if (PartitionState* state = state_of(topic, partition)) rewind_at_most(*state, offset);
-    }
-    static void rewind_at_most(PartitionState& state, std::int64_t offset) {
-        if (state.done >= 0 && offset < state.done) return;  // settled already
-        state.rewind_to = state.rewind_to ? std::min(*state.rewind_to, offset) : offset;
-    }
-
     void resume_due() {
-        const auto now = std::chrono::steady_clock::now();
-        kafka::TopicPartitions due;
-        for (auto& [where, state] : partitions_) {
-            if (state.paused && now >= state.resume_at) {
-                state.paused = false;
-                due.push_back(kafka::TopicPartition{where.first, where.second});
-            }
-        }
-        if (!due.empty()) consumer_->resume(due);
+        const kafka::TopicPartitions due = ledger().take_due(std::chrono::steady_clock::now());
+        if (!due.empty()) client().resume(due);
     }
-
-    static KafkaMessage body_of(const kafka::Message& record) {
-        KafkaMessage body;
-        body.topic = std::string(record.topic());
-        body.partition = record.partition();
-        body.offset = record.offset();
-        body.key = std::string(record.key());
-        body.value = std::string(record.value());
-        body.headers = record.headers();
-        body.timestamp = record.timestamp();
-        return body;
-    }
-
     static const KafkaMessage& message_of(const detail::KafkaItem& item) noexcept {
         return item.body;
     }
@@ -652,15 +318,9 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     }
 
     /// A partition being retried holds back the records after the retried one.
-    bool blocked(const detail::KafkaItem& item) {
-        const PartitionState* state = state_of(item);
-        return state == nullptr ||
-               (state->retrying && item.offset > *state->retrying && retry_pending(*state));
+    bool blocked(const detail::KafkaItem& item) const {
+        return ledger().blocked(item.topic, item.partition, item.offset);
     }
-    static bool retry_pending(const PartitionState& state) {
-        return !state.outstanding.empty() && !state.outstanding.front().second;
-    }
-
     /// What a stop or an open breaker left: sought back by the next read (rewind_unsettled).
     void unhandled(std::vector<detail::KafkaItem>&, std::size_t) {}
 
@@ -699,37 +359,26 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     /// letter now confirmed) is moved past in a transaction of its own.
     void store_position(const detail::KafkaItem& item) {
         if (options_.offsets != KafkaOffsets::in_store) return;
-        positions_.write(StoredOffset{options_.group, item.topic, item.partition, item.offset + 1});
+        member_.store_offsets().write(
+            StoredOffset{options_.group, item.topic, item.partition, item.offset + 1});
     }
 
     void mark_done(const detail::KafkaItem& item) {
-        PartitionState* state = state_of(item);
-        if (state == nullptr) return;
-        for (auto& entry : state->outstanding) {
-            if (entry.first == item.offset) entry.second = true;
-        }
-        while (!state->outstanding.empty() && state->outstanding.front().second) {
-            state->done = state->outstanding.front().first + 1;
-            state->outstanding.pop_front();
-        }
-        if (state->retrying && *state->retrying == item.offset) state->retrying.reset();
+        ledger().settle(item.topic, item.partition, item.offset);
     }
 
     /// Pauses the partition until the delay is over; the next read seeks back to the record.
     void retry_in_place(const detail::KafkaItem& item,
                         std::optional<std::chrono::milliseconds> delay) {
-        PartitionState* state = state_of(item);
-        if (state == nullptr) return;  // revoked: the next owner reads it
+        // Not assigned: revoked, the next owner reads it.
+        if (!ledger().retry(item.topic, item.partition, item.offset, item.tries)) return;
         retried_.fetch_add(1, std::memory_order_relaxed);
-        state->retrying = item.offset;
-        state->retry_tries = item.tries;
-        if (delay && delay->count() > 0 && !state->paused) {
-            consumer_->pause({kafka::TopicPartition{item.topic, item.partition}});
-            state->paused = true;
-            state->resume_at = std::chrono::steady_clock::now() + *delay;
+        if (delay && delay->count() > 0 && !ledger().paused(item.topic, item.partition)) {
+            client().pause({kafka::TopicPartition{item.topic, item.partition}});
+            ledger().paused_until(item.topic, item.partition,
+                                  std::chrono::steady_clock::now() + *delay);
         }
     }
-
     /// Produces the copy and waits for its delivery report; throws (the record stays
     /// unsettled, read again) when the cluster does not confirm it.
     void produce_dead_letter(const Delivery& delivery, const KafkaMessage& body,
@@ -737,7 +386,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         if (!producer_) {
             kafka::Config config = options_.dead_letter_producer.value_or(kafka::Config{});
             if (!options_.dead_letter_producer) {
-                config.bootstrap_servers(config_.get("bootstrap.servers").value_or(""));
+                config.bootstrap_servers(member_.config().get("bootstrap.servers").value_or(""));
                 config.idempotent();
             }
             producer_.emplace(config);
@@ -764,7 +413,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     // The store away (the circuit breaker): every partition paused, the group still served
 
     void idle(std::chrono::milliseconds duration) {
-        if (!consumer_) {
+        if (!member_.joined()) {
             sleep_unless_stopped(duration);
             return;
         }
@@ -778,9 +427,9 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
                 // Paused: no record comes; one fetched before the pause is dropped here and
                 // read again after it (resume_after_store, rewind_unsettled).
                 if (std::optional<kafka::Message> record =
-                        consumer_->poll(std::chrono::milliseconds(50))) {
-                    note_dropped(std::string(record->topic()), record->partition(),
-                                 record->offset());
+                        client().poll(std::chrono::milliseconds(50))) {
+                    ledger().rewind_at_most(std::string(record->topic()), record->partition(),
+                                            record->offset());
                 }
             } catch (const std::exception& e) {
                 report(e);
@@ -790,10 +439,8 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     }
 
     void pause_all() {
-        kafka::TopicPartitions all;
-        for (const auto& [where, state] : partitions_)
-            all.push_back(kafka::TopicPartition{where.first, where.second});
-        if (!all.empty()) consumer_->pause(all);
+        const kafka::TopicPartitions all = ledger().partitions();
+        if (!all.empty()) client().pause(all);
     }
 
     /// The breaker closed: every partition reads again from its first record not settled
@@ -802,14 +449,9 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     void resume_after_store() {
         store_paused_ = false;
         drop_held();
-        for (auto& entry : partitions_) {
-            if (entry.second.done >= 0) rewind_at_most(entry.second, entry.second.done);
-        }
-        kafka::TopicPartitions ready;
-        for (auto& [where, state] : partitions_) {
-            if (!state.paused) ready.push_back(kafka::TopicPartition{where.first, where.second});
-        }
-        if (!ready.empty()) consumer_->resume(ready);
+        ledger().rewind_all_to_done();
+        const kafka::TopicPartitions ready = ledger().unpaused();
+        if (!ready.empty()) client().resume(ready);
     }
 
     // -----------------------------------------------------------------------------------------
@@ -822,13 +464,12 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
                                 ? options_.topics.front() + ".DLT"
                                 : options_.dead_letter;
         health.dead_letter_destination = dead_letter_name_;
-        if (!consumer_) return health;
+        if (!member_.joined()) return health;
         std::uint64_t lag = 0;
-        for (const auto& [where, state] : partitions_) {
-            const auto marks =
-                consumer_->watermarks(kafka::TopicPartition{where.first, where.second});
+        for (const kafka::TopicPartition& p : ledger().positions()) {
+            const auto marks = client().watermarks(kafka::TopicPartition{p.topic, p.partition});
             if (!marks) return health;  // not known yet: unknown
-            const std::int64_t from = state.done >= 0 ? state.done : marks->first;
+            const std::int64_t from = p.offset >= 0 ? p.offset : marks->first;
             lag += static_cast<std::uint64_t>(std::max<std::int64_t>(0, marks->second - from));
         }
         health.pending = lag;
@@ -844,20 +485,15 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         }
     }
 
-    kafka::Config config_;
-    Positions positions_;
-    std::optional<kafka::Consumer> consumer_;
+    kafka::GroupMember member_;  ///< the client, its rebalances and commits, the offset ledger
     std::optional<kafka::Producer> producer_;  ///< the dead letters', made on first use
-    std::map<PartitionKey, PartitionState> partitions_;
-    std::deque<detail::KafkaItem> held_;             ///< polled, not handed out yet
-    std::map<PartitionKey, std::int64_t> starting_;  ///< stored offsets being assigned
-    bool store_paused_ = false;  ///< every partition paused for the circuit breaker
+    std::deque<detail::KafkaItem> held_;       ///< polled, not handed out yet
+    bool store_paused_ = false;                ///< every partition paused for the circuit breaker
     /// Tests only (through detail::KafkaConsumerProbe): runs before each seek and may throw,
     /// as a seek that timed out does.
     std::function<void(const kafka::TopicPartition&)> seek_fault_;
     std::string dead_letter_name_;
     std::atomic<std::size_t> retried_{0};
-    std::atomic<std::size_t> rebalances_{0};
 };
 
 IDEM_END_NAMESPACE

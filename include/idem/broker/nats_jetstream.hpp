@@ -26,10 +26,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "idem/broker/circuit_breaker.hpp"
 #include "idem/broker/consumer.hpp"
-#include "idem/circuit_breaker.hpp"
+#include "idem/broker/consumer_health.hpp"
+#include "idem/broker/redelivery_backoff.hpp"
 #include "idem/config.hpp"
-#include "idem/consumer_health.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/handler.hpp"
@@ -39,7 +40,6 @@
 #include "idem/nats/message.hpp"
 #include "idem/nats/pull_subscription.hpp"
 #include "idem/outcome.hpp"
-#include "idem/redelivery_backoff.hpp"
 
 IDEM_BEGIN_NAMESPACE
 

@@ -18,8 +18,9 @@
 #include <fmt/format.h>
 
 #include "idem/broker/consumer.hpp"
+#include "idem/broker/consumer_health.hpp"
+#include "idem/broker/redelivery_backoff.hpp"
 #include "idem/config.hpp"
-#include "idem/consumer_health.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/handler.hpp"
@@ -27,7 +28,6 @@
 #include "idem/rabbitmq/connection.hpp"
 #include "idem/rabbitmq/endpoint.hpp"
 #include "idem/rabbitmq/message.hpp"
-#include "idem/redelivery_backoff.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace rabbitmq {

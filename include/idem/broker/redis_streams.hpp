@@ -20,8 +20,9 @@
 
 #include <fmt/format.h>
 
+#include "idem/broker/circuit_breaker.hpp"
 #include "idem/broker/consumer.hpp"
-#include "idem/circuit_breaker.hpp"
+#include "idem/broker/redelivery_backoff.hpp"
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
 #include "idem/contract/time.hpp"
@@ -29,10 +30,9 @@
 #include "idem/error.hpp"
 #include "idem/handler.hpp"
 #include "idem/outcome.hpp"
-#include "idem/redelivery_backoff.hpp"
-#include "idem/redis/cluster.hpp"
 #include "idem/redis/connection.hpp"
 #include "idem/redis/endpoint.hpp"
+#include "idem/redis/following_connection.hpp"
 #include "idem/redis/reply.hpp"
 #include "idem/redis/scripts.hpp"
 #include "idem/redis/stream_ack.hpp"

@@ -9,10 +9,10 @@
 #include <cstdint>
 #include <optional>
 
+#include "idem/broker/redelivery_backoff.hpp"
 #include "idem/config.hpp"
 #include "idem/delivery.hpp"
 #include "idem/outcome.hpp"
-#include "idem/redelivery_backoff.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace broker {

@@ -159,7 +159,8 @@ struct has_claim_and_commit<T, std::void_t<decltype(std::declval<T&>().claim_and
                           ClaimAndCommitResult> {};
 
 /// A transaction that can send its commit with the next transaction's claim in one round trip
-/// (pipeline.hpp's PipelinedLoop); without it the loop commits and claims one after the other.
+/// (broker/pipeline.hpp's PipelinedLoop); without it the loop commits and claims one after the
+/// other.
 template <class, class = void>
 struct has_commit_with_next_claim : std::false_type {};
 template <class T>

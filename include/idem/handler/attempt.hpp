@@ -4,7 +4,7 @@
 /// (begin, key, claim, fingerprint, poison check, effect, record the outcome, commit, report),
 /// written once for every way a message is handled: alone and in a batch (handler.hpp, with
 /// handler/single.hpp, handler/batch.hpp, handler/claim_and_commit.hpp) and one step ahead of
-/// its commit (pipeline.hpp's PipelinedLoop). How a message is kept apart from the others in
+/// its commit (broker/pipeline.hpp's PipelinedLoop). How a message is kept apart from the others in
 /// its transaction is its strategy's (handler/strategy.hpp); calling the effect is effect.hpp's.
 
 #include <chrono>

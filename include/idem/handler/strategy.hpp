@@ -76,7 +76,7 @@ struct BatchUnclaimStrategy {
 };
 
 /// @brief One message whose claim came before the attempt, with the previous message's commit
-/// (PipelinedLoop, pipeline.hpp): otherwise handle()'s, its effect in a savepoint (the loop
+/// (PipelinedLoop, broker/pipeline.hpp): otherwise handle()'s, its effect in a savepoint (the loop
 /// needs cheap savepoints: Redis).
 template <class Tx>
 struct PreclaimedStrategy {

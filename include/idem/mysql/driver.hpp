@@ -6,7 +6,9 @@
 /// innodb_lock_wait_timeout (and the isolation level, when asked) once per session, reconnects a
 /// broken connection before the next transaction, notices when the server rolled a transaction
 /// back (a deadlock) so nothing runs after it in autocommit, and maps the server's errors to
-/// idem's exceptions. With idem/store/mysql.hpp, the only idem header that includes <mysql.h>.
+/// idem's exceptions. Its claims' error numbers are in mysql/errors.hpp, its result rows in
+/// mysql/row.hpp. Only idem/mysql/'s headers and idem/store/mysql.hpp (and the test kit's
+/// testing/mariadb_server.hpp) include <mysql.h>.
 
 #include <mysql.h>
 
@@ -31,8 +33,10 @@
 #include "idem/config.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/error.hpp"
+#include "idem/mysql/errors.hpp"
 #include "idem/mysql/literals.hpp"
 #include "idem/mysql/options.hpp"
+#include "idem/mysql/row.hpp"
 #include "idem/outcome.hpp"
 #include "idem/sql/bind_traits.hpp"
 #include "idem/sql/driver.hpp"
@@ -44,68 +48,6 @@
 
 IDEM_BEGIN_NAMESPACE
 namespace mysql {
-
-// Server and client error numbers (mysqld_error.h, errmsg.h).
-/// ER_LOCK_WAIT_TIMEOUT: a row lock waited for past innodb_lock_wait_timeout (a claim's:
-/// in_progress).
-inline constexpr unsigned er_lock_wait_timeout = 1205;
-/// ER_LOCK_DEADLOCK: InnoDB chose this transaction as a deadlock's victim and rolled it back.
-inline constexpr unsigned er_lock_deadlock = 1213;
-
-/// The connection is gone: the server went away, closed or killed it, or cannot be reached.
-inline bool is_lost(unsigned code) noexcept {
-    switch (code) {
-        case 1053:  // ER_SERVER_SHUTDOWN
-        case 1927:  // ER_CONNECTION_KILLED
-        case 2002:  // CR_CONNECTION_ERROR
-        case 2003:  // CR_CONN_HOST_ERROR
-        case 2006:  // CR_SERVER_GONE_ERROR
-        case 2013:  // CR_SERVER_LOST
-        case 2026:  // CR_SSL_CONNECTION_ERROR
-        case 2055:  // CR_SERVER_LOST_EXTENDED
-        case 4031:  // ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8)
-            return true;
-        default:
-            return false;
-    }
-}
-
-/// A lock or statement timeout, a deadlock: retrying later may work.
-inline bool is_timeout(unsigned code) noexcept {
-    return code == er_lock_wait_timeout || code == er_lock_deadlock ||
-           code == 1969 /* ER_STATEMENT_TIMEOUT (MariaDB) */ ||
-           code == 3024 /* ER_QUERY_TIMEOUT (MySQL) */;
-}
-
-/// One row of a stored result (sql/driver.hpp's Row): text protocol, binary-safe lengths.
-class Row {
-  public:
-    /// A view of @p row with its column @p lengths (mysql_fetch_lengths()), valid until the next
-    /// fetch.
-    Row(MYSQL_ROW row, const unsigned long* lengths) noexcept : row_(row), lengths_(lengths) {}
-    /// A column's bytes (binary-safe); NULL gives "".
-    [[nodiscard]] std::string bytes(int column) const {
-        const auto c = static_cast<std::size_t>(column);
-        return row_[c] == nullptr ? std::string() : std::string(row_[c], lengths_[c]);
-    }
-    /// An integer column, parsed from its text; NULL or not a number gives 0.
-    [[nodiscard]] std::int64_t int64(int column) const {
-        const auto c = static_cast<std::size_t>(column);
-        std::int64_t value = 0;
-        if (row_[c] != nullptr) std::from_chars(row_[c], row_[c] + lengths_[c], value);
-        return value;
-    }
-    /// An integer column as a boolean (non-zero).
-    [[nodiscard]] bool boolean(int column) const { return int64(column) != 0; }
-    /// True when the column is NULL.
-    [[nodiscard]] bool is_null(int column) const noexcept {
-        return row_[static_cast<std::size_t>(column)] == nullptr;
-    }
-
-  private:
-    MYSQL_ROW row_;
-    const unsigned long* lengths_;
-};
 
 /// MysqlStore's transaction face: conn().
 template <class Tx>

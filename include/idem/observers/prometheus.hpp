@@ -60,8 +60,8 @@
 
 #include <fmt/format.h>
 
+#include "idem/broker/consumer_health.hpp"
 #include "idem/config.hpp"
-#include "idem/consumer_health.hpp"
 #include "idem/contract/records.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
@@ -228,8 +228,8 @@ class PrometheusObserver final : public Observer {
         }
     }
 
-    /// @brief A HealthSink (consumer_health.hpp) that calls report_health(): give it to a broker
-    /// consumer and the gauges follow each poll. The observer must outlive the consumer.
+    /// @brief A HealthSink (broker/consumer_health.hpp) that calls report_health(): give it to a
+    /// broker consumer and the gauges follow each poll. The observer must outlive the consumer.
     /// @code
     /// consumer_options.on_health = metrics.health_sink();  // broker::ConsumerOptions,
     /// idem/broker/consumer.hpp

@@ -4,7 +4,7 @@
 /// pipeline sends (Command, Statement, the binding of parameters as text or binary BYTEA), the
 /// reading of results, the classification of SQLSTATEs into idem's exceptions, and libpq's own
 /// notice hooks. With postgres/connection.hpp (the session: postgres::Connection),
-/// postgres/driver.hpp and idem/store/postgres.hpp, the only idem headers
+/// postgres/driver.hpp, postgres/claims.hpp and idem/store/postgres.hpp, the only idem headers
 /// that include <libpq-fe.h>.
 
 #include <libpq-fe.h>

@@ -4,8 +4,8 @@
 /// opens or borrows a `sqlite3*`, binds, steps, keeps the prepared statements (idem's, the
 /// effect's up to SqliteStore::max_cached_statements, and claim_many()'s multi-row INSERTs),
 /// maps SQLite's errors to idem's exceptions (SQLITE_BUSY / SQLITE_LOCKED → store_timeout),
-/// runs `BEGIN IMMEDIATE` and sets up WAL. With idem/store/sqlite.hpp, the only idem header that
-/// includes <sqlite3.h>.
+/// runs `BEGIN IMMEDIATE` and sets up WAL; its claims are sqlite/claims.hpp's. Only
+/// idem/sqlite/'s headers and idem/store/sqlite.hpp include <sqlite3.h>.
 
 #include <sqlite3.h>
 
@@ -40,6 +40,7 @@
 #include "idem/sql/schema.hpp"
 #include "idem/sql/statements.hpp"
 #include "idem/sql/stored_outcome.hpp"
+#include "idem/sqlite/claims.hpp"
 #include "idem/sqlite/options.hpp"
 #include "idem/sqlite/statement.hpp"
 
@@ -57,8 +58,8 @@ class TransactionFace {
     }
 };
 
-/// The SQLite driver (the contract: sql/driver.hpp).
-class Driver {
+/// The SQLite driver (the contract: sql/driver.hpp); its claims are sqlite::Claims'.
+class Driver : public Claims<Driver> {
   public:
     /// Names the backend in messages ("idem sqlite: ...").
     static constexpr std::string_view name = "sqlite";
@@ -230,36 +231,6 @@ class Driver {
         return sql::tx_health::lost;
     }
 
-    /// INSERT OR IGNORE of the claim: claimed when the row went in (added to @p own), else the
-    /// stored duplicate. Under BEGIN IMMEDIATE no other writer is running, so there is no
-    /// in_progress. @throws store_unavailable for a SQLite error (store_timeout when busy).
-    ClaimResult claim(sql::OwnClaims& own, std::string_view scope, std::string_view id,
-                      std::string_view fingerprint, std::int64_t now_ms) {
-        if (step_own(sql::stmt::claim_insert, "claim", Blob{scope}, Blob{id}, now_ms,
-                     Blob{fingerprint}) == 1) {
-            own.add(scope, id, fingerprint);
-            return ClaimResult{};  // claimed
-        }
-        // The row exists and was committed by another transaction.
-        sqlite3_stmt* stmt = prepared(sql::stmt::claim_outcome);
-        StatementUse use(stmt, false);
-        bind_all(stmt, statements_[sql::stmt::claim_outcome], Kind::idem, Blob{scope}, Blob{id});
-        const int rc = sqlite3_step(stmt);
-        if (rc == SQLITE_DONE) {
-            throw store_unavailable(
-                "idem sqlite: claim: INSERT OR IGNORE inserted no row, yet no claim exists for "
-                "this id (a trigger or constraint on idem_claims?)");
-        }
-        if (rc != SQLITE_ROW) fail(rc, "claim (reading the recorded outcome)", Kind::idem);
-        return sql::stored_duplicate(column_string(stmt, 0), column_string(stmt, 1), name);
-    }
-
-    /// The claims of @p ids in order, as claim() one by one would answer them.
-    std::vector<ClaimResult> claim_many(sql::OwnClaims& own, std::string_view scope,
-                                        const std::vector<std::string_view>& ids,
-                                        const std::vector<std::string>& fingerprints,
-                                        std::int64_t now);
-
     /// The overlap lock: the transaction's write lock already excludes other transactions, so only
     /// an unexpired hold_lock() row of @p key refuses it.
     bool try_lock(std::string_view key, std::int64_t now_ms) {
@@ -402,6 +373,8 @@ class Driver {
     }
 
   private:
+    friend class Claims<Driver>;
+
     enum class Kind { idem, user };  // which exception a non-busy SQLite error becomes
 
     struct Cached {
@@ -731,89 +704,6 @@ inline sqlite3_stmt* Driver::claim_rows_statement(std::size_t rows, bool returni
     if (rc != SQLITE_OK) fail(rc, "preparing claim_many", Kind::idem);
     slot = std::move(entry);
     return slot->stmt;
-}
-
-inline std::vector<ClaimResult> Driver::claim_many(sql::OwnClaims& own_claims_,
-                                                   std::string_view scope,
-                                                   const std::vector<std::string_view>& ids,
-                                                   const std::vector<std::string>& fingerprints,
-                                                   std::int64_t now) {
-    auto fingerprint = [&](std::size_t i) {
-        return fingerprints.empty() ? std::string_view() : std::string_view(fingerprints[i]);
-    };
-    std::vector<ClaimResult> results(ids.size());
-    std::vector<bool> decided(ids.size(), false);
-    const std::size_t claimed_before_call = own_claims_.size();
-    auto run = [&](std::size_t start, std::size_t rows, bool returning, auto&& on_row) {
-        sqlite3_stmt* stmt = claim_rows_statement(rows, returning);
-        StatementUse use(stmt, false);
-        int rc = bind_value(stmt, 1, Blob{scope});
-        if (rc == SQLITE_OK) rc = bind_value(stmt, 2, now);
-        for (std::size_t i = 0; i < rows && rc == SQLITE_OK; ++i) {
-            rc = bind_value(stmt, static_cast<int>(3 + 2 * i), Blob{ids[start + i]});
-            if (rc == SQLITE_OK)
-                rc = bind_value(stmt, static_cast<int>(4 + 2 * i), Blob{fingerprint(start + i)});
-        }
-        if (rc != SQLITE_OK) fail(rc, "claim_many (binding)", Kind::idem);
-        while ((rc = sqlite3_step(stmt)) == SQLITE_ROW)
-            on_row(stmt);
-        if (rc != SQLITE_DONE) fail(rc, "claim_many", Kind::idem);
-        return static_cast<std::size_t>(sqlite3_changes(db_));
-    };
-    auto claimed = [&](std::size_t i) {
-        own_claims_.add(scope, ids[i], fingerprint(i));
-        results[i].status = ClaimStatus::claimed;
-        decided[i] = true;
-    };
-    for (std::size_t start = 0; start < ids.size(); start += claim_rows_max) {
-        const std::size_t rows = std::min(claim_rows_max, ids.size() - start);
-        // The common chunk, all of it new: a plain INSERT, and every row went in. Otherwise it
-        // is undone and the RETURNING form says which rows did (this transaction holds the write
-        // lock, so nothing else inserts in between).
-        if (claimed_before_call == 0) {
-            step_own(sql::stmt::savepoint, "claim_many (savepoint)");
-            const std::size_t inserted = run(start, rows, false, [](sqlite3_stmt*) {});
-            if (inserted == rows) {
-                step_own(sql::stmt::release_savepoint, "claim_many (release)");
-                for (std::size_t i = start; i < start + rows; ++i)
-                    claimed(i);
-                continue;
-            }
-            step_own(sql::stmt::rollback_to_savepoint, "claim_many (rollback to savepoint)");
-            step_own(sql::stmt::release_savepoint, "claim_many (release)");
-        }
-        // Each inserted id is claimed by its first copy in this chunk; later copies, and ids
-        // claimed earlier in this transaction, are its own duplicates (RETURNING's row order is
-        // not promised, so each row is matched with the first undecided copy of its id).
-        run(start, rows, true, [&](sqlite3_stmt* stmt) {
-            const auto* bytes = static_cast<const char*>(sqlite3_column_blob(stmt, 0));
-            const std::string_view id(bytes == nullptr ? "" : bytes,
-                                      static_cast<std::size_t>(sqlite3_column_bytes(stmt, 0)));
-            for (std::size_t i = start; i < start + rows; ++i) {
-                if (!decided[i] && ids[i] == id) {
-                    claimed(i);
-                    return;
-                }
-            }
-        });
-        for (std::size_t i = start; i < start + rows; ++i) {
-            if (decided[i]) continue;
-            if (const auto* own = own_claims_.find(scope, ids[i])) {
-                results[i] = sql::OwnClaims::duplicate_of(*own);
-                decided[i] = true;
-            }
-        }
-    }
-    // The rest were committed before: read their outcome like claim() does.
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-        if (decided[i]) continue;
-        if (const auto* mine = own_claims_.find(scope, ids[i])) {
-            results[i] = sql::OwnClaims::duplicate_of(*mine);
-        } else {
-            results[i] = claim(own_claims_, scope, ids[i], fingerprint(i), now);
-        }
-    }
-    return results;
 }
 
 }  // namespace sqlite

@@ -1,6 +1,6 @@
 // Doc-test wrapper `circuit_breaker`: the block is a consumer loop's step on a MemoryStore that
 // is unreachable once (an injected begin fault): the breaker opens, probes and closes again.
-#include <idem/circuit_breaker.hpp>
+#include <idem/broker/circuit_breaker.hpp>
 #include <idem/idem.hpp>
 #include <idem/store/memory.hpp>
 

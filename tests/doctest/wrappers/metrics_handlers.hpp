@@ -2,8 +2,8 @@
 // function has a store (MemoryStore), two effects, a broker consumer's options (a
 // StreamConsumer's), a circuit breaker and the numbers the user's loop reads. doctest_run() then
 // checks the gauges set.
+#include <idem/broker/circuit_breaker.hpp>
 #include <idem/broker/redis_streams.hpp>
-#include <idem/circuit_breaker.hpp>
 #include <idem/idem.hpp>
 #include <idem/observers/prometheus.hpp>
 #include <idem/store/memory.hpp>

@@ -15,7 +15,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "idem/circuit_breaker.hpp"
+#include "idem/broker/circuit_breaker.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
