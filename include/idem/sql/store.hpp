@@ -5,11 +5,11 @@
 /// contract: sql/driver.hpp). Claims, outcomes, dead letters, savepoints, the overlap lock, the
 /// outbox, purge in batches, find_claim, the store's mutex with its owner thread, and the
 /// transaction's RAII live here once; idem::SqliteStore and idem::PostgresStore are this class
-/// over sqlite::Driver and postgres::Driver. The paced purge is in sql/purge.hpp. Stored offsets
-/// (contract/stored_offset.hpp) too: stored_offset(), and the transaction's attach() of a
-/// StoredOffset commit hook. The driver is a template parameter: every call is static and inlined,
-/// so the hot paths (claim, record_outcome, commit, claim_many) cost what the driver's statements
-/// cost.
+/// over sqlite::Driver and postgres::Driver. The paced purge is in sql/purge.hpp, the dead
+/// letters' listing and redrive in sql/redrive.hpp. Stored offsets (contract/stored_offset.hpp)
+/// too: stored_offset(), and the transaction's attach() of a StoredOffset commit hook. The driver
+/// is a template parameter: every call is static and inlined, so the hot paths (claim,
+/// record_outcome, commit, claim_many) cost what the driver's statements cost.
 
 #include <algorithm>
 #include <atomic>
@@ -35,6 +35,7 @@
 #include "idem/blob.hpp"
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
+#include "idem/contract/redrive.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/contract/stored_offset.hpp"
 #include "idem/detail/offset_hooks.hpp"
@@ -43,6 +44,7 @@
 #include "idem/sql/driver.hpp"
 #include "idem/sql/own_claims.hpp"
 #include "idem/sql/purge.hpp"
+#include "idem/sql/redrive.hpp"
 #include "idem/sql/schema.hpp"
 #include "idem/sql/statements.hpp"
 #include "idem/sql/stored_outcome.hpp"
@@ -203,21 +205,26 @@ class basic_store {
         return hook.request_as<StoredOffset>() != nullptr;
     }
 
-    /// @brief Every dead letter, oldest first.
-    [[nodiscard]] std::vector<DeadLetter> dead_letters() {
-        Lock lock(*this, "dead_letters()");
-        std::vector<DeadLetter> letters;
-        driver_.run(stmt::all_dead_letters, "dead_letters", access::read, [&](const auto& row) {
-            DeadLetter letter;
-            letter.scope = row.bytes(0);
-            letter.message_id = row.bytes(1);
-            letter.delivery_count = to_count(row.int64(2));
-            letter.reason = row.bytes(3);
-            letter.payload = row.bytes(4);
-            letter.created_at = from_unix_ms(row.int64(5));
-            letters.push_back(std::move(letter));
-        });
-        return letters;
+    /// @brief Every dead letter, oldest first (redriven entries too: their redriven_at is set).
+    [[nodiscard]] std::vector<DeadLetter> dead_letters() { return dead_letters({}); }
+
+    /// @brief The dead letters @p selection takes, oldest first (contract/redrive.hpp).
+    [[nodiscard]] std::vector<DeadLetter> dead_letters(const DeadLetterSelection& selection) {
+        return redrive_core::list(*this, selection);
+    }
+
+    /// @brief Brings the dead letters @p selection takes back, each exactly once, in one
+    /// transaction per entry (sql/redrive.hpp): the entry is marked redriven, the claim that
+    /// still records it as dead_lettered is deleted with its attempt count (a fresh poison
+    /// limit), and an outbox intent re-publishes the payload to RedriveOptions::destination
+    /// with the message id as its key; the relay ships it and the handler processes it as new.
+    /// An entry redriven before, or whose claim records another outcome now, is reported and
+    /// left alone; redrives racing on other threads or connections redrive each entry once.
+    /// A dry run judges and changes nothing.
+    /// @throws usage_error for an empty destination. A failed entry's transaction is reported
+    /// (RedriveStatus::failed) and rolled back.
+    RedriveReport redrive(const DeadLetterSelection& selection, const RedriveOptions& options) {
+        return redrive_core::redrive(*this, selection, options);
     }
 
     /// @brief Takes (or renews) the lock on @p key for @p owner until clock() + @p expire_after
@@ -350,6 +357,7 @@ class basic_store {
   private:
     friend class basic_transaction<Driver>;
     friend struct paced_purge;
+    friend struct redrive_core;
 
     void lock(std::string_view what) {
         if (owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
