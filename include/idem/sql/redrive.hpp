@@ -70,6 +70,8 @@ struct redrive_core {
                                  const RedriveOptions& options) {
         using Driver = typename Store::driver_type;
         options.validate(fmt::format("idem {}: redrive()", Driver::name));
+        // The destination is the same for every intent: refused (usage_error) before any change.
+        Driver::check_outbox(redrive_intent(DeadLetter{}, options.destination));
         const std::vector<DeadLetter> letters = list(store, selection);
         return detail::run_redrive(
             letters, options,
@@ -135,7 +137,6 @@ struct redrive_core {
         }
         driver.query(stmt::attempt_delete, "redrive", no_rows{}, scope, id);
         const OutboxIntent intent = redrive_intent(letter, options.destination);
-        Driver::check_outbox(intent);
         if (driver.query(stmt::outbox_insert, "redrive", no_rows{}, intent.destination,
                          Blob{intent.idempotency_key}, Blob{intent.payload}, now_ms) != 1) {
             driver.query(stmt::outbox_rearm, "redrive", no_rows{}, intent.destination,
