@@ -11,6 +11,7 @@
 /// redrive. All of it commits, or none of it.
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -50,17 +51,38 @@ DeadLetter read_dead_letter(const Row& row) {
 /// The dead letters' listing and redrive of basic_store<Driver> (its friend: it takes the
 /// store's lock and runs the driver's statements).
 struct redrive_core {
-    /// basic_store::dead_letters(selection): the selected entries, oldest first.
+    /// basic_store::dead_letters(selection): the selected entries, oldest first. Read in pages
+    /// of @p page_rows by id (each page under the store's lock, so consumers get their turn);
+    /// the scope and the time range are filtered by the database, the ids and the reason here;
+    /// the reading stops once the limit is reached.
     template <class Store>
-    static std::vector<DeadLetter> list(Store& store, const DeadLetterSelection& selection) {
-        typename Store::Lock lock(store, "dead_letters()");
+    static std::vector<DeadLetter> list(Store& store, const DeadLetterSelection& selection,
+                                        std::int64_t page_rows = 256) {
+        constexpr auto lowest = std::numeric_limits<std::int64_t>::min();
+        constexpr auto highest = std::numeric_limits<std::int64_t>::max();
+        const std::int64_t from =
+            selection.created_from ? to_unix_ms(*selection.created_from) : lowest;
+        const std::int64_t before =
+            selection.created_before ? to_unix_ms(*selection.created_before) : highest;
         std::vector<DeadLetter> letters;
-        store.driver_.run(stmt::all_dead_letters, "dead_letters", access::read,
-                          [&](const auto& row) {
-                              if (selection.full(letters.size())) return;
-                              DeadLetter letter = read_dead_letter(row);
-                              if (selection.matches(letter)) letters.push_back(std::move(letter));
-                          });
+        std::int64_t after = lowest;
+        while (!selection.full(letters.size())) {
+            std::int64_t rows = 0;
+            typename Store::Lock lock(store, "dead_letters()");
+            store.driver_.run(
+                stmt::dead_letter_page, "dead_letters", access::read,
+                [&](const auto& row) {
+                    ++rows;
+                    DeadLetter letter = read_dead_letter(row);
+                    after = letter.id;
+                    if (!selection.full(letters.size()) && selection.matches(letter)) {
+                        letters.push_back(std::move(letter));
+                    }
+                },
+                after, static_cast<std::int64_t>(selection.scope.empty() ? 1 : 0),
+                Blob{selection.scope}, from, before, page_rows);
+            if (rows < page_rows) break;
+        }
         return letters;
     }
 

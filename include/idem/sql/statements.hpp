@@ -37,7 +37,9 @@ enum class stmt : std::size_t {
     purge_outbox,        ///< from, through (sent in [from, through], not parked)
     purge_locks,         ///< from, through (expired in [from, through])
     find_claim,  ///< scope, id → scope, message_id, claimed_at, outcome, reason, fingerprint
-    all_dead_letters,    ///< → the dead-letter columns, by id
+    /// after_id, any_scope (1: every scope), scope, created_from, created_before, rows → the
+    /// dead-letter columns of the next page, by id (a cursor: ids after after_id)
+    dead_letter_page,
     lock_advisory,       ///< a transaction-scoped lock on a 64-bit key (PostgreSQL) → bool
     lock_live,           ///< key, now → a row (or true) when an unexpired held lock exists
     lock_hold,           ///< key, owner, expires_at, now (+ dialect-specific) → 1 affected: ours
@@ -79,7 +81,7 @@ inline constexpr std::string_view outbox_columns =
     "id, destination, idempotency_key, payload, created_at, sent_at, attempts, last_error, "
     "next_attempt_at, parked";
 
-/// The result columns of all_dead_letters and dead_letter_find, in this order.
+/// The result columns of dead_letter_page and dead_letter_find, in this order.
 inline constexpr std::string_view dead_letter_columns =
     "id, scope, message_id, delivery_count, reason, payload, created_at, redrive_count, "
     "redriven_at";
@@ -121,8 +123,10 @@ inline void redrive_statements(statement_table& t, const std::string& prefix,
                                std::string_view not_parked) {
     const std::string letters = prefix + "dead_letters";
     const auto p = [&](int n) { return fmt::format("{}{}", sign, n); };
-    t[stmt::all_dead_letters] =
-        fmt::format("SELECT {} FROM {} ORDER BY id", dead_letter_columns, letters);
+    t[stmt::dead_letter_page] = fmt::format(
+        "SELECT {0} FROM {1} WHERE id > {2} AND ({3} = 1 OR scope = {4}) AND created_at >= {5} "
+        "AND created_at < {6} ORDER BY id LIMIT {7}",
+        dead_letter_columns, letters, p(1), p(2), p(3), p(4), p(5), p(6));
     t[stmt::dead_letter_find] =
         fmt::format("SELECT {} FROM {} WHERE id = {}", dead_letter_columns, letters, p(1));
     t[stmt::dead_letter_redrives] =

@@ -115,7 +115,8 @@ REGISTER_TYPED_TEST_SUITE_P(
     RedrivingTwiceWritesOneIntent, MessageProcessedMeanwhileIsReportedNotRerun,
     DryRunChangesNothing, RedrivenMessageGetsAFreshPoisonLimit,
     ConcurrentRedrivesWriteOneIntentPerMessage, FailedRedriveLeavesNothingAndARerunRedrivesOnce,
-    MessageParkedAgainKeepsItsHistory, SelectionTakesScopeIdsReasonTimeAndLimitOldestFirst);
+    MessageParkedAgainKeepsItsHistory, SelectionTakesScopeIdsReasonTimeAndLimitOldestFirst,
+    ListingWalksEveryEntryPastManyPages);
 // Optional: a store without redrive() (the Redis store, examples/journal_store) does not
 // instantiate it, and GoogleTest must not fail it for that.
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(IdemRedriveConformance);

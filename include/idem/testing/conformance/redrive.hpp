@@ -5,8 +5,8 @@
 /// delivers its intent, a second redrive or a concurrent one writes no second intent, a message
 /// processed meanwhile is reported and not re-run, a dry run changes nothing, the redriven
 /// message gets a fresh poison limit, a failed redrive leaves nothing, and a message parked
-/// again keeps its history. For every store with `redrive()` and an outbox; its environment is
-/// the main suite's plus:
+/// again keeps its history; the listing's selection, past many pages of entries. For every store
+/// with `redrive()` and an outbox; its environment is the main suite's plus:
 ///   refuse_redrives(), accept_redrives()  make the redrive's transactions really fail (an
 ///                              injected commit fault, a trigger refusing the outbox's insert)
 ///                              and work again
@@ -419,4 +419,43 @@ TYPED_TEST_P(IdemRedriveConformance, SelectionTakesScopeIdsReasonTimeAndLimitOld
     const auto report = this->store().redrive(selection, this->to_orders());
     EXPECT_EQ(report.count(idem::RedriveStatus::no_claim), 2u);
     EXPECT_TRUE(this->store().outbox_rows().empty());
+}
+
+TYPED_TEST_P(IdemRedriveConformance, ListingWalksEveryEntryPastManyPages) {
+    // More entries than a store reads at once (the SQL stores page by 256): every one is found,
+    // in order, and the limit stops the walk.
+    constexpr int entries = 700;
+    {
+        auto tx = this->store().begin();
+        for (int i = 0; i < entries; ++i) {
+            idem::DeadLetter letter;
+            letter.scope = i % 2 == 0 ? "even" : "odd";
+            letter.message_id = "e-" + std::to_string(i);
+            letter.reason = "poison";
+            letter.payload = letter.message_id;
+            tx.dead_letter(letter);
+        }
+        tx.commit();
+    }
+    EXPECT_EQ(this->store().dead_letters().size(), static_cast<std::size_t>(entries));
+    idem::DeadLetterSelection odd;
+    odd.scope = "odd";
+    const auto letters = this->store().dead_letters(odd);
+    ASSERT_EQ(letters.size(), static_cast<std::size_t>(entries / 2));
+    for (std::size_t i = 0; i < letters.size(); ++i) {
+        EXPECT_EQ(letters[i].message_id, "e-" + std::to_string(2 * i + 1));
+        if (i > 0) {
+            EXPECT_LT(letters[i - 1].id, letters[i].id);
+        }
+    }
+    odd.limit = 300;
+    const auto limited = this->store().dead_letters(odd);
+    ASSERT_EQ(limited.size(), 300u);
+    EXPECT_EQ(limited.back().message_id, "e-599");
+    idem::DeadLetterSelection last;
+    last.message_ids = {"e-699", "e-0"};
+    const auto found = this->store().dead_letters(last);
+    ASSERT_EQ(found.size(), 2u);
+    EXPECT_EQ(found[0].message_id, "e-0");
+    EXPECT_EQ(found[1].message_id, "e-699");
 }
