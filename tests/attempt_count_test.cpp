@@ -178,12 +178,16 @@ TEST(AttemptCountSchema, AVersionOneSqliteDatabaseIsMigratedToCountAttempts) {
     const std::string path = dir.file("v1.db");
     {
         idem::SqliteStore store{path};
-        // Back to what version 1 wrote: no attempts table (nor version 3's offsets).
+        // Back to what version 1 wrote: no attempts table (nor version 3's offsets, nor version
+        // 4's redrive columns).
         store.execute("DROP TABLE idem_attempts");
         store.execute("DROP TABLE idem_offsets");
+        store.execute("DROP INDEX idem_dead_letters_message");
+        store.execute("ALTER TABLE idem_dead_letters DROP COLUMN redrive_count");
+        store.execute("ALTER TABLE idem_dead_letters DROP COLUMN redriven_at");
         store.execute("UPDATE idem_schema SET version = 1");
     }
-    idem::SqliteStore store{path};  // migrated through versions 2 and 3
+    idem::SqliteStore store{path};  // migrated through versions 2, 3 and 4
     EXPECT_EQ(store.query_int("SELECT version FROM idem_schema"),
               idem::SqliteStore::schema_version);
     EXPECT_EQ(store.query_int("SELECT count(*) FROM sqlite_master WHERE name = 'idem_offsets'"), 1);

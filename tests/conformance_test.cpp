@@ -70,6 +70,24 @@ using DurableStores = ::testing::Types<
 #endif
 #endif
 
+#if !IDEM_CONFORMANCE_ON_REDIS_CLUSTER
+// The stores with redrive() (contract/redrive.hpp): the memory store and the SQL stores.
+using RedriveStores = ::testing::Types<idem_test::MemoryEnv
+#if IDEM_HAS_SQLITE
+                                       ,
+                                       idem_test::SqliteEnv
+#endif
+#if IDEM_HAS_POSTGRES
+                                       ,
+                                       idem_test::PostgresEnv
+#endif
+#if IDEM_HAS_MYSQL
+                                       ,
+                                       idem_test::MysqlEnv, idem_test::MysqlReadCommittedEnv
+#endif
+                                       >;
+#endif
+
 // Every store fits the Store concept: the C++17 trait, and the C++20 concept where available.
 template <class... Envs>
 constexpr bool all_fit(::testing::Types<Envs...>*) {
@@ -89,6 +107,10 @@ static_assert(!idem::IdempotencyStore<std::string>);
 }  // namespace
 
 INSTANTIATE_TYPED_TEST_SUITE_P(Idem, IdemStoreConformance, Stores, idem::testing::ConformanceNames);
+#if !IDEM_CONFORMANCE_ON_REDIS_CLUSTER  // the Redis store has no redrive() yet
+INSTANTIATE_TYPED_TEST_SUITE_P(Idem, IdemRedriveConformance, RedriveStores,
+                               idem::testing::ConformanceNames);
+#endif
 #if IDEM_CONFORMANCE_ON_REDIS_CLUSTER || IDEM_HAS_SQLITE
 INSTANTIATE_TYPED_TEST_SUITE_P(Idem, IdemDurableStoreConformance, DurableStores,
                                idem::testing::ConformanceNames);

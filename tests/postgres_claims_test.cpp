@@ -58,11 +58,16 @@ TEST_F(PostgresStoreTest, VersionTwoSchemaIsMigratedToStoredOffsetsInItsOwnSchem
         ASSERT_EQ(handler.handle(Delivery{"m-1", 1u}, std::string("a")).disposition,
                   Disposition::processed);
     }
-    // What idem schema version 2 left: no idem_offsets.
+    // What idem schema version 2 left: no idem_offsets, no redrive columns (version 4).
     exec("DROP TABLE \"idem v2\".idem_offsets");
+    exec("DROP INDEX \"idem v2\".idem_dead_letters_message");
+    exec(
+        "ALTER TABLE \"idem v2\".idem_dead_letters DROP COLUMN redrive_count, "
+        "DROP COLUMN redriven_at");
     exec("UPDATE \"idem v2\".idem_schema SET version = 2");
     auto migrated = store(options);
-    EXPECT_EQ(count("SELECT version FROM \"idem v2\".idem_schema"), 3);
+    EXPECT_EQ(count("SELECT version FROM \"idem v2\".idem_schema"),
+              idem::PostgresStore::schema_version);
     EXPECT_EQ(count("SELECT count(*) FROM pg_tables WHERE schemaname = 'idem v2' AND "
                     "tablename = 'idem_offsets'"),
               1);

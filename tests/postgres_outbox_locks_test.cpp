@@ -164,5 +164,22 @@ TEST_F(PostgresStoreTest, FourRelaysNeverLeaseTheSameRowAndSendEachOnce) {
     EXPECT_EQ(count("SELECT count(*) FROM idem_outbox WHERE sent_at IS NOT NULL"), kRows);
 }
 
+// A destination TEXT cannot hold is refused before any entry is touched: nothing is redriven.
+TEST_F(PostgresStoreTest, RedriveToADestinationTextCannotHoldChangesNothing) {
+    auto s = store(clocked());
+    auto handler = idem::make_handler(*s, idem::Policy{"s"}, writer());
+    ASSERT_EQ(handler.handle(Delivery{"m-1", 5u}, std::string("a")).disposition,
+              Disposition::dead_lettered);
+    idem::RedriveOptions options;
+    options.destination = std::string("orders\xff", 7);
+    EXPECT_THROW(s->redrive({}, options), idem::usage_error);
+    EXPECT_EQ(s->find_claim("s", "m-1")->disposition, Disposition::dead_lettered);
+    EXPECT_FALSE(s->dead_letters()[0].redriven_at.has_value());
+    EXPECT_EQ(count("SELECT count(*) FROM idem_outbox"), 0);
+    options.destination = "orders";
+    EXPECT_EQ(s->redrive({}, options).count(idem::RedriveStatus::redriven), 1u);
+    EXPECT_EQ(count("SELECT count(*) FROM idem_outbox"), 1);
+}
+
 }  // namespace
 }  // namespace idem_test::postgres_store

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <idem/contract/redrive.hpp>
 #include <idem/handler.hpp>
 #include <idem/outbox.hpp>
 #include <idem/sql/schema.hpp>
@@ -137,6 +138,10 @@ void check_upgraded(Store& store, int version,
     EXPECT_EQ(letters[0].delivery_count, 5u);
     EXPECT_EQ(letters[0].reason, "poison");
     EXPECT_EQ(letters[0].payload, std::string("bytes\0kept", 10));
+    // Version 4's redrive columns: an entry of an older version was never redriven.
+    EXPECT_GT(letters[0].id, 0);
+    EXPECT_EQ(letters[0].redrive_count, 0u);
+    EXPECT_FALSE(letters[0].redriven_at.has_value());
 
     // Version 1 counted no attempts: the count starts with the upgrade.
     EXPECT_EQ(store.count_attempt("capture", "m-counted"), version >= 2 ? 3u : 1u);
@@ -163,6 +168,24 @@ void check_upgraded(Store& store, int version,
     EXPECT_FALSE(store.stored_offset("g", "t", 0).has_value());
     EXPECT_TRUE(idem_test::commit_offset(store, "g", "t", 0, 12));
     EXPECT_EQ(store.stored_offset("g", "t", 0), std::optional<std::int64_t>(12));
+
+    // The parked message of the old database can be brought back, once.
+    idem::RedriveOptions options;
+    options.destination = "orders";
+    idem::DeadLetterSelection selection;
+    selection.message_ids = {"m-parked"};
+    const auto report = store.redrive(selection, options);
+    ASSERT_EQ(report.entries.size(), 1u);
+    EXPECT_EQ(report.entries[0].status, idem::RedriveStatus::redriven);
+    EXPECT_EQ(store.redrive(selection, options).count(idem::RedriveStatus::already_redriven), 1u);
+    shipped.clear();
+    relay.run_once();
+    EXPECT_EQ(shipped, (std::vector<std::string>{"m-parked=" + std::string("bytes\0kept", 10)}));
+    // The relay's delivery reaches the handler: processed now, as new.
+    const auto redriven = handler.handle(idem::Delivery{"m-parked", 1u}, std::string("again"));
+    EXPECT_EQ(redriven.disposition, idem::Disposition::processed) << redriven.reason;
+    EXPECT_EQ(effects, 2);
+    EXPECT_EQ(store.dead_letters()[0].redrive_count, 1u);
 }
 
 /// A store opening a database from a newer idem refuses it, naming both versions, and leaves it

@@ -74,10 +74,14 @@ TEST_F(SqliteStoreTest, VersionTwoDatabaseIsMigratedToStoredOffsets) {
     {
         RawDb raw{file()};  // what idem schema version 2 left: no idem_offsets
         raw.exec("DROP TABLE idem_offsets");
+        // nor version 4's redrive columns
+        raw.exec("DROP INDEX idem_dead_letters_message");
+        raw.exec("ALTER TABLE idem_dead_letters DROP COLUMN redrive_count");
+        raw.exec("ALTER TABLE idem_dead_letters DROP COLUMN redriven_at");
         raw.exec("UPDATE idem_schema SET version = 2");
     }
     SqliteStore migrated{file()};
-    EXPECT_EQ(migrated.query_int("SELECT version FROM idem_schema"), 3);
+    EXPECT_EQ(migrated.query_int("SELECT version FROM idem_schema"), SqliteStore::schema_version);
     EXPECT_EQ(migrated.query_int("SELECT count(*) FROM pragma_table_info('idem_offsets')"), 5);
     EXPECT_TRUE(migrated.find_claim("s", "m-1").has_value());  // kept
     EXPECT_FALSE(migrated.stored_offset("g", "t", 0).has_value());

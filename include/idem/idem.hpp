@@ -9,6 +9,7 @@
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
 #include "idem/contract/records.hpp"
+#include "idem/contract/redrive.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/contract/time.hpp"
 #include "idem/delivery.hpp"

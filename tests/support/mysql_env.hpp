@@ -75,11 +75,23 @@ struct BasicMysqlEnv {
         store.reset();
         open();
     }
-    void open() {
+    void open() { store = another_store(); }
+    /// A second connection on the same database (the redrive suite's race).
+    std::unique_ptr<Store> another_store() {
         idem::MysqlOptions options;
         options.clock = [this] { return now; };
         options.isolation = Traits::isolation;
-        store = std::make_unique<Store>(mariadb_endpoint(database), options);
+        return std::make_unique<Store>(mariadb_endpoint(database), options);
+    }
+    /// The redrive suite: a trigger refuses the redrive's outbox intent, its transaction's last
+    /// write, until accept_redrives().
+    void refuse_redrives() {
+        idem::testing::shared_mariadb().client(database).exec(
+            "CREATE TRIGGER refuse_intents BEFORE INSERT ON idem_outbox FOR EACH ROW "
+            "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'intents refused by the test'");
+    }
+    void accept_redrives() {
+        idem::testing::shared_mariadb().client(database).exec("DROP TRIGGER refuse_intents");
     }
     BasicMysqlEnv(const BasicMysqlEnv&) = delete;
     BasicMysqlEnv& operator=(const BasicMysqlEnv&) = delete;

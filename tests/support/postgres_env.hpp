@@ -52,11 +52,28 @@ struct PostgresEnv {
         store.reset();
         open();
     }
-    void open() {
+    void open() { store = another_store(); }
+    /// A second connection on the same database (the redrive suite's race).
+    std::unique_ptr<Store> another_store() {
         idem::PostgresOptions options;
         options.clock = [this] { return now; };
-        store =
-            std::make_unique<Store>(idem::testing::shared_postgres().conninfo(database), options);
+        return std::make_unique<Store>(idem::testing::shared_postgres().conninfo(database),
+                                       options);
+    }
+    /// The redrive suite: a trigger refuses the redrive's outbox intent, its transaction's last
+    /// write, until accept_redrives().
+    void refuse_redrives() {
+        idem::testing::shared_postgres().exec(
+            "CREATE FUNCTION refuse_intents() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'intents refused by the test'; END $$;"
+            "CREATE TRIGGER refuse_intents BEFORE INSERT ON idem_outbox "
+            "FOR EACH ROW EXECUTE PROCEDURE refuse_intents();",
+            database);
+    }
+    void accept_redrives() {
+        idem::testing::shared_postgres().exec(
+            "DROP TRIGGER refuse_intents ON idem_outbox; DROP FUNCTION refuse_intents();",
+            database);
     }
     PostgresEnv(const PostgresEnv&) = delete;
     PostgresEnv& operator=(const PostgresEnv&) = delete;

@@ -56,6 +56,9 @@ struct MemoryEnv {
     /// store_unavailable), and so does the probe (begin + rollback), until start_server().
     void stop_server() { store->inject(idem::Fault::begin, 1'000'000); }
     void start_server() { store->clear_faults(idem::Fault::begin); }
+    /// The redrive suite: each redrive's transaction fails at its commit until accept_redrives().
+    void refuse_redrives() { store->inject(idem::Fault::commit, 1'000'000); }
+    void accept_redrives() { store->clear_faults(idem::Fault::commit); }
     std::size_t effect_rows() { return store->count("effects"); }
     bool has_effect(const std::string& key) { return store->get("effects", key).has_value(); }
 };
@@ -107,11 +110,23 @@ struct SqliteEnv {
         open();
     }
     void open() {
-        idem::SqliteOptions options;
-        options.clock = [this] { return now; };
-        store = std::make_unique<Store>(dir.file("idem.db"), options);
+        store = another_store();
         sqlite_exec(store->db(), "PRAGMA foreign_keys=ON");
     }
+    /// A second connection on the same file (the redrive suite's race).
+    std::unique_ptr<Store> another_store() {
+        idem::SqliteOptions options;
+        options.clock = [this] { return now; };
+        return std::make_unique<Store>(dir.file("idem.db"), options);
+    }
+    /// The redrive suite: a trigger refuses the redrive's outbox intent, its transaction's last
+    /// write, until accept_redrives().
+    void refuse_redrives() {
+        sqlite_exec(store->db(),
+                    "CREATE TRIGGER refuse_intents BEFORE INSERT ON idem_outbox "
+                    "BEGIN SELECT RAISE(ABORT, 'intents refused by the test'); END");
+    }
+    void accept_redrives() { sqlite_exec(store->db(), "DROP TRIGGER refuse_intents"); }
 
     template <class Tx>
     static void write_effect(Tx& tx, const std::string& key) {

@@ -234,6 +234,15 @@ struct DeadLetter {
     std::string payload;
     /// When it was parked, by the store's clock.
     std::chrono::system_clock::time_point created_at{};
+    /// The entry's number in the store, in the order entries were written (0 until stored).
+    /// A message parked again after a redrive gets a new entry; the older ones stay.
+    std::int64_t id = 0;
+    /// The times this message had been redriven when this entry was redriven: 0 while it is
+    /// still parked; a message parked again after its first redrive and redriven again says 2.
+    std::uint32_t redrive_count = 0;
+    /// When this entry was redriven (contract/redrive.hpp), by the store's clock; unset while
+    /// it is parked.
+    std::optional<std::chrono::system_clock::time_point> redriven_at{};
 };
 
 IDEM_END_NAMESPACE

@@ -77,6 +77,16 @@ inline std::vector<std::string> sqlite_schema_ddl(int from_version) {
             "next_offset INTEGER NOT NULL, updated_at INTEGER NOT NULL, "
             "PRIMARY KEY(consumer_group, topic, partition_id)) WITHOUT ROWID");
     }
+    if (from_version < 4) {
+        // Version 4: dead letters brought back (redrive()): when and how often; a message's
+        // entries found by its id.
+        ddl.push_back(
+            "ALTER TABLE idem_dead_letters ADD COLUMN redrive_count INTEGER NOT NULL DEFAULT 0");
+        ddl.push_back("ALTER TABLE idem_dead_letters ADD COLUMN redriven_at INTEGER");
+        ddl.push_back(
+            "CREATE INDEX IF NOT EXISTS idem_dead_letters_message "
+            "ON idem_dead_letters(scope, message_id)");
+    }
     return ddl;
 }
 
@@ -128,6 +138,13 @@ inline std::vector<std::string> postgres_schema_ddl(std::string_view prefix, int
                       "partition_id INTEGER NOT NULL, next_offset BIGINT NOT NULL, "
                       "updated_at BIGINT NOT NULL, "
                       "PRIMARY KEY (consumer_group, topic, partition_id))");
+    }
+    if (from_version < 4) {
+        ddl.push_back("ALTER TABLE " + s +
+                      "idem_dead_letters ADD COLUMN IF NOT EXISTS redrive_count BIGINT NOT NULL "
+                      "DEFAULT 0, ADD COLUMN IF NOT EXISTS redriven_at BIGINT");
+        ddl.push_back("CREATE INDEX IF NOT EXISTS idem_dead_letters_message ON " + s +
+                      "idem_dead_letters(scope, message_id)");
     }
     return ddl;
 }
@@ -187,6 +204,13 @@ inline std::vector<std::string> mysql_schema_ddl(int from_version) {
             "consumer_group, LPAD(LENGTH(topic), 10, '0'), topic, partition_id), 256))) STORED, "
             "next_offset BIGINT NOT NULL, updated_at BIGINT NOT NULL, "
             "UNIQUE KEY idem_offsets_key(offset_key)) ENGINE=InnoDB");
+    }
+    if (from_version < 4) {
+        // A message's entries are found by a prefix of its id (a BLOB has no full index).
+        ddl.push_back(
+            "ALTER TABLE idem_dead_letters ADD COLUMN redrive_count BIGINT NOT NULL DEFAULT 0, "
+            "ADD COLUMN redriven_at BIGINT NULL, "
+            "ADD KEY idem_dead_letters_message(message_id(191))");
     }
     return ddl;
 }

@@ -37,7 +37,9 @@ enum class stmt : std::size_t {
     purge_outbox,        ///< from, through (sent in [from, through], not parked)
     purge_locks,         ///< from, through (expired in [from, through])
     find_claim,  ///< scope, id → scope, message_id, claimed_at, outcome, reason, fingerprint
-    all_dead_letters,    ///< → scope, message_id, delivery_count, reason, payload, created_at
+    /// after_id, any_scope (1: every scope), scope, created_from, created_before, rows → the
+    /// dead-letter columns of the next page, by id (a cursor: ids after after_id)
+    dead_letter_page,
     lock_advisory,       ///< a transaction-scoped lock on a 64-bit key (PostgreSQL) → bool
     lock_live,           ///< key, now → a row (or true) when an unexpired held lock exists
     lock_hold,           ///< key, owner, expires_at, now (+ dialect-specific) → 1 affected: ours
@@ -61,6 +63,13 @@ enum class stmt : std::size_t {
     purge_outbox_bound,
     purge_locks_bound,
     purge_attempts_bound,
+    // The redrive (sql/redrive.hpp), each in the redrive's transaction.
+    dead_letter_find,      ///< id → the dead-letter columns
+    dead_letter_redrives,  ///< scope, id → the greatest redrive_count of the message's entries
+    dead_letter_redrive,   ///< id, redriven_at, redrive_count: 1 affected when not redriven yet
+    claim_release_parked,  ///< scope, id: deletes the claim only if dead_lettered (1 affected)
+    attempt_delete,        ///< scope, id
+    outbox_rearm,          ///< destination, key, payload, now: the intent unsent again
     count,
 };
 
@@ -71,6 +80,11 @@ inline constexpr std::size_t statement_count = static_cast<std::size_t>(stmt::co
 inline constexpr std::string_view outbox_columns =
     "id, destination, idempotency_key, payload, created_at, sent_at, attempts, last_error, "
     "next_attempt_at, parked";
+
+/// The result columns of dead_letter_page and dead_letter_find, in this order.
+inline constexpr std::string_view dead_letter_columns =
+    "id, scope, message_id, delivery_count, reason, payload, created_at, redrive_count, "
+    "redriven_at";
 
 /// One dialect's texts, indexed by stmt.
 struct statement_table {
@@ -99,6 +113,36 @@ inline void purge_bounds(statement_table& t, const std::string& prefix, std::str
     t[stmt::purge_outbox_bound] = bound("outbox", "sent_at", fmt::format(" AND {}", not_parked));
     t[stmt::purge_locks_bound] = bound("locks", "expires_at", "");
     t[stmt::purge_attempts_bound] = bound("attempts", "counted_at", "");
+}
+
+/// The redrive's statements (and the dead letters' listing), the same in every dialect but for
+/// the table prefix, the WHERE of one message (scope ?1 / $1, id ?2 / $2), the placeholder sign
+/// and how "not parked" is written. MySQL replaces the ones that find a row by a hashed key.
+inline void redrive_statements(statement_table& t, const std::string& prefix,
+                               std::string_view one_message, std::string_view sign,
+                               std::string_view not_parked) {
+    const std::string letters = prefix + "dead_letters";
+    const auto p = [&](int n) { return fmt::format("{}{}", sign, n); };
+    t[stmt::dead_letter_page] = fmt::format(
+        "SELECT {0} FROM {1} WHERE id > {2} AND ({3} = 1 OR scope = {4}) AND created_at >= {5} "
+        "AND created_at < {6} ORDER BY id LIMIT {7}",
+        dead_letter_columns, letters, p(1), p(2), p(3), p(4), p(5), p(6));
+    t[stmt::dead_letter_find] =
+        fmt::format("SELECT {} FROM {} WHERE id = {}", dead_letter_columns, letters, p(1));
+    t[stmt::dead_letter_redrives] =
+        fmt::format("SELECT COALESCE(MAX(redrive_count), 0) FROM {}{}", letters, one_message);
+    t[stmt::dead_letter_redrive] = fmt::format(
+        "UPDATE {} SET redriven_at = {}, redrive_count = {} WHERE id = {} AND "
+        "redriven_at IS NULL",
+        letters, p(2), p(3), p(1));
+    t[stmt::claim_release_parked] =
+        fmt::format("DELETE FROM {}claims{} AND outcome = 'dead_lettered'", prefix, one_message);
+    t[stmt::attempt_delete] = fmt::format("DELETE FROM {}attempts{}", prefix, one_message);
+    t[stmt::outbox_rearm] = fmt::format(
+        "UPDATE {0}outbox SET destination = {1}, payload = {3}, sent_at = NULL, attempts = 0, "
+        "last_error = '', next_attempt_at = {4}, lease_until = NULL, {5} "
+        "WHERE idempotency_key = {2}",
+        prefix, p(1), p(2), p(3), p(4), not_parked);
 }
 
 /// SQLite (3.35+): `?N`, `INSERT OR IGNORE`, integers for booleans, RETURNING.
@@ -131,9 +175,7 @@ inline statement_table sqlite_statements() {
     t[stmt::find_claim] =
         "SELECT scope, message_id, claimed_at, outcome, reason, fingerprint FROM idem_claims "
         "WHERE scope = ?1 AND message_id = ?2";
-    t[stmt::all_dead_letters] =
-        "SELECT scope, message_id, delivery_count, reason, payload, created_at "
-        "FROM idem_dead_letters ORDER BY id";
+    redrive_statements(t, "idem_", " WHERE scope = ?1 AND message_id = ?2", "?", "parked = 0");
     t[stmt::lock_live] = "SELECT 1 FROM idem_locks WHERE lock_key = ?1 AND expires_at > ?2";
     t[stmt::lock_hold] =
         "INSERT INTO idem_locks(lock_key, owner, expires_at) VALUES (?1, ?2, ?3) "
@@ -227,9 +269,8 @@ inline statement_table postgres_statements(std::string_view prefix) {
     t[stmt::find_claim] =
         "SELECT scope, message_id, claimed_at, outcome, reason, fingerprint FROM " + claims +
         " WHERE scope = $1 AND message_id = $2";
-    t[stmt::all_dead_letters] =
-        "SELECT scope, message_id, delivery_count, reason, payload, created_at FROM " + letters +
-        " ORDER BY id";
+    redrive_statements(t, s + "idem_", " WHERE scope = $1 AND message_id = $2", "$",
+                       "parked = false");
     t[stmt::lock_advisory] = "SELECT pg_try_advisory_xact_lock($1::bigint)";
     t[stmt::lock_live] = "SELECT EXISTS (SELECT 1 FROM " + locks +
                          " WHERE lock_key = $1 AND expires_at > $2::bigint)";
@@ -341,9 +382,17 @@ inline statement_table mysql_statements() {
     t[stmt::find_claim] =
         "SELECT scope, message_id, claimed_at, outcome, reason, fingerprint FROM idem_claims" +
         claim;
-    t[stmt::all_dead_letters] =
-        "SELECT scope, message_id, delivery_count, reason, payload, created_at "
-        "FROM idem_dead_letters ORDER BY id";
+    redrive_statements(t, "idem_", " WHERE scope = ?1 AND message_id = ?2", "?", "parked = 0");
+    // The claims' and the attempt counts' rows are found by their hashed key.
+    t[stmt::claim_release_parked] =
+        "DELETE FROM idem_claims" + claim + " AND outcome = 'dead_lettered'";
+    t[stmt::attempt_delete] =
+        "DELETE FROM idem_attempts WHERE attempt_key = " + mysql_claim_key("?1", "?2") +
+        " AND scope = ?1 AND message_id = ?2";
+    t[stmt::outbox_rearm] =
+        "UPDATE idem_outbox SET destination = ?1, payload = ?3, sent_at = NULL, attempts = 0, "
+        "last_error = X'', next_attempt_at = ?4, lease_until = NULL, parked = 0 "
+        "WHERE key_hash = UNHEX(SHA2(?2, 256)) AND idempotency_key = ?2";
     // try_lock(): the row lock is the transaction's lock (placeholder row: owner '', expired).
     t[stmt::lock_advisory] =
         "SET STATEMENT innodb_lock_wait_timeout = 0 FOR INSERT INTO idem_locks(lock_key, owner, "

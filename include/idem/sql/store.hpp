@@ -5,10 +5,11 @@
 /// contract: sql/driver.hpp). Claims, outcomes, dead letters, savepoints, the overlap lock, the
 /// outbox, purge in batches, find_claim, the store's mutex with its owner thread, and the
 /// transaction's RAII live here once; idem::SqliteStore and idem::PostgresStore are this class
-/// over sqlite::Driver and postgres::Driver. Stored offsets (contract/stored_offset.hpp) too:
-/// stored_offset(), and the transaction's attach() of a StoredOffset commit hook. The driver is a
-/// template parameter: every call is static and inlined, so the hot paths (claim, record_outcome,
-/// commit, claim_many) cost what the driver's statements cost.
+/// over sqlite::Driver and postgres::Driver. The paced purge is in sql/purge.hpp, the dead
+/// letters' listing and redrive in sql/redrive.hpp. Stored offsets (contract/stored_offset.hpp)
+/// too: stored_offset(), and the transaction's attach() of a StoredOffset commit hook. The driver
+/// is a template parameter: every call is static and inlined, so the hot paths (claim,
+/// record_outcome, commit, claim_many) cost what the driver's statements cost.
 
 #include <algorithm>
 #include <atomic>
@@ -34,14 +35,16 @@
 #include "idem/blob.hpp"
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
+#include "idem/contract/redrive.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/contract/stored_offset.hpp"
 #include "idem/detail/offset_hooks.hpp"
-#include "idem/detail/purge_pacer.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/sql/driver.hpp"
 #include "idem/sql/own_claims.hpp"
+#include "idem/sql/purge.hpp"
+#include "idem/sql/redrive.hpp"
 #include "idem/sql/schema.hpp"
 #include "idem/sql/statements.hpp"
 #include "idem/sql/stored_outcome.hpp"
@@ -123,29 +126,7 @@ class basic_store {
     /// store_unavailable, store_timeout (what was deleted before stays deleted).
     PurgeResult purge(std::chrono::system_clock::duration older_than,
                       const PurgeOptions& options = {}) {
-        const std::string who = fmt::format("idem {}: purge()", Driver::name);
-        if (older_than.count() < 0) throw usage_error(who + " needs a non-negative age");
-        options.validate(who);
-        const std::int64_t at = now_ms();
-        const std::int64_t cutoff =
-            at - std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count();
-        PurgeResult result;
-        const detail::PurgePacer pacer(options);
-        const auto table = [&](stmt bound, stmt range, std::string_view what, std::int64_t before,
-                               std::size_t& counter) {
-            purge_in_batches(bound, range, what, before, options.batch_rows, pacer, result,
-                             counter);
-        };
-        table(stmt::purge_claims_bound, stmt::purge_claims, "purge (claims)", cutoff,
-              result.claims);
-        table(stmt::purge_outbox_bound, stmt::purge_outbox, "purge (sent outbox intents)", cutoff,
-              result.sent_intents);
-        table(stmt::purge_locks_bound, stmt::purge_locks, "purge (expired locks)", at,
-              result.expired_locks);
-        table(stmt::purge_attempts_bound, stmt::purge_attempts, "purge (attempt counts)", cutoff,
-              result.attempt_counts);
-        pacer.finish(result);
-        return result;
+        return paced_purge::run(*this, older_than, options);
     }
 
     /// @brief Counts one more attempt at (@p scope, @p id) and returns the count, this one
@@ -224,21 +205,26 @@ class basic_store {
         return hook.request_as<StoredOffset>() != nullptr;
     }
 
-    /// @brief Every dead letter, oldest first.
-    [[nodiscard]] std::vector<DeadLetter> dead_letters() {
-        Lock lock(*this, "dead_letters()");
-        std::vector<DeadLetter> letters;
-        driver_.run(stmt::all_dead_letters, "dead_letters", access::read, [&](const auto& row) {
-            DeadLetter letter;
-            letter.scope = row.bytes(0);
-            letter.message_id = row.bytes(1);
-            letter.delivery_count = to_count(row.int64(2));
-            letter.reason = row.bytes(3);
-            letter.payload = row.bytes(4);
-            letter.created_at = from_unix_ms(row.int64(5));
-            letters.push_back(std::move(letter));
-        });
-        return letters;
+    /// @brief Every dead letter, oldest first (redriven entries too: their redriven_at is set).
+    [[nodiscard]] std::vector<DeadLetter> dead_letters() { return dead_letters({}); }
+
+    /// @brief The dead letters @p selection takes, oldest first (contract/redrive.hpp).
+    [[nodiscard]] std::vector<DeadLetter> dead_letters(const DeadLetterSelection& selection) {
+        return redrive_core::list(*this, selection);
+    }
+
+    /// @brief Brings the dead letters @p selection takes back, each exactly once, in one
+    /// transaction per entry (sql/redrive.hpp): the entry is marked redriven, the claim that
+    /// still records it as dead_lettered is deleted with its attempt count (a fresh poison
+    /// limit), and an outbox intent re-publishes the payload to RedriveOptions::destination
+    /// with the message id as its key; the relay ships it and the handler processes it as new.
+    /// An entry redriven before, or whose claim records another outcome now, is reported and
+    /// left alone; redrives racing on other threads or connections redrive each entry once.
+    /// A dry run judges and changes nothing.
+    /// @throws usage_error for an empty destination. A failed entry's transaction is reported
+    /// (RedriveStatus::failed) and rolled back.
+    RedriveReport redrive(const DeadLetterSelection& selection, const RedriveOptions& options) {
+        return redrive_core::redrive(*this, selection, options);
     }
 
     /// @brief Takes (or renews) the lock on @p key for @p owner until clock() + @p expire_after
@@ -370,6 +356,8 @@ class basic_store {
 
   private:
     friend class basic_transaction<Driver>;
+    friend struct paced_purge;
+    friend struct redrive_core;
 
     void lock(std::string_view what) {
         if (owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
@@ -427,34 +415,6 @@ class basic_store {
 
     static usage_error no_intent(std::int64_t id) {
         return usage_error(fmt::format("idem {}: no outbox intent with id {}", Driver::name, id));
-    }
-
-    /// Deletes one table's rows whose time is before @p before, @p batch_rows at a time: each
-    /// batch first finds the time of its last row (from the cursor, in time order), then deletes
-    /// [cursor, that time] in a statement committed on its own; the cursor moves past it. Rows
-    /// sharing the last time all go in that batch. Adds what it deleted to @p counter.
-    void purge_in_batches(stmt bound, stmt range, std::string_view what, std::int64_t before,
-                          std::size_t batch_rows, const detail::PurgePacer& pacer,
-                          PurgeResult& result, std::size_t& counter) {
-        std::int64_t from = std::numeric_limits<std::int64_t>::min();
-        while (result.complete && from < before) {
-            if (!pacer.may_go_on(result)) return;
-            const auto started = detail::PurgePacer::clock::now();
-            std::optional<std::int64_t> last;
-            std::int64_t deleted = 0;
-            {
-                Lock lock(*this, "purge()");
-                driver_.run(
-                    bound, what, access::read, [&](const auto& row) { last = row.int64(0); }, from,
-                    before, static_cast<std::int64_t>(batch_rows - 1));
-                const std::int64_t through = last ? *last : before - 1;
-                deleted = driver_.run(range, what, access::write, no_rows{}, from, through);
-            }
-            counter += static_cast<std::size_t>(deleted);
-            pacer.after_batch(result, detail::PurgePacer::clock::now() - started);
-            if (!last) return;  // fewer than a batch were left: all deleted
-            from = *last + 1;
-        }
     }
 
     Driver driver_;

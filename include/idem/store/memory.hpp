@@ -24,6 +24,7 @@
 
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
+#include "idem/contract/redrive.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/contract/stored_offset.hpp"
 #include "idem/detail/offset_hooks.hpp"
@@ -168,6 +169,9 @@ class MemoryStore {
             if (stored.created_at == std::chrono::system_clock::time_point{}) {
                 stored.created_at = store_->now();
             }
+            stored.id = ++store_->dead_letter_sequence_;  // as the SQL stores: the row's own
+            stored.redrive_count = 0;
+            stored.redriven_at.reset();
             store_->dead_letters_.push_back(std::move(stored));
             undo_.push_back(Undo{Undo::Kind::dead_letter_added, {}, {}, {}, {}, {}});
         }
@@ -525,10 +529,44 @@ class MemoryStore {
         return it->second;
     }
 
-    /// Every committed dead letter, oldest first.
+    /// Every committed dead letter, oldest first (redriven entries too: redriven_at is set).
     [[nodiscard]] std::vector<DeadLetter> dead_letters() {
         std::lock_guard<std::mutex> lock(mutex_);
         return dead_letters_;
+    }
+
+    /// The committed dead letters @p selection takes, oldest first (contract/redrive.hpp).
+    [[nodiscard]] std::vector<DeadLetter> dead_letters(const DeadLetterSelection& selection) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        std::vector<DeadLetter> letters;
+        for (const DeadLetter& letter : dead_letters_) {
+            if (selection.full(letters.size())) break;
+            if (selection.matches(letter)) letters.push_back(letter);
+        }
+        return letters;
+    }
+
+    /// @brief Brings the selected dead letters back, each exactly once, as the SQL stores do
+    /// (sql/store.hpp's redrive()): per entry, serialised with every transaction, the entry is
+    /// marked redriven, the claim still dead_lettered removed with its attempt count, and an
+    /// outbox intent re-publishes the payload under the message id. An injected commit fault
+    /// (Fault::commit) fails the entry with nothing changed; Fault::begin fails it as well.
+    /// @throws usage_error for an empty destination.
+    RedriveReport redrive(const DeadLetterSelection& selection, const RedriveOptions& options) {
+        options.validate("idem::MemoryStore: redrive()");
+        return detail::run_redrive(
+            dead_letters(selection), options,
+            [this](const std::string& scope, const std::string& id) {
+                return find_claim(scope, id);
+            },
+            [this](std::int64_t id) -> std::optional<DeadLetter> {
+                std::lock_guard<std::mutex> lock(mutex_);
+                for (const DeadLetter& letter : dead_letters_) {
+                    if (letter.id == id) return letter;
+                }
+                return std::nullopt;
+            },
+            [&](const DeadLetter& letter) { return redrive_one(letter, options.destination); });
     }
 
     /// @brief Takes (or renews) a lock held outside any transaction, by `owner`, until
@@ -619,6 +657,52 @@ class MemoryStore {
     }
 
   private:
+    /// One entry's redrive, in a transaction (which it leaves to roll back an empty undo log:
+    /// every change is made once all is checked, the injected commit fault included).
+    bool redrive_one(const DeadLetter& letter, const std::string& destination) {
+        Transaction tx = begin();
+        auto entry = std::find_if(dead_letters_.begin(), dead_letters_.end(),
+                                  [&](const DeadLetter& l) { return l.id == letter.id; });
+        if (entry == dead_letters_.end() || entry->redriven_at) return false;
+        const ClaimView key{letter.scope, letter.message_id};
+        auto claim = claims_.find(key);
+        if (claim == claims_.end() || claim->second.disposition != Disposition::dead_lettered) {
+            return false;
+        }
+        if (fault_pending(Fault::commit)) {
+            throw commit_failed("idem::MemoryStore: injected commit failure (redrive)");
+        }
+        std::uint32_t before = 0;
+        for (const DeadLetter& l : dead_letters_) {
+            if (l.scope == letter.scope && l.message_id == letter.message_id) {
+                before = std::max(before, l.redrive_count);
+            }
+        }
+        claims_.erase(claim);
+        auto counted = attempts_.find(key);
+        if (counted != attempts_.end()) attempts_.erase(counted);
+        entry->redrive_count = before + 1;
+        entry->redriven_at = now();
+        const OutboxIntent intent = redrive_intent(letter, destination);
+        if (outbox_keys_.count(intent.idempotency_key) == 0) {
+            tx.add_outbox(intent);
+            tx.undo_.clear();  // kept: the redrive's change, as the rest
+            return true;
+        }
+        for (auto& out : outbox_) {
+            if (out.row.idempotency_key != intent.idempotency_key) continue;
+            out.row.destination = intent.destination;
+            out.row.payload = intent.payload;
+            out.row.sent_at.reset();
+            out.row.attempts = 0;
+            out.row.last_error.clear();
+            out.row.next_attempt_at = now();
+            out.row.parked = false;
+            out.lease_until.reset();
+        }
+        return true;
+    }
+
     using OffsetKey =
         std::tuple<std::string, std::string, std::int32_t>;  ///< group, topic, partition
 
@@ -686,6 +770,7 @@ class MemoryStore {
     };
     std::map<ClaimKey, AttemptCount, ClaimOrder> attempts_;
     std::vector<DeadLetter> dead_letters_;
+    std::int64_t dead_letter_sequence_ = 0;
     std::map<std::string, Collection, std::less<>> collections_;
     std::mutex fault_mutex_;
     int faults_[3] = {0, 0, 0};

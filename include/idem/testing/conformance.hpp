@@ -52,6 +52,16 @@
 /// stored_offset() (idem::has_stored_offsets, idem/contract/stored_offset.hpp) the stored-offset
 /// tests run, else they check that the store refuses an offset hook.
 ///
+/// A store with redrive() and an outbox (contract/redrive.hpp) also passes the redrive suite,
+/// IdemRedriveConformance: its environment adds refuse_redrives() and accept_redrives(), which
+/// make the store's redrive transactions really fail and work again, and may add
+/// `std::unique_ptr<Store> another_store()` (a second connection on the same data) for its race
+/// (conformance/redrive.hpp).
+/// @code
+/// INSTANTIATE_TYPED_TEST_SUITE_P(Mine, IdemRedriveConformance, ::testing::Types<MyEnv>,
+///                                idem::testing::ConformanceNames);
+/// @endcode
+///
 /// A store that keeps its data across a restart (every store but a memory fake) also passes
 /// the durability suite, IdemDurableStoreConformance: its environment adds `void reopen()`,
 /// which closes the store and opens it again on the same data.
@@ -65,6 +75,7 @@
 #include "idem/testing/conformance/offsets.hpp"
 #include "idem/testing/conformance/payloads.hpp"
 #include "idem/testing/conformance/probe.hpp"
+#include "idem/testing/conformance/redrive.hpp"
 #include "idem/testing/conformance/suite.hpp"
 #include "idem/testing/conformance/transactions.hpp"
 
@@ -98,3 +109,14 @@ REGISTER_TYPED_TEST_SUITE_P(
 REGISTER_TYPED_TEST_SUITE_P(IdemDurableStoreConformance, ProcessedClaimSurvivesReopeningTheStore,
                             DeadLetterSurvivesReopeningTheStore,
                             StoredOffsetSurvivesReopeningTheStore);
+
+REGISTER_TYPED_TEST_SUITE_P(
+    IdemRedriveConformance, RedrivenMessageIsProcessedOnceWhenTheRelayDeliversIt,
+    RedrivingTwiceWritesOneIntent, MessageProcessedMeanwhileIsReportedNotRerun,
+    DryRunChangesNothing, RedrivenMessageGetsAFreshPoisonLimit,
+    ConcurrentRedrivesWriteOneIntentPerMessage, FailedRedriveLeavesNothingAndARerunRedrivesOnce,
+    MessageParkedAgainKeepsItsHistory, SelectionTakesScopeIdsReasonTimeAndLimitOldestFirst,
+    ListingWalksEveryEntryPastManyPages);
+// Optional: a store without redrive() (the Redis store, examples/journal_store) does not
+// instantiate it, and GoogleTest must not fail it for that.
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(IdemRedriveConformance);
