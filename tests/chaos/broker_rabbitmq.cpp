@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
@@ -84,12 +85,23 @@ class RabbitmqRun final : public BrokerRun {
         // Ready 0 for longer than the broker's figures lag, then the broker's own count of
         // delivered-and-unacked ones and of the retry queues' waiting ones (at most every 2 s:
         // each rabbitmqctl call takes ~1.5 s).
+        // Drained only when two such counts 6 s apart (past the figures' lag) both say 0 and the
+        // queue's ready count stayed 0 between them: one count alone once said 0 while an order
+        // was still in the queues (CI: "drained, yet 1 orders pending").
         const auto now = Clock::now();
         if (now - last_ready_ < 6s || now - last_ctl_ < 2s) return false;
         last_ctl_ = now;
         const auto counts = ctl_counts();
-        if (counts.ready != 0) last_ready_ = now;  // some wait out a delay in a retry queue
-        return counts.ready == 0 && counts.unacked == 0;
+        if (counts.ready != 0 || counts.unacked != 0) {
+            if (counts.ready != 0) last_ready_ = now;  // some wait out a delay in a retry queue
+            first_zero_.reset();
+            return false;
+        }
+        if (!first_zero_ || *first_zero_ < last_ready_) {
+            first_zero_ = now;
+            return false;
+        }
+        return now - *first_zero_ >= 6s;
     }
 
     std::string progress() override {
@@ -102,8 +114,10 @@ class RabbitmqRun final : public BrokerRun {
         std::vector<std::string> queues = retry_queues();
         queues.insert(queues.begin(), queue_name);
         for (const std::string& q : queues) {
-            for (const auto& [id, reason] : read_all(q))
+            for (const auto& [id, reason] : read_all(q)) {
                 out.insert(order_of(id).value_or(0));
+                std::fprintf(stderr, "idem_chaos: %s is still in %s\n", id.c_str(), q.c_str());
+            }
         }
         return out;
     }
@@ -214,6 +228,7 @@ class RabbitmqRun final : public BrokerRun {
     long messages_ = 0;
     Clock::time_point last_ready_ = Clock::now();
     Clock::time_point last_ctl_{};
+    std::optional<Clock::time_point> first_zero_;  ///< the first count of 0 in a row
     long retrying_ = 0;
 };
 
