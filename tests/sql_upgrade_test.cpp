@@ -319,6 +319,30 @@ TEST(SqlUpgrade, MysqlKeepsEveryRowOfEveryEarlierVersion) {
             return std::make_unique<idem::MysqlStore>(idem_test::mariadb_endpoint(database));
         });
 }
+
+// MySQL commits each DDL statement at once: a migration stopped after its ALTER and before it
+// wrote the version left the columns of version 4 in a database that still says 3. The next
+// store to open it runs the migration again and must not fail on what is already there.
+TEST(SqlUpgrade, MysqlMigrationStoppedAfterItsAlterIsRunAgain) {
+    IDEM_REQUIRE_MARIADB();
+    auto& server = idem::testing::shared_mariadb();
+    const std::string database = idem_test::fresh_mariadb_database();
+    auto client = server.client(database);
+    client.exec("CREATE TABLE IF NOT EXISTS idem_schema(version INT NOT NULL) ENGINE=InnoDB");
+    for (const std::string& ddl : idem::sql::mysql_schema_ddl(0)) {
+        if (ddl.rfind("INSERT INTO idem_schema", 0) == 0) continue;
+        client.exec(ddl);  // every statement up to today's, the v4 ALTER included
+    }
+    client.exec("DELETE FROM idem_schema");
+    client.exec("INSERT INTO idem_schema(version) VALUES (3)");  // the version not yet written
+    auto store = std::make_unique<idem::MysqlStore>(idem_test::mariadb_endpoint(database));
+    EXPECT_EQ(server.client(database).value("SELECT MAX(version) FROM idem_schema"),
+              std::optional<std::string>(std::to_string(idem::sql::schema_version)));
+    auto handler =
+        idem::make_handler(*store, idem::Policy{"upgrade"}, [](auto&, const std::string&) {});
+    EXPECT_EQ(handler.handle(idem::Delivery{"m-1", 1u}, std::string("m-1")).disposition,
+              idem::Disposition::processed);
+}
 #endif
 
 }  // namespace

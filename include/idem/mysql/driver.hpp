@@ -450,9 +450,16 @@ class Driver {
         schema_locked_ = true;
         execute_ddl("CREATE TABLE IF NOT EXISTS idem_schema(version INT NOT NULL) ENGINE=InnoDB");
     }
-    /// One DDL statement of the migration (committed at once by MySQL).
+    /// One DDL statement of the migration (committed at once by MySQL). A migration stopped
+    /// after an ALTER and before its version was written runs again from its first statement:
+    /// a column or key that ALTER added already is there, not an error (MySQL 8 has no
+    /// ADD COLUMN IF NOT EXISTS).
     void execute_ddl(std::string_view sql) {
-        must(std::string(sql), Kind::idem, "creating the idem schema", sql::no_rows{});
+        const std::string text(sql);
+        std::int64_t count = 0;
+        const unsigned code = exec(text, sql::no_rows{}, count);
+        if (code == 0 || code == er_dup_fieldname || code == er_dup_keyname) return;
+        raise(code, Kind::idem, "creating the idem schema", text);
     }
     /// The version in idem_schema, inside begin_schema_change().
     std::optional<std::int64_t> read_schema_version() {

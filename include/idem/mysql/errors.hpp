@@ -16,6 +16,11 @@ inline constexpr unsigned er_lock_wait_timeout = 1205;
 /// ER_LOCK_DEADLOCK: InnoDB chose this transaction as a deadlock's victim and rolled it back.
 inline constexpr unsigned er_lock_deadlock = 1213;
 
+/// ER_DUP_FIELDNAME: ALTER TABLE ... ADD COLUMN of a column the table has.
+inline constexpr unsigned er_dup_fieldname = 1060;
+/// ER_DUP_KEYNAME: ALTER TABLE ... ADD KEY of a key the table has.
+inline constexpr unsigned er_dup_keyname = 1061;
+
 /// The connection is gone: the server went away, closed or killed it, or cannot be reached.
 inline bool is_lost(unsigned code) noexcept {
     switch (code) {
