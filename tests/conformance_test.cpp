@@ -50,23 +50,20 @@ using Stores = ::testing::Types<idem_test::MemoryEnv
                                 >;
 #if IDEM_HAS_SQLITE
 // Every store but the memory fake keeps its data across a restart: the durability suite.
-using DurableStores = ::testing::Types<
-#if IDEM_HAS_SQLITE
-    idem_test::SqliteEnv
-#endif
+using DurableStores = ::testing::Types<idem_test::SqliteEnv
 #if IDEM_HAS_POSTGRES
-    ,
-    idem_test::PostgresEnv
+                                       ,
+                                       idem_test::PostgresEnv
 #endif
 #if IDEM_HAS_REDIS
-    ,
-    idem_test::RedisEnv, idem_test::RedisLocalEnv
+                                       ,
+                                       idem_test::RedisEnv, idem_test::RedisLocalEnv
 #endif
 #if IDEM_HAS_MYSQL
-    ,
-    idem_test::MysqlEnv, idem_test::MysqlReadCommittedEnv
+                                       ,
+                                       idem_test::MysqlEnv, idem_test::MysqlReadCommittedEnv
 #endif
-    >;
+                                       >;
 #endif
 #endif
 
