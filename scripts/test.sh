@@ -20,7 +20,7 @@
 #              configurations do not register them. This is also the C++20 and the clang build
 #              of every test: a configuration of its own for them only repeated these minutes
 #     tsan     clang++ C++17, ThreadSanitizer: the tests labelled `concurrency`
-#     format   clang-format --dry-run -Werror over include/ tests/ examples/ bench/
+#     format   clang-format --dry-run -Werror over include/ tests/ examples/ bench/ tools/
 #   scripts/test.sh --quick          gcc17 only
 #   scripts/test.sh --config NAME    one configuration (NAME as above, or a..e)
 #
@@ -182,7 +182,7 @@ run_format() {
     command -v clang-format-14 >/dev/null 2>&1 && cf=clang-format-14
     say "format: $("$cf" --version | head -n1)"
     local files=()
-    mapfile -t files < <(find include tests examples bench -type f \( -name '*.hpp' -o -name '*.cpp' \) | sort)
+    mapfile -t files < <(find include tests examples bench tools -type f \( -name '*.hpp' -o -name '*.cpp' \) | sort)
     if ((${#files[@]} == 0)); then
         echo "format: no files"
         return 0

@@ -104,6 +104,25 @@ struct redrive_core {
             [&](const DeadLetter& letter) { return step(store, letter, options); });
     }
 
+    /// basic_store::purge_dead_letters(): the selected entries, each deleted on its own
+    /// (committed at once, under the store's lock, so consumers get their turn between them).
+    template <class Store>
+    static std::vector<DeadLetter> purge(Store& store, const DeadLetterSelection& selection,
+                                         bool dry_run) {
+        std::vector<DeadLetter> letters = list(store, selection);
+        if (dry_run) return letters;
+        std::vector<DeadLetter> purged;
+        purged.reserve(letters.size());
+        for (DeadLetter& letter : letters) {
+            typename Store::Lock lock(store, "purge_dead_letters()");
+            if (store.driver_.run(stmt::dead_letter_delete, "purge_dead_letters", access::write,
+                                  no_rows{}, letter.id) == 1) {
+                purged.push_back(std::move(letter));
+            }
+        }
+        return purged;
+    }
+
   private:
     template <class Store>
     static std::optional<DeadLetter> find(Store& store, std::int64_t id) {

@@ -70,6 +70,7 @@ enum class stmt : std::size_t {
     claim_release_parked,  ///< scope, id: deletes the claim only if dead_lettered (1 affected)
     attempt_delete,        ///< scope, id
     outbox_rearm,          ///< destination, key, payload, now: the intent unsent again
+    dead_letter_delete,    ///< id: the entry removed (purge_dead_letters())
     count,
 };
 
@@ -138,6 +139,7 @@ inline void redrive_statements(statement_table& t, const std::string& prefix,
     t[stmt::claim_release_parked] =
         fmt::format("DELETE FROM {}claims{} AND outcome = 'dead_lettered'", prefix, one_message);
     t[stmt::attempt_delete] = fmt::format("DELETE FROM {}attempts{}", prefix, one_message);
+    t[stmt::dead_letter_delete] = fmt::format("DELETE FROM {} WHERE id = {}", letters, p(1));
     t[stmt::outbox_rearm] = fmt::format(
         "UPDATE {0}outbox SET destination = {1}, payload = {3}, sent_at = NULL, attempts = 0, "
         "last_error = '', next_attempt_at = {4}, lease_until = NULL, {5} "

@@ -227,6 +227,17 @@ class basic_store {
         return redrive_core::redrive(*this, selection, options);
     }
 
+    /// @brief Deletes the dead letters @p selection takes (an empty selection takes them all:
+    /// callers that purge on an operator's word should insist on one), each entry committed on
+    /// its own; their claims stay as they are, so a re-published copy is still answered
+    /// `duplicate`. A dry run deletes nothing.
+    /// @return the entries deleted (dry run: that would be), oldest first; an entry deleted
+    /// meanwhile by another purge is not among them.
+    std::vector<DeadLetter> purge_dead_letters(const DeadLetterSelection& selection,
+                                               bool dry_run = false) {
+        return redrive_core::purge(*this, selection, dry_run);
+    }
+
     /// @brief Takes (or renews) the lock on @p key for @p owner until clock() + @p expire_after
     /// or release_lock(), committed at once; refused while another owner's lock is live (and,
     /// PostgreSQL, while a transaction holds the key with Transaction::try_lock()).

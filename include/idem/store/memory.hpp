@@ -569,6 +569,22 @@ class MemoryStore {
             [&](const DeadLetter& letter) { return redrive_one(letter, options.destination); });
     }
 
+    /// @brief Deletes the dead letters @p selection takes, as the SQL stores do (their claims
+    /// stay); a dry run deletes nothing. @return the entries deleted (or that would be).
+    std::vector<DeadLetter> purge_dead_letters(const DeadLetterSelection& selection,
+                                               bool dry_run = false) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        std::vector<DeadLetter> letters;
+        const auto taken = [&](const DeadLetter& letter) {
+            if (selection.full(letters.size()) || !selection.matches(letter)) return false;
+            letters.push_back(letter);
+            return !dry_run;
+        };
+        dead_letters_.erase(std::remove_if(dead_letters_.begin(), dead_letters_.end(), taken),
+                            dead_letters_.end());
+        return letters;
+    }
+
     /// @brief Takes (or renews) a lock held outside any transaction, by `owner`, until
     /// `expire_after` passes or release_lock(); false when another owner holds it.
     bool hold_lock(std::string_view key, std::string_view owner,

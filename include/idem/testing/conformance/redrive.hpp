@@ -5,7 +5,8 @@
 /// delivers its intent, a second redrive or a concurrent one writes no second intent, a message
 /// processed meanwhile is reported and not re-run, a dry run changes nothing, the redriven
 /// message gets a fresh poison limit, a failed redrive leaves nothing, and a message parked
-/// again keeps its history; the listing's selection, past many pages of entries. For every store
+/// again keeps its history; the listing's selection, past many pages of entries; a purge by
+/// selection deletes those entries only and keeps their claims. For every store
 /// with `redrive()` and an outbox; its environment is the main suite's plus:
 ///   refuse_redrives(), accept_redrives()  make the redrive's transactions really fail (an
 ///                              injected commit fault, a trigger refusing the outbox's insert)
@@ -458,4 +459,31 @@ TYPED_TEST_P(IdemRedriveConformance, ListingWalksEveryEntryPastManyPages) {
     ASSERT_EQ(found.size(), 2u);
     EXPECT_EQ(found[0].message_id, "e-0");
     EXPECT_EQ(found[1].message_id, "e-699");
+}
+
+TYPED_TEST_P(IdemRedriveConformance, PurgeDeletesOnlyTheSelectedEntriesAndKeepsTheirClaims) {
+    auto handler = this->consumer();
+    for (const char* id : {"g-1", "g-2", "g-3"})
+        this->park(handler, id);
+    // A dry run names the entries and deletes nothing.
+    const auto would = this->store().purge_dead_letters(this->ids({"g-1", "g-3"}), true);
+    ASSERT_EQ(would.size(), 2u);
+    EXPECT_EQ(would[0].message_id, "g-1");
+    EXPECT_EQ(would[1].message_id, "g-3");
+    EXPECT_EQ(this->store().dead_letters().size(), 3u);
+
+    const auto purged = this->store().purge_dead_letters(this->ids({"g-1", "g-3"}));
+    ASSERT_EQ(purged.size(), 2u);
+    EXPECT_EQ(purged[0].message_id, "g-1");
+    const auto left = this->store().dead_letters();
+    ASSERT_EQ(left.size(), 1u);
+    EXPECT_EQ(left[0].message_id, "g-2");
+    // Purged twice: nothing more to delete.
+    EXPECT_TRUE(this->store().purge_dead_letters(this->ids({"g-1", "g-3"})).empty());
+    // The claims stay: a re-published copy is still answered duplicate, and nothing is left to
+    // redrive for the purged ids.
+    EXPECT_EQ(this->claim_of("g-1"), idem::Disposition::dead_lettered);
+    EXPECT_EQ(handler.handle(idem::Delivery{"g-1", 1u}, std::string("g-1")).disposition,
+              idem::Disposition::duplicate);
+    EXPECT_TRUE(this->store().redrive(this->ids({"g-1"}), this->to_orders()).entries.empty());
 }

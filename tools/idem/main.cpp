@@ -1,0 +1,898 @@
+// idem: the operator's command over an idem store (docs/operations.md). It lists, shows,
+// redrives and purges dead letters, shows a claim, purges old claims and prints counts, on the
+// SQL stores named by URL: sqlite:PATH, postgresql://… (or postgres://…, or a libpq key=value
+// string after postgresql:), mysql://USER:PASSWORD@HOST:PORT/DATABASE (or mariadb://…).
+//
+// Exit status: 0 done; 1 done, but some entries failed (run it again: a redrive or a purge
+// repeats nothing it finished); 2 a usage error (nothing was opened); 3 the store could not be
+// opened or failed (nothing of the failed step was changed).
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "idem/contract/redrive.hpp"
+#include "idem/error.hpp"
+#include "idem/outcome.hpp"
+#include "idem/store/sqlite.hpp"
+#ifdef IDEM_TOOL_WITH_POSTGRES
+#include "idem/store/postgres.hpp"
+#endif
+#ifdef IDEM_TOOL_WITH_MYSQL
+#include "idem/store/mysql.hpp"
+#endif
+
+namespace {
+
+using Clock = std::chrono::system_clock;
+
+constexpr int exit_done = 0;
+constexpr int exit_some_failed = 1;
+constexpr int exit_usage = 2;
+constexpr int exit_store = 3;
+
+/// A command line the tool cannot act on: printed with the verb's usage, exit 2.
+struct usage_problem : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+constexpr const char* general_usage = R"(usage: idem [--store URL] COMMAND [ARGS] [--json]
+
+Operates on an idem store (docs/operations.md). The store comes from --store or, without it,
+the environment variable IDEM_STORE:
+  sqlite:PATH                             an existing SQLite file
+  postgresql://USER:PASSWORD@HOST:PORT/DB  (or postgres://..., or postgresql:KEY=VALUE ...)
+  mysql://USER:PASSWORD@HOST:PORT/DB       (or mariadb://...)
+Opening a store creates or migrates idem's tables, as a consumer of this version does.
+
+Commands:
+  dead-letters list      the parked messages a selection takes
+  dead-letters show      one message's dead letters, claim and attempt count
+  dead-letters redrive   bring the selected messages back, each exactly once
+  dead-letters purge     delete the selected dead letters (their claims stay)
+  claims show            one message's claim
+  purge                  delete claims (and sent intents, expired locks, attempt counts) by age
+  stats                  dead letters counted by scope and reason
+
+Every command takes --help. Exit status: 0 done; 1 some entries failed (run it again);
+2 usage error; 3 the store could not be opened or failed.
+)";
+
+constexpr const char* selection_usage =
+    R"(Selection (every condition given must hold; dead letters are taken oldest first):
+  --scope SCOPE        the handler's policy scope
+  --id ID              this message id (repeatable)
+  --reason TEXT        reasons containing TEXT
+  --since TIME         parked at or after TIME
+  --before TIME        parked before TIME
+  --limit N            at most N entries
+TIME: seconds since the epoch, an ISO date-time (2026-12-03T10:00:00Z), or an age (90s, 15m,
+2h, 7d) meaning that long ago.
+)";
+
+struct Verb {
+    const char* name;
+    const char* usage;
+};
+
+constexpr Verb verbs[] = {
+    {"dead-letters list", R"(usage: idem dead-letters list [SELECTION] [--all] [--json]
+Lists the dead letters the selection takes: still parked ones only, or with --all the redriven
+entries too.
+)"},
+    {"dead-letters show", R"(usage: idem dead-letters show SCOPE ID [--json]
+Shows one message's story: each dead-letter entry (with its payload), its claim and its store
+attempt count.
+)"},
+    {"dead-letters redrive", R"(usage: idem dead-letters redrive --destination DEST [SELECTION]
+                            [--rate N] [--dry-run] [--json]
+Brings the parked messages the selection takes back, each exactly once: in one transaction per
+message its claim is released (a fresh poison limit) and an outbox intent re-publishes the
+stored payload to DEST under its message id; the consumer's relay ships it. A message processed
+meanwhile is reported and left alone; running the same redrive again repeats nothing.
+  --destination DEST   where the relay publishes (a queue, subject, stream or topic)
+  --rate N             at most N messages a second
+  --dry-run            say what would be redriven, change nothing
+)"},
+    {"dead-letters purge", R"(usage: idem dead-letters purge SELECTION|--everything [--rate N]
+                          [--dry-run] [--json]
+Deletes the dead letters the selection takes (redriven entries too). Their claims stay: a
+re-published copy is still answered duplicate. Refuses an empty selection unless --everything.
+  --rate N             at most N entries a second
+  --dry-run            say what would be deleted, delete nothing
+)"},
+    {"claims show", R"(usage: idem claims show SCOPE ID [--json]
+Shows the claim the store holds for message ID in SCOPE: its outcome, reason and time.
+)"},
+    {"purge", R"(usage: idem purge --older-than AGE [--batch-rows N] [--rows-per-second N]
+                  [--time-budget SECONDS] [--json]
+Deletes claims claimed longer ago than AGE (90s, 15m, 2h, 7d), with the outbox intents sent
+before then, expired locks and stale attempt counts, in batches of N rows (1000), paced so
+consumers keep their speed. Dead letters are never purged by age: see dead-letters purge.
+)"},
+    {"stats", R"(usage: idem stats [--json]
+Counts the dead letters by scope and reason, parked and redriven.
+)"},
+};
+
+// ---------------------------------------------------------------------------------------------
+// Arguments
+
+class Arguments {
+  public:
+    explicit Arguments(std::vector<std::string> args) : args_(std::move(args)) {}
+
+    /// Removes a flag without value; whether it was there.
+    bool flag(std::string_view name) {
+        const auto it = std::find(args_.begin(), args_.end(), name);
+        if (it == args_.end()) return false;
+        args_.erase(it);
+        return true;
+    }
+    /// Removes every `--name VALUE` (or `--name=VALUE`), in order.
+    std::vector<std::string> values(std::string_view name) {
+        std::vector<std::string> out;
+        for (std::size_t i = 0; i < args_.size();) {
+            const std::string& arg = args_[i];
+            if (arg == name) {
+                if (i + 1 >= args_.size())
+                    throw usage_problem(fmt::format("{} needs a value", name));
+                out.push_back(args_[i + 1]);
+                args_.erase(args_.begin() + static_cast<std::ptrdiff_t>(i),
+                            args_.begin() + static_cast<std::ptrdiff_t>(i + 2));
+            } else if (arg.size() > name.size() && arg.compare(0, name.size(), name) == 0 &&
+                       arg[name.size()] == '=') {
+                out.push_back(arg.substr(name.size() + 1));
+                args_.erase(args_.begin() + static_cast<std::ptrdiff_t>(i));
+            } else {
+                ++i;
+            }
+        }
+        return out;
+    }
+    std::optional<std::string> value(std::string_view name) {
+        auto all = values(name);
+        if (all.size() > 1) throw usage_problem(fmt::format("{} given twice", name));
+        if (all.empty()) return std::nullopt;
+        return all.front();
+    }
+    /// The next word that is not an option, removed.
+    std::optional<std::string> word() {
+        for (std::size_t i = 0; i < args_.size(); ++i) {
+            if (args_[i].rfind("--", 0) != 0) {
+                std::string out = args_[i];
+                args_.erase(args_.begin() + static_cast<std::ptrdiff_t>(i));
+                return out;
+            }
+        }
+        return std::nullopt;
+    }
+    /// Refuses whatever no one took.
+    void finish() const {
+        if (!args_.empty())
+            throw usage_problem(fmt::format("unexpected argument '{}'", args_.front()));
+    }
+
+  private:
+    std::vector<std::string> args_;
+};
+
+std::uint64_t parse_count(std::string_view what, const std::string& text) {
+    std::size_t used = 0;
+    unsigned long long value = 0;
+    try {
+        value = std::stoull(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != text.size() || text.empty() || text[0] == '-') {
+        throw usage_problem(fmt::format("{} wants a whole number, not '{}'", what, text));
+    }
+    return value;
+}
+
+double parse_rate(std::string_view what, const std::string& text) {
+    std::size_t used = 0;
+    double value = 0;
+    try {
+        value = std::stod(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != text.size() || !(value > 0)) {
+        throw usage_problem(fmt::format("{} wants a positive number, not '{}'", what, text));
+    }
+    return value;
+}
+
+/// "90s", "15m", "2h", "7d" (or a bare number of seconds).
+Clock::duration parse_age(std::string_view what, const std::string& text) {
+    if (text.empty()) throw usage_problem(fmt::format("{} is empty", what));
+    const char unit = text.back();
+    const bool has_unit = unit == 's' || unit == 'm' || unit == 'h' || unit == 'd';
+    const std::uint64_t n = parse_count(what, has_unit ? text.substr(0, text.size() - 1) : text);
+    const std::uint64_t per = unit == 'm' ? 60 : unit == 'h' ? 3600 : unit == 'd' ? 86400 : 1;
+    return std::chrono::seconds(static_cast<std::int64_t>(n * per));
+}
+
+/// Seconds since the epoch, YYYY-MM-DDTHH:MM:SSZ (or with a space), YYYY-MM-DD, or an age.
+Clock::time_point parse_time(std::string_view what, const std::string& text) {
+    int year = 0, month = 0, day = 0, hour = 0, minute = 0, second = 0;
+    char sep = 0;
+    int used = 0;
+    if (std::sscanf(text.c_str(), "%4d-%2d-%2d%n", &year, &month, &day, &used) == 3) {
+        const std::string rest = text.substr(static_cast<std::size_t>(used));
+        int more = 0;
+        const bool date_only = rest.empty();
+        const bool with_time = std::sscanf(rest.c_str(), "%c%2d:%2d:%2d%n", &sep, &hour, &minute,
+                                           &second, &more) == 4 &&
+                               (sep == 'T' || sep == ' ') &&
+                               (rest.substr(static_cast<std::size_t>(more)).empty() ||
+                                rest.substr(static_cast<std::size_t>(more)) == "Z");
+        if ((date_only || with_time) && month >= 1 && month <= 12 && day >= 1 && day <= 31 &&
+            hour < 24 && minute < 60 && second < 61) {
+            std::tm tm{};
+            tm.tm_year = year - 1900;
+            tm.tm_mon = month - 1;
+            tm.tm_mday = day;
+            tm.tm_hour = hour;
+            tm.tm_min = minute;
+            tm.tm_sec = second;
+            return Clock::from_time_t(timegm(&tm));
+        }
+        throw usage_problem(
+            fmt::format("{}: '{}' is not a date-time (2026-12-03T10:00:00Z)", what, text));
+    }
+    const char last = text.empty() ? '\0' : text.back();
+    if (last == 's' || last == 'm' || last == 'h' || last == 'd') {
+        return Clock::now() - parse_age(what, text);
+    }
+    return Clock::time_point(
+        std::chrono::seconds(static_cast<std::int64_t>(parse_count(what, text))));
+}
+
+idem::DeadLetterSelection parse_selection(Arguments& args) {
+    idem::DeadLetterSelection selection;
+    selection.scope = args.value("--scope").value_or("");
+    selection.message_ids = args.values("--id");
+    selection.reason_contains = args.value("--reason").value_or("");
+    if (auto since = args.value("--since")) selection.created_from = parse_time("--since", *since);
+    if (auto before = args.value("--before")) {
+        selection.created_before = parse_time("--before", *before);
+    }
+    if (auto limit = args.value("--limit")) {
+        selection.limit = static_cast<std::size_t>(parse_count("--limit", *limit));
+        if (selection.limit == 0) throw usage_problem("--limit wants at least 1");
+    }
+    return selection;
+}
+
+bool selection_is_empty(const idem::DeadLetterSelection& selection) {
+    return selection.scope.empty() && selection.message_ids.empty() &&
+           selection.reason_contains.empty() && !selection.created_from &&
+           !selection.created_before && selection.limit == 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+
+std::string json_string(std::string_view text) {
+    std::string out = "\"";
+    for (const char c : text) {
+        const auto byte = static_cast<unsigned char>(c);
+        switch (c) {
+            case '"':
+                out += "\\\"";
+                break;
+            case '\\':
+                out += "\\\\";
+                break;
+            case '\n':
+                out += "\\n";
+                break;
+            case '\r':
+                out += "\\r";
+                break;
+            case '\t':
+                out += "\\t";
+                break;
+            default:
+                if (byte < 0x20 || byte == 0x7f) {
+                    out += fmt::format("\\u{:04x}", byte);
+                } else {
+                    out += c;
+                }
+        }
+    }
+    return out + "\"";
+}
+
+std::string iso_time(Clock::time_point at) {
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(at.time_since_epoch()).count();
+    const std::time_t seconds = static_cast<std::time_t>(ms / 1000);
+    std::tm tm{};
+    gmtime_r(&seconds, &tm);
+    char text[32];
+    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &tm);
+    return fmt::format("{}.{:03}Z", text, ms % 1000);
+}
+
+/// The payload as text when it is printable UTF-8-ish ASCII, else its bytes in hex.
+std::string shown_payload(const std::string& payload) {
+    const bool printable = std::all_of(payload.begin(), payload.end(), [](char c) {
+        const auto byte = static_cast<unsigned char>(c);
+        return byte >= 0x20 || c == '\n' || c == '\t';
+    });
+    if (printable) return payload;
+    std::string hex = "hex:";
+    for (const char c : payload)
+        hex += fmt::format("{:02x}", static_cast<unsigned char>(c));
+    return hex;
+}
+
+std::string letter_json(const idem::DeadLetter& letter, bool with_payload) {
+    std::string out = fmt::format(
+        "{{\"entry\":{},\"scope\":{},\"message_id\":{},\"reason\":{},\"delivery_count\":{},"
+        "\"parked_at\":{},\"redrive_count\":{},\"redriven_at\":{}",
+        letter.id, json_string(letter.scope), json_string(letter.message_id),
+        json_string(letter.reason), letter.delivery_count, json_string(iso_time(letter.created_at)),
+        letter.redrive_count,
+        letter.redriven_at ? json_string(iso_time(*letter.redriven_at)) : "null");
+    if (with_payload) out += fmt::format(",\"payload\":{}", json_string(letter.payload));
+    return out + "}";
+}
+
+std::string letter_line(const idem::DeadLetter& letter) {
+    return fmt::format("{:>6}  {}  {}  {}  count {}{}  {}", letter.id, iso_time(letter.created_at),
+                       letter.scope, letter.message_id, letter.delivery_count,
+                       letter.redriven_at
+                           ? fmt::format("  redriven {}", iso_time(*letter.redriven_at))
+                           : std::string(),
+                       letter.reason);
+}
+
+/// Prints a progress line on stderr at most once a second while long work goes on.
+class Progress {
+  public:
+    Progress(std::string what, std::size_t total) : what_(std::move(what)), total_(total) {}
+    void tick(std::size_t done) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last_ < std::chrono::seconds(1) && done != total_) return;
+        if (done == total_ && !printed_) return;  // quick work: no progress line at all
+        last_ = now;
+        printed_ = true;
+        std::fprintf(stderr, "idem: %s %zu/%zu\n", what_.c_str(), done, total_);
+    }
+
+  private:
+    std::string what_;
+    std::size_t total_;
+    std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+    bool printed_ = false;
+};
+
+/// Waits so that @p done items took at least done / rate seconds since @p start.
+void pace(double rate, std::size_t done, std::chrono::steady_clock::time_point start) {
+    if (rate <= 0) return;
+    const auto due = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                 std::chrono::duration<double>(static_cast<double>(done) / rate));
+    std::this_thread::sleep_until(due);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stores
+
+/// What the commands need of a store, whichever it is.
+class Store {
+  public:
+    virtual ~Store() = default;
+    virtual std::vector<idem::DeadLetter> dead_letters(const idem::DeadLetterSelection&) = 0;
+    virtual idem::RedriveReport redrive(const idem::DeadLetterSelection&,
+                                        const idem::RedriveOptions&) = 0;
+    virtual std::vector<idem::DeadLetter> purge_dead_letters(const idem::DeadLetterSelection&,
+                                                             bool dry_run) = 0;
+    virtual std::optional<idem::ClaimRecord> find_claim(const std::string& scope,
+                                                        const std::string& id) = 0;
+    virtual std::uint32_t attempts(const std::string& scope, const std::string& id) = 0;
+    virtual idem::PurgeResult purge(Clock::duration older_than, const idem::PurgeOptions&) = 0;
+};
+
+template <class S>
+class StoreOf final : public Store {
+  public:
+    template <class... Args>
+    explicit StoreOf(Args&&... args) : store_(std::forward<Args>(args)...) {}
+    std::vector<idem::DeadLetter> dead_letters(const idem::DeadLetterSelection& s) override {
+        return store_.dead_letters(s);
+    }
+    idem::RedriveReport redrive(const idem::DeadLetterSelection& s,
+                                const idem::RedriveOptions& o) override {
+        return store_.redrive(s, o);
+    }
+    std::vector<idem::DeadLetter> purge_dead_letters(const idem::DeadLetterSelection& s,
+                                                     bool dry_run) override {
+        return store_.purge_dead_letters(s, dry_run);
+    }
+    std::optional<idem::ClaimRecord> find_claim(const std::string& scope,
+                                                const std::string& id) override {
+        return store_.find_claim(scope, id);
+    }
+    std::uint32_t attempts(const std::string& scope, const std::string& id) override {
+        return store_.attempts(scope, id);
+    }
+    idem::PurgeResult purge(Clock::duration older_than, const idem::PurgeOptions& o) override {
+        return store_.purge(older_than, o);
+    }
+
+  private:
+    S store_;
+};
+
+/// "mysql://user:password@host:port/database": the endpoint (the password is never printed).
+#ifdef IDEM_TOOL_WITH_MYSQL
+std::string percent_decoded(std::string_view text) {
+    std::string out;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        if (text[i] == '%' && i + 2 < text.size()) {
+            const std::string hex(text.substr(i + 1, 2));
+            char* end = nullptr;
+            const long value = std::strtol(hex.c_str(), &end, 16);
+            if (end != hex.c_str() + 2) throw usage_problem("bad %-escape in the store URL");
+            out += static_cast<char>(value);
+            i += 2;
+        } else {
+            out += text[i];
+        }
+    }
+    return out;
+}
+
+idem::MysqlEndpoint mysql_endpoint(std::string_view rest) {
+    idem::MysqlEndpoint endpoint;
+    const auto slash = rest.find('/');
+    if (slash == std::string_view::npos || slash + 1 == rest.size()) {
+        throw usage_problem("a mysql:// store URL names its database: mysql://USER@HOST/DATABASE");
+    }
+    endpoint.database = percent_decoded(rest.substr(slash + 1));
+    std::string_view authority = rest.substr(0, slash);
+    const auto at = authority.rfind('@');
+    if (at != std::string_view::npos) {
+        const std::string_view login = authority.substr(0, at);
+        const auto colon = login.find(':');
+        endpoint.user = percent_decoded(login.substr(0, colon));
+        if (colon != std::string_view::npos) {
+            endpoint.password = percent_decoded(login.substr(colon + 1));
+        }
+        authority = authority.substr(at + 1);
+    }
+    const auto colon = authority.rfind(':');
+    if (colon != std::string_view::npos) {
+        endpoint.port = static_cast<unsigned>(
+            parse_count("the port of the store URL", std::string(authority.substr(colon + 1))));
+        authority = authority.substr(0, colon);
+    }
+    if (!authority.empty()) endpoint.host = std::string(authority);
+    return endpoint;
+}
+#endif
+
+std::unique_ptr<Store> open_store(const std::string& url) {
+    const auto starts = [&](std::string_view prefix) { return url.rfind(prefix, 0) == 0; };
+    if (starts("sqlite:")) {
+        std::string path = url.substr(7);
+        if (path.rfind("//", 0) == 0) path = path.substr(2);
+        if (path.empty()) throw usage_problem("sqlite: wants a file: sqlite:PATH");
+        struct stat info {};
+        // A mistyped path must not become a new, empty database.
+        if (::stat(path.c_str(), &info) != 0) {
+            throw idem::store_unavailable(fmt::format("no such SQLite file: {}", path));
+        }
+        return std::make_unique<StoreOf<idem::SqliteStore>>(path);
+    }
+    if (starts("postgresql:") || starts("postgres:")) {
+#ifdef IDEM_TOOL_WITH_POSTGRES
+        // libpq takes the URL itself; after "postgresql:" without "//", a key=value string.
+        const std::string rest = url.substr(url.find(':') + 1);
+        const std::string conninfo = rest.rfind("//", 0) == 0 ? url : rest;
+        return std::make_unique<StoreOf<idem::PostgresStore>>(conninfo);
+#else
+        throw usage_problem("this idem was built without PostgreSQL (IDEM_WITH_POSTGRES)");
+#endif
+    }
+    if (starts("mysql://") || starts("mariadb://")) {
+#ifdef IDEM_TOOL_WITH_MYSQL
+        return std::make_unique<StoreOf<idem::MysqlStore>>(
+            mysql_endpoint(std::string_view(url).substr(url.find("://") + 3)));
+#else
+        throw usage_problem("this idem was built without MySQL (IDEM_WITH_MYSQL)");
+#endif
+    }
+    if (starts("redis:") || starts("rediss:") || starts("redis-sentinel:")) {
+        throw usage_problem(
+            "the Redis store keeps no dead letters to list or redrive here yet; use a SQL store "
+            "URL");
+    }
+    throw usage_problem(
+        fmt::format("unknown store URL '{}': use sqlite:PATH, postgresql://... or mysql://...",
+                    url.substr(0, url.find(':'))));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Commands
+
+struct Context {
+    Arguments& args;
+    bool json = false;
+    std::function<Store&()> store;
+};
+
+int list_letters(Context& c) {
+    const bool all = c.args.flag("--all");
+    idem::DeadLetterSelection selection = parse_selection(c.args);
+    c.args.finish();
+    // Parked only: the limit counts parked entries, so it is applied here.
+    const std::size_t limit = selection.limit;
+    if (!all) selection.limit = 0;
+    std::vector<idem::DeadLetter> letters;
+    for (auto& letter : c.store().dead_letters(selection)) {
+        if (!all && letter.redriven_at) continue;
+        if (limit != 0 && letters.size() >= limit) break;
+        letters.push_back(std::move(letter));
+    }
+    if (c.json) {
+        std::string out = "{\"dead_letters\":[";
+        for (std::size_t i = 0; i < letters.size(); ++i) {
+            out += (i ? "," : "") + letter_json(letters[i], false);
+        }
+        fmt::print("{}]}}\n", out);
+    } else {
+        for (const auto& letter : letters)
+            fmt::print("{}\n", letter_line(letter));
+        fmt::print("{} dead letter(s)\n", letters.size());
+    }
+    return exit_done;
+}
+
+int show_letters(Context& c) {
+    const auto scope = c.args.word();
+    const auto id = c.args.word();
+    if (!scope || !id) throw usage_problem("dead-letters show wants SCOPE and ID");
+    c.args.finish();
+    idem::DeadLetterSelection selection;
+    selection.scope = *scope;
+    selection.message_ids = {*id};
+    Store& store = c.store();
+    const auto letters = store.dead_letters(selection);
+    const auto claim = store.find_claim(*scope, *id);
+    const std::uint32_t attempts = store.attempts(*scope, *id);
+    if (c.json) {
+        std::string out = "{\"dead_letters\":[";
+        for (std::size_t i = 0; i < letters.size(); ++i) {
+            out += (i ? "," : "") + letter_json(letters[i], true);
+        }
+        out += "],\"claim\":";
+        out += claim ? fmt::format("{{\"outcome\":{},\"reason\":{},\"claimed_at\":{}}}",
+                                   json_string(idem::to_string(claim->disposition)),
+                                   json_string(claim->reason),
+                                   json_string(iso_time(claim->claimed_at)))
+                     : std::string("null");
+        fmt::print("{},\"attempts\":{}}}\n", out, attempts);
+    } else {
+        for (const auto& letter : letters) {
+            fmt::print("{}\n  payload: {}\n", letter_line(letter), shown_payload(letter.payload));
+        }
+        if (letters.empty()) fmt::print("no dead letter for {} in {}\n", *id, *scope);
+        if (claim) {
+            fmt::print("claim: {} at {}{}\n", idem::to_string(claim->disposition),
+                       iso_time(claim->claimed_at),
+                       claim->reason.empty() ? "" : " (" + claim->reason + ")");
+        } else {
+            fmt::print("claim: none\n");
+        }
+        fmt::print("attempts counted by the store: {}\n", attempts);
+    }
+    return exit_done;
+}
+
+/// The selected parked entries, oldest first, one per message (for paced work).
+std::vector<idem::DeadLetter> parked(Store& store, const idem::DeadLetterSelection& selection) {
+    idem::DeadLetterSelection unlimited = selection;
+    unlimited.limit = 0;
+    std::vector<idem::DeadLetter> out;
+    for (auto& letter : store.dead_letters(unlimited)) {
+        if (letter.redriven_at) continue;
+        if (selection.limit != 0 && out.size() >= selection.limit) break;
+        out.push_back(std::move(letter));
+    }
+    return out;
+}
+
+int redrive(Context& c) {
+    idem::RedriveOptions options;
+    options.destination = c.args.value("--destination").value_or("");
+    if (options.destination.empty())
+        throw usage_problem("dead-letters redrive wants --destination");
+    options.dry_run = c.args.flag("--dry-run");
+    const auto rate_text = c.args.value("--rate");
+    const double rate = rate_text ? parse_rate("--rate", *rate_text) : 0;
+    const idem::DeadLetterSelection selection = parse_selection(c.args);
+    c.args.finish();
+    Store& store = c.store();
+    // One message at a time (a selection of its id), so the rate and the progress hold.
+    const std::vector<idem::DeadLetter> letters = parked(store, selection);
+    idem::RedriveReport report;
+    report.dry_run = options.dry_run;
+    Progress progress(options.dry_run ? "judged" : "redriven", letters.size());
+    const auto start = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < letters.size(); ++i) {
+        pace(rate, i, start);
+        idem::DeadLetterSelection one;
+        one.scope = letters[i].scope;
+        one.message_ids = {letters[i].message_id};
+        for (auto& entry : store.redrive(one, options).entries) {
+            if (entry.letter.id == letters[i].id) report.entries.push_back(std::move(entry));
+        }
+        progress.tick(i + 1);
+    }
+    const std::size_t failed = report.count(idem::RedriveStatus::failed);
+    if (c.json) {
+        std::string out = fmt::format("{{\"dry_run\":{},\"entries\":[", options.dry_run);
+        for (std::size_t i = 0; i < report.entries.size(); ++i) {
+            const auto& entry = report.entries[i];
+            out += fmt::format("{}{{\"entry\":{},\"scope\":{},\"message_id\":{},\"status\":{}",
+                               i ? "," : "", entry.letter.id, json_string(entry.letter.scope),
+                               json_string(entry.letter.message_id),
+                               json_string(idem::to_string(entry.status)));
+            if (entry.status == idem::RedriveStatus::processed_meanwhile) {
+                out +=
+                    fmt::format(",\"recorded\":{}", json_string(idem::to_string(entry.recorded)));
+            }
+            if (!entry.error.empty()) out += fmt::format(",\"error\":{}", json_string(entry.error));
+            out += "}";
+        }
+        fmt::print("{}]}}\n", out);
+    } else {
+        for (const auto& entry : report.entries) {
+            fmt::print("{:>6}  {}  {}  {}{}\n", entry.letter.id, entry.letter.scope,
+                       entry.letter.message_id, idem::to_string(entry.status),
+                       entry.error.empty() ? "" : ": " + entry.error);
+        }
+        fmt::print("{}: {} redriven, {} processed meanwhile, {} without a claim, {} failed\n",
+                   options.dry_run ? "dry run" : "redrive",
+                   report.count(idem::RedriveStatus::redriven),
+                   report.count(idem::RedriveStatus::processed_meanwhile),
+                   report.count(idem::RedriveStatus::no_claim), failed);
+    }
+    return failed ? exit_some_failed : exit_done;
+}
+
+int purge_letters(Context& c) {
+    const bool everything = c.args.flag("--everything");
+    const bool dry_run = c.args.flag("--dry-run");
+    const auto rate_text = c.args.value("--rate");
+    const double rate = rate_text ? parse_rate("--rate", *rate_text) : 0;
+    const idem::DeadLetterSelection selection = parse_selection(c.args);
+    c.args.finish();
+    if (selection_is_empty(selection) && !everything) {
+        throw usage_problem(
+            "dead-letters purge wants a selection (--scope, --id, --reason, --since, --before, "
+            "--limit) or --everything");
+    }
+    Store& store = c.store();
+    std::vector<idem::DeadLetter> purged;
+    if (rate == 0 || dry_run) {
+        purged = store.purge_dead_letters(selection, dry_run);
+    } else {
+        // One entry at a time: each call deletes the oldest entry the selection still takes.
+        const std::size_t total = store.dead_letters(selection).size();
+        idem::DeadLetterSelection oldest = selection;
+        oldest.limit = 1;
+        Progress progress("purged", total);
+        const auto start = std::chrono::steady_clock::now();
+        while (purged.size() < total) {
+            pace(rate, purged.size(), start);
+            auto letters = store.purge_dead_letters(oldest, false);
+            if (letters.empty()) break;
+            purged.push_back(std::move(letters.front()));
+            progress.tick(purged.size());
+        }
+    }
+    if (c.json) {
+        std::string out = fmt::format("{{\"dry_run\":{},\"purged\":[", dry_run);
+        for (std::size_t i = 0; i < purged.size(); ++i) {
+            out += (i ? "," : "") + letter_json(purged[i], false);
+        }
+        fmt::print("{}]}}\n", out);
+    } else {
+        for (const auto& letter : purged)
+            fmt::print("{}\n", letter_line(letter));
+        fmt::print("{} dead letter(s) {}\n", purged.size(), dry_run ? "would be purged" : "purged");
+    }
+    return exit_done;
+}
+
+int show_claim(Context& c) {
+    const auto scope = c.args.word();
+    const auto id = c.args.word();
+    if (!scope || !id) throw usage_problem("claims show wants SCOPE and ID");
+    c.args.finish();
+    const auto claim = c.store().find_claim(*scope, *id);
+    if (c.json) {
+        fmt::print("{}\n",
+                   claim ? fmt::format("{{\"scope\":{},\"message_id\":{},\"outcome\":{},"
+                                       "\"reason\":{},\"claimed_at\":{}}}",
+                                       json_string(claim->scope), json_string(claim->message_id),
+                                       json_string(idem::to_string(claim->disposition)),
+                                       json_string(claim->reason),
+                                       json_string(iso_time(claim->claimed_at)))
+                         : std::string("null"));
+    } else if (claim) {
+        fmt::print("{} {}: {} at {}{}\n", claim->scope, claim->message_id,
+                   idem::to_string(claim->disposition), iso_time(claim->claimed_at),
+                   claim->reason.empty() ? "" : " (" + claim->reason + ")");
+    } else {
+        fmt::print("no claim for {} in {}\n", *id, *scope);
+    }
+    return exit_done;
+}
+
+int purge_claims(Context& c) {
+    const auto age = c.args.value("--older-than");
+    if (!age) throw usage_problem("purge wants --older-than AGE (7d, 12h, ...)");
+    const Clock::duration older_than = parse_age("--older-than", *age);
+    idem::PurgeOptions options;
+    if (auto rows = c.args.value("--batch-rows")) {
+        options.batch_rows = static_cast<std::size_t>(parse_count("--batch-rows", *rows));
+        if (options.batch_rows == 0) throw usage_problem("--batch-rows wants at least 1");
+    }
+    if (auto rate = c.args.value("--rows-per-second")) {
+        options.max_rows_per_second = parse_rate("--rows-per-second", *rate);
+    }
+    if (auto budget = c.args.value("--time-budget")) {
+        options.time_budget = std::chrono::seconds(parse_count("--time-budget", *budget));
+    }
+    c.args.finish();
+    const idem::PurgeResult result = c.store().purge(older_than, options);
+    const double seconds = std::chrono::duration<double>(result.elapsed).count();
+    if (c.json) {
+        fmt::print(
+            "{{\"claims\":{},\"sent_intents\":{},\"expired_locks\":{},\"attempt_counts\":{},"
+            "\"batches\":{},\"complete\":{},\"seconds\":{:.3f}}}\n",
+            result.claims, result.sent_intents, result.expired_locks, result.attempt_counts,
+            result.batches, result.complete, seconds);
+    } else {
+        fmt::print(
+            "purged {} claims, {} sent intents, {} expired locks, {} attempt counts in {} "
+            "batches, {:.1f} s{}\n",
+            result.claims, result.sent_intents, result.expired_locks, result.attempt_counts,
+            result.batches, seconds, result.complete ? "" : " (stopped by its time budget)");
+    }
+    return exit_done;
+}
+
+int stats(Context& c) {
+    c.args.finish();
+    struct Counts {
+        std::size_t parked = 0;
+        std::size_t redriven = 0;
+    };
+    std::map<std::pair<std::string, std::string>, Counts> by_reason;
+    std::map<std::string, Counts> by_scope;
+    for (const auto& letter : c.store().dead_letters(idem::DeadLetterSelection{})) {
+        auto& reason = by_reason[{letter.scope, letter.reason}];
+        auto& scope = by_scope[letter.scope];
+        (letter.redriven_at ? reason.redriven : reason.parked) += 1;
+        (letter.redriven_at ? scope.redriven : scope.parked) += 1;
+    }
+    if (c.json) {
+        std::string out = "{\"scopes\":[";
+        bool first = true;
+        for (const auto& [scope, counts] : by_scope) {
+            out += fmt::format("{}{{\"scope\":{},\"parked\":{},\"redriven\":{}}}", first ? "" : ",",
+                               json_string(scope), counts.parked, counts.redriven);
+            first = false;
+        }
+        out += "],\"reasons\":[";
+        first = true;
+        for (const auto& [key, counts] : by_reason) {
+            out += fmt::format("{}{{\"scope\":{},\"reason\":{},\"parked\":{},\"redriven\":{}}}",
+                               first ? "" : ",", json_string(key.first), json_string(key.second),
+                               counts.parked, counts.redriven);
+            first = false;
+        }
+        fmt::print("{}]}}\n", out);
+    } else {
+        for (const auto& [key, counts] : by_reason) {
+            fmt::print("{:>8} parked {:>8} redriven  {}  {}\n", counts.parked, counts.redriven,
+                       key.first, key.second);
+        }
+        std::size_t parked = 0;
+        for (const auto& [scope, counts] : by_scope)
+            parked += counts.parked;
+        fmt::print("{} dead letter(s) parked in {} scope(s)\n", parked, by_scope.size());
+    }
+    return exit_done;
+}
+
+int run(std::vector<std::string> argv) {
+    Arguments args(std::move(argv));
+    const bool help = args.flag("--help") || args.flag("-h");
+    const bool json = args.flag("--json");
+    std::optional<std::string> url = args.value("--store");
+    const std::optional<std::string> first = args.word();
+    if (!first) {
+        std::fputs(general_usage, help ? stdout : stderr);
+        return help ? exit_done : exit_usage;
+    }
+    std::string name = *first;
+    if (name == "dead-letters" || name == "claims") {
+        const auto second = args.word();
+        if (!second) throw usage_problem(fmt::format("{} wants a command: see idem --help", name));
+        name += " " + *second;
+    }
+    const Verb* verb = nullptr;
+    for (const Verb& candidate : verbs) {
+        if (name == candidate.name) verb = &candidate;
+    }
+    if (!verb) throw usage_problem(fmt::format("unknown command '{}': see idem --help", name));
+    if (help) {
+        fmt::print("{}", verb->usage);
+        if (name == "dead-letters list" || name == "dead-letters redrive" ||
+            name == "dead-letters purge") {
+            fmt::print("{}", selection_usage);
+        }
+        return exit_done;
+    }
+    if (!url) {
+        if (const char* env = std::getenv("IDEM_STORE")) url = env;
+    }
+    if (!url || url->empty()) throw usage_problem("no store: give --store URL or set IDEM_STORE");
+
+    std::unique_ptr<Store> opened;
+    Context context{args, json, [&]() -> Store& {
+                        if (!opened) opened = open_store(*url);
+                        return *opened;
+                    }};
+    if (name == "dead-letters list") return list_letters(context);
+    if (name == "dead-letters show") return show_letters(context);
+    if (name == "dead-letters redrive") return redrive(context);
+    if (name == "dead-letters purge") return purge_letters(context);
+    if (name == "claims show") return show_claim(context);
+    if (name == "purge") return purge_claims(context);
+    return stats(context);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run(std::vector<std::string>(argv + 1, argv + argc));
+    } catch (const usage_problem& problem) {
+        std::fprintf(stderr, "idem: %s\n", problem.what());
+        return exit_usage;
+    } catch (const idem::usage_error& error) {
+        std::fprintf(stderr, "idem: %s\n", error.what());
+        return exit_usage;
+    } catch (const std::exception& error) {
+        std::fprintf(stderr, "idem: %s\n", error.what());
+        return exit_store;
+    }
+}
