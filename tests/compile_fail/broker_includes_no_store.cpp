@@ -1,6 +1,6 @@
 // expect: (conflicting declaration|redefinition)
 // needs: redis
-// A broker never includes a store header (DESIGN.md: "a broker never includes a store header"):
+// A broker never includes a store header (docs/architecture.md, "Which part may include which"):
 // idem/broker/redis_streams.hpp brings in no store, so idem::RedisStore (or any other store) is
 // not declared after including it, and this file may declare those names as something else. Had
 // the header included idem/store/redis.hpp (as it did before the commit hook), the alias below
