@@ -408,18 +408,18 @@ TEST_F(JetStreamTest, PoisonAtTheLimitIsPublishedToTheDeadLetterSubjectThenTermi
     ASSERT_EQ(letters.size(), 1u);
     const nats::Message& letter = letters[0];
     EXPECT_EQ(letter.data(), "order 42");
-    EXPECT_NE(std::string(letter.header("Idem-Reason").value_or("")).find("max_deliveries 3"),
+    EXPECT_NE(std::string(letter.header("idem-reason").value_or("")).find("max_deliveries 3"),
               std::string::npos)
-        << letter.header("Idem-Reason").value_or("");
-    EXPECT_EQ(letter.header("Idem-Scope"), "capture");
-    EXPECT_EQ(letter.header("Idem-Message-Id"), "order-42");
-    EXPECT_EQ(letter.header("Idem-Delivery-Count"), "3");
-    EXPECT_EQ(letter.header("Idem-Stream"), stream_);
-    EXPECT_EQ(letter.header("Idem-Stream-Sequence"), "1");
-    EXPECT_EQ(letter.header("Idem-Subject"), stream_ + ".orders");
+        << letter.header("idem-reason").value_or("");
+    EXPECT_EQ(letter.header("idem-scope"), "capture");
+    EXPECT_EQ(letter.header("idem-message-id"), "order-42");
+    EXPECT_EQ(letter.header("idem-delivery-count"), "3");
+    EXPECT_EQ(letter.header("idem-original-stream"), stream_);
+    EXPECT_EQ(letter.header("idem-original-sequence"), "1");
+    EXPECT_EQ(letter.header("idem-original-subject"), stream_ + ".orders");
     EXPECT_EQ(letter.header("Order"), "42");  // the original headers, JetStream's renamed
-    EXPECT_EQ(letter.header("Idem-Original-Nats-Msg-Id"), "order-42");
-    EXPECT_EQ(letter.header("Idem-Original-Nats-Expected-Stream"), stream_);
+    EXPECT_EQ(letter.header("idem-original-header-Nats-Msg-Id"), "order-42");
+    EXPECT_EQ(letter.header("idem-original-header-Nats-Expected-Stream"), stream_);
     EXPECT_EQ(store.dead_letters().size(), 1u);  // the store keeps its own copy
 
     std::lock_guard<std::mutex> lock(reports_mutex);
@@ -448,9 +448,9 @@ TEST_F(JetStreamTest, MessageWithoutItsIdHeaderIsDeadLetteredAsMalformedAndTermi
     EXPECT_EQ(ack_pending(), 0);
     const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 1u);
-    EXPECT_NE(std::string(letters[0].header("Idem-Reason").value_or("")).find("empty message id"),
+    EXPECT_NE(std::string(letters[0].header("idem-reason").value_or("")).find("empty message id"),
               std::string::npos)
-        << letters[0].header("Idem-Reason").value_or("");
+        << letters[0].header("idem-reason").value_or("");
     EXPECT_EQ(letters[0].data(), "order 7");
 }
 
@@ -501,8 +501,8 @@ TEST_F(JetStreamTest, TheDeadLetterCopyKeepsOnlyRedactedDataHeadersAndReason) {
     EXPECT_EQ(letter.data(), "order 7 card **** **** **** 1111");
     EXPECT_EQ(letter.header("Card"), "**** **** **** 1111");
     EXPECT_EQ(letter.header("Order"), "7");
-    EXPECT_EQ(letter.header("Idem-Reason").value_or("").find("4111 1111"), std::string::npos)
-        << letter.header("Idem-Reason").value_or("");
+    EXPECT_EQ(letter.header("idem-reason").value_or("").find("4111 1111"), std::string::npos)
+        << letter.header("idem-reason").value_or("");
 }
 
 // ---------------------------------------------------------------------------------------------

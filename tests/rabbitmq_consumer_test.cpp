@@ -353,6 +353,9 @@ TEST_F(RabbitConsumerTest, PoisonAtTheLimitGoesToTheDeadLetterExchangeConfirmedT
     EXPECT_EQ(header_text(letter, rmq::header_message_id), "order-9");
     EXPECT_EQ(letter.header_integer(rmq::header_delivery_count), std::optional<std::int64_t>(3));
     EXPECT_EQ(header_text(letter, rmq::header_queue), "poison");
+    // The same envelope names as on every broker (contract/dead_letter_envelope.hpp).
+    EXPECT_EQ(header_text(letter, "idem-original-queue"), "poison");
+    EXPECT_EQ(header_text(letter, "idem-message-id"), "order-9");
     EXPECT_EQ(header_text(letter, "tenant"), "mugshop");  // the original headers
     EXPECT_EQ(letter.header_integer("attempt-key"), std::optional<std::int64_t>(42));
 

@@ -99,13 +99,13 @@ class StreamBatchTest : public StreamConsumerTest {
         expect_letter(letters[0], "empty message id",
                       {{"idem-scope", scope},
                        {"idem-message-id", ""},
-                       {"idem-entry-id", b.malformed},
+                       {"idem-original-entry-id", b.malformed},
                        {"idem-delivery-count", "1"}},
                       malformed_fields);
         expect_letter(letters[1], "max_deliveries",
                       {{"idem-scope", scope},
                        {"idem-message-id", "4"},
-                       {"idem-entry-id", b.poison},
+                       {"idem-original-entry-id", b.poison},
                        {"idem-delivery-count", "3"}},
                       poison_fields);
     }
@@ -257,9 +257,9 @@ TEST_F(StreamBatchTest, RedisStoreBatchCommitParksEveryMalformedEntryOfTheBatch)
     EXPECT_EQ(counter("effects:1"), 1);
     const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 2u);
-    EXPECT_EQ(letters[0].meta.at("idem-entry-id"), first);
+    EXPECT_EQ(letters[0].meta.at("idem-original-entry-id"), first);
     EXPECT_EQ(letters[0].original, (Fields{{"customer", "1"}}));
-    EXPECT_EQ(letters[1].meta.at("idem-entry-id"), second);
+    EXPECT_EQ(letters[1].meta.at("idem-original-entry-id"), second);
     EXPECT_EQ(letters[1].original, (Fields{{"customer", "2"}}));
 }
 

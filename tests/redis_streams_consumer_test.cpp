@@ -311,7 +311,7 @@ TEST_F(StreamConsumerTest, RedisStoreAcksInTheCommitAndParksPoisonInTheSameCommi
         "attempt 2 (claims taken to run the effect, the store's count) reached max_deliveries 2",
         {{"idem-scope", "count"},
          {"idem-message-id", "8"},
-         {"idem-entry-id", poison_id},
+         {"idem-original-entry-id", poison_id},
          {"idem-delivery-count", "2"}},
         poison);
     ASSERT_EQ(store.dead_letters().size(), 1u);

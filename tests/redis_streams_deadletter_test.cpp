@@ -55,7 +55,8 @@ TEST_F(StreamConsumerTest, PoisonReachesTheDeadLetterStreamAtMaxDeliveriesAndIsA
     expect_letter(letters[0], "delivery count 5 (broker) reached max_deliveries 5",
                   {{"idem-scope", "capture"},
                    {"idem-message-id", id},
-                   {"idem-entry-id", id},
+                   {"idem-original-stream", "orders"},
+                   {"idem-original-entry-id", id},
                    {"idem-delivery-count", "5"}},
                   fields);
 
@@ -115,8 +116,8 @@ TEST_F(StreamConsumerTest, EntryWithoutTheIdFieldIsDeadLetteredAsMalformedAndAck
 
     const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 1u);
-    expect_letter(letters[0], "empty message id", {{"idem-message-id", ""}, {"idem-entry-id", id}},
-                  fields);
+    expect_letter(letters[0], "empty message id",
+                  {{"idem-message-id", ""}, {"idem-original-entry-id", id}}, fields);
     ASSERT_EQ(store.dead_letters().size(), 1u);
 }
 
@@ -398,9 +399,10 @@ TEST_F(StreamConsumerTest, DuplicateOfAParkedMessageStillReachesTheDeadLetterStr
         consumer.poll_once();
     const auto letters = dead_letters();
     ASSERT_EQ(letters.size(), 1u);  // exactly once
-    expect_letter(letters[0], "dead_lettered",
-                  {{"idem-scope", "capture"}, {"idem-message-id", id}, {"idem-entry-id", id}},
-                  fields);
+    expect_letter(
+        letters[0], "dead_lettered",
+        {{"idem-scope", "capture"}, {"idem-message-id", id}, {"idem-original-entry-id", id}},
+        fields);
     EXPECT_EQ(runs, 0);
     EXPECT_EQ(store.dead_letters().size(), 1u);
 }

@@ -85,7 +85,7 @@ class NatsRun final : public BrokerRun {
         return out;
     }
 
-    /// Each dead letter keeps the original's Nats-Msg-Id as Idem-Original-Nats-Msg-Id.
+    /// Each dead letter keeps the original's Nats-Msg-Id as idem-original-header-Nats-Msg-Id.
     std::map<long, std::string> dead_letters() override {
         std::map<long, std::string> out;
         const nats::StreamState dead = nats::stream_state(*connection_, dead_stream_name);
@@ -93,8 +93,8 @@ class NatsRun final : public BrokerRun {
              dead.messages != 0 && sequence <= dead.last_sequence; ++sequence) {
             const auto letter = nats::stream_message(*connection_, dead_stream_name, sequence);
             if (!letter) continue;
-            const auto id = letter->header("Idem-Original-Nats-Msg-Id");
-            const auto reason = letter->header("Idem-Reason");
+            const auto id = letter->header("idem-original-header-Nats-Msg-Id");
+            const auto reason = letter->header("idem-reason");
             out[id ? order_of_message_id(*id).value_or(0) : 0] =
                 reason ? std::string(*reason) : std::string();
         }

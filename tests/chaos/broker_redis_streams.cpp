@@ -128,7 +128,7 @@ class RedisStreamsRun final : public BrokerRun {
             long order = 0;
             std::string reason;
             for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
-                if (fields[i].str == (expecting() ? relayed_id_field() : "idem-entry-id"))
+                if (fields[i].str == (expecting() ? relayed_id_field() : "idem-original-entry-id"))
                     order = order_of(fields[i + 1].str).value_or(0);
                 if (fields[i].str == "idem-reason") reason = fields[i + 1].str;
             }

@@ -88,7 +88,7 @@ struct DeadLetterEntry {
 inline DeadLetterEntry split_dead_letter(const StreamEntry& entry) {
     DeadLetterEntry out;
     std::size_t i = 0;
-    for (; i < entry.fields.size() && i < 5; ++i) {
+    for (; i < entry.fields.size() && i < 6; ++i) {  // the envelope: six idem-* fields
         EXPECT_EQ(entry.fields[i].first.rfind("idem-", 0), 0u) << entry.fields[i].first;
         out.meta.insert(entry.fields[i]);
     }

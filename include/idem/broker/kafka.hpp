@@ -29,6 +29,7 @@
 #include "idem/broker/consumer_health.hpp"
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
+#include "idem/contract/dead_letter_envelope.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/contract/stored_offset.hpp"
 #include "idem/delivery.hpp"
@@ -393,14 +394,12 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
         }
         // The value and every original header value through the policy's redactor, when it has
         // one (a redactor that throws leaves the record unsettled); the reason is the handler's.
-        kafka::Headers headers{
-            {"idem-reason", reason},
-            {"idem-scope", dispatch().scope()},
-            {"idem-message-id", delivery.message_id},
-            {"idem-original-topic", body.topic},
-            {"idem-original-partition", std::to_string(body.partition)},
-            {"idem-original-offset", std::to_string(body.offset)},
-        };
+        // No delivery count: Kafka keeps none (the store counts the attempts).
+        kafka::Headers headers =
+            envelope::common_fields(reason, dispatch().scope(), delivery.message_id, {});
+        headers.emplace_back(envelope::original_topic, body.topic);
+        headers.emplace_back(envelope::original_partition, std::to_string(body.partition));
+        headers.emplace_back(envelope::original_offset, std::to_string(body.offset));
         for (const auto& [name, value] : body.headers)
             headers.emplace_back(name, dispatch().redact(value));
         const std::string topic =

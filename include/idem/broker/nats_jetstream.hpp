@@ -31,6 +31,7 @@
 #include "idem/broker/consumer_health.hpp"
 #include "idem/broker/redelivery_backoff.hpp"
 #include "idem/config.hpp"
+#include "idem/contract/dead_letter_envelope.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/handler.hpp"
@@ -194,9 +195,11 @@ inline Delivery jetstream_delivery(const nats::Metadata& meta,
 /// The delivery count is the message's NumDelivered (1, 2, 3 ...), the message id its
 /// id_field (Nats-Msg-Id by default) or its stream sequence. After the handler: an acking
 /// outcome is acked with AckSync, which waits for the server to confirm; a dead letter (or a
-/// duplicate of one) is first published to the dead-letter subject with headers Idem-Reason,
-/// Idem-Scope, Idem-Message-Id, Idem-Delivery-Count, Idem-Stream, Idem-Stream-Sequence and
-/// Idem-Subject plus the original headers (JetStream's own Nats-* ones renamed Idem-Original-*),
+/// duplicate of one) is first published to the dead-letter subject with the dead-letter
+/// envelope's headers (contract/dead_letter_envelope.hpp: idem-reason, idem-scope,
+/// idem-message-id, idem-delivery-count, idem-original-stream, idem-original-sequence,
+/// idem-original-subject) plus the original headers (JetStream's own Nats-* ones kept as
+/// idem-original-header-Nats-*),
 /// deduplicated by a Nats-Msg-Id of its own, and terminated only once its stream confirmed it.
 /// An outcome with a retry_after (deferred, or in_progress with the holder's remaining lease)
 /// is nacked with that delay; a failed one (or deferred without its own delay) with the
@@ -565,20 +568,17 @@ class JetStreamConsumer final : public broker::Consumer<JetStreamConsumer, JetSt
         // (PolicyOptions::redact_payload), when it has one; a redactor that throws
         // (redaction_failed) leaves the message unsettled. The reason is the handler's, which
         // redacts the texts it puts there.
-        nats::Headers headers{
-            {"Idem-Reason", reason},
-            {"Idem-Scope", dispatch().scope()},
-            {"Idem-Message-Id", delivery.message_id},
-            {"Idem-Delivery-Count", std::to_string(delivery.delivery_count.value())},
-            {"Idem-Stream", body.stream},
-            {"Idem-Stream-Sequence", std::to_string(body.stream_sequence)},
-            {"Idem-Subject", body.subject},
-        };
+        nats::Headers headers = envelope::common_fields(
+            reason, dispatch().scope(), delivery.message_id, delivery.delivery_count.value());
+        headers.emplace_back(envelope::original_stream, body.stream);
+        headers.emplace_back(envelope::original_sequence, std::to_string(body.stream_sequence));
+        headers.emplace_back(envelope::original_subject, body.subject);
         for (const auto& [name, value] : body.headers) {
             // JetStream acts on its own headers (Nats-Expected-Stream would refuse the publish,
             // Nats-Msg-Id would dedupe it against unrelated messages): kept under another name.
             if (name.rfind("Nats-", 0) == 0) {
-                headers.emplace_back("Idem-Original-" + name, dispatch().redact(value));
+                headers.emplace_back(envelope::original_header_prefix + name,
+                                     dispatch().redact(value));
             } else {
                 headers.emplace_back(name, dispatch().redact(value));
             }

@@ -21,6 +21,7 @@
 #include "idem/broker/consumer_health.hpp"
 #include "idem/broker/redelivery_backoff.hpp"
 #include "idem/config.hpp"
+#include "idem/contract/dead_letter_envelope.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/handler.hpp"
@@ -38,17 +39,18 @@ namespace rabbitmq {
     return message.body;
 }
 
-/// Headers idem writes on the messages it republishes (dead letters, delayed retries); this one:
-/// why it was republished (the outcome's reason).
-inline constexpr const char* header_reason = "x-idem-reason";
+/// Headers idem writes on the messages it republishes (dead letters, delayed retries): the
+/// dead-letter envelope's (contract/dead_letter_envelope.hpp), named here as before.
+/// Why it was republished (the outcome's reason).
+inline constexpr const char* header_reason = envelope::reason;
 /// The policy scope of the handler that republished it.
-inline constexpr const char* header_scope = "x-idem-scope";
+inline constexpr const char* header_scope = envelope::scope;
 /// The message id idem claimed it under.
-inline constexpr const char* header_message_id = "x-idem-message-id";
+inline constexpr const char* header_message_id = envelope::message_id;
 /// Its delivery count when it was republished (delivery_count_of()).
-inline constexpr const char* header_delivery_count = "x-idem-delivery-count";
+inline constexpr const char* header_delivery_count = envelope::delivery_count;
 /// The queue it was consumed from.
-inline constexpr const char* header_queue = "x-idem-queue";
+inline constexpr const char* header_queue = envelope::original_queue;
 /// On a delayed retry: the deliveries the message had before it was moved to the retry queue
 /// (a republished message starts a new x-delivery-count; this carries the old one over).
 inline constexpr const char* header_prior_deliveries = "x-idem-prior-deliveries";
@@ -146,8 +148,8 @@ struct RabbitConsumerOptions : broker::ConsumerOptions {
 ///   expires, with its count carried in x-idem-prior-deliveries. A delay of 0
 ///   (RedeliveryBackoff::none(), in_progress_delay 0): basic.nack with requeue.
 /// - Dead letters (and duplicates of dead-lettered messages): published to the dead-letter
-///   exchange with the reason (x-idem-reason, scope, message id, delivery count, queue) and the
-///   original properties and headers, the body through the policy's redactor if it has one,
+///   exchange with the dead-letter envelope (idem-reason, scope, message id, delivery count, queue)
+///   and the original properties and headers, the body through the policy's redactor if it has one,
 ///   waiting for the publisher confirm, and only then acked.
 /// - With RabbitConsumerOptions::handle_in_batches, each poll's deliveries go to an
 ///   IdempotentHandler's handle_batch() in one call, then each is settled as above, in order.

@@ -601,8 +601,8 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
     std::vector<std::string> dead_letter_eval(const StreamEntry& entry, const Delivery& delivery,
                                               const std::string& reason) const {
         std::vector<std::string> xadd = redis::stream_dead_letter_command(
-            options_.dead_letter, entry.id, redacted(entry.fields), reason, dispatch().scope(),
-            delivery.message_id, delivery.delivery_count.value());
+            options_.dead_letter, options_.stream, entry.id, redacted(entry.fields), reason,
+            dispatch().scope(), delivery.message_id, delivery.delivery_count.value());
         std::vector<std::string> command{"EVAL",
                                          redis::stream_dead_letter_ack_source,
                                          "2",
@@ -619,8 +619,8 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
     void dead_letter_and_ack(const StreamEntry& entry, const Delivery& delivery,
                              const std::string& reason) {
         std::vector<std::string> xadd = redis::stream_dead_letter_command(
-            options_.dead_letter, entry.id, redacted(entry.fields), reason, dispatch().scope(),
-            delivery.message_id, delivery.delivery_count.value());
+            options_.dead_letter, options_.stream, entry.id, redacted(entry.fields), reason,
+            dispatch().scope(), delivery.message_id, delivery.delivery_count.value());
         // XADD <key> * <fields...> → ARGV: group, entry id, <fields...>
         std::vector<std::string> args{options_.group, entry.id};
         args.insert(args.end(), std::make_move_iterator(xadd.begin() + 3),

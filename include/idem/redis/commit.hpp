@@ -107,9 +107,9 @@ inline std::vector<CommitHook*> one_hook_command(const TransactionState& tx, Com
         dead_letter_reason = &found->reason;
     }
     if (dead_letter_reason != nullptr) {  // never XACKed without its copy
-        out.add(stream_dead_letter_command(ack->dead_letter_destination(), ack->entry_id,
-                                           ack->fields, *dead_letter_reason, hook.scope,
-                                           hook.message_id, ack->delivery_count));
+        out.add(stream_dead_letter_command(ack->dead_letter_destination(), ack->stream,
+                                           ack->entry_id, ack->fields, *dead_letter_reason,
+                                           hook.scope, hook.message_id, ack->delivery_count));
     }
     out.add({"XACK", ack->stream, ack->group, ack->entry_id});
     return {&hook};
@@ -141,9 +141,9 @@ inline std::vector<CommitHook*> hook_commands(const TransactionState& tx, Comman
     auto add = [&](CommitHook& hook, const std::string* dead_letter_reason) {
         const StreamAck& ack = *hook.request_as<StreamAck>();
         if (dead_letter_reason != nullptr) {  // never XACKed without its copy
-            out.add(stream_dead_letter_command(ack.dead_letter_destination(), ack.entry_id,
-                                               ack.fields, *dead_letter_reason, hook.scope,
-                                               hook.message_id, ack.delivery_count));
+            out.add(stream_dead_letter_command(ack.dead_letter_destination(), ack.stream,
+                                               ack.entry_id, ack.fields, *dead_letter_reason,
+                                               hook.scope, hook.message_id, ack.delivery_count));
         }
         xacks.add({"XACK", ack.stream, ack.group, ack.entry_id});
         acked.push_back(&hook);

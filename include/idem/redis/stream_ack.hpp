@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "idem/config.hpp"
+#include "idem/contract/dead_letter_envelope.hpp"
 #include "idem/redis/endpoint.hpp"
 
 IDEM_BEGIN_NAMESPACE
@@ -76,28 +77,23 @@ struct StreamAck {
     }
 };
 
-/// The dead-letter stream entry of a stream message: why, where from, then its own fields.
+/// The dead-letter stream entry of a stream message: the envelope (why, whose, where from;
+/// contract/dead_letter_envelope.hpp), then the entry's own fields.
 inline std::vector<std::string> stream_dead_letter_command(
-    const std::string& dead_letter_stream, const std::string& entry_id,
+    const std::string& dead_letter_stream, std::string_view stream, const std::string& entry_id,
     const std::vector<std::pair<std::string, std::string>>& fields, std::string_view reason,
     std::string_view scope, std::string_view message_id, std::uint32_t delivery_count) {
-    std::vector<std::string> command{"XADD",
-                                     dead_letter_stream,
-                                     "*",
-                                     "idem-reason",
-                                     std::string(reason),
-                                     "idem-scope",
-                                     std::string(scope),
-                                     "idem-message-id",
-                                     std::string(message_id),
-                                     "idem-delivery-count",
-                                     std::to_string(delivery_count),
-                                     "idem-entry-id",
-                                     entry_id};
-    for (const auto& [name, value] : fields) {
-        command.push_back(name);
-        command.push_back(value);
-    }
+    std::vector<std::string> command{"XADD", dead_letter_stream, "*"};
+    auto add = [&](std::string name, std::string value) {
+        command.push_back(std::move(name));
+        command.push_back(std::move(value));
+    };
+    for (auto& [name, value] : envelope::common_fields(reason, scope, message_id, delivery_count))
+        add(std::move(name), std::move(value));
+    add(envelope::original_stream, std::string(stream));
+    add(envelope::original_entry_id, entry_id);
+    for (const auto& [name, value] : fields)
+        add(name, value);
     return command;
 }
 
