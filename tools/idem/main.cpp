@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "idem/contract/redrive.hpp"
+#include "idem/detail/json.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/store/sqlite.hpp"
@@ -293,35 +294,11 @@ bool selection_is_empty(const idem::DeadLetterSelection& selection) {
 // ---------------------------------------------------------------------------------------------
 // Output
 
+/// Strings are bytes: each byte outside printable ASCII is \u00XX (detail::append_json_bytes).
 std::string json_string(std::string_view text) {
-    std::string out = "\"";
-    for (const char c : text) {
-        const auto byte = static_cast<unsigned char>(c);
-        switch (c) {
-            case '"':
-                out += "\\\"";
-                break;
-            case '\\':
-                out += "\\\\";
-                break;
-            case '\n':
-                out += "\\n";
-                break;
-            case '\r':
-                out += "\\r";
-                break;
-            case '\t':
-                out += "\\t";
-                break;
-            default:
-                if (byte < 0x20 || byte == 0x7f) {
-                    out += fmt::format("\\u{:04x}", byte);
-                } else {
-                    out += c;
-                }
-        }
-    }
-    return out + "\"";
+    std::string out;
+    idem::detail::append_json_bytes(out, text);
+    return out;
 }
 
 std::string iso_time(Clock::time_point at) {

@@ -27,6 +27,7 @@
 #include "idem/contract/commit_hook.hpp"
 #include "idem/contract/time.hpp"
 #include "idem/delivery.hpp"
+#include "idem/detail/json.hpp"
 #include "idem/error.hpp"
 #include "idem/handler.hpp"
 #include "idem/outcome.hpp"
@@ -55,46 +56,6 @@ struct StreamEntry {
         return std::nullopt;
     }
 };
-
-namespace detail {
-
-/// A JSON string of raw bytes: every byte outside printable ASCII is \u00XX, so the text is
-/// plain ASCII (safe in logs and text columns) and maps back to exactly the original bytes.
-inline void append_json_bytes(std::string& out, std::string_view bytes) {
-    static constexpr char hex[] = "0123456789abcdef";
-    out += '"';
-    for (char ch : bytes) {
-        const auto c = static_cast<unsigned char>(ch);
-        switch (c) {
-            case '"':
-                out += "\\\"";
-                break;
-            case '\\':
-                out += "\\\\";
-                break;
-            case '\n':
-                out += "\\n";
-                break;
-            case '\r':
-                out += "\\r";
-                break;
-            case '\t':
-                out += "\\t";
-                break;
-            default:
-                if (c < 0x20 || c >= 0x7F) {
-                    out += "\\u00";
-                    out += hex[c >> 4];
-                    out += hex[c & 0x0F];
-                } else {
-                    out += ch;
-                }
-        }
-    }
-    out += '"';
-}
-
-}  // namespace detail
 
 /// @brief The bytes a dead letter keeps of a stream entry (found by ADL by the handler): its
 /// fields as a JSON array of [name, value] pairs, in order, e.g. `[["order","8814"]]`. An array
