@@ -337,6 +337,15 @@ std::string letter_json(const idem::DeadLetter& letter, bool with_payload) {
     return out + "}";
 }
 
+/// A JSON array of @p letters.
+std::string letters_json(const std::vector<idem::DeadLetter>& letters, bool with_payload) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < letters.size(); ++i) {
+        out += (i ? "," : "") + letter_json(letters[i], with_payload);
+    }
+    return out + "]";
+}
+
 std::string letter_line(const idem::DeadLetter& letter) {
     return fmt::format("{:>6}  {}  {}  {}  count {}{}  {}", letter.id, iso_time(letter.created_at),
                        letter.scope, letter.message_id, letter.delivery_count,
@@ -521,25 +530,27 @@ struct Context {
     std::function<Store&()> store;
 };
 
+/// The selected entries still parked (not redriven), oldest first; the limit counts those.
+std::vector<idem::DeadLetter> parked(Store& store, const idem::DeadLetterSelection& selection) {
+    idem::DeadLetterSelection unlimited = selection;
+    unlimited.limit = 0;
+    std::vector<idem::DeadLetter> out;
+    for (auto& letter : store.dead_letters(unlimited)) {
+        if (letter.redriven_at) continue;
+        if (selection.limit != 0 && out.size() >= selection.limit) break;
+        out.push_back(std::move(letter));
+    }
+    return out;
+}
+
 int list_letters(Context& c) {
     const bool all = c.args.flag("--all");
-    idem::DeadLetterSelection selection = parse_selection(c.args);
+    const idem::DeadLetterSelection selection = parse_selection(c.args);
     c.args.finish();
-    // Parked only: the limit counts parked entries, so it is applied here.
-    const std::size_t limit = selection.limit;
-    if (!all) selection.limit = 0;
-    std::vector<idem::DeadLetter> letters;
-    for (auto& letter : c.store().dead_letters(selection)) {
-        if (!all && letter.redriven_at) continue;
-        if (limit != 0 && letters.size() >= limit) break;
-        letters.push_back(std::move(letter));
-    }
+    const std::vector<idem::DeadLetter> letters =
+        all ? c.store().dead_letters(selection) : parked(c.store(), selection);
     if (c.json) {
-        std::string out = "{\"dead_letters\":[";
-        for (std::size_t i = 0; i < letters.size(); ++i) {
-            out += (i ? "," : "") + letter_json(letters[i], false);
-        }
-        fmt::print("{}]}}\n", out);
+        fmt::print("{{\"dead_letters\":{}}}\n", letters_json(letters, false));
     } else {
         for (const auto& letter : letters)
             fmt::print("{}\n", letter_line(letter));
@@ -561,11 +572,7 @@ int show_letters(Context& c) {
     const auto claim = store.find_claim(*scope, *id);
     const std::uint32_t attempts = store.attempts(*scope, *id);
     if (c.json) {
-        std::string out = "{\"dead_letters\":[";
-        for (std::size_t i = 0; i < letters.size(); ++i) {
-            out += (i ? "," : "") + letter_json(letters[i], true);
-        }
-        out += "],\"claim\":";
+        std::string out = "{\"dead_letters\":" + letters_json(letters, true) + ",\"claim\":";
         out += claim ? fmt::format("{{\"outcome\":{},\"reason\":{},\"claimed_at\":{}}}",
                                    json_string(idem::to_string(claim->disposition)),
                                    json_string(claim->reason),
@@ -587,19 +594,6 @@ int show_letters(Context& c) {
         fmt::print("attempts counted by the store: {}\n", attempts);
     }
     return exit_done;
-}
-
-/// The selected parked entries, oldest first, one per message (for paced work).
-std::vector<idem::DeadLetter> parked(Store& store, const idem::DeadLetterSelection& selection) {
-    idem::DeadLetterSelection unlimited = selection;
-    unlimited.limit = 0;
-    std::vector<idem::DeadLetter> out;
-    for (auto& letter : store.dead_letters(unlimited)) {
-        if (letter.redriven_at) continue;
-        if (selection.limit != 0 && out.size() >= selection.limit) break;
-        out.push_back(std::move(letter));
-    }
-    return out;
 }
 
 int redrive(Context& c) {
@@ -693,11 +687,7 @@ int purge_letters(Context& c) {
         }
     }
     if (c.json) {
-        std::string out = fmt::format("{{\"dry_run\":{},\"purged\":[", dry_run);
-        for (std::size_t i = 0; i < purged.size(); ++i) {
-            out += (i ? "," : "") + letter_json(purged[i], false);
-        }
-        fmt::print("{}]}}\n", out);
+        fmt::print("{{\"dry_run\":{},\"purged\":{}}}\n", dry_run, letters_json(purged, false));
     } else {
         for (const auto& letter : purged)
             fmt::print("{}\n", letter_line(letter));

@@ -17,7 +17,7 @@
 
 IDEM_BEGIN_NAMESPACE
 
-/// @brief The envelope's field and header names (docs/brokers.md, "Dead letters").
+/// @brief The envelope's field and header names (docs/brokers.md, "One vocabulary").
 namespace envelope {
 
 /// Why it was parked: the outcome's reason (the poison limit, malformed, a fingerprint
