@@ -1,6 +1,0 @@
-#pragma once
-/// @file
-/// @brief Deprecated: this header moved to idem/broker/redelivery_backoff.hpp (a part of the
-/// broker consumers). This path only includes it, for one release; include the new one.
-
-#include "idem/broker/redelivery_backoff.hpp"
