@@ -31,7 +31,7 @@
 
 #include "bench.hpp"
 #include "idem/idem.hpp"
-#include "idem/redis/keys.hpp"
+#include "idem/store/redis/keys.hpp"
 #include "idem/store/memory.hpp"
 #include "idem/store/mysql.hpp"
 #include "idem/store/postgres.hpp"

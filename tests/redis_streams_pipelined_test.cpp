@@ -6,7 +6,7 @@
 // redis-server killed mid-poll (the circuit breaker) leaves the held entry, the next one and the
 // unhandled ones pending until they come again (RedisStreamsPipelinedOutage).
 
-#include "idem/redis/record.hpp"
+#include "idem/store/redis/record.hpp"
 #include "idem/testing/redis_server.hpp"
 #include "support/redis_streams_test_env.hpp"
 

@@ -48,7 +48,7 @@
 #include "idem/observer.hpp"
 #include "idem/redis/cluster.hpp"
 #include "idem/redis/connection.hpp"
-#include "idem/redis/keys.hpp"
+#include "idem/store/redis/keys.hpp"
 #include "idem/store/mysql.hpp"
 #include "idem/store/redis.hpp"
 #include "idem/testing/mariadb_server.hpp"

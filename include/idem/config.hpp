@@ -21,7 +21,7 @@
 /// The same number as idem::sql::schema_version and each SQL store's `schema_version`.
 #define IDEM_SQL_SCHEMA_VERSION 4
 /// @brief Version of the layout of RedisStore's keys and claim records
-/// (idem/redis/record.hpp, keys.hpp); the same number as idem::RedisStore::schema_version.
+/// (idem/store/redis/record.hpp, keys.hpp); the same number as idem::RedisStore::schema_version.
 /// It is not written to Redis: a worker does not detect a record of another layout, so a change
 /// of it is a major version of idem (docs/compatibility.md).
 #define IDEM_REDIS_SCHEMA_VERSION 1

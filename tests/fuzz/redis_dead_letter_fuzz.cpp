@@ -1,4 +1,4 @@
-// The Redis store's dead letters as read back (idem/redis/admin.hpp: dead_letter_of(), the
+// The Redis store's dead letters as read back (idem/store/redis/admin.hpp: dead_letter_of(), the
 // decoder of one XRANGE entry of a dead-letter stream, and written_before(), their order). The
 // input is a hostile entry: any shape of reply (nested arrays, integers, nil) with any fields,
 // known names among them, and any values. Contract: decoding never throws and never overflows
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "fuzz_check.hpp"
-#include "idem/redis/admin.hpp"
+#include "idem/store/redis/admin.hpp"
 
 namespace {
 

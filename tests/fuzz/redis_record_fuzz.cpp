@@ -1,4 +1,4 @@
-// The Redis claim record (idem/redis/record.hpp) from hostile bytes: what find_claim(),
+// The Redis claim record (idem/store/redis/record.hpp) from hostile bytes: what find_claim(),
 // attempts() and purge read back from a key. Two inputs:
 //   * any bytes as a stored value: Record::decode() answers a record or nothing, never throws;
 //     a decoded record encodes back to a value that decodes to the same record; its `~<ms>`
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "fuzz_check.hpp"
-#include "idem/redis/record.hpp"
+#include "idem/store/redis/record.hpp"
 
 namespace {
 

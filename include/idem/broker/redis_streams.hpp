@@ -35,7 +35,6 @@
 #include "idem/redis/endpoint.hpp"
 #include "idem/redis/following_connection.hpp"
 #include "idem/redis/reply.hpp"
-#include "idem/redis/scripts.hpp"
 #include "idem/redis/stream_ack.hpp"
 
 IDEM_BEGIN_NAMESPACE

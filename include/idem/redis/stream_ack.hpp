@@ -2,7 +2,8 @@
 /// @file
 /// @brief idem::redis::StreamAck: the request of an idem::CommitHook asking a
 /// RedisStore's commit to ack a stream entry, and the dead-letter stream entry of a stream
-/// message. Shared by RedisStore's commit and the Redis Streams consumer. Link idem::redis.
+/// message, and the script that parks and acks one. Shared by RedisStore's commit and the Redis
+/// Streams consumer. Link idem::redis.
 
 #include <cstdint>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "idem/config.hpp"
 #include "idem/contract/dead_letter_envelope.hpp"
+#include "idem/redis/connection.hpp"
 #include "idem/redis/endpoint.hpp"
 
 IDEM_BEGIN_NAMESPACE
@@ -95,6 +97,20 @@ inline std::vector<std::string> stream_dead_letter_command(
     for (const auto& [name, value] : fields)
         add(name, value);
     return command;
+}
+
+/// The Redis Streams consumer's dead letter: KEYS[1] dead-letter stream, KEYS[2] stream. ARGV:
+/// group, entry id, then the XADD field/value pairs. A script rather than MULTI/EXEC: EXEC still
+/// runs the XACK when the XADD fails at run time (a dead-letter key of another type), which would
+/// ack an entry that was never parked. Here a failing XADD raises before the XACK.
+inline constexpr const char* stream_dead_letter_ack_source = R"(
+redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+return redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
+)";
+/// stream_dead_letter_ack_source as a Script (made once).
+inline const Script& stream_dead_letter_ack_script() {
+    static const Script script{"stream dead letter", stream_dead_letter_ack_source};
+    return script;
 }
 
 }  // namespace redis

@@ -16,12 +16,12 @@
 #include "idem/contract/commit_hook.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/error.hpp"
-#include "idem/redis/commit.hpp"
-#include "idem/redis/context.hpp"
-#include "idem/redis/record.hpp"
-#include "idem/redis/replication.hpp"
-#include "idem/redis/scripts.hpp"
-#include "idem/redis/transaction_state.hpp"
+#include "idem/store/redis/commit.hpp"
+#include "idem/store/redis/context.hpp"
+#include "idem/store/redis/record.hpp"
+#include "idem/store/redis/replication.hpp"
+#include "idem/store/redis/scripts.hpp"
+#include "idem/store/redis/transaction_state.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {

@@ -22,11 +22,11 @@
 #include "idem/contract/commit_hook.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/error.hpp"
-#include "idem/redis/context.hpp"
-#include "idem/redis/replication.hpp"
-#include "idem/redis/scripts.hpp"
+#include "idem/store/redis/context.hpp"
+#include "idem/store/redis/replication.hpp"
+#include "idem/store/redis/scripts.hpp"
 #include "idem/redis/stream_ack.hpp"
-#include "idem/redis/transaction_state.hpp"
+#include "idem/store/redis/transaction_state.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {

@@ -18,9 +18,9 @@
 #include "idem/config.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/error.hpp"
-#include "idem/redis/context.hpp"
-#include "idem/redis/record.hpp"
-#include "idem/redis/scripts.hpp"
+#include "idem/store/redis/context.hpp"
+#include "idem/store/redis/record.hpp"
+#include "idem/store/redis/scripts.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {

@@ -17,8 +17,8 @@
 #include "idem/config.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/error.hpp"
-#include "idem/redis/context.hpp"
-#include "idem/redis/transaction_state.hpp"
+#include "idem/store/redis/context.hpp"
+#include "idem/store/redis/transaction_state.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {

@@ -453,23 +453,3 @@ inline const Script& purge_locks_script() {
 
 }  // namespace redis
 IDEM_END_NAMESPACE
-
-IDEM_BEGIN_NAMESPACE
-namespace redis {
-
-/// The Redis Streams consumer's dead letter: KEYS[1] dead-letter stream, KEYS[2] stream. ARGV:
-/// group, entry id, then the XADD field/value pairs. A script rather than MULTI/EXEC: EXEC still
-/// runs the XACK when the XADD fails at run time (a dead-letter key of another type), which would
-/// ack an entry that was never parked. Here a failing XADD raises before the XACK.
-inline constexpr const char* stream_dead_letter_ack_source = R"(
-redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
-return redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
-)";
-/// stream_dead_letter_ack_source as a Script (made once).
-inline const Script& stream_dead_letter_ack_script() {
-    static const Script script{"stream dead letter", stream_dead_letter_ack_source};
-    return script;
-}
-
-}  // namespace redis
-IDEM_END_NAMESPACE

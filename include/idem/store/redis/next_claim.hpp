@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "idem/config.hpp"
-#include "idem/redis/claims.hpp"
-#include "idem/redis/commit.hpp"
-#include "idem/redis/context.hpp"
-#include "idem/redis/replication.hpp"
-#include "idem/redis/transaction_state.hpp"
+#include "idem/store/redis/claims.hpp"
+#include "idem/store/redis/commit.hpp"
+#include "idem/store/redis/context.hpp"
+#include "idem/store/redis/replication.hpp"
+#include "idem/store/redis/transaction_state.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {
