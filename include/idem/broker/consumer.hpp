@@ -2,12 +2,12 @@
 /// @file
 /// @brief broker::Consumer: the base every broker consumer is written on (the spdlog
 /// `base_sink` way, by CRTP, so the per-message path makes no virtual call). The base owns the
-/// loop (poll_once, run, stop, the backoff after an error), the options every adapter shares
-/// (ConsumerOptions), the circuit breaker and store probe, health reports, the single, batch and
-/// pipelined handle paths, the one decision of what an outcome does at the broker
-/// (settlement_of) and the counters behind ConsumerStats. An adapter supplies reading, the
-/// mapping of a raw delivery to an idem::Delivery and its body, settling and health (see
-/// Consumer). Includes no store and no client library.
+/// loop (poll_once, run, stop, the backoff after an error), the circuit breaker and store probe,
+/// health reports, the single, batch and pipelined handle paths and the one decision of what an
+/// outcome does at the broker (settlement_of); its options are in consumer_options.hpp, its
+/// counters in consumer_stats.hpp. An adapter supplies reading, the mapping of a raw delivery to
+/// an idem::Delivery and its body, settling and health (see Consumer). Includes no store and no
+/// client library.
 
 #include <algorithm>
 #include <atomic>
@@ -16,18 +16,15 @@
 #include <exception>
 #include <functional>
 #include <optional>
-#include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "idem/broker/circuit_breaker.hpp"
-#include "idem/broker/consumer_health.hpp"
+#include "idem/broker/consumer_options.hpp"
+#include "idem/broker/consumer_stats.hpp"
 #include "idem/broker/dispatch.hpp"
-#include "idem/broker/redelivery_backoff.hpp"
 #include "idem/broker/settlement.hpp"
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
@@ -37,82 +34,6 @@
 
 IDEM_BEGIN_NAMESPACE
 namespace broker {
-
-/// @brief What a consumer has done so far (a snapshot). The same fields, with the same
-/// meaning, on every adapter.
-struct ConsumerStats {
-    std::size_t read = 0;             ///< first deliveries (delivery count 1) handed to the handler
-    std::size_t redelivered = 0;      ///< deliveries that came again (delivery count above 1)
-    std::size_t acked = 0;            ///< settled for good, by the consumer or in the commit
-    std::size_t dead_lettered = 0;    ///< of those, sent to the dead-letter destination first
-    std::size_t not_acked = 0;        ///< left for redelivery: failed, deferred or in_progress
-    std::size_t acked_in_commit = 0;  ///< acked by the store's commit itself (commit hook)
-    std::size_t connection_errors = 0;  ///< broker (or its Redis) unreachable or timed out
-    std::size_t circuit_opened = 0;     ///< times reading paused: the handler's store unreachable
-    std::size_t store_probes = 0;       ///< probes of the store while paused (successful included)
-};
-
-/// @brief The options every adapter's options inherit, under the same names with the same
-/// meaning (docs/brokers.md has them in one table, broker by broker).
-struct ConsumerOptions {
-    /// Deliveries read per poll, at most (with handle_in_batches: handled together).
-    std::size_t batch_size = 16;
-    /// How long a read waits for messages; also how long run() may take to notice
-    /// request_stop().
-    std::chrono::milliseconds poll_wait{1000};
-    /// How long a delivery stays with this consumer before the broker gives it to another.
-    /// Keep it above the handler's p99; a lease store's lease must not exceed it.
-    std::chrono::milliseconds visibility_timeout{30000};
-    /// How long a delivery that was not acked waits before its next delivery, growing with its
-    /// delivery count. RedeliveryBackoff::none(): the broker's own clock.
-    RedeliveryBackoff redelivery_backoff{};
-    /// The field or header carrying a producer-set message id (a business id, so a message
-    /// sent twice is claimed once). Empty: the broker's own id. A delivery without it gets an
-    /// empty id, which an IdempotentHandler dead-letters as malformed.
-    std::string id_field{};
-    /// Where dead letters go. Empty: `<source>.dead-letters` (see each adapter).
-    std::string dead_letter{};
-    /// Create the broker objects this consumer needs on start (group, queue, consumer) when
-    /// they do not exist.
-    bool declare = true;
-    /// Handle each poll's deliveries together: an IdempotentHandler gets them in ONE
-    /// handle_batch() call (one store transaction, each message in its own savepoint), then
-    /// each is settled. The lease and the visibility timeout must then cover a whole batch,
-    /// and a stop waits for the batch in hand. Off: one at a time.
-    bool handle_in_batches = false;
-    /// Told about each error run() recovers from before it backs off and retries; for logs.
-    /// What it throws is ignored. Empty: only counted.
-    std::function<void(const std::exception&)> on_error{};
-    /// The pause while the handler's store is unreachable: after an outcome failed with
-    /// Outcome::store_unreachable() the consumer stops reading (the rest of the poll stays
-    /// unsettled), waits and probes the store, and reads again only once a probe succeeds. So
-    /// delivery counts do not grow during an outage.
-    CircuitBreakerOptions circuit_breaker{};
-    /// How to probe a plain handler's store (throw while unreachable). Empty: no probe, one
-    /// initial_backoff pause after each such outcome. An IdempotentHandler's store is probed
-    /// with idem::probe_store (its ping(), else a transaction begun and rolled back).
-    std::function<void()> store_probe{};
-    /// Receives a ConsumerHealth report after a poll, at most once per health_interval (each
-    /// may cost the adapter a round trip). Empty: none. E.g. PrometheusObserver's health_sink().
-    HealthSink on_health{};
-    /// The least time between two on_health reports.
-    std::chrono::milliseconds health_interval{1000};
-};
-
-/// @brief A delivery the consumer settles after the handler: where it is in the poll, its
-/// body, delivery and outcome, and what settlement_of() decided.
-template <class Message>
-struct ToSettle {
-    std::size_t index = 0;  ///< its place in the poll's batch
-    /// Its body, in the poll's batch (or the moved bodies).
-    const Message* message = nullptr;
-    /// What the handler was given.
-    Delivery delivery{};
-    /// What the handler returned.
-    Outcome outcome{};
-    /// What settlement_of() decided for the outcome.
-    Settlement settlement{};
-};
 
 /// @brief The base of a broker consumer. @p Adapter derives from it (CRTP) and befriends it;
 /// @p Options derives from ConsumerOptions; @p Raw is a delivery as the adapter read it;
@@ -139,42 +60,11 @@ struct ToSettle {
 ///   must outlive the call. What cannot be read is left unknown, or thrown (reported through
 ///   on_error, no report this time).
 ///
-/// Optional hooks, the base's default in brackets:
-///
-/// - `CommitHook commit_hook_of(const Raw&, const Delivery&) const`: called only when built
-///   with acks_in_commit: the request asking the store's commit to settle this delivery. [none]
-/// - `void settle_all(std::vector<Raw>&, std::vector<ToSettle<Message>>&)`: settle many in one
-///   round trip, counting each with count(). [settle() each, in order]
-/// - `void unhandled(std::vector<Raw>&, std::size_t from)`: the deliveries from `from` on were
-///   read but not handled (a stop, the store away): keep them for the next read, or leave them
-///   to the broker's redelivery. [nothing]
-/// - `void handling(Raw* first, std::size_t count)`, `void handled()`: around the handler's
-///   call for those deliveries (e.g. a heartbeat that keeps them). [nothing]
-/// - `bool pipelines() const`: true to handle one at a time through the handler's
-///   PipelinedLoop when its store pipelines (a commit sent with the next claim). [false]
-/// - `std::optional<std::chrono::milliseconds> in_progress_delay() const`: the redelivery delay
-///   of an in_progress outcome without a retry_after. [nothing: the broker's clock]
-/// - `bool blocked(const Raw&)`: true when a delivery of the poll must wait (one before it in
-///   its partition is being delivered again, and order is kept): not handled, not settled, not
-///   counted; the adapter reads it again later. One at a time only. [false]
-/// - `void settled_in_commit(Raw&, const Outcome&)`: the store's commit settled it (the commit
-///   hook was done). [nothing]
-/// - `bool commit_publishes_dead_letters() const`: whether a commit that did the hook of a
-///   dead-lettered message also delivered its dead letter (a Redis stream's XADD in the commit).
-///   False for a hook that only moves a read position: the adapter then publishes the copy.
-///   [true]
-/// - `void idle(std::chrono::milliseconds)`: how the consumer waits between two probes of its
-///   store while the circuit breaker is open (e.g. pause every partition and keep serving the
-///   group's callbacks). [sleep, returning early on request_stop()]
-///
-/// A broker without a delivery count that settles by committing offsets in order (Kafka,
-/// KafkaConsumer) fits the same hooks: delivery_of() says DeliveryCounter::store (the store
-/// counts attempts); settle() for an ack marks the record's offset done, and the adapter
-/// commits per partition the offset after the last one done; a dead letter is produced and
-/// confirmed before its offset counts as done; a redeliver pauses the partition and seeks back
-/// to the record (resuming after settlement.delay), and blocked() holds back the records after
-/// it that the poll already read; unhandled() seeks each partition back to its first unhandled
-/// record.
+/// Optional hooks, each with a default in the base that says what it is for: commit_hook_of,
+/// settle_all, unhandled, handling and handled, pipelines, in_progress_delay, blocked,
+/// settled_in_commit, commit_publishes_dead_letters and idle. A broker without a delivery count
+/// that settles by committing offsets in order (KafkaConsumer) fits the same hooks: kafka.hpp
+/// says how.
 ///
 /// poll_once() and run() belong to one thread at a time; request_stop(), stop_requested() and
 /// stats() may be called from any thread (request_stop() also from a signal handler).
@@ -232,18 +122,7 @@ class Consumer {
     /// @brief A snapshot of the counters (relaxed loads: each field is exact, the set is not taken
     /// atomically). Safe from any thread.
     [[nodiscard]] ConsumerStats stats() const noexcept {
-        ConsumerStats s;
-        s.read = read_.load(std::memory_order_relaxed);
-        s.redelivered = redelivered_.load(std::memory_order_relaxed);
-        s.acked = acked_.load(std::memory_order_relaxed);
-        s.dead_lettered = dead_lettered_.load(std::memory_order_relaxed);
-        s.not_acked = not_acked_.load(std::memory_order_relaxed);
-        s.acked_in_commit = acked_in_commit_.load(std::memory_order_relaxed);
-        s.connection_errors = connection_errors_.load(std::memory_order_relaxed);
-        const CircuitBreakerStats breaker = breaker_.stats();
-        s.circuit_opened = breaker.opened;
-        s.store_probes = breaker.probes;
-        return s;
+        return counters_.snapshot(breaker_.stats());
     }
 
     /// @brief The options in use (defaults filled in).
@@ -253,7 +132,7 @@ class Consumer {
     [[nodiscard]] bool acks_in_commit() const noexcept { return acks_in_commit_; }
 
   protected:
-    /// @p options are validated already (validate_common() and the adapter's own checks).
+    /// @p options are validated already (validate_consumer_options() and the adapter's own).
     Consumer(Options options, Dispatch<Message> dispatch, bool acks_in_commit = false)
         : options_(std::move(options)),
           dispatch_(std::move(dispatch)),
@@ -261,26 +140,6 @@ class Consumer {
           breaker_(options_.circuit_breaker, probe_of(dispatch_, options_),
                    [this](std::chrono::milliseconds d) { adapter().idle(d); }) {}
     ~Consumer() = default;
-
-    /// The checks of the shared options; @p who names the consumer in the message.
-    /// @throws usage_error saying which value and why.
-    static void validate_common(const ConsumerOptions& options, std::string_view who) {
-        auto refuse = [&](std::string_view why) {
-            throw usage_error(fmt::format("{}: {}", who, why));
-        };
-        if (options.batch_size == 0) refuse("batch_size is 0; read at least 1 message per poll");
-        if (options.poll_wait.count() <= 0) {
-            refuse(
-                "poll_wait must be positive (e.g. 1000 ms); 0 would make a read wait forever or "
-                "never, and run() could not stop");
-        }
-        if (options.visibility_timeout.count() <= 0) {
-            refuse(
-                "visibility_timeout must be positive: choose it above the handler's p99 (e.g. "
-                "30000 ms)");
-        }
-        options.redelivery_backoff.validate(who);
-    }
 
     /// What @p outcome of @p delivery does at the broker when the consumer settles it.
     [[nodiscard]] Settlement settlement_of(const Outcome& outcome,
@@ -290,15 +149,7 @@ class Consumer {
 
     /// Counts one settled delivery: an ack (a dead letter's too), or left for redelivery.
     void count(Settlement::Kind kind, bool in_commit = false) noexcept {
-        if (kind == Settlement::Kind::redeliver) {
-            not_acked_.fetch_add(1, std::memory_order_relaxed);
-            return;
-        }
-        acked_.fetch_add(1, std::memory_order_relaxed);
-        if (in_commit) acked_in_commit_.fetch_add(1, std::memory_order_relaxed);
-        if (kind == Settlement::Kind::dead_letter_then_ack) {
-            dead_lettered_.fetch_add(1, std::memory_order_relaxed);
-        }
+        counters_.settled(kind, in_commit);
     }
 
     /// Tells options.on_error; never throws.
@@ -324,37 +175,47 @@ class Consumer {
     /// How the handler is called (for an adapter that must know whether it batches or pipelines).
     [[nodiscard]] const Dispatch<Message>& dispatch() const noexcept { return dispatch_; }
 
-    // The optional hooks' defaults (see the class comment).
-    /// Hook default: no commit hook request (an adapter whose store can settle in the commit
-    /// overrides it).
+    // The optional hooks' defaults: an adapter that defines one of these replaces it.
+    /// Hook, called only when built with acks_in_commit: the request asking the store's commit
+    /// to settle this delivery. Default: none.
     CommitHook commit_hook_of(const Raw&, const Delivery&) const { return CommitHook{}; }
-    /// Hook default: settle() each of @p settling in order, counting each.
+    /// Hook: settle many in one round trip, counting each with count(). Default: settle() each
+    /// of @p settling in order.
     void settle_all(std::vector<Raw>& batch, std::vector<ToSettle<Message>>& settling) {
         for (ToSettle<Message>& s : settling) {
             count(
                 adapter().settle(batch[s.index], *s.message, s.delivery, s.outcome, s.settlement));
         }
     }
-    /// Hook default: deliveries read but not handled are left to the broker's redelivery.
-    void unhandled(std::vector<Raw>&, std::size_t) {}
-    /// Hook default: nothing before the handler's call (see handled()).
-    void handling(Raw*, std::size_t) {}
-    /// Hook default: nothing after the handler's call (see handling()).
+    /// Hook: the deliveries from `from` on were read but not handled (a stop, the store away):
+    /// keep them for the next read, or leave them to the broker. Default: left to the broker.
+    void unhandled(std::vector<Raw>&, std::size_t /*from*/) {}
+    /// Hook, with handled(): around the handler's call for those deliveries (e.g. a heartbeat
+    /// that keeps them). Default: nothing.
+    void handling(Raw* /*first*/, std::size_t /*count*/) {}
+    /// Hook: after the handler's call (see handling()). Default: nothing.
     void handled() {}
-    /// Hook default: no pipelining; one delivery at a time through the plain handle path.
+    /// Hook: true to handle one at a time through the handler's PipelinedLoop when its store
+    /// pipelines (a commit sent with the next claim). Default: false.
     [[nodiscard]] bool pipelines() const noexcept { return false; }
-    /// Hook default: an in_progress outcome without a retry_after waits for the broker's clock.
+    /// Hook: the redelivery delay of an in_progress outcome without a retry_after. Default:
+    /// none, the broker's clock.
     [[nodiscard]] std::optional<std::chrono::milliseconds> in_progress_delay() const noexcept {
         return std::nullopt;
     }
-    /// Hook default: no delivery of a poll waits for another.
+    /// Hook: true when a delivery of the poll must wait (one before it in its partition is
+    /// delivered again, and order is kept): not handled, settled or counted; the adapter reads
+    /// it again later. One at a time only. Default: false.
     [[nodiscard]] bool blocked(const Raw&) const noexcept { return false; }
-    /// Hook default: nothing to do once the store's commit settled a delivery.
+    /// Hook: the store's commit settled it (the commit hook was done). Default: nothing.
     void settled_in_commit(Raw&, const Outcome&) {}
-    /// Hook default: a commit that did a dead letter's hook also published its dead letter.
+    /// Hook: whether a commit that did a dead-lettered message's hook also delivered its dead
+    /// letter (a Redis stream's XADD in the commit); false for a hook that only moves a read
+    /// position, and the adapter publishes the copy. Default: true.
     [[nodiscard]] bool commit_publishes_dead_letters() const noexcept { return true; }
-    /// Hook default: the wait between two store probes is a sleep that returns early on
-    /// request_stop().
+    /// Hook: how the consumer waits between two probes of its store while the circuit breaker
+    /// is open (e.g. pause every partition and keep serving the group). Default: a sleep that
+    /// returns early on request_stop().
     void idle(std::chrono::milliseconds duration) { sleep_unless_stopped(duration); }
 
     /// True while the circuit breaker is open (the handler's store found unreachable).
@@ -410,13 +271,13 @@ class Consumer {
         try {
             return poll();
         } catch (const store_unavailable&) {
-            connection_errors_.fetch_add(1, std::memory_order_relaxed);
+            counters_.connection_error();
             throw;
         } catch (const store_timeout&) {
-            connection_errors_.fetch_add(1, std::memory_order_relaxed);
+            counters_.connection_error();
             throw;
         } catch (const broker_unavailable&) {
-            connection_errors_.fetch_add(1, std::memory_order_relaxed);
+            counters_.connection_error();
             throw;
         }
     }
@@ -613,13 +474,7 @@ class Consumer {
         return handled;
     }
 
-    void count_delivery(const Delivery& delivery) noexcept {
-        if (delivery.delivery_count.value() > 1) {
-            redelivered_.fetch_add(1, std::memory_order_relaxed);
-        } else {
-            read_.fetch_add(1, std::memory_order_relaxed);
-        }
-    }
+    void count_delivery(const Delivery& delivery) noexcept { counters_.delivered(delivery); }
 
     static const std::vector<Message>& messages_of(const std::vector<Raw>& batch,
                                                    const std::vector<Message>& moved) noexcept {
@@ -637,13 +492,7 @@ class Consumer {
     CircuitBreaker breaker_;  ///< after options_ and dispatch_: built from both
     std::atomic<bool> stop_{false};
     std::chrono::steady_clock::time_point last_health_{};
-    std::atomic<std::size_t> read_{0};
-    std::atomic<std::size_t> redelivered_{0};
-    std::atomic<std::size_t> acked_{0};
-    std::atomic<std::size_t> dead_lettered_{0};
-    std::atomic<std::size_t> not_acked_{0};
-    std::atomic<std::size_t> acked_in_commit_{0};
-    std::atomic<std::size_t> connection_errors_{0};
+    ConsumerCounters counters_;
 };
 
 }  // namespace broker

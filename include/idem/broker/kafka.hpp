@@ -183,7 +183,7 @@ class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumer
     static KafkaConsumerOptions validated(KafkaConsumerOptions options, bool store_keeps_offsets) {
         const std::string who = fmt::format("idem::KafkaConsumer(\"{}\")", options.group);
         kafka::detail::check_topics(options, who);
-        validate_common(options, who);
+        broker::validate_consumer_options(options, who);
         kafka::detail::check_offsets(options, store_keeps_offsets, who);
         return options;
     }

@@ -368,7 +368,7 @@ class JetStreamConsumer final : public broker::Consumer<JetStreamConsumer, JetSt
         if (options.durable.find('.') != std::string::npos) {
             refuse("options.durable contains '.', which JetStream refuses in a consumer name");
         }
-        validate_common(options, who);
+        broker::validate_consumer_options(options, who);
         if (options.dead_letter.empty()) {
             options.dead_letter = "idem.dead-letters." + options.stream + "." + options.durable;
         }

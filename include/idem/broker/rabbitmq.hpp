@@ -270,7 +270,7 @@ class RabbitConsumer final
                 "at least batch_size, or lower batch_size",
                 options.prefetch, options.batch_size));
         }
-        validate_common(options, who);
+        broker::validate_consumer_options(options, who);
         if (options.in_progress_delay.count() < 0) refuse("in_progress_delay is negative");
         if (options.dead_letter.empty()) options.dead_letter = options.queue + ".dead-letters";
         if (options.dead_letter_routing_key.empty())

@@ -272,7 +272,7 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
                 "options.consumer is empty; name this consumer, unique per running instance (e.g. "
                 "host and pid), so the group knows who holds what");
         }
-        validate_common(options, who);
+        broker::validate_consumer_options(options, who);
         if (options.poll_wait >= endpoint.command_timeout) {
             refuse(fmt::format(
                 "poll_wait ({} ms) must be shorter than the endpoint's command_timeout ({} ms), or "

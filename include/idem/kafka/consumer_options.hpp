@@ -14,7 +14,7 @@
 
 #include <fmt/format.h>
 
-#include "idem/broker/consumer.hpp"
+#include "idem/broker/consumer_options.hpp"
 #include "idem/config.hpp"
 #include "idem/error.hpp"
 #include "idem/kafka/config.hpp"
