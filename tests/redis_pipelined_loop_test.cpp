@@ -313,6 +313,39 @@ TEST_F(PipelinedLoopTest, ALocalEffectTakesTheOneStepPathUnlessAskedToPipeline) 
     EXPECT_EQ(applied("p-1"), 1);
 }
 
+// A broker without a count (DeliveryCounter::store): the loop hands such a delivery to the
+// handler's own path, which counts its attempt (AttemptRunner::counted) and settles it at once,
+// so an effect that fails every time is parked at the poison limit as with handle().
+TEST_F(PipelinedLoopTest, AStoreCountedDeliveryTakesTheHandlersPathAndMeetsThePoisonLimit) {
+    idem::PolicyOptions options;
+    options.max_deliveries = 3;
+    int runs = 0;
+    auto handler = idem::make_handler(store(), idem::Policy{"orders", options},
+                                      [&](auto& tx, const std::string& id) {
+                                          ++runs;
+                                          if (id == "bad") throw std::runtime_error("gateway away");
+                                          tx.write("HINCRBY", "applied", id, 1);
+                                      });
+    idem::PipelinedLoop<decltype(handler)> loop(handler);
+    EXPECT_TRUE(loop.handle(Delivery{"good", 1u}, std::string("good"), "good").empty());
+    EXPECT_TRUE(loop.holding());  // a broker-counted delivery is pipelined
+    Delivery bad{"bad", 1u};
+    bad.counted_by = idem::DeliveryCounter::store;
+    // The held commit goes first, then the store-counted delivery settles in the same call.
+    EXPECT_EQ(tags(loop.handle(bad, std::string("bad"), "bad")),
+              (std::vector<std::string>{"good:processed", "bad:failed"}));
+    EXPECT_FALSE(loop.holding());
+    EXPECT_EQ(tags(loop.handle(bad, std::string("bad"), "bad")),
+              std::vector<std::string>{"bad:failed"});
+    const auto parked = loop.handle(bad, std::string("bad"), "bad");
+    ASSERT_EQ(tags(parked), std::vector<std::string>{"bad:dead_lettered"});
+    EXPECT_NE(parked[0].outcome.reason.find("attempt 3"), std::string::npos)
+        << parked[0].outcome.reason;
+    EXPECT_EQ(runs, 3);  // good once, bad twice: the third attempt is parked without running
+    EXPECT_EQ(applied("good"), 1);
+    EXPECT_EQ(applied("bad"), 0);
+}
+
 TEST(PipelinedLoopOnOtherStores, SettlesEachMessageAtOnce) {
     idem::MemoryStore store;
     auto handler =

@@ -2,7 +2,7 @@
 /// @file
 /// @brief IdempotentHandler: wraps a user's effect so each message has its effect exactly once.
 ///
-/// The face: handle() and handle_batch() run each message through one attempt pipeline
+/// The face: handle() and handle_batch() run each message through one attempt runner
 /// (handler/attempt.hpp: claim → fingerprint → poison → effect → settle, after the delivery
 /// was validated); alone (handler/single.hpp, with handler/claim_and_commit.hpp for a local
 /// effect) and in a batch (handler/batch.hpp) differ only in their strategy
@@ -51,13 +51,16 @@ IDEM_BEGIN_NAMESPACE
 /// A handler is movable (e.g. into a std::vector; its counters move with it) but not copyable.
 /// It must not be moved while another thread uses it, nor after a StreamConsumer was built on it
 /// (the consumer keeps a reference).
+template <class Handler, class Tag>
+class PipelinedLoop;  // broker/pipeline.hpp
+
 template <class Store, class Effect>
 class IdempotentHandler {
     static_assert(check_store<Store>(), "idem: Store does not fit (see above)");
 
   public:
     /// The store's transaction, as the effect receives it.
-    using Transaction = typename detail::AttemptPipeline<Store, Effect>::Transaction;
+    using Transaction = typename detail::AttemptRunner<Store, Effect>::Transaction;
     using EffectType = Effect;  ///< the effect, as given
     using StoreType = Store;    ///< the store, as given
 
@@ -65,7 +68,7 @@ class IdempotentHandler {
     /// handler) running @p effect; @p observer (not owned, may be null) sees every outcome.
     /// make_handler() deduces the types.
     IdempotentHandler(Store& store, Policy policy, Effect effect, Observer* observer = nullptr)
-        : pipeline_(store, std::move(policy), std::move(effect), observer) {}
+        : runner_(store, std::move(policy), std::move(effect), observer) {}
 
     IdempotentHandler(const IdempotentHandler&) = delete;
     IdempotentHandler& operator=(const IdempotentHandler&) = delete;
@@ -82,11 +85,11 @@ class IdempotentHandler {
     Outcome handle(const Delivery& delivery, const Body& body) {
         static_assert(detail::check_effect<Effect, Transaction, Body>(),
                       "idem: effect does not fit (see above)");
-        const detail::Stopwatch watch(pipeline_.observed());
+        const detail::Stopwatch watch(runner_.observed());
         detail::Measure measure;
         Outcome outcome =
-            detail::handle_one(pipeline_, delivery, body, nullptr, watch.on() ? &measure : nullptr);
-        pipeline_.report(delivery, body, outcome, watch.elapsed(), measure);
+            detail::handle_one(runner_, delivery, body, nullptr, watch.on() ? &measure : nullptr);
+        runner_.report(delivery, body, outcome, watch.elapsed(), measure);
         return outcome;
     }
 
@@ -99,12 +102,12 @@ class IdempotentHandler {
     Outcome handle(const Delivery& delivery, const Body& body, CommitHook& hook) {
         static_assert(detail::check_effect<Effect, Transaction, Body>(),
                       "idem: effect does not fit (see above)");
-        pipeline_.bind_hook(hook, delivery);
-        const detail::Stopwatch watch(pipeline_.observed());
+        runner_.bind_hook(hook, delivery);
+        const detail::Stopwatch watch(runner_.observed());
         detail::Measure measure;
         Outcome outcome =
-            detail::handle_one(pipeline_, delivery, body, &hook, watch.on() ? &measure : nullptr);
-        pipeline_.report(delivery, body, outcome, watch.elapsed(), measure);
+            detail::handle_one(runner_, delivery, body, &hook, watch.on() ? &measure : nullptr);
+        runner_.report(delivery, body, outcome, watch.elapsed(), measure);
         return outcome;
     }
 
@@ -124,12 +127,12 @@ class IdempotentHandler {
                 fmt::format("idem::IdempotentHandler::handle_batch: {} deliveries but {} bodies",
                             deliveries.size(), bodies.size()));
         }
-        const detail::Stopwatch watch(pipeline_.observed());
+        const detail::Stopwatch watch(runner_.observed());
         std::vector<detail::Measure> measures(watch.on() ? deliveries.size() : 0);
         std::vector<Outcome> outcomes =
-            detail::handle_many(pipeline_, deliveries.data(), bodies.data(), deliveries.size(),
+            detail::handle_many(runner_, deliveries.data(), bodies.data(), deliveries.size(),
                                 nullptr, measures.empty() ? nullptr : measures.data());
-        detail::report_batch(pipeline_, deliveries, bodies, outcomes, watch, measures);
+        detail::report_batch(runner_, deliveries, bodies, outcomes, watch, measures);
         return outcomes;
     }
 
@@ -148,43 +151,41 @@ class IdempotentHandler {
                 deliveries.size(), bodies.size(), hooks.size()));
         }
         for (std::size_t i = 0; i < hooks.size(); ++i)
-            pipeline_.bind_hook(hooks[i], deliveries[i]);
-        const detail::Stopwatch watch(pipeline_.observed());
+            runner_.bind_hook(hooks[i], deliveries[i]);
+        const detail::Stopwatch watch(runner_.observed());
         std::vector<detail::Measure> measures(watch.on() ? deliveries.size() : 0);
         std::vector<Outcome> outcomes =
-            detail::handle_many(pipeline_, deliveries.data(), bodies.data(), deliveries.size(),
+            detail::handle_many(runner_, deliveries.data(), bodies.data(), deliveries.size(),
                                 hooks.data(), measures.empty() ? nullptr : measures.data());
-        detail::report_batch(pipeline_, deliveries, bodies, outcomes, watch, measures);
+        detail::report_batch(runner_, deliveries, bodies, outcomes, watch, measures);
         return outcomes;
     }
 
     /// The policy the handler was made with.
-    [[nodiscard]] const Policy& policy() const noexcept { return pipeline_.policy(); }
+    [[nodiscard]] const Policy& policy() const noexcept { return runner_.policy(); }
     /// A snapshot of the handler's counters (atomic; any thread).
-    [[nodiscard]] Counters counters() const noexcept { return pipeline_.counters(); }
+    [[nodiscard]] Counters counters() const noexcept { return runner_.counters(); }
     /// The store the handler claims in.
-    [[nodiscard]] Store& store() noexcept { return pipeline_.store(); }
+    [[nodiscard]] Store& store() noexcept { return runner_.store(); }
 
     /// @brief The lease this handler's claims are held for, on a lease store (Redis): the
     /// policy's, or the store's default.
     template <class S = Store, class = std::enable_if_t<has_default_lease<S>::value>>
     [[nodiscard]] std::chrono::milliseconds effective_lease() const {
-        return pipeline_.effective_lease();
+        return runner_.effective_lease();
     }
 
     /// @brief Replaces the clock used to age messages against Policy::gateway_key_lifetime
     /// (tests); empty means the system clock.
-    void set_clock(Clock clock) { pipeline_.set_clock(std::move(clock)); }
-
-    /// @brief The attempt pipeline this handler runs its messages through, for idem's loops
-    /// that hold a message's commit (PipelinedLoop, broker/pipeline.hpp). Not for users: its
-    /// interface may change in any release.
-    [[nodiscard]] detail::AttemptPipeline<Store, Effect>& attempt_pipeline() noexcept {
-        return pipeline_;
-    }
+    void set_clock(Clock clock) { runner_.set_clock(std::move(clock)); }
 
   private:
-    detail::AttemptPipeline<Store, Effect> pipeline_;
+    // The pipelined loop is another way to run this handler's attempts (each commit sent with
+    // the next claim): it drives the same runner, step by step.
+    template <class Handler, class Tag>
+    friend class PipelinedLoop;
+
+    detail::AttemptRunner<Store, Effect> runner_;
 };
 
 /// @brief Builds an IdempotentHandler, deducing the store and effect types.

@@ -3,7 +3,7 @@
 /// @brief PipelinedLoop: for a consumer loop that handles deliveries one at a time, each
 /// message's commit goes out with the next message's claim, in ONE round trip (Redis), and a
 /// message is settled (acked) only once its commit's reply says it committed. Each message
-/// goes through the handler's attempt pipeline (handler/attempt.hpp), as in handle().
+/// goes through the handler's attempt runner (handler/attempt.hpp), as in handle().
 
 #include <chrono>
 #include <cstddef>
@@ -149,7 +149,7 @@ class PipelinedLoop {
         try {
             held->tx.commit();
         } catch (const std::exception& e) {
-            outcome = handler_->attempt_pipeline().failure(e);
+            outcome = handler_->runner_.failure(e);
         }
         settle(out, std::move(*held), std::move(outcome));
         return out;
@@ -182,8 +182,11 @@ class PipelinedLoop {
             out.push_back(Settled{std::move(tag), delivery, std::move(outcome), acked});
             return out;
         } else {
-            // Parked in a commit of its own; or a local effect's one step (claim_and_commit).
-            if (takes_one_step() || unclaimable_reason(delivery)) {
+            // Parked in a commit of its own; a local effect's one step (claim_and_commit); or
+            // a delivery whose attempts the store counts, in a commit before the attempt
+            // (AttemptRunner::counted): the handler's own path, so no path skips that count.
+            if (takes_one_step() || unclaimable_reason(delivery) ||
+                delivery.counted_by == DeliveryCounter::store) {
                 out = flush();
                 Outcome outcome = hook ? handler_->handle(delivery, body, *hook)
                                        : handler_->handle(delivery, body);
@@ -191,7 +194,7 @@ class PipelinedLoop {
                 out.push_back(Settled{std::move(tag), delivery, std::move(outcome), acked});
                 return out;
             }
-            auto& p = handler_->attempt_pipeline();
+            auto& p = handler_->runner_;
             std::vector<Report> later;  // the previous message's report, after this attempt
             if (hook) p.bind_hook(*hook, delivery);
             const detail::Stopwatch watch(p.observed());
@@ -256,7 +259,7 @@ class PipelinedLoop {
         try {
             std::rethrow_exception(error);
         } catch (const std::exception& e) {
-            return handler_->attempt_pipeline().failure(e);
+            return handler_->runner_.failure(e);
         } catch (...) {
             return failed_outcome("non-standard exception", FailureCause::other);
         }
@@ -277,7 +280,7 @@ class PipelinedLoop {
         if (r.report) {
             r.report(r.delivery, r.outcome, r.handled_in, r.measure);
         } else {  // no observer: report() only counts
-            handler_->attempt_pipeline().count(r.delivery, r.outcome.disposition);
+            handler_->runner_.count(r.delivery, r.outcome.disposition);
         }
     }
 

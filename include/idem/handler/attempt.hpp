@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// @brief The attempt pipeline: the steps of one delivery's attempt inside a transaction
+/// @brief The attempt runner (detail::AttemptRunner): the steps of one delivery's attempt inside a transaction
 /// (begin, key, claim, fingerprint, poison check, effect, record the outcome, commit, report),
 /// written once for every way a message is handled: alone and in a batch (handler.hpp, with
 /// handler/single.hpp, handler/batch.hpp, handler/claim_and_commit.hpp) and one step ahead of
@@ -73,11 +73,11 @@ struct Attempt {
 /// attempt over them. IdempotentHandler owns one; its orchestrations and the PipelinedLoop run
 /// their messages through it.
 template <class Store, class Effect>
-class AttemptPipeline {
+class AttemptRunner {
   public:
     using Transaction = std::remove_reference_t<transaction_t<Store>>;
 
-    AttemptPipeline(Store& store, Policy policy, Effect effect, Observer* observer)
+    AttemptRunner(Store& store, Policy policy, Effect effect, Observer* observer)
         : store_(&store),
           policy_(std::move(policy)),
           effect_(std::in_place, std::move(effect)),
@@ -87,9 +87,9 @@ class AttemptPipeline {
         }
     }
 
-    AttemptPipeline(const AttemptPipeline&) = delete;
-    AttemptPipeline& operator=(const AttemptPipeline&) = delete;
-    AttemptPipeline(AttemptPipeline&& other) noexcept(
+    AttemptRunner(const AttemptRunner&) = delete;
+    AttemptRunner& operator=(const AttemptRunner&) = delete;
+    AttemptRunner(AttemptRunner&& other) noexcept(
         std::is_nothrow_move_constructible_v<Effect>&& std::is_nothrow_move_constructible_v<Policy>)
         : store_(other.store_),
           policy_(std::move(other.policy_)),
@@ -97,7 +97,7 @@ class AttemptPipeline {
           reporter_(std::move(other.reporter_)),
           clock_(std::move(other.clock_)) {}
     /// The effect is rebuilt from the other's (closures cannot be assigned).
-    AttemptPipeline& operator=(AttemptPipeline&& other) {
+    AttemptRunner& operator=(AttemptRunner&& other) {
         if (this != &other) {
             store_ = other.store_;
             policy_ = std::move(other.policy_);
@@ -108,7 +108,7 @@ class AttemptPipeline {
         }
         return *this;
     }
-    ~AttemptPipeline() = default;
+    ~AttemptRunner() = default;
 
     [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
     [[nodiscard]] Store& store() noexcept { return *store_; }

@@ -33,8 +33,8 @@ namespace detail {
 /// One claim per delivery with a usable id, in one call; malformed ones get a placeholder
 /// (they never reach the attempt).
 template <class Store, class Effect, class Body>
-std::vector<ClaimResult> claim_all(AttemptPipeline<Store, Effect>& p,
-                                   typename AttemptPipeline<Store, Effect>::Transaction& tx,
+std::vector<ClaimResult> claim_all(AttemptRunner<Store, Effect>& p,
+                                   typename AttemptRunner<Store, Effect>::Transaction& tx,
                                    const Delivery* deliveries, const Body* bodies,
                                    std::size_t count) {
     std::vector<std::string_view> ids;
@@ -75,7 +75,7 @@ void commit_batch_if_stored(Transaction& tx, const std::vector<Outcome>& outcome
         measures != nullptr);
 }
 
-/// Whether any of the deliveries has its attempts counted in the store (AttemptPipeline::counted).
+/// Whether any of the deliveries has its attempts counted in the store (AttemptRunner::counted).
 inline bool count_in_store(const Delivery* deliveries, std::size_t count) noexcept {
     for (std::size_t i = 0; i < count; ++i) {
         if (deliveries[i].counted_by == DeliveryCounter::store) return true;
@@ -85,10 +85,10 @@ inline bool count_in_store(const Delivery* deliveries, std::size_t count) noexce
 
 /// handle_batch(): every message through the same attempt, in ONE transaction.
 template <class Store, class Effect, class Body>
-std::vector<Outcome> handle_many(AttemptPipeline<Store, Effect>& p, const Delivery* deliveries,
+std::vector<Outcome> handle_many(AttemptRunner<Store, Effect>& p, const Delivery* deliveries,
                                  const Body* bodies, std::size_t count, CommitHook* hooks,
                                  Measure* measures) {
-    using Transaction = typename AttemptPipeline<Store, Effect>::Transaction;
+    using Transaction = typename AttemptRunner<Store, Effect>::Transaction;
     std::vector<Outcome> outcomes(count);
     if (count == 0) return outcomes;
     std::vector<Delivery> counted;  // the store's attempt counts, when the broker keeps none
@@ -156,7 +156,7 @@ std::vector<Outcome> handle_many(AttemptPipeline<Store, Effect>& p, const Delive
 
 /// The report of each message of a batch, each with its share of the batch's time.
 template <class Store, class Effect, class Body>
-void report_batch(AttemptPipeline<Store, Effect>& p, const std::vector<Delivery>& deliveries,
+void report_batch(AttemptRunner<Store, Effect>& p, const std::vector<Delivery>& deliveries,
                   const std::vector<Body>& bodies, const std::vector<Outcome>& outcomes,
                   const Stopwatch& watch, const std::vector<Measure>& measures) noexcept {
     const auto share = watch.share(outcomes.size());

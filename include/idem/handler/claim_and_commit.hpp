@@ -33,7 +33,7 @@ namespace detail {
 template <class Store, class Effect>
 inline constexpr bool runs_before_claim =
     chain_only_transaction_writes<Effect>() &&
-    has_claim_and_commit<typename AttemptPipeline<Store, Effect>::Transaction>::value;
+    has_claim_and_commit<typename AttemptRunner<Store, Effect>::Transaction>::value;
 
 /// The effect, then ONE claim_and_commit() with its writes. Nothing (the ordinary path takes
 /// the message, claim first) when the message needs its claim before the effect: a count at
@@ -43,10 +43,10 @@ inline constexpr bool runs_before_claim =
 /// writes with the claim (not_attempted: a Redis Cluster write outside the claim's hash
 /// slot). The effect is local, so running it again there leaves no trace.
 template <class Store, class Effect, class Body>
-std::optional<Outcome> claim_and_commit_first(AttemptPipeline<Store, Effect>& p,
+std::optional<Outcome> claim_and_commit_first(AttemptRunner<Store, Effect>& p,
                                               const Delivery& delivery, const Body& body,
                                               CommitHook* hook, Measure* measure) {
-    using Transaction = typename AttemptPipeline<Store, Effect>::Transaction;
+    using Transaction = typename AttemptRunner<Store, Effect>::Transaction;
     const std::uint32_t count = delivery.delivery_count.value();
     if (count == 0 || count >= p.policy().max_deliveries() || p.older_than_gateway_keys(delivery)) {
         return std::nullopt;

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// @brief handle(): one delivery in its own transaction, through the attempt pipeline
+/// @brief handle(): one delivery in its own transaction, through the attempt runner
 /// (attempt.hpp) with SingleStrategy; a malformed delivery is parked in a commit of its own,
 /// and a rejected or malformed message on a store whose savepoints cost a statement is recorded
 /// in a second transaction.
@@ -31,10 +31,10 @@ namespace detail {
 /// A delivery with no usable id cannot be claimed; it is parked with its reason so nothing
 /// is lost. If even that fails the outcome is failed (no ack) and the broker keeps it.
 template <class Store, class Effect, class Body>
-Outcome park_malformed_delivery(AttemptPipeline<Store, Effect>& p, const Delivery& delivery,
+Outcome park_malformed_delivery(AttemptRunner<Store, Effect>& p, const Delivery& delivery,
                                 const Body& body, std::string reason, CommitHook* hook,
                                 Measure* measure) {
-    using Transaction = typename AttemptPipeline<Store, Effect>::Transaction;
+    using Transaction = typename AttemptRunner<Store, Effect>::Transaction;
     try {
         Transaction tx = p.begin(hook, hook != nullptr ? 1 : 0);
         tx.dead_letter(p.make_dead_letter(delivery, body, reason));
@@ -52,10 +52,10 @@ Outcome park_malformed_delivery(AttemptPipeline<Store, Effect>& p, const Deliver
 /// as malformed), on a store whose savepoints cost a statement each: the first transaction
 /// rolled back, this one claims again and records the outcome the effect gave.
 template <class Store, class Effect, class Body>
-Outcome record_without_effect(AttemptPipeline<Store, Effect>& p, const Delivery& delivery,
+Outcome record_without_effect(AttemptRunner<Store, Effect>& p, const Delivery& delivery,
                               const Body& body, Outcome outcome, CommitHook* hook,
                               Measure* measure) {
-    using Transaction = typename AttemptPipeline<Store, Effect>::Transaction;
+    using Transaction = typename AttemptRunner<Store, Effect>::Transaction;
     Transaction tx = p.begin(hook, hook != nullptr ? 1 : 0);
     const ClaimResult claim =
         p.template claim_one<Body>(tx, delivery.message_id, p.fingerprint_of(body));
@@ -70,9 +70,9 @@ Outcome record_without_effect(AttemptPipeline<Store, Effect>& p, const Delivery&
 /// handle(): validate, then one attempt in its own transaction (or, for a local effect on a
 /// store that can, the effect and one claim_and_commit()).
 template <class Store, class Effect, class Body>
-Outcome handle_one(AttemptPipeline<Store, Effect>& p, const Delivery& as_delivered,
+Outcome handle_one(AttemptRunner<Store, Effect>& p, const Delivery& as_delivered,
                    const Body& body, CommitHook* hook, Measure* measure) {
-    using Transaction = typename AttemptPipeline<Store, Effect>::Transaction;
+    using Transaction = typename AttemptRunner<Store, Effect>::Transaction;
     if (auto reason = unclaimable_reason(as_delivered)) {
         return park_malformed_delivery(p, as_delivered, body, std::move(*reason), hook, measure);
     }
