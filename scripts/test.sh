@@ -14,8 +14,10 @@
 #              chaos runs (label chaos: the driver kills workers on a clock, and in a build 3-4x
 #              slower most of them die before they handle anything, so runs time out undrained or
 #              park messages at the poison limit through kills alone; gcc17 runs them all, and
-#              the crash, fork and outage tests run here) and the Debian package's test (label
-#              package: it builds a package, nothing a sanitizer looks at); and the only run of
+#              the crash, fork and outage tests run here), the Debian package's test (label
+#              package) and the install and configure tests (labels install, configure: they
+#              configure, build and install projects with CMake; nothing a sanitizer looks at,
+#              and gcc17 runs them); and the only run of
 #              the libFuzzer targets (IDEM_BUILD_FUZZERS=ON, tests/fuzz/): fuzz.<parser>, label
 #              fuzz, each IDEM_FUZZ_SECONDS (15) over its seed corpus, about 2 CPU minutes in
 #              all. The gcc configurations do not register them. This is also the C++20 and the
@@ -141,7 +143,10 @@ slowest() {
 }
 
 run_gcc17() {
-    configure_and_build gcc17 g++ 17 -DIDEM_BUILD_DOCTESTS=ON -DIDEM_BUILD_DOCS=ON
+    # -g0: no test reads debug info, and it is an eighth of the compile time (a Debug build is
+    # still -O0 with assertions); the asan configuration keeps line tables for its reports.
+    configure_and_build gcc17 g++ 17 -DCMAKE_CXX_FLAGS_DEBUG=-g0 -DIDEM_BUILD_DOCTESTS=ON \
+        -DIDEM_BUILD_DOCS=ON
     run_ctest gcc17
 }
 
@@ -155,10 +160,12 @@ run_core() {
 
 run_asan() {
     local flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-    configure_and_build asan clang++ 20 -DCMAKE_CXX_FLAGS="$flags" -DIDEM_BUILD_FUZZERS=ON
+    # Line tables only: a sanitizer's report names file and line, and the build is faster.
+    configure_and_build asan clang++ 20 -DCMAKE_CXX_FLAGS="$flags" \
+        -DCMAKE_CXX_FLAGS_DEBUG=-gline-tables-only -DIDEM_BUILD_FUZZERS=ON
     export ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-    run_ctest asan -- -LE 'chaos|package'
+    run_ctest asan -- -LE 'chaos|package|install|configure'
 }
 
 run_tsan() {
