@@ -5,9 +5,11 @@ include(CMakePackageConfigHelpers)
 set(IDEM_INSTALL_CMAKEDIR "${CMAKE_INSTALL_DATADIR}/cmake/idem"
     CACHE STRING "Where idem's CMake package files are installed (relative to the prefix)")
 
+# The test kit (include/idem/testing/) comes with its component only (below).
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/idem"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
-        FILES_MATCHING PATTERN "*.hpp")
+        FILES_MATCHING PATTERN "*.hpp"
+        PATTERN "testing" EXCLUDE)
 
 # The core: its own export set, always loaded by idemConfig.cmake.
 install(TARGETS idem EXPORT idem-targets)
@@ -40,6 +42,11 @@ foreach(component IN LISTS IDEM_INSTALLED_COMPONENTS)
     install(FILES "${component_deps}" DESTINATION "${IDEM_INSTALL_CMAKEDIR}")
     list(APPEND idem_installed_helpers ${component_helpers})
 endforeach()
+if("testing" IN_LIST IDEM_INSTALLED_COMPONENTS)
+    install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/idem/testing"
+            DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/idem"
+            FILES_MATCHING PATTERN "*.hpp")
+endif()
 # What the dependency files include (IdemFindPkgConfigLibrary.cmake for hiredis, libmariadb).
 list(REMOVE_DUPLICATES idem_installed_helpers)
 if(idem_installed_helpers)

@@ -34,6 +34,9 @@
 
 IDEM_BEGIN_NAMESPACE
 
+template <class Handler, class Tag>
+class PipelinedLoop;  // broker/pipeline.hpp
+
 /// @brief Wraps a user's effect with a claim stored in the same transaction as the work, the
 /// delivery-count poison check and outcome recording. See docs/contract.md for the table.
 ///
@@ -51,9 +54,6 @@ IDEM_BEGIN_NAMESPACE
 /// A handler is movable (e.g. into a std::vector; its counters move with it) but not copyable.
 /// It must not be moved while another thread uses it, nor after a StreamConsumer was built on it
 /// (the consumer keeps a reference).
-template <class Handler, class Tag>
-class PipelinedLoop;  // broker/pipeline.hpp
-
 template <class Store, class Effect>
 class IdempotentHandler {
     static_assert(check_store<Store>(), "idem: Store does not fit (see above)");

@@ -22,19 +22,23 @@
 #endif
 #if IDEM_CONSUMER_HAS_NATS
 #include <idem/broker/nats_jetstream.hpp>
+#if IDEM_CONSUMER_HAS_TESTING
 #include <idem/testing/nats_server.hpp>
+#endif
 #endif
 #if IDEM_CONSUMER_HAS_KAFKA
 #include <idem/kafka/consumer.hpp>
 #include <idem/kafka/producer.hpp>
+#if IDEM_CONSUMER_HAS_TESTING
 #include <idem/testing/kafka_cluster.hpp>
+#endif
 #endif
 #if IDEM_CONSUMER_HAS_SPDLOG
 #include <spdlog/sinks/null_sink.h>
 #include <idem/observers/spdlog.hpp>
 #endif
 
-#if IDEM_CONSUMER_HAS_REDIS
+#if IDEM_CONSUMER_HAS_REDIS && IDEM_CONSUMER_HAS_TESTING
 // redis_testing.cpp: idem/testing/redis_server.hpp compiles and links (no server is started).
 bool idem_consumer_redis_testing_kit_links();
 #endif
@@ -64,10 +68,12 @@ int main() {
 #endif
 #if IDEM_CONSUMER_HAS_REDIS
     static_assert(idem::is_store_v<idem::RedisStore>, "RedisStore must fit");
+#if IDEM_CONSUMER_HAS_TESTING
     if (!idem_consumer_redis_testing_kit_links()) {
         std::printf("idem-consumer FAILED: idem::testing::RedisServer\n");
         return 1;
     }
+#endif
 #endif
 #if IDEM_CONSUMER_HAS_MYSQL
     static_assert(idem::is_store_v<idem::MysqlStore>, "MysqlStore must fit");
@@ -85,8 +91,10 @@ int main() {
             [](const idem::Delivery&, const idem::JetStreamMessage&) {
                 return idem::Outcome{idem::Disposition::processed, {}};
             });
+#if IDEM_CONSUMER_HAS_TESTING
         std::string why;
         (void)idem::testing::NatsServer::available(&why);
+#endif
         if (natsStatus_GetText(NATS_OK) == nullptr) return 1;
     }
 #endif
