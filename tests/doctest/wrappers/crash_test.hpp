@@ -1,7 +1,7 @@
 // Doc-test wrapper `crash_test`: the block is a GoogleTest file at namespace scope; before it,
 // the user's own helpers it names (a gateway fake on its own file, a temp dir, the schema, a row
 // count), after it the definition of the idem_payload it declares. Compiled only: the tests are
-// registered, not run (tests/testing_kit_test.cpp runs the complete version).
+// registered, not run (tests/testing/testing_kit_test.cpp runs the complete version).
 #include <cstdlib>
 #include <string>
 
