@@ -1,6 +1,6 @@
 // The end-to-end driver (timed by hand, not Google Benchmark: each sample drains a stream filled
 // beforehand), the RSS run and the --profile loops.
-//   e2e_stream_sqlite    StreamConsumer + IdempotentHandler on SQLite draining N entries  vs
+//   e2e_stream_sqlite    RedisStreamConsumer + IdempotentHandler on SQLite draining N entries  vs
 //                        XREADGROUP + the same INSERTs by hand + XACK
 //   e2e_stream_postgres  the same with PostgresStore / libpq
 //   rss_flat             1,000,000 messages through handle_batch on SQLite (batch 100), RSS
@@ -38,13 +38,13 @@ using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 // The consumer's batch mode (reads feed handle_batch, one XACK per batch), when this version of
-// StreamConsumerOptions has it; until then each entry is its own handle() and XACK.
+// RedisStreamConsumerOptions has it; until then each entry is its own handle() and XACK.
 template <class T, class = void>
 struct has_batch_mode : std::false_type {};
 template <class T>
 struct has_batch_mode<T, std::void_t<decltype(std::declval<T&>().handle_in_batches)>>
     : std::true_type {};
-constexpr bool consumer_batches = has_batch_mode<idem::StreamConsumerOptions>::value;
+constexpr bool consumer_batches = has_batch_mode<idem::RedisStreamConsumerOptions>::value;
 
 constexpr const char* group = "bench";
 constexpr const char* consumer_name = "c1";
@@ -143,10 +143,10 @@ double drain_raw(Raw& raw, RawRedis& redis, const std::string& stream, std::size
     return static_cast<double>(n) / seconds_since(start);
 }
 
-/// StreamConsumer + the idem handler draining the stream. Returns messages per second.
+/// RedisStreamConsumer + the idem handler draining the stream. Returns messages per second.
 template <class Handler>
 double drain_idem(Handler& handler, const std::string& stream, std::size_t n) {
-    idem::StreamConsumerOptions options;
+    idem::RedisStreamConsumerOptions options;
     options.stream = stream;
     options.group = group;
     options.consumer = consumer_name;
@@ -154,7 +154,7 @@ double drain_idem(Handler& handler, const std::string& stream, std::size_t n) {
     options.batch_size = read_count;
     options.poll_wait = 100ms;
     if constexpr (consumer_batches) options.handle_in_batches = true;
-    idem::StreamConsumer consumer{redis_endpoint(), options, handler};
+    idem::RedisStreamConsumer consumer{redis_endpoint(), options, handler};
     const auto start = Clock::now();
     std::size_t handled = 0;
     while (handled < n) {
@@ -532,7 +532,7 @@ int run_profile(const std::string& name, std::size_t messages) {
         return profile_with(loop, raw, name, messages);
     }
     if (name == "redis_stream_consumer") {
-        // The StreamConsumer's own loop: every entry added before the collected part, then
+        // The RedisStreamConsumer's own loop: every entry added before the collected part, then
         // poll_once() until all are handled (100 a poll, each commit with the next claim and the
         // entry's XACK in the commit). Its twin is redis_single_raw (one SET NX a message).
         auto& server = redis_server();
@@ -549,14 +549,14 @@ int run_profile(const std::string& name, std::size_t messages) {
                 adds.push_back({"XADD", stream, "*", "order", "s" + message_id(first + i)});
             feeder.pipeline(adds);
         };
-        idem::StreamConsumerOptions options;
+        idem::RedisStreamConsumerOptions options;
         options.stream = stream;
         options.group = "g";
         options.consumer = "c";
         options.batch_size = 100;
         options.poll_wait = std::chrono::milliseconds(100);
         options.id_field = "order";
-        idem::StreamConsumer consumer{store.endpoint(), options, handler};
+        idem::RedisStreamConsumer consumer{store.endpoint(), options, handler};
         auto loop = [](auto& c, std::uint64_t& seq, std::size_t n) {
             for (std::size_t done = 0; done < n;) {
                 const std::size_t handled = c.poll_once();

@@ -1,4 +1,4 @@
-// e2e_rabbitmq_sqlite: RabbitConsumer + IdempotentHandler on SQLite draining N messages of a
+// e2e_rabbitmq_sqlite: RabbitMqConsumer + IdempotentHandler on SQLite draining N messages of a
 // quorum queue (one delivery at a time: handle(), commit, basic.ack)  vs  its raw twin, the same
 // consumer loop by hand on the same broker connection kind (basic.consume with the same prefetch,
 // the same INSERTs in one transaction per message, basic.ack after the commit) without idem.
@@ -83,15 +83,15 @@ double drain_raw(RawSqlite& raw, const std::string& queue, std::size_t n) {
     return static_cast<double>(n) / seconds_since(start);
 }
 
-/// RabbitConsumer + the idem handler. Messages per second.
+/// RabbitMqConsumer + the idem handler. Messages per second.
 template <class Handler>
 double drain_idem(Handler& handler, const std::string& queue, std::size_t n) {
-    idem::RabbitConsumerOptions options;
+    idem::RabbitMqConsumerOptions options;
     options.queue = queue;
     options.prefetch = prefetch;
     options.batch_size = prefetch;
     options.poll_wait = 100ms;
-    idem::RabbitConsumer consumer{rabbitmq_server().endpoint(), options, handler};
+    idem::RabbitMqConsumer consumer{rabbitmq_server().endpoint(), options, handler};
     consumer.start();  // untimed: the queue check and the dead-letter/retry declares
     const auto start = Clock::now();
     std::size_t handled = 0;

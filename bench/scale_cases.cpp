@@ -31,11 +31,11 @@
 
 #include "bench.hpp"
 #include "idem/idem.hpp"
-#include "idem/store/redis/keys.hpp"
 #include "idem/store/memory.hpp"
 #include "idem/store/mysql.hpp"
 #include "idem/store/postgres.hpp"
 #include "idem/store/redis.hpp"
+#include "idem/store/redis/keys.hpp"
 #include "idem/store/sqlite.hpp"
 
 namespace idem_bench {

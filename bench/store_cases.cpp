@@ -27,7 +27,7 @@
 //   redis_stream_pipelined  a loop over a stream (XREADGROUP COUNT 100) through PipelinedLoop,
 //                       a StreamAck hook per entry (XACK in the commit), no effect write: each
 //                       commit goes with the next claim                vs  one SET NX
-//   redis_stream_consumer  the same through idem::StreamConsumer itself (pipeline_commits, its
+//   redis_stream_consumer  the same through idem::RedisStreamConsumer itself (pipeline_commits, its
 //                       default): poll_once() over 100 entries at a time, XAUTOCLAIM and
 //                       XREADGROUP included, no effect write         vs  one SET NX
 //   redis_loop_local_one_step  redis_single_local's effect through a PipelinedLoop, its default
@@ -678,9 +678,9 @@ void run_redis_cases() {
         });
     };
     add("redis_single_local/raw", raw_local);
-    // The local effect through a PipelinedLoop (what a StreamConsumer runs): its default one-step
-    // path (claim_and_commit, one script) and the pipelined two-step path (the commit with the
-    // next claim), each against the same raw twin as redis_single_local.
+    // The local effect through a PipelinedLoop (what a RedisStreamConsumer runs): its default
+    // one-step path (claim_and_commit, one script) and the pipelined two-step path (the commit with
+    // the next claim), each against the same raw twin as redis_single_local.
     auto loop_local = [&](idem::LocalEffectPath path) {
         return [&, path](benchmark::State& state) {
             auto loop = idem::pipelined_loop<std::uint64_t>(local_handler, path);
@@ -759,7 +759,7 @@ void run_redis_cases() {
         if (not_acked > 0) state.SkipWithError("an entry was not processed and acked in commit");
     });
     add("redis_stream_pipelined/raw", raw_single);
-    // The StreamConsumer itself: 100 entries added outside the timing, then one timed
+    // The RedisStreamConsumer itself: 100 entries added outside the timing, then one timed
     // poll_once() handles them (its XAUTOCLAIM and XREADGROUP on its own connection), each
     // commit with the next claim and the entry's XACK in the commit.
     auto entry_handler =
@@ -768,14 +768,14 @@ void run_redis_cases() {
     std::uint64_t entry_seq = 0;  // its ids: a poll handles 100, the run may stop inside them
     feeder.command({"DEL", consumer_stream});
     add("redis_stream_consumer/idem", [&](benchmark::State& state) {
-        idem::StreamConsumerOptions options;
+        idem::RedisStreamConsumerOptions options;
         options.stream = consumer_stream;
         options.group = "g";
         options.consumer = "c";
         options.batch_size = 100;
         options.poll_wait = std::chrono::milliseconds(100);
         options.id_field = "order";
-        idem::StreamConsumer consumer{store.endpoint(), options, entry_handler};
+        idem::RedisStreamConsumer consumer{store.endpoint(), options, entry_handler};
         std::size_t left = 0;
         std::size_t handled = 0;
         std::size_t expected = 0;
@@ -929,15 +929,16 @@ void run_redis_cases() {
         target_row("redis_stream_pipelined", "loop",
                    "XREADGROUP COUNT 100, then per entry PipelinedLoop::handle with a StreamAck "
                    "hook (XACK in the commit), flush() per read; no effect write: a user's own "
-                   "loop (redis_stream_consumer: the StreamConsumer)",
+                   "loop (redis_stream_consumer: the RedisStreamConsumer)",
                    "one SET NX per message", 0.60);
     }
     if (stream_consumer) {
-        target_row("redis_stream_consumer", "loop",
-                   "StreamConsumer::poll_once() over 100 new entries (XAUTOCLAIM + XREADGROUP on "
-                   "its own connection), pipeline_commits: each commit with the next claim, the "
-                   "XACK in the commit; no effect write",
-                   "one SET NX per message", 0.60);
+        target_row(
+            "redis_stream_consumer", "loop",
+            "RedisStreamConsumer::poll_once() over 100 new entries (XAUTOCLAIM + XREADGROUP on "
+            "its own connection), pipeline_commits: each commit with the next claim, the "
+            "XACK in the commit; no effect write",
+            "one SET NX per message", 0.60);
     }
     note("redis_server_time");
     emit(redis_server_time(raw, handler, local_handler, idem_seq, raw_seq, server_pid));

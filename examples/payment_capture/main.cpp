@@ -66,8 +66,8 @@ class Gateway {
 };
 
 /// The worker dies here: in-process, the exception abandons the transaction exactly as a killed
-/// process would (SQLite discards an uncommitted transaction). tests/testing/crash_test.cpp does the same
-/// with fork and SIGKILL.
+/// process would (SQLite discards an uncommitted transaction). tests/testing/crash_test.cpp does
+/// the same with fork and SIGKILL.
 struct WorkerCrash : std::runtime_error {
     using std::runtime_error::runtime_error;
 };

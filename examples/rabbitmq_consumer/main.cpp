@@ -1,7 +1,7 @@
 // rabbitmq_consumer: a capture worker on a RabbitMQ quorum queue, with the SQLite store for the
 // work.
 //
-// idem::RabbitConsumer consumes the queue with manual acks and hands each delivery to an
+// idem::RabbitMqConsumer consumes the queue with manual acks and hands each delivery to an
 // IdempotentHandler with its delivery count (x-delivery-count + 1). The handler claims the
 // message_id in the same SQLite transaction as the capture row; the consumer acks only after
 // that commit, and publishes dead letters (confirmed) to "<queue>.dead-letters" before it acks
@@ -176,10 +176,10 @@ int run(const Options& o) {
 
     if (o.produce > 0) produce(endpoint, o.queue, o.produce);
 
-    idem::RabbitConsumerOptions options;
+    idem::RabbitMqConsumerOptions options;
     options.queue = o.queue;
     options.poll_wait = 200ms;
-    idem::RabbitConsumer consumer{endpoint, options, capture};
+    idem::RabbitMqConsumer consumer{endpoint, options, capture};
     const std::size_t expected = static_cast<std::size_t>(2 * o.produce + (o.produce > 0 ? 1 : 0));
     const auto deadline = std::chrono::steady_clock::now() + 120s;
     while (consumer.stats().acked < expected && std::chrono::steady_clock::now() < deadline) {

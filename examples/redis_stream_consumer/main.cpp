@@ -1,7 +1,7 @@
 // redis_stream_consumer: a capture worker on a real Redis stream, with the SQLite store for the
 // work.
 //
-// idem::StreamConsumer reads the stream through a consumer group and hands each entry to an
+// idem::RedisStreamConsumer reads the stream through a consumer group and hands each entry to an
 // IdempotentHandler with its true delivery count (XREADGROUP: 1; an entry taken over after the
 // visibility timeout: its count from XPENDING). The handler claims the entry's order id in the
 // same SQLite transaction as the capture row; the consumer acks only what the outcome says to ack
@@ -10,7 +10,7 @@
 // With --produce N it first adds N capture messages (orders 1..N), each sent TWICE with the same
 // order_id, as a producer retrying after a lost reply would, plus one malformed entry (its amount
 // is not a number). The consumer takes its message id from the order_id field
-// (StreamConsumerOptions::id_field), so the second copy of each order is a duplicate and the
+// (RedisStreamConsumerOptions::id_field), so the second copy of each order is a duplicate and the
 // malformed one is parked in the dead-letter stream. Then it works until the stream is drained:
 // nothing pending and nothing new for about a second. Without --produce (or --until-drained) it
 // runs until SIGINT or SIGTERM.
@@ -215,7 +215,7 @@ long long pending(idem::redis::Connection& redis, const std::string& stream) {
     return reply.is_array() && !reply.elements.empty() ? reply.elements[0].integer : 0;
 }
 
-std::atomic<idem::StreamConsumer*> running_consumer{nullptr};
+std::atomic<idem::RedisStreamConsumer*> running_consumer{nullptr};
 
 extern "C" void on_stop_signal(int) {
     if (auto* consumer = running_consumer.load()) consumer->request_stop();  // lock-free
@@ -274,7 +274,7 @@ int main(int argc, char** argv) try {
                        c.order_id, c.amount, reference);
         });
 
-    idem::StreamConsumerOptions stream_options;
+    idem::RedisStreamConsumerOptions stream_options;
     stream_options.stream = options.stream;
     stream_options.group = consumer_group;
     stream_options.consumer = options.consumer;
@@ -285,7 +285,7 @@ int main(int argc, char** argv) try {
     stream_options.on_error = [](const std::exception& e) {
         std::fprintf(stderr, "redis_stream_consumer: %s (retrying)\n", e.what());
     };
-    idem::StreamConsumer consumer(options.redis, stream_options, capture);
+    idem::RedisStreamConsumer consumer(options.redis, stream_options, capture);
 
     // SIGINT / SIGTERM ask the consumer to stop: it finishes the entry in hand and returns.
     // SIGPIPE is ignored, so a write to a connection the server closed fails (and is retried

@@ -52,8 +52,8 @@ class PipelinedLoop;  // broker/pipeline.hpp
 /// why. It may be called from several threads when the store and the effect are thread-safe.
 ///
 /// A handler is movable (e.g. into a std::vector; its counters move with it) but not copyable.
-/// It must not be moved while another thread uses it, nor after a StreamConsumer was built on it
-/// (the consumer keeps a reference).
+/// It must not be moved while another thread uses it, nor after a RedisStreamConsumer was built on
+/// it (the consumer keeps a reference).
 template <class Store, class Effect>
 class IdempotentHandler {
     static_assert(check_store<Store>(), "idem: Store does not fit (see above)");

@@ -1,6 +1,6 @@
 // idem::CommitHook (idem/contract/commit_hook.hpp) from a user's own consumer loop, against a
-// real redis-server: no StreamConsumer, just a consumer group read by hand, a handler and a hook.
-// On a RedisStore of the stream's database the entry is acked by the commit itself (XPENDING
+// real redis-server: no RedisStreamConsumer, just a consumer group read by hand, a handler and a
+// hook. On a RedisStore of the stream's database the entry is acked by the commit itself (XPENDING
 // shows 0 without an XACK of ours, in the commit's round trip); a SqliteStore, or a RedisStore of
 // another database, ignores the hook and the loop acks after the commit; a batch gets one hook
 // per delivery and per-message results.
@@ -161,7 +161,7 @@ TEST_F(CommitHookTest, RedisStoreDeadLetterIsParkedAndAckedByTheCommit) {
 
 TEST_F(CommitHookTest, AHookBuiltAsTheDocsShowParksItsDeadLetterOnTheDefaultStream) {
     // StreamAck{endpoint, stream, group, entry id}: no dead-letter stream named, so a dead
-    // letter goes where StreamConsumer's go, <stream>.dead-letters; it is never acked without
+    // letter goes where RedisStreamConsumer's go, <stream>.dead-letters; it is never acked without
     // its copy. Named, it goes there.
     const idem::redis::StreamAck by_hand{endpoint(), "orders", "workers", "1-0"};
     EXPECT_EQ(by_hand.dead_letter_stream, "orders.dead-letters");

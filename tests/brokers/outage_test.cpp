@@ -141,7 +141,7 @@ TEST_F(PostgresStoreOutageTest, DoesNotDeadLetterHealthyMessages) {
             }
             std::this_thread::sleep_for(20ms);  // messages are in flight when the server dies
         });
-    idem::StreamConsumerOptions options;
+    idem::RedisStreamConsumerOptions options;
     options.stream = "orders";
     options.group = "workers";
     options.consumer = "c1";
@@ -156,7 +156,7 @@ TEST_F(PostgresStoreOutageTest, DoesNotDeadLetterHealthyMessages) {
             connection.checked({"XADD", "orders", "*", "order", std::to_string(i)}, "XADD");
         }
     }
-    idem::StreamConsumer consumer{endpoint(), options, handler};
+    idem::RedisStreamConsumer consumer{endpoint(), options, handler};
     std::thread worker([&] { consumer.run(); });
     const bool started = wait_for([&] { return consumer.stats().acked >= 3; });
     if (started) {

@@ -1,4 +1,4 @@
-// idem::RabbitConsumer against a real RabbitMQ broker, started once for this binary (it runs as
+// idem::RabbitMqConsumer against a real RabbitMQ broker, started once for this binary (it runs as
 // one ctest test: the broker takes seconds to start): options, delivery counts through real
 // redeliveries, poison to the dead-letter exchange, the quorum-queue check, a delivery without
 // an id, a slow but live holder on a lease store, a delayed retry, batch mode
@@ -43,9 +43,9 @@ using namespace std::chrono_literals;
 using idem::Delivery;
 using idem::Disposition;
 using idem::Outcome;
-using idem::RabbitConsumer;
-using idem::RabbitConsumerOptions;
 using idem::RabbitMessage;
+using idem::RabbitMqConsumer;
+using idem::RabbitMqConsumerOptions;
 using Clock = std::chrono::steady_clock;
 
 constexpr auto deadline_limit = 30s;  // generous: a loaded 2-core CI machine
@@ -63,7 +63,7 @@ bool wait_for(Pred done, std::chrono::milliseconds limit = deadline_limit) {
 }
 
 template <class Pred>
-bool poll_until(RabbitConsumer& consumer, Pred done,
+bool poll_until(RabbitMqConsumer& consumer, Pred done,
                 std::chrono::milliseconds limit = deadline_limit) {
     auto poll = [&] {
         try {
@@ -74,8 +74,8 @@ bool poll_until(RabbitConsumer& consumer, Pred done,
     return idem_test::poll_within(limit, poll, done);
 }
 
-RabbitConsumerOptions fast_options(const std::string& queue) {
-    RabbitConsumerOptions options;
+RabbitMqConsumerOptions fast_options(const std::string& queue) {
+    RabbitMqConsumerOptions options;
     options.queue = queue;
     options.poll_wait = 50ms;
     options.prefetch = 4;
@@ -111,7 +111,7 @@ class Admin {
         on_channel([&] { c_.publish_confirmed(ch, p, body); });
     }
 
-    /// The retry queues a RabbitConsumer of @p queue may declare: <queue>.retry.<T>, T a power
+    /// The retry queues a RabbitMqConsumer of @p queue may declare: <queue>.retry.<T>, T a power
     /// of two (ms) up to about 17 min.
     static std::vector<std::string> retry_queues(const std::string& queue) {
         std::vector<std::string> out;
@@ -214,11 +214,11 @@ long long count_rows(const std::string& path, const std::string& sql) {
 // ---------------------------------------------------------------------------------------------
 // Options
 
-TEST(RabbitConsumerOptions, InvalidOptionsAreRefusedWithTheReason) {
+TEST(RabbitMqConsumerOptions, InvalidOptionsAreRefusedWithTheReason) {
     auto handler = [](const Delivery&, const RabbitMessage&) { return Outcome{}; };
-    auto refused = [&](RabbitConsumerOptions options, const std::string& says) {
+    auto refused = [&](RabbitMqConsumerOptions options, const std::string& says) {
         try {
-            RabbitConsumer consumer{rmq::Endpoint{}, std::move(options), handler};
+            RabbitMqConsumer consumer{rmq::Endpoint{}, std::move(options), handler};
             ADD_FAILURE() << "accepted; expected a refusal mentioning: " << says;
         } catch (const idem::usage_error& e) {
             EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
@@ -249,24 +249,24 @@ TEST(RabbitConsumerOptions, InvalidOptionsAreRefusedWithTheReason) {
     o.batch_size = 16;
     refused(o, "prefetch (4) below batch_size (16)");
     o.prefetch = 16;
-    EXPECT_NO_THROW(RabbitConsumer(rmq::Endpoint{}, o, handler));
+    EXPECT_NO_THROW(RabbitMqConsumer(rmq::Endpoint{}, o, handler));
 
-    EXPECT_THROW(RabbitConsumer(rmq::Endpoint{}, base, RabbitConsumer::Handler{}),
+    EXPECT_THROW(RabbitMqConsumer(rmq::Endpoint{}, base, RabbitMqConsumer::Handler{}),
                  idem::usage_error);
-    RabbitConsumer consumer{rmq::Endpoint{}, base, handler};  // nothing connects yet
+    RabbitMqConsumer consumer{rmq::Endpoint{}, base, handler};  // nothing connects yet
     EXPECT_EQ(consumer.options().dead_letter, "orders.dead-letters");
     EXPECT_EQ(consumer.options().dead_letter_routing_key, "orders");
     EXPECT_EQ(consumer.options().retry_queue, "orders.retry");
 }
 
-TEST(RabbitConsumerOptions, LeaseLongerThanTheConsumerTimeoutIsRefusedNamingBoth) {
+TEST(RabbitMqConsumerOptions, LeaseLongerThanTheConsumerTimeoutIsRefusedNamingBoth) {
     idem::RedisStore store{idem::RedisEndpoint{}};  // default lease 30 s; nothing connects
     auto handler =
         idem::make_handler(store, idem::Policy{"capture"}, [](auto&, const RabbitMessage&) {});
     auto options = fast_options("orders");
     options.visibility_timeout = 10s;
     try {
-        RabbitConsumer consumer{rmq::Endpoint{}, options, handler};
+        RabbitMqConsumer consumer{rmq::Endpoint{}, options, handler};
         FAIL() << "a 30 s lease against a 10 s consumer_timeout was accepted";
     } catch (const idem::usage_error& e) {
         const std::string text = e.what();
@@ -298,16 +298,16 @@ TEST_F(RabbitConsumerTest, DeliveryCountsGrowThroughRealRedeliveries) {
     admin->fresh_quorum_queue("counts");
     admin->publish("counts", "order 1", "order-1");
     std::vector<std::uint32_t> counts;
-    RabbitConsumer consumer{endpoint(), fast_options("counts"),
-                            [&](const Delivery& d, const RabbitMessage& m) {
-                                EXPECT_EQ(d.message_id, "order-1");
-                                EXPECT_EQ(m.body, "order 1");
-                                counts.push_back(d.delivery_count.value());
-                                if (counts.size() < 4) {
-                                    return Outcome{Disposition::failed, "not yet"};
-                                }
-                                return Outcome{Disposition::processed, ""};
-                            }};
+    RabbitMqConsumer consumer{endpoint(), fast_options("counts"),
+                              [&](const Delivery& d, const RabbitMessage& m) {
+                                  EXPECT_EQ(d.message_id, "order-1");
+                                  EXPECT_EQ(m.body, "order 1");
+                                  counts.push_back(d.delivery_count.value());
+                                  if (counts.size() < 4) {
+                                      return Outcome{Disposition::failed, "not yet"};
+                                  }
+                                  return Outcome{Disposition::processed, ""};
+                              }};
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
     EXPECT_EQ(counts, (std::vector<std::uint32_t>{1, 2, 3, 4}));
     const auto stats = consumer.stats();
@@ -332,7 +332,7 @@ TEST_F(RabbitConsumerTest, PoisonAtTheLimitGoesToTheDeadLetterExchangeConfirmedT
                                           ++effect_runs;
                                           throw std::runtime_error("gateway says no");
                                       });
-    RabbitConsumer consumer{endpoint(), fast_options("poison"), handler};
+    RabbitMqConsumer consumer{endpoint(), fast_options("poison"), handler};
     admin->publish("poison", "bad order", "order-9",
                    {{"tenant", std::string("mugshop")}, {"attempt-key", std::int64_t{42}}});
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
@@ -383,7 +383,7 @@ TEST_F(RabbitConsumerTest, TheDeadLetterCopyOfTheBodyGoesThroughThePolicysRedact
     auto handler = idem::make_handler(
         store, idem::Policy{"capture", policy},
         [](auto&, const RabbitMessage&) { throw idem::malformed_message("no amount"); });
-    RabbitConsumer consumer{endpoint(), fast_options("redacted"), handler};
+    RabbitMqConsumer consumer{endpoint(), fast_options("redacted"), handler};
     admin->publish("redacted", "card 4111111111111111", "order-r");
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
     const auto letters = admin->take("redacted.dead-letters", 1);
@@ -407,11 +407,11 @@ TEST_F(RabbitConsumerTest, AClassicQueueIsRefusedAtStartNamingTheWayOut) {
         c.declare_queue(1, "classic-orders", rmq::QueueDeclare{});  // classic: no x-queue-type
     }
     int calls = 0;
-    RabbitConsumer consumer{endpoint(), fast_options("classic-orders"),
-                            [&](const Delivery&, const RabbitMessage&) {
-                                ++calls;
-                                return Outcome{Disposition::processed, ""};
-                            }};
+    RabbitMqConsumer consumer{endpoint(), fast_options("classic-orders"),
+                              [&](const Delivery&, const RabbitMessage&) {
+                                  ++calls;
+                                  return Outcome{Disposition::processed, ""};
+                              }};
     try {
         consumer.start();
         FAIL() << "a classic queue was accepted";
@@ -428,9 +428,9 @@ TEST_F(RabbitConsumerTest, AClassicQueueIsRefusedAtStartNamingTheWayOut) {
     // A missing queue with declare off is refused too; with declare on, it is created quorum.
     auto options = fast_options("not-there-yet");
     options.declare = false;
-    RabbitConsumer strict{endpoint(), options, [](const Delivery&, const RabbitMessage&) {
-                              return Outcome{Disposition::processed, ""};
-                          }};
+    RabbitMqConsumer strict{endpoint(), options, [](const Delivery&, const RabbitMessage&) {
+                                return Outcome{Disposition::processed, ""};
+                            }};
     EXPECT_THROW(strict.start(), idem::usage_error);
 }
 
@@ -451,7 +451,7 @@ TEST_F(RabbitConsumerTest, ADeliveryWithoutAnIdIsDeadLetteredWithTheReason) {
             destination = std::string(h.dead_letter_destination);
             depth = h.dead_letter_depth;
         };
-        RabbitConsumer consumer{endpoint(), with_health, handler};
+        RabbitMqConsumer consumer{endpoint(), with_health, handler};
         admin->publish("no-id", "who am I", std::nullopt);
         ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
         ASSERT_TRUE(poll_until(consumer, [&] { return depth == std::optional<std::uint64_t>(1); }))
@@ -471,7 +471,7 @@ TEST_F(RabbitConsumerTest, ADeliveryWithoutAnIdIsDeadLetteredWithTheReason) {
 
     // With id_field, the header is the id (and the message_id property is not needed).
     options.id_field = "order-id";
-    RabbitConsumer by_header{endpoint(), options, handler};
+    RabbitMqConsumer by_header{endpoint(), options, handler};
     admin->publish("no-id", "order 5", std::nullopt, {{"order-id", std::string("order-5")}});
     ASSERT_TRUE(poll_until(by_header, [&] { return by_header.stats().acked == 1; }));
     EXPECT_EQ(runs, 1);
@@ -483,17 +483,17 @@ TEST_F(RabbitConsumerTest, ADeferredRetryWaitsInTheRetryQueueAndKeepsItsCount) {
     admin->fresh_quorum_queue("later");
     std::vector<std::uint32_t> counts;
     std::vector<Clock::time_point> at;
-    RabbitConsumer consumer{endpoint(), fast_options("later"),
-                            [&](const Delivery& d, const RabbitMessage&) {
-                                counts.push_back(d.delivery_count.value());
-                                at.push_back(Clock::now());
-                                if (counts.size() == 1) {
-                                    Outcome o{Disposition::deferred, "predecessor not there"};
-                                    o.retry_after = 300ms;
-                                    return o;
-                                }
-                                return Outcome{Disposition::processed, ""};
-                            }};
+    RabbitMqConsumer consumer{endpoint(), fast_options("later"),
+                              [&](const Delivery& d, const RabbitMessage&) {
+                                  counts.push_back(d.delivery_count.value());
+                                  at.push_back(Clock::now());
+                                  if (counts.size() == 1) {
+                                      Outcome o{Disposition::deferred, "predecessor not there"};
+                                      o.retry_after = 300ms;
+                                      return o;
+                                  }
+                                  return Outcome{Disposition::processed, ""};
+                              }};
     admin->publish("later", "early event", "evt-1");
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
     ASSERT_EQ(counts.size(), 2u);
@@ -511,12 +511,12 @@ TEST_F(RabbitConsumerTest, AFailureWaitsItsRedeliveryBackoffBeforeItComesBack) {
     auto options = fast_options("failing");
     options.redelivery_backoff.initial = 300ms;  // then 600 ms
     options.redelivery_backoff.jitter = 0.0;
-    RabbitConsumer consumer{endpoint(), options, [&](const Delivery& d, const RabbitMessage&) {
-                                counts.push_back(d.delivery_count.value());
-                                at.push_back(Clock::now());
-                                if (counts.size() < 3) return Outcome{Disposition::failed, "no"};
-                                return Outcome{Disposition::processed, ""};
-                            }};
+    RabbitMqConsumer consumer{endpoint(), options, [&](const Delivery& d, const RabbitMessage&) {
+                                  counts.push_back(d.delivery_count.value());
+                                  at.push_back(Clock::now());
+                                  if (counts.size() < 3) return Outcome{Disposition::failed, "no"};
+                                  return Outcome{Disposition::processed, ""};
+                              }};
     admin->publish("failing", "flaky", "flaky-1");
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
     EXPECT_EQ(counts, (std::vector<std::uint32_t>{1, 2, 3}));
@@ -536,7 +536,7 @@ TEST_F(RabbitConsumerTest, ADependencyRefusingForThreeSecondsDoesNotParkTheMessa
     auto handler = gateway.handler<RabbitMessage>(store);
     auto options = fast_options("refusing");
     options.redelivery_backoff = idem::RedeliveryBackoff{};  // the defaults
-    RabbitConsumer consumer{endpoint(), options, handler};
+    RabbitMqConsumer consumer{endpoint(), options, handler};
     admin->publish("refusing", "capture 1", "order-1");
     ASSERT_TRUE(poll_until(
         consumer, [&] { return consumer.stats().acked == 1; }, 30s));
@@ -552,16 +552,16 @@ TEST_F(RabbitConsumerTest, ADependencyRefusingForThreeSecondsDoesNotParkTheMessa
 TEST_F(RabbitConsumerTest, AShortRetryIsNotHeldBehindALongOne) {
     admin->fresh_quorum_queue("delays");
     std::map<std::string, std::vector<Clock::time_point>> at;
-    RabbitConsumer consumer{endpoint(), fast_options("delays"),
-                            [&](const Delivery& d, const RabbitMessage& m) {
-                                at[m.body].push_back(Clock::now());
-                                if (d.delivery_count.value() > 1) {
-                                    return Outcome{Disposition::processed, ""};
-                                }
-                                Outcome o{Disposition::deferred, "not yet"};
-                                o.retry_after = m.body == "long" ? 60s : 300ms;
-                                return o;
-                            }};
+    RabbitMqConsumer consumer{endpoint(), fast_options("delays"),
+                              [&](const Delivery& d, const RabbitMessage& m) {
+                                  at[m.body].push_back(Clock::now());
+                                  if (d.delivery_count.value() > 1) {
+                                      return Outcome{Disposition::processed, ""};
+                                  }
+                                  Outcome o{Disposition::deferred, "not yet"};
+                                  o.retry_after = m.body == "long" ? 60s : 300ms;
+                                  return o;
+                              }};
     admin->publish("delays", "long", "evt-long");
     ASSERT_TRUE(poll_until(consumer, [&] { return at["long"].size() == 1; }));
     admin->publish("delays", "short", "evt-short");
@@ -584,15 +584,15 @@ TEST_F(RabbitConsumerTest, AnUnreachableStorePausesConsumingWithoutRaisingHeldCo
         if (probes_failing-- > 0) throw idem::store_unavailable("still down");
     };
     bool down = true;
-    RabbitConsumer consumer{endpoint(), options, [&](const Delivery& d, const RabbitMessage&) {
-                                counts[d.message_id].push_back(d.delivery_count.value());
-                                if (down) {
-                                    down = false;
-                                    return idem::failed_outcome(
-                                        "store down", idem::FailureCause::store_unavailable);
-                                }
-                                return Outcome{Disposition::processed, ""};
-                            }};
+    RabbitMqConsumer consumer{endpoint(), options, [&](const Delivery& d, const RabbitMessage&) {
+                                  counts[d.message_id].push_back(d.delivery_count.value());
+                                  if (down) {
+                                      down = false;
+                                      return idem::failed_outcome(
+                                          "store down", idem::FailureCause::store_unavailable);
+                                  }
+                                  return Outcome{Disposition::processed, ""};
+                              }};
     admin->publish("outage", "first", "m-1");
     admin->publish("outage", "second", "m-2");
     consumer.start();
@@ -642,26 +642,26 @@ TEST_F(RabbitConsumerTest, SlowLiveHolderRedeliveredAfterMissedHeartbeatsIsNotDe
     // which the consumer cannot check.
     rmq::Endpoint a_endpoint = endpoint();
     a_endpoint.heartbeat = 1s;
-    RabbitConsumer a{
+    RabbitMqConsumer a{
         a_endpoint, fast_options("slow"),
         [&](const Delivery& d, const RabbitMessage& m) { return handler.handle(d, m); }};
     std::mutex seen_mutex;
     std::vector<std::uint32_t> b_counts;
     std::vector<Disposition> b_outcomes;
-    RabbitConsumer b{endpoint(), fast_options("slow"),
-                     [&](const Delivery& d, const RabbitMessage& m) {
-                         Outcome outcome = handler.handle(d, m);
-                         // in_progress carries the holder's remaining lease (retry_after), which
-                         // B would wait out in the retry queue; dropped, so B's redeliveries
-                         // come after in_progress_delay (fast_options) while A still works.
-                         if (outcome.disposition == Disposition::in_progress) {
-                             outcome.retry_after.reset();
-                         }
-                         std::lock_guard<std::mutex> lock(seen_mutex);
-                         b_counts.push_back(d.delivery_count.value());
-                         b_outcomes.push_back(outcome.disposition);
-                         return outcome;
-                     }};
+    RabbitMqConsumer b{endpoint(), fast_options("slow"),
+                       [&](const Delivery& d, const RabbitMessage& m) {
+                           Outcome outcome = handler.handle(d, m);
+                           // in_progress carries the holder's remaining lease (retry_after), which
+                           // B would wait out in the retry queue; dropped, so B's redeliveries
+                           // come after in_progress_delay (fast_options) while A still works.
+                           if (outcome.disposition == Disposition::in_progress) {
+                               outcome.retry_after.reset();
+                           }
+                           std::lock_guard<std::mutex> lock(seen_mutex);
+                           b_counts.push_back(d.delivery_count.value());
+                           b_outcomes.push_back(outcome.disposition);
+                           return outcome;
+                       }};
     admin->publish("slow", "slow order", "order-s");
     std::string a_error;
     std::thread worker([&] {
@@ -759,7 +759,7 @@ TEST_F(RabbitConsumerTest, BatchModeHandsAPollToOneHandleBatchAndAcksEveryDelive
     options.prefetch = n;
     options.batch_size = n;
     {
-        RabbitConsumer consumer{endpoint(), options, handler};
+        RabbitMqConsumer consumer{endpoint(), options, handler};
         for (std::size_t i = 0; i < n; ++i) {
             admin->publish("batch", "order " + std::to_string(i), "order-" + std::to_string(i));
         }
@@ -809,7 +809,7 @@ TEST_F(RabbitConsumerTest, BatchModeDeadLettersThePoisonRedeliversTheFailureAndA
     options.prefetch = 4;
     options.batch_size = 4;
     {
-        RabbitConsumer consumer{endpoint(), options, handler};
+        RabbitMqConsumer consumer{endpoint(), options, handler};
         admin->publish("batchmix", "order 1", "order-1");
         // Delivered twice before (a delayed retry carries that over): this, its third delivery,
         // is at the limit.
@@ -894,7 +894,7 @@ class RabbitConsumerBreaker : public RabbitConsumerTest {
         auto id = [](int i) { return "order-" + std::to_string(i); };
         const std::size_t handed = idem_test::handed_before_the_breaker(mode);
         {
-            std::optional<RabbitConsumer> consumer;
+            std::optional<RabbitMqConsumer> consumer;
             if (mode == BreakerMode::plain_batches) {
                 consumer.emplace(endpoint(), options,
                                  [&](const Delivery& d, const RabbitMessage& m) {
@@ -994,7 +994,7 @@ class RabbitConsumerOutage : public RabbitConsumerTest {
         options.circuit_breaker.max_backoff = 50ms;
         auto id = [](int i) { return "order-" + std::to_string(i); };
         {
-            RabbitConsumer consumer{endpoint(), options, handler};
+            RabbitMqConsumer consumer{endpoint(), options, handler};
             for (int i = 1; i <= 6; ++i)
                 admin->publish(queue, "order " + std::to_string(i), id(i));
             consumer.start();
@@ -1058,7 +1058,7 @@ TEST_F(RabbitConsumerTest, BrokerCrashMidRunLosesNothingAndAppliesNothingTwice) 
     for (int i = 0; i < total; ++i)
         admin->publish("restart", "order " + std::to_string(i), "order-" + std::to_string(i));
 
-    RabbitConsumer consumer{endpoint(), fast_options("restart"), handler};
+    RabbitMqConsumer consumer{endpoint(), fast_options("restart"), handler};
     std::thread worker([&] { consumer.run(); });
     const auto effects = [&] { return count_rows(db_path, "SELECT count(*) FROM effects"); };
     ASSERT_TRUE(wait_for([&] { return effects() >= 50; }));

@@ -65,11 +65,11 @@ TEST(RedeliveryBackoff, NoneIsOff) {
 TEST(RedeliveryBackoff, ValuesThatCannotWorkAreRefusedWithTheReason) {
     auto refused = [](RedeliveryBackoff b, const std::string& why) {
         try {
-            b.validate("idem::StreamConsumer(\"orders\")");
+            b.validate("idem::RedisStreamConsumer(\"orders\")");
             ADD_FAILURE() << "accepted: " << why;
         } catch (const idem::usage_error& e) {
             EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
-            EXPECT_NE(std::string(e.what()).find("idem::StreamConsumer(\"orders\")"),
+            EXPECT_NE(std::string(e.what()).find("idem::RedisStreamConsumer(\"orders\")"),
                       std::string::npos);
         }
     };

@@ -1,4 +1,4 @@
-// idem::StreamConsumer's batch mode against a real redis-server: one handle_batch per poll
+// idem::RedisStreamConsumer's batch mode against a real redis-server: one handle_batch per poll
 // and one round trip for the acks, with SQLite and Redis stores; and the circuit breaker opening
 // in the middle of a poll, one at a time and in batch mode (RedisStreamsBreaker).
 
@@ -21,7 +21,7 @@ struct FirstBatch {
 const Fields poison_fields{{"order", "4"}, {"kind", "poison"}};
 const Fields malformed_fields{{"customer", "9"}};
 
-StreamConsumerOptions batch_options(std::chrono::milliseconds visibility_timeout) {
+RedisStreamConsumerOptions batch_options(std::chrono::milliseconds visibility_timeout) {
     auto options = fast_options("orders");
     options.id_field = "order";
     options.handle_in_batches = true;
@@ -63,7 +63,7 @@ class StreamBatchTest : public StreamConsumerTest {
     /// After the first batch's poll: 6 read; 1, 2, the duplicate and the malformed entry acked
     /// (that one dead-lettered), the flaky and the poison entry pending; @p in_commit of the
     /// acks made in the store's commit.
-    void expect_first_batch_done(const StreamConsumer& consumer, const FirstBatch& b,
+    void expect_first_batch_done(const RedisStreamConsumer& consumer, const FirstBatch& b,
                                  std::size_t in_commit) {
         EXPECT_EQ(pending_ids("orders"), (std::vector<std::string>{b.flaky, b.poison}));
         const auto stats = consumer.stats();
@@ -82,7 +82,7 @@ class StreamBatchTest : public StreamConsumerTest {
 
     /// After the second batch is acked: 8 read, 3 reclaimed once and 4 twice (parked on its
     /// third delivery), nothing pending; @p in_commit acks in the store's commit in all.
-    void expect_second_batch_done(const StreamConsumer& consumer, std::size_t in_commit) {
+    void expect_second_batch_done(const RedisStreamConsumer& consumer, std::size_t in_commit) {
         const auto stats = consumer.stats();
         EXPECT_EQ(stats.read, 8u);
         EXPECT_EQ(stats.redelivered, 3u);  // 3 once, 4 twice
@@ -125,7 +125,7 @@ TEST_F(StreamBatchTest, SqliteBatchIsOneHandleBatchAndTheConsumerAcksWithOneXack
             misbehave(e, flaky_runs);
             tx.execute("INSERT INTO effects(order_id) VALUES (?)", std::string(*e.field("order")));
         });
-    StreamConsumer consumer{endpoint(), batch_options(100ms), handler};
+    RedisStreamConsumer consumer{endpoint(), batch_options(100ms), handler};
     ASSERT_FALSE(consumer.acks_in_commit());
     auto effects = [&](const std::string& order) {
         return store.query_int("SELECT count(*) FROM effects WHERE order_id = ?", order).value();
@@ -169,7 +169,7 @@ TEST_F(StreamBatchTest, RedisStoreBatchCommitAcksWhatItCompletesAndParksItsDeadL
                                           misbehave(e, flaky_runs);
                                           count_order(tx, e);
                                       });
-    StreamConsumer consumer{endpoint(), batch_options(300ms), handler};
+    RedisStreamConsumer consumer{endpoint(), batch_options(300ms), handler};
     ASSERT_TRUE(consumer.acks_in_commit());
 
     warm_up(store);
@@ -209,7 +209,7 @@ TEST_F(StreamBatchTest, RedisStoreBatchOfNFreshEntriesCostsTwoStoreRoundTrips) {
     auto handler = idem::make_handler(store, idem::Policy{"count"}, count_order);
     auto options = batch_options(1s);
     options.batch_size = 32;
-    StreamConsumer consumer{endpoint(), options, handler};
+    RedisStreamConsumer consumer{endpoint(), options, handler};
 
     warm_up(store);
 
@@ -244,7 +244,7 @@ TEST_F(StreamBatchTest, RedisStoreBatchOfNFreshEntriesCostsTwoStoreRoundTrips) {
 TEST_F(StreamBatchTest, RedisStoreBatchCommitParksEveryMalformedEntryOfTheBatch) {
     idem::RedisStore store{endpoint(), store_options(1s)};
     auto handler = idem::make_handler(store, idem::Policy{"count"}, count_order);
-    StreamConsumer consumer{endpoint(), batch_options(1s), handler};
+    RedisStreamConsumer consumer{endpoint(), batch_options(1s), handler};
     // Entries without the id field all have the empty message id: the commit pairs its dead
     // letters with them in order.
     const std::string first = xadd("orders", {{"customer", "1"}});
@@ -267,16 +267,16 @@ TEST_F(StreamBatchTest, PlainHandlerIsCalledPerEntryAndItsAcksGoInOneRoundTrip) 
     std::vector<std::string> seen;
     auto options = fast_options("orders");
     options.handle_in_batches = true;
-    StreamConsumer consumer{endpoint(), options, [&](const Delivery&, const StreamEntry& e) {
-                                const std::string order(*e.field("order"));
-                                seen.push_back(order);
-                                if (order == "bad")
-                                    return Outcome{Disposition::dead_lettered, "bad"};
-                                if (order == "later")
-                                    return Outcome{Disposition::deferred, "later"};
-                                if (order == "boom") throw std::runtime_error("boom");
-                                return Outcome{Disposition::processed, {}};
-                            }};
+    RedisStreamConsumer consumer{endpoint(), options, [&](const Delivery&, const StreamEntry& e) {
+                                     const std::string order(*e.field("order"));
+                                     seen.push_back(order);
+                                     if (order == "bad")
+                                         return Outcome{Disposition::dead_lettered, "bad"};
+                                     if (order == "later")
+                                         return Outcome{Disposition::deferred, "later"};
+                                     if (order == "boom") throw std::runtime_error("boom");
+                                     return Outcome{Disposition::processed, {}};
+                                 }};
     xadd("orders", {{"order", "1"}});
     const std::string later = xadd("orders", {{"order", "later"}});
     xadd("orders", {{"order", "bad"}});
@@ -302,10 +302,10 @@ TEST_F(StreamBatchTest, BatchSizeBoundsTheWholeBatch) {
     auto options = fast_options("orders");
     options.handle_in_batches = true;
     options.batch_size = 3;
-    StreamConsumer consumer{endpoint(), options, [&](const Delivery&, const StreamEntry& e) {
-                                seen.emplace_back(*e.field("order"));
-                                return Outcome{Disposition::processed, {}};
-                            }};
+    RedisStreamConsumer consumer{endpoint(), options, [&](const Delivery&, const StreamEntry& e) {
+                                     seen.emplace_back(*e.field("order"));
+                                     return Outcome{Disposition::processed, {}};
+                                 }};
     for (int i = 1; i <= 5; ++i)
         xadd("orders", {{"order", std::to_string(i)}});
     EXPECT_EQ(consumer.poll_once(), 3u);
@@ -318,10 +318,10 @@ TEST_F(StreamBatchTest, StopBeforeTheBatchLeavesItPending) {
     int calls = 0;
     auto options = fast_options("orders");
     options.handle_in_batches = true;
-    StreamConsumer consumer{endpoint(), options, [&](const Delivery&, const StreamEntry&) {
-                                ++calls;
-                                return Outcome{Disposition::processed, {}};
-                            }};
+    RedisStreamConsumer consumer{endpoint(), options, [&](const Delivery&, const StreamEntry&) {
+                                     ++calls;
+                                     return Outcome{Disposition::processed, {}};
+                                 }};
     xadd("orders", {{"order", "1"}});
     consumer.request_stop();
     EXPECT_EQ(consumer.poll_once(), 0u);
@@ -356,7 +356,7 @@ class RedisStreamsBreaker : public StreamConsumerTest {
         auto options = fast_options("orders");
         options.id_field = "order";
         idem_test::breaker_options(options, mode, store);
-        std::optional<StreamConsumer> consumer;
+        std::optional<RedisStreamConsumer> consumer;
         if (mode == BreakerMode::plain_batches) {
             consumer.emplace(endpoint(), options, [&](const Delivery& d, const StreamEntry& e) {
                 return handler.handle(d, e);

@@ -1,4 +1,4 @@
-// idem::StreamConsumer against a real redis-server: options, failed handlers, deleted
+// idem::RedisStreamConsumer against a real redis-server: options, failed handlers, deleted
 // entries and streams, the ack inside a RedisStore commit, a slow but live lease holder, a
 // graceful stop and a server restart.
 
@@ -11,12 +11,12 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Options
 
-TEST(StreamConsumerOptions, InvalidOptionsAreRefusedWithTheReason) {
+TEST(RedisStreamConsumerOptions, InvalidOptionsAreRefusedWithTheReason) {
     auto handler = [](const Delivery&, const StreamEntry&) { return Outcome{}; };
-    auto refused = [&](StreamConsumerOptions options, const std::string& says,
+    auto refused = [&](RedisStreamConsumerOptions options, const std::string& says,
                        idem::RedisEndpoint endpoint = {}) {
         try {
-            StreamConsumer consumer{endpoint, std::move(options), handler};
+            RedisStreamConsumer consumer{endpoint, std::move(options), handler};
             ADD_FAILURE() << "accepted; expected a refusal mentioning: " << says;
         } catch (const idem::usage_error& e) {
             EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
@@ -48,14 +48,14 @@ TEST(StreamConsumerOptions, InvalidOptionsAreRefusedWithTheReason) {
     o.poll_wait = 6000ms;
     refused(o, "shorter than the endpoint's command_timeout (5000 ms)");
 
-    EXPECT_THROW(StreamConsumer(idem::RedisEndpoint{}, base, StreamConsumer::Handler{}),
+    EXPECT_THROW(RedisStreamConsumer(idem::RedisEndpoint{}, base, RedisStreamConsumer::Handler{}),
                  idem::usage_error);
-    StreamConsumer consumer{idem::RedisEndpoint{}, base, handler};
+    RedisStreamConsumer consumer{idem::RedisEndpoint{}, base, handler};
     EXPECT_EQ(consumer.options().dead_letter, "orders.dead-letters");
     EXPECT_FALSE(consumer.acks_in_commit());
 }
 
-TEST(StreamConsumerOptions, LeaseLongerThanTheVisibilityTimeoutIsRefusedNamingBoth) {
+TEST(RedisStreamConsumerOptions, LeaseLongerThanTheVisibilityTimeoutIsRefusedNamingBoth) {
     const idem::RedisEndpoint endpoint;  // nothing connects before the first poll
     idem::RedisStore store{endpoint};    // default lease 30 s
     auto handler =
@@ -63,7 +63,7 @@ TEST(StreamConsumerOptions, LeaseLongerThanTheVisibilityTimeoutIsRefusedNamingBo
     auto options = fast_options("orders");
     options.visibility_timeout = 200ms;
     try {
-        StreamConsumer consumer{endpoint, options, handler};
+        RedisStreamConsumer consumer{endpoint, options, handler};
         FAIL() << "a 30 s lease against a 200 ms visibility timeout must be refused";
     } catch (const idem::usage_error& e) {
         const std::string what = e.what();
@@ -72,12 +72,12 @@ TEST(StreamConsumerOptions, LeaseLongerThanTheVisibilityTimeoutIsRefusedNamingBo
         EXPECT_NE(what.find("p99"), std::string::npos) << what;
     }
     options.visibility_timeout = 30s;
-    StreamConsumer consumer{endpoint, options, handler};
+    RedisStreamConsumer consumer{endpoint, options, handler};
     EXPECT_TRUE(consumer.acks_in_commit());
 
     idem::RedisEndpoint other = endpoint;
     other.db = 1;  // another database: the commit cannot include the ack
-    StreamConsumer elsewhere{other, options, handler};
+    RedisStreamConsumer elsewhere{other, options, handler};
     EXPECT_FALSE(elsewhere.acks_in_commit());
 }
 
@@ -96,11 +96,11 @@ TEST(StreamPayload, IsReadableUnambiguousAscii) {
 
 TEST_F(StreamConsumerTest, ThrowingHandlerIsFailedAndNeverEscapesTheLoop) {
     int calls = 0;
-    StreamConsumer consumer{endpoint(), fast_options("orders"),
-                            [&](const Delivery&, const StreamEntry&) -> Outcome {
-                                ++calls;
-                                throw std::runtime_error("bug in the handler");
-                            }};
+    RedisStreamConsumer consumer{endpoint(), fast_options("orders"),
+                                 [&](const Delivery&, const StreamEntry&) -> Outcome {
+                                     ++calls;
+                                     throw std::runtime_error("bug in the handler");
+                                 }};
     xadd("orders", {{"order", "1"}});
     ASSERT_TRUE(poll_until(consumer, [&] { return calls == 2; }));  // read, then reclaimed
     EXPECT_EQ(consumer.stats().not_acked, 2u);
@@ -120,7 +120,7 @@ TEST_F(StreamConsumerTest, ADependencyRefusingForThreeSecondsDoesNotParkTheMessa
     auto options = fast_options("orders");
     options.visibility_timeout = 200ms;
     options.redelivery_backoff = idem::RedeliveryBackoff{};  // the defaults
-    StreamConsumer consumer{endpoint(), options, handler};
+    RedisStreamConsumer consumer{endpoint(), options, handler};
     xadd("orders", {{"order", "1"}});
 
     ASSERT_TRUE(poll_until(
@@ -140,7 +140,7 @@ TEST_F(StreamConsumerTest, AHeldBackEntryKeepsItsCountWhileAnotherIsTakenOver) {
     options.redelivery_backoff.initial = 60s;  // "slow" waits a minute after its failure
     options.redelivery_backoff.max = 60s;
     options.redelivery_backoff.jitter = 0.0;
-    StreamConsumer slow_consumer{
+    RedisStreamConsumer slow_consumer{
         endpoint(), options, [&](const Delivery& d, const StreamEntry& e) {
             counts[std::string(*e.field("order"))].push_back(d.delivery_count.value());
             return Outcome{Disposition::failed, "refused"};
@@ -150,7 +150,7 @@ TEST_F(StreamConsumerTest, AHeldBackEntryKeepsItsCountWhileAnotherIsTakenOver) {
 
     auto fast = fast_options("orders");  // another consumer of the group, without a backoff
     fast.consumer = "c2";
-    StreamConsumer fast_consumer{
+    RedisStreamConsumer fast_consumer{
         endpoint(), fast, [&](const Delivery& d, const StreamEntry& e) {
             counts[std::string(*e.field("order"))].push_back(d.delivery_count.value());
             return Outcome{Disposition::processed, ""};
@@ -180,11 +180,11 @@ void expect_failed_entry_due_after_its_backoff(const idem::RedisEndpoint& endpoi
     options.redelivery_backoff.max = 300ms;
     options.redelivery_backoff.jitter = 0.0;
     std::vector<std::pair<std::uint32_t, Clock::time_point>> seen;
-    StreamConsumer consumer{endpoint, options, [&](const Delivery& d, const StreamEntry&) {
-                                seen.emplace_back(d.delivery_count.value(), Clock::now());
-                                return seen.size() == 1 ? Outcome{Disposition::failed, "503"}
-                                                        : Outcome{Disposition::processed, ""};
-                            }};
+    RedisStreamConsumer consumer{endpoint, options, [&](const Delivery& d, const StreamEntry&) {
+                                     seen.emplace_back(d.delivery_count.value(), Clock::now());
+                                     return seen.size() == 1 ? Outcome{Disposition::failed, "503"}
+                                                             : Outcome{Disposition::processed, ""};
+                                 }};
     publish();
     ASSERT_TRUE(poll_until(
         consumer, [&] { return seen.size() == 2; }, 8s));
@@ -213,11 +213,11 @@ TEST_F(StreamConsumerTest, AFailedEntryIsDueAfterItsBackoffInBatchModeToo) {
 }
 
 TEST(RedeliveryBackoffOptions, AStreamConsumerRefusesABackoffThatCannotWork) {
-    StreamConsumerOptions options = fast_options("orders");
+    RedisStreamConsumerOptions options = fast_options("orders");
     options.redelivery_backoff.multiplier = 0.5;
     try {
-        StreamConsumer consumer{idem::RedisEndpoint{}, options,
-                                [](const Delivery&, const StreamEntry&) { return Outcome{}; }};
+        RedisStreamConsumer consumer{idem::RedisEndpoint{}, options,
+                                     [](const Delivery&, const StreamEntry&) { return Outcome{}; }};
         FAIL() << "accepted a shrinking backoff";
     } catch (const idem::usage_error& e) {
         EXPECT_NE(std::string(e.what()).find("redelivery_backoff: multiplier"), std::string::npos)
@@ -227,11 +227,11 @@ TEST(RedeliveryBackoffOptions, AStreamConsumerRefusesABackoffThatCannotWork) {
 
 TEST_F(StreamConsumerTest, PendingEntryDeletedFromTheStreamIsSkipped) {
     int calls = 0;
-    StreamConsumer consumer{endpoint(), fast_options("orders"),
-                            [&](const Delivery&, const StreamEntry&) {
-                                ++calls;
-                                return Outcome{Disposition::failed, "not yet"};
-                            }};
+    RedisStreamConsumer consumer{endpoint(), fast_options("orders"),
+                                 [&](const Delivery&, const StreamEntry&) {
+                                     ++calls;
+                                     return Outcome{Disposition::failed, "not yet"};
+                                 }};
     const std::string id = xadd("orders", {{"order", "1"}});
     ASSERT_TRUE(poll_until(consumer, [&] { return calls == 1; }));
     client_->exec({"XDEL", "orders", id});
@@ -245,11 +245,11 @@ TEST_F(StreamConsumerTest, PendingEntryDeletedFromTheStreamIsSkipped) {
 
 TEST_F(StreamConsumerTest, GroupIsCreatedAgainWhenTheStreamWasDeleted) {
     std::vector<std::string> handled;
-    StreamConsumer consumer{endpoint(), fast_options("orders"),
-                            [&](const Delivery&, const StreamEntry& e) {
-                                handled.emplace_back(*e.field("order"));
-                                return Outcome{Disposition::processed, {}};
-                            }};
+    RedisStreamConsumer consumer{endpoint(), fast_options("orders"),
+                                 [&](const Delivery&, const StreamEntry& e) {
+                                     handled.emplace_back(*e.field("order"));
+                                     return Outcome{Disposition::processed, {}};
+                                 }};
     xadd("orders", {{"order", "1"}});
     ASSERT_TRUE(poll_until(consumer, [&] { return handled.size() == 1; }));
     client_->exec({"DEL", "orders"});  // the group goes with the stream
@@ -280,7 +280,7 @@ TEST_F(StreamConsumerTest, RedisStoreAcksInTheCommitAndParksPoisonInTheSameCommi
     auto options = fast_options("orders");
     options.id_field = "order";
     options.visibility_timeout = 200ms;
-    StreamConsumer consumer{endpoint(), options, handler};
+    RedisStreamConsumer consumer{endpoint(), options, handler};
     ASSERT_TRUE(consumer.acks_in_commit());
 
     xadd("orders", {{"order", "7"}});
@@ -338,7 +338,7 @@ TEST_F(StreamConsumerTest, SlowLiveHolderIsNotDeadLetteredByRedeliveriesAndCompl
     // A: configured as advised, lease (5 s) = visibility timeout (5 s); acks in its commit.
     auto a_options = fast_options("orders", "a");
     a_options.visibility_timeout = 5s;
-    StreamConsumer a{endpoint(), a_options, handler};
+    RedisStreamConsumer a{endpoint(), a_options, handler};
     ASSERT_TRUE(a.acks_in_commit());
 
     // B: a peer whose visibility timeout (100 ms) is far below the lease, so it takes the entry
@@ -348,13 +348,13 @@ TEST_F(StreamConsumerTest, SlowLiveHolderIsNotDeadLetteredByRedeliveriesAndCompl
     // handler in a plain std::function, which the consumer cannot check.
     std::vector<std::uint32_t> b_counts;
     std::vector<Disposition> b_outcomes;
-    StreamConsumer b{endpoint(), fast_options("orders", "b"),
-                     [&](const Delivery& d, const StreamEntry& e) {
-                         Outcome outcome = handler.handle(d, e);
-                         b_counts.push_back(d.delivery_count.value());
-                         b_outcomes.push_back(outcome.disposition);
-                         return outcome;
-                     }};
+    RedisStreamConsumer b{endpoint(), fast_options("orders", "b"),
+                          [&](const Delivery& d, const StreamEntry& e) {
+                              Outcome outcome = handler.handle(d, e);
+                              b_counts.push_back(d.delivery_count.value());
+                              b_outcomes.push_back(outcome.disposition);
+                              return outcome;
+                          }};
 
     const std::string id = xadd("orders", {{"order", "1"}});
     std::atomic<bool> a_done{false};
@@ -406,9 +406,9 @@ TEST_F(StreamConsumerTest, SlowLiveHolderIsNotDeadLetteredByRedeliveriesAndCompl
 TEST_F(StreamConsumerTest, RunReturnsSoonAfterRequestStop) {
     auto options = fast_options("orders");
     options.poll_wait = 300ms;
-    StreamConsumer consumer{endpoint(), options, [](const Delivery&, const StreamEntry&) {
-                                return Outcome{Disposition::processed, {}};
-                            }};
+    RedisStreamConsumer consumer{endpoint(), options, [](const Delivery&, const StreamEntry&) {
+                                     return Outcome{Disposition::processed, {}};
+                                 }};
     std::thread worker([&] { consumer.run(); });
     std::this_thread::sleep_for(100ms);  // let it reach a blocking read
     const auto asked = Clock::now();
@@ -423,13 +423,13 @@ TEST_F(StreamConsumerTest, StopFinishesTheEntryInHandAndLeavesTheRestPending) {
     std::atomic<int> calls{0};
     std::atomic<bool> in_handler{false};
     std::atomic<bool> release{false};
-    StreamConsumer consumer{endpoint(), fast_options("orders"),
-                            [&](const Delivery&, const StreamEntry&) {
-                                ++calls;
-                                in_handler = true;
-                                wait_for([&] { return release.load(); });
-                                return Outcome{Disposition::processed, {}};
-                            }};
+    RedisStreamConsumer consumer{endpoint(), fast_options("orders"),
+                                 [&](const Delivery&, const StreamEntry&) {
+                                     ++calls;
+                                     in_handler = true;
+                                     wait_for([&] { return release.load(); });
+                                     return Outcome{Disposition::processed, {}};
+                                 }};
     xadd("orders", {{"order", "1"}});
     xadd("orders", {{"order", "2"}});  // read in the same batch, never handled
     std::atomic<bool> returned{false};
@@ -463,7 +463,7 @@ TEST(StreamConsumerRestart, NothingAckedWithoutAnOutcomeAndProcessingContinues) 
     // poll_once(): the server dies while the handler works; the ack cannot be sent, so the entry
     // stays pending across the restart and comes back.
     std::vector<std::pair<std::string, std::uint32_t>> seen;
-    StreamConsumer consumer{
+    RedisStreamConsumer consumer{
         endpoint_of(server), options, [&](const Delivery& d, const StreamEntry& e) {
             seen.emplace_back(std::string(*e.field("order")), d.delivery_count.value());
             if (seen.size() == 1) server.kill9();
@@ -484,12 +484,12 @@ TEST(StreamConsumerRestart, NothingAckedWithoutAnOutcomeAndProcessingContinues) 
     // run(): keeps going through a crash and a restart.
     std::mutex mutex;
     std::vector<std::string> handled;
-    StreamConsumer runner{endpoint_of(server), fast_options("orders", "c2"),
-                          [&](const Delivery&, const StreamEntry& e) {
-                              std::lock_guard<std::mutex> lock(mutex);
-                              handled.emplace_back(*e.field("order"));
-                              return Outcome{Disposition::processed, {}};
-                          }};
+    RedisStreamConsumer runner{endpoint_of(server), fast_options("orders", "c2"),
+                               [&](const Delivery&, const StreamEntry& e) {
+                                   std::lock_guard<std::mutex> lock(mutex);
+                                   handled.emplace_back(*e.field("order"));
+                                   return Outcome{Disposition::processed, {}};
+                               }};
     auto handled_count = [&] {
         std::lock_guard<std::mutex> lock(mutex);
         return handled.size();

@@ -1,4 +1,4 @@
-// idem::StreamConsumer's dead letters against a real redis-server: true delivery counts
+// idem::RedisStreamConsumer's dead letters against a real redis-server: true delivery counts
 // through XAUTOCLAIM + XPENDING, poison and malformed entries, hostile fields, and a store
 // outage that must not dead-letter healthy messages.
 
@@ -12,11 +12,11 @@ namespace {
 
 TEST_F(StreamConsumerTest, ReclaimedEntryCarriesTheTrueDeliveryCount) {
     std::vector<std::uint32_t> seen;
-    StreamConsumer consumer{endpoint(), fast_options("orders"),
-                            [&](const Delivery& d, const StreamEntry&) {
-                                seen.push_back(d.delivery_count.value());
-                                return Outcome{Disposition::failed, "not yet"};
-                            }};
+    RedisStreamConsumer consumer{endpoint(), fast_options("orders"),
+                                 [&](const Delivery& d, const StreamEntry&) {
+                                     seen.push_back(d.delivery_count.value());
+                                     return Outcome{Disposition::failed, "not yet"};
+                                 }};
     const std::string id = xadd("orders", {{"order", "1"}});
     ASSERT_TRUE(poll_until(consumer, [&] { return seen.size() >= 4; }));
     EXPECT_EQ(seen, (std::vector<std::uint32_t>{1, 2, 3, 4}));
@@ -39,7 +39,7 @@ TEST_F(StreamConsumerTest, PoisonReachesTheDeadLetterStreamAtMaxDeliveriesAndIsA
                                           effect_counts.push_back(d.delivery_count.value());
                                           throw std::runtime_error("gateway down");
                                       });
-    StreamConsumer consumer{endpoint(), fast_options("orders"), handler};
+    RedisStreamConsumer consumer{endpoint(), fast_options("orders"), handler};
     const Fields fields{{"order", "42"}, {"amount", "12.50"}};
     const std::string id = xadd("orders", fields);
 
@@ -83,7 +83,7 @@ TEST_F(StreamConsumerTest, HealthReportsPendingEntriesAndTheDeadLetterDepth) {
         circuit_open = h.circuit_open;
         reports.emplace_back(h.pending.value_or(999), h.dead_letter_depth.value_or(999));
     };
-    StreamConsumer consumer{endpoint(), options, handler};
+    RedisStreamConsumer consumer{endpoint(), options, handler};
     xadd("orders", {{"poison", "1"}});
     ASSERT_TRUE(poll_until(consumer, [&] { return !reports.empty(); }));
     EXPECT_EQ(reports.front(),
@@ -105,7 +105,7 @@ TEST_F(StreamConsumerTest, EntryWithoutTheIdFieldIsDeadLetteredAsMalformedAndAck
                                       [&](auto&, const StreamEntry&) { ++effect_runs; });
     auto options = fast_options("orders");
     options.id_field = "order";
-    StreamConsumer consumer{endpoint(), options, handler};
+    RedisStreamConsumer consumer{endpoint(), options, handler};
     const Fields fields{{"customer", "9"}, {"amount", "3"}};
     const std::string id = xadd("orders", fields);
     xadd("orders", {{"order", "10"}});
@@ -138,11 +138,11 @@ Fields hostile_fields() {
 TEST_F(StreamConsumerTest, HostileFieldsRoundTripIntoTheHandlerAndTheDeadLetterStream) {
     const Fields fields = hostile_fields();
     std::vector<Fields> seen;
-    StreamConsumer consumer{endpoint(), fast_options("orders"),
-                            [&](const Delivery&, const StreamEntry& e) {
-                                seen.push_back(e.fields);
-                                return Outcome{Disposition::dead_lettered, "hostile"};
-                            }};
+    RedisStreamConsumer consumer{endpoint(), fast_options("orders"),
+                                 [&](const Delivery&, const StreamEntry& e) {
+                                     seen.push_back(e.fields);
+                                     return Outcome{Disposition::dead_lettered, "hostile"};
+                                 }};
     xadd("orders", fields);
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
     ASSERT_EQ(seen.size(), 1u);
@@ -164,7 +164,7 @@ TEST_F(StreamConsumerTest, HostileFieldsRoundTripThroughTheRedisStoreCommit) {
             EXPECT_EQ(e.fields, fields);
             throw idem::malformed_message("no schema fits");
         });
-    StreamConsumer consumer{endpoint(), fast_options("orders"), handler};
+    RedisStreamConsumer consumer{endpoint(), fast_options("orders"), handler};
     xadd("orders", fields);
     ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().acked == 1; }));
     EXPECT_EQ(consumer.stats().acked_in_commit, 1u);
@@ -210,7 +210,7 @@ TEST_F(StreamConsumerTest, TheDeadLetterStreamKeepsOnlyTheRedactedFields) {
     {
         idem::MemoryStore store;
         auto handler = idem::make_handler(store, idem::Policy{"capture", policy}, reject);
-        StreamConsumer consumer{endpoint(), fast_options("orders"), handler};
+        RedisStreamConsumer consumer{endpoint(), fast_options("orders"), handler};
         xadd("orders", fields);
         ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
         EXPECT_EQ(consumer.stats().acked_in_commit, 0u);
@@ -220,7 +220,7 @@ TEST_F(StreamConsumerTest, TheDeadLetterStreamKeepsOnlyTheRedactedFields) {
     {
         idem::RedisStore store{endpoint(), store_options(100ms)};
         auto handler = idem::make_handler(store, idem::Policy{"capture", policy}, reject);
-        StreamConsumer consumer{endpoint(), fast_options("orders"), handler};
+        RedisStreamConsumer consumer{endpoint(), fast_options("orders"), handler};
         xadd("orders", fields);
         ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
         EXPECT_EQ(consumer.stats().acked_in_commit, 1u);
@@ -309,7 +309,7 @@ void StoreOutageTest::run_outage(bool in_batches) {
         xadd("orders", {{"order", std::to_string(i)}});
 
     auto lock = std::make_unique<SqliteWriteLock>(path);  // the store is down
-    StreamConsumer consumer{endpoint(), options, handler};
+    RedisStreamConsumer consumer{endpoint(), options, handler};
     std::thread worker([&] { consumer.run(); });
     // Long enough for dozens of redeliveries at a 20 ms visibility timeout without the breaker.
     if (!wait_for([&] { return consumer.stats().not_acked >= 1; })) {
@@ -351,10 +351,10 @@ TEST_F(StreamConsumerTest, PlainHandlerThrowingStoreUnavailablePausesTheConsumer
     options.store_probe = [&] {
         if (++probes < 3) throw idem::store_unavailable("still down");
     };
-    StreamConsumer consumer{endpoint(), options, [&](const Delivery&, const StreamEntry&) {
-                                if (++calls == 1) throw idem::store_unavailable("db down");
-                                return Outcome{Disposition::processed, {}};
-                            }};
+    RedisStreamConsumer consumer{endpoint(), options, [&](const Delivery&, const StreamEntry&) {
+                                     if (++calls == 1) throw idem::store_unavailable("db down");
+                                     return Outcome{Disposition::processed, {}};
+                                 }};
     xadd("orders", {{"order", "1"}});
     xadd("orders", {{"order", "2"}});
     EXPECT_EQ(consumer.poll_once(), 1u);  // the first fails: the second stays pending
@@ -374,7 +374,7 @@ TEST_F(StreamConsumerTest, DuplicateOfAParkedMessageStillReachesTheDeadLetterStr
     auto handler = idem::make_handler(store, idem::Policy{"capture", policy},
                                       [&](auto&, const StreamEntry&) { ++runs; });
     auto options = fast_options("orders");
-    StreamConsumer consumer{endpoint(), options, handler};
+    RedisStreamConsumer consumer{endpoint(), options, handler};
     ASSERT_FALSE(consumer.acks_in_commit());
     const Fields fields{{"order", "42"}};
     const std::string id = xadd("orders", fields);

@@ -1,10 +1,10 @@
-// StreamConsumerOptions::pipeline_commits (on by default) against a real redis-server: one entry
-// at a time on a RedisStore, entry N's commit goes with entry N+1's claim (idem::PipelinedLoop),
-// N is acked only once that commit said so — in the commit on the stream's database, in one XACK
-// after the poll's last entry elsewhere — a refused commit leaves its entry pending while the
-// next one goes on, a stop mid-poll commits the held entry before it returns, and the store's own
-// redis-server killed mid-poll (the circuit breaker) leaves the held entry, the next one and the
-// unhandled ones pending until they come again (RedisStreamsPipelinedOutage).
+// RedisStreamConsumerOptions::pipeline_commits (on by default) against a real redis-server: one
+// entry at a time on a RedisStore, entry N's commit goes with entry N+1's claim
+// (idem::PipelinedLoop), N is acked only once that commit said so — in the commit on the stream's
+// database, in one XACK after the poll's last entry elsewhere — a refused commit leaves its entry
+// pending while the next one goes on, a stop mid-poll commits the held entry before it returns, and
+// the store's own redis-server killed mid-poll (the circuit breaker) leaves the held entry, the
+// next one and the unhandled ones pending until they come again (RedisStreamsPipelinedOutage).
 
 #include "idem/store/redis/record.hpp"
 #include "idem/testing/redis_server.hpp"
@@ -19,7 +19,7 @@ class StreamPipelinedTest : public StreamConsumerTest {
         for (int i = 1; i <= count; ++i)
             xadd(stream, {{"order", std::to_string(i)}});
     }
-    static StreamConsumerOptions options_for(const std::string& stream, bool pipeline) {
+    static RedisStreamConsumerOptions options_for(const std::string& stream, bool pipeline) {
         auto options = fast_options(stream);
         options.id_field = "order";
         options.batch_size = 16;
@@ -37,7 +37,7 @@ TEST_F(StreamPipelinedTest, EachCommitGoesWithTheNextClaimAndCarriesItsAck) {
     auto trips_for_ten = [&](const std::string& stream, bool pipeline) {
         add_orders(stream, 10);
         auto& handler = pipeline ? pipelined : one_by_one;
-        StreamConsumer consumer{endpoint(), options_for(stream, pipeline), handler};
+        RedisStreamConsumer consumer{endpoint(), options_for(stream, pipeline), handler};
         EXPECT_TRUE(consumer.acks_in_commit());
         const std::size_t before = store.round_trips();
         EXPECT_EQ(consumer.poll_once(), 10u);
@@ -60,7 +60,7 @@ TEST_F(StreamPipelinedTest, AStoreElsewhereIsAckedInOneXackAfterThePollsLastEntr
     idem::RedisStore store{elsewhere, store_options(5s)};
     store.warm_up();
     auto handler = idem::make_handler(store, idem::Policy{"count"}, count_order);
-    StreamConsumer consumer{endpoint(), options_for("orders", true), handler};
+    RedisStreamConsumer consumer{endpoint(), options_for("orders", true), handler};
     ASSERT_FALSE(consumer.acks_in_commit());
     add_orders("orders", 6);
     client_->exec({"CONFIG", "RESETSTAT"});
@@ -91,7 +91,7 @@ TEST_F(StreamPipelinedTest, ARefusedCommitLeavesItsEntryPendingAndTheNextGoesOn)
             }
             count_order(tx, e);
         });
-    StreamConsumer consumer{endpoint(), options_for("orders", true), handler};
+    RedisStreamConsumer consumer{endpoint(), options_for("orders", true), handler};
     const std::string first = xadd("orders", {{"order", "1"}});
     xadd("orders", {{"order", "2"}});
     EXPECT_EQ(consumer.poll_once(), 2u);
@@ -107,13 +107,13 @@ TEST_F(StreamPipelinedTest, ARefusedCommitLeavesItsEntryPendingAndTheNextGoesOn)
 TEST_F(StreamPipelinedTest, AStopMidPollCommitsTheHeldEntryAndLeavesTheRestPending) {
     idem::RedisStore store{endpoint(), store_options(5s)};
     store.warm_up();
-    StreamConsumer* running = nullptr;
+    RedisStreamConsumer* running = nullptr;
     auto handler =
         idem::make_handler(store, idem::Policy{"count"}, [&](auto& tx, const StreamEntry& e) {
             count_order(tx, e);
             if (e.field("order") == std::string_view("2")) running->request_stop();
         });
-    StreamConsumer consumer{endpoint(), options_for("orders", true), handler};
+    RedisStreamConsumer consumer{endpoint(), options_for("orders", true), handler};
     running = &consumer;
     add_orders("orders", 5);
     EXPECT_EQ(consumer.poll_once(), 2u);
@@ -155,7 +155,7 @@ class RedisStreamsPipelinedOutage : public StreamPipelinedTest {
         options.handle_in_batches = batches;
         options.circuit_breaker.initial_backoff = 20ms;
         options.circuit_breaker.max_backoff = 50ms;
-        StreamConsumer consumer{endpoint(), options, handler};
+        RedisStreamConsumer consumer{endpoint(), options, handler};
         ASSERT_FALSE(consumer.acks_in_commit());  // another server: the consumer acks
 
         std::vector<std::string> ids;

@@ -48,9 +48,9 @@
 #include "idem/observer.hpp"
 #include "idem/redis/cluster.hpp"
 #include "idem/redis/connection.hpp"
-#include "idem/store/redis/keys.hpp"
 #include "idem/store/mysql.hpp"
 #include "idem/store/redis.hpp"
+#include "idem/store/redis/keys.hpp"
 #include "idem/testing/mariadb_server.hpp"
 #include "idem/testing/rabbitmq_server.hpp"
 #include "idem/testing/redis_cluster.hpp"
@@ -503,8 +503,8 @@ void expect_each_once(
     }
 }
 
-idem::RabbitConsumerOptions rabbit_options(const std::string& queue) {
-    idem::RabbitConsumerOptions options{queue};
+idem::RabbitMqConsumerOptions rabbit_options(const std::string& queue) {
+    idem::RabbitMqConsumerOptions options{queue};
     options.prefetch = 4;
     options.poll_wait = 50ms;
     options.in_progress_delay = 300ms;
@@ -523,8 +523,8 @@ void rabbit_outage(idem::RedisStore& store, const std::string& queue,
     DeliveryWatch watch;
     auto handler = counting_handler<idem::RabbitMessage>(
         store, queue, watch, [](const idem::RabbitMessage& m) { return m.body; });
-    idem::RabbitConsumer consumer{idem::testing::shared_rabbitmq().endpoint(),
-                                  rabbit_options(queue), handler};
+    idem::RabbitMqConsumer consumer{idem::testing::shared_rabbitmq().endpoint(),
+                                    rabbit_options(queue), handler};
     constexpr int before = 20, during = 20;
     const OutageSeen seen = run_outage(
         consumer, watch, [&](int i) { admin.publish(queue, std::to_string(i)); }, before, during,
@@ -578,7 +578,7 @@ TEST_F(RedisStoreOutageTest, RedisStreamOnAnotherServerPausesWhileRedisIsKilled)
     auto handler = counting_handler<StreamEntry>(
         *store, "outage_stream", watch,
         [](const StreamEntry& e) { return std::string(*e.field("order")); });
-    idem::StreamConsumerOptions options;
+    idem::RedisStreamConsumerOptions options;
     options.stream = "orders";
     options.group = "workers";
     options.consumer = "c1";
@@ -586,7 +586,7 @@ TEST_F(RedisStoreOutageTest, RedisStreamOnAnotherServerPausesWhileRedisIsKilled)
     options.visibility_timeout = 1s;  // the lease's length; the broker redelivers after it
     options.poll_wait = 50ms;
     options.circuit_breaker = fast_breaker();
-    idem::StreamConsumer consumer{endpoint_of(broker), options, handler};
+    idem::RedisStreamConsumer consumer{endpoint_of(broker), options, handler};
     idem::redis::Connection producer{endpoint_of(broker)};
     constexpr int before = 20, during = 20;
     const OutageSeen seen = run_outage(
@@ -655,8 +655,8 @@ TEST(MysqlStoreOutageTest, RabbitQueuePausesWhileMariadbIsKilled) {
             std::this_thread::sleep_for(5ms);
         },
         &watch);
-    idem::RabbitConsumer consumer{idem::testing::shared_rabbitmq().endpoint(),
-                                  rabbit_options(queue), handler};
+    idem::RabbitMqConsumer consumer{idem::testing::shared_rabbitmq().endpoint(),
+                                    rabbit_options(queue), handler};
     constexpr int before = 20, during = 20;
     const OutageSeen seen = run_outage(
         consumer, watch, [&](int i) { admin.publish(queue, std::to_string(i)); }, before, during,

@@ -36,8 +36,8 @@
 
 // The adapters' option types, declared only: their headers are included where they are used.
 IDEM_BEGIN_NAMESPACE
-struct StreamConsumerOptions;
-struct RabbitConsumerOptions;
+struct RedisStreamConsumerOptions;
+struct RabbitMqConsumerOptions;
 struct JetStreamConsumerOptions;
 struct KafkaConsumerOptions;
 IDEM_END_NAMESPACE
@@ -189,11 +189,11 @@ struct WorkerSettings {
 /// Each worker's consumer options, whichever handler it is given (the plain form above, or with
 /// --batch the IdempotentHandler itself, worker.cpp): one delivery per poll, or with
 /// options.batch batch_size_in_batches handled together (handle_in_batches).
-idem::StreamConsumerOptions redis_streams_consumer_options(const Options& options,
-                                                           const WorkerSettings& settings);
+idem::RedisStreamConsumerOptions redis_streams_consumer_options(const Options& options,
+                                                                const WorkerSettings& settings);
 #ifdef IDEM_CHAOS_WITH_RABBITMQ
-idem::RabbitConsumerOptions rabbitmq_consumer_options(const Options& options,
-                                                      const WorkerSettings& settings);
+idem::RabbitMqConsumerOptions rabbitmq_consumer_options(const Options& options,
+                                                        const WorkerSettings& settings);
 #endif
 #ifdef IDEM_CHAOS_WITH_NATS
 idem::JetStreamConsumerOptions nats_consumer_options(const Options& options,

@@ -1,5 +1,5 @@
 // The chaos run over RabbitMQ (--broker rabbitmq): a throwaway broker (idem::testing::
-// RabbitmqServer), a quorum queue chaos.payments read by idem::RabbitConsumer in each worker,
+// RabbitmqServer), a quorum queue chaos.payments read by idem::RabbitMqConsumer in each worker,
 // dead letters on chaos.payments.dead-letters, delayed redeliveries in the retry queues
 // chaos.payments.retry.<T>.
 //
@@ -238,7 +238,7 @@ class RabbitmqWorker final : public BrokerWorker {
         : options_(options), settings_(settings) {}
 
     void run(const Deliver& deliver) override {
-        idem::RabbitConsumer consumer{
+        idem::RabbitMqConsumer consumer{
             endpoint_on(std::stoi(options_.broker_address)),
             rabbitmq_consumer_options(options_, settings_),
             [&](const idem::Delivery& delivery, const idem::RabbitMessage& message) {
@@ -253,14 +253,14 @@ class RabbitmqWorker final : public BrokerWorker {
 
     void request_stop() noexcept override {
         stop_.store(true);
-        if (idem::RabbitConsumer* consumer = running_.load()) consumer->request_stop();
+        if (idem::RabbitMqConsumer* consumer = running_.load()) consumer->request_stop();
     }
 
   private:
     const Options& options_;
     WorkerSettings settings_;
     std::atomic<bool> stop_{false};
-    std::atomic<idem::RabbitConsumer*> running_{nullptr};
+    std::atomic<idem::RabbitMqConsumer*> running_{nullptr};
 };
 
 }  // namespace
@@ -277,9 +277,9 @@ std::unique_ptr<BrokerRun> start_rabbitmq(const Options&, const std::filesystem:
     return std::make_unique<RabbitmqRun>();
 }
 
-idem::RabbitConsumerOptions rabbitmq_consumer_options(const Options& options,
-                                                      const WorkerSettings& settings) {
-    idem::RabbitConsumerOptions o;
+idem::RabbitMqConsumerOptions rabbitmq_consumer_options(const Options& options,
+                                                        const WorkerSettings& settings) {
+    idem::RabbitMqConsumerOptions o;
     o.queue = queue_name;
     o.consumer_tag = settings.consumer_name;
     o.dead_letter = dead_letter_name;

@@ -1,5 +1,5 @@
 // The chaos run's default broker: a Redis stream (chaos:payments) read through a consumer group
-// by idem::StreamConsumer, in the run's own redis-server (the one the gateway uses).
+// by idem::RedisStreamConsumer, in the run's own redis-server (the one the gateway uses).
 
 #include <atomic>
 #include <map>
@@ -203,10 +203,10 @@ class RedisStreamsWorker final : public BrokerWorker {
 
     void run(const Deliver& deliver) override {
         const Place place = Place::of(options_.broker_address);
-        const idem::StreamConsumerOptions consumer_options =
+        const idem::RedisStreamConsumerOptions consumer_options =
             redis_streams_consumer_options(options_, settings_);
         const std::string payload_field = idem::RedisStreamSenderOptions{}.payload_field;
-        idem::StreamConsumer consumer{
+        idem::RedisStreamConsumer consumer{
             endpoint_on(place.port), consumer_options,
             [&](const idem::Delivery& delivery, const idem::StreamEntry& entry) {
                 if (!settings_.relayed) return deliver(delivery, Message{entry.id, entry.fields});
@@ -222,14 +222,14 @@ class RedisStreamsWorker final : public BrokerWorker {
 
     void request_stop() noexcept override {
         stop_.store(true);
-        if (idem::StreamConsumer* consumer = running_.load()) consumer->request_stop();
+        if (idem::RedisStreamConsumer* consumer = running_.load()) consumer->request_stop();
     }
 
   private:
     const Options& options_;
     WorkerSettings settings_;
     std::atomic<bool> stop_{false};
-    std::atomic<idem::StreamConsumer*> running_{nullptr};
+    std::atomic<idem::RedisStreamConsumer*> running_{nullptr};
 };
 
 }  // namespace
@@ -244,9 +244,9 @@ std::unique_ptr<BrokerRun> start_redis_streams(const Options&, int redis_port) {
     return std::make_unique<RedisStreamsRun>(redis_port);
 }
 
-idem::StreamConsumerOptions redis_streams_consumer_options(const Options& options,
-                                                           const WorkerSettings& settings) {
-    idem::StreamConsumerOptions consumer_options;
+idem::RedisStreamConsumerOptions redis_streams_consumer_options(const Options& options,
+                                                                const WorkerSettings& settings) {
+    idem::RedisStreamConsumerOptions consumer_options;
     const Place place = Place::of(options.broker_address);
     consumer_options.stream = place.stream;
     consumer_options.group = group_name;

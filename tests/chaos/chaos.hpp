@@ -1,7 +1,7 @@
 #pragma once
 // idem_chaos: the first field note's chaos run, for real. Shared by the driver (driver.cpp: starts
 // the servers, produces the messages, kills and restarts workers, verifies) and the workers
-// (worker.cpp: StreamConsumer + IdempotentHandler, killing themselves at the crash windows).
+// (worker.cpp: RedisStreamConsumer + IdempotentHandler, killing themselves at the crash windows).
 // The fake payment gateway lives in the same redis-server as Lua scripts (gateway.hpp).
 // See docs/testing.md.
 
@@ -115,9 +115,9 @@ struct Options {
     int workers = 4;
     std::uint64_t seed = 1;
     bool naive = false;
-    /// The worker hands the IdempotentHandler itself to the StreamConsumer (Redis stream only),
-    /// one entry at a time from polls of several: on a RedisStore each commit goes with the next
-    /// claim (StreamConsumerOptions::pipeline_commits) and the ack is in the commit.
+    /// The worker hands the IdempotentHandler itself to the RedisStreamConsumer (Redis stream
+    /// only), one entry at a time from polls of several: on a RedisStore each commit goes with the
+    /// next claim (RedisStreamConsumerOptions::pipeline_commits) and the ack is in the commit.
     bool pipelined = false;
     /// --broker kafka: the read offsets kept in the store's transaction (KafkaOffsets::in_store;
     /// the worker gives the KafkaConsumer the IdempotentHandler itself) instead of committed to

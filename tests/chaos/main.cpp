@@ -37,7 +37,7 @@ constexpr const char* usage =
     "  --seed            seeds the driver's kills and each worker's self-kills (default 1)\n"
     "  --naive           the handler as first written (no claim, a fresh gateway key per\n"
     "                    attempt): the negative control, which must report divergences > 0\n"
-    "  --pipelined       (--broker redis) the StreamConsumer is given the handler itself and\n"
+    "  --pipelined       (--broker redis) the RedisStreamConsumer is given the handler itself and\n"
     "                    reads 4 entries per poll: on a RedisStore each commit goes with the\n"
     "                    next claim and the ack is in the commit (pipeline_commits)\n"
     "  --batch           the workers' consumers handle each poll's deliveries together\n"

@@ -1,5 +1,5 @@
-// idem_chaos --worker: one worker process. A StreamConsumer reads the payments stream; each entry
-// goes to the handler under test (an IdempotentHandler whose effect charges the gateway with
+// idem_chaos --worker: one worker process. A RedisStreamConsumer reads the payments stream; each
+// entry goes to the handler under test (an IdempotentHandler whose effect charges the gateway with
 // key("capture", order) and records the capture in the claim's transaction), and the worker kills
 // itself with SIGKILL, with a seeded probability, at each named crash window. In a chained run
 // (--chain A:B) a worker is service A (--role a: AcceptEffect, the order's row and its outbox
@@ -57,12 +57,12 @@ namespace {
 std::atomic<BrokerWorker*> running_worker{nullptr};
 volatile sig_atomic_t stopping = 0;
 
-std::atomic<idem::StreamConsumer*> running_consumer{nullptr};  ///< --pipelined, --batch
+std::atomic<idem::RedisStreamConsumer*> running_consumer{nullptr};  ///< --pipelined, --batch
 #ifdef IDEM_CHAOS_WITH_KAFKA
 std::atomic<idem::KafkaConsumer*> running_kafka{nullptr};  ///< --offsets store, --batch
 #endif
 #ifdef IDEM_CHAOS_WITH_RABBITMQ
-std::atomic<idem::RabbitConsumer*> running_rabbit{nullptr};  ///< --batch
+std::atomic<idem::RabbitMqConsumer*> running_rabbit{nullptr};  ///< --batch
 #endif
 #ifdef IDEM_CHAOS_WITH_NATS
 std::atomic<idem::JetStreamConsumer*> running_nats{nullptr};  ///< --batch
@@ -71,12 +71,12 @@ std::atomic<idem::JetStreamConsumer*> running_nats{nullptr};  ///< --batch
 extern "C" void on_sigterm(int) {
     stopping = 1;
     if (BrokerWorker* worker = running_worker.load()) worker->request_stop();
-    if (idem::StreamConsumer* consumer = running_consumer.load()) consumer->request_stop();
+    if (idem::RedisStreamConsumer* consumer = running_consumer.load()) consumer->request_stop();
 #ifdef IDEM_CHAOS_WITH_KAFKA
     if (idem::KafkaConsumer* consumer = running_kafka.load()) consumer->request_stop();
 #endif
 #ifdef IDEM_CHAOS_WITH_RABBITMQ
-    if (idem::RabbitConsumer* consumer = running_rabbit.load()) consumer->request_stop();
+    if (idem::RabbitMqConsumer* consumer = running_rabbit.load()) consumer->request_stop();
 #endif
 #ifdef IDEM_CHAOS_WITH_NATS
     if (idem::JetStreamConsumer* consumer = running_nats.load()) consumer->request_stop();
@@ -277,7 +277,7 @@ class SettleCounter final : public idem::Observer {
     std::string worker_;
 };
 
-/// --pipelined: the StreamConsumer given the IdempotentHandler itself (its effect reads the
+/// --pipelined: the RedisStreamConsumer given the IdempotentHandler itself (its effect reads the
 /// entry as a Message), several entries per poll, so on a RedisStore each commit goes with the
 /// next claim.
 template <class Store>
@@ -294,7 +294,7 @@ int consume_pipelined(Store& store, const Options& options, idem::redis::Connect
             capture(tx, Message{entry.id, entry.fields});
         },
         &counter);
-    idem::StreamConsumerOptions consumer_options;
+    idem::RedisStreamConsumerOptions consumer_options;
     consumer_options.stream = stream_key;
     consumer_options.group = group_name;
     consumer_options.consumer = settings.consumer_name;
@@ -307,7 +307,7 @@ int consume_pipelined(Store& store, const Options& options, idem::redis::Connect
     idem::RedisEndpoint broker;
     broker.host = "127.0.0.1";
     broker.port = std::stoi(options.broker_address);
-    idem::StreamConsumer consumer{broker, consumer_options, handler};
+    idem::RedisStreamConsumer consumer{broker, consumer_options, handler};
     running_consumer.store(&consumer);
     if (stopping != 0) consumer.request_stop();
     consumer.run();
@@ -404,8 +404,8 @@ int consume_batches(Store& store, const Options& options, idem::redis::Connectio
             idem::RedisEndpoint broker;
             broker.host = "127.0.0.1";
             broker.port = std::stoi(options.broker_address);
-            idem::StreamConsumer consumer{broker, redis_streams_consumer_options(options, settings),
-                                          handler};
+            idem::RedisStreamConsumer consumer{
+                broker, redis_streams_consumer_options(options, settings), handler};
             return run_until_stopped(consumer, running_consumer);
         }
         case BrokerKind::rabbitmq: {
@@ -413,8 +413,8 @@ int consume_batches(Store& store, const Options& options, idem::redis::Connectio
             idem::RabbitEndpoint broker;
             broker.host = "127.0.0.1";
             broker.port = std::stoi(options.broker_address);
-            idem::RabbitConsumer consumer{broker, rabbitmq_consumer_options(options, settings),
-                                          handler};
+            idem::RabbitMqConsumer consumer{broker, rabbitmq_consumer_options(options, settings),
+                                            handler};
             return run_until_stopped(consumer, running_rabbit);
 #else
             break;

@@ -19,7 +19,7 @@ IDEM_END_NAMESPACE
 
 int main() {
     idem::RedisStore not_a_store = 0;
-    idem::StreamConsumerOptions options;  // the broker's own names are there
+    idem::RedisStreamConsumerOptions options;  // the broker's own names are there
     options.stream = "orders";
     return not_a_store + static_cast<int>(options.stream.size()) - 6;
 }

@@ -24,10 +24,10 @@
 #include "fuzz_check.hpp"
 #include "idem/broker/redis_streams.hpp"
 #include "idem/error.hpp"
-#include "idem/store/redis/commit.hpp"
-#include "idem/store/redis/context.hpp"
 #include "idem/redis/reply.hpp"
 #include "idem/redis/sentinel.hpp"
+#include "idem/store/redis/commit.hpp"
+#include "idem/store/redis/context.hpp"
 
 namespace {
 

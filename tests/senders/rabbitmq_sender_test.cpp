@@ -1,6 +1,6 @@
 // idem::RabbitMqSender against a real RabbitMQ broker (started once for this binary, which runs
 // as one ctest test): a Relay over an SqliteStore ships intents, persistent and confirmed, that
-// an idem::RabbitConsumer claims under their message_id; a resend is a duplicate downstream;
+// an idem::RabbitMqConsumer claims under their message_id; a resend is a duplicate downstream;
 // the broker down leaves the row unsent and retried; fan-out children apply once; an
 // unroutable intent is retried, a missing exchange and a message over max_message_size park.
 
@@ -39,11 +39,11 @@ class RabbitMqSenderTest : public ::testing::Test {
         IDEM_REQUIRE_RABBITMQ();
         queue_ = ::testing::UnitTest::GetInstance()->current_test_info()->name();
         sender_ = std::make_unique<idem::RabbitMqSender>(broker().endpoint());
-        idem::RabbitConsumerOptions options{queue_};
+        idem::RabbitMqConsumerOptions options{queue_};
         options.poll_wait = 50ms;
         options.redelivery_backoff = idem::RedeliveryBackoff::none();
-        consumer_ =
-            std::make_unique<idem::RabbitConsumer>(broker().endpoint(), options, ledger_.handler());
+        consumer_ = std::make_unique<idem::RabbitMqConsumer>(broker().endpoint(), options,
+                                                             ledger_.handler());
         consumer_->poll_once();  // declares the queue
     }
 
@@ -56,7 +56,7 @@ class RabbitMqSenderTest : public ::testing::Test {
     Upstream up_;
     Ledger<RabbitMessage> ledger_{[](const RabbitMessage& m) { return m.body; }};
     std::unique_ptr<idem::RabbitMqSender> sender_;
-    std::unique_ptr<idem::RabbitConsumer> consumer_;
+    std::unique_ptr<idem::RabbitMqConsumer> consumer_;
 };
 
 /// What the consumer's handler saw of the last message: persistent, the key as message_id.
@@ -71,14 +71,14 @@ TEST_F(RabbitMqSenderTest, RelayShipsIntentsTheConsumerClaimsUnderTheirMessageId
 
 TEST_F(RabbitMqSenderTest, MessagesArePersistentWithTheKeyAsMessageId) {
     SeenProperties seen;
-    idem::RabbitConsumerOptions options{queue_ + ".props"};
+    idem::RabbitMqConsumerOptions options{queue_ + ".props"};
     options.poll_wait = 50ms;
-    idem::RabbitConsumer reader{broker().endpoint(), options,
-                                [&](const idem::Delivery& d, const RabbitMessage& m) {
-                                    seen.message_id = d.message_id;
-                                    seen.delivery_mode = m.properties.delivery_mode;
-                                    return idem::Outcome{idem::Disposition::processed, ""};
-                                }};
+    idem::RabbitMqConsumer reader{broker().endpoint(), options,
+                                  [&](const idem::Delivery& d, const RabbitMessage& m) {
+                                      seen.message_id = d.message_id;
+                                      seen.delivery_mode = m.properties.delivery_mode;
+                                      return idem::Outcome{idem::Disposition::processed, ""};
+                                  }};
     reader.poll_once();  // declares its queue
     idem::OutboxRow row;
     row.destination = queue_ + ".props";

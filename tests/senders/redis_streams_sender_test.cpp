@@ -1,5 +1,5 @@
 // idem::RedisStreamSender against a real redis-server (the process's shared one): a Relay over
-// an SqliteStore ships intents that an idem::StreamConsumer (id_field = the sender's id field)
+// an SqliteStore ships intents that an idem::RedisStreamConsumer (id_field = the sender's id field)
 // claims under their idempotency keys; a resend is a duplicate; the server down leaves the row
 // unsent and retried; fan-out children keyed child_id(parent, i) apply once; WRONGTYPE parks.
 
@@ -35,12 +35,13 @@ class RedisStreamSenderTest : public ::testing::Test {
         endpoint_.host = server_->host();
         endpoint_.port = server_->port();
         sender_ = std::make_unique<idem::RedisStreamSender>(endpoint_);
-        idem::StreamConsumerOptions options{stream, "downstream", "c1"};
+        idem::RedisStreamConsumerOptions options{stream, "downstream", "c1"};
         options.id_field = sender_->options().id_field;
         options.visibility_timeout = 200ms;
         options.poll_wait = 50ms;
         options.redelivery_backoff = idem::RedeliveryBackoff::none();
-        consumer_ = std::make_unique<idem::StreamConsumer>(endpoint_, options, ledger_.handler());
+        consumer_ =
+            std::make_unique<idem::RedisStreamConsumer>(endpoint_, options, ledger_.handler());
     }
 
     /// The first entry of @p key from @p start on (XRANGE), read with idem's own connection.
@@ -64,7 +65,7 @@ class RedisStreamSenderTest : public ::testing::Test {
     Ledger<StreamEntry> ledger_{
         [](const StreamEntry& e) { return std::string(e.field("payload").value_or("")); }};
     std::unique_ptr<idem::RedisStreamSender> sender_;
-    std::unique_ptr<idem::StreamConsumer> consumer_;
+    std::unique_ptr<idem::RedisStreamConsumer> consumer_;
 };
 
 TEST_F(RedisStreamSenderTest, RelayShipsIntentsTheConsumerClaimsUnderTheirKeys) {

@@ -1,4 +1,4 @@
-// RedisStore and StreamConsumer under threads (run under TSan in CI), against a real
+// RedisStore and RedisStreamConsumer under threads (run under TSan in CI), against a real
 // redis-server: 8 threads share one store (its connection pool) and deliver the same ids, also
 // as batches; every effect is applied once. Consumers on threads drain one stream.
 
@@ -119,9 +119,9 @@ TEST_F(RedisConcurrency, ConsumersOnThreadsDrainOneStreamEachEntryOnce) {
         store, idem::Policy{"capture"}, [&](auto& tx, const idem::StreamEntry& entry) {
             tx.write("HINCRBY", "applied", std::string(entry.field("order").value_or("?")), 1);
         });
-    std::vector<std::unique_ptr<idem::StreamConsumer>> consumers;
+    std::vector<std::unique_ptr<idem::RedisStreamConsumer>> consumers;
     for (int c = 0; c < kConsumers; ++c) {
-        idem::StreamConsumerOptions options;
+        idem::RedisStreamConsumerOptions options;
         options.stream = "orders";
         options.group = "capture";
         options.consumer = "worker-" + std::to_string(c);
@@ -129,7 +129,7 @@ TEST_F(RedisConcurrency, ConsumersOnThreadsDrainOneStreamEachEntryOnce) {
         options.poll_wait = std::chrono::milliseconds(100);
         options.batch_size = 20;
         options.handle_in_batches = c % 2 == 0;
-        consumers.push_back(std::make_unique<idem::StreamConsumer>(
+        consumers.push_back(std::make_unique<idem::RedisStreamConsumer>(
             idem_test::redis_endpoint(*server_), options, handler));
     }
     std::vector<std::thread> threads;

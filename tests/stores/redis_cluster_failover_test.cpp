@@ -121,7 +121,7 @@ class RedisClusterFailoverTest : public ::testing::Test {
                                            std::this_thread::sleep_for(2ms);
                                            tx.write("INCR", effect_key(id));
                                        });
-                idem::StreamConsumerOptions c;
+                idem::RedisStreamConsumerOptions c;
                 c.stream = "orders";
                 c.group = "workers";
                 c.consumer = "worker-" + std::to_string(slot);
@@ -134,7 +134,7 @@ class RedisClusterFailoverTest : public ::testing::Test {
                 c.circuit_breaker.max_backoff = 400ms;
                 // Every visibility timeout: the failover's timing here assumes it.
                 c.redelivery_backoff = idem::RedeliveryBackoff::none();
-                idem::StreamConsumer consumer{
+                idem::RedisStreamConsumer consumer{
                     broker_endpoint, c, [&](const Delivery& d, const idem::StreamEntry& e) {
                         const idem::Outcome outcome = handler.handle(d, e);
                         if (outcome.cause == idem::FailureCause::commit_unconfirmed)

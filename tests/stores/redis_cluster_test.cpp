@@ -2,7 +2,7 @@
 // ONE node's address: cluster mode found by itself, 10,000 ids over every slot range processed
 // once and then all duplicates (in batches: one round trip per node, not per message), slots
 // moved by hand while messages are handled (MOVED and ASK both followed, counted), a batch whose
-// slot groups do not all commit reporting each message truthfully, and the StreamConsumer
+// slot groups do not all commit reporting each message truthfully, and the RedisStreamConsumer
 // draining a stream on the cluster; warm_up() on every master, a local effect and the
 // PipelinedLoop routed by their claim's slot. One cluster per process: this binary is one ctest
 // test.
@@ -314,14 +314,14 @@ TEST_F(RedisClusterTest, TheStreamConsumerDrainsAStreamAndAcksAfterTheCommit) {
 
     for (bool batches : {false, true}) {
         const std::string group = batches ? "batches" : "singles";
-        idem::StreamConsumerOptions options;
+        idem::RedisStreamConsumerOptions options;
         options.stream = stream;
         options.group = group;
         options.consumer = "worker-1";
         options.batch_size = 64;
         options.poll_wait = std::chrono::milliseconds(50);
         options.handle_in_batches = batches;
-        idem::StreamConsumer consumer(node(0), options, handler);
+        idem::RedisStreamConsumer consumer(node(0), options, handler);
         EXPECT_FALSE(consumer.acks_in_commit()) << "stream and claims are in different slots";
         std::size_t handled = 0;
         for (int poll = 0; poll < 100 && handled < total; ++poll)

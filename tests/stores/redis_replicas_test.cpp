@@ -2,7 +2,7 @@
 // started once for this binary: WAIT rides in the commit's round trip, a commit the replica
 // confirmed is on the replica, and a commit the replica could not confirm (SIGSTOPped) is failed
 // with its true meaning (commit_unconfirmed: applied on the master, maybe lost on failover) and is
-// never acked by the StreamConsumer; the PipelinedLoop's commit, WAIT, next claim round trip.
+// never acked by the RedisStreamConsumer; the PipelinedLoop's commit, WAIT, next claim round trip.
 
 #include <gtest/gtest.h>
 
@@ -322,17 +322,17 @@ TEST_F(RedisReplicasTest, TheStreamConsumerNeverAcksAnUnconfirmedCommit) {
     const auto entry = client.str({"XADD", "orders", "*", "body", "y"});
     ASSERT_TRUE(entry.has_value());
 
-    idem::StreamConsumerOptions options;
+    idem::RedisStreamConsumerOptions options;
     options.stream = "orders";
     options.group = "g";
     options.consumer = "c1";
     options.poll_wait = 50ms;
     options.circuit_breaker.initial_backoff = 10ms;
-    idem::StreamConsumer consumer{idem_test::redis_endpoint(broker), options,
-                                  [&](const Delivery& delivery, const idem::StreamEntry& e) {
-                                      return h.handle(delivery,
-                                                      std::string(e.field("body").value_or("")));
-                                  }};
+    idem::RedisStreamConsumer consumer{idem_test::redis_endpoint(broker), options,
+                                       [&](const Delivery& delivery, const idem::StreamEntry& e) {
+                                           return h.handle(
+                                               delivery, std::string(e.field("body").value_or("")));
+                                       }};
     {
         Paused replica_stopped;
         EXPECT_EQ(consumer.poll_once(), 1u);

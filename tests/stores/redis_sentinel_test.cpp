@@ -1,5 +1,5 @@
-// RedisStore and StreamConsumer behind Redis Sentinel, on a real deployment started once for this
-// binary (testing/redis_sentinel.hpp: 1 master, 2 replicas, 3 Sentinels): the master is found
+// RedisStore and RedisStreamConsumer behind Redis Sentinel, on a real deployment started once for
+// this binary (testing/redis_sentinel.hpp: 1 master, 2 replicas, 3 Sentinels): the master is found
 // through the Sentinels, a forced failover is followed, and a master SIGKILLed while four forked
 // workers drain a stream is replaced without an effect lost or doubled when replicas_to_ack = 1.
 // The same run without replicas_to_ack prints what it lost (it is not asserted: that number is
@@ -73,12 +73,12 @@ TEST_F(RedisSentinelTest, TheStoreAndTheConsumerFindTheMasterThroughTheSentinels
     const auto id = client.str({"XADD", "orders", "*", "n", "1"});
     ASSERT_TRUE(id.has_value());
 
-    idem::StreamConsumerOptions consumer_options;
+    idem::RedisStreamConsumerOptions consumer_options;
     consumer_options.stream = "orders";
     consumer_options.group = "g";
     consumer_options.consumer = "c1";
     consumer_options.poll_wait = 50ms;
-    idem::StreamConsumer consumer{endpoint, consumer_options, handler};
+    idem::RedisStreamConsumer consumer{endpoint, consumer_options, handler};
     EXPECT_EQ(consumer.poll_once(), 1u);
     // Same master name and Sentinels: the ack is part of the commit.
     EXPECT_EQ(consumer.stats().acked_in_commit, 1u);
@@ -229,7 +229,7 @@ Tally failover_run(int replicas_to_ack, long messages) {
                     std::this_thread::sleep_for(2ms);  // the external call takes a while
                     tx.write("INCR", "effects:" + id);
                 });
-            idem::StreamConsumerOptions c;
+            idem::RedisStreamConsumerOptions c;
             c.stream = "orders";
             c.group = "workers";
             c.consumer = "worker-" + std::to_string(slot);
@@ -242,7 +242,7 @@ Tally failover_run(int replicas_to_ack, long messages) {
             c.circuit_breaker.max_backoff = 400ms;
             // Every visibility timeout: the failover's timing here assumes it.
             c.redelivery_backoff = idem::RedeliveryBackoff::none();
-            idem::StreamConsumer consumer{
+            idem::RedisStreamConsumer consumer{
                 broker_endpoint, c, [&](const Delivery& d, const idem::StreamEntry& e) {
                     const idem::Outcome outcome = handler.handle(d, e);
                     if (outcome.cause == idem::FailureCause::commit_unconfirmed) {

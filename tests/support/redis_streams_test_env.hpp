@@ -37,8 +37,8 @@ using namespace std::chrono_literals;
 using idem::Delivery;
 using idem::Disposition;
 using idem::Outcome;
-using idem::StreamConsumer;
-using idem::StreamConsumerOptions;
+using idem::RedisStreamConsumer;
+using idem::RedisStreamConsumerOptions;
 using idem::StreamEntry;
 using Fields = std::vector<std::pair<std::string, std::string>>;
 using Clock = std::chrono::steady_clock;
@@ -53,9 +53,9 @@ inline idem::RedisEndpoint endpoint_of(const idem::testing::RedisServer& server)
 }
 
 /// Short timings so a redelivery takes ~100 ms instead of 30 s (no redelivery backoff).
-inline StreamConsumerOptions fast_options(const std::string& stream,
-                                          const std::string& consumer = "c1") {
-    StreamConsumerOptions options;
+inline RedisStreamConsumerOptions fast_options(const std::string& stream,
+                                               const std::string& consumer = "c1") {
+    RedisStreamConsumerOptions options;
     options.stream = stream;
     options.group = "workers";
     options.consumer = consumer;
@@ -73,7 +73,7 @@ inline bool wait_for(Pred done, std::chrono::milliseconds limit = deadline_limit
 
 /// Polls until @p done or the deadline; false on timeout.
 template <class Pred>
-inline bool poll_until(StreamConsumer& consumer, Pred done,
+inline bool poll_until(RedisStreamConsumer& consumer, Pred done,
                        std::chrono::milliseconds limit = deadline_limit) {
     return idem_test::poll_within(
         limit, [&] { consumer.poll_once(); }, done);

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// @brief broker::Consumer: the base every broker consumer is written on (the spdlog
+/// @brief broker::ConsumerBase: the base every broker consumer is written on (the spdlog
 /// `base_sink` way, by CRTP, so the per-message path makes no virtual call). The base owns the
 /// loop (poll_once, run, stop, the backoff after an error), the circuit breaker and store probe,
 /// health reports, the single, batch and pipelined handle paths and the one decision of what an
@@ -69,13 +69,13 @@ namespace broker {
 /// poll_once() and run() belong to one thread at a time; request_stop(), stop_requested() and
 /// stats() may be called from any thread (request_stop() also from a signal handler).
 template <class Adapter, class Options, class Raw, class Message>
-class Consumer {
+class ConsumerBase {
   public:
     static_assert(std::is_base_of_v<ConsumerOptions, Options>,
                   "idem: an adapter's options derive from broker::ConsumerOptions");
 
-    Consumer(const Consumer&) = delete;
-    Consumer& operator=(const Consumer&) = delete;
+    ConsumerBase(const ConsumerBase&) = delete;
+    ConsumerBase& operator=(const ConsumerBase&) = delete;
 
     /// @brief One cycle: read up to batch_size deliveries, hand them to the handler (one at a
     /// time, pipelined, or together with handle_in_batches) and settle each as its outcome
@@ -133,13 +133,13 @@ class Consumer {
 
   protected:
     /// @p options are validated already (validate_consumer_options() and the adapter's own).
-    Consumer(Options options, Dispatch<Message> dispatch, bool acks_in_commit = false)
+    ConsumerBase(Options options, Dispatch<Message> dispatch, bool acks_in_commit = false)
         : options_(std::move(options)),
           dispatch_(std::move(dispatch)),
           acks_in_commit_(acks_in_commit),
           breaker_(options_.circuit_breaker, probe_of(dispatch_, options_),
                    [this](std::chrono::milliseconds d) { adapter().idle(d); }) {}
-    ~Consumer() = default;
+    ~ConsumerBase() = default;
 
     /// What @p outcome of @p delivery does at the broker when the consumer settles it.
     [[nodiscard]] Settlement settlement_of(const Outcome& outcome,

@@ -75,9 +75,7 @@ struct ConsumerOptions {
 /// @brief The checks of the options every adapter shares; @p who names the consumer in the
 /// message. @throws usage_error saying which value and why.
 inline void validate_consumer_options(const ConsumerOptions& options, std::string_view who) {
-    auto refuse = [&](std::string_view why) {
-        throw usage_error(fmt::format("{}: {}", who, why));
-    };
+    auto refuse = [&](std::string_view why) { throw usage_error(fmt::format("{}: {}", who, why)); };
     if (options.batch_size == 0) refuse("batch_size is 0; read at least 1 message per poll");
     if (options.poll_wait.count() <= 0) {
         refuse(

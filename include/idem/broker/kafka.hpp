@@ -93,11 +93,11 @@ struct KafkaItem {
 /// std::thread worker([&] { consumer.run(); });   // ... consumer.request_stop(); worker.join();
 /// @endcode
 ///
-/// Written on broker::Consumer; poll_once() and run() belong to one thread at a time.
-class KafkaConsumer final : public broker::Consumer<KafkaConsumer, KafkaConsumerOptions,
-                                                    detail::KafkaItem, KafkaMessage> {
+/// Written on broker::ConsumerBase; poll_once() and run() belong to one thread at a time.
+class KafkaConsumer final : public broker::ConsumerBase<KafkaConsumer, KafkaConsumerOptions,
+                                                        detail::KafkaItem, KafkaMessage> {
     using Base =
-        broker::Consumer<KafkaConsumer, KafkaConsumerOptions, detail::KafkaItem, KafkaMessage>;
+        broker::ConsumerBase<KafkaConsumer, KafkaConsumerOptions, detail::KafkaItem, KafkaMessage>;
     friend Base;
 
   public:

@@ -74,12 +74,13 @@ IDEM_BEGIN_NAMESPACE
 /// std::thread worker([&] { consumer.run(); });   // ... consumer.request_stop(); worker.join();
 /// @endcode
 ///
-/// Written on broker::Consumer, which owns the loop; poll_once() and run() belong to one thread
+/// Written on broker::ConsumerBase, which owns the loop; poll_once() and run() belong to one thread
 /// at a time.
-class JetStreamConsumer final : public broker::Consumer<JetStreamConsumer, JetStreamConsumerOptions,
-                                                        detail::JetStreamItem, JetStreamMessage> {
-    using Base = broker::Consumer<JetStreamConsumer, JetStreamConsumerOptions,
-                                  detail::JetStreamItem, JetStreamMessage>;
+class JetStreamConsumer final
+    : public broker::ConsumerBase<JetStreamConsumer, JetStreamConsumerOptions,
+                                  detail::JetStreamItem, JetStreamMessage> {
+    using Base = broker::ConsumerBase<JetStreamConsumer, JetStreamConsumerOptions,
+                                      detail::JetStreamItem, JetStreamMessage>;
     friend Base;
 
   public:
@@ -331,7 +332,7 @@ class JetStreamConsumer final : public broker::Consumer<JetStreamConsumer, JetSt
     // One poll
 
     // -----------------------------------------------------------------------------------------
-    // The adapter's hooks (broker::Consumer); a message read but not handled is left
+    // The adapter's hooks (broker::ConsumerBase); a message read but not handled is left
     // unsettled: redelivered after AckWait.
 
     std::vector<detail::JetStreamItem> read() {

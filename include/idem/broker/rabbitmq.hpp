@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// @brief RabbitConsumer: consumes a RabbitMQ quorum queue with manual acks and hands each
+/// @brief RabbitMqConsumer: consumes a RabbitMQ quorum queue with manual acks and hands each
 /// delivery to a handler as an idem::Delivery with the broker's delivery count, settling it as
 /// the outcome says (broker/consumer.hpp's Settlement). Link idem::rabbitmq.
 
@@ -49,7 +49,7 @@ IDEM_BEGIN_NAMESPACE
 ///   exchange with the dead-letter envelope (idem-reason, scope, message id, delivery count, queue)
 ///   and the original properties and headers, the body through the policy's redactor if it has one,
 ///   waiting for the publisher confirm, and only then acked.
-/// - With RabbitConsumerOptions::handle_in_batches, each poll's deliveries go to an
+/// - With RabbitMqConsumerOptions::handle_in_batches, each poll's deliveries go to an
 ///   IdempotentHandler's handle_batch() in one call, then each is settled as above, in order.
 /// - Reconnects after a lost connection or a closed channel and consumes again; a delivery of a
 ///   channel that is gone is never acked (its tag means nothing on the new channel): the broker
@@ -59,16 +59,17 @@ IDEM_BEGIN_NAMESPACE
 /// idem::SqliteStore store{"orders.db"};
 /// auto handler = idem::make_handler(store, idem::Policy{"capture"},
 ///     [&](auto& tx, const idem::RabbitMessage& m) { tx.execute("INSERT ...", m.body); });
-/// idem::RabbitConsumer consumer{endpoint, {"orders"}, handler};
+/// idem::RabbitMqConsumer consumer{endpoint, {"orders"}, handler};
 /// std::thread worker([&] { consumer.run(); });   // ... consumer.request_stop(); worker.join();
 /// @endcode
 ///
-/// Written on broker::Consumer, which owns the loop; poll_once() and run() belong to one thread
+/// Written on broker::ConsumerBase, which owns the loop; poll_once() and run() belong to one thread
 /// at a time.
-class RabbitConsumer final
-    : public broker::Consumer<RabbitConsumer, RabbitConsumerOptions, RabbitMessage, RabbitMessage> {
-    using Base =
-        broker::Consumer<RabbitConsumer, RabbitConsumerOptions, RabbitMessage, RabbitMessage>;
+class RabbitMqConsumer final
+    : public broker::ConsumerBase<RabbitMqConsumer, RabbitMqConsumerOptions, RabbitMessage,
+                                  RabbitMessage> {
+    using Base = broker::ConsumerBase<RabbitMqConsumer, RabbitMqConsumerOptions, RabbitMessage,
+                                      RabbitMessage>;
     friend Base;
 
   public:
@@ -77,10 +78,10 @@ class RabbitConsumer final
 
     /// @brief A consumer calling @p handler for each delivery.
     /// @throws usage_error for an invalid option (the message says which and why).
-    RabbitConsumer(RabbitEndpoint endpoint, RabbitConsumerOptions options, Handler handler)
-        : RabbitConsumer(
-              Private{}, std::move(endpoint), std::move(options),
-              broker::Dispatch<RabbitMessage>::plain(std::move(handler), "idem::RabbitConsumer")) {}
+    RabbitMqConsumer(RabbitEndpoint endpoint, RabbitMqConsumerOptions options, Handler handler)
+        : RabbitMqConsumer(Private{}, std::move(endpoint), std::move(options),
+                           broker::Dispatch<RabbitMessage>::plain(std::move(handler),
+                                                                  "idem::RabbitMqConsumer")) {}
 
     /// @brief A consumer calling @p handler.handle(delivery, message) — or, with
     /// handle_in_batches, handler.handle_batch() once per poll; its effect takes
@@ -88,10 +89,10 @@ class RabbitConsumer final
     /// @throws usage_error for an invalid option, or a lease store's lease longer than
     /// consumer_timeout.
     template <class Store, class Effect>
-    RabbitConsumer(RabbitEndpoint endpoint, RabbitConsumerOptions options,
-                   IdempotentHandler<Store, Effect>& handler)
-        : RabbitConsumer(Private{}, std::move(endpoint), std::move(options),
-                         broker::Dispatch<RabbitMessage>::idempotent(handler)) {
+    RabbitMqConsumer(RabbitEndpoint endpoint, RabbitMqConsumerOptions options,
+                     IdempotentHandler<Store, Effect>& handler)
+        : RabbitMqConsumer(Private{}, std::move(endpoint), std::move(options),
+                           broker::Dispatch<RabbitMessage>::idempotent(handler)) {
         // What brings back a delivery whose holder is alive but slow: the consumer timeout
         // (the broker closes the channel), or — sooner, with rabbitmq-c, which answers
         // heartbeats only between handler calls — the broker dropping the connection after two
@@ -100,16 +101,16 @@ class RabbitConsumer final
             2 * connection_.endpoint().heartbeat);
         if (heartbeats.count() > 0 && heartbeats < options_.visibility_timeout) {
             broker::check_lease_fits(handler, heartbeats, "twice the endpoint's heartbeat",
-                                     fmt::format("idem::RabbitConsumer(\"{}\")", options_.queue));
+                                     fmt::format("idem::RabbitMqConsumer(\"{}\")", options_.queue));
         } else {
             broker::check_lease_fits(handler, options_.visibility_timeout,
                                      "visibility_timeout (the broker's consumer_timeout)",
-                                     fmt::format("idem::RabbitConsumer(\"{}\")", options_.queue));
+                                     fmt::format("idem::RabbitMqConsumer(\"{}\")", options_.queue));
         }
     }
 
     /// Closes the connection: deliveries not yet settled go back to the queue.
-    ~RabbitConsumer() = default;
+    ~RabbitMqConsumer() = default;
 
     /// @brief Connects, checks (and with `declare`, creates) the queues and starts consuming;
     /// poll_once() does it when needed. No-op when already consuming.
@@ -145,13 +146,13 @@ class RabbitConsumer final
     static constexpr std::uint16_t publish_channel = 2;  ///< confirm mode: dead letters, retries
     static constexpr std::uint16_t control_channel = 3;  ///< declares; a refusal closes it only
 
-    RabbitConsumer(Private, RabbitEndpoint endpoint, RabbitConsumerOptions options,
-                   broker::Dispatch<RabbitMessage> dispatch)
+    RabbitMqConsumer(Private, RabbitEndpoint endpoint, RabbitMqConsumerOptions options,
+                     broker::Dispatch<RabbitMessage> dispatch)
         : Base(validated(std::move(options)), std::move(dispatch)),
           connection_(std::move(endpoint)) {}
 
-    static RabbitConsumerOptions validated(RabbitConsumerOptions options) {
-        const std::string who = fmt::format("idem::RabbitConsumer(\"{}\")", options.queue);
+    static RabbitMqConsumerOptions validated(RabbitMqConsumerOptions options) {
+        const std::string who = fmt::format("idem::RabbitMqConsumer(\"{}\")", options.queue);
         auto refuse = [&](std::string_view why) {
             throw usage_error(fmt::format("{}: {}", who, why));
         };
@@ -218,7 +219,7 @@ class RabbitConsumer final
     /// classic or stream queue, and accepts it (changing nothing) for a quorum queue with the
     /// same arguments.
     void check_queues() {
-        const std::string who = fmt::format("idem::RabbitConsumer(\"{}\")", options_.queue);
+        const std::string who = fmt::format("idem::RabbitMqConsumer(\"{}\")", options_.queue);
         rabbitmq::QueueDeclare passive;
         passive.passive = true;
         auto missing = on_control(
@@ -227,7 +228,7 @@ class RabbitConsumer final
             if (missing->reply_code() == rabbitmq::reply_not_found) {
                 throw usage_error(
                     fmt::format("{}: the queue does not exist on {}: declare it as a quorum queue "
-                                "(x-queue-type=quorum), or set RabbitConsumerOptions::declare",
+                                "(x-queue-type=quorum), or set RabbitMqConsumerOptions::declare",
                                 who, connection_.endpoint().describe()));
             }
             throw *missing;
@@ -247,10 +248,10 @@ class RabbitConsumer final
                     "(the store-counted fallback, docs/brokers.md) with your own consumer loop",
                     who, text));
             }
-            throw usage_error(
-                fmt::format("{}: the queue exists with other arguments than RabbitConsumerOptions::"
-                            "queue_arguments ({}); give it the queue's arguments",
-                            who, text));
+            throw usage_error(fmt::format(
+                "{}: the queue exists with other arguments than RabbitMqConsumerOptions::"
+                "queue_arguments ({}); give it the queue's arguments",
+                who, text));
         }
         if (!options_.declare) return;
         connection_.declare_exchange(control_channel, options_.dead_letter, "fanout");
@@ -262,7 +263,7 @@ class RabbitConsumer final
         dead_letter_queue_known_ = true;
     }
 
-    /// The retry queue for @p delay (see RabbitConsumerOptions::retry_queue), declared on this
+    /// The retry queue for @p delay (see RabbitMqConsumerOptions::retry_queue), declared on this
     /// connection the first time it is used: nobody consumes it; an expired message is
     /// dead-lettered to the default exchange with the queue's name as routing key, i.e. back
     /// to the queue. A quorum queue with at-least-once dead-lettering, so a broker crash cannot
@@ -286,7 +287,7 @@ class RabbitConsumer final
     }
 
     // -----------------------------------------------------------------------------------------
-    // The adapter's hooks (broker::Consumer)
+    // The adapter's hooks (broker::ConsumerBase)
 
     std::vector<RabbitMessage> read() {
         start();

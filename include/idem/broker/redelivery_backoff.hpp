@@ -31,7 +31,7 @@ IDEM_BEGIN_NAMESPACE
 /// time whichever worker looks at it; different messages that failed together spread out).
 ///
 /// @code
-/// idem::StreamConsumerOptions options;          // the same field on every adapter
+/// idem::RedisStreamConsumerOptions options;          // the same field on every adapter
 /// options.redelivery_backoff.initial = std::chrono::seconds(5);
 /// options.redelivery_backoff.horizon(10);       // 1215 s: ≈ 20 min of failing, then parked
 /// @endcode

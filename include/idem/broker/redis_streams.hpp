@@ -1,7 +1,7 @@
 #pragma once
 /// @file
-/// @brief StreamConsumer: reads a Redis Stream through a consumer group and hands each entry to a
-/// handler as an idem::Delivery with the broker's true delivery count, acking only what the
+/// @brief RedisStreamConsumer: reads a Redis Stream through a consumer group and hands each entry
+/// to a handler as an idem::Delivery with the broker's true delivery count, acking only what the
 /// outcome says to ack. Link idem::redis.
 
 #include <algorithm>
@@ -37,7 +37,7 @@ IDEM_BEGIN_NAMESPACE
 
 /// @brief Reads a Redis Stream through a consumer group and hands each entry to a handler as an
 /// idem::Delivery, so the handler's claim, poison limit and outcome decide the ack. Written on
-/// broker::Consumer, which owns the loop.
+/// broker::ConsumerBase, which owns the loop.
 ///
 /// Each poll first takes over entries that are due again (XPENDING with their true delivery
 /// counts, then XCLAIM): pending without an ack for longer than the visibility timeout and than
@@ -52,7 +52,7 @@ IDEM_BEGIN_NAMESPACE
 /// dead-letter stream entry) is part of the handler's commit: a Redis-only effect, its claim and
 /// its ack commit together. With any other store the consumer acks after the handler returns.
 ///
-/// One at a time on a RedisStore (StreamConsumerOptions::pipeline_commits, on by default), an
+/// One at a time on a RedisStore (RedisStreamConsumerOptions::pipeline_commits, on by default), an
 /// entry's commit goes with the next entry's claim in one round trip, and the entry is acked
 /// only once that commit's reply says it committed (idem::PipelinedLoop).
 ///
@@ -60,13 +60,14 @@ IDEM_BEGIN_NAMESPACE
 /// idem::RedisStore store{endpoint};           // default lease 30 s = the visibility timeout
 /// auto handler = idem::make_handler(store, idem::Policy{"capture"},
 ///     [&](auto& tx, const idem::StreamEntry& e) { tx.write("INCR", "captures"); });
-/// idem::StreamConsumer consumer{endpoint, {"orders", "capture", "worker-1"}, handler};
+/// idem::RedisStreamConsumer consumer{endpoint, {"orders", "capture", "worker-1"}, handler};
 /// std::thread worker([&] { consumer.run(); });   // ... consumer.request_stop(); worker.join();
 /// @endcode
-class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsumerOptions,
-                                                     detail::StreamItem, StreamEntry> {
-    using Base =
-        broker::Consumer<StreamConsumer, StreamConsumerOptions, detail::StreamItem, StreamEntry>;
+class RedisStreamConsumer final
+    : public broker::ConsumerBase<RedisStreamConsumer, RedisStreamConsumerOptions,
+                                  detail::StreamItem, StreamEntry> {
+    using Base = broker::ConsumerBase<RedisStreamConsumer, RedisStreamConsumerOptions,
+                                      detail::StreamItem, StreamEntry>;
     friend Base;
 
   public:
@@ -75,10 +76,10 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
 
     /// @brief A consumer calling @p handler for each entry.
     /// @throws usage_error for an invalid option (the message says which and why).
-    StreamConsumer(RedisEndpoint endpoint, StreamConsumerOptions options, Handler handler)
-        : StreamConsumer(
+    RedisStreamConsumer(RedisEndpoint endpoint, RedisStreamConsumerOptions options, Handler handler)
+        : RedisStreamConsumer(
               Private{}, std::move(endpoint), std::move(options),
-              broker::Dispatch<StreamEntry>::plain(std::move(handler), "idem::StreamConsumer"),
+              broker::Dispatch<StreamEntry>::plain(std::move(handler), "idem::RedisStreamConsumer"),
               false) {}
 
     /// @brief A consumer calling @p handler.handle(delivery, entry) — or, with
@@ -90,14 +91,14 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
     /// database the ack is part of the handler's commit.
     /// @throws usage_error for an invalid option or a lease longer than the visibility timeout.
     template <class Store, class Effect>
-    StreamConsumer(RedisEndpoint endpoint, StreamConsumerOptions options,
-                   IdempotentHandler<Store, Effect>& handler)
+    RedisStreamConsumer(RedisEndpoint endpoint, RedisStreamConsumerOptions options,
+                        IdempotentHandler<Store, Effect>& handler)
         // `endpoint` is copied, not moved: acks_in_commit_of() reads it in the same call.
-        : StreamConsumer(Private{}, endpoint, std::move(options),
-                         broker::Dispatch<StreamEntry>::idempotent(handler),
-                         acks_in_commit_of(handler, endpoint)) {
+        : RedisStreamConsumer(Private{}, endpoint, std::move(options),
+                              broker::Dispatch<StreamEntry>::idempotent(handler),
+                              acks_in_commit_of(handler, endpoint)) {
         broker::check_lease_fits(handler, options_.visibility_timeout, "visibility_timeout",
-                                 fmt::format("idem::StreamConsumer(\"{}\", group \"{}\")",
+                                 fmt::format("idem::RedisStreamConsumer(\"{}\", group \"{}\")",
                                              options_.stream, options_.group));
     }
 
@@ -110,8 +111,8 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
     struct Private {};
     using Item = detail::StreamItem;
 
-    StreamConsumer(Private, RedisEndpoint endpoint, StreamConsumerOptions options,
-                   broker::Dispatch<StreamEntry> dispatch, bool acks_in_commit)
+    RedisStreamConsumer(Private, RedisEndpoint endpoint, RedisStreamConsumerOptions options,
+                        broker::Dispatch<StreamEntry> dispatch, bool acks_in_commit)
         : Base(validated(std::move(options), endpoint), std::move(dispatch), acks_in_commit),
           connection_(std::move(endpoint)),
           name_(options_.stream + "/" + options_.group) {}
@@ -126,9 +127,9 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
         return accepts_commit_hook(handler.store(), CommitHook{std::move(ack)});
     }
 
-    static StreamConsumerOptions validated(StreamConsumerOptions options,
-                                           const RedisEndpoint& endpoint) {
-        const std::string who = fmt::format("idem::StreamConsumer(\"{}\")", options.stream);
+    static RedisStreamConsumerOptions validated(RedisStreamConsumerOptions options,
+                                                const RedisEndpoint& endpoint) {
+        const std::string who = fmt::format("idem::RedisStreamConsumer(\"{}\")", options.stream);
         auto refuse = [&](std::string_view why) {
             throw usage_error(fmt::format("{}: {}", who, why));
         };
@@ -160,7 +161,7 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
     }
 
     // -----------------------------------------------------------------------------------------
-    // The adapter's hooks (broker::Consumer)
+    // The adapter's hooks (broker::ConsumerBase)
 
     std::vector<Item> read() {
         ensure_group();
@@ -323,7 +324,7 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
         if (reply.is_error() && reply.str.rfind("BUSYGROUP", 0) != 0) {
             redis::throw_reply_error(
                 reply,
-                fmt::format("idem::StreamConsumer: XGROUP CREATE {} {} failed on {}: {}",
+                fmt::format("idem::RedisStreamConsumer: XGROUP CREATE {} {} failed on {}: {}",
                             options_.stream, options_.group, endpoint().describe(), reply.str));
         }
         group_ready_ = true;
@@ -341,7 +342,7 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
                                       visibility, cursor_, "+", std::to_string(page)},
                                      "XPENDING");
         if (!reply.is_array())
-            throw store_error("idem::StreamConsumer: XPENDING: unexpected reply");
+            throw store_error("idem::RedisStreamConsumer: XPENDING: unexpected reply");
         struct Due {
             std::string id;
             std::uint32_t delivery_count;  ///< this delivery's, once claimed
@@ -457,11 +458,11 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
         redis::Reply reply = connection_.eval(redis::stream_dead_letter_ack_script(),
                                               {options_.dead_letter, options_.stream}, args);
         if (reply.is_error()) {
-            redis::throw_reply_error(reply,
-                                     fmt::format("idem::StreamConsumer: moving entry {} of {} to "
-                                                 "{} failed on {} (not acked): {}",
-                                                 entry.id, options_.stream, options_.dead_letter,
-                                                 endpoint().describe(), reply.str));
+            redis::throw_reply_error(
+                reply, fmt::format("idem::RedisStreamConsumer: moving entry {} of {} to "
+                                   "{} failed on {} (not acked): {}",
+                                   entry.id, options_.stream, options_.dead_letter,
+                                   endpoint().describe(), reply.str));
         }
     }
 
@@ -478,13 +479,14 @@ class StreamConsumer final : public broker::Consumer<StreamConsumer, StreamConsu
         if (reply.str.rfind("NOGROUP", 0) == 0) {
             group_ready_ = false;  // e.g. a server restarted without persistence: create it again
             return std::make_exception_ptr(store_error(fmt::format(
-                "idem::StreamConsumer: {} on {}: {} ({})", what, endpoint().describe(), reply.str,
+                "idem::RedisStreamConsumer: {} on {}: {} ({})", what, endpoint().describe(),
+                reply.str,
                 options_.declare
                     ? "the group will be created again on the next poll"
-                    : "create it with XGROUP CREATE, or set StreamConsumerOptions::declare")));
+                    : "create it with XGROUP CREATE, or set RedisStreamConsumerOptions::declare")));
         }
-        const std::string message = fmt::format("idem::StreamConsumer: {} failed on {}: {}", what,
-                                                endpoint().describe(), reply.str);
+        const std::string message = fmt::format("idem::RedisStreamConsumer: {} failed on {}: {}",
+                                                what, endpoint().describe(), reply.str);
         if (redis::is_unavailable_error(reply)) {
             return std::make_exception_ptr(store_unavailable(message));
         }

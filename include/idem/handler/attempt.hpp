@@ -1,9 +1,9 @@
 #pragma once
 /// @file
-/// @brief The attempt runner (detail::AttemptRunner): the steps of one delivery's attempt inside a transaction
-/// (begin, key, claim, fingerprint, poison check, effect, record the outcome, commit, report),
-/// written once for every way a message is handled: alone and in a batch (handler.hpp, with
-/// handler/single.hpp, handler/batch.hpp, handler/claim_and_commit.hpp) and one step ahead of
+/// @brief The attempt runner (detail::AttemptRunner): the steps of one delivery's attempt inside a
+/// transaction (begin, key, claim, fingerprint, poison check, effect, record the outcome, commit,
+/// report), written once for every way a message is handled: alone and in a batch (handler.hpp,
+/// with handler/single.hpp, handler/batch.hpp, handler/claim_and_commit.hpp) and one step ahead of
 /// its commit (broker/pipeline.hpp's PipelinedLoop). How a message is kept apart from the others in
 /// its transaction is its strategy's (handler/strategy.hpp); calling the effect is effect.hpp's.
 

@@ -70,8 +70,8 @@ Outcome record_without_effect(AttemptRunner<Store, Effect>& p, const Delivery& d
 /// handle(): validate, then one attempt in its own transaction (or, for a local effect on a
 /// store that can, the effect and one claim_and_commit()).
 template <class Store, class Effect, class Body>
-Outcome handle_one(AttemptRunner<Store, Effect>& p, const Delivery& as_delivered,
-                   const Body& body, CommitHook* hook, Measure* measure) {
+Outcome handle_one(AttemptRunner<Store, Effect>& p, const Delivery& as_delivered, const Body& body,
+                   CommitHook* hook, Measure* measure) {
     using Transaction = typename AttemptRunner<Store, Effect>::Transaction;
     if (auto reason = unclaimable_reason(as_delivered)) {
         return park_malformed_delivery(p, as_delivered, body, std::move(*reason), hook, measure);

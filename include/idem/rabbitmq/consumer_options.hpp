@@ -1,8 +1,8 @@
 #pragma once
 /// @file
-/// @brief What a RabbitConsumer (broker/rabbitmq.hpp) reads and is given: idem_payload() of a
+/// @brief What a RabbitMqConsumer (broker/rabbitmq.hpp) reads and is given: idem_payload() of a
 /// rabbitmq::Message (what a dead letter keeps of it), the headers idem writes on what it
-/// republishes, delivery_count_of(), and RabbitConsumerOptions. Link idem::rabbitmq.
+/// republishes, delivery_count_of(), and RabbitMqConsumerOptions. Link idem::rabbitmq.
 
 #include <algorithm>
 #include <chrono>
@@ -56,7 +56,7 @@ inline constexpr const char* header_prior_deliveries = "x-idem-prior-deliveries"
 
 }  // namespace rabbitmq
 
-/// @brief Where a RabbitConsumer reads and how it paces itself; the shared options
+/// @brief Where a RabbitMqConsumer reads and how it paces itself; the shared options
 /// (broker::ConsumerOptions) under their common names. On RabbitMQ:
 /// - `visibility_timeout`: the broker's consumer_timeout (rabbitmq.conf; 30 min by default, the
 ///   default here too): a delivery held unacked longer has its channel closed by the broker
@@ -80,11 +80,11 @@ inline constexpr const char* header_prior_deliveries = "x-idem-prior-deliveries"
 /// - `handle_in_batches`: needs prefetch >= batch_size; twice the endpoint's heartbeat must then
 ///   cover a whole batch too;
 /// - `on_health`: the dead-letter queue's depth when idem declared it.
-struct RabbitConsumerOptions : broker::ConsumerOptions {
-    RabbitConsumerOptions() { visibility_timeout = std::chrono::minutes(30); }
+struct RabbitMqConsumerOptions : broker::ConsumerOptions {
+    RabbitMqConsumerOptions() { visibility_timeout = std::chrono::minutes(30); }
     /// @brief Options for consuming quorum queue @p queue_, the rest defaults (visibility_timeout
     /// 30 minutes). Implicit, so `{"orders"}` reads as the queue.
-    RabbitConsumerOptions(std::string queue_) : RabbitConsumerOptions() {  // NOLINT: {"orders"}
+    RabbitMqConsumerOptions(std::string queue_) : RabbitMqConsumerOptions() {  // NOLINT: {"orders"}
         queue = std::move(queue_);
     }
 

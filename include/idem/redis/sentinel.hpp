@@ -3,7 +3,7 @@
 /// @brief idem::redis::locate_master(): where the master a group of Redis Sentinels names is now
 /// (`SENTINEL get-master-addr-by-name`), and is_master_role() to check the server found there
 /// (`ROLE`). Connection calls both at every connect of a RedisEndpoint with sentinels, so a pool, a
-/// store and a StreamConsumer follow a failover by reconnecting. Link idem::redis.
+/// store and a RedisStreamConsumer follow a failover by reconnecting. Link idem::redis.
 ///
 /// A Sentinel is asked one question on a short-lived connection of its own (no SELECT, no
 /// scripts, no pooling: not a Connection, which would have to locate itself).

@@ -20,7 +20,7 @@ IDEM_BEGIN_NAMESPACE
 namespace redis {
 
 /// @brief The dead-letter stream of @p stream when none is named: `<stream>.dead-letters`
-/// (StreamConsumerOptions::dead_letter's default too; a stream named "{orders}" keeps
+/// (RedisStreamConsumerOptions::dead_letter's default too; a stream named "{orders}" keeps
 /// its hash tag).
 [[nodiscard]] inline std::string default_dead_letter_stream(std::string_view stream) {
     std::string name(stream);
@@ -36,7 +36,7 @@ namespace redis {
 /// ignored and the consumer acks after the commit.
 ///
 /// A dead letter always goes somewhere: to `dead_letter_stream`, or `<stream>.dead-letters`
-/// when it is empty (as StreamConsumer's), never XACKed without its copy.
+/// when it is empty (as RedisStreamConsumer's), never XACKed without its copy.
 ///
 /// @code
 /// idem::CommitHook hook{idem::redis::StreamAck{endpoint, "orders", "capture", entry.id}};

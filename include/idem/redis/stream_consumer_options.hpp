@@ -1,8 +1,9 @@
 #pragma once
 /// @file
-/// @brief What a StreamConsumer (broker/redis_streams.hpp) reads and is given: StreamEntry, one
-/// stream entry, with idem_payload() (what a dead letter keeps of it); StreamConsumerOptions;
-/// and the parsing of XREADGROUP / XCLAIM replies into entries. Link idem::redis.
+/// @brief What a RedisStreamConsumer (broker/redis_streams.hpp) reads and is given: StreamEntry,
+/// one stream entry, with idem_payload() (what a dead letter keeps of it);
+/// RedisStreamConsumerOptions; and the parsing of XREADGROUP / XCLAIM replies into entries. Link
+/// idem::redis.
 
 #include <chrono>
 #include <cstddef>
@@ -54,7 +55,7 @@ struct StreamEntry {
     return out;
 }
 
-/// @brief Where a StreamConsumer reads and how it paces itself; the shared options
+/// @brief Where a RedisStreamConsumer reads and how it paces itself; the shared options
 /// (broker::ConsumerOptions) under their common names. On Redis Streams:
 /// - `visibility_timeout`: an entry pending this long without an ack is taken over (XCLAIM
 ///   min-idle-time) and delivered again;
@@ -76,11 +77,11 @@ struct StreamEntry {
 ///   the dead-letter scripts); on a RedisStore of this database the commit itself acks;
 /// - `on_health`: pending entries of the group (XPENDING) and the dead-letter stream's length,
 ///   one round trip per report.
-struct StreamConsumerOptions : broker::ConsumerOptions {
-    StreamConsumerOptions() = default;
+struct RedisStreamConsumerOptions : broker::ConsumerOptions {
+    RedisStreamConsumerOptions() = default;
     /// @brief Options for consumer @p consumer_ of group @p group_ on stream @p stream_, the rest
     /// defaults.
-    StreamConsumerOptions(std::string stream_, std::string group_, std::string consumer_)
+    RedisStreamConsumerOptions(std::string stream_, std::string group_, std::string consumer_)
         : stream(std::move(stream_)), group(std::move(group_)), consumer(std::move(consumer_)) {}
 
     std::string stream;    ///< the stream key
@@ -138,7 +139,7 @@ inline std::optional<StreamEntry> parse_stream_entry(const redis::Reply& reply,
     return entry;
 }
 
-/// An entry of a stream as a StreamConsumer read it, with the delivery count it has.
+/// An entry of a stream as a RedisStreamConsumer read it, with the delivery count it has.
 struct StreamItem {
     StreamEntry entry;
     std::uint32_t delivery_count;

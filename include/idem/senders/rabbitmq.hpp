@@ -2,7 +2,7 @@
 /// @file
 /// @brief idem::RabbitMqSender: an idem::Relay sender that publishes each outbox intent to
 /// RabbitMQ, persistent and mandatory, with the idempotency key as the message_id property (the
-/// id an idem::RabbitConsumer claims by default), and waits for the publisher confirm. Link
+/// id an idem::RabbitMqConsumer claims by default), and waits for the publisher confirm. Link
 /// idem::rabbitmq. See docs/chain.md.
 ///
 /// @code

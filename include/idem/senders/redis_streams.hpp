@@ -2,11 +2,11 @@
 /// @file
 /// @brief idem::RedisStreamSender: an idem::Relay sender that XADDs each outbox intent to the
 /// Redis Stream named by its destination, with the idempotency key in an id field, so an
-/// idem::StreamConsumer whose `id_field` is that field claims the key as the message id. Link
+/// idem::RedisStreamConsumer whose `id_field` is that field claims the key as the message id. Link
 /// idem::redis. See docs/chain.md.
 ///
 /// @code
-/// idem::StreamConsumerOptions downstream{"payments", "settle", "worker-1"};
+/// idem::RedisStreamConsumerOptions downstream{"payments", "settle", "worker-1"};
 /// downstream.id_field = idem::RedisStreamSenderOptions{}.id_field;  // "message_id"
 ///
 /// idem::Relay relay(store, idem::RedisStreamSender{idem::RedisEndpoint{"127.0.0.1", 6379}});
@@ -34,8 +34,8 @@ IDEM_BEGIN_NAMESPACE
 
 /// @brief The fields a RedisStreamSender writes, and the stream's trimming.
 struct RedisStreamSenderOptions {
-    /// The field carrying the idempotency key: set the downstream StreamConsumerOptions::id_field
-    /// to it, so the key is the message id its handler claims.
+    /// The field carrying the idempotency key: set the downstream
+    /// RedisStreamConsumerOptions::id_field to it, so the key is the message id its handler claims.
     std::string id_field = "message_id";
     /// The field carrying the intent's payload.
     std::string payload_field = "payload";

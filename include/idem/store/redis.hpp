@@ -24,18 +24,18 @@
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/policy.hpp"
+#include "idem/redis/cluster.hpp"
+#include "idem/redis/endpoint.hpp"
+#include "idem/redis/stream_ack.hpp"
 #include "idem/store/redis/admin.hpp"
 #include "idem/store/redis/claim_and_commit.hpp"
 #include "idem/store/redis/claims.hpp"
-#include "idem/redis/cluster.hpp"
 #include "idem/store/redis/commit.hpp"
 #include "idem/store/redis/context.hpp"
-#include "idem/redis/endpoint.hpp"
 #include "idem/store/redis/next_claim.hpp"
 #include "idem/store/redis/options.hpp"
 #include "idem/store/redis/replication.hpp"
 #include "idem/store/redis/slot_commit.hpp"
-#include "idem/redis/stream_ack.hpp"
 #include "idem/store/redis/transaction_state.hpp"
 
 IDEM_BEGIN_NAMESPACE
@@ -134,7 +134,7 @@ class RedisStore {
     void ping() { context_.router.ping(); }
 
     /// @brief Whether this store's transactions do @p hook in their commit: a stream ack
-    /// (redis::StreamAck, from StreamConsumer or your own loop) on this store's server and
+    /// (redis::StreamAck, from RedisStreamConsumer or your own loop) on this store's server and
     /// database. The ack (and a dead letter's dead-letter stream entry) is then part of the
     /// commit script; otherwise the hook is ignored and the broker acks after the commit.
     /// On a Redis Cluster never: a stream and a claim are in different hash slots, so the

@@ -1,7 +1,7 @@
 // Doc-test wrapper `metrics_handlers`: the block builds handlers with a PrometheusObserver; the
 // function has a store (MemoryStore), two effects, a broker consumer's options (a
-// StreamConsumer's), a circuit breaker and the numbers the user's loop reads. doctest_run() then
-// checks the gauges set.
+// RedisStreamConsumer's), a circuit breaker and the numbers the user's loop reads. doctest_run()
+// then checks the gauges set.
 #include <idem/broker/circuit_breaker.hpp>
 #include <idem/broker/redis_streams.hpp>
 #include <idem/idem.hpp>
@@ -17,7 +17,7 @@ inline void doctest_run() {
         tx.put("captures", order, "1");
     };
     auto refund_effect = [](auto& tx, const std::string& order) { tx.put("refunds", order, "1"); };
-    idem::StreamConsumerOptions consumer_options;
+    idem::RedisStreamConsumerOptions consumer_options;
     idem::CircuitBreaker breaker{{}, [] {}};
     std::uint64_t pending = 3;
     std::uint64_t dead_letter_depth = 0;

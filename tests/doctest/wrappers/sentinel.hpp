@@ -5,7 +5,7 @@
 #include <idem/store/redis.hpp>
 
 inline void doctest_run() {
-    idem::StreamConsumerOptions consumer_options;
+    idem::RedisStreamConsumerOptions consumer_options;
     consumer_options.stream = "orders";
     consumer_options.group = "capture";
     consumer_options.consumer = "worker-1";

@@ -22,10 +22,10 @@
 #include "idem/contract/commit_hook.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/error.hpp"
+#include "idem/redis/stream_ack.hpp"
 #include "idem/store/redis/context.hpp"
 #include "idem/store/redis/replication.hpp"
 #include "idem/store/redis/scripts.hpp"
-#include "idem/redis/stream_ack.hpp"
 #include "idem/store/redis/transaction_state.hpp"
 
 IDEM_BEGIN_NAMESPACE
@@ -82,8 +82,8 @@ std::size_t encode_commit(Args& a, const StoreContext& store, std::string_view t
 /// is left to the caller.
 inline std::vector<CommitHook*> hook_commands(const TransactionState& tx, Commands& out);
 
-/// hook_commands() for ONE attached hook (a single message's commit, the StreamConsumer's every
-/// pipelined commit): the same rule without grouping anything.
+/// hook_commands() for ONE attached hook (a single message's commit, the RedisStreamConsumer's
+/// every pipelined commit): the same rule without grouping anything.
 inline std::vector<CommitHook*> one_hook_command(const TransactionState& tx, CommitHook& hook,
                                                  Commands& out) {
     const StreamAck* ack = hook.request_as<StreamAck>();

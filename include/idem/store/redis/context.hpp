@@ -27,11 +27,11 @@
 #include "idem/redis/cluster.hpp"
 #include "idem/redis/connection.hpp"
 #include "idem/redis/endpoint.hpp"
-#include "idem/store/redis/keys.hpp"
-#include "idem/store/redis/options.hpp"
 #include "idem/redis/pool.hpp"
 #include "idem/redis/reply.hpp"
 #include "idem/redis/resp.hpp"
+#include "idem/store/redis/keys.hpp"
+#include "idem/store/redis/options.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace redis {
