@@ -19,7 +19,6 @@
 #include <fmt/format.h>
 
 #include "idem/broker/consumer.hpp"
-#include "idem/broker/redelivery_backoff.hpp"
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
 #include "idem/delivery.hpp"
@@ -36,16 +35,14 @@
 IDEM_BEGIN_NAMESPACE
 
 /// @brief Reads a Redis Stream through a consumer group and hands each entry to a handler as an
-/// idem::Delivery, so the handler's claim, poison limit and outcome decide the ack. Written on
-/// broker::ConsumerBase, which owns the loop.
-///
-/// Each poll first takes over entries that are due again (XPENDING with their true delivery
-/// counts, then XCLAIM): pending without an ack for longer than the visibility timeout and than
-/// the redelivery backoff of their next delivery. Then it reads new ones (XREADGROUP; delivery
-/// count 1). After the handler: an acking outcome is XACKed (a dead letter is first added to
-/// the dead-letter stream with its reason and fields, atomically with the ack); failed,
-/// deferred and in_progress stay pending and come back once due. A handler that throws counts
-/// as failed. Nothing is acked whose outcome is unknown.
+/// idem::Delivery, so the handler's claim, poison limit and outcome decide the ack (the loop is
+/// broker::ConsumerBase's). Each poll first takes over entries due again (XPENDING with their
+/// true delivery counts, then XCLAIM): pending without an ack for longer than the visibility
+/// timeout and the redelivery backoff of their next delivery. Then it reads new ones
+/// (XREADGROUP; delivery count 1). After the handler: an acking outcome is XACKed (a dead letter
+/// is first added to the dead-letter stream with its reason and fields, atomically with the
+/// ack); failed, deferred and in_progress stay pending and come back once due; a handler that
+/// throws counts as failed. Nothing is acked whose outcome is unknown.
 ///
 /// Built from an IdempotentHandler whose store accepts its commit hook (idem::CommitHook carrying
 /// a redis::StreamAck: a RedisStore of the same server and database), the ack (and the
