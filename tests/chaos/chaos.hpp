@@ -141,6 +141,8 @@ struct Options {
     std::uint32_t max_deliveries = 10;
     /// The consumers' RedeliveryBackoff::initial; negative: the library's default.
     std::chrono::milliseconds backoff_initial{-1};
+    /// The consumers' RedeliveryBackoff::max; negative: the library's default (5 minutes).
+    std::chrono::milliseconds backoff_max{-1};
     std::chrono::seconds timeout{300};  ///< give up waiting for the stream to drain
     bool timeout_given = false;         ///< else it grows with the messages (defaults())
     /// --chain A:B: `broker` is A, this is B (the store is SQLite, one for each service).

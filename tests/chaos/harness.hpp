@@ -302,6 +302,9 @@ inline std::vector<std::string> worker_args(const Options& o, int redis_port, co
     if (o.backoff_initial.count() >= 0) {
         args.insert(args.end(), {"--backoff-ms", std::to_string(o.backoff_initial.count())});
     }
+    if (o.backoff_max.count() >= 0) {
+        args.insert(args.end(), {"--backoff-max-ms", std::to_string(o.backoff_max.count())});
+    }
     if (o.naive) args.emplace_back("--naive");
     if (o.pipelined) args.emplace_back("--pipelined");
     if (o.offsets_in_store) args.insert(args.end(), {"--offsets", "store"});

@@ -64,6 +64,9 @@ constexpr const char* usage =
     "  --backoff-ms      the consumers' redelivery backoff before the second delivery, doubling\n"
     "                    from there (default: the library's, 2000); 0: none, each broker's own\n"
     "                    redelivery (what the run did before the backoff existed)\n"
+    "  --backoff-max-ms  the longest redelivery backoff (default: the library's, 5 minutes);\n"
+    "                    a run whose messages fail many times (store outages) keeps it under\n"
+    "                    --timeout\n"
     "  --timeout         seconds to wait for the stream to drain (default: 300, or more with\n"
     "                    --messages: 15 ms a message, 40 ms chained, 600 ms with Kafka)\n"
     "  --chain A:B       two services (docs/chain.md): service A consumes broker A and writes its\n"
@@ -226,6 +229,8 @@ chaos::Options parse(int argc, char** argv) {
             o.inflight = milliseconds(number(arg, value(), 1, 3'600'000));
         } else if (arg == "--backoff-ms") {
             o.backoff_initial = milliseconds(number(arg, value(), 0, 3'600'000));
+        } else if (arg == "--backoff-max-ms") {
+            o.backoff_max = milliseconds(number(arg, value(), 1, 3'600'000));
         } else if (arg == "--max-deliveries") {
             o.max_deliveries = static_cast<std::uint32_t>(number(arg, value(), 1, 1000));
         } else if (arg == "--timeout") {

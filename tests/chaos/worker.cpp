@@ -564,6 +564,7 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
     settings.visibility = options.visibility;
     settings.relayed = options.relayed;
     if (options.backoff_initial.count() >= 0) settings.backoff.initial = options.backoff_initial;
+    if (options.backoff_max.count() >= 0) settings.backoff.max = options.backoff_max;
     int errors_reported = 0;
     settings.on_error = [&](const std::exception& e) {
         if (++errors_reported <= 3) std::fprintf(stderr, "idem_chaos worker: %s\n", e.what());
