@@ -31,6 +31,15 @@
 #                                         redis_single redis_single_local redis_stream_consumer.
 #                                         Deterministic (instruction counts, not time); needs
 #                                         valgrind; about a minute
+#   scripts/bench.sh --against REV [--ab-runs N] [idem_bench options]
+#                                         A/B: builds REV (a commit, tag or branch) in a temp dir
+#                                         beside this tree's build, runs both builds' idem_bench
+#                                         with the same options interleaved (REV, this tree, REV,
+#                                         this tree, ... N times each, default 3), and prints one
+#                                         JSON line per case: each build's median ratio and spread
+#                                         (max - min over its runs) and b_vs_a, this tree's median
+#                                         ratio over REV's; the load average before the run too.
+#                                         Every run's own lines stay in the temp dir it names.
 # Other options go to idem_bench (scripts/bench.sh --help lists them).
 set -euo pipefail
 
@@ -40,11 +49,36 @@ BUILD=build/bench
 
 ./scripts/deps.sh >&2
 
+# --against REV [--ab-runs N]: taken out here, the other options go to both builds' idem_bench.
+AGAINST=""
+AB_RUNS=3
+args=()
+while (($#)); do
+    case "$1" in
+        --against)
+            [[ $# -ge 2 ]] || { echo "bench.sh: --against needs a revision" >&2; exit 2; }
+            AGAINST="$2"
+            shift 2
+            ;;
+        --ab-runs)
+            [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || { echo "bench.sh: --ab-runs needs a count" >&2; exit 2; }
+            AB_RUNS="$2"
+            shift 2
+            ;;
+        *) args+=("$1"); shift ;;
+    esac
+done
+set -- "${args[@]+"${args[@]}"}"
+if [[ -n "$AGAINST" ]]; then
+    git rev-parse --verify --quiet "$AGAINST^{commit}" >/dev/null ||
+        { echo "bench.sh: --against: '$AGAINST' is not a commit of this repository" >&2; exit 2; }
+fi
+
 # -g only adds symbols for the profiles; the code is Release (-O3 -DNDEBUG). IDEM_WERROR=OFF as in
 # demo.sh: a new compiler's warning must not keep anyone from measuring. The four stores are
 # required; the RabbitMQ and NATS rows are built when their libraries are found.
-{
-    cmake -S . -B "$BUILD" -G Ninja \
+build_bench() {  # source_dir build_dir
+    cmake -S "$1" -B "$2" -G Ninja \
         -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_CXX_FLAGS_RELEASE="-O3 -DNDEBUG -g" \
         -DCMAKE_CXX_COMPILER=g++ \
@@ -54,10 +88,55 @@ BUILD=build/bench
         -DIDEM_WITH_SQLITE=ON -DIDEM_WITH_POSTGRES=ON -DIDEM_WITH_REDIS=ON -DIDEM_WITH_MYSQL=ON \
         -DIDEM_INSTALL=OFF \
         -DIDEM_WERROR=OFF
-    cmake --build "$BUILD" -j 2 --target idem_bench
-} >&2
+    cmake --build "$2" -j 2 --target idem_bench
+}
+build_bench . "$BUILD" >&2
 
 BIN="$BUILD/bench/idem_bench"
+
+if [[ -n "$AGAINST" ]]; then
+    out="$(mktemp -d "${TMPDIR:-/tmp}/idem-ab-XXXXXX")"
+    rev="$(git rev-parse --short "$AGAINST")"
+    echo "bench.sh: building $AGAINST ($rev) in $out/a" >&2
+    mkdir -p "$out/a/src"
+    git archive "$rev" | tar -x -C "$out/a/src"
+    build_bench "$out/a/src" "$out/a/build" >&2
+    BIN_A="$out/a/build/bench/idem_bench"
+    load="$(cut -d' ' -f1 /proc/loadavg)"
+    echo "bench.sh: load average $load before the run (run it alone: well under 1)" >&2
+    for ((run = 1; run <= AB_RUNS; ++run)); do
+        echo "bench.sh: run $run of $AB_RUNS: $rev" >&2
+        "$BIN_A" "$@" >"$out/a.$run.jsonl"
+        echo "bench.sh: run $run of $AB_RUNS: this tree" >&2
+        "$BIN" "$@" >"$out/b.$run.jsonl"
+    done
+    python3 - "$out" "$AB_RUNS" "$rev" "$load" <<'PY'
+import json, statistics, sys
+out, runs, rev, load = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+def ratios(side):
+    seen = {}
+    for run in range(1, runs + 1):
+        with open(f"{out}/{side}.{run}.jsonl") as f:
+            for line in f:
+                row = json.loads(line)
+                if isinstance(row.get("ratio"), (int, float)):
+                    seen.setdefault(row["bench"], []).append(row["ratio"])
+    return seen
+a, b = ratios("a"), ratios("b")
+for name in sorted(set(a) | set(b)):
+    row = {"bench": name, "against": rev, "runs": runs, "load_before": load}
+    for side, seen in (("a", a), ("b", b)):
+        if name in seen:
+            row[f"{side}_ratio"] = round(statistics.median(seen[name]), 3)
+            row[f"{side}_spread"] = round(max(seen[name]) - min(seen[name]), 3)
+    if "a_ratio" in row and "b_ratio" in row and row["a_ratio"] > 0:
+        row["b_vs_a"] = round(row["b_ratio"] / row["a_ratio"], 3)
+        row["beyond_spread"] = abs(row["b_ratio"] - row["a_ratio"]) > max(row["a_spread"], row["b_spread"])
+    print(json.dumps(row, separators=(",", ":")))
+PY
+    echo "bench.sh: every run's lines in $out (a = $rev, b = this tree)" >&2
+    exit 0
+fi
 
 twin_of() {
     case "$1" in

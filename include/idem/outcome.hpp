@@ -164,6 +164,11 @@ struct Outcome {
     /// For a duplicate: the outcome the earlier delivery recorded with the claim (a duplicate of
     /// a dead-lettered message must still reach the broker's dead-letter destination).
     std::optional<Disposition> recorded{};
+    /// For a dead-lettered outcome: the count the handler judged the delivery by, as its
+    /// DeadLetter record carries it: the store's attempt count where the store counts attempts
+    /// (ClaimResult::attempts on a lease store, DeliveryCounter::store), else the broker's. A
+    /// broker's dead-letter copy carries it (envelope::delivery_count).
+    std::optional<std::uint32_t> delivery_count{};
 
     /// @brief True for a failed outcome caused by a store that cannot be reached or does not
     /// answer: retrying the next message now would fail the same way, so a consumer loop pauses

@@ -410,6 +410,8 @@ TEST_P(KafkaStores, ARecordThatKillsEveryWorkerIsParkedInTheDeadLetterTopicAfter
     EXPECT_NE(reason->find("attempt 3"), std::string::npos) << *reason;
     EXPECT_EQ(letters[0].header("idem-original-topic").value_or(""), topic);
     EXPECT_EQ(letters[0].header("idem-original-offset").value_or(""), "3");
+    // The count the poison limit judged (the store's), not this worker's one delivery.
+    EXPECT_EQ(letters[0].header("idem-delivery-count").value_or(""), "3");
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, KafkaStores,

@@ -384,6 +384,24 @@ TEST_F(RedisClusterTest, WarmUpLoadsTheScriptsOnEveryMaster) {
 // A local effect's one script runs on its claim's slot when every write is in that slot too;
 // a write elsewhere sends nothing in one step (not_attempted) and the ordinary path takes the
 // message: claim, effect again (local: no trace), commit per slot. Both apply once.
+// A store's very first transaction queues a write before anything reached the cluster (begin()
+// and write() do no I/O): its place is recorded when it is queued, so the commit still sends it
+// with its claim's slot group.
+TEST_F(RedisClusterTest, AWriteQueuedBeforeTheStoreFirstReachedTheClusterCommitsWithItsClaim) {
+    idem::RedisStore store(node(1));
+    const std::string scope = "first";
+    const std::string key = effect_key(scope, "m-1");
+    auto tx = store.begin();
+    tx.write("SET", key, "applied");
+    ASSERT_EQ(tx.claim(scope, "m-1").status, idem::ClaimStatus::claimed);
+    tx.record_outcome(scope, "m-1", Disposition::processed, "");
+    EXPECT_NO_THROW(tx.commit());
+    EXPECT_TRUE(store.is_cluster());
+    EXPECT_EQ(read_all({key}).at(key), "applied");
+    auto again = store.begin();
+    EXPECT_EQ(again.claim(scope, "m-1").status, idem::ClaimStatus::duplicate);
+}
+
 TEST_F(RedisClusterTest, ALocalEffectRunsInItsClaimsSlotOrTakesTheOrdinaryPath) {
     idem::RedisStore store(node(0));
     store.warm_up();

@@ -52,17 +52,16 @@ namespace broker {
 ///   taking `Raw&&` may move it out (batch mode moves every body into one vector and reads the
 ///   raw delivery's body no more).
 /// - `Settlement::Kind settle(Raw&, const Message&, const Delivery&, const Outcome&,
-///   const Settlement&)`: do what the settlement says (ack; publish the dead letter, wait for
-///   its confirmation, then ack; redeliver after `settlement.delay`, nothing: the broker's own
-///   clock) and return what was done (an ack the broker refused for a stale channel:
-///   redeliver). Throws when the broker failed.
+///   const Settlement&)`: do what the settlement says (ack; publish the dead letter, confirmed,
+///   then ack; redeliver after `settlement.delay`, nothing: the broker's clock) and return what
+///   was done (a refused ack: redeliver). The Delivery is as_judged(). Throws on broker failure.
 /// - `ConsumerHealth health()`: what the adapter knows (pending, dead-letter depth); the views
 ///   must outlive the call. What cannot be read is left unknown, or thrown (reported through
 ///   on_error, no report this time).
 ///
 /// Optional hooks, each with a default in the base that says what it is for: commit_hook_of,
 /// settle_all, unhandled, handling and handled, pipelines, in_progress_delay, blocked,
-/// settled_in_commit, commit_publishes_dead_letters and idle. A broker without a delivery count
+/// acked_in_commit, commit_publishes_dead_letters and idle. A broker without a delivery count
 /// that settles by committing offsets in order (KafkaConsumer) fits the same hooks: kafka.hpp
 /// says how.
 ///
@@ -207,8 +206,8 @@ class ConsumerBase {
     /// delivered again, and order is kept): not handled, settled or counted; the adapter reads
     /// it again later. One at a time only. Default: false.
     [[nodiscard]] bool blocked(const Raw&) const noexcept { return false; }
-    /// Hook: the store's commit settled it (the commit hook was done). Default: nothing.
-    void settled_in_commit(Raw&, const Outcome&) {}
+    /// Hook: the store's commit acked it (the commit hook was done). Default: nothing.
+    void acked_in_commit(Raw&, const Outcome&) {}
     /// Hook: whether a commit that did a dead-lettered message's hook also delivered its dead
     /// letter (a Redis stream's XADD in the commit); false for a hook that only moves a read
     /// position, and the adapter publishes the copy. Default: true.
@@ -354,10 +353,11 @@ class ConsumerBase {
         note(outcome);
         if (hook && hook->acked_in_commit) {
             count_in_commit(outcome, delivery);
-            adapter().settled_in_commit(raw, outcome);
+            adapter().acked_in_commit(raw, outcome);
             return;
         }
-        count(adapter().settle(raw, message, delivery, outcome, settlement_of(outcome, delivery)));
+        const Settlement settlement = settlement_of(outcome, delivery);
+        count(adapter().settle(raw, message, as_judged(delivery, outcome), outcome, settlement));
     }
 
     /// Batch mode: the poll to the handler at once (one handle_batch() for an
@@ -409,11 +409,12 @@ class ConsumerBase {
             count_delivery(deliveries[i]);
             if (!hooks.empty() && hooks[i].acked_in_commit) {
                 count_in_commit(outcomes[i], deliveries[i]);
-                adapter().settled_in_commit(batch[i], outcomes[i]);
+                adapter().acked_in_commit(batch[i], outcomes[i]);
                 continue;
             }
             const Settlement settlement = settlement_of(outcomes[i], deliveries[i]);
-            settling.push_back(ToSettle<Message>{i, &messages[i], std::move(deliveries[i]),
+            settling.push_back(ToSettle<Message>{i, &messages[i],
+                                                 as_judged(std::move(deliveries[i]), outcomes[i]),
                                                  std::move(outcomes[i]), settlement});
         }
         if (!settling.empty()) adapter().settle_all(batch, settling);
@@ -433,13 +434,13 @@ class ConsumerBase {
                 note(s.outcome);
                 if (s.acked_in_commit) {
                     count_in_commit(s.outcome, s.delivery);
-                    adapter().settled_in_commit(batch[s.tag], s.outcome);
+                    adapter().acked_in_commit(batch[s.tag], s.outcome);
                     continue;
                 }
                 const Settlement settlement = settlement_of(s.outcome, s.delivery);
                 settling.push_back(ToSettle<Message>{s.tag, &adapter().message_of(batch[s.tag]),
-                                                     std::move(s.delivery), std::move(s.outcome),
-                                                     settlement});
+                                                     as_judged(std::move(s.delivery), s.outcome),
+                                                     std::move(s.outcome), settlement});
             }
             settled.clear();
         };

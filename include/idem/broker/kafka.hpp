@@ -331,7 +331,7 @@ class KafkaConsumer final : public broker::ConsumerBase<KafkaConsumer, KafkaCons
     }
     [[nodiscard]] bool commit_publishes_dead_letters() const noexcept { return false; }
 
-    void settled_in_commit(detail::KafkaItem& item, const Outcome&) { mark_done(item); }
+    void acked_in_commit(detail::KafkaItem& item, const Outcome&) { mark_done(item); }
 
     // -----------------------------------------------------------------------------------------
     // Settlement
@@ -394,9 +394,10 @@ class KafkaConsumer final : public broker::ConsumerBase<KafkaConsumer, KafkaCons
         }
         // The value and every original header value through the policy's redactor, when it has
         // one (a redactor that throws leaves the record unsettled); the reason is the handler's.
-        // No delivery count: Kafka keeps none (the store counts the attempts).
-        kafka::Headers headers =
-            envelope::common_fields(reason, dispatch().scope(), delivery.message_id, {});
+        // The count the handler judged (broker::as_judged): the store's attempts, since Kafka
+        // keeps no count.
+        kafka::Headers headers = envelope::common_fields(
+            reason, dispatch().scope(), delivery.message_id, delivery.delivery_count.value());
         headers.emplace_back(envelope::original_topic, body.topic);
         headers.emplace_back(envelope::original_partition, std::to_string(body.partition));
         headers.emplace_back(envelope::original_offset, std::to_string(body.offset));

@@ -80,5 +80,15 @@ struct SettlementRules {
     return settlement;
 }
 
+/// @brief @p delivery as the adapter settles it: a dead letter carries the count the handler
+/// judged (Outcome::delivery_count: the store's attempts where the store counts them, as its
+/// DeadLetter record has it), so every broker's envelope (envelope::delivery_count) says the
+/// same; any other outcome keeps the broker's count.
+[[nodiscard]] inline Delivery as_judged(Delivery delivery, const Outcome& outcome) {
+    if (outcome.disposition == Disposition::dead_lettered && outcome.delivery_count)
+        delivery.delivery_count = *outcome.delivery_count;
+    return delivery;
+}
+
 }  // namespace broker
 IDEM_END_NAMESPACE

@@ -28,9 +28,9 @@ inline constexpr const char* scope = "idem-scope";
 /// The message id idem claimed it under (empty for a delivery parked as malformed for lack of
 /// one).
 inline constexpr const char* message_id = "idem-message-id";
-/// The delivery count the poison limit judged: the broker's (Redis Streams, RabbitMQ, NATS).
-/// Absent on Kafka, whose broker keeps no count (the store counts the attempts; its DeadLetter
-/// record has the count).
+/// The count the handler judged the delivery by, the one its DeadLetter record in the store
+/// carries (Outcome::delivery_count): the store's attempt count where the store counts attempts
+/// (a lease store such as Redis; Kafka, whose broker keeps no count), else the broker's.
 inline constexpr const char* delivery_count = "idem-delivery-count";
 
 // Where the original was. Redis Streams: the stream key and the entry id; NATS JetStream: the

@@ -225,7 +225,8 @@ struct DeadLetter {
     std::string scope;
     /// The parked delivery's message id.
     std::string message_id;
-    /// The delivery count when it was parked (the broker's, or the store's attempts count).
+    /// The count the handler judged it by when it parked it: the store's attempt count where
+    /// the store counts attempts (a lease store, DeliveryCounter::store), else the broker's.
     std::uint32_t delivery_count = 0;
     /// Why it was parked (the poison limit, a fingerprint mismatch, ...).
     std::string reason;

@@ -50,6 +50,20 @@ namespace detail {
     outcome.recorded = claim.recorded;
     return outcome;
 }
+/// Whether a duplicate's claim was taken for another payload: both fingerprints known and
+/// different. Not a redelivery then: the producer reused an id for another message, and acking
+/// it as a duplicate would silently drop that message. The one test of both paths (the
+/// attempt's claim check and claim_and_commit_first()).
+[[nodiscard]] inline bool reused_id(const ClaimResult& claim, std::string_view fingerprint) {
+    return !fingerprint.empty() && !claim.fingerprint.empty() && claim.fingerprint != fingerprint;
+}
+/// @p outcome with, when it is dead-lettered and says no count yet, the count of @p delivery
+/// (counted: the one the handler judged).
+[[nodiscard]] inline Outcome with_judged_count(Outcome outcome, const Delivery& delivery) {
+    if (outcome.disposition == Disposition::dead_lettered && !outcome.delivery_count)
+        outcome.delivery_count = delivery.delivery_count.value();
+    return outcome;
+}
 /// Not acked; retry_after is what is left of the holder's lease when the store knows it,
 /// so a consumer can nack (or hide the message) for that long instead of at once.
 [[nodiscard]] inline Outcome in_progress_outcome(const ClaimResult& claim) {
@@ -301,10 +315,7 @@ class AttemptRunner {
                                        const ClaimResult& claim, const std::string& fingerprint,
                                        Strategy& strategy) {
         if (claim.status == ClaimStatus::duplicate) {
-            if (!fingerprint.empty() && !claim.fingerprint.empty() &&
-                claim.fingerprint != fingerprint) {
-                // Not a redelivery: the producer reused an id for another message. Acking it as
-                // a duplicate would silently drop that message.
+            if (reused_id(claim, fingerprint)) {
                 std::string reason =
                     "id reused with a different payload (fingerprint differs from the first "
                     "delivery's)";
@@ -327,6 +338,7 @@ class AttemptRunner {
     std::optional<Outcome> check_poison(Transaction& tx, const Delivery& delivery, const Body& body,
                                         const ClaimResult& claim, Strategy& strategy) {
         std::string reason;
+        std::uint32_t judged = 0;
         if (delivery.delivery_count.value() == 0) {
             // A usable id with count 0 (a broker field not mapped): parked WITH its claim, so a
             // later delivery of the same id is a duplicate of this dead letter rather than a
@@ -339,6 +351,7 @@ class AttemptRunner {
             // is all there is (it also grows with deliveries that never reached the effect).
             const std::uint32_t attempts = claim.attempts.value_or(delivery.delivery_count.value());
             if (attempts < policy_.max_deliveries()) return std::nullopt;
+            judged = attempts;
             // The span says whether the limit covered a real stretch of failing (the broker's
             // redelivery backoff) or a burst of redeliveries.
             std::string span;
@@ -358,9 +371,14 @@ class AttemptRunner {
                                 : "(broker)",
                 policy_.max_deliveries(), span);
         }
-        park(tx, delivery, body, reason);
+        // The dead letter carries the count judged (a lease store's own attempt count).
+        Delivery as_judged = delivery;
+        as_judged.delivery_count = judged;
+        park(tx, as_judged, body, reason);
         strategy.keep(tx);
-        return Outcome{Disposition::dead_lettered, std::move(reason)};
+        Outcome parked{Disposition::dead_lettered, std::move(reason)};
+        parked.delivery_count = judged;
+        return parked;
     }
 
     /// The effect (or the reconcile callback, for a message older than the gateway's keys), in

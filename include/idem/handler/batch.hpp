@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// @brief handle_batch(): many deliveries in ONE transaction, each through the attempt
-/// pipeline (attempt.hpp): with BatchUnclaimStrategy after one claim_many() for the batch where
+/// runner (attempt.hpp): with BatchUnclaimStrategy after one claim_many() for the batch where
 /// the store has it, else with BatchSavepointStrategy; one commit, each message committed
 /// given its share of its time.
 
@@ -127,6 +127,8 @@ std::vector<Outcome> handle_many(AttemptRunner<Store, Effect>& p, const Delivery
             }
         }
         commit_batch_if_stored(tx, outcomes, measures);
+        for (std::size_t i = 0; i < count; ++i)
+            outcomes[i] = with_judged_count(std::move(outcomes[i]), deliveries[i]);
     } catch (const partial_commit& e) {
         // Some of the batch committed (a Redis Cluster's slot groups): those outcomes stand,
         // the others are failed as below.

@@ -101,8 +101,7 @@ std::optional<Outcome> claim_and_commit_first(AttemptRunner<Store, Effect>& p,
             if (threw) return threw;
             return Outcome{*request.outcome, std::move(reason)};
         case ClaimAndCommitStatus::duplicate:
-            if (!fingerprint.empty() && !answer.claim.fingerprint.empty() &&
-                answer.claim.fingerprint != fingerprint) {
+            if (reused_id(answer.claim, fingerprint)) {
                 return std::nullopt;  // dead-lettered as a reused id by the ordinary path
             }
             return duplicate_outcome(answer.claim);

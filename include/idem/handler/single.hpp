@@ -40,7 +40,7 @@ Outcome park_malformed_delivery(AttemptRunner<Store, Effect>& p, const Delivery&
         tx.dead_letter(p.make_dead_letter(delivery, body, reason));
         Outcome parked{Disposition::dead_lettered, reason};
         p.commit_if_stored(tx, parked, measure);
-        return parked;
+        return with_judged_count(std::move(parked), delivery);
     } catch (const std::exception& e) {
         return failed_outcome(fmt::format("{}; and the dead letter could not be stored: {}", reason,
                                           quoted(p.policy(), e)),
@@ -81,7 +81,7 @@ Outcome handle_one(AttemptRunner<Store, Effect>& p, const Delivery& as_delivered
         const Delivery& delivery = p.counted(as_delivered, storage);
         if constexpr (runs_before_claim<Store, Effect>) {
             if (auto done = claim_and_commit_first(p, delivery, body, hook, measure))
-                return std::move(*done);
+                return with_judged_count(std::move(*done), delivery);
         }
         Attempt attempted;
         {
@@ -89,11 +89,13 @@ Outcome handle_one(AttemptRunner<Store, Effect>& p, const Delivery& as_delivered
             attempted = p.attempt(tx, delivery, body, SingleStrategy<Transaction>{}, measure);
             if (!attempted.needs_second_transaction) {
                 p.commit_if_stored(tx, attempted.outcome, measure);
-                return std::move(attempted.outcome);  // or tx rolls back: nothing stored
+                // or tx rolls back: nothing stored
+                return with_judged_count(std::move(attempted.outcome), delivery);
             }
         }  // rolled back: the effect's writes are gone, the claim with them
-        return record_without_effect(p, delivery, body, std::move(attempted.outcome), hook,
-                                     measure);
+        return with_judged_count(
+            record_without_effect(p, delivery, body, std::move(attempted.outcome), hook, measure),
+            delivery);
     } catch (const std::exception& e) {
         return p.failure(e);
     } catch (...) {

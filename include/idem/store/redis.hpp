@@ -258,8 +258,7 @@ class RedisStore::Transaction {
     /// @brief The handler passes its policy's lease and retention before claiming.
     void set_terms(const ClaimTerms& terms) {
         active();
-        state_.lease = terms.lease.value_or(store_->options().lease);
-        if (terms.retention.count() > 0) state_.retention = terms.retention;
+        state_.set_terms(terms.lease.value_or(store_->options().lease), terms.retention);
     }
 
     /// @brief One round trip (two for an id another worker holds or released). For a claim:
@@ -304,19 +303,16 @@ class RedisStore::Transaction {
     void record_outcome(std::string_view scope, std::string_view id, Disposition disposition,
                         std::string_view reason) {
         active();
-        const std::size_t index = state_.find_held(scope, id);
-        if (index == state_.claims.size()) {
+        if (!state_.record_outcome(scope, id, to_string(disposition), reason)) {
             throw usage_error(
                 "idem::RedisStore: record_outcome() for a claim this transaction does not hold");
         }
-        state_.claims[index].outcome = to_string(disposition);
-        state_.claims[index].reason = std::string(reason);
     }
 
     /// Queues @p letter; commit() stores it.
     void dead_letter(const DeadLetter& letter) {
         active();
-        state_.letters.push_back(letter);
+        state_.add_letter(letter);
     }
 
     /// @brief Queues a Redis write (binary-safe arguments: text, idem::Blob, integers) that runs
@@ -327,16 +323,7 @@ class RedisStore::Transaction {
     void write(const Args&... args) {
         active();
         static_assert(sizeof...(Args) > 0, "idem: write() needs a command");
-        // Encoded now, as the commit script reads it: argc, then the arguments.
-        state_.commands.add(sizeof...(Args));
-        (state_.commands.add(args), ...);
-        ++state_.command_count;
-        if (context().router.known_cluster()) {  // where it goes: its key's slot (argument 1)
-            std::string key;
-            if constexpr (sizeof...(Args) > 1) key = redis::to_arg(std::get<1>(std::tie(args...)));
-            state_.write_places.push_back(redis::TransactionState::WritePlace{
-                state_.commands.mark(), redis::hash_slot(key), state_.current_owner()});
-        }
+        state_.queue_write(args...);
     }
 
     /// @brief Runs a read now, outside the transaction (it does not see this transaction's
@@ -368,7 +355,7 @@ class RedisStore::Transaction {
         active();
         hook.acked_in_commit = false;
         if (!store_->accepts_commit_hook(hook)) return false;
-        state_.hooks.push_back(&hook);
+        state_.attach(hook);
         return true;
     }
 
@@ -382,25 +369,24 @@ class RedisStore::Transaction {
     /// failed leaves nothing, not even its claim.
     void rollback_to_savepoint() {
         active();
-        if (state_.savepoints.empty())
+        if (!state_.has_savepoint())
             throw usage_error("idem::RedisStore: no savepoint to roll back to");
         const std::vector<std::string> keys = state_.rollback_to_savepoint();
-        for (const redis::Reply& reply : redis::release(context(), state_.token, keys))
+        for (const redis::Reply& reply : redis::release(context(), state_.token(), keys))
             context().check_script(reply, "release");
     }
     /// Drops the latest savepoint, keeping what followed it. @throws usage_error without one.
     void release_savepoint() {
         active();
-        if (state_.savepoints.empty())
-            throw usage_error("idem::RedisStore: no savepoint to release");
-        state_.savepoints.pop_back();
+        if (!state_.has_savepoint()) throw usage_error("idem::RedisStore: no savepoint to release");
+        state_.release_savepoint();
     }
 
     /// @brief Overlap lock held until the transaction ends; false when another holder has it.
     bool try_lock(std::string_view key, std::chrono::milliseconds expire_after) {
         active();
-        if (!store_->hold_lock(key, state_.token, expire_after)) return false;
-        state_.locks.emplace_back(key);
+        if (!store_->hold_lock(key, state_.token(), expire_after)) return false;
+        state_.add_lock(std::string(key));
         return true;
     }
 
@@ -427,15 +413,15 @@ class RedisStore::Transaction {
     void rollback() noexcept {
         if (store_ == nullptr) return;
         try {
-            if (!state_.unstarted.empty()) {
-                (void)redis::release(context(), state_.token, state_.unstarted,
+            if (!state_.unstarted().empty()) {
+                (void)redis::release(context(), state_.token(), state_.unstarted(),
                                      redis::release_unstarted_script());
             }
         } catch (...) {  // unreachable: the lease expires on its own, the attempt stays counted
         }
         try {
-            if (!state_.claims.empty() || !state_.released.empty()) {
-                (void)redis::release(context(), state_.token, state_.lease_keys());
+            if (!state_.claims().empty() || !state_.released().empty()) {
+                (void)redis::release(context(), state_.token(), state_.lease_keys());
             }
         } catch (...) {  // unreachable: the lease expires on its own
         }
@@ -456,7 +442,7 @@ class RedisStore::Transaction {
     /// store_timeout when Redis could not be reached (outcome unknown: a redelivery finds it).
     ClaimAndCommitResult claim_and_commit(const ClaimAndCommit& request) {
         active();
-        if (!state_.claims.empty() || !state_.letters.empty() || !state_.released.empty()) {
+        if (state_.holds_anything()) {
             throw usage_error(
                 "idem::RedisStore: claim_and_commit() on a transaction that already holds claims "
                 "or dead letters");
@@ -496,7 +482,7 @@ class RedisStore::Transaction {
                                                             {},
                                                             {}}};
         if (next.store_ != store_ || !store.claim_with_set.load(std::memory_order_relaxed) ||
-            next.state_.find_held(scope, id) < next.state_.claims.size() ||
+            next.state_.holds(scope, id) ||
             !redis::fits_one_call(store, state_, held.front().key)) {
             try {
                 commit();
@@ -514,11 +500,11 @@ class RedisStore::Transaction {
         const std::vector<redis::Args> sets = redis::set_claims(store, next.state_, held);
         // Until its answer is read, next may hold a lease whose effect has not started: its
         // rollback releases it (by its token) and takes the attempt back.
-        next.state_.unstarted.push_back(held.front().key);
+        next.state_.claim_unanswered(held.front().key);
         redis::CommitReplies replies = redis::commit_and_claim_round_trip(
             store, prepared, sets, store.slot_of(held.front().key));
         try {
-            end_commit(redis::settle_commit(store, state_, replies, prepared.acked_hooks));
+            end_commit(redis::conclude_commit(store, state_, replies, prepared.acked_hooks));
         } catch (const store_error&) {
             result.commit_error = std::current_exception();
         }
@@ -531,7 +517,7 @@ class RedisStore::Transaction {
             result.next_error = std::current_exception();
             return result;
         }
-        next.state_.unstarted.clear();  // answered: a claim now held is in its claims
+        next.state_.claims_answered();  // a claim now held is in its claims
         return result;
     }
 
@@ -541,18 +527,16 @@ class RedisStore::Transaction {
     [[nodiscard]] std::string claim_tag() const { return state_.claim_tag(); }
 
     /// @brief The token fencing this transaction's leases (for logs and tests).
-    [[nodiscard]] const std::string& token() const noexcept { return state_.token; }
+    [[nodiscard]] const std::string& token() const noexcept { return state_.token(); }
     /// The store that began the transaction.
     [[nodiscard]] RedisStore& store() noexcept { return *store_; }
 
   private:
     friend class RedisStore;
 
-    explicit Transaction(RedisStore& store) : store_(&store) {
-        state_.token = redis::new_lease_token();
-        state_.lease = store.options().lease;
-        state_.retention = store.options().retention;
-    }
+    explicit Transaction(RedisStore& store)
+        : store_(&store),
+          state_(redis::new_lease_token(), store.options().lease, store.options().retention) {}
 
     redis::StoreContext& context() const noexcept { return store_->context_; }
     void active() const {
@@ -574,9 +558,9 @@ class RedisStore::Transaction {
     void finish() noexcept {
         RedisStore* store = std::exchange(store_, nullptr);
         if (store == nullptr) return;
-        for (const auto& key : state_.locks) {
+        for (const auto& key : state_.locks()) {
             try {
-                store->release_lock(key, state_.token);
+                store->release_lock(key, state_.token());
             } catch (...) {  // expires by itself
             }
         }

@@ -255,7 +255,7 @@ class RedisCluster {
     /// not running is started again (restart_node: a killed master rejoins from nodes.conf and
     /// hears from the others that its replica took over; every node is set to sync a replica
     /// without delay first), then waits (up to @p limit) until it
-    /// is settled: every node answers with cluster_state:ok, all 16384 slots ok and every node
+    /// is stable: every node answers with cluster_state:ok, all 16384 slots ok and every node
     /// known; every node's CLUSTER NODES shows the same masters with the same slots and the same
     /// replica of each master, no node flagged fail, pfail, handshake or noaddr, every link
     /// connected; as many masters as it was started with, each with its replicas; each master
@@ -275,7 +275,7 @@ class RedisCluster {
                 if (!nodes_[i]->running()) continue;
                 try {
                     client(i).exec({"CONFIG", "SET", "repl-diskless-sync-delay", "0"});
-                } catch (const std::exception&) {  // settled() says what is wrong with it
+                } catch (const std::exception&) {  // stable() says what is wrong with it
                 }
             }
         }
@@ -283,10 +283,10 @@ class RedisCluster {
         for (;;) {
             const std::vector<NodeView> seen = observe();
             std::string waiting_for;
-            if (settled(seen, &waiting_for)) return;
+            if (stable(seen, &waiting_for)) return;
             if (std::chrono::steady_clock::now() >= deadline) {
                 throw std::runtime_error(
-                    "RedisCluster: not settled within " +
+                    "RedisCluster: not stable within " +
                     std::to_string(
                         std::chrono::duration_cast<std::chrono::seconds>(limit).count()) +
                     " s; waiting for " + waiting_for + "\n" + describe(seen));
@@ -479,8 +479,8 @@ class RedisCluster {
         return out;
     }
 
-    /// Whether the cluster is settled (restore()'s list); why not otherwise.
-    bool settled(const std::vector<NodeView>& seen, std::string* why) const {
+    /// Whether the cluster is stable (restore()'s list); why not otherwise.
+    bool stable(const std::vector<NodeView>& seen, std::string* why) const {
         std::string first_layout;
         int first_port = 0;
         for (const NodeView& v : seen) {

@@ -8,7 +8,7 @@
 /// no gtest here.
 ///
 /// @code
-/// idem::testing::RedisSentinelGroup group;             // settled: see restore()
+/// idem::testing::RedisSentinelGroup group;             // stable: see restore()
 /// idem::RedisStore store{group.endpoint()};             // finds the master through the Sentinels
 /// const int old_port = group.kill_master();             // SIGKILL
 /// RedisServer& now = group.await_new_master(old_port);  // promoted and answering as master
@@ -46,7 +46,7 @@ class RedisSentinelGroup {
     /// The name the Sentinels monitor the master under.
     static constexpr const char* master_name = "idem-master";
 
-    /// Starts everything and waits (up to 30 s) until the group is settled (restore()).
+    /// Starts everything and waits (up to 30 s) until the group is stable (restore()).
     /// Throws std::runtime_error.
     RedisSentinelGroup() {
         // No 5 s wait for more replicas before a (diskless) full sync: after a failover too.
@@ -71,7 +71,7 @@ class RedisSentinelGroup {
             sentinels_.push_back(std::make_unique<RedisServer>(
                 RedisServer::Setup{RedisServer::aof_always, {}, config}));
         }
-        settle(std::chrono::seconds(30));
+        wait_until_stable(std::chrono::seconds(30));
     }
 
     RedisSentinelGroup(const RedisSentinelGroup&) = delete;
@@ -155,7 +155,9 @@ class RedisSentinelGroup {
     /// both (WAIT 2). A failover the Sentinels start meanwhile is followed (the master is the one
     /// they name at the end). Throws after @p limit with the first condition not met, every
     /// node's state (role, master link, offsets) and the tail of each Sentinel's log.
-    void restore(std::chrono::seconds limit = std::chrono::seconds(60)) { settle(limit); }
+    void restore(std::chrono::seconds limit = std::chrono::seconds(60)) {
+        wait_until_stable(limit);
+    }
 
     /// Waits until a write on the master reaches @p count replicas (WAIT). Throws after
     /// @p limit with what WAIT last counted and every node's state.
@@ -364,8 +366,8 @@ class RedisSentinelGroup {
         return i;
     }
 
-    /// Whether the group is settled (restore()'s list, WAIT last); why not otherwise.
-    bool settled(const Observation& seen, std::size_t m, std::string* why) const {
+    /// Whether the group is stable (restore()'s list, WAIT last); why not otherwise.
+    bool stable(const Observation& seen, std::size_t m, std::string* why) const {
         const int master = servers_[m]->port();
         for (std::size_t i = 0; i < servers_.size(); ++i) {
             if (i == m) continue;
@@ -440,21 +442,21 @@ class RedisSentinelGroup {
         }
     }
 
-    void settle(std::chrono::seconds limit) {
+    void wait_until_stable(std::chrono::seconds limit) {
         const auto deadline = std::chrono::steady_clock::now() + limit;
         for (;;) {
             const Observation seen = observe();
             std::string waiting_for;
             const std::optional<std::size_t> m = agreed_master(seen, &waiting_for);
             if (m) {
-                if (settled(seen, *m, &waiting_for)) {
+                if (stable(seen, *m, &waiting_for)) {
                     master_ = *m;
                     return;
                 }
                 repair(seen, *m);
             }
             if (std::chrono::steady_clock::now() >= deadline) {
-                throw std::runtime_error("RedisSentinelGroup: not settled within " +
+                throw std::runtime_error("RedisSentinelGroup: not stable within " +
                                          std::to_string(limit.count()) + " s; waiting for " +
                                          waiting_for + "\n" + describe(seen) + sentinel_logs());
             }

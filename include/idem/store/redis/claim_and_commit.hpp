@@ -50,34 +50,33 @@ inline ClaimAndCommitSent claim_and_commit_round_trip(StoreContext& store, Trans
         request.outcome ? to_string(*request.outcome) : std::string_view();
     // The hooks' acks, for the outcome this call records (none for a failed effect).
     Commands acks;
-    if (request.outcome && !tx.hooks.empty()) {
-        tx.claims.push_back(HeldClaim{std::string(request.scope), std::string(request.message_id),
-                                      key, std::string(request.fingerprint), outcome,
-                                      std::string(request.reason)});
+    if (request.outcome && !tx.hooks().empty()) {
+        tx.hold(HeldClaim{std::string(request.scope), std::string(request.message_id), key,
+                          std::string(request.fingerprint), outcome, std::string(request.reason)});
         sent.acked_hooks = hook_commands(tx, acks);
-        tx.claims.clear();  // no lease is held: nothing to release
+        tx.forget_parked();  // no lease is held: nothing to release
     }
     // A new id's record, whole: attempt 1, claimed now; done with the outcome, or free.
     const std::string fields =
         Record::fields(request.fingerprint, request.scope, request.message_id);
     const std::string now = store.now_arg();
     std::string new_record = Record::new_head(request.outcome ? "done" : "free", {}, outcome, now,
-                                              tx.retention_ms(), tx.lease.count());
+                                              tx.retention_ms(), tx.lease().count());
     new_record.append(fields);
     if (request.outcome) new_record.append(request.reason);
     Args call;
-    call.reserve(256 + 2 * fields.size() + tx.commands.resp().size() + acks.args.resp().size());
+    call.reserve(256 + 2 * fields.size() + tx.commands().resp().size() + acks.args.resp().size());
     call.add(key).add(store.keys.dead_letter(request.scope, request.message_id));
     call.add(now)
         .add(tx.retention_ms())
-        .add(tx.lease.count())
+        .add(tx.lease().count())
         .add(request.max_attempts)
         .add(outcome)
         .add(request.reason)
         .add(fields)
         .add(new_record)
-        .add(tx.command_count + acks.count)
-        .append(tx.commands)
+        .add(tx.command_count() + acks.count)
+        .append(tx.commands())
         .append(acks.args);
     // With replicas_to_ack, a mark then WAIT follow in the same round trip: they confirm a
     // commit and, when the script wrote nothing, the duplicate's record (confirm_duplicates()).

@@ -33,7 +33,7 @@ inline std::vector<Args> set_claims(const StoreContext& store, const Transaction
                                     const std::vector<HeldClaim>& held) {
     const std::string now = store.now_arg();
     const Decimal retention(tx.retention_ms());
-    const Decimal lease(tx.lease.count());
+    const Decimal lease(tx.lease().count());
     // `~<retention>`: the server's now, which a plain SET cannot read (Record::new_head()).
     const std::string_view tilde = now.empty() ? std::string_view("~") : std::string_view();
     const std::string_view time = now.empty() ? retention.view() : std::string_view(now);
@@ -44,8 +44,8 @@ inline std::vector<Args> set_claims(const StoreContext& store, const Transaction
         const Decimal scope_size(h.scope.size());
         const Decimal id_size(h.id.size());
         sets[i].reserve(96 + h.key.size() + 2 * (h.fingerprint.size() + h.id.size()) +
-                        h.scope.size() + tx.token.size());
-        sets[i].add("SET").add(h.key).add_parts({"leased|", tx.token,
+                        h.scope.size() + tx.token().size());
+        sets[i].add("SET").add(h.key).add_parts({"leased|", tx.token(),
                                                  "||1|",    tilde,
                                                  time,      "|",
                                                  tilde,     time,
@@ -89,7 +89,7 @@ inline bool read_set_claims(StoreContext& store, TransactionState& tx, std::vect
             results[i].status = ClaimStatus::claimed;
             results[i].fingerprint = held[i].fingerprint;
             results[i].attempts = 1;
-            tx.claims.push_back(std::move(held[i]));
+            tx.hold(std::move(held[i]));
             continue;
         }
         auto record = Record::decode(reply.str);
@@ -97,7 +97,7 @@ inline bool read_set_claims(StoreContext& store, TransactionState& tx, std::vect
             if (error == nullptr) error = &reply;
             continue;
         }
-        const bool mine = record->state == "leased" && record->token == tx.token;
+        const bool mine = record->state == "leased" && record->token == tx.token();
         if (record->state == "done" || mine) {  // finished, or a second copy of ours
             results[i].status = ClaimStatus::duplicate;
             results[i].recorded =
@@ -136,7 +136,7 @@ inline std::vector<Reply> claim_by_script(StoreContext& store, const Transaction
         call.keys_then_args.reserve(128 * positions.size() + 128);
         for (std::size_t k : positions)
             call.keys_then_args.add(held[contested[k]].key);
-        call.keys_then_args.add(tx.token).add(tx.lease.count()).add(tx.retention_ms()).add(now);
+        call.keys_then_args.add(tx.token()).add(tx.lease().count()).add(tx.retention_ms()).add(now);
         for (std::size_t k : positions) {
             const HeldClaim& c = held[contested[k]];
             call.keys_then_args.add(Record::fields(c.fingerprint, c.scope, c.id));
@@ -170,7 +170,7 @@ inline ClaimResult take(TransactionState& tx, HeldClaim held, Reply& answer) {
         result.status = ClaimStatus::claimed;
         result.fingerprint = held.fingerprint;
         result.attempts = 1;
-        tx.claims.push_back(std::move(held));
+        tx.hold(std::move(held));
         return result;
     }
     if (!answer.is_array() || answer.elements.size() != 4) {
@@ -188,7 +188,7 @@ inline ClaimResult take(TransactionState& tx, HeldClaim held, Reply& answer) {
         result.retry_after = std::chrono::milliseconds(parse_int(answer.elements[1].str));
     } else {
         result.status = ClaimStatus::claimed;
-        tx.claims.push_back(std::move(held));
+        tx.hold(std::move(held));
     }
     return result;
 }
@@ -213,7 +213,7 @@ inline std::vector<ClaimResult> claim_all(StoreContext& store, TransactionState&
                       {},
                       {}});
     }
-    const std::size_t held_before = tx.claims.size();
+    const std::size_t held_before = tx.claims().size();
     std::vector<ClaimResult> results(count);
     std::vector<std::size_t> contested;  // for the script
     bool decided = false;

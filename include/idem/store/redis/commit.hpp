@@ -82,6 +82,16 @@ std::size_t encode_commit(Args& a, const StoreContext& store, std::string_view t
 /// is left to the caller.
 inline std::vector<CommitHook*> hook_commands(const TransactionState& tx, Commands& out);
 
+/// The delivery count of @p tx's dead letter of (scope, id) — the count the handler judged —
+/// or @p broker_count when it has none: a stream's dead-letter copy says what the store's says.
+inline std::uint32_t parked_count(const TransactionState& tx, std::string_view scope,
+                                  std::string_view id, std::uint32_t broker_count) {
+    for (const DeadLetter& letter : tx.letters()) {
+        if (letter.scope == scope && letter.message_id == id) return letter.delivery_count;
+    }
+    return broker_count;
+}
+
 /// hook_commands() for ONE attached hook (a single message's commit, the RedisStreamConsumer's
 /// every pipelined commit): the same rule without grouping anything.
 inline std::vector<CommitHook*> one_hook_command(const TransactionState& tx, CommitHook& hook,
@@ -89,16 +99,15 @@ inline std::vector<CommitHook*> one_hook_command(const TransactionState& tx, Com
     const StreamAck* ack = hook.request_as<StreamAck>();
     if (ack == nullptr) return {};  // not a stream ack (any more)
     const std::string* dead_letter_reason = nullptr;
-    const std::size_t held = tx.find_held(hook.scope, hook.message_id);
-    if (held < tx.claims.size()) {
-        const HeldClaim& claim = tx.claims[held];
+    if (const HeldClaim* held = tx.held(hook.scope, hook.message_id)) {
+        const HeldClaim& claim = *held;
         Disposition outcome = Disposition::in_progress;
         if (claim.outcome.empty() || !from_string(claim.outcome, outcome)) return {};
         if (!should_ack(outcome)) return {};
         if (outcome == Disposition::dead_lettered) dead_letter_reason = &claim.reason;
     } else {  // no claim: exactly one dead letter of this (scope, id) pairs with the hook
         const DeadLetter* found = nullptr;
-        for (const DeadLetter& letter : tx.letters) {
+        for (const DeadLetter& letter : tx.letters()) {
             if (letter.scope != hook.scope || letter.message_id != hook.message_id) continue;
             if (found != nullptr) return {};
             found = &letter;
@@ -107,16 +116,17 @@ inline std::vector<CommitHook*> one_hook_command(const TransactionState& tx, Com
         dead_letter_reason = &found->reason;
     }
     if (dead_letter_reason != nullptr) {  // never XACKed without its copy
-        out.add(stream_dead_letter_command(ack->dead_letter_destination(), ack->stream,
-                                           ack->entry_id, ack->fields, *dead_letter_reason,
-                                           hook.scope, hook.message_id, ack->delivery_count));
+        out.add(stream_dead_letter_command(
+            ack->dead_letter_destination(), ack->stream, ack->entry_id, ack->fields,
+            *dead_letter_reason, hook.scope, hook.message_id,
+            parked_count(tx, hook.scope, hook.message_id, ack->delivery_count)));
     }
     out.add({"XACK", ack->stream, ack->group, ack->entry_id});
     return {&hook};
 }
 
 inline std::vector<CommitHook*> hook_commands(const TransactionState& tx, Commands& out) {
-    if (tx.hooks.size() == 1) return one_hook_command(tx, *tx.hooks.front(), out);
+    if (tx.hooks().size() == 1) return one_hook_command(tx, *tx.hooks().front(), out);
     // Entries and dead letters grouped by (scope, message id), in one pass each.
     auto group_key = [](std::string_view scope, std::string_view id) {
         std::string key = std::to_string(scope.size());
@@ -126,14 +136,14 @@ inline std::vector<CommitHook*> hook_commands(const TransactionState& tx, Comman
     };
     std::vector<std::string> order;
     std::unordered_map<std::string, std::vector<CommitHook*>> copies_of;
-    for (CommitHook* hook : tx.hooks) {
+    for (CommitHook* hook : tx.hooks()) {
         if (hook->request_as<StreamAck>() == nullptr) continue;  // not a stream ack (any more)
         auto [it, added] = copies_of.try_emplace(group_key(hook->scope, hook->message_id));
         if (added) order.push_back(it->first);
         it->second.push_back(hook);
     }
     std::unordered_map<std::string, std::vector<const DeadLetter*>> letters_of;
-    for (const auto& letter : tx.letters)
+    for (const auto& letter : tx.letters())
         letters_of[group_key(letter.scope, letter.message_id)].push_back(&letter);
 
     std::vector<CommitHook*> acked;
@@ -141,9 +151,10 @@ inline std::vector<CommitHook*> hook_commands(const TransactionState& tx, Comman
     auto add = [&](CommitHook& hook, const std::string* dead_letter_reason) {
         const StreamAck& ack = *hook.request_as<StreamAck>();
         if (dead_letter_reason != nullptr) {  // never XACKed without its copy
-            out.add(stream_dead_letter_command(ack.dead_letter_destination(), ack.stream,
-                                               ack.entry_id, ack.fields, *dead_letter_reason,
-                                               hook.scope, hook.message_id, ack.delivery_count));
+            out.add(stream_dead_letter_command(
+                ack.dead_letter_destination(), ack.stream, ack.entry_id, ack.fields,
+                *dead_letter_reason, hook.scope, hook.message_id,
+                parked_count(tx, hook.scope, hook.message_id, ack.delivery_count)));
         }
         xacks.add({"XACK", ack.stream, ack.group, ack.entry_id});
         acked.push_back(&hook);
@@ -151,9 +162,8 @@ inline std::vector<CommitHook*> hook_commands(const TransactionState& tx, Comman
     for (const std::string& key : order) {
         const std::vector<CommitHook*>& copies = copies_of[key];
         CommitHook& first = *copies.front();
-        const std::size_t held = tx.find_held(first.scope, first.message_id);
-        if (held < tx.claims.size()) {
-            const HeldClaim& claim = tx.claims[held];
+        if (const HeldClaim* held = tx.held(first.scope, first.message_id)) {
+            const HeldClaim& claim = *held;
             Disposition outcome = Disposition::in_progress;
             if (claim.outcome.empty() || !from_string(claim.outcome, outcome)) continue;
             // The consumer's own rule (should_ack), so a commit acks exactly what it would.
@@ -182,16 +192,16 @@ inline std::vector<CommitHook*> hook_commands(const TransactionState& tx, Comman
                                         std::string_view key) {
     if (!store.cluster()) return true;
     const std::uint16_t slot = hash_slot(key);
-    if (!tx.hooks.empty() || !tx.writes_in(slot)) return false;
-    for (const HeldClaim& held : tx.claims) {
+    if (!tx.hooks().empty() || !tx.writes_in(slot)) return false;
+    for (const HeldClaim& held : tx.claims()) {
         if (hash_slot(held.key) != slot) return false;
     }
-    for (const DeadLetter& letter : tx.letters) {
+    for (const DeadLetter& letter : tx.letters()) {
         if (hash_slot(store.keys.dead_letter(letter.scope, letter.message_id)) != slot) {
             return false;
         }
     }
-    for (const std::string& key : tx.released) {
+    for (const std::string& key : tx.released()) {
         if (hash_slot(key) != slot) return false;
     }
     return true;
@@ -211,16 +221,16 @@ struct PreparedCommit {
 inline PreparedCommit prepare_commit(const StoreContext& store, const TransactionState& tx) {
     PreparedCommit prepared;
     Args& call = prepared.call;
-    call.reserve(256 + 96 * tx.claims.size() + tx.commands.resp().size());
+    call.reserve(256 + 96 * tx.claims().size() + tx.commands().resp().size());
     prepared.num_keys = encode_commit(
-        call, store, tx.token, tx.claims.size(),
-        [&](std::size_t k) -> const HeldClaim& { return tx.claims[k]; }, tx.letters.size(),
-        [&](std::size_t k) -> const DeadLetter& { return tx.letters[k]; }, tx.released.size(),
-        [&](std::size_t k) -> const std::string& { return tx.released[k]; });
+        call, store, tx.token(), tx.claims().size(),
+        [&](std::size_t k) -> const HeldClaim& { return tx.claims()[k]; }, tx.letters().size(),
+        [&](std::size_t k) -> const DeadLetter& { return tx.letters()[k]; }, tx.released().size(),
+        [&](std::size_t k) -> const std::string& { return tx.released()[k]; });
     // The attached stream acks (and dead-letter stream entries) run after the effect's writes.
     Commands acks;
-    if (!tx.hooks.empty()) prepared.acked_hooks = hook_commands(tx, acks);
-    call.add(tx.command_count + acks.count).append(tx.commands).append(acks.args);
+    if (!tx.hooks().empty()) prepared.acked_hooks = hook_commands(tx, acks);
+    call.add(tx.command_count() + acks.count).append(tx.commands()).append(acks.args);
     return prepared;
 }
 
@@ -303,28 +313,26 @@ CommitVerdict read_commit_reply(const Reply& reply, ClaimAt&& claim_at,
     return verdict;
 }
 
-/// Settles a one-server commit from its replies: null when it committed (the claims are done and
+/// Concludes a one-server commit from its replies: null when it committed (the claims are done and
 /// its hooks acked: nothing is left to release), else the error to throw once the transaction
 /// freed what is still its own (a parked claim is not: the script parked it).
-inline std::exception_ptr settle_commit(StoreContext& store, TransactionState& tx,
-                                        const CommitReplies& replies,
-                                        const std::vector<CommitHook*>& acked_hooks) {
+inline std::exception_ptr conclude_commit(StoreContext& store, TransactionState& tx,
+                                          const CommitReplies& replies,
+                                          const std::vector<CommitHook*>& acked_hooks) {
     store.check_script(replies.commit, "commit");
     const CommitVerdict verdict = read_commit_reply(
         replies.commit,
         [&](std::size_t i) -> const HeldClaim& {
             // The script names the claim by its key's number; another is not a reply of ours.
-            if (i >= tx.claims.size())
+            if (i >= tx.claims().size())
                 throw store_error("idem: Redis commit script: unexpected reply");
-            return tx.claims[i];
+            return tx.claims()[i];
         },
         "nothing");
     if (verdict.kind == CommitVerdict::Kind::committed) {
         // Committed on the master: not ours to release any more, whatever WAIT says.
-        tx.claims.clear();
-        tx.released.clear();
+        tx.forget_committed();
         if (replies.replicas && !confirmed(store.options, *replies.replicas)) {
-            tx.unstarted.clear();
             return std::make_exception_ptr(
                 commit_unconfirmed(unconfirmed_text(store, *replies.replicas)));
         }
@@ -332,17 +340,17 @@ inline std::exception_ptr settle_commit(StoreContext& store, TransactionState& t
             hook->acked_in_commit = true;
         return nullptr;
     }
-    if (verdict.kind == CommitVerdict::Kind::parked) tx.claims.clear();
+    if (verdict.kind == CommitVerdict::Kind::parked) tx.forget_parked();
     return std::make_exception_ptr(commit_failed(verdict.problem));
 }
 
 /// commit() on one server: the whole transaction in one script call, one round trip. Null when it
-/// committed, else the error to throw (settle_commit()).
+/// committed, else the error to throw (conclude_commit()).
 inline std::exception_ptr commit_one_server(StoreContext& store, TransactionState& tx) {
     const PreparedCommit prepared = prepare_commit(store, tx);
     const CommitReplies replies = store.router.on_any(
         [&](Connection& c) { return commit_round_trip(c, store.options, prepared); });
-    return settle_commit(store, tx, replies, prepared.acked_hooks);
+    return conclude_commit(store, tx, replies, prepared.acked_hooks);
 }
 
 }  // namespace redis

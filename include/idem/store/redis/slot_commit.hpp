@@ -46,10 +46,10 @@ inline SlotCall slot_call(const StoreContext& store, const TransactionState& tx,
     SlotCall call;
     call.slot = slot;
     call.num_keys = encode_commit(
-        call.keys_then_args, store, tx.token, group.claims.size(),
-        [&](std::size_t k) -> const HeldClaim& { return tx.claims[group.claims[k]]; },
+        call.keys_then_args, store, tx.token(), group.claims.size(),
+        [&](std::size_t k) -> const HeldClaim& { return tx.claims()[group.claims[k]]; },
         group.letters.size(),
-        [&](std::size_t k) -> const DeadLetter& { return tx.letters[group.letters[k]]; },
+        [&](std::size_t k) -> const DeadLetter& { return tx.letters()[group.letters[k]]; },
         group.released.size(),
         [&](std::size_t k) -> const std::string& { return *group.released[k]; });
     call.keys_then_args.add(group.commands.count).append(group.commands.args);
@@ -71,7 +71,7 @@ inline std::string slot_problem(const TransactionState& tx, const Reply& reply,
             if (i >= group.claims.size()) {
                 throw store_error("idem: Redis commit script: unexpected reply");
             }
-            return tx.claims.at(group.claims[i]);
+            return tx.claims().at(group.claims[i]);
         },
         "nothing of its hash slot");
     *parked = verdict.kind == CommitVerdict::Kind::parked;
@@ -92,11 +92,6 @@ struct LaterWrite {
 /// commit() on a Redis Cluster. Null when everything committed; else the error to throw once
 /// @p tx freed what is still its own (what committed or was parked is removed from its claims).
 inline std::exception_ptr commit_per_slot(StoreContext& store, TransactionState& tx) {
-    if (tx.write_places.size() != tx.command_count) {
-        throw usage_error(
-            "idem::RedisStore: on a Redis Cluster, queue writes after the first claim (the "
-            "store learns the cluster's slots then)");
-    }
     // In the order the transaction first touched each slot: one node's scripts run in that
     // order (dead letters of a batch keep their order on each node).
     std::vector<std::pair<std::uint16_t, SlotGroup>> groups;
@@ -106,20 +101,20 @@ inline std::exception_ptr commit_per_slot(StoreContext& store, TransactionState&
         if (added) groups.emplace_back(slot, SlotGroup{});
         return groups[it->second].second;
     };
-    for (std::size_t i = 0; i < tx.claims.size(); ++i)
-        group(hash_slot(tx.claims[i].key)).claims.push_back(i);
-    for (std::size_t d = 0; d < tx.letters.size(); ++d) {
-        const DeadLetter& letter = tx.letters[d];
+    for (std::size_t i = 0; i < tx.claims().size(); ++i)
+        group(hash_slot(tx.claims()[i].key)).claims.push_back(i);
+    for (std::size_t d = 0; d < tx.letters().size(); ++d) {
+        const DeadLetter& letter = tx.letters()[d];
         group(hash_slot(store.keys.dead_letter(letter.scope, letter.message_id)))
             .letters.push_back(d);
     }
-    for (const std::string& key : tx.released)
+    for (const std::string& key : tx.released())
         group(hash_slot(key)).released.push_back(&key);
     std::vector<LaterWrite> later;
     std::size_t start = 0;
-    const std::string_view encoded = tx.commands.resp();
+    const std::string_view encoded = tx.commands().resp();
     std::size_t start_count = 0;
-    for (const TransactionState::WritePlace& place : tx.write_places) {
+    for (const TransactionState::WritePlace& place : tx.write_places()) {
         const std::string_view resp = encoded.substr(start, place.end.bytes - start);
         const std::size_t count = place.end.count - start_count;
         start = place.end.bytes;
@@ -149,7 +144,7 @@ inline std::exception_ptr commit_per_slot(StoreContext& store, TransactionState&
             : store.router.eval_each(complete_script(), calls, &unreachable, wait_args, &waited);
     bool only_unconfirmed = true;
 
-    std::vector<bool> done(tx.claims.size(), false);  ///< committed (or parked by the script)
+    std::vector<bool> done(tx.claims().size(), false);  ///< committed (or parked by the script)
     std::vector<partial_commit::Id> committed;
     std::string first_problem;
     bool only_unreachable = true;
@@ -166,9 +161,9 @@ inline std::exception_ptr commit_per_slot(StoreContext& store, TransactionState&
         only_unconfirmed = only_unconfirmed && unconfirmed;
         if (problem.empty()) {
             for (std::size_t i : called.claims)
-                committed.emplace_back(tx.claims[i].scope, tx.claims[i].id);
+                committed.emplace_back(tx.claims()[i].scope, tx.claims()[i].id);
             for (std::size_t d : called.letters)
-                committed.emplace_back(tx.letters[d].scope, tx.letters[d].message_id);
+                committed.emplace_back(tx.letters()[d].scope, tx.letters()[d].message_id);
             continue;
         }
         if (first_problem.empty()) first_problem = problem;
@@ -180,8 +175,8 @@ inline std::exception_ptr commit_per_slot(StoreContext& store, TransactionState&
     // The writes outside their claims' slots, for the messages whose claim committed.
     auto owner_committed = [&](const std::string* owner) {
         if (owner == nullptr) return first_problem.empty();
-        for (std::size_t i = 0; i < tx.claims.size(); ++i) {
-            if (tx.claims[i].key == *owner) return bool(done[i]);
+        for (std::size_t i = 0; i < tx.claims().size(); ++i) {
+            if (tx.claims()[i].key == *owner) return bool(done[i]);
         }
         return false;
     };
@@ -220,11 +215,11 @@ inline std::exception_ptr commit_per_slot(StoreContext& store, TransactionState&
             if (first_problem.empty()) first_problem = text;
             only_unreachable = false;
             for (const std::string* owner : owners_of[later_slots[g]]) {
-                for (std::size_t i = 0; i < tx.claims.size(); ++i) {
-                    if (owner == nullptr || tx.claims[i].key != *owner) continue;
+                for (std::size_t i = 0; i < tx.claims().size(); ++i) {
+                    if (owner == nullptr || tx.claims()[i].key != *owner) continue;
                     committed.erase(
                         std::remove(committed.begin(), committed.end(),
-                                    partial_commit::Id{tx.claims[i].scope, tx.claims[i].id}),
+                                    partial_commit::Id{tx.claims()[i].scope, tx.claims()[i].id}),
                         committed.end());
                 }
             }
@@ -232,15 +227,8 @@ inline std::exception_ptr commit_per_slot(StoreContext& store, TransactionState&
     }
 
     // What committed or was parked is not ours to release any more; the rest is freed.
-    std::vector<HeldClaim> left;
-    for (std::size_t i = 0; i < tx.claims.size(); ++i) {
-        if (!done[i]) left.push_back(std::move(tx.claims[i]));
-    }
-    tx.claims = std::move(left);
-    if (first_problem.empty()) {
-        tx.released.clear();
-        return nullptr;
-    }
+    tx.forget_done(done, first_problem.empty());
+    if (first_problem.empty()) return nullptr;
     if (!committed.empty()) {
         return std::make_exception_ptr(partial_commit(
             fmt::format("only part of the transaction committed on the Redis Cluster "
