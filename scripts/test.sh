@@ -11,9 +11,10 @@
 #              idem_add_backend() of CMakeLists.txt): the core tests build and pass without SQLite,
 #              libpq, hiredis, libmariadb, rabbitmq-c, cnats, librdkafka, spdlog or cpp-httplib
 #     asan     clang++ C++20, AddressSanitizer + UndefinedBehaviorSanitizer: every test but the
-#              chaos runs (not even built, IDEM_BUILD_CHAOS=OFF: the driver kills workers on a clock, and in a build 3-4x
-#              slower most of them die before they handle anything, so runs time out undrained or
-#              park messages at the poison limit through kills alone; gcc17 runs them all, and
+#              chaos runs (not even built, IDEM_BUILD_CHAOS=OFF: the driver kills workers on a
+#              clock, and in a build 3-4x slower most of them die before they handle anything,
+#              so runs time out undrained or park messages at the poison limit through kills
+#              alone; gcc17 runs them all, and
 #              the crash, fork and outage tests run here), the Debian package's test (label
 #              package) and the install and configure tests (labels install, configure: they
 #              configure, build and install projects with CMake; nothing a sanitizer looks at,

@@ -54,7 +54,7 @@ inline ClaimAndCommitSent claim_and_commit_round_trip(StoreContext& store, Trans
         tx.hold(HeldClaim{std::string(request.scope), std::string(request.message_id), key,
                           std::string(request.fingerprint), outcome, std::string(request.reason)});
         sent.acked_hooks = hook_commands(tx, acks);
-        tx.forget_parked();  // no lease is held: nothing to release
+        tx.forget_claims();  // no lease is held: nothing to release
     }
     // A new id's record, whole: attempt 1, claimed now; done with the outcome, or free.
     const std::string fields =

@@ -340,7 +340,7 @@ inline std::exception_ptr conclude_commit(StoreContext& store, TransactionState&
             hook->acked_in_commit = true;
         return nullptr;
     }
-    if (verdict.kind == CommitVerdict::Kind::parked) tx.forget_parked();
+    if (verdict.kind == CommitVerdict::Kind::parked) tx.forget_claims();
     return std::make_exception_ptr(commit_failed(verdict.problem));
 }
 

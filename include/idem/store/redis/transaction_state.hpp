@@ -179,8 +179,9 @@ class TransactionState {
         released_.clear();
         unstarted_.clear();
     }
-    /// The claims the commit script parked are not ours any more; the freed leases still are.
-    void forget_parked() noexcept { claims_.clear(); }
+    /// The claims held carry no lease of ours to release (the commit script parked them, or
+    /// claim_and_commit() held one only to say its outcome); the freed leases still are ours.
+    void forget_claims() noexcept { claims_.clear(); }
     /// A Cluster commit settled the claims of @p done (one flag per claim, in claim order);
     /// the others stay held, to be released. With @p all_done, the freed leases went too.
     void forget_done(const std::vector<bool>& done, bool all_done) {
