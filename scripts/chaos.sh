@@ -15,6 +15,9 @@
 #       # killed (postgres, mysql, redis: the server SIGSTOPped or SIGKILLed and restarted;
 #       # sqlite: the driver holds BEGIN EXCLUSIVE); docs/testing.md#store-outages
 #   ./scripts/chaos.sh --broker kafka --batch --store-outage-ms 3000 --kill-interval-ms 2000
+#   ./scripts/chaos.sh --redrive --store postgres --broker nats
+#       # one order in 20 parked until the handler is fixed, then redriven (Store::redrive) by a
+#       # redriver that is killed too; with --naive re-published without the claims' reset
 #   ./scripts/chaos.sh --help
 # Installs missing Debian packages first (scripts/deps.sh). Build output goes to stderr, so stdout
 # is the run's own output (its last line is one JSON object); the exit status is the run's.

@@ -105,6 +105,7 @@ enum class Role {
     capture,    ///< the one-broker run's worker (and the chain's service B)
     service_a,  ///< consumes broker A, writes its row and the outbox intent for B
     relay,      ///< ships service A's outbox to broker B
+    redriver,   ///< --redrive: brings the store's dead letters back and relays them
 };
 
 struct Options {
@@ -148,6 +149,13 @@ struct Options {
     /// --chain A:B: `broker` is A, this is B (the store is SQLite, one for each service).
     bool chain = false;
     BrokerKind chain_to = BrokerKind::nats;
+    /// --redrive: the orders poisoned(order) fail until the driver "fixes" the handler (sets
+    /// fixed_key) once the broker drained; then a redriver process (killed as the workers are)
+    /// brings the store's dead letters back (Store::redrive) and relays the intents to the
+    /// broker, and every order must end captured once. With --naive the redriver re-publishes
+    /// each dead letter's payload itself, without the claim's reset.
+    bool redrive = false;
+    bool max_deliveries_given = false;  ///< else --redrive parks at 3 (defaults())
 
     // Worker mode only (set by the driver).
     bool worker = false;
@@ -176,6 +184,16 @@ inline constexpr const char* outcomes_key = "chaos:outcomes";       ///< hash: d
 inline constexpr const char* self_kills_key = "chaos:self-kills";   ///< hash: window → count
 inline constexpr const char* counts_key = "chaos:delivery-counts";  ///< hash: count → deliveries
 inline constexpr const char* relay_sends_key = "chaos:relay-sends";  ///< INCR per relay send
+/// --redrive: set by the driver once the first drain is over; the poisoned orders succeed from
+/// then.
+inline constexpr const char* fixed_key = "chaos:fixed";
+/// --redrive --naive: the message ids the naive redriver re-published (a set).
+inline constexpr const char* naive_redriven_key = "chaos:naive-redriven";
+
+/// --redrive: the orders that fail until the handler is fixed (one in 20).
+inline bool poisoned(long order) {
+    return order % 20 == 7;
+}
 /// A list per message id: one line per delivery as it starts and one as it settles, written by
 /// the workers ("<unix ms> d<count> <worker> start" / "... <outcome>: <reason>"), read back by
 /// the driver to explain a divergence.

@@ -117,6 +117,64 @@ CapturesByOrder redis_captures(idem::redis::Connection& redis, long messages) {
     return out;
 }
 
+/// --redrive: calls @p use with the run's SQL store (a connection of the driver's own).
+template <class Use>
+void with_sql_store(const Options& o, const std::string& db, Use use) {
+    switch (o.store) {
+        case StoreKind::sqlite: {
+            idem::SqliteStore store{db};
+            use(store);
+            return;
+        }
+        case StoreKind::postgres: {
+            idem::PostgresStore store{db};
+            use(store);
+            return;
+        }
+        case StoreKind::mysql: {
+            idem::MysqlStore store{mysql_endpoint_of(db)};
+            use(store);
+            return;
+        }
+        case StoreKind::redis:
+        case StoreKind::redis_cluster:
+            break;
+    }
+    throw std::logic_error("--redrive runs on an SQL store");
+}
+
+/// --redrive: what is left to bring back. A dead letter counts as redriven once its entry is
+/// marked (with --naive: once the naive redriver re-published it).
+struct RedriveState {
+    long redriven = 0;                        ///< dead-letter entries redriven
+    std::map<std::string, std::string> left;  ///< the others: message id → reason
+    long unsent = 0;                          ///< outbox intents the relay has not sent
+};
+
+RedriveState redrive_state(const Options& o, const std::string& db,
+                           idem::redis::Connection& redis) {
+    std::set<std::string> naive_redriven;
+    if (o.naive) {
+        for (const auto& id : redis.checked({"SMEMBERS", naive_redriven_key}, "SMEMBERS").elements)
+            naive_redriven.insert(id.str);
+    }
+    RedriveState state;
+    with_sql_store(o, db, [&](auto& store) {
+        for (const idem::DeadLetter& letter : store.dead_letters()) {
+            const bool redriven = o.naive ? naive_redriven.count(letter.message_id) != 0
+                                          : letter.redriven_at.has_value();
+            if (redriven) {
+                ++state.redriven;
+            } else {
+                state.left[letter.message_id] = letter.reason;
+            }
+        }
+        for (const idem::OutboxRow& row : store.outbox_rows())
+            state.unsent += row.sent_at ? 0 : 1;
+    });
+    return state;
+}
+
 // ---------------------------------------------------------------------------------------------
 
 }  // namespace
@@ -221,6 +279,12 @@ int run_driver(const Options& o) {
         return std::chrono::duration_cast<SteadyClock::duration>(o.kill_interval * factor);
     };
     Fleet fleet{o.workers, worker_args(o, redis_server.port(), db, broker->worker_address())};
+    // --redrive: the redriver, started once the first drain is over (the handler fixed).
+    std::optional<Fleet> redriver;
+    std::vector<std::string> redriver_args =
+        worker_args(o, redis_server.port(), db, broker->worker_address());
+    redriver_args.insert(redriver_args.end(), {"--role", "redriver"});
+    auto next_redrive_look = SteadyClock::now();
     std::optional<StoreOutages> outages;
     if (o.store_outage.count() > 0) {
         StoreOutages::Target target;
@@ -240,9 +304,15 @@ int run_driver(const Options& o) {
     bool first_outage_due = false;
     while (!interrupted) {
         fleet.reap();
+        if (redriver) redriver->reap();
         const auto now = SteadyClock::now();
         if (o.kill_interval.count() > 0 && now >= next_kill) {
-            fleet.kill_random(random);
+            // --redrive: once it runs, the redriver is the victim of one kill in three.
+            if (redriver && std::uniform_int_distribution<int>(0, 2)(random) == 0) {
+                redriver->kill_random(random);
+            } else {
+                fleet.kill_random(random);
+            }
             next_kill = SteadyClock::now() + next_kill_after();
         }
         if (outages) {
@@ -275,9 +345,33 @@ int run_driver(const Options& o) {
                 first_outage_due = true;
                 outages->start_soon();
             }
-            if (broker->drained()) {
-                drained = true;
-                break;
+            if (redriver) {
+                // Done when nothing is left to redrive or relay, before and after the broker
+                // said drained (a worker may park a redriven message again). The broker is
+                // asked once per look: RabbitMQ's answer is its count of at most every 2 s.
+                if (now >= next_redrive_look) {
+                    next_redrive_look = now + 500ms;
+                    auto settled = [&] {
+                        const RedriveState state = redrive_state(o, db, redis);
+                        return state.left.empty() && state.unsent == 0;
+                    };
+                    if (settled() && broker->drained() && settled()) {
+                        drained = true;
+                        break;
+                    }
+                }
+            } else if (broker->drained()) {
+                if (!o.redrive) {
+                    drained = true;
+                    break;
+                }
+                // --redrive, the first drain: every poisoned order is parked. The handler is
+                // fixed, the redriver starts; the broker now also waits for what it relays.
+                say("fixing the handler, starting the redriver");
+                redis.checked({"SET", fixed_key, "1"}, "SET");
+                broker->expect(o.messages);
+                redriver.emplace(1, redriver_args);
+                redriver->start();
             }
             if (progress) {
                 say(fmt::format("{} on {} {}: {}, delivered {}, kills {}", to_string(o.store),
@@ -294,6 +388,7 @@ int run_driver(const Options& o) {
     }
     if (outages) outages->end();  // the store back before the workers stop and it is read
     say("stopping the workers");
+    if (redriver) redriver->stop();
     fleet.stop();
     if (progress) std::fprintf(stderr, "\r\033[K");
 
@@ -302,6 +397,9 @@ int run_driver(const Options& o) {
     if (store_redis) store_endpoint.port = store_redis->port();
     CapturesByOrder captures_by_order;
     std::map<std::string, std::string> store_letters;  // the store's dead letters: id → reason
+    // --redrive: only the dead letters left unredriven count; a redriven entry is history.
+    std::optional<RedriveState> redrive_end;
+    if (o.redrive) redrive_end = redrive_state(o, db, redis);
     switch (o.store) {
         case StoreKind::sqlite: {
             idem::SqliteStore store{db};
@@ -341,11 +439,14 @@ int run_driver(const Options& o) {
             break;
         }
     }
+    if (redrive_end) store_letters = redrive_end->left;
     const std::set<long> pending_orders = broker->unsettled_orders();
     const std::map<long, std::string> broker_letters = broker->dead_letters();
     std::set<long> dead_lettered_orders;
+    // --redrive: the broker's dead-letter place keeps its copy of a redriven message (the
+    // redrive re-publishes from the store); the store says which are left.
     for (const auto& [order, reason] : broker_letters)
-        dead_lettered_orders.insert(order);
+        if (!o.redrive) dead_lettered_orders.insert(order);
     for (const auto& [id, reason] : store_letters)
         dead_lettered_orders.insert(broker->order_of(id).value_or(0));
 
@@ -575,6 +676,29 @@ int run_driver(const Options& o) {
             status = std::max(status, exit_failed);
         }
     }
+    if (redrive_end) {
+        std::printf(
+            "redrive: %ld of %ld orders poisoned until the fix; %ld dead-letter entries %s, %ld "
+            "left parked, %ld intents unsent; redriver: %ld kills, %ld starts\n",
+            (o.messages + 13) / 20, o.messages, redrive_end->redriven,
+            o.naive ? "re-published naively" : "redriven",
+            static_cast<long>(redrive_end->left.size()), redrive_end->unsent,
+            redriver ? redriver->kills() : 0L, redriver ? redriver->starts() : 0L);
+        if (redrive_end->redriven == 0) {
+            std::printf(
+                "idem_chaos: nothing was redriven: the run proved nothing about a redrive\n");
+            status = std::max(status, exit_failed);
+        }
+        if (redriver && !redriver->errors().empty()) {
+            for (const auto& error : redriver->errors())
+                std::printf("idem_chaos: redriver: %s\n", error.c_str());
+            status = exit_harness;
+        }
+    }
+    const std::string redrive_field =
+        redrive_end ? fmt::format("\"redrive\":true,\"redriven\":{},\"dead_lettered_left\":{},",
+                                  redrive_end->redriven, redrive_end->left.size())
+                    : std::string();
     const std::string outage_field =
         outages ? fmt::format("\"store_outages\":{},", outages->count()) : std::string();
     if (cluster) {
@@ -592,16 +716,16 @@ int run_driver(const Options& o) {
     if (status == 0 && timed_out) status = exit_not_drained;
     std::printf(
         "{\"store\":\"%s\",\"broker\":\"%s\",%s%s%s\"messages\":%ld,\"workers\":%d,"
-        "\"kills\":%ld,%s"
+        "\"kills\":%ld,%s%s"
         "\"delivered\":%ld,"
         "\"redeliveries\":%ld,\"captures\":%ld,\"gateway_requests\":%ld,\"gateway_calls\":%ld,"
         "\"divergences\":%ld,\"lost\":%ld,\"doubled\":%ld,\"dead_lettered\":%ld,"
         "\"pending\":%ld,\"never_read\":%ld,\"drained\":%s,\"seconds\":%.1f}\n",
         to_string(o.store), to_string(o.broker), o.pipelined ? "\"pipelined\":true," : "",
         o.offsets_in_store ? "\"offsets\":\"store\"," : "", o.batch ? "\"batch\":true," : "",
-        o.messages, o.workers, fleet.kills(), outage_field.c_str(), delivered, redeliveries,
-        captures, gateway_requests, gateway_calls, divergences, lost, doubled, dead_lettered,
-        pending, never_read, drained ? "true" : "false", seconds);
+        o.messages, o.workers, fleet.kills(), outage_field.c_str(), redrive_field.c_str(),
+        delivered, redeliveries, captures, gateway_requests, gateway_calls, divergences, lost,
+        doubled, dead_lettered, pending, never_read, drained ? "true" : "false", seconds);
     std::fflush(stdout);
     return status;
 }

@@ -309,6 +309,7 @@ inline std::vector<std::string> worker_args(const Options& o, int redis_port, co
     if (o.pipelined) args.emplace_back("--pipelined");
     if (o.offsets_in_store) args.insert(args.end(), {"--offsets", "store"});
     if (o.batch) args.emplace_back("--batch");
+    if (o.redrive) args.emplace_back("--redrive");
     if (o.store_outage.count() > 0) {
         args.insert(args.end(), {"--store-outage-ms", std::to_string(o.store_outage.count())});
     }

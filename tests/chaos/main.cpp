@@ -20,7 +20,7 @@ constexpr const char* usage =
     "                  [--naive | --pipelined | --batch] [--kill-rate P] [--kill-interval-ms MS]\n"
     "                  [--store-outage-ms MS] [--visibility-ms MS]\n"
     "                  [--latency-ms MS] [--inflight-ms MS] [--max-deliveries N] [--timeout S]\n"
-    "                  [--backoff-ms MS] [--chain A:B]\n"
+    "                  [--backoff-ms MS] [--chain A:B] [--redrive]\n"
     "\n"
     "  --store           the idem store the workers use (default sqlite); redis-server always "
     "runs\n"
@@ -75,6 +75,13 @@ constexpr const char* usage =
     "                    capture; A's workers, the relay and B's workers are all killed. With\n"
     "                    --naive: A publishes inside its effect, B has no claim and a fresh key\n"
     "                    per attempt (divergences > 0)\n"
+    "  --redrive         one order in 20 fails until the handler is \"fixed\" once the broker\n"
+    "                    drained (parked after --max-deliveries, default 3 here); then a\n"
+    "                    redriver process brings the store's dead letters back (Store::redrive)\n"
+    "                    and relays them to the broker, and is killed as the workers are; every\n"
+    "                    order must end captured once and no dead letter left unredriven. With\n"
+    "                    --naive the redriver re-publishes the payloads without the claim's\n"
+    "                    reset (divergences > 0). SQL stores on rabbitmq, nats or kafka\n"
     "\n"
     "The last stdout line is one JSON object. Each order is ok (one capture and one charge that\n"
     "agree, settled), lost (settled at the broker without its effect), doubled (more than one\n"
@@ -93,6 +100,12 @@ void defaults(chaos::Options& o) {
     const bool kafka =
         o.broker == chaos::BrokerKind::kafka || (o.chain && o.chain_to == chaos::BrokerKind::kafka);
     if (!o.kill_interval_given && kafka) o.kill_interval = std::chrono::milliseconds(2000);
+    if (o.redrive) {
+        // Parked soon: three deliveries two seconds apart, so a run's poison orders are all
+        // parked when its first drain ends.
+        if (!o.max_deliveries_given) o.max_deliveries = 3;
+        if (o.backoff_max.count() < 0) o.backoff_max = std::chrono::milliseconds(2000);
+    }
     if (!o.timeout_given) {
         const std::chrono::milliseconds per_message{kafka ? 600 : o.chain ? 40 : 15};
         o.timeout = std::max(
@@ -169,8 +182,10 @@ chaos::Options parse(int argc, char** argv) {
                 o.role = chaos::Role::service_a;
             } else if (role == "relay") {
                 o.role = chaos::Role::relay;
+            } else if (role == "redriver") {
+                o.role = chaos::Role::redriver;
             } else {
-                throw std::invalid_argument("--role is a or relay");
+                throw std::invalid_argument("--role is a, relay or redriver");
             }
         } else if (arg == "--relayed") {  // internal, service B
             o.relayed = true;
@@ -204,6 +219,8 @@ chaos::Options parse(int argc, char** argv) {
             o.pipelined = true;
         } else if (arg == "--batch") {
             o.batch = true;
+        } else if (arg == "--redrive") {
+            o.redrive = true;
         } else if (arg == "--store-outage-ms") {
             o.store_outage = milliseconds(number(arg, value(), 0, 600'000));
         } else if (arg == "--kill-rate") {
@@ -233,6 +250,7 @@ chaos::Options parse(int argc, char** argv) {
             o.backoff_max = milliseconds(number(arg, value(), 1, 3'600'000));
         } else if (arg == "--max-deliveries") {
             o.max_deliveries = static_cast<std::uint32_t>(number(arg, value(), 1, 1000));
+            o.max_deliveries_given = true;
         } else if (arg == "--timeout") {
             o.timeout = std::chrono::seconds(number(arg, value(), 1, 86'400));
             o.timeout_given = true;
@@ -276,6 +294,17 @@ chaos::Options parse(int argc, char** argv) {
     if (o.store_outage.count() > 0 && (o.chain || o.store == chaos::StoreKind::redis_cluster)) {
         throw std::invalid_argument(
             "--store-outage-ms is for one broker's run on sqlite, postgres, mysql or redis");
+    }
+    if (o.redrive &&
+        (o.chain || o.pipelined || o.offsets_in_store || o.store_outage.count() > 0 ||
+         o.broker == chaos::BrokerKind::redis_streams ||
+         (o.store != chaos::StoreKind::sqlite && o.store != chaos::StoreKind::postgres &&
+          o.store != chaos::StoreKind::mysql))) {
+        // The Redis store has no redrive; a Redis stream's original message id is its entry
+        // id, which a re-published copy cannot carry.
+        throw std::invalid_argument(
+            "--redrive runs an SQL store (sqlite, postgres, mysql) on rabbitmq, nats or kafka, "
+            "without --chain, --pipelined, --offsets store or --store-outage-ms");
     }
     if (o.worker && (o.redis_port == 0 || o.parent == 0)) {
         throw std::invalid_argument("--worker is started by the driver, with its arguments");

@@ -178,15 +178,35 @@ void record_capture(idem::RedisStore::Transaction& tx, long order, const std::st
     tx.write("RPUSH", redis_captures_key(order) + tag, reference);
 }
 
+/// --redrive: the handler's bug. A poisoned order (chaos.hpp) fails until the driver sets
+/// fixed_key; each of its deliveries asks the run's Redis.
+class PoisonSwitch {
+  public:
+    PoisonSwitch(idem::redis::Connection& redis, bool enabled) : redis_(redis), enabled_(enabled) {}
+
+    void check(long order) const {
+        if (!enabled_ || !poisoned(order)) return;
+        if (redis_.checked({"GET", fixed_key}, "GET").str == "1") return;
+        throw std::runtime_error(
+            fmt::format("poison: order {} fails until the handler is fixed", order));
+    }
+
+  private:
+    idem::redis::Connection& redis_;
+    bool enabled_;
+};
+
 // ---------------------------------------------------------------------------------------------
 // The handler under test: the field note's capture, as a user writes it with idem.
 struct CaptureEffect {
     GatewayClient* gateway;
     CrashWindows* windows;
+    const PoisonSwitch* poison;
 
     template <class Tx>
     void operator()(Tx& tx, const Message& entry) const {
         const Capture capture = parse_capture(entry);
+        poison->check(capture.order_id);
         windows->maybe_die(after_claim);
         const std::string reference = gateway->capture(idem::key("capture", capture.order_id),
                                                        capture.order_id, capture.amount);
@@ -282,10 +302,10 @@ class SettleCounter final : public idem::Observer {
 /// next claim.
 template <class Store>
 int consume_pipelined(Store& store, const Options& options, idem::redis::Connection& redis,
-                      GatewayClient& gateway, CrashWindows& windows,
+                      GatewayClient& gateway, CrashWindows& windows, const PoisonSwitch& poison,
                       const idem::PolicyOptions& policy_options, const WorkerSettings& settings) {
     SettleCounter counter{redis, windows, settings.consumer_name};
-    const CaptureEffect capture{&gateway, &windows};
+    const CaptureEffect capture{&gateway, &windows, &poison};
     auto handler = idem::make_handler(
         store, idem::Policy{scope_name, policy_options},
         [capture, &counter](auto& tx, const idem::StreamEntry& entry,
@@ -321,13 +341,14 @@ int consume_pipelined(Store& store, const Options& options, idem::redis::Connect
 template <class Store>
 int consume_kafka_offsets_in_store(Store& store, const Options& options,
                                    idem::redis::Connection& redis, GatewayClient& gateway,
-                                   CrashWindows& windows, const idem::PolicyOptions& policy_options,
+                                   CrashWindows& windows, const PoisonSwitch& poison,
+                                   const idem::PolicyOptions& policy_options,
                                    const WorkerSettings& settings) {
     if constexpr (!idem::has_stored_offsets<Store>::value) {
         throw std::invalid_argument("--offsets store needs a store that keeps offsets");
     } else {
         SettleCounter counter{redis, windows, settings.consumer_name};
-        const CaptureEffect capture{&gateway, &windows};
+        const CaptureEffect capture{&gateway, &windows, &poison};
         auto handler = idem::make_handler(
             store, idem::Policy{scope_name, policy_options},
             [capture, &counter](auto& tx, const idem::KafkaMessage& record,
@@ -388,10 +409,10 @@ inline Message message_of(const idem::KafkaMessage& record) {
 /// acks in the commit.
 template <class Store>
 int consume_batches(Store& store, const Options& options, idem::redis::Connection& redis,
-                    GatewayClient& gateway, CrashWindows& windows,
+                    GatewayClient& gateway, CrashWindows& windows, const PoisonSwitch& poison,
                     const idem::PolicyOptions& policy_options, const WorkerSettings& settings) {
     SettleCounter counter{redis, windows, settings.consumer_name};
-    const CaptureEffect capture{&gateway, &windows};
+    const CaptureEffect capture{&gateway, &windows, &poison};
     auto handler = idem::make_handler(
         store, idem::Policy{scope_name, policy_options},
         [capture, &counter](auto& tx, const auto& body, const idem::Delivery& delivery) {
@@ -480,9 +501,35 @@ struct AcceptEffect {
     }
 };
 
-/// The relay: ships service A's outbox to broker B, killing itself after a send and before the
-/// mark with the run's probability (and SIGKILLed by the driver at any moment).
-int run_relay(idem::SqliteStore& store, const Options& options, idem::redis::Connection& redis,
+/// --redrive --naive: what an operator without idem's redrive does: re-publishes each dead
+/// letter's payload under its message id, its claim left as it is (still dead_lettered).
+template <class Store>
+void naive_redrive(Store& store, const ChainSender& sender, idem::redis::Connection& redis,
+                   CrashWindows& windows) {
+    idem::DeadLetterSelection selection;
+    selection.scope = scope_name;
+    for (const idem::DeadLetter& letter : store.dead_letters(selection)) {
+        if (redis.checked({"SISMEMBER", naive_redriven_key, letter.message_id}, "SISMEMBER")
+                .integer != 0) {
+            continue;
+        }
+        idem::OutboxRow row;
+        row.destination = sender.destination;
+        row.idempotency_key = letter.message_id;
+        row.payload = letter.payload;
+        sender.send(row);
+        windows.maybe_die(after_send_before_mark);
+        redis.checked({"SADD", naive_redriven_key, letter.message_id}, "SADD");
+    }
+}
+
+/// The relay: ships the store's outbox to the broker of --broker (the chain's service A's to
+/// broker B), killing itself after a send and before the mark with the run's probability (and
+/// SIGKILLed by the driver at any moment). As --role redriver it first brings the store's dead
+/// letters back once the handler is fixed, in each round: Store::redrive() of the run's scope
+/// (a killed redrive wrote nothing of the entry it was in; the next round finds the rest).
+template <class Store>
+int run_relay(Store& store, const Options& options, idem::redis::Connection& redis,
               CrashWindows& windows) {
     const ChainSender sender = make_sender(options.broker, options.broker_address);
     idem::RelayOptions relay_options;
@@ -502,7 +549,28 @@ int run_relay(idem::SqliteStore& store, const Options& options, idem::redis::Con
             windows.maybe_die(after_send_before_mark);
         },
         relay_options);
+    idem::DeadLetterSelection selection;
+    selection.scope = scope_name;
+    idem::RedriveOptions redrive;
+    redrive.destination = sender.destination;
     while (stopping == 0) {
+        if (options.role == Role::redriver && redis.checked({"GET", fixed_key}, "GET").str == "1") {
+            if (options.naive) {
+                naive_redrive(store, sender, redis, windows);
+            } else {
+                for (const idem::RedriveEntry& entry : store.redrive(selection, redrive).entries) {
+                    if (entry.status == idem::RedriveStatus::failed ||
+                        entry.status == idem::RedriveStatus::processed_meanwhile ||
+                        entry.status == idem::RedriveStatus::no_claim) {
+                        std::fprintf(stderr, "idem_chaos redriver: %s: %s %s\n",
+                                     entry.letter.message_id.c_str(),
+                                     std::string(idem::to_string(entry.status)).c_str(),
+                                     entry.error.c_str());
+                    }
+                }
+                windows.maybe_die(after_commit_before_ack);
+            }
+        }
         const idem::RelayResult result = relay.run_once();
         if (result.sent + result.failed + result.parked == 0)
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -549,6 +617,7 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
     idem::redis::Connection redis{endpoint};  // the gateway and the harness's counters
     GatewayClient gateway{redis, options.latency, options.inflight, random};
     CrashWindows windows{options.kill_rate, random, redis};
+    const PoisonSwitch poison{redis, options.redrive};
 
     idem::PolicyOptions policy_options;
     policy_options.max_deliveries = options.max_deliveries;
@@ -558,7 +627,7 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
     }
 
     WorkerSettings settings;
-    static constexpr const char* role_names[] = {"worker", "a-worker", "relay"};
+    static constexpr const char* role_names[] = {"worker", "a-worker", "relay", "redriver"};
     settings.consumer_name = fmt::format("{}-{}-{}", role_names[static_cast<int>(options.role)],
                                          options.slot, ::getpid());
     settings.visibility = options.visibility;
@@ -576,8 +645,12 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
     if (options.store_outage.count() > 0) {
         settings.store_probe = [&store] { idem::probe_store(store); };
     }
+    if constexpr (!std::is_same_v<Store, idem::RedisStore>) {
+        if (options.role == Role::relay || options.role == Role::redriver) {
+            return run_relay(store, options, redis, windows);
+        }
+    }
     if constexpr (std::is_same_v<Store, idem::SqliteStore>) {
-        if (options.role == Role::relay) return run_relay(store, options, redis, windows);
         if (options.role == Role::service_a) {
             const ChainSender sender = make_sender(options.chain_to, options.to_address);
             auto accept = idem::make_handler(store, idem::Policy{"accept-order", policy_options},
@@ -589,22 +662,24 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
         }
     }
     if (options.pipelined) {
-        return consume_pipelined(store, options, redis, gateway, windows, policy_options, settings);
+        return consume_pipelined(store, options, redis, gateway, windows, poison, policy_options,
+                                 settings);
     }
     if (options.batch) {
-        return consume_batches(store, options, redis, gateway, windows, policy_options, settings);
+        return consume_batches(store, options, redis, gateway, windows, poison, policy_options,
+                               settings);
     }
 #ifdef IDEM_CHAOS_WITH_KAFKA
     if (options.offsets_in_store) {
-        return consume_kafka_offsets_in_store(store, options, redis, gateway, windows,
+        return consume_kafka_offsets_in_store(store, options, redis, gateway, windows, poison,
                                               policy_options, settings);
     }
 #endif
     auto handler = idem::make_handler(store, idem::Policy{scope_name, policy_options},
-                                      CaptureEffect{&gateway, &windows});
+                                      CaptureEffect{&gateway, &windows, &poison});
     return serve(options, redis, windows, settings,
                  [&](const idem::Delivery& delivery, const Message& entry) {
-                     return options.naive
+                     return options.naive && !options.redrive
                                 ? naive_capture(store, redis, gateway, windows, random, entry)
                                 : handler.handle(delivery, entry);
                  });

@@ -1,15 +1,20 @@
 // idem::JetStreamSender against a real nats-server with JetStream (the process's shared one): a
 // Relay over an SqliteStore ships intents that an idem::JetStreamConsumer claims under their
 // Nats-Msg-Id; inside the stream's duplicate window a resend is dropped by the stream, after it
-// the copy reaches the consumer and its claim drops it; the server down leaves the row unsent
-// and retried; fan-out children apply once; a message over max_payload parks.
+// the copy reaches the consumer and its claim drops it; a redrive inside the window of its
+// original is stored and keeps its id; the server down leaves the row unsent and retried;
+// fan-out children apply once; a message over max_payload parks.
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "idem/broker/nats_jetstream.hpp"
 #include "idem/nats/admin.hpp"
@@ -91,6 +96,47 @@ TEST_F(JetStreamSenderTest, AResendWithinTheWindowIsDroppedByTheStream) {
     EXPECT_TRUE(second.duplicate);
     EXPECT_EQ(second.sequence, first.sequence);
     EXPECT_EQ(nats::stream_state(*admin_, stream_).messages, 1u);
+}
+
+// A redrive re-publishes a parked message under its id while the stream still remembers the
+// original's Nats-Msg-Id: the stream must store it, not drop it as a duplicate, and a consumer
+// must claim it by the original's id; the relay's resend of that intent is still dropped.
+TEST_F(JetStreamSenderTest, ARedriveWithinTheWindowOfItsOriginalIsStoredAndKeepsItsId) {
+    nats::delete_stream(*admin_, stream_);
+    nats::StreamSpec spec{stream_, {stream_ + ".>"}};
+    spec.duplicate_window = 10min;  // the original is surely inside it
+    nats::ensure_stream(*admin_, spec);
+    const nats::PubAck original = admin_->publish(subject(), "order 7", {}, "order-7");
+    ASSERT_FALSE(original.duplicate);
+
+    up_.add(subject(), "order-7", "order 7, fixed");  // the redrive's intent
+    const auto row = *up_.row("order-7");
+    const nats::PubAck redriven = (*sender_)(row);
+    EXPECT_FALSE(redriven.duplicate);
+    EXPECT_NE(redriven.sequence, original.sequence);
+    const nats::PubAck resent = (*sender_)(row);  // the relay died before its mark
+    EXPECT_TRUE(resent.duplicate);
+    EXPECT_EQ(resent.sequence, redriven.sequence);
+    EXPECT_EQ(nats::stream_state(*admin_, stream_).messages, 2u);
+    const auto stored = nats::stream_message(*admin_, stream_, redriven.sequence);
+    ASSERT_TRUE(stored.has_value());
+    EXPECT_EQ(stored->data, "order 7, fixed");
+    EXPECT_EQ(stored->header(nats::message_id_header), std::optional<std::string_view>("order-7"));
+
+    std::vector<std::pair<std::string, std::string>> seen;  // (message id, data)
+    idem::JetStreamConsumerOptions options{stream_, "redrive-reader"};
+    options.dead_letter = "dead." + stream_;
+    options.poll_wait = 100ms;
+    idem::JetStreamConsumer reader{
+        endpoint_, options, [&](const idem::Delivery& delivery, const JetStreamMessage& message) {
+            seen.emplace_back(delivery.message_id, message.data);
+            return idem::Outcome{idem::Disposition::processed, {}};
+        }};
+    for (int i = 0; i < 20 && seen.size() < 2; ++i)
+        reader.poll_once();
+    const std::vector<std::pair<std::string, std::string>> expected{{"order-7", "order 7"},
+                                                                    {"order-7", "order 7, fixed"}};
+    EXPECT_EQ(seen, expected);
 }
 
 TEST_F(JetStreamSenderTest, AResendAfterTheWindowIsStoredAgainAndIsADuplicateDownstream) {

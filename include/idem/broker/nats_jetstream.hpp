@@ -362,8 +362,13 @@ class JetStreamConsumer final
 
     Delivery delivery_of(const detail::JetStreamItem& item) const {
         const nats::Message& message = item.message;
+        // A JetStreamSender's message names its id in a header of its own: its Nats-Msg-Id
+        // differs when the stream held another message under that id (a redriven dead letter).
         std::optional<std::string_view> id;
-        if (!options_.id_field.empty()) id = message.header(options_.id_field);
+        if (!options_.id_field.empty()) {
+            id = message.header(nats::message_id_header);
+            if (!id) id = message.header(options_.id_field);
+        }
         return detail::jetstream_delivery(message.metadata(), id, options_.id_field,
                                           options_.sequence_when_no_id_field);
     }

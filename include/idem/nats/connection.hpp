@@ -54,6 +54,14 @@ struct Endpoint {
     }
 };
 
+/// The header a JetStreamSender gives every message its idempotency key in; a JetStreamConsumer
+/// takes a message's id from it before its id_field. It is Nats-Msg-Id's value too, but for a
+/// message the stream would drop as a duplicate of another (see JetStreamSender).
+inline constexpr const char* message_id_header = "idem-message-id";
+/// The header naming the outbox intent (row id and time) a JetStreamSender published a message
+/// for: a duplicate PubAck whose stored message has another is not this intent's resend.
+inline constexpr const char* outbox_mark_header = "idem-outbox-mark";
+
 /// @brief What the stream answered to a publish.
 struct PubAck {
     std::string stream;          ///< the stream that stored the message

@@ -67,7 +67,9 @@ struct JetStreamMessage {
 ///   backoff) when it does not exist. A consumer that has a BackOff must have that one (checked at
 ///   start);
 /// - `id_field`: the header carrying the message id, by default Nats-Msg-Id (the producer's id
-///   the stream deduplicates on); empty: the stream sequence, `<stream>:<sequence>`. A message
+///   the stream deduplicates on); a message an idem::JetStreamSender published carries its id in
+///   `idem-message-id` (nats::message_id_header), which is taken first; empty: the stream
+///   sequence, `<stream>:<sequence>`. A message
 ///   without the header gets the stream sequence when sequence_when_no_id_field, an empty id
 ///   (dead-lettered as malformed) otherwise. Both are stable across redeliveries of one stored
 ///   message; only the header is stable across a producer's second publish of the same

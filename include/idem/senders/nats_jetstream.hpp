@@ -16,7 +16,9 @@
 
 #include "idem/config.hpp"
 #include "idem/contract/records.hpp"
+#include "idem/contract/time.hpp"
 #include "idem/error.hpp"
+#include "idem/nats/admin.hpp"
 #include "idem/nats/connection.hpp"
 #include "idem/nats/error.hpp"
 #include "idem/outbox.hpp"
@@ -26,6 +28,13 @@ IDEM_BEGIN_NAMESPACE
 /// @brief Publishes an outbox intent to the subject named by its destination, with the header
 /// `Nats-Msg-Id: <idempotency key>`, and returns once a stream acknowledged it (a PubAck, also
 /// when the stream says it is a duplicate: it has the message already).
+///
+/// **A second message under one id.** Each message also carries its key in `idem-message-id`
+/// (taken first by an idem::JetStreamConsumer) and the intent's row id and time in
+/// `idem-outbox-mark`. When the stream answers "duplicate" for a message whose stored twin has
+/// another mark (the original of a redriven dead letter, published minutes ago under the same
+/// id), the sender publishes it again under `Nats-Msg-Id: <key>@<mark>`: a redrive is not
+/// swallowed by the duplicate window, and the consumer still claims it by its key.
 ///
 /// **The duplicate window.** A stream drops a second publish with the same Nats-Msg-Id only
 /// within its duplicate window (`duplicate_window`, 2 minutes by default). The relay resends an
@@ -57,7 +66,21 @@ class JetStreamSender {
             if (!connection_ || connection_->closed()) {
                 connection_ = std::make_unique<nats::Connection>(endpoint_);
             }
-            return connection_->publish(row.destination, row.payload, {}, row.idempotency_key);
+            const std::string mark = fmt::format("{}:{}", row.id, to_unix_ms(row.created_at));
+            const nats::Headers headers{{nats::message_id_header, row.idempotency_key},
+                                        {nats::outbox_mark_header, mark}};
+            nats::PubAck ack =
+                connection_->publish(row.destination, row.payload, headers, row.idempotency_key);
+            if (!ack.duplicate) return ack;
+            // The stream holds a message under this Nats-Msg-Id from its duplicate window: this
+            // intent's own earlier send (done), or another message with the same id, such as
+            // the original of a redriven dead letter, which must not swallow this one.
+            const auto stored = nats::stream_message(*connection_, ack.stream, ack.sequence);
+            if (stored && stored->header(nats::outbox_mark_header) == std::string_view(mark)) {
+                return ack;
+            }
+            return connection_->publish(row.destination, row.payload, headers,
+                                        row.idempotency_key + "@" + mark);
         } catch (const nats::error& e) {
             if (too_large(e)) {
                 throw send_refused(fmt::format(

@@ -69,7 +69,7 @@ enum class stmt : std::size_t {
     dead_letter_redrive,   ///< id, redriven_at, redrive_count: 1 affected when not redriven yet
     claim_release_parked,  ///< scope, id: deletes the claim only if dead_lettered (1 affected)
     attempt_delete,        ///< scope, id
-    outbox_rearm,          ///< destination, key, payload, now: the intent unsent again
+    outbox_rearm,          ///< destination, key, payload, now: unsent again, created_at now
     dead_letter_delete,    ///< id: the entry removed (purge_dead_letters())
     count,
 };
@@ -142,7 +142,7 @@ inline void redrive_statements(statement_table& t, const std::string& prefix,
     t[stmt::dead_letter_delete] = fmt::format("DELETE FROM {} WHERE id = {}", letters, p(1));
     t[stmt::outbox_rearm] = fmt::format(
         "UPDATE {0}outbox SET destination = {1}, payload = {3}, sent_at = NULL, attempts = 0, "
-        "last_error = '', next_attempt_at = {4}, lease_until = NULL, {5} "
+        "last_error = '', next_attempt_at = {4}, created_at = {4}, lease_until = NULL, {5} "
         "WHERE idempotency_key = {2}",
         prefix, p(1), p(2), p(3), p(4), not_parked);
 }
@@ -393,7 +393,8 @@ inline statement_table mysql_statements() {
         " AND scope = ?1 AND message_id = ?2";
     t[stmt::outbox_rearm] =
         "UPDATE idem_outbox SET destination = ?1, payload = ?3, sent_at = NULL, attempts = 0, "
-        "last_error = X'', next_attempt_at = ?4, lease_until = NULL, parked = 0 "
+        "last_error = X'', next_attempt_at = ?4, created_at = ?4, lease_until = NULL, "
+        "parked = 0 "
         "WHERE key_hash = UNHEX(SHA2(?2, 256)) AND idempotency_key = ?2";
     // try_lock(): the row lock is the transaction's lock (placeholder row: owner '', expired).
     t[stmt::lock_advisory] =
