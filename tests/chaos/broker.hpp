@@ -40,6 +40,7 @@ struct RedisStreamConsumerOptions;
 struct RabbitMqConsumerOptions;
 struct JetStreamConsumerOptions;
 struct KafkaConsumerOptions;
+struct StreamEntry;
 IDEM_END_NAMESPACE
 
 namespace chaos {
@@ -205,6 +206,9 @@ idem::KafkaConsumerOptions kafka_consumer_options(const Options& options,
 #endif
 
 std::unique_ptr<BrokerRun> start_redis_streams(const Options& options, int redis_port);
+/// A stream entry as the handler reads it: a relayed or redriven copy's payload field decoded
+/// (the RedisStreamSender's), else the entry's own fields.
+Message stream_message_of(const idem::StreamEntry& entry);
 std::unique_ptr<BrokerWorker> redis_streams_worker(const Options& options,
                                                    const WorkerSettings& settings);
 /// The sender of each broker to its workers' destination, at @p address (worker_address()).

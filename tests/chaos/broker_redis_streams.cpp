@@ -57,7 +57,9 @@ struct GroupState {
 
 class RedisStreamsRun final : public BrokerRun {
   public:
-    explicit RedisStreamsRun(int port) : redis_(endpoint_on(port)) {
+    /// @p redrive: each entry also carries its message id (message_id_of) in the relayed id
+    /// field, the field a redriven copy carries it in, and expect() keeps the stream.
+    RedisStreamsRun(int port, bool redrive) : redis_(endpoint_on(port)), redrive_(redrive) {
         place_.port = port;
         create_group();
     }
@@ -69,6 +71,7 @@ class RedisStreamsRun final : public BrokerRun {
 
     void expect(long messages) override {
         BrokerRun::expect(messages);
+        if (redrive_) return;  // the redriven copies come to the same stream
         place_.stream = relayed_stream;
         create_group();
     }
@@ -80,6 +83,10 @@ class RedisStreamsRun final : public BrokerRun {
             for (long order = first; order < first + 500 && order <= messages; ++order) {
                 commands.push_back({"XADD", place_.stream, "*", "order_id", std::to_string(order),
                                     "amount", std::to_string(amount_of(order))});
+                if (redrive_) {
+                    commands.back().insert(commands.back().end(),
+                                           {relayed_id_field(), message_id_of(order)});
+                }
             }
             const auto replies = redis_.pipeline(commands);
             for (std::size_t i = 0; i < replies.size(); ++i) {
@@ -128,7 +135,8 @@ class RedisStreamsRun final : public BrokerRun {
             long order = 0;
             std::string reason;
             for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
-                if (fields[i].str == (expecting() ? relayed_id_field() : "idem-original-entry-id"))
+                if (fields[i].str ==
+                    (expecting() || redrive_ ? relayed_id_field() : "idem-original-entry-id"))
                     order = order_of(fields[i + 1].str).value_or(0);
                 if (fields[i].str == "idem-reason") reason = fields[i + 1].str;
             }
@@ -138,13 +146,15 @@ class RedisStreamsRun final : public BrokerRun {
     }
 
     std::optional<long> order_of(const std::string& message_id) const override {
-        if (expecting()) return order_of_message_id(message_id);
-        const auto found = order_of_entry_.find(message_id);
+        if (expecting() || redrive_) {
+            if (auto order = order_of_message_id(message_id)) return order;
+        }
+        const auto found = order_of_entry_.find(message_id);  // an entry id (XPENDING's)
         if (found == order_of_entry_.end()) return std::nullopt;
         return found->second;
     }
     std::string message_id_of_order(long order) const override {
-        if (expecting()) return message_id_of(order);
+        if (expecting() || redrive_) return message_id_of(order);
         const auto found = entry_of_order_.find(order);
         return found == entry_of_order_.end() ? std::string() : found->second;
     }
@@ -190,6 +200,7 @@ class RedisStreamsRun final : public BrokerRun {
 
     Place place_;
     idem::redis::Connection redis_;
+    bool redrive_;
     long messages_ = 0;
     std::string last_id_;
     std::map<std::string, long> order_of_entry_;
@@ -205,14 +216,10 @@ class RedisStreamsWorker final : public BrokerWorker {
         const Place place = Place::of(options_.broker_address);
         const idem::RedisStreamConsumerOptions consumer_options =
             redis_streams_consumer_options(options_, settings_);
-        const std::string payload_field = idem::RedisStreamSenderOptions{}.payload_field;
         idem::RedisStreamConsumer consumer{
             endpoint_on(place.port), consumer_options,
             [&](const idem::Delivery& delivery, const idem::StreamEntry& entry) {
-                if (!settings_.relayed) return deliver(delivery, Message{entry.id, entry.fields});
-                const auto payload = entry.field(payload_field);
-                return deliver(delivery,
-                               Message{entry.id, Message::decode_fields(payload.value_or(""))});
+                return deliver(delivery, stream_message_of(entry));
             }};
         running_.store(&consumer);
         if (stop_.load()) consumer.request_stop();
@@ -240,8 +247,14 @@ ChainSender redis_streams_sender(const std::string& address) {
     return {place.stream, [sender](const idem::OutboxRow& row) { (*sender)(row); }};
 }
 
-std::unique_ptr<BrokerRun> start_redis_streams(const Options&, int redis_port) {
-    return std::make_unique<RedisStreamsRun>(redis_port);
+std::unique_ptr<BrokerRun> start_redis_streams(const Options& options, int redis_port) {
+    return std::make_unique<RedisStreamsRun>(redis_port, options.redrive);
+}
+
+Message stream_message_of(const idem::StreamEntry& entry) {
+    if (const auto payload = entry.field(idem::RedisStreamSenderOptions{}.payload_field))
+        return Message{entry.id, Message::decode_fields(*payload)};
+    return Message{entry.id, entry.fields};
 }
 
 idem::RedisStreamConsumerOptions redis_streams_consumer_options(const Options& options,
@@ -262,7 +275,7 @@ idem::RedisStreamConsumerOptions redis_streams_consumer_options(const Options& o
     consumer_options.redelivery_backoff = settings.backoff;
     consumer_options.on_error = settings.on_error;
     consumer_options.store_probe = settings.store_probe;
-    if (settings.relayed) consumer_options.id_field = relayed_id_field();
+    if (settings.relayed || options.redrive) consumer_options.id_field = relayed_id_field();
     return consumer_options;
 }
 

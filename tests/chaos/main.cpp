@@ -81,7 +81,8 @@ constexpr const char* usage =
     "                    and relays them to the broker, and is killed as the workers are; every\n"
     "                    order must end captured once and no dead letter left unredriven. With\n"
     "                    --naive the redriver re-publishes the payloads without the claim's\n"
-    "                    reset (divergences > 0). SQL stores on rabbitmq, nats or kafka\n"
+    "                    reset (divergences > 0). SQL stores; on a Redis stream each entry\n"
+    "                    then carries its id in the field message_id\n"
     "\n"
     "The last stdout line is one JSON object. Each order is ok (one capture and one charge that\n"
     "agree, settled), lost (settled at the broker without its effect), doubled (more than one\n"
@@ -297,14 +298,12 @@ chaos::Options parse(int argc, char** argv) {
     }
     if (o.redrive &&
         (o.chain || o.pipelined || o.offsets_in_store || o.store_outage.count() > 0 ||
-         o.broker == chaos::BrokerKind::redis_streams ||
          (o.store != chaos::StoreKind::sqlite && o.store != chaos::StoreKind::postgres &&
           o.store != chaos::StoreKind::mysql))) {
-        // The Redis store has no redrive; a Redis stream's original message id is its entry
-        // id, which a re-published copy cannot carry.
+        // The Redis store has no redrive.
         throw std::invalid_argument(
-            "--redrive runs an SQL store (sqlite, postgres, mysql) on rabbitmq, nats or kafka, "
-            "without --chain, --pipelined, --offsets store or --store-outage-ms");
+            "--redrive runs an SQL store (sqlite, postgres, mysql), without --chain, "
+            "--pipelined, --offsets store or --store-outage-ms");
     }
     if (o.worker && (o.redis_port == 0 || o.parent == 0)) {
         throw std::invalid_argument("--worker is started by the driver, with its arguments");

@@ -381,7 +381,7 @@ int consume_kafka_offsets_in_store(Store& store, const Options& options,
 
 // --batch: each broker's message as the capture effect reads it (the plain workers' Message).
 inline Message message_of(const idem::StreamEntry& entry) {
-    return Message{entry.id, entry.fields};
+    return stream_message_of(entry);
 }
 #ifdef IDEM_CHAOS_WITH_RABBITMQ
 inline Message message_of(const idem::RabbitMessage& message) {
