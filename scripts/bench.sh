@@ -146,7 +146,7 @@ fi
 
 twin_of() {
     case "$1" in
-        redis_stream_consumer) echo redis_single_raw ;;
+        redis_stream_consumer | redis_single_write) echo redis_single_raw ;;
         redis_loop_local_*) echo redis_single_local_raw ;;
         *) echo "${1}_raw" ;;
     esac

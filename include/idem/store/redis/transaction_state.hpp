@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -225,7 +226,15 @@ class TransactionState {
         static_assert(sizeof...(Parts) > 0, "idem: a write needs a command");
         std::uint16_t slot = 0;
         if constexpr (sizeof...(Parts) > 1) {
-            slot = hash_slot(to_arg(std::get<1>(std::tie(parts...))));
+            const auto& key = std::get<1>(std::tie(parts...));
+            using Key = std::decay_t<decltype(key)>;
+            if constexpr (std::is_same_v<Key, Blob>) {
+                slot = hash_slot(std::string_view(key.bytes));
+            } else if constexpr (std::is_convertible_v<const Key&, std::string_view>) {
+                slot = hash_slot(std::string_view(key));  // not copied
+            } else {
+                slot = hash_slot(to_arg(key));
+            }
         }
         commands_.add(sizeof...(Parts));
         (commands_.add(parts), ...);
