@@ -250,13 +250,22 @@ TEST_F(JetStreamTest, AnUnsettledDeliveryComesBackAfterItsBackoffNotAfterAckWait
     ASSERT_EQ(idem::jetstream_backoff(options), schedule);
 
     std::vector<std::pair<std::uint32_t, Clock::time_point>> seen;
-    JetStreamConsumer consumer{endpoint(), options,
-                               [&](const Delivery& d, const JetStreamMessage&) {
-                                   seen.emplace_back(d.delivery_count.value(), Clock::now());
-                                   return processed();
-                               }};
-    consumer.poll_once();  // declares the consumer; nothing published yet
+    auto handler = [&](const Delivery& d, const JetStreamMessage&) {
+        seen.emplace_back(d.delivery_count.value(), Clock::now());
+        return processed();
+    };
+    {  // declares the consumer; nothing published yet
+        JetStreamConsumer declaring{endpoint(), options, handler};
+        declaring.poll_once();
+    }
     EXPECT_EQ(nats::consumer_state(*admin_, stream_, "workers").backoff, schedule);
+    // Its pull request may outlive poll_once() at the server: let it expire first.
+    std::this_thread::sleep_for(options.poll_wait + 500ms);
+    // The redelivery falls due 3 s after the fetch: a pull request that expires just then makes
+    // nats-server 2.9 report it as delivery 1 (docs/brokers.md), so this consumer's requests
+    // outlive it (a fetch returns at the first message anyway).
+    options.poll_wait = 10s;
+    JetStreamConsumer consumer{endpoint(), options, handler};
 
     publish("1");
     Clock::time_point fetched;

@@ -47,6 +47,8 @@ inline std::uint16_t crc16(std::string_view bytes) noexcept {
     return crc;
 }
 
+/// The hash slot of @p key: of its hash tag (the text between the first `{` and the next `}`,
+/// when not empty), else of the whole key.
 inline std::uint16_t hash_slot(std::string_view key) noexcept {
     const std::size_t open = key.find('{');
     if (open != std::string_view::npos) {

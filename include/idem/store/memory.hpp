@@ -712,8 +712,7 @@ class MemoryStore {
             out.row.sent_at.reset();
             out.row.attempts = 0;
             out.row.last_error.clear();
-            out.row.next_attempt_at = now();
-            out.row.created_at = out.row.next_attempt_at;  // written again (a sender's mark)
+            out.row.created_at = out.row.next_attempt_at = now();  // written anew: a new mark
             out.row.parked = false;
             out.lease_until.reset();
         }
