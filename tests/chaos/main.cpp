@@ -68,7 +68,8 @@ constexpr const char* usage =
     "                    a run whose messages fail many times (store outages) keeps it under\n"
     "                    --timeout\n"
     "  --timeout         seconds to wait for the stream to drain (default: 300, or more with\n"
-    "                    --messages: 15 ms a message, 40 ms chained, 600 ms with Kafka)\n"
+    "                    --messages: 15 ms a message, 40 ms chained, 600 ms with Kafka, 1 s\n"
+    "                    with Kafka and --redrive)\n"
     "  --chain A:B       two services (docs/chain.md): service A consumes broker A and writes its\n"
     "                    row and an outbox intent in one transaction (SQLite), a relay ships\n"
     "                    the intents to broker B, service B charges the gateway and writes its\n"
@@ -108,7 +109,11 @@ void defaults(chaos::Options& o) {
         if (o.backoff_max.count() < 0) o.backoff_max = std::chrono::milliseconds(2000);
     }
     if (!o.timeout_given) {
-        const std::chrono::milliseconds per_message{kafka ? 600 : o.chain ? 40 : 15};
+        // --redrive on Kafka: two drains, the second after the redrive (2,000 messages, seed 7:
+        // 1,583 s on a busy machine, beyond 600 ms a message).
+        const std::chrono::milliseconds per_message{kafka     ? (o.redrive ? 1000 : 600)
+                                                    : o.chain ? 40
+                                                              : 15};
         o.timeout = std::max(
             o.timeout, std::chrono::duration_cast<std::chrono::seconds>(per_message * o.messages));
     }
