@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "idem/config.hpp"
+#include "idem/contract/dead_letter_envelope.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace kafka {
@@ -24,7 +25,7 @@ namespace kafka {
 /// @brief The record header carrying an idem message id: idem::KafkaSender writes the outbox
 /// intent's idempotency key in it, and an idem consumer configured to read it claims that key
 /// as the message id.
-inline constexpr const char* message_id_header = "idem-message-id";
+inline constexpr const char* message_id_header = envelope::message_id;
 
 /// @brief A record header (a name may repeat; a value may be absent, stored as empty).
 using Header = std::pair<std::string, std::string>;

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/contract/dead_letter_envelope.hpp"
 #include "idem/error.hpp"
 #include "idem/nats/error.hpp"
 
@@ -57,7 +58,7 @@ struct Endpoint {
 /// The header a JetStreamSender gives every message its idempotency key in; a JetStreamConsumer
 /// takes a message's id from it before its id_field. It is Nats-Msg-Id's value too, but for a
 /// message the stream would drop as a duplicate of another (see JetStreamSender).
-inline constexpr const char* message_id_header = "idem-message-id";
+inline constexpr const char* message_id_header = envelope::message_id;
 /// The header naming the outbox intent (row id and time) a JetStreamSender published a message
 /// for: a duplicate PubAck whose stored message has another is not this intent's resend.
 inline constexpr const char* outbox_mark_header = "idem-outbox-mark";
