@@ -67,8 +67,10 @@ using DurableStores = ::testing::Types<idem_test::SqliteEnv
 #endif
 #endif
 
-#if !IDEM_CONFORMANCE_ON_REDIS_CLUSTER
-// The stores with redrive() (contract/redrive.hpp): the memory store and the SQL stores.
+#if IDEM_CONFORMANCE_ON_REDIS_CLUSTER
+using RedriveStores = Stores;
+#else
+// The stores with redrive() (contract/redrive.hpp): every store.
 using RedriveStores = ::testing::Types<idem_test::MemoryEnv
 #if IDEM_HAS_SQLITE
                                        ,
@@ -77,6 +79,10 @@ using RedriveStores = ::testing::Types<idem_test::MemoryEnv
 #if IDEM_HAS_POSTGRES
                                        ,
                                        idem_test::PostgresEnv
+#endif
+#if IDEM_HAS_REDIS
+                                       ,
+                                       idem_test::RedisEnv, idem_test::RedisLocalEnv
 #endif
 #if IDEM_HAS_MYSQL
                                        ,
@@ -104,10 +110,8 @@ static_assert(!idem::IdempotencyStore<std::string>);
 }  // namespace
 
 INSTANTIATE_TYPED_TEST_SUITE_P(Idem, IdemStoreConformance, Stores, idem::testing::ConformanceNames);
-#if !IDEM_CONFORMANCE_ON_REDIS_CLUSTER  // the Redis store has no redrive() yet
 INSTANTIATE_TYPED_TEST_SUITE_P(Idem, IdemRedriveConformance, RedriveStores,
                                idem::testing::ConformanceNames);
-#endif
 #if IDEM_CONFORMANCE_ON_REDIS_CLUSTER || IDEM_HAS_SQLITE
 INSTANTIATE_TYPED_TEST_SUITE_P(Idem, IdemDurableStoreConformance, DurableStores,
                                idem::testing::ConformanceNames);

@@ -54,6 +54,20 @@ struct RedisClusterEnv {
         store = std::make_unique<Store>(one_node, options);
     }
 
+    /// A second store on the same cluster (the redrive suite races two).
+    std::unique_ptr<Store> another_store() {
+        idem::RedisOptions options;
+        options.clock = [this] { return now; };
+        idem::RedisEndpoint another_node;
+        another_node.host = cluster->host();
+        another_node.port = cluster->port(1);
+        return std::make_unique<Store>(another_node, options);
+    }
+    /// The redrive suite's failing redrives: every master refuses every write (out of memory,
+    /// with no eviction), as a full Redis does; reads go on.
+    void refuse_redrives() { set_maxmemory("1"); }
+    void accept_redrives() { set_maxmemory("0"); }
+
     template <class Tx>
     static void write_effect(Tx& tx, const std::string& key) {
         tx.write("SADD", effects_key, key);
@@ -93,6 +107,14 @@ struct RedisClusterEnv {
     void start_server() { cluster->restore(); }
 
   private:
+    void set_maxmemory(const char* bytes) {
+        for (std::size_t i = 0; i < cluster->size(); ++i) {
+            if (!cluster->is_master(i)) continue;
+            idem::testing::RedisClient c = cluster->client(i);
+            c.exec({"CONFIG", "SET", "maxmemory-policy", "noeviction"});
+            c.exec({"CONFIG", "SET", "maxmemory", bytes});
+        }
+    }
     /// A client on the master of the effects key's slot.
     idem::testing::RedisClient effects() {
         return cluster->client(cluster->master_index_of(idem::redis::hash_slot(effects_key)));

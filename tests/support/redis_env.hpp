@@ -57,6 +57,20 @@ struct RedisEnv {
         store = std::make_unique<Store>(redis_endpoint(idem::testing::shared_redis()), options);
     }
 
+    /// A second store on the same server (the redrive suite races two).
+    std::unique_ptr<Store> another_store() {
+        idem::RedisOptions options;
+        options.clock = [this] { return now; };
+        return std::make_unique<Store>(redis_endpoint(idem::testing::shared_redis()), options);
+    }
+    /// The redrive suite's failing redrives: the server refuses every write (out of memory,
+    /// with no eviction), as a full Redis does; reads go on.
+    void refuse_redrives() {
+        client->exec({"CONFIG", "SET", "maxmemory-policy", "noeviction"});
+        client->exec({"CONFIG", "SET", "maxmemory", "1"});
+    }
+    void accept_redrives() { client->exec({"CONFIG", "SET", "maxmemory", "0"}); }
+
     template <class Tx>
     static void write_effect(Tx& tx, const std::string& key) {
         tx.write("SADD", effects_key, key);

@@ -54,7 +54,7 @@
 /// PurgeResult purge(std::chrono::system_clock::duration older_than);
 /// std::optional<ClaimRecord> find_claim(std::string_view scope, std::string_view id);
 /// std::vector<DeadLetter> dead_letters();
-/// // dead letters brought back exactly once (contract/redrive.hpp; memory and SQL stores)
+/// // dead letters brought back exactly once (contract/redrive.hpp; every idem store)
 /// std::vector<DeadLetter> dead_letters(const DeadLetterSelection& selection);
 /// RedriveReport redrive(const DeadLetterSelection& selection, const RedriveOptions& options);
 /// std::vector<OutboxRow> Store::outbox_rows();        // inspection, oldest first

@@ -20,6 +20,7 @@
 
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
+#include "idem/contract/redrive.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
@@ -34,6 +35,8 @@
 #include "idem/store/redis/context.hpp"
 #include "idem/store/redis/next_claim.hpp"
 #include "idem/store/redis/options.hpp"
+#include "idem/store/redis/outbox.hpp"
+#include "idem/store/redis/redrive.hpp"
 #include "idem/store/redis/replication.hpp"
 #include "idem/store/redis/slot_commit.hpp"
 #include "idem/store/redis/transaction_state.hpp"
@@ -154,20 +157,68 @@ class RedisStore {
         std::optional<redis::Record> stored = redis::read_record(context_, scope, id);
         return stored ? stored->attempts : 0;
     }
-    /// @brief Every dead letter, oldest first. Kept until a human deletes them: purge() and the
-    /// claims' expiry never touch them.
+    /// @brief Every dead letter, oldest first (redriven ones too: their redriven_at is set).
+    /// Kept until a human deletes them: purge() and the claims' expiry never touch them.
     std::vector<DeadLetter> dead_letters() { return redis::dead_letters(context_); }
 
-    /// @brief Deletes claims claimed before clock() - @p older_than (never a live lease) and
-    /// expired locks. Redis also expires claims by itself (each record's TTL is the retention);
-    /// this is for a clock the server does not share (tests) and for reporting. Dead letters are
-    /// kept. @p options are checked and the run is timed, but not paced: the sweep is SCAN
-    /// batches of scripts, and the claims' own expiry does the retention.
+    /// @brief The dead letters @p selection takes, oldest first (contract/redrive.hpp).
+    std::vector<DeadLetter> dead_letters(const DeadLetterSelection& selection) {
+        return redis::dead_letters(context_, selection);
+    }
+
+    /// @brief Brings the dead letters @p selection takes back, each exactly once, by one script
+    /// per entry on its claim's hash slot (store/redis/redrive.hpp): the claim that still records
+    /// it as dead_lettered is deleted (with its attempt count: a fresh poison limit), an outbox
+    /// intent re-publishes the payload to RedriveOptions::destination under the message id, and
+    /// the entry is marked redriven; all of it, or (a script that fails) none. idem::Relay
+    /// ships the intents (lease_outbox()). An entry redriven before, or whose claim records
+    /// another outcome now, is reported and left alone; concurrent redrives redrive each entry
+    /// once. A dry run judges and changes nothing.
+    /// @throws usage_error for an empty destination. A failed entry is reported
+    /// (RedriveStatus::failed) with nothing of it written.
+    RedriveReport redrive(const DeadLetterSelection& selection, const RedriveOptions& options) {
+        return redis::redrive(context_, outbox_, selection, options);
+    }
+
+    /// @brief Deletes the dead letters @p selection takes (an empty selection takes them all),
+    /// each on its own; their claims stay, so a re-published copy is still answered `duplicate`.
+    /// A dry run deletes nothing. @return the entries deleted (dry run: that would be).
+    std::vector<DeadLetter> purge_dead_letters(const DeadLetterSelection& selection,
+                                               bool dry_run = false) {
+        return redis::purge_dead_letters(context_, selection, dry_run);
+    }
+
+    /// @brief Leases up to @p limit due intents (a redrive's), lowest id first, until clock() +
+    /// @p lease; a relay elsewhere gets none of them while the lease lives.
+    std::vector<OutboxRow> lease_outbox(std::size_t limit, std::chrono::milliseconds lease) {
+        return outbox_.lease(limit, lease);
+    }
+    /// @brief Marks the intent @p id (leased by this store object) sent, ending its lease.
+    /// @throws usage_error when this store did not lease it.
+    void mark_outbox_sent(std::int64_t id) { outbox_.mark_sent(id); }
+    /// @brief Records a failed send of the intent @p id (leased by this store object):
+    /// attempts + 1, last_error, due again at @p retry_at, or parked. @throws usage_error when
+    /// this store did not lease it.
+    void mark_outbox_failed(std::int64_t id, std::string_view error,
+                            std::chrono::system_clock::time_point retry_at, bool park) {
+        outbox_.mark_failed(id, error, retry_at, park);
+    }
+    /// @brief Every outbox intent (a message's latest redrive), oldest first.
+    std::vector<OutboxRow> outbox_rows() { return outbox_.rows(); }
+
+    /// @brief Deletes claims claimed before clock() - @p older_than (never a live lease), outbox
+    /// intents sent before it and expired locks. Redis also expires claims by itself (each record's
+    /// TTL is the retention); this is for a clock the server does not share (tests) and for
+    /// reporting. Dead letters are kept. @p options are checked and the run is timed, but not
+    /// paced: the sweep is SCAN batches of scripts, and the claims' own expiry does the retention.
     PurgeResult purge(std::chrono::system_clock::duration older_than,
                       const PurgeOptions& options = {}) {
         options.validate("idem::RedisStore: purge()");
         const auto started = std::chrono::steady_clock::now();
         PurgeResult result = redis::purge(context_, older_than);
+        result.sent_intents = outbox_.purge_sent(
+            context_.now_ms() -
+            std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count());
         result.batches = 1;
         result.elapsed = std::chrono::steady_clock::now() - started;
         return result;
@@ -241,6 +292,7 @@ class RedisStore {
   private:
     friend class Transaction;
     redis::StoreContext context_;
+    redis::Outbox outbox_{context_};
 };
 
 /// @brief One handler run's claims and queued writes; frees its leases in its destructor unless

@@ -110,10 +110,12 @@ inline std::vector<Reply> run_in_batches(StoreContext& store, const Script& scri
     return store.eval_calls(script, calls);
 }
 
-/// A dead letter as read back from its stream, with the order it was written in.
+/// A dead letter as read back from its stream, with where it is and the order it was written in.
 struct StoredDeadLetter {
-    std::string order;  ///< order_us: orders the letters of one millisecond
-    DeadLetter letter;  ///< the letter, as the store hands it out
+    std::string order;      ///< order_us: the server's microseconds when it was written
+    std::uint32_t seq = 0;  ///< seq: its rank among the letters of its script
+    std::string entry;      ///< its stream entry id
+    DeadLetter letter;      ///< the letter, as the store hands it out
 };
 
 /// The dead letter of an XRANGE entry of a dead-letter stream ([id, [name, value, ...]], the
@@ -122,6 +124,7 @@ struct StoredDeadLetter {
 inline std::optional<StoredDeadLetter> dead_letter_of(const Reply& entry) {
     if (entry.elements.size() < 2) return std::nullopt;
     StoredDeadLetter item;
+    item.entry = entry.elements[0].str;
     const auto& fields = entry.elements[1].elements;
     for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
         const std::string& name = fields[i].str;
@@ -134,38 +137,19 @@ inline std::optional<StoredDeadLetter> dead_letter_of(const Reply& entry) {
         if (name == "payload") item.letter.payload = value;
         if (name == "created_at") item.letter.created_at = from_unix_ms(parse_int(value));
         if (name == "order_us") item.order = value;
+        if (name == "seq") item.seq = static_cast<std::uint32_t>(parse_int(value));
     }
     return item;
 }
 
-/// Oldest first: by created_at, then by order_us (a number: a shorter one is smaller).
+/// Oldest first: by created_at, then by order_us (a number: a shorter one is smaller), then by
+/// the rank in its script.
 inline bool written_before(const StoredDeadLetter& a, const StoredDeadLetter& b) {
     if (a.letter.created_at != b.letter.created_at)
         return a.letter.created_at < b.letter.created_at;
     if (a.order.size() != b.order.size()) return a.order.size() < b.order.size();
-    return a.order < b.order;
-}
-
-/// Every dead letter, oldest first.
-inline std::vector<DeadLetter> dead_letters(StoreContext& store) {
-    std::vector<StoredDeadLetter> found;
-    for (const std::string& key : scan(store, store.keys.glob() + "d{*")) {
-        Reply entries = store.checked_on(
-            key,
-            [&](Connection& c) {
-                return c.command({"XRANGE", key, "-", "+"});
-            },
-            "XRANGE");
-        for (const Reply& entry : entries.elements) {
-            if (auto item = dead_letter_of(entry)) found.push_back(std::move(*item));
-        }
-    }
-    std::sort(found.begin(), found.end(), written_before);
-    std::vector<DeadLetter> letters;
-    letters.reserve(found.size());
-    for (auto& item : found)
-        letters.push_back(std::move(item.letter));
-    return letters;
+    if (a.order != b.order) return a.order < b.order;
+    return a.seq < b.seq;
 }
 
 /// Deletes the claims claimed before the store's now - @p older_than (never a live lease) and

@@ -38,7 +38,8 @@ namespace redis {
 template <class ClaimAt, class LetterAt, class ReleasedAt>
 std::size_t encode_commit(Args& a, const StoreContext& store, std::string_view token,
                           std::size_t claims, ClaimAt&& claim_at, std::size_t letters,
-                          LetterAt&& letter_at, std::size_t released, ReleasedAt&& released_at) {
+                          LetterAt&& letter_at, const DeadLetter* first_letter,
+                          std::size_t released, ReleasedAt&& released_at) {
     for (std::size_t k = 0; k < claims; ++k)
         a.add(claim_at(k).key);
     for (std::size_t k = 0; k < letters; ++k) {
@@ -55,6 +56,7 @@ std::size_t encode_commit(Args& a, const StoreContext& store, std::string_view t
             .add(held.reason);
     }
     a.add(letters);
+    std::string stamp;
     for (std::size_t k = 0; k < letters; ++k) {
         const DeadLetter& letter = letter_at(k);
         a.add(letter.scope)
@@ -67,6 +69,14 @@ std::size_t encode_commit(Args& a, const StoreContext& store, std::string_view t
         } else {
             a.add(to_unix_ms(letter.created_at));
         }
+        // The order of the letters of one commit, whatever slot (and script) each goes to:
+        // the commit's time, then the letter's rank in the transaction.
+        if (stamp.empty()) {
+            stamp = std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count());
+        }
+        a.add(stamp).add(static_cast<std::size_t>(&letter - first_letter + 1));
     }
     return num_keys;
 }
@@ -225,7 +235,8 @@ inline PreparedCommit prepare_commit(const StoreContext& store, const Transactio
     prepared.num_keys = encode_commit(
         call, store, tx.token(), tx.claims().size(),
         [&](std::size_t k) -> const HeldClaim& { return tx.claims()[k]; }, tx.letters().size(),
-        [&](std::size_t k) -> const DeadLetter& { return tx.letters()[k]; }, tx.released().size(),
+        [&](std::size_t k) -> const DeadLetter& { return tx.letters()[k]; }, tx.letters().data(),
+        tx.released().size(),
         [&](std::size_t k) -> const std::string& { return tx.released()[k]; });
     // The attached stream acks (and dead-letter stream entries) run after the effect's writes.
     Commands acks;

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// @brief The Redis store's key layout: `<prefix>c{<scope>:<id>}` (a claim record),
-/// `<prefix>d{<scope>:<id>}` (its dead letters), `<prefix>l{<key>}` (a lock). The hash tag holds
+/// `<prefix>d{<scope>:<id>}` (its dead letters), `<prefix>o{<scope>:<id>}` (its redrive's outbox
+/// intent), `<prefix>l{<key>}` (a lock). The hash tag holds
 /// the whole (scope, id), percent-escaped, so one claim's keys share a Cluster slot whatever bytes
 /// the id has, and two different pairs never share a key. Link idem::redis.
 
@@ -72,6 +73,22 @@ class KeyLayout {
     /// The dead letters of (scope, id): a stream in the claim's slot.
     [[nodiscard]] std::string dead_letter(std::string_view scope, std::string_view id) const {
         return tagged('d', scope, id);
+    }
+    /// The outbox intent that re-publishes (scope, id) after a redrive: a hash in the claim's slot.
+    [[nodiscard]] std::string outbox(std::string_view scope, std::string_view id) const {
+        return tagged('o', scope, id);
+    }
+    /// The SCAN MATCH pattern of the keys of kind @p kind ('c', 'd', 'o', ...) of @p scope (every
+    /// scope when empty).
+    [[nodiscard]] std::string pattern(char kind, std::string_view scope = {}) const {
+        std::string out = glob();
+        out.append(1, kind).append(1, '{');
+        if (!scope.empty()) {
+            std::string part;
+            append_key_part(part, scope, true);
+            out.append(glob_escape(part)).append(1, ':');
+        }
+        return out.append(1, '*');
     }
     /// A short-lived mark in the claim's slot: the write a duplicate's WAIT confirms (WAIT counts
     /// only the writes sent on its own connection; replication is in order, so a replica that

@@ -50,7 +50,7 @@ inline SlotCall slot_call(const StoreContext& store, const TransactionState& tx,
         [&](std::size_t k) -> const HeldClaim& { return tx.claims()[group.claims[k]]; },
         group.letters.size(),
         [&](std::size_t k) -> const DeadLetter& { return tx.letters()[group.letters[k]]; },
-        group.released.size(),
+        tx.letters().data(), group.released.size(),
         [&](std::size_t k) -> const std::string& { return *group.released[k]; });
     call.keys_then_args.add(group.commands.count).append(group.commands.args);
     return call;

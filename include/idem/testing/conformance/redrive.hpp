@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "idem/contract/redrive.hpp"
+#include "idem/contract/store.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/outbox.hpp"
@@ -80,11 +81,17 @@ class RedriveConformance : public StoreConformance<Env> {
     }
     void fix() { fixed_->store(true); }
 
-    /// Parks @p id: a delivery at the poison limit (5), its effect never runs.
+    /// Parks @p id: a delivery at the poison limit (5), its effect never runs. A lease store
+    /// judges by its own count of the claims taken to run the effect, not the broker's: there
+    /// the broker redelivers it until that count reaches the limit, each attempt failing.
     template <class Handler>
     void park(Handler& handler, const std::string& id) {
-        ASSERT_EQ(handler.handle(idem::Delivery{id, 5u}, id).disposition,
-                  idem::Disposition::dead_lettered);
+        for (int delivery = 1; delivery <= 5; ++delivery) {
+            const idem::Outcome outcome = handler.handle(idem::Delivery{id, 5u}, id);
+            if (outcome.disposition == idem::Disposition::dead_lettered) return;
+            ASSERT_EQ(outcome.disposition, idem::Disposition::failed) << outcome.reason;
+        }
+        FAIL() << id << " was not parked after 5 deliveries at the limit";
     }
 
     static idem::RedriveOptions to_orders(bool dry_run = false) {
@@ -114,6 +121,16 @@ class RedriveConformance : public StoreConformance<Env> {
             }};
         relay.run_once();
         return outcomes;
+    }
+
+    /// Counts an attempt of @p id where the store counts attempts apart from the claim
+    /// (count_attempt(), for brokers without a delivery count); the Redis store counts them in
+    /// the claim record only. Answers the attempts the store records for @p id now.
+    std::uint32_t count_attempt(const std::string& id) {
+        if constexpr (idem::has_count_attempt<typename StoreConformance<Env>::Store>::value) {
+            this->store().count_attempt(scope, id);
+        }
+        return this->store().attempts(scope, id);
     }
 
     std::optional<idem::Disposition> claim_of(const std::string& id) {
@@ -215,7 +232,7 @@ TYPED_TEST_P(IdemRedriveConformance, DryRunChangesNothing) {
     auto handler = this->consumer();
     this->park(handler, "d-1");
     this->park(handler, "d-2");
-    this->store().count_attempt(this->scope, "d-1");
+    const std::uint32_t attempts = this->count_attempt("d-1");
     const auto dry = this->store().redrive(this->ids({}), this->to_orders(true));
     EXPECT_TRUE(dry.dry_run);
     ASSERT_EQ(dry.entries.size(), 2u);
@@ -225,7 +242,7 @@ TYPED_TEST_P(IdemRedriveConformance, DryRunChangesNothing) {
               std::optional<idem::Disposition>(idem::Disposition::dead_lettered));
     EXPECT_EQ(this->claim_of("d-2"),
               std::optional<idem::Disposition>(idem::Disposition::dead_lettered));
-    EXPECT_EQ(this->store().attempts(this->scope, "d-1"), 1u);
+    EXPECT_EQ(this->store().attempts(this->scope, "d-1"), attempts);
     for (const idem::DeadLetter& letter : this->store().dead_letters(this->ids({}))) {
         EXPECT_FALSE(letter.redriven_at.has_value());
         EXPECT_EQ(letter.redrive_count, 0u);
@@ -237,16 +254,22 @@ TYPED_TEST_P(IdemRedriveConformance, DryRunChangesNothing) {
 
 TYPED_TEST_P(IdemRedriveConformance, RedrivenMessageGetsAFreshPoisonLimit) {
     auto handler = this->consumer();
+    using Store = typename TestFixture::Store;
+    constexpr bool counts_apart = idem::has_count_attempt<Store>::value;
     for (int i = 0; i < 5; ++i)
-        this->store().count_attempt(this->scope, "f-1");
+        this->count_attempt("f-1");
     this->park(handler, "f-1");
-    ASSERT_EQ(this->store().attempts(this->scope, "f-1"), 5u);
+    if (counts_apart) {
+        ASSERT_EQ(this->store().attempts(this->scope, "f-1"), 5u);
+    }
     ASSERT_EQ(this->store()
                   .redrive(this->ids({"f-1"}), this->to_orders())
                   .count(idem::RedriveStatus::redriven),
               1u);
     EXPECT_EQ(this->store().attempts(this->scope, "f-1"), 0u) << "the attempt count is gone";
-    EXPECT_EQ(this->store().count_attempt(this->scope, "f-1"), 1u);
+    if (counts_apart) {
+        EXPECT_EQ(this->count_attempt("f-1"), 1u);
+    }
     // Still poison: its first delivery fails and is not parked at once.
     EXPECT_EQ(this->relay_to(handler, 1u),
               (std::vector<idem::Disposition>{idem::Disposition::failed}));
@@ -307,7 +330,7 @@ TYPED_TEST_P(IdemRedriveConformance, ConcurrentRedrivesWriteOneIntentPerMessage)
 TYPED_TEST_P(IdemRedriveConformance, FailedRedriveLeavesNothingAndARerunRedrivesOnce) {
     auto handler = this->consumer();
     this->park(handler, "x-1");
-    this->store().count_attempt(this->scope, "x-1");
+    const std::uint32_t attempts = this->count_attempt("x-1");
     this->env.refuse_redrives();
     const auto failed = this->store().redrive(this->ids({"x-1"}), this->to_orders());
     this->env.accept_redrives();
@@ -317,7 +340,7 @@ TYPED_TEST_P(IdemRedriveConformance, FailedRedriveLeavesNothingAndARerunRedrives
     EXPECT_TRUE(this->store().outbox_rows().empty());
     EXPECT_EQ(this->claim_of("x-1"),
               std::optional<idem::Disposition>(idem::Disposition::dead_lettered));
-    EXPECT_EQ(this->store().attempts(this->scope, "x-1"), 1u);
+    EXPECT_EQ(this->store().attempts(this->scope, "x-1"), attempts);
     EXPECT_FALSE(this->store().dead_letters(this->ids({"x-1"}))[0].redriven_at.has_value());
 
     const auto again = this->store().redrive(this->ids({"x-1"}), this->to_orders());
@@ -339,8 +362,13 @@ TYPED_TEST_P(IdemRedriveConformance, MessageParkedAgainKeepsItsHistory) {
               1u);
     this->env.now += std::chrono::minutes(1);
     // Still poison: the re-published message fails up to the limit and is parked again.
-    EXPECT_EQ(this->relay_to(handler, 5u),
-              (std::vector<idem::Disposition>{idem::Disposition::dead_lettered}));
+    const std::vector<idem::Disposition> outcomes = this->relay_to(handler, 5u);
+    ASSERT_EQ(outcomes.size(), 1u);
+    if (outcomes[0] != idem::Disposition::dead_lettered) {
+        // A lease store counts its own attempts: the broker redelivers it up to the limit.
+        EXPECT_EQ(outcomes[0], idem::Disposition::failed);
+        this->park(handler, "h-1");
+    }
     auto letters = this->store().dead_letters(this->ids({"h-1"}));
     ASSERT_EQ(letters.size(), 2u);
     EXPECT_EQ(letters[0].redrive_count, 1u);
