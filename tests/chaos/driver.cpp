@@ -25,6 +25,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -117,9 +118,11 @@ CapturesByOrder redis_captures(idem::redis::Connection& redis, long messages) {
     return out;
 }
 
-/// --redrive: calls @p use with the run's SQL store (a connection of the driver's own).
+/// Calls @p use with the run's store (a connection of the driver's own): @p db as the workers
+/// get it, @p store_endpoint the Redis store's server.
 template <class Use>
-void with_sql_store(const Options& o, const std::string& db, Use use) {
+void with_store(const Options& o, const std::string& db, const idem::RedisEndpoint& store_endpoint,
+                Use use) {
     switch (o.store) {
         case StoreKind::sqlite: {
             idem::SqliteStore store{db};
@@ -136,11 +139,17 @@ void with_sql_store(const Options& o, const std::string& db, Use use) {
             use(store);
             return;
         }
-        case StoreKind::redis:
-        case StoreKind::redis_cluster:
-            break;
+        case StoreKind::redis: {
+            idem::RedisStore store{store_endpoint};
+            use(store);
+            return;
+        }
+        case StoreKind::redis_cluster: {
+            idem::RedisStore store{redis_cluster_seeds_of(db)};
+            use(store);
+            return;
+        }
     }
-    throw std::logic_error("--redrive runs on an SQL store");
 }
 
 /// --redrive: what is left to bring back. A dead letter counts as redriven once its entry is
@@ -152,6 +161,7 @@ struct RedriveState {
 };
 
 RedriveState redrive_state(const Options& o, const std::string& db,
+                           const idem::RedisEndpoint& store_endpoint,
                            idem::redis::Connection& redis) {
     std::set<std::string> naive_redriven;
     if (o.naive) {
@@ -159,7 +169,7 @@ RedriveState redrive_state(const Options& o, const std::string& db,
             naive_redriven.insert(id.str);
     }
     RedriveState state;
-    with_sql_store(o, db, [&](auto& store) {
+    with_store(o, db, store_endpoint, [&](auto& store) {
         for (const idem::DeadLetter& letter : store.dead_letters()) {
             const bool redriven = o.naive ? naive_redriven.count(letter.message_id) != 0
                                           : letter.redriven_at.has_value();
@@ -261,6 +271,9 @@ int run_driver(const Options& o) {
         }
     }
 
+    idem::RedisEndpoint store_endpoint = endpoint;  // --store redis: the store's server
+    if (store_redis) store_endpoint.port = store_redis->port();
+
     // --- broker and producer ---------------------------------------------------------------------
     say(std::string("starting the broker: ") + to_string(o.broker));
     std::unique_ptr<BrokerRun> broker;
@@ -352,7 +365,7 @@ int run_driver(const Options& o) {
                 if (now >= next_redrive_look) {
                     next_redrive_look = now + 500ms;
                     auto settled = [&] {
-                        const RedriveState state = redrive_state(o, db, redis);
+                        const RedriveState state = redrive_state(o, db, store_endpoint, redis);
                         return state.left.empty() && state.unsent == 0;
                     };
                     if (settled() && broker->drained() && settled()) {
@@ -393,13 +406,11 @@ int run_driver(const Options& o) {
     if (progress) std::fprintf(stderr, "\r\033[K");
 
     // --- verification --------------------------------------------------------------------------
-    idem::RedisEndpoint store_endpoint = endpoint;  // --store redis: the store's server
-    if (store_redis) store_endpoint.port = store_redis->port();
     CapturesByOrder captures_by_order;
     std::map<std::string, std::string> store_letters;  // the store's dead letters: id → reason
     // --redrive: only the dead letters left unredriven count; a redriven entry is history.
     std::optional<RedriveState> redrive_end;
-    if (o.redrive) redrive_end = redrive_state(o, db, redis);
+    if (o.redrive) redrive_end = redrive_state(o, db, store_endpoint, redis);
     switch (o.store) {
         case StoreKind::sqlite: {
             idem::SqliteStore store{db};
@@ -454,35 +465,12 @@ int run_driver(const Options& o) {
     auto describe_claim = [&](const std::string& id) -> std::string {
         std::optional<idem::ClaimRecord> claim;
         std::string attempts;
-        switch (o.store) {
-            case StoreKind::sqlite: {
-                idem::SqliteStore store{db};
-                claim = store.find_claim(scope_name, id);
-                break;
+        with_store(o, db, store_endpoint, [&](auto& store) {
+            claim = store.find_claim(scope_name, id);
+            if constexpr (std::is_same_v<std::decay_t<decltype(store)>, idem::RedisStore>) {
+                attempts = fmt::format(", claims counted {}", store.attempts(scope_name, id));
             }
-            case StoreKind::postgres: {
-                idem::PostgresStore store{db};
-                claim = store.find_claim(scope_name, id);
-                break;
-            }
-            case StoreKind::mysql: {
-                idem::MysqlStore store{mysql_endpoint_of(db)};
-                claim = store.find_claim(scope_name, id);
-                break;
-            }
-            case StoreKind::redis:
-            case StoreKind::redis_cluster: {
-                std::optional<idem::RedisStore> store;
-                if (o.store == StoreKind::redis) {
-                    store.emplace(store_endpoint);
-                } else {
-                    store.emplace(redis_cluster_seeds_of(db));
-                }
-                claim = store->find_claim(scope_name, id);
-                attempts = fmt::format(", claims counted {}", store->attempts(scope_name, id));
-                break;
-            }
-        }
+        });
         if (!claim) return "no claim" + attempts;
         return fmt::format("claim {}{}{}", idem::to_string(claim->disposition),
                            claim->reason.empty() ? "" : " (" + claim->reason + ")", attempts);

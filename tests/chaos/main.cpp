@@ -82,7 +82,7 @@ constexpr const char* usage =
     "                    and relays them to the broker, and is killed as the workers are; every\n"
     "                    order must end captured once and no dead letter left unredriven. With\n"
     "                    --naive the redriver re-publishes the payloads without the claim's\n"
-    "                    reset (divergences > 0). SQL stores; on a Redis stream each entry\n"
+    "                    reset (divergences > 0). Every store; on a Redis stream each entry\n"
     "                    then carries its id in the field message_id\n"
     "\n"
     "The last stdout line is one JSON object. Each order is ok (one capture and one charge that\n"
@@ -301,14 +301,9 @@ chaos::Options parse(int argc, char** argv) {
         throw std::invalid_argument(
             "--store-outage-ms is for one broker's run on sqlite, postgres, mysql or redis");
     }
-    if (o.redrive &&
-        (o.chain || o.pipelined || o.offsets_in_store || o.store_outage.count() > 0 ||
-         (o.store != chaos::StoreKind::sqlite && o.store != chaos::StoreKind::postgres &&
-          o.store != chaos::StoreKind::mysql))) {
-        // The Redis store has no redrive.
+    if (o.redrive && (o.chain || o.pipelined || o.offsets_in_store || o.store_outage.count() > 0)) {
         throw std::invalid_argument(
-            "--redrive runs an SQL store (sqlite, postgres, mysql), without --chain, "
-            "--pipelined, --offsets store or --store-outage-ms");
+            "--redrive runs without --chain, --pipelined, --offsets store or --store-outage-ms");
     }
     if (o.worker && (o.redis_port == 0 || o.parent == 0)) {
         throw std::invalid_argument("--worker is started by the driver, with its arguments");

@@ -645,10 +645,8 @@ int consume(Store& store, const Options& options, const idem::RedisEndpoint& end
     if (options.store_outage.count() > 0) {
         settings.store_probe = [&store] { idem::probe_store(store); };
     }
-    if constexpr (!std::is_same_v<Store, idem::RedisStore>) {
-        if (options.role == Role::relay || options.role == Role::redriver) {
-            return run_relay(store, options, redis, windows);
-        }
+    if (options.role == Role::relay || options.role == Role::redriver) {
+        return run_relay(store, options, redis, windows);
     }
     if constexpr (std::is_same_v<Store, idem::SqliteStore>) {
         if (options.role == Role::service_a) {
