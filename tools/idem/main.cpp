@@ -1,7 +1,8 @@
 // idem: the operator's command over an idem store (docs/operations.md). It lists, shows,
 // redrives and purges dead letters, shows a claim, purges old claims and prints counts, on the
-// SQL stores named by URL: sqlite:PATH, postgresql://… (or postgres://…, or a libpq key=value
-// string after postgresql:), mysql://USER:PASSWORD@HOST:PORT/DATABASE (or mariadb://…).
+// stores named by URL: sqlite:PATH, postgresql://… (or postgres://…, or a libpq key=value
+// string after postgresql:), mysql://USER:PASSWORD@HOST:PORT/DATABASE (or mariadb://…),
+// redis://… (one server, or a Cluster's seed nodes) and redis-sentinel://…
 //
 // Exit status: 0 done; 1 done, but some entries failed (run it again: a redrive or a purge
 // repeats nothing it finished); 2 a usage error (nothing was opened); 3 the store could not be
@@ -21,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -38,6 +40,9 @@
 #endif
 #ifdef IDEM_TOOL_WITH_MYSQL
 #include "idem/store/mysql.hpp"
+#endif
+#ifdef IDEM_TOOL_WITH_REDIS
+#include "idem/store/redis.hpp"
 #endif
 
 namespace {
@@ -61,7 +66,11 @@ the environment variable IDEM_STORE:
   sqlite:PATH                             an existing SQLite file
   postgresql://USER:PASSWORD@HOST:PORT/DB  (or postgres://..., or postgresql:KEY=VALUE ...)
   mysql://USER:PASSWORD@HOST:PORT/DB       (or mariadb://...)
-Opening a store creates or migrates idem's tables, as a consumer of this version does.
+  redis://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][/DB]
+                                          one server, or seed nodes of a Redis Cluster
+  redis-sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER[/DB]
+                                          the master that these Sentinels name
+Opening a SQL store creates or migrates idem's tables, as a consumer of this version does.
 
 Commands:
   dead-letters list      the parked messages a selection takes
@@ -432,8 +441,7 @@ class StoreOf final : public Store {
     S store_;
 };
 
-/// "mysql://user:password@host:port/database": the endpoint (the password is never printed).
-#ifdef IDEM_TOOL_WITH_MYSQL
+#if defined(IDEM_TOOL_WITH_MYSQL) || defined(IDEM_TOOL_WITH_REDIS)
 std::string percent_decoded(std::string_view text) {
     std::string out;
     for (std::size_t i = 0; i < text.size(); ++i) {
@@ -451,6 +459,22 @@ std::string percent_decoded(std::string_view text) {
     return out;
 }
 
+/// The user and password before '@' in @p authority, percent-decoded; @p authority keeps the
+/// rest.
+std::pair<std::string, std::string> login_of(std::string_view& authority) {
+    const auto at = authority.rfind('@');
+    if (at == std::string_view::npos) return {};
+    const std::string_view login = authority.substr(0, at);
+    authority = authority.substr(at + 1);
+    const auto colon = login.find(':');
+    return {
+        percent_decoded(login.substr(0, colon)),
+        colon == std::string_view::npos ? std::string() : percent_decoded(login.substr(colon + 1))};
+}
+#endif
+
+#ifdef IDEM_TOOL_WITH_MYSQL
+/// "mysql://user:password@host:port/database": the endpoint (the password is never printed).
 idem::MysqlEndpoint mysql_endpoint(std::string_view rest) {
     idem::MysqlEndpoint endpoint;
     const auto slash = rest.find('/');
@@ -459,16 +483,7 @@ idem::MysqlEndpoint mysql_endpoint(std::string_view rest) {
     }
     endpoint.database = percent_decoded(rest.substr(slash + 1));
     std::string_view authority = rest.substr(0, slash);
-    const auto at = authority.rfind('@');
-    if (at != std::string_view::npos) {
-        const std::string_view login = authority.substr(0, at);
-        const auto colon = login.find(':');
-        endpoint.user = percent_decoded(login.substr(0, colon));
-        if (colon != std::string_view::npos) {
-            endpoint.password = percent_decoded(login.substr(colon + 1));
-        }
-        authority = authority.substr(at + 1);
-    }
+    std::tie(endpoint.user, endpoint.password) = login_of(authority);
     const auto colon = authority.rfind(':');
     if (colon != std::string_view::npos) {
         endpoint.port = static_cast<unsigned>(
@@ -477,6 +492,87 @@ idem::MysqlEndpoint mysql_endpoint(std::string_view rest) {
     }
     if (!authority.empty()) endpoint.host = std::string(authority);
     return endpoint;
+}
+#endif
+
+#ifdef IDEM_TOOL_WITH_REDIS
+/// A redis:// or redis-sentinel:// URL: the seeds (one server, a Cluster's nodes), or one
+/// endpoint naming the Sentinels and the master.
+struct RedisUrl {
+    std::vector<idem::RedisEndpoint> seeds;
+};
+
+RedisUrl redis_url(const std::string& url) {
+    const bool sentinel = url.rfind("redis-sentinel://", 0) == 0;
+    std::string_view rest = std::string_view(url).substr(url.find("://") + 3);
+    const auto slash = rest.find('/');
+    std::string_view authority = rest.substr(0, slash);
+    std::vector<std::string_view> path;
+    if (slash != std::string_view::npos) {
+        std::string_view tail = rest.substr(slash + 1);
+        while (!tail.empty()) {
+            const auto next = tail.find('/');
+            path.push_back(tail.substr(0, next));
+            tail = next == std::string_view::npos ? std::string_view() : tail.substr(next + 1);
+        }
+    }
+    const auto [user, password] = login_of(authority);
+    std::vector<std::pair<std::string, int>> hosts;
+    while (!authority.empty()) {
+        const auto comma = authority.find(',');
+        std::string_view one = authority.substr(0, comma);
+        authority =
+            comma == std::string_view::npos ? std::string_view() : authority.substr(comma + 1);
+        int port = sentinel ? 26379 : 6379;
+        const auto colon = one.rfind(':');
+        if (colon != std::string_view::npos) {
+            port = static_cast<int>(
+                parse_count("the port of the store URL", std::string(one.substr(colon + 1))));
+            one = one.substr(0, colon);
+        }
+        if (one.empty())
+            throw usage_problem("a Redis store URL names its hosts: redis://HOST:PORT");
+        hosts.emplace_back(std::string(one), port);
+    }
+    if (hosts.empty()) throw usage_problem("a Redis store URL names its hosts: redis://HOST:PORT");
+    std::size_t next_part = 0;
+    std::string master;
+    if (sentinel) {
+        if (path.empty() || path[0].empty()) {
+            throw usage_problem(
+                "a redis-sentinel:// URL names the master: redis-sentinel://HOST:PORT/MASTER");
+        }
+        master = percent_decoded(path[0]);
+        next_part = 1;
+    }
+    int db = 0;
+    if (path.size() > next_part && !path[next_part].empty()) {
+        db = static_cast<int>(
+            parse_count("the database of the store URL", std::string(path[next_part])));
+    }
+    if (path.size() > next_part + 1) throw usage_problem("the Redis store URL has too many parts");
+    RedisUrl parsed;
+    if (sentinel) {
+        std::vector<idem::RedisSentinelAddress> sentinels;
+        for (const auto& [host, port] : hosts)
+            sentinels.push_back(idem::RedisSentinelAddress{host, port});
+        idem::RedisEndpoint endpoint = idem::RedisEndpoint::sentinel(master, std::move(sentinels));
+        endpoint.username = user;
+        endpoint.password = password;
+        endpoint.db = db;
+        parsed.seeds.push_back(std::move(endpoint));
+        return parsed;
+    }
+    for (const auto& [host, port] : hosts) {
+        idem::RedisEndpoint endpoint;
+        endpoint.host = host;
+        endpoint.port = port;
+        endpoint.username = user;
+        endpoint.password = password;
+        endpoint.db = db;
+        parsed.seeds.push_back(std::move(endpoint));
+    }
+    return parsed;
 }
 #endif
 
@@ -511,14 +607,26 @@ std::unique_ptr<Store> open_store(const std::string& url) {
         throw usage_problem("this idem was built without MySQL (IDEM_WITH_MYSQL)");
 #endif
     }
-    if (starts("redis:") || starts("rediss:") || starts("redis-sentinel:")) {
-        throw usage_problem(
-            "the Redis store keeps no dead letters to list or redrive here yet; use a SQL store "
-            "URL");
+    if (starts("rediss:")) {
+        throw usage_problem("the Redis store speaks no TLS: use redis:// or redis-sentinel://");
     }
-    throw usage_problem(
-        fmt::format("unknown store URL '{}': use sqlite:PATH, postgresql://... or mysql://...",
-                    url.substr(0, url.find(':'))));
+    if (starts("redis://") || starts("redis-sentinel://")) {
+#ifdef IDEM_TOOL_WITH_REDIS
+        idem::RedisOptions options;
+        // The consumers' stores check the server's persistence; the tool only reads and redrives.
+        options.accept_no_persistence = true;
+        const RedisUrl parsed = redis_url(url);
+        if (parsed.seeds.size() == 1 || parsed.seeds.front().via_sentinel()) {
+            return std::make_unique<StoreOf<idem::RedisStore>>(parsed.seeds.front(), options);
+        }
+        return std::make_unique<StoreOf<idem::RedisStore>>(parsed.seeds, options);
+#else
+        throw usage_problem("this idem was built without Redis (IDEM_WITH_REDIS)");
+#endif
+    }
+    throw usage_problem(fmt::format(
+        "unknown store URL '{}': use sqlite:PATH, postgresql://..., mysql://... or redis://...",
+        url.substr(0, url.find(':'))));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -847,19 +955,26 @@ int run(std::vector<std::string> argv) {
     return stats(context);
 }
 
+/// Prints @p message as the tool's one line (the library's messages start with "idem: " too).
+void complain(std::string_view message) {
+    while (message.rfind("idem: ", 0) == 0)
+        message.remove_prefix(6);
+    std::fprintf(stderr, "idem: %.*s\n", static_cast<int>(message.size()), message.data());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     try {
         return run(std::vector<std::string>(argv + 1, argv + argc));
     } catch (const usage_problem& problem) {
-        std::fprintf(stderr, "idem: %s\n", problem.what());
+        complain(problem.what());
         return exit_usage;
     } catch (const idem::usage_error& error) {
-        std::fprintf(stderr, "idem: %s\n", error.what());
+        complain(error.what());
         return exit_usage;
     } catch (const std::exception& error) {
-        std::fprintf(stderr, "idem: %s\n", error.what());
+        complain(error.what());
         return exit_store;
     }
 }
