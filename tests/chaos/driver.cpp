@@ -294,6 +294,7 @@ int run_driver(const Options& o) {
     Fleet fleet{o.workers, worker_args(o, redis_server.port(), db, broker->worker_address())};
     // --redrive: the redriver, started once the first drain is over (the handler fixed).
     std::optional<Fleet> redriver;
+    long outages_before_redrive = 0;  // --store-outage-ms: those begun before the redriver ran
     std::vector<std::string> redriver_args =
         worker_args(o, redis_server.port(), db, broker->worker_address());
     redriver_args.insert(redriver_args.end(), {"--role", "redriver"});
@@ -362,11 +363,16 @@ int run_driver(const Options& o) {
                 // Done when nothing is left to redrive or relay, before and after the broker
                 // said drained (a worker may park a redriven message again). The broker is
                 // asked once per look: RabbitMQ's answer is its count of at most every 2 s.
-                if (now >= next_redrive_look) {
+                // Not while the store is down: a look would wait on a hung server.
+                if (now >= next_redrive_look && !(outages && outages->active())) {
                     next_redrive_look = now + 500ms;
                     auto settled = [&] {
-                        const RedriveState state = redrive_state(o, db, store_endpoint, redis);
-                        return state.left.empty() && state.unsent == 0;
+                        try {
+                            const RedriveState state = redrive_state(o, db, store_endpoint, redis);
+                            return state.left.empty() && state.unsent == 0;
+                        } catch (const idem::error&) {  // still coming back from an outage
+                            return false;
+                        }
                     };
                     if (settled() && broker->drained() && settled()) {
                         drained = true;
@@ -385,6 +391,7 @@ int run_driver(const Options& o) {
                 broker->expect(o.messages);
                 redriver.emplace(1, redriver_args);
                 redriver->start();
+                if (outages) outages_before_redrive = outages->count();
             }
             if (progress) {
                 say(fmt::format("{} on {} {}: {}, delivered {}, kills {}", to_string(o.store),
@@ -667,11 +674,13 @@ int run_driver(const Options& o) {
     if (redrive_end) {
         std::printf(
             "redrive: %ld of %ld orders poisoned until the fix; %ld dead-letter entries %s, %ld "
-            "left parked, %ld intents unsent; redriver: %ld kills, %ld starts\n",
+            "left parked, %ld intents unsent; redriver: %ld kills, %ld starts, %ld store "
+            "outages\n",
             (o.messages + 13) / 20, o.messages, redrive_end->redriven,
             o.naive ? "re-published naively" : "redriven",
             static_cast<long>(redrive_end->left.size()), redrive_end->unsent,
-            redriver ? redriver->kills() : 0L, redriver ? redriver->starts() : 0L);
+            redriver ? redriver->kills() : 0L, redriver ? redriver->starts() : 0L,
+            outages && redriver ? outages->count() - outages_before_redrive : 0L);
         if (redrive_end->redriven == 0) {
             std::printf(
                 "idem_chaos: nothing was redriven: the run proved nothing about a redrive\n");

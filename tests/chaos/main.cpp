@@ -301,9 +301,9 @@ chaos::Options parse(int argc, char** argv) {
         throw std::invalid_argument(
             "--store-outage-ms is for one broker's run on sqlite, postgres, mysql or redis");
     }
-    if (o.redrive && (o.chain || o.pipelined || o.offsets_in_store || o.store_outage.count() > 0)) {
+    if (o.redrive && (o.chain || o.pipelined || o.offsets_in_store)) {
         throw std::invalid_argument(
-            "--redrive runs without --chain, --pipelined, --offsets store or --store-outage-ms");
+            "--redrive runs without --chain, --pipelined or --offsets store");
     }
     if (o.worker && (o.redis_port == 0 || o.parent == 0)) {
         throw std::invalid_argument("--worker is started by the driver, with its arguments");

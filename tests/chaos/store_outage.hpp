@@ -81,6 +81,9 @@ class StoreOutages {
         return {};
     }
 
+    /// Whether the store is down (or hung, or locked) now.
+    [[nodiscard]] bool active() const noexcept { return in_outage_; }
+
     /// Makes the next outage due now, unless one is in progress (then the gap after it holds).
     void start_soon() {
         if (!in_outage_) next_ = std::min(next_, Clock::now());

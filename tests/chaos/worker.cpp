@@ -553,7 +553,7 @@ int run_relay(Store& store, const Options& options, idem::redis::Connection& red
     selection.scope = scope_name;
     idem::RedriveOptions redrive;
     redrive.destination = sender.destination;
-    while (stopping == 0) {
+    auto round = [&] {
         if (options.role == Role::redriver && redis.checked({"GET", fixed_key}, "GET").str == "1") {
             if (options.naive) {
                 naive_redrive(store, sender, redis, windows);
@@ -574,6 +574,17 @@ int run_relay(Store& store, const Options& options, idem::redis::Connection& red
         const idem::RelayResult result = relay.run_once();
         if (result.sent + result.failed + result.parked == 0)
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    };
+    int errors_reported = 0;
+    while (stopping == 0) {
+        // A store down (--store-outage-ms) fails a round, never the process: the next one
+        // finds what is left.
+        try {
+            round();
+        } catch (const idem::error& e) {
+            if (++errors_reported <= 3) std::fprintf(stderr, "idem_chaos relay: %s\n", e.what());
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
     }
     return 0;
 }
