@@ -21,9 +21,11 @@
 #include <chrono>
 #include <cstddef>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -80,9 +82,17 @@ struct RedriveOptions {
     std::string destination{};
     /// List what would be redriven, and change nothing.
     bool dry_run = false;
+    /// At most this many entries a second (each entry's transaction starts no sooner than
+    /// its turn), so a large redrive does not flood the consumers; 0: as fast as it goes.
+    double max_per_second = 0;
 
     /// The check every store's redrive() makes. @throws usage_error.
     void validate(std::string_view who) const {
+        if (!(max_per_second >= 0) || max_per_second == std::numeric_limits<double>::infinity()) {
+            throw usage_error(fmt::format(
+                "{}: RedriveOptions::max_per_second must be a finite rate, 0 or more (0: unpaced)",
+                who));
+        }
         if (destination.empty()) {
             throw usage_error(fmt::format(
                 "{}: RedriveOptions::destination is empty; name where the relay re-publishes "
@@ -191,12 +201,21 @@ RedriveReport run_redrive(const std::vector<DeadLetter>& letters, const RedriveO
     RedriveReport report;
     report.dry_run = options.dry_run;
     report.entries.reserve(letters.size());
+    const auto started = std::chrono::steady_clock::now();
+    std::size_t stepped = 0;
     for (const DeadLetter& letter : letters) {
         if (options.dry_run || letter.redriven_at) {
             report.entries.push_back(
                 judge_redrive(letter, find_claim(letter.scope, letter.message_id)));
             continue;
         }
+        if (options.max_per_second > 0) {  // the n-th step no sooner than n / rate seconds in
+            std::this_thread::sleep_until(
+                started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(static_cast<double>(stepped) /
+                                                            options.max_per_second)));
+        }
+        ++stepped;
         try {
             if (step(letter)) {
                 report.entries.push_back(

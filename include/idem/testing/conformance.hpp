@@ -116,7 +116,8 @@ REGISTER_TYPED_TEST_SUITE_P(
     DryRunChangesNothing, RedrivenMessageGetsAFreshPoisonLimit,
     ConcurrentRedrivesWriteOneIntentPerMessage, FailedRedriveLeavesNothingAndARerunRedrivesOnce,
     MessageParkedAgainKeepsItsHistory, SelectionTakesScopeIdsReasonTimeAndLimitOldestFirst,
-    ListingWalksEveryEntryPastManyPages, PurgeDeletesOnlyTheSelectedEntriesAndKeepsTheirClaims);
-// Optional: a store without redrive() (the Redis store, examples/journal_store) does not
+    ListingWalksEveryEntryPastManyPages, PurgeDeletesOnlyTheSelectedEntriesAndKeepsTheirClaims,
+    ARateSpacesTheRedrives);
+// Optional: a store without redrive() (examples/journal_store) does not
 // instantiate it, and GoogleTest must not fail it for that.
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(IdemRedriveConformance);

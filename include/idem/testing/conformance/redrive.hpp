@@ -515,3 +515,20 @@ TYPED_TEST_P(IdemRedriveConformance, PurgeDeletesOnlyTheSelectedEntriesAndKeepsT
               idem::Disposition::duplicate);
     EXPECT_TRUE(this->store().redrive(this->ids({"g-1"}), this->to_orders()).entries.empty());
 }
+
+TYPED_TEST_P(IdemRedriveConformance, ARateSpacesTheRedrives) {
+    auto handler = this->consumer();
+    for (const char* id : {"r-1", "r-2", "r-3"})
+        this->park(handler, id);
+    idem::RedriveOptions options = this->to_orders();
+    options.max_per_second = -1;
+    EXPECT_THROW(this->store().redrive(this->ids({}), options), idem::usage_error);
+    EXPECT_TRUE(this->store().outbox_rows().empty()) << "a refused rate changes nothing";
+    // 20 a second: the third entry's transaction starts 100 ms after the first's, or later.
+    options.max_per_second = 20;
+    const auto started = std::chrono::steady_clock::now();
+    const idem::RedriveReport report = this->store().redrive(this->ids({}), options);
+    EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(100));
+    EXPECT_EQ(report.count(idem::RedriveStatus::redriven), 3u);
+    EXPECT_EQ(this->store().outbox_rows().size(), 3u);
+}
