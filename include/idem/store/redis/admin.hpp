@@ -161,15 +161,15 @@ inline PurgeResult purge(StoreContext& store, std::chrono::system_clock::duratio
         (now.empty() ? store.server_now_ms() : parse_int(now)) -
         std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count();
     for (const Reply& reply :
-         run_in_batches(store, purge_claims_script(), scan(store, store.keys.glob() + "c{*"),
+         run_in_batches(store, purge_claims_script(), scan(store, store.keys.pattern('c')),
                         {std::to_string(cutoff_ms), now})) {
         store.check_script(reply, "purge");
         if (reply.elements.size() == 2) {
             result.claims += static_cast<std::size_t>(reply.elements[0].integer);
         }
     }
-    for (const Reply& reply : run_in_batches(store, purge_locks_script(),
-                                             scan(store, store.keys.glob() + "l{*"), {now})) {
+    for (const Reply& reply :
+         run_in_batches(store, purge_locks_script(), scan(store, store.keys.pattern('l')), {now})) {
         store.check_script(reply, "purge");
         result.expired_locks += static_cast<std::size_t>(reply.integer);
     }

@@ -32,18 +32,20 @@ IDEM_BEGIN_NAMESPACE
 namespace redis {
 
 /// Writes the complete script's KEYS then the head of its ARGV (layout at complete_source()):
-/// the claims claim_at(0 .. claims - 1) with their outcomes, the dead letters letter_at(...) and
-/// the freed leases released_at(...). The caller appends the command count and the commands.
-/// Returns the number of keys.
-template <class ClaimAt, class LetterAt, class ReleasedAt>
+/// the claims claim_at(0 .. claims - 1) with their outcomes, the dead letters
+/// all_letters[letter_index(0 .. letters - 1)] (the transaction's, by position) and the freed
+/// leases released_at(...). The caller appends the command count and the commands. Returns the
+/// number of keys.
+template <class ClaimAt, class LetterIndex, class ReleasedAt>
 std::size_t encode_commit(Args& a, const StoreContext& store, std::string_view token,
-                          std::size_t claims, ClaimAt&& claim_at, std::size_t letters,
-                          LetterAt&& letter_at, const DeadLetter* first_letter,
-                          std::size_t released, ReleasedAt&& released_at) {
+                          std::size_t claims, ClaimAt&& claim_at,
+                          const std::vector<DeadLetter>& all_letters, std::size_t letters,
+                          LetterIndex&& letter_index, std::size_t released,
+                          ReleasedAt&& released_at) {
     for (std::size_t k = 0; k < claims; ++k)
         a.add(claim_at(k).key);
     for (std::size_t k = 0; k < letters; ++k) {
-        const DeadLetter& letter = letter_at(k);
+        const DeadLetter& letter = all_letters[letter_index(k)];
         a.add(store.keys.dead_letter(letter.scope, letter.message_id));
     }
     for (std::size_t k = 0; k < released; ++k)
@@ -56,9 +58,16 @@ std::size_t encode_commit(Args& a, const StoreContext& store, std::string_view t
             .add(held.reason);
     }
     a.add(letters);
-    std::string stamp;
+    // The order of the letters of one commit, whatever slot (and script) each goes to: the
+    // commit's time, then the letter's rank in the transaction.
+    const std::string stamp =
+        letters == 0 ? std::string()
+                     : std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(
+                                          std::chrono::system_clock::now().time_since_epoch())
+                                          .count());
     for (std::size_t k = 0; k < letters; ++k) {
-        const DeadLetter& letter = letter_at(k);
+        const std::size_t rank = letter_index(k);
+        const DeadLetter& letter = all_letters[rank];
         a.add(letter.scope)
             .add(letter.message_id)
             .add(letter.delivery_count)
@@ -69,14 +78,7 @@ std::size_t encode_commit(Args& a, const StoreContext& store, std::string_view t
         } else {
             a.add(to_unix_ms(letter.created_at));
         }
-        // The order of the letters of one commit, whatever slot (and script) each goes to:
-        // the commit's time, then the letter's rank in the transaction.
-        if (stamp.empty()) {
-            stamp = std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(
-                                       std::chrono::system_clock::now().time_since_epoch())
-                                       .count());
-        }
-        a.add(stamp).add(static_cast<std::size_t>(&letter - first_letter + 1));
+        a.add(stamp).add(rank + 1);
     }
     return num_keys;
 }
@@ -234,9 +236,8 @@ inline PreparedCommit prepare_commit(const StoreContext& store, const Transactio
     call.reserve(256 + 96 * tx.claims().size() + tx.commands().resp().size());
     prepared.num_keys = encode_commit(
         call, store, tx.token(), tx.claims().size(),
-        [&](std::size_t k) -> const HeldClaim& { return tx.claims()[k]; }, tx.letters().size(),
-        [&](std::size_t k) -> const DeadLetter& { return tx.letters()[k]; }, tx.letters().data(),
-        tx.released().size(),
+        [&](std::size_t k) -> const HeldClaim& { return tx.claims()[k]; }, tx.letters(),
+        tx.letters().size(), [](std::size_t k) { return k; }, tx.released().size(),
         [&](std::size_t k) -> const std::string& { return tx.released()[k]; });
     // The attached stream acks (and dead-letter stream entries) run after the effect's writes.
     Commands acks;

@@ -195,7 +195,7 @@ class Outbox {
     /// Every intent (each message's current version), lowest id first.
     std::vector<OutboxRow> rows() {
         std::vector<OutboxRow> rows;
-        for (const std::string& key : scan(store_, store_.keys.glob() + "o{*")) {
+        for (const std::string& key : scan(store_, store_.keys.pattern('o'))) {
             Reply fields = store_.checked_on(
                 key,
                 [&](Connection& c) {
@@ -213,7 +213,7 @@ class Outbox {
     std::size_t purge_sent(std::int64_t cutoff_ms) {
         std::size_t deleted = 0;
         for (const Reply& reply :
-             run_in_batches(store_, outbox_purge_script(), scan(store_, store_.keys.glob() + "o{*"),
+             run_in_batches(store_, outbox_purge_script(), scan(store_, store_.keys.pattern('o')),
                             {std::to_string(cutoff_ms)})) {
             store_.check_script(reply, "outbox purge");
             deleted += static_cast<std::size_t>(reply.integer);

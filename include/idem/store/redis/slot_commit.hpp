@@ -48,9 +48,8 @@ inline SlotCall slot_call(const StoreContext& store, const TransactionState& tx,
     call.num_keys = encode_commit(
         call.keys_then_args, store, tx.token(), group.claims.size(),
         [&](std::size_t k) -> const HeldClaim& { return tx.claims()[group.claims[k]]; },
-        group.letters.size(),
-        [&](std::size_t k) -> const DeadLetter& { return tx.letters()[group.letters[k]]; },
-        tx.letters().data(), group.released.size(),
+        tx.letters(), group.letters.size(), [&](std::size_t k) { return group.letters[k]; },
+        group.released.size(),
         [&](std::size_t k) -> const std::string& { return *group.released[k]; });
     call.keys_then_args.add(group.commands.count).append(group.commands.args);
     return call;
