@@ -471,6 +471,14 @@ std::pair<std::string, std::string> login_of(std::string_view& authority) {
         percent_decoded(login.substr(0, colon)),
         colon == std::string_view::npos ? std::string() : percent_decoded(login.substr(colon + 1))};
 }
+
+/// HOST[:PORT] of a store URL: the host (maybe empty), and the port when one is given.
+std::pair<std::string_view, std::optional<std::uint64_t>> host_and_port(std::string_view text) {
+    const auto colon = text.rfind(':');
+    if (colon == std::string_view::npos) return {text, std::nullopt};
+    return {text.substr(0, colon),
+            parse_count("the port of the store URL", std::string(text.substr(colon + 1)))};
+}
 #endif
 
 #ifdef IDEM_TOOL_WITH_MYSQL
@@ -484,13 +492,9 @@ idem::MysqlEndpoint mysql_endpoint(std::string_view rest) {
     endpoint.database = percent_decoded(rest.substr(slash + 1));
     std::string_view authority = rest.substr(0, slash);
     std::tie(endpoint.user, endpoint.password) = login_of(authority);
-    const auto colon = authority.rfind(':');
-    if (colon != std::string_view::npos) {
-        endpoint.port = static_cast<unsigned>(
-            parse_count("the port of the store URL", std::string(authority.substr(colon + 1))));
-        authority = authority.substr(0, colon);
-    }
-    if (!authority.empty()) endpoint.host = std::string(authority);
+    const auto [host, port] = host_and_port(authority);
+    if (port) endpoint.port = static_cast<unsigned>(*port);
+    if (!host.empty()) endpoint.host = std::string(host);
     return endpoint;
 }
 #endif
@@ -502,37 +506,34 @@ struct RedisUrl {
     std::vector<idem::RedisEndpoint> seeds;
 };
 
+/// The pieces of @p text between the @p separator characters, up to the last one (a trailing
+/// separator adds no empty piece).
+std::vector<std::string_view> pieces(std::string_view text, char separator) {
+    std::vector<std::string_view> out;
+    while (!text.empty()) {
+        const auto next = text.find(separator);
+        out.push_back(text.substr(0, next));
+        text = next == std::string_view::npos ? std::string_view() : text.substr(next + 1);
+    }
+    return out;
+}
+
 RedisUrl redis_url(const std::string& url) {
     const bool sentinel = url.rfind("redis-sentinel://", 0) == 0;
     std::string_view rest = std::string_view(url).substr(url.find("://") + 3);
     const auto slash = rest.find('/');
     std::string_view authority = rest.substr(0, slash);
-    std::vector<std::string_view> path;
-    if (slash != std::string_view::npos) {
-        std::string_view tail = rest.substr(slash + 1);
-        while (!tail.empty()) {
-            const auto next = tail.find('/');
-            path.push_back(tail.substr(0, next));
-            tail = next == std::string_view::npos ? std::string_view() : tail.substr(next + 1);
-        }
-    }
+    const std::vector<std::string_view> path = slash == std::string_view::npos
+                                                   ? std::vector<std::string_view>()
+                                                   : pieces(rest.substr(slash + 1), '/');
     const auto [user, password] = login_of(authority);
     std::vector<std::pair<std::string, int>> hosts;
-    while (!authority.empty()) {
-        const auto comma = authority.find(',');
-        std::string_view one = authority.substr(0, comma);
-        authority =
-            comma == std::string_view::npos ? std::string_view() : authority.substr(comma + 1);
-        int port = sentinel ? 26379 : 6379;
-        const auto colon = one.rfind(':');
-        if (colon != std::string_view::npos) {
-            port = static_cast<int>(
-                parse_count("the port of the store URL", std::string(one.substr(colon + 1))));
-            one = one.substr(0, colon);
-        }
-        if (one.empty())
+    for (const std::string_view one : pieces(authority, ',')) {
+        const auto [host, port] = host_and_port(one);
+        if (host.empty())
             throw usage_problem("a Redis store URL names its hosts: redis://HOST:PORT");
-        hosts.emplace_back(std::string(one), port);
+        hosts.emplace_back(std::string(host),
+                           port ? static_cast<int>(*port) : (sentinel ? 26379 : 6379));
     }
     if (hosts.empty()) throw usage_problem("a Redis store URL names its hosts: redis://HOST:PORT");
     std::size_t next_part = 0;
