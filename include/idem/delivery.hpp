@@ -106,6 +106,15 @@ struct Delivery {
     std::optional<std::chrono::system_clock::time_point> enqueued_at{};
     /// Whose count the poison limit uses: the broker's delivery_count, or the store's.
     DeliveryCounter counted_by = DeliveryCounter::broker;
+    /// Where the broker held it, as a place a sender publishes to (outbox.hpp's destination):
+    /// the stream's key (Redis Streams), the queue (RabbitMQ), the subject (NATS JetStream), the
+    /// topic (Kafka). The broker adapters fill it; a dead letter keeps it, so a redrive can send
+    /// the message back where it came from. Empty: unknown.
+    std::string origin{};
+    /// Where in its origin it was, for an operator: the entry id (Redis Streams), `stream S
+    /// sequence N` (NATS JetStream), `partition P offset O` (Kafka); empty where the broker
+    /// names no position (RabbitMQ).
+    std::string origin_position{};
 };
 
 /// Longest message id accepted; longer ids are dead-lettered as malformed.

@@ -412,6 +412,13 @@ TEST_P(KafkaStores, ARecordThatKillsEveryWorkerIsParkedInTheDeadLetterTopicAfter
     EXPECT_EQ(letters[0].header("idem-original-offset").value_or(""), "3");
     // The count the poison limit judged (the store's), not this worker's one delivery.
     EXPECT_EQ(letters[0].header("idem-delivery-count").value_or(""), "3");
+    // The store's copy says where it was: a redrive without a destination sends it back there.
+    with_store(target, [&](auto& store) {
+        const auto kept = store.dead_letters();
+        ASSERT_EQ(kept.size(), 1u);
+        EXPECT_EQ(kept[0].origin, topic);
+        EXPECT_EQ(kept[0].origin_position, "partition 0 offset 3");
+    });
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, KafkaStores,

@@ -429,7 +429,10 @@ TEST_F(JetStreamTest, PoisonAtTheLimitIsPublishedToTheDeadLetterSubjectThenTermi
     EXPECT_EQ(letter.header("Order"), "42");  // the original headers, JetStream's renamed
     EXPECT_EQ(letter.header("idem-original-header-Nats-Msg-Id"), "order-42");
     EXPECT_EQ(letter.header("idem-original-header-Nats-Expected-Stream"), stream_);
-    EXPECT_EQ(store.dead_letters().size(), 1u);  // the store keeps its own copy
+    const auto kept = store.dead_letters();  // the store keeps its own copy
+    ASSERT_EQ(kept.size(), 1u);
+    EXPECT_EQ(kept[0].origin, stream_ + ".orders") << "the subject: where a redrive sends it back";
+    EXPECT_EQ(kept[0].origin_position, "stream " + stream_ + " sequence 1");
 
     std::lock_guard<std::mutex> lock(reports_mutex);
     ASSERT_FALSE(reports.empty());

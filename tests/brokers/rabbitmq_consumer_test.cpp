@@ -368,6 +368,8 @@ TEST_F(RabbitConsumerTest, PoisonAtTheLimitGoesToTheDeadLetterExchangeConfirmedT
     ASSERT_EQ(parked.size(), 1u);
     EXPECT_EQ(parked.front().message_id, "order-9");
     EXPECT_EQ(parked.front().payload, "bad order");
+    EXPECT_EQ(parked.front().origin, "poison") << "the queue: where a redrive sends it back";
+    EXPECT_EQ(parked.front().origin_position, "");
 }
 
 TEST_F(RabbitConsumerTest, TheDeadLetterCopyOfTheBodyGoesThroughThePolicysRedactor) {

@@ -314,7 +314,10 @@ TEST_F(StreamConsumerTest, RedisStoreAcksInTheCommitAndParksPoisonInTheSameCommi
          {"idem-original-entry-id", poison_id},
          {"idem-delivery-count", "2"}},
         poison);
-    ASSERT_EQ(store.dead_letters().size(), 1u);
+    const auto kept = store.dead_letters();
+    ASSERT_EQ(kept.size(), 1u);
+    EXPECT_EQ(kept[0].origin, "orders") << "the stream: where a redrive sends it back";
+    EXPECT_EQ(kept[0].origin_position, poison_id);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -142,6 +142,9 @@ void check_upgraded(Store& store, int version,
     EXPECT_GT(letters[0].id, 0);
     EXPECT_EQ(letters[0].redrive_count, 0u);
     EXPECT_FALSE(letters[0].redriven_at.has_value());
+    // Version 5's origin: an older entry records none (a redrive needs a destination for it).
+    EXPECT_EQ(letters[0].origin, "");
+    EXPECT_EQ(letters[0].origin_position, "");
 
     // Version 1 counted no attempts: the count starts with the upgrade.
     EXPECT_EQ(store.count_attempt("capture", "m-counted"), version >= 2 ? 3u : 1u);
@@ -186,6 +189,20 @@ void check_upgraded(Store& store, int version,
     EXPECT_EQ(redriven.disposition, idem::Disposition::processed) << redriven.reason;
     EXPECT_EQ(effects, 2);
     EXPECT_EQ(store.dead_letters()[0].redrive_count, 1u);
+
+    // A message parked after the upgrade keeps where the broker held it.
+    idem::Delivery at_limit{"m-parked-now", 99u};
+    at_limit.origin = "orders-in";
+    at_limit.origin_position = "7-0";
+    EXPECT_EQ(handler.handle(at_limit, std::string("late")).disposition,
+              idem::Disposition::dead_lettered);
+    idem::DeadLetterSelection parked_now;
+    parked_now.message_ids = {"m-parked-now"};
+    const auto now_letters = store.dead_letters(parked_now);
+    ASSERT_EQ(now_letters.size(), 1u);
+    EXPECT_EQ(now_letters[0].origin, "orders-in");
+    EXPECT_EQ(now_letters[0].origin_position, "7-0");
+    EXPECT_EQ(effects, 2) << "parked at the limit, its effect never ran";
 }
 
 /// A store opening a database from a newer idem refuses it, naming both versions, and leaves it

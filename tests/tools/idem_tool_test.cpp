@@ -128,11 +128,15 @@ class IdemTool : public idem_test::StoreEnvTest<Env> {
     }
     /// Parks @p id at the poison limit; a lease store (Redis) counts its own attempts, so the
     /// broker redelivers it until they reach the limit.
+    /// @p origin, @p position: where the broker held it (none by default).
     template <class Handler>
-    void park(Handler& handler, const std::string& id) {
-        for (int delivery = 1; delivery <= 5; ++delivery) {
-            const idem::Outcome outcome =
-                handler.handle(idem::Delivery{id, 5u}, std::string("body of " + id));
+    void park(Handler& handler, const std::string& id, const std::string& origin = {},
+              const std::string& position = {}) {
+        idem::Delivery delivery{id, 5u};
+        delivery.origin = origin;
+        delivery.origin_position = position;
+        for (int attempt = 1; attempt <= 5; ++attempt) {
+            const idem::Outcome outcome = handler.handle(delivery, std::string("body of " + id));
             if (outcome.disposition == idem::Disposition::dead_lettered) return;
             ASSERT_EQ(outcome.disposition, idem::Disposition::failed) << outcome.reason;
         }
@@ -232,6 +236,34 @@ TYPED_TEST(IdemTool, ListsShowsRedrivesOnceAndPurgesDeadLetters) {
               idem::Disposition::duplicate);
 }
 
+TYPED_TEST(IdemTool, RedrivesEachMessageBackToItsOriginWithoutADestination) {
+    this->env.now = std::chrono::system_clock::now();
+    auto handler = this->consumer();
+    this->park(handler, "m-1", "orders-in", "1700000000000-5");
+    this->park(handler, "m-2");  // its delivery named no origin
+
+    Ran listed = this->tool({"dead-letters", "list", "--json"});
+    ASSERT_EQ(listed.status, 0) << listed.out;
+    EXPECT_TRUE(has(listed.out, "\"origin\":\"orders-in\",\"origin_position\":\"1700000000000-5\""))
+        << listed.out;
+    EXPECT_TRUE(has(listed.out, "\"origin\":\"\",\"origin_position\":\"\"")) << listed.out;
+    listed = this->tool({"dead-letters", "list", "--id", "m-1"});
+    EXPECT_TRUE(has(listed.out, "from orders-in 1700000000000-5")) << listed.out;
+
+    // No --destination: m-1 back to its origin, m-2 left parked (exit 1: not all done).
+    const Ran redriven = this->tool({"dead-letters", "redrive", "--json"});
+    EXPECT_EQ(redriven.status, 1) << redriven.out;
+    EXPECT_EQ(occurrences(redriven.out, "\"status\":\"redriven\""), 1u) << redriven.out;
+    EXPECT_TRUE(has(redriven.out, "\"message_id\":\"m-2\",\"status\":\"no_destination\""))
+        << redriven.out;
+    const auto rows = this->store().outbox_rows();
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_EQ(rows[0].idempotency_key, "m-1");
+    EXPECT_EQ(rows[0].destination, "orders-in");
+    EXPECT_EQ(this->store().find_claim("orders", "m-2")->disposition,
+              idem::Disposition::dead_lettered);
+}
+
 TYPED_TEST(IdemTool, PurgesOldClaimsByAge) {
     auto handler = this->consumer();
     this->fixed = true;
@@ -308,9 +340,9 @@ TEST(IdemToolErrors, BadInputIsOneClearLineAndNothingIsCreated) {
     ran = run_tool({"dead-letters", "list", "--limit", "x", "--store", "sqlite:" + missing});
     EXPECT_EQ(ran.status, 2) << ran.out;
     EXPECT_TRUE(has(ran.out, "--limit wants a whole number, not 'x'")) << ran.out;
-    ran = run_tool({"dead-letters", "redrive", "--store", "sqlite:" + missing});
+    ran = run_tool({"dead-letters", "redrive", "--rate", "-1", "--store", "sqlite:" + missing});
     EXPECT_EQ(ran.status, 2) << ran.out;
-    EXPECT_TRUE(has(ran.out, "--destination")) << ran.out;
+    EXPECT_TRUE(has(ran.out, "--rate")) << ran.out;
 }
 
 #if IDEM_HAS_REDIS

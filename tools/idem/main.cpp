@@ -5,8 +5,8 @@
 // redis://… (one server, or a Cluster's seed nodes) and redis-sentinel://…
 //
 // Exit status: 0 done; 1 done, but some entries failed (run it again: a redrive or a purge
-// repeats nothing it finished); 2 a usage error (nothing was opened); 3 the store could not be
-// opened or failed (nothing of the failed step was changed).
+// repeats nothing it finished) or had no destination to be redriven to; 2 a usage error (nothing
+// was opened); 3 the store could not be opened or failed (nothing of the failed step was changed).
 
 #include <algorithm>
 #include <chrono>
@@ -81,8 +81,8 @@ Commands:
   purge                  delete claims (and sent intents, expired locks, attempt counts) by age
   stats                  dead letters counted by scope and reason
 
-Every command takes --help. Exit status: 0 done; 1 some entries failed (run it again);
-2 usage error; 3 the store could not be opened or failed.
+Every command takes --help. Exit status: 0 done; 1 some entries failed (run it again) or
+had nowhere to be redriven; 2 usage error; 3 the store could not be opened or failed.
 )";
 
 constexpr const char* selection_usage =
@@ -111,13 +111,16 @@ entries too.
 Shows one message's story: each dead-letter entry (with its payload), its claim and its store
 attempt count.
 )"},
-    {"dead-letters redrive", R"(usage: idem dead-letters redrive --destination DEST [SELECTION]
+    {"dead-letters redrive", R"(usage: idem dead-letters redrive [--destination DEST] [SELECTION]
                             [--rate N] [--dry-run] [--json]
 Brings the parked messages the selection takes back, each exactly once: in one transaction per
 message its claim is released (a fresh poison limit) and an outbox intent re-publishes the
-stored payload to DEST under its message id; the consumer's relay ships it. A message processed
-meanwhile is reported and left alone; running the same redrive again repeats nothing.
-  --destination DEST   where the relay publishes (a queue, subject, stream or topic)
+stored payload under its message id, to DEST or else to where the broker held it (its origin);
+the consumer's relay ships it. A message processed meanwhile is reported and left alone; one
+that records no origin, without --destination, is left parked (no_destination); running the
+same redrive again repeats nothing.
+  --destination DEST   where the relay publishes (a queue, subject, stream or topic);
+                       default: each message's origin
   --rate N             at most N messages a second
   --dry-run            say what would be redriven, change nothing
 )"},
@@ -337,11 +340,13 @@ std::string shown_payload(const std::string& payload) {
 std::string letter_json(const idem::DeadLetter& letter, bool with_payload) {
     std::string out = fmt::format(
         "{{\"entry\":{},\"scope\":{},\"message_id\":{},\"reason\":{},\"delivery_count\":{},"
-        "\"parked_at\":{},\"redrive_count\":{},\"redriven_at\":{}",
+        "\"parked_at\":{},\"redrive_count\":{},\"redriven_at\":{},\"origin\":{},"
+        "\"origin_position\":{}",
         letter.id, json_string(letter.scope), json_string(letter.message_id),
         json_string(letter.reason), letter.delivery_count, json_string(iso_time(letter.created_at)),
         letter.redrive_count,
-        letter.redriven_at ? json_string(iso_time(*letter.redriven_at)) : "null");
+        letter.redriven_at ? json_string(iso_time(*letter.redriven_at)) : "null",
+        json_string(letter.origin), json_string(letter.origin_position));
     if (with_payload) out += fmt::format(",\"payload\":{}", json_string(letter.payload));
     return out + "}";
 }
@@ -356,12 +361,16 @@ std::string letters_json(const std::vector<idem::DeadLetter>& letters, bool with
 }
 
 std::string letter_line(const idem::DeadLetter& letter) {
-    return fmt::format("{:>6}  {}  {}  {}  count {}{}  {}", letter.id, iso_time(letter.created_at),
-                       letter.scope, letter.message_id, letter.delivery_count,
-                       letter.redriven_at
-                           ? fmt::format("  redriven {}", iso_time(*letter.redriven_at))
+    return fmt::format(
+        "{:>6}  {}  {}  {}  count {}{}{}  {}", letter.id, iso_time(letter.created_at), letter.scope,
+        letter.message_id, letter.delivery_count,
+        letter.origin.empty()
+            ? std::string()
+            : fmt::format("  from {}{}{}", letter.origin, letter.origin_position.empty() ? "" : " ",
+                          letter.origin_position),
+        letter.redriven_at ? fmt::format("  redriven {}", iso_time(*letter.redriven_at))
                            : std::string(),
-                       letter.reason);
+        letter.reason);
 }
 
 /// Prints a progress line on stderr at most once a second while long work goes on.
@@ -708,8 +717,6 @@ int show_letters(Context& c) {
 int redrive(Context& c) {
     idem::RedriveOptions options;
     options.destination = c.args.value("--destination").value_or("");
-    if (options.destination.empty())
-        throw usage_problem("dead-letters redrive wants --destination");
     options.dry_run = c.args.flag("--dry-run");
     const auto rate_text = c.args.value("--rate");
     const double rate = rate_text ? parse_rate("--rate", *rate_text) : 0;
@@ -733,6 +740,7 @@ int redrive(Context& c) {
         progress.tick(i + 1);
     }
     const std::size_t failed = report.count(idem::RedriveStatus::failed);
+    const std::size_t nowhere = report.count(idem::RedriveStatus::no_destination);
     if (c.json) {
         std::string out = fmt::format("{{\"dry_run\":{},\"entries\":[", options.dry_run);
         for (std::size_t i = 0; i < report.entries.size(); ++i) {
@@ -755,13 +763,15 @@ int redrive(Context& c) {
                        entry.letter.message_id, idem::to_string(entry.status),
                        entry.error.empty() ? "" : ": " + entry.error);
         }
-        fmt::print("{}: {} redriven, {} processed meanwhile, {} without a claim, {} failed\n",
-                   options.dry_run ? "dry run" : "redrive",
-                   report.count(idem::RedriveStatus::redriven),
-                   report.count(idem::RedriveStatus::processed_meanwhile),
-                   report.count(idem::RedriveStatus::no_claim), failed);
+        fmt::print(
+            "{}: {} redriven, {} processed meanwhile, {} without a claim, {} without a "
+            "destination, {} failed\n",
+            options.dry_run ? "dry run" : "redrive", report.count(idem::RedriveStatus::redriven),
+            report.count(idem::RedriveStatus::processed_meanwhile),
+            report.count(idem::RedriveStatus::no_claim), nowhere, failed);
     }
-    return failed ? exit_some_failed : exit_done;
+    // Left parked for want of a destination is work not done, as a failure is.
+    return failed + nowhere ? exit_some_failed : exit_done;
 }
 
 int purge_letters(Context& c) {

@@ -305,17 +305,7 @@ class KafkaConsumer final : public broker::ConsumerBase<KafkaConsumer, KafkaCons
     }
 
     Delivery delivery_of(const detail::KafkaItem& item) const {
-        Delivery delivery;
-        const KafkaMessage& body = item.body;
-        if (options_.id_field.empty()) {
-            delivery.message_id = fmt::format("{}/{}/{}", body.topic, body.partition, body.offset);
-        } else if (auto id = body.header(options_.id_field)) {
-            delivery.message_id = std::string(*id);
-        }  // else empty: the handler dead-letters it as malformed
-        delivery.delivery_count = item.tries;
-        delivery.counted_by = DeliveryCounter::store;
-        delivery.enqueued_at = body.timestamp;
-        return delivery;
+        return kafka::detail::kafka_delivery(item.body, item.tries, options_.id_field);
     }
 
     /// A partition being retried holds back the records after the retried one.

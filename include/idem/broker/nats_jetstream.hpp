@@ -369,8 +369,10 @@ class JetStreamConsumer final
             id = message.header(nats::message_id_header);
             if (!id) id = message.header(options_.id_field);
         }
-        return detail::jetstream_delivery(message.metadata(), id, options_.id_field,
-                                          options_.sequence_when_no_id_field);
+        Delivery delivery = detail::jetstream_delivery(message.metadata(), id, options_.id_field,
+                                                       options_.sequence_when_no_id_field);
+        delivery.origin = message.subject();
+        return delivery;
     }
 
     static JetStreamMessage body_of(const nats::Message& message) {

@@ -340,6 +340,7 @@ class RabbitMqConsumer final
             delivery.enqueued_at = std::chrono::system_clock::time_point{} +
                                    std::chrono::seconds(*message.properties.timestamp);
         }
+        delivery.origin = options_.queue;  // the default exchange routes to it by its name
         return delivery;
     }
 

@@ -172,7 +172,6 @@ class RedisStreamConsumer final
         read_new(batch, count, /*block=*/batch.empty());
         return batch;
     }
-
     bool pipelines() const noexcept { return options_.pipeline_commits; }
 
     Delivery delivery_of(const Item& item) const {
@@ -184,6 +183,8 @@ class RedisStreamConsumer final
         }  // else empty: the handler dead-letters it as malformed
         delivery.delivery_count = item.delivery_count;
         delivery.enqueued_at = detail::stream_enqueued_at(item.entry.id);
+        delivery.origin = options_.stream;
+        delivery.origin_position = item.entry.id;
         return delivery;
     }
 

@@ -244,6 +244,11 @@ struct DeadLetter {
     /// When this entry was redriven (contract/redrive.hpp), by the store's clock; unset while
     /// it is parked.
     std::optional<std::chrono::system_clock::time_point> redriven_at{};
+    /// Where the broker held it (Delivery::origin): a destination a redrive can send it back
+    /// to; empty when the delivery named none.
+    std::string origin{};
+    /// Where in its origin it was (Delivery::origin_position); empty when unknown.
+    std::string origin_position{};
 };
 
 IDEM_END_NAMESPACE

@@ -12,7 +12,7 @@
 /// selection.scope = "capture-payment";
 /// selection.reason_contains = "gateway 503";
 /// idem::RedriveOptions options;
-/// options.destination = "payments";   // where the relay publishes it
+/// options.destination = "payments";   // where the relay publishes it (empty: where it was)
 /// const idem::RedriveReport report = store.redrive(selection, options);
 /// // report.count(idem::RedriveStatus::redriven) intents now wait for the relay
 /// @endcode
@@ -78,7 +78,9 @@ struct DeadLetterSelection {
 /// @brief What Store::redrive() does.
 struct RedriveOptions {
     /// Where the relay re-publishes each redriven message (a queue, a subject, a stream, a
-    /// topic: the destination of the store's outbox, see outbox.hpp). Required.
+    /// topic: the destination of the store's outbox, see outbox.hpp). Empty: each message goes
+    /// back to where the broker held it (DeadLetter::origin); an entry that records no origin
+    /// is then left parked (RedriveStatus::no_destination).
     std::string destination{};
     /// List what would be redriven, and change nothing.
     bool dry_run = false;
@@ -91,12 +93,6 @@ struct RedriveOptions {
         if (!(max_per_second >= 0) || max_per_second == std::numeric_limits<double>::infinity()) {
             throw usage_error(fmt::format(
                 "{}: RedriveOptions::max_per_second must be a finite rate, 0 or more (0: unpaced)",
-                who));
-        }
-        if (destination.empty()) {
-            throw usage_error(fmt::format(
-                "{}: RedriveOptions::destination is empty; name where the relay re-publishes "
-                "the messages (a queue, subject, stream or topic)",
                 who));
         }
     }
@@ -117,6 +113,10 @@ enum class RedriveStatus {
     /// Its transaction failed (RedriveEntry::error): nothing of it was written; run the redrive
     /// again.
     failed,
+    /// No RedriveOptions::destination was given and the entry records no origin (a delivery
+    /// that named none, or an entry written before origins were kept): nothing done; redrive
+    /// it to a destination.
+    no_destination,
 };
 
 /// @brief The status's name ("redriven", "already_redriven", ...).
@@ -132,6 +132,8 @@ enum class RedriveStatus {
             return "no_claim";
         case RedriveStatus::failed:
             return "failed";
+        case RedriveStatus::no_destination:
+            return "no_destination";
     }
     return "unknown";
 }
@@ -171,6 +173,13 @@ struct RedriveReport {
     return OutboxIntent{std::string(destination), letter.message_id, letter.payload};
 }
 
+/// @brief Where a redrive re-publishes @p letter: the options' destination, or the letter's
+/// origin when none is given (empty when neither is known).
+[[nodiscard]] inline const std::string& redrive_destination(const DeadLetter& letter,
+                                                            const RedriveOptions& options) {
+    return options.destination.empty() ? letter.origin : options.destination;
+}
+
 namespace detail {
 
 /// What a redrive does with @p letter, judged from its claim as it is now: the dry run's answer,
@@ -193,8 +202,10 @@ namespace detail {
 /// judges each from its claim (@p find_claim(scope, id)) and changes nothing. Otherwise
 /// @p step(letter) runs the entry's transaction and returns whether it redrove it; when it did
 /// not, the entry is judged again from the store as it is now (another redrive, or a handler,
-/// got there first). A step whose transaction fails (store_error) makes that entry `failed`
-/// and the loop goes on: nothing of it was written, so running the redrive again finishes it.
+/// got there first). A step whose transaction fails (store_error), or whose destination the
+/// store refuses (usage_error), makes that entry `failed` and the loop goes on: nothing of it
+/// was written, so running the redrive again finishes it. An entry with nowhere to go
+/// (redrive_destination() empty) is `no_destination` and never stepped.
 template <class FindClaim, class FindLetter, class Step>
 RedriveReport run_redrive(const std::vector<DeadLetter>& letters, const RedriveOptions& options,
                           FindClaim&& find_claim, FindLetter&& find_letter, Step&& step) {
@@ -204,6 +215,11 @@ RedriveReport run_redrive(const std::vector<DeadLetter>& letters, const RedriveO
     const auto started = std::chrono::steady_clock::now();
     std::size_t stepped = 0;
     for (const DeadLetter& letter : letters) {
+        if (!letter.redriven_at && redrive_destination(letter, options).empty()) {
+            report.entries.push_back(
+                RedriveEntry{letter, RedriveStatus::no_destination, Disposition::processed, {}});
+            continue;
+        }
         if (options.dry_run || letter.redriven_at) {
             report.entries.push_back(
                 judge_redrive(letter, find_claim(letter.scope, letter.message_id)));
@@ -232,6 +248,9 @@ RedriveReport run_redrive(const std::vector<DeadLetter>& letters, const RedriveO
             }
             report.entries.push_back(std::move(entry));
         } catch (const store_error& e) {
+            report.entries.push_back(
+                RedriveEntry{letter, RedriveStatus::failed, Disposition::processed, e.what()});
+        } catch (const usage_error& e) {
             report.entries.push_back(
                 RedriveEntry{letter, RedriveStatus::failed, Disposition::processed, e.what()});
         }

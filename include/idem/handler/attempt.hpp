@@ -304,6 +304,8 @@ class AttemptRunner {
         letter.delivery_count = delivery.delivery_count.value();
         letter.reason = reason;
         letter.payload = dead_letter_payload<Effect>(policy_, body);
+        letter.origin = delivery.origin;
+        letter.origin_position = delivery.origin_position;
         return letter;
     }
 

@@ -16,6 +16,7 @@
 
 #include "idem/broker/consumer_options.hpp"
 #include "idem/config.hpp"
+#include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/kafka/config.hpp"
 #include "idem/kafka/message.hpp"
@@ -160,6 +161,25 @@ inline void check_offsets(const KafkaConsumerOptions& options, bool store_keeps_
             "records when one fails, and their stored offset would pass the failed one. "
             "Use one of the two");
     }
+}
+
+/// The Delivery of record @p body, tried @p tries times by this consumer: its id from header
+/// @p id_field (the last one of that name), or `<topic>/<partition>/<offset>` without one; the
+/// attempts counted by the store (Kafka keeps no count); where it was, for its dead letter.
+inline Delivery kafka_delivery(const KafkaMessage& body, std::uint32_t tries,
+                               std::string_view id_field) {
+    Delivery delivery;
+    if (id_field.empty()) {
+        delivery.message_id = fmt::format("{}/{}/{}", body.topic, body.partition, body.offset);
+    } else if (auto id = body.header(id_field)) {
+        delivery.message_id = std::string(*id);
+    }  // else empty: the handler dead-letters it as malformed
+    delivery.delivery_count = tries;
+    delivery.counted_by = DeliveryCounter::store;
+    delivery.enqueued_at = body.timestamp;
+    delivery.origin = body.topic;
+    delivery.origin_position = fmt::format("partition {} offset {}", body.partition, body.offset);
+    return delivery;
 }
 
 }  // namespace kafka::detail

@@ -142,6 +142,8 @@ inline Delivery jetstream_delivery(const nats::Metadata& meta,
                                std::chrono::duration_cast<std::chrono::system_clock::duration>(
                                    std::chrono::nanoseconds(meta.timestamp_ns));
     }
+    delivery.origin_position =
+        fmt::format("stream {} sequence {}", meta.stream, meta.stream_sequence);
     return delivery;
 }
 

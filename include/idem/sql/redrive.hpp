@@ -45,6 +45,8 @@ DeadLetter read_dead_letter(const Row& row) {
     letter.created_at = from_unix_ms(row.int64(6));
     letter.redrive_count = to_count(row.int64(7));
     if (!row.is_null(8)) letter.redriven_at = from_unix_ms(row.int64(8));
+    if (!row.is_null(9)) letter.origin = row.bytes(9);  // NULL: a MySQL row of version 4
+    if (!row.is_null(10)) letter.origin_position = row.bytes(10);
     return letter;
 }
 
@@ -92,8 +94,10 @@ struct redrive_core {
                                  const RedriveOptions& options) {
         using Driver = typename Store::driver_type;
         options.validate(fmt::format("idem {}: redrive()", Driver::name));
-        // The destination is the same for every intent: refused (usage_error) before any change.
-        Driver::check_outbox(redrive_intent(DeadLetter{}, options.destination));
+        // A destination given is the same for every intent: refused (usage_error) before any
+        // change. An origin is checked with its entry (a refused one fails that entry alone).
+        if (!options.destination.empty())
+            Driver::check_outbox(redrive_intent(DeadLetter{}, options.destination));
         const std::vector<DeadLetter> letters = list(store, selection);
         return detail::run_redrive(
             letters, options,
@@ -139,6 +143,8 @@ struct redrive_core {
     template <class Store>
     static bool step(Store& store, const DeadLetter& letter, const RedriveOptions& options) {
         using Driver = typename Store::driver_type;
+        if (options.destination.empty())
+            Driver::check_outbox(redrive_intent(letter, letter.origin));
         typename Store::Lock lock(store, "redrive()");
         Driver& driver = store.driver_;
         driver.begin("redrive()");
@@ -177,7 +183,7 @@ struct redrive_core {
             return false;
         }
         driver.query(stmt::attempt_delete, "redrive", no_rows{}, scope, id);
-        const OutboxIntent intent = redrive_intent(letter, options.destination);
+        const OutboxIntent intent = redrive_intent(letter, redrive_destination(letter, options));
         if (driver.query(stmt::outbox_insert, "redrive", no_rows{}, intent.destination,
                          Blob{intent.idempotency_key}, Blob{intent.payload}, now_ms) != 1) {
             driver.query(stmt::outbox_rearm, "redrive", no_rows{}, intent.destination,

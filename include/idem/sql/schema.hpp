@@ -87,6 +87,12 @@ inline std::vector<std::string> sqlite_schema_ddl(int from_version) {
             "CREATE INDEX IF NOT EXISTS idem_dead_letters_message "
             "ON idem_dead_letters(scope, message_id)");
     }
+    if (from_version < 5) {
+        // Version 5: where the broker held a parked message (a redrive's way back).
+        ddl.push_back("ALTER TABLE idem_dead_letters ADD COLUMN origin BLOB NOT NULL DEFAULT x''");
+        ddl.push_back(
+            "ALTER TABLE idem_dead_letters ADD COLUMN origin_position BLOB NOT NULL DEFAULT x''");
+    }
     return ddl;
 }
 
@@ -145,6 +151,12 @@ inline std::vector<std::string> postgres_schema_ddl(std::string_view prefix, int
                       "DEFAULT 0, ADD COLUMN IF NOT EXISTS redriven_at BIGINT");
         ddl.push_back("CREATE INDEX IF NOT EXISTS idem_dead_letters_message ON " + s +
                       "idem_dead_letters(scope, message_id)");
+    }
+    if (from_version < 5) {
+        ddl.push_back("ALTER TABLE " + s +
+                      "idem_dead_letters ADD COLUMN IF NOT EXISTS origin BYTEA NOT NULL DEFAULT "
+                      "''::bytea, ADD COLUMN IF NOT EXISTS origin_position BYTEA NOT NULL DEFAULT "
+                      "''::bytea");
     }
     return ddl;
 }
@@ -211,6 +223,12 @@ inline std::vector<std::string> mysql_schema_ddl(int from_version) {
             "ALTER TABLE idem_dead_letters ADD COLUMN redrive_count BIGINT NOT NULL DEFAULT 0, "
             "ADD COLUMN redriven_at BIGINT NULL, "
             "ADD KEY idem_dead_letters_message(message_id(191))");
+    }
+    if (from_version < 5) {
+        // NULL for the rows already there: a BLOB takes no default in every MySQL.
+        ddl.push_back(
+            "ALTER TABLE idem_dead_letters ADD COLUMN origin BLOB NULL, "
+            "ADD COLUMN origin_position BLOB NULL");
     }
     return ddl;
 }

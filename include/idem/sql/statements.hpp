@@ -32,7 +32,8 @@ enum class stmt : std::size_t {
     claim_rows_outcome,  ///< claim_many() (dialect-specific) → message_id, outcome, fingerprint
     record_update,       ///< scope, id, outcome, reason
     claim_delete,        ///< scope, id
-    dead_letter_insert,  ///< scope, id, delivery_count, reason, payload, created_at
+    dead_letter_insert,  ///< scope, id, delivery_count, reason, payload, created_at, origin,
+                         ///< position
     purge_claims,        ///< from, through: the claims with claimed_at in [from, through]
     purge_outbox,        ///< from, through (sent in [from, through], not parked)
     purge_locks,         ///< from, through (expired in [from, through])
@@ -85,7 +86,7 @@ inline constexpr std::string_view outbox_columns =
 /// The result columns of dead_letter_page and dead_letter_find, in this order.
 inline constexpr std::string_view dead_letter_columns =
     "id, scope, message_id, delivery_count, reason, payload, created_at, redrive_count, "
-    "redriven_at";
+    "redriven_at, origin, origin_position";
 
 /// One dialect's texts, indexed by stmt.
 struct statement_table {
@@ -168,7 +169,7 @@ inline statement_table sqlite_statements() {
     t[stmt::claim_delete] = "DELETE FROM idem_claims WHERE scope = ?1 AND message_id = ?2";
     t[stmt::dead_letter_insert] =
         "INSERT INTO idem_dead_letters(scope, message_id, delivery_count, reason, payload, "
-        "created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+        "created_at, origin, origin_position) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
     t[stmt::purge_claims] = "DELETE FROM idem_claims WHERE claimed_at BETWEEN ?1 AND ?2";
     t[stmt::purge_outbox] =
         "DELETE FROM idem_outbox WHERE sent_at BETWEEN ?1 AND ?2 AND parked = 0";
@@ -255,9 +256,10 @@ inline statement_table postgres_statements(std::string_view prefix) {
     t[stmt::record_update] =
         "UPDATE " + claims + " SET outcome = $3, reason = $4 WHERE scope = $1 AND message_id = $2";
     t[stmt::claim_delete] = "DELETE FROM " + claims + " WHERE scope = $1 AND message_id = $2";
-    t[stmt::dead_letter_insert] = "INSERT INTO " + letters +
-                                  "(scope, message_id, delivery_count, reason, payload, "
-                                  "created_at) VALUES ($1, $2, $3, $4, $5, $6)";
+    t[stmt::dead_letter_insert] =
+        "INSERT INTO " + letters +
+        "(scope, message_id, delivery_count, reason, payload, created_at, origin, "
+        "origin_position) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
     // SKIP LOCKED: a row a consumer holds now stays for the next run instead of waiting.
     t[stmt::purge_claims] = "DELETE FROM " + claims +
                             " WHERE (scope, message_id) IN (SELECT scope, message_id FROM " +
@@ -375,7 +377,7 @@ inline statement_table mysql_statements() {
     t[stmt::claim_delete] = "DELETE FROM idem_claims" + claim;
     t[stmt::dead_letter_insert] =
         "INSERT INTO idem_dead_letters(scope, message_id, delivery_count, reason, payload, "
-        "created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+        "created_at, origin, origin_position) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
     t[stmt::purge_claims] = "DELETE FROM idem_claims WHERE claimed_at BETWEEN ?1 AND ?2";
     t[stmt::purge_outbox] =
         "DELETE FROM idem_outbox WHERE sent_at BETWEEN ?1 AND ?2 AND parked = 0";

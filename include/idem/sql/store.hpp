@@ -537,7 +537,8 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
                                  : letter.created_at;
         driver.write(stmt::dead_letter_insert, "dead_letter", Blob{letter.scope},
                      Blob{letter.message_id}, static_cast<std::int64_t>(letter.delivery_count),
-                     Driver::text(letter.reason), Blob{letter.payload}, to_unix_ms(created));
+                     Driver::text(letter.reason), Blob{letter.payload}, to_unix_ms(created),
+                     Blob{letter.origin}, Blob{letter.origin_position});
     }
 
     /// @brief `SAVEPOINT idem_effect` (may nest).

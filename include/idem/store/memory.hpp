@@ -566,7 +566,7 @@ class MemoryStore {
                 }
                 return std::nullopt;
             },
-            [&](const DeadLetter& letter) { return redrive_one(letter, options.destination); });
+            [&](const DeadLetter& letter) { return redrive_one(letter, options); });
     }
 
     /// @brief Deletes the dead letters @p selection takes, as the SQL stores do (their claims
@@ -675,7 +675,7 @@ class MemoryStore {
   private:
     /// One entry's redrive, in a transaction (which it leaves to roll back an empty undo log:
     /// every change is made once all is checked, the injected commit fault included).
-    bool redrive_one(const DeadLetter& letter, const std::string& destination) {
+    bool redrive_one(const DeadLetter& letter, const RedriveOptions& options) {
         Transaction tx = begin();
         auto entry = std::find_if(dead_letters_.begin(), dead_letters_.end(),
                                   [&](const DeadLetter& l) { return l.id == letter.id; });
@@ -699,7 +699,7 @@ class MemoryStore {
         if (counted != attempts_.end()) attempts_.erase(counted);
         entry->redrive_count = before + 1;
         entry->redriven_at = now();
-        const OutboxIntent intent = redrive_intent(letter, destination);
+        const OutboxIntent intent = redrive_intent(letter, redrive_destination(letter, options));
         if (outbox_keys_.count(intent.idempotency_key) == 0) {
             tx.add_outbox(intent);
             tx.undo_.clear();  // kept: the redrive's change, as the rest

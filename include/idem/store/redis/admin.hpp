@@ -138,6 +138,8 @@ inline std::optional<StoredDeadLetter> dead_letter_of(const Reply& entry) {
         if (name == "created_at") item.letter.created_at = from_unix_ms(parse_int(value));
         if (name == "order_us") item.order = value;
         if (name == "seq") item.seq = static_cast<std::uint32_t>(parse_int(value));
+        if (name == "origin") item.letter.origin = value;
+        if (name == "origin_position") item.letter.origin_position = value;
     }
     return item;
 }

@@ -78,7 +78,7 @@ std::size_t encode_commit(Args& a, const StoreContext& store, std::string_view t
         } else {
             a.add(to_unix_ms(letter.created_at));
         }
-        a.add(stamp).add(rank + 1);
+        a.add(stamp).add(rank + 1).add(letter.origin).add(letter.origin_position);
     }
     return num_keys;
 }

@@ -213,7 +213,8 @@ inline RedriveReport redrive(StoreContext& store, Outbox& outbox,
         [&](std::int64_t) { return reread_letter(store, stored[current]); },
         [&](const DeadLetter& letter) {
             current = static_cast<std::size_t>(&letter - letters.data());
-            return redrive_step(store, outbox, stored[current], options.destination);
+            return redrive_step(store, outbox, stored[current],
+                                redrive_destination(letter, options));
         });
 }
 

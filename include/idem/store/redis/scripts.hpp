@@ -111,14 +111,16 @@ end
 /// server's microseconds and the rank in this script.
 inline constexpr const char* lua_add_letter = R"(
 local letter_seq = 0
-add_letter = function(key, scope, id, count, reason, payload, created_at, order_us, seq)
+add_letter = function(key, scope, id, count, reason, payload, created_at, order_us, seq,
+                      origin, origin_position)
   local t = redis.call('TIME')
   if created_at == '' then created_at = now_text(ARGV[1], t) end
   letter_seq = letter_seq + 1
   redis.call('XADD', key, '*', 'scope', scope, 'id', id, 'delivery_count', count,
              'reason', reason, 'payload', payload, 'created_at', created_at,
              'order_us', order_us or (t[1] .. string.format('%06d', t[2])),
-             'seq', seq or letter_seq)
+             'seq', seq or letter_seq, 'origin', origin or '',
+             'origin_position', origin_position or '')
 end
 )";
 
@@ -176,10 +178,10 @@ return out
 
 /// KEYS: the claims' records (n_claims), then the stream of each dead letter, then leases to free
 /// (unclaimed). ARGV: now, token, n_claims, {outcome, reason} * n_claims, n_letters, {scope, id,
-/// delivery_count, reason, payload, created_at, order_us, seq} * n_letters, n_commands,
-/// {argc, args...} *
-/// n_commands. Every lease is checked before anything is written: a lost lease writes nothing.
-/// Returns 'ok', or {why, detail...}. The clock is read only for dead letters.
+/// delivery_count, reason, payload, created_at, order_us, seq, origin, origin_position} *
+/// n_letters, n_commands, {argc, args...} * n_commands. Every lease is checked before anything is
+/// written: a lost lease writes nothing. Returns 'ok', or {why, detail...}. The clock is read only
+/// for dead letters.
 inline const std::string& complete_source() {
     // The common commit (leases held, the effect's writes, no dead letter) runs no `local
     // function` statement: each one builds a closure on every call. The helpers are made only
@@ -199,7 +201,7 @@ end
 local i = 4 + 2 * n_claims
 local n_letters = tonumber(ARGV[i])
 local letters_at = i + 1
-i = letters_at + 8 * n_letters
+i = letters_at + 10 * n_letters
 local n_commands = tonumber(ARGV[i]); i = i + 1
 local add_letter
 if n_letters > 0 then
@@ -231,9 +233,9 @@ for k = 1, n_commands do
   end
 end
 for d = 1, n_letters do
-  local a = letters_at + 8 * (d - 1)
+  local a = letters_at + 10 * (d - 1)
   add_letter(KEYS[n_claims + d], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
-             ARGV[a + 5], ARGV[a + 6], ARGV[a + 7])
+             ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9])
 end
 for c = 1, n_claims do
   redis.call('SET', KEYS[c], 'done||' .. ARGV[2 + 2 * c] .. '|' .. rest[c] .. ARGV[3 + 2 * c],

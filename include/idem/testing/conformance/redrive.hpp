@@ -15,6 +15,7 @@
 /// data, so the concurrent test races two connections (without it, threads share the store).
 /// Part of idem/testing/conformance.hpp, which registers the suite; include that one.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -84,10 +85,15 @@ class RedriveConformance : public StoreConformance<Env> {
     /// Parks @p id: a delivery at the poison limit (5), its effect never runs. A lease store
     /// judges by its own count of the claims taken to run the effect, not the broker's: there
     /// the broker redelivers it until that count reaches the limit, each attempt failing.
+    /// @p origin and @p position: where the broker held it (Delivery::origin).
     template <class Handler>
-    void park(Handler& handler, const std::string& id) {
-        for (int delivery = 1; delivery <= 5; ++delivery) {
-            const idem::Outcome outcome = handler.handle(idem::Delivery{id, 5u}, id);
+    void park(Handler& handler, const std::string& id, const std::string& origin = {},
+              const std::string& position = {}) {
+        idem::Delivery delivery{id, 5u};
+        delivery.origin = origin;
+        delivery.origin_position = position;
+        for (int attempt = 1; attempt <= 5; ++attempt) {
+            const idem::Outcome outcome = handler.handle(delivery, id);
             if (outcome.disposition == idem::Disposition::dead_lettered) return;
             ASSERT_EQ(outcome.disposition, idem::Disposition::failed) << outcome.reason;
         }
@@ -442,8 +448,10 @@ TYPED_TEST_P(IdemRedriveConformance, SelectionTakesScopeIdsReasonTimeAndLimitOld
     ASSERT_EQ(letters.size(), 2u);
     EXPECT_EQ(letters[0].payload, "bytes of s-3");
     EXPECT_EQ(letters[0].scope, "other");
-    // Without a destination, nothing is done.
-    EXPECT_THROW(this->store().redrive(selection, idem::RedriveOptions{}), idem::usage_error);
+    // Without a destination, entries that record no origin stay as they are.
+    const auto nowhere = this->store().redrive(selection, idem::RedriveOptions{});
+    EXPECT_EQ(nowhere.count(idem::RedriveStatus::no_destination), 2u);
+    EXPECT_TRUE(this->store().outbox_rows().empty());
     // No claim holds these ids (written without one): reported, not redriven.
     const auto report = this->store().redrive(selection, this->to_orders());
     EXPECT_EQ(report.count(idem::RedriveStatus::no_claim), 2u);
@@ -530,5 +538,52 @@ TYPED_TEST_P(IdemRedriveConformance, ARateSpacesTheRedrives) {
     const idem::RedriveReport report = this->store().redrive(this->ids({}), options);
     EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(100));
     EXPECT_EQ(report.count(idem::RedriveStatus::redriven), 3u);
+    EXPECT_EQ(this->store().outbox_rows().size(), 3u);
+}
+
+TYPED_TEST_P(IdemRedriveConformance, WithoutADestinationEachMessageGoesBackToItsOrigin) {
+    auto handler = this->consumer();
+    this->park(handler, "o-1", "orders-in", "1700000000000-0");
+    this->park(handler, "o-2", "payments-in", "partition 3 offset 41");
+    this->park(handler, "o-3");  // its delivery named no origin
+    const auto letters = this->store().dead_letters(this->ids({}));
+    ASSERT_EQ(letters.size(), 3u);
+    EXPECT_EQ(letters[0].origin, "orders-in");
+    EXPECT_EQ(letters[0].origin_position, "1700000000000-0");
+    EXPECT_EQ(letters[1].origin, "payments-in");
+    EXPECT_EQ(letters[1].origin_position, "partition 3 offset 41");
+    EXPECT_EQ(letters[2].origin, "");
+    EXPECT_EQ(letters[2].origin_position, "");
+    this->fix();
+
+    idem::RedriveOptions back;  // no destination: each to its origin
+    back.dry_run = true;
+    const idem::RedriveReport judged = this->store().redrive(this->ids({}), back);
+    ASSERT_EQ(judged.entries.size(), 3u);
+    EXPECT_EQ(judged.entries[0].status, idem::RedriveStatus::redriven);
+    EXPECT_EQ(judged.entries[1].status, idem::RedriveStatus::redriven);
+    EXPECT_EQ(judged.entries[2].status, idem::RedriveStatus::no_destination);
+    EXPECT_TRUE(this->store().outbox_rows().empty()) << "a dry run changes nothing";
+
+    back.dry_run = false;
+    const idem::RedriveReport report = this->store().redrive(this->ids({}), back);
+    ASSERT_EQ(report.entries.size(), 3u);
+    EXPECT_EQ(report.count(idem::RedriveStatus::redriven), 2u);
+    EXPECT_EQ(report.entries[2].status, idem::RedriveStatus::no_destination);
+    auto rows = this->store().outbox_rows();
+    ASSERT_EQ(rows.size(), 2u);
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.idempotency_key < b.idempotency_key; });
+    EXPECT_EQ(rows[0].idempotency_key, "o-1");
+    EXPECT_EQ(rows[0].destination, "orders-in");
+    EXPECT_EQ(rows[1].idempotency_key, "o-2");
+    EXPECT_EQ(rows[1].destination, "payments-in");
+    EXPECT_FALSE(this->claim_of("o-1").has_value());
+    EXPECT_EQ(this->claim_of("o-3"), idem::Disposition::dead_lettered) << "left parked";
+
+    // Named, the destination goes for every entry, the one without an origin too.
+    const auto named = this->store().redrive(this->ids({"o-3"}), this->to_orders());
+    ASSERT_EQ(named.entries.size(), 1u);
+    EXPECT_EQ(named.entries[0].status, idem::RedriveStatus::redriven);
     EXPECT_EQ(this->store().outbox_rows().size(), 3u);
 }
