@@ -39,14 +39,15 @@ void misbehave(const StreamEntry& e, int& flaky_runs) {
 
 class StreamBatchTest : public StreamConsumerTest {
   protected:
-    /// Connects the store's pooled connection and loads its claim and commit scripts, so the
-    /// round trips counted next are the batch's own.
+    /// Connects the store's pooled connection and loads its claim, commit and failure-note
+    /// scripts, so the round trips counted next are the batch's own.
     static void warm_up(idem::RedisStore& store) {
         auto warm =
             idem::make_handler(store, idem::Policy{"warm-up"}, [](auto&, const std::string&) {});
         const auto outcomes = warm.handle_batch(std::vector<Delivery>{Delivery{"w", 1u}},
                                                 std::vector<std::string>{"x"});
         ASSERT_EQ(outcomes.at(0).disposition, Disposition::processed);
+        store.note_failure("warm-up", "w", "x", std::chrono::seconds(1));
     }
 
     FirstBatch add_first_batch() {
@@ -176,8 +177,9 @@ TEST_F(StreamBatchTest, RedisStoreBatchCommitAcksWhatItCompletesAndParksItsDeadL
     const FirstBatch b = add_first_batch();
     const std::size_t before = store.round_trips();
     EXPECT_EQ(consumer.poll_once(), 6u);
-    // Failures and all: the claims pipelined, then one commit (the failed claims are freed in it).
-    EXPECT_EQ(store.round_trips() - before, 2u);
+    // Failures and all: the claims pipelined, then one commit (the failed claims are freed in
+    // it), then one note of each failed effect's failure (the flaky and the poison entry).
+    EXPECT_EQ(store.round_trips() - before, 2u + 2u);
     // 1, 2 and the malformed entry acked in the commit; the second copy of order 1 is a
     // duplicate, acked by the consumer.
     expect_first_batch_done(consumer, b, 3);

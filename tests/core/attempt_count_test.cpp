@@ -179,12 +179,14 @@ TEST(AttemptCountSchema, AVersionOneSqliteDatabaseIsMigratedToCountAttempts) {
     {
         idem::SqliteStore store{path};
         // Back to what version 1 wrote: no attempts table (nor version 3's offsets, nor version
-        // 4's redrive columns).
+        // 4's redrive columns, nor version 5's origin and failures).
         store.execute("DROP TABLE idem_attempts");
         store.execute("DROP TABLE idem_offsets");
         store.execute("DROP INDEX idem_dead_letters_message");
-        store.execute("ALTER TABLE idem_dead_letters DROP COLUMN redrive_count");
-        store.execute("ALTER TABLE idem_dead_letters DROP COLUMN redriven_at");
+        for (const char* column : {"redrive_count", "redriven_at", "origin", "origin_position",
+                                   "failure", "first_failed_at", "last_failed_at"}) {
+            store.execute(std::string("ALTER TABLE idem_dead_letters DROP COLUMN ") + column);
+        }
         store.execute("UPDATE idem_schema SET version = 1");
     }
     idem::SqliteStore store{path};  // migrated through versions 2, 3 and 4

@@ -74,10 +74,14 @@ TEST_F(SqliteStoreTest, VersionTwoDatabaseIsMigratedToStoredOffsets) {
     {
         RawDb raw{file()};  // what idem schema version 2 left: no idem_offsets
         raw.exec("DROP TABLE idem_offsets");
-        // nor version 4's redrive columns
+        // nor version 4's redrive columns, nor version 5's origin and failures
         raw.exec("DROP INDEX idem_dead_letters_message");
-        raw.exec("ALTER TABLE idem_dead_letters DROP COLUMN redrive_count");
-        raw.exec("ALTER TABLE idem_dead_letters DROP COLUMN redriven_at");
+        for (const char* column : {"redrive_count", "redriven_at", "origin", "origin_position",
+                                   "failure", "first_failed_at", "last_failed_at"}) {
+            raw.exec(std::string("ALTER TABLE idem_dead_letters DROP COLUMN ") + column);
+        }
+        for (const char* column : {"last_failure", "first_failed_at", "last_failed_at"})
+            raw.exec(std::string("ALTER TABLE idem_attempts DROP COLUMN ") + column);
         raw.exec("UPDATE idem_schema SET version = 2");
     }
     SqliteStore migrated{file()};

@@ -239,8 +239,18 @@ TYPED_TEST(IdemTool, ListsShowsRedrivesOnceAndPurgesDeadLetters) {
 TYPED_TEST(IdemTool, RedrivesEachMessageBackToItsOriginWithoutADestination) {
     this->env.now = std::chrono::system_clock::now();
     auto handler = this->consumer();
+    // m-1 fails once (its effect throws) before it reaches the poison limit.
+    ASSERT_EQ(handler.handle(idem::Delivery{"m-1", 1u}, std::string("body of m-1")).disposition,
+              idem::Disposition::failed);
     this->park(handler, "m-1", "orders-in", "1700000000000-5");
     this->park(handler, "m-2");  // its delivery named no origin
+
+    const Ran shown = this->tool({"dead-letters", "show", "orders", "m-1", "--json"});
+    ASSERT_EQ(shown.status, 0) << shown.out;
+    EXPECT_TRUE(has(shown.out, "\"failure\":\"effect threw: gateway 503\"")) << shown.out;
+    EXPECT_TRUE(has(shown.out, "\"first_failed_at\":\"")) << shown.out;
+    const Ran told = this->tool({"dead-letters", "show", "orders", "m-1"});
+    EXPECT_TRUE(has(told.out, "last: effect threw: gateway 503")) << told.out;
 
     Ran listed = this->tool({"dead-letters", "list", "--json"});
     ASSERT_EQ(listed.status, 0) << listed.out;

@@ -108,8 +108,8 @@ Lists the dead letters the selection takes: still parked ones only, or with --al
 entries too.
 )"},
     {"dead-letters show", R"(usage: idem dead-letters show SCOPE ID [--json]
-Shows one message's story: each dead-letter entry (with its payload), its claim and its store
-attempt count.
+Shows one message's story: each dead-letter entry (with its payload, where the broker held it,
+and how and when its effect failed before it was parked), its claim and its store attempt count.
 )"},
     {"dead-letters redrive", R"(usage: idem dead-letters redrive [--destination DEST] [SELECTION]
                             [--rate N] [--dry-run] [--json]
@@ -337,16 +337,21 @@ std::string shown_payload(const std::string& payload) {
     return hex;
 }
 
+/// A time as a JSON string, or null when unset.
+std::string optional_time_json(const std::optional<Clock::time_point>& at) {
+    return at ? json_string(iso_time(*at)) : "null";
+}
+
 std::string letter_json(const idem::DeadLetter& letter, bool with_payload) {
     std::string out = fmt::format(
         "{{\"entry\":{},\"scope\":{},\"message_id\":{},\"reason\":{},\"delivery_count\":{},"
         "\"parked_at\":{},\"redrive_count\":{},\"redriven_at\":{},\"origin\":{},"
-        "\"origin_position\":{}",
+        "\"origin_position\":{},\"failure\":{},\"first_failed_at\":{},\"last_failed_at\":{}",
         letter.id, json_string(letter.scope), json_string(letter.message_id),
         json_string(letter.reason), letter.delivery_count, json_string(iso_time(letter.created_at)),
-        letter.redrive_count,
-        letter.redriven_at ? json_string(iso_time(*letter.redriven_at)) : "null",
-        json_string(letter.origin), json_string(letter.origin_position));
+        letter.redrive_count, optional_time_json(letter.redriven_at), json_string(letter.origin),
+        json_string(letter.origin_position), json_string(letter.failure),
+        optional_time_json(letter.first_failed_at), optional_time_json(letter.last_failed_at));
     if (with_payload) out += fmt::format(",\"payload\":{}", json_string(letter.payload));
     return out + "}";
 }
@@ -700,6 +705,10 @@ int show_letters(Context& c) {
     } else {
         for (const auto& letter : letters) {
             fmt::print("{}\n  payload: {}\n", letter_line(letter), shown_payload(letter.payload));
+            if (letter.first_failed_at && letter.last_failed_at) {
+                fmt::print("  failed from {} to {}, last: {}\n", iso_time(*letter.first_failed_at),
+                           iso_time(*letter.last_failed_at), letter.failure);
+            }
         }
         if (letters.empty()) fmt::print("no dead letter for {} in {}\n", *id, *scope);
         if (claim) {

@@ -280,7 +280,7 @@ class PipelinedLoop {
         if (r.report) {
             r.report(r.delivery, r.outcome, r.handled_in, r.measure);
         } else {  // no observer: report() only counts
-            handler_->runner_.count(r.delivery, r.outcome.disposition);
+            handler_->runner_.count(r.delivery, r.outcome);
         }
     }
 

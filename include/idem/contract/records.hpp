@@ -249,6 +249,15 @@ struct DeadLetter {
     std::string origin{};
     /// Where in its origin it was (Delivery::origin_position); empty when unknown.
     std::string origin_position{};
+    /// How its effect last failed before it was parked (the failed outcome's reason, through
+    /// the policy's redaction hook), from the store's record of its failures
+    /// (Store::note_failure()); empty when none was recorded (parked at its first delivery, a
+    /// worker killed in every attempt, a store that keeps no such record).
+    std::string failure{};
+    /// When the store recorded the first of those failures (unset when none was).
+    std::optional<std::chrono::system_clock::time_point> first_failed_at{};
+    /// When the store recorded the last of those failures (unset when none was).
+    std::optional<std::chrono::system_clock::time_point> last_failed_at{};
 };
 
 IDEM_END_NAMESPACE

@@ -33,6 +33,9 @@
 /// Store::mark_outbox_sent(std::int64_t id)               has_mark_outbox_sent    Relay
 /// Store::mark_outbox_failed(id, error, retry_at, park)   has_mark_outbox_failed  Relay
 /// Store::ping()                                          has_ping                probe_store
+/// Store::note_failure(scope, id, failure, keep_for)      has_note_failure        dead letters'
+///     (the effect's failure, committed on its own after the attempt; a later  failure history
+///     dead letter of the id carries the last one and when the first and last were)
 /// Store::count_attempt(scope, id) -> std::uint32_t       has_count_attempt       brokers without
 ///     (attempts + 1, committed on its own before begin())                         a delivery count
 /// Tx::rollback()                                         has_rollback            probe_store
@@ -240,6 +243,16 @@ struct has_count_attempt<S, std::void_t<decltype(std::declval<S&>().count_attemp
     : std::is_convertible<decltype(std::declval<S&>().count_attempt(std::string_view{},
                                                                     std::string_view{})),
                           std::uint32_t> {};
+
+/// A store that records a message's failures (the last one's text, when the first and the last
+/// were) for its dead letter, each committed on its own after the failed attempt.
+template <class, class = void>
+struct has_note_failure : std::false_type {};
+template <class S>
+struct has_note_failure<
+    S, std::void_t<decltype(std::declval<S&>().note_failure(
+           std::string_view{}, std::string_view{}, std::string_view{}, std::chrono::seconds{}))>>
+    : std::true_type {};
 
 template <class, class = void>
 struct has_rollback : std::false_type {};

@@ -238,15 +238,35 @@ class AttemptRunner {
         }
     }
 
-    /// Counts the outcome and tells the observer, if one is set. Never throws.
+    /// Counts the outcome, records an effect's failure and tells the observer, if one is set.
+    /// Called once the attempt's transaction is over. Never throws.
     template <class Body>
     void report(const Delivery& delivery, const Body& body, const Outcome& outcome,
                 std::chrono::nanoseconds handled_in, const Measure& measure) noexcept {
+        note_failure(delivery, outcome);
         reporter_.report(policy_.scope(), *effect_, delivery, body, outcome, handled_in, measure);
     }
-    /// Counts the outcome alone (no observer to tell).
-    void count(const Delivery& delivery, Disposition disposition) noexcept {
-        reporter_.count(delivery, disposition);
+    /// Counts the outcome and records an effect's failure (no observer to tell).
+    void count(const Delivery& delivery, const Outcome& outcome) noexcept {
+        note_failure(delivery, outcome);
+        reporter_.count(delivery, outcome.disposition);
+    }
+
+    /// An effect's failure, recorded for the message's dead letter where the store keeps a
+    /// record of them (Store::note_failure()): its text, when the first and the last were. A
+    /// store that cannot take it now leaves a later dead letter without it; never throws.
+    void note_failure(const Delivery& delivery, const Outcome& outcome) noexcept {
+        if constexpr (has_note_failure<Store>::value) {
+            if (outcome.disposition != Disposition::failed ||
+                outcome.cause != FailureCause::effect_threw || unclaimable_reason(delivery)) {
+                return;
+            }
+            try {
+                store_->note_failure(policy_.scope(), delivery.message_id, outcome.reason,
+                                     policy_.retention());
+            } catch (...) {  // the failure stands; only its record is missing
+            }
+        }
     }
 
     /// The failed outcome of an infrastructure error, its text through the redaction hook.

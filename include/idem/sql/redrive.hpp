@@ -47,6 +47,9 @@ DeadLetter read_dead_letter(const Row& row) {
     if (!row.is_null(8)) letter.redriven_at = from_unix_ms(row.int64(8));
     if (!row.is_null(9)) letter.origin = row.bytes(9);  // NULL: a MySQL row of version 4
     if (!row.is_null(10)) letter.origin_position = row.bytes(10);
+    if (!row.is_null(11)) letter.failure = row.bytes(11);
+    if (!row.is_null(12)) letter.first_failed_at = from_unix_ms(row.int64(12));
+    if (!row.is_null(13)) letter.last_failed_at = from_unix_ms(row.int64(13));
     return letter;
 }
 

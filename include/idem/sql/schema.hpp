@@ -88,10 +88,17 @@ inline std::vector<std::string> sqlite_schema_ddl(int from_version) {
             "ON idem_dead_letters(scope, message_id)");
     }
     if (from_version < 5) {
-        // Version 5: where the broker held a parked message (a redrive's way back).
+        // Version 5: where the broker held a parked message (a redrive's way back), and how
+        // its effect failed before (note_failure(), kept in its attempt row until parked).
         ddl.push_back("ALTER TABLE idem_dead_letters ADD COLUMN origin BLOB NOT NULL DEFAULT x''");
         ddl.push_back(
             "ALTER TABLE idem_dead_letters ADD COLUMN origin_position BLOB NOT NULL DEFAULT x''");
+        ddl.push_back("ALTER TABLE idem_dead_letters ADD COLUMN failure BLOB");
+        ddl.push_back("ALTER TABLE idem_dead_letters ADD COLUMN first_failed_at INTEGER");
+        ddl.push_back("ALTER TABLE idem_dead_letters ADD COLUMN last_failed_at INTEGER");
+        ddl.push_back("ALTER TABLE idem_attempts ADD COLUMN last_failure BLOB");
+        ddl.push_back("ALTER TABLE idem_attempts ADD COLUMN first_failed_at INTEGER");
+        ddl.push_back("ALTER TABLE idem_attempts ADD COLUMN last_failed_at INTEGER");
     }
     return ddl;
 }
@@ -156,7 +163,13 @@ inline std::vector<std::string> postgres_schema_ddl(std::string_view prefix, int
         ddl.push_back("ALTER TABLE " + s +
                       "idem_dead_letters ADD COLUMN IF NOT EXISTS origin BYTEA NOT NULL DEFAULT "
                       "''::bytea, ADD COLUMN IF NOT EXISTS origin_position BYTEA NOT NULL DEFAULT "
-                      "''::bytea");
+                      "''::bytea, ADD COLUMN IF NOT EXISTS failure BYTEA, "
+                      "ADD COLUMN IF NOT EXISTS first_failed_at BIGINT, "
+                      "ADD COLUMN IF NOT EXISTS last_failed_at BIGINT");
+        ddl.push_back("ALTER TABLE " + s +
+                      "idem_attempts ADD COLUMN IF NOT EXISTS last_failure BYTEA, "
+                      "ADD COLUMN IF NOT EXISTS first_failed_at BIGINT, "
+                      "ADD COLUMN IF NOT EXISTS last_failed_at BIGINT");
     }
     return ddl;
 }
@@ -228,7 +241,11 @@ inline std::vector<std::string> mysql_schema_ddl(int from_version) {
         // NULL for the rows already there: a BLOB takes no default in every MySQL.
         ddl.push_back(
             "ALTER TABLE idem_dead_letters ADD COLUMN origin BLOB NULL, "
-            "ADD COLUMN origin_position BLOB NULL");
+            "ADD COLUMN origin_position BLOB NULL, ADD COLUMN failure BLOB NULL, "
+            "ADD COLUMN first_failed_at BIGINT NULL, ADD COLUMN last_failed_at BIGINT NULL");
+        ddl.push_back(
+            "ALTER TABLE idem_attempts ADD COLUMN last_failure BLOB NULL, "
+            "ADD COLUMN first_failed_at BIGINT NULL, ADD COLUMN last_failed_at BIGINT NULL");
     }
     return ddl;
 }

@@ -33,7 +33,7 @@ enum class stmt : std::size_t {
     record_update,       ///< scope, id, outcome, reason
     claim_delete,        ///< scope, id
     dead_letter_insert,  ///< scope, id, delivery_count, reason, payload, created_at, origin,
-                         ///< position
+                         ///< position; the failures noted for the id come from its attempt row
     purge_claims,        ///< from, through: the claims with claimed_at in [from, through]
     purge_outbox,        ///< from, through (sent in [from, through], not parked)
     purge_locks,         ///< from, through (expired in [from, through])
@@ -72,6 +72,7 @@ enum class stmt : std::size_t {
     attempt_delete,        ///< scope, id
     outbox_rearm,          ///< destination, key, payload, now: unsent again, created_at now
     dead_letter_delete,    ///< id: the entry removed (purge_dead_letters())
+    attempt_failure,  ///< scope, id, now, failure: noted in the id's attempt row (new: 0 attempts)
     count,
 };
 
@@ -86,7 +87,23 @@ inline constexpr std::string_view outbox_columns =
 /// The result columns of dead_letter_page and dead_letter_find, in this order.
 inline constexpr std::string_view dead_letter_columns =
     "id, scope, message_id, delivery_count, reason, payload, created_at, redrive_count, "
-    "redriven_at, origin, origin_position";
+    "redriven_at, origin, origin_position, failure, first_failed_at, last_failed_at";
+
+/// The dead letter's insert: the table @p prefix, the placeholder sign, and the WHERE that finds
+/// the message's attempt row (scope 1, id 2), whose noted failure the entry copies.
+inline std::string dead_letter_insert_text(const std::string& prefix, std::string_view sign,
+                                           std::string_view attempt_of_message) {
+    const auto p = [&](int n) { return fmt::format("{}{}", sign, n); };
+    const auto noted = [&](std::string_view column) {
+        return fmt::format("(SELECT {} FROM {}attempts{})", column, prefix, attempt_of_message);
+    };
+    return fmt::format(
+        "INSERT INTO {}dead_letters(scope, message_id, delivery_count, reason, payload, "
+        "created_at, origin, origin_position, failure, first_failed_at, last_failed_at) VALUES "
+        "({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {})",
+        prefix, p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), noted("last_failure"),
+        noted("first_failed_at"), noted("last_failed_at"));
+}
 
 /// One dialect's texts, indexed by stmt.
 struct statement_table {
@@ -141,6 +158,7 @@ inline void redrive_statements(statement_table& t, const std::string& prefix,
         fmt::format("DELETE FROM {}claims{} AND outcome = 'dead_lettered'", prefix, one_message);
     t[stmt::attempt_delete] = fmt::format("DELETE FROM {}attempts{}", prefix, one_message);
     t[stmt::dead_letter_delete] = fmt::format("DELETE FROM {} WHERE id = {}", letters, p(1));
+    t[stmt::dead_letter_insert] = dead_letter_insert_text(prefix, sign, one_message);
     t[stmt::outbox_rearm] = fmt::format(
         "UPDATE {0}outbox SET destination = {1}, payload = {3}, sent_at = NULL, attempts = 0, "
         "last_error = '', next_attempt_at = {4}, created_at = {4}, lease_until = NULL, {5} "
@@ -167,9 +185,6 @@ inline statement_table sqlite_statements() {
     t[stmt::record_update] =
         "UPDATE idem_claims SET outcome = ?3, reason = ?4 WHERE scope = ?1 AND message_id = ?2";
     t[stmt::claim_delete] = "DELETE FROM idem_claims WHERE scope = ?1 AND message_id = ?2";
-    t[stmt::dead_letter_insert] =
-        "INSERT INTO idem_dead_letters(scope, message_id, delivery_count, reason, payload, "
-        "created_at, origin, origin_position) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
     t[stmt::purge_claims] = "DELETE FROM idem_claims WHERE claimed_at BETWEEN ?1 AND ?2";
     t[stmt::purge_outbox] =
         "DELETE FROM idem_outbox WHERE sent_at BETWEEN ?1 AND ?2 AND parked = 0";
@@ -205,6 +220,12 @@ inline statement_table sqlite_statements() {
         "counted_at = excluded.counted_at RETURNING attempts";
     t[stmt::attempt_find] =
         "SELECT attempts FROM idem_attempts WHERE scope = ?1 AND message_id = ?2";
+    t[stmt::attempt_failure] =
+        "INSERT INTO idem_attempts(scope, message_id, attempts, counted_at, first_failed_at, "
+        "last_failed_at, last_failure) VALUES (?1, ?2, 0, ?3, ?3, ?3, ?4) "
+        "ON CONFLICT(scope, message_id) DO UPDATE SET counted_at = excluded.counted_at, "
+        "first_failed_at = COALESCE(first_failed_at, excluded.first_failed_at), "
+        "last_failed_at = excluded.last_failed_at, last_failure = excluded.last_failure";
     t[stmt::purge_attempts] = "DELETE FROM idem_attempts WHERE counted_at BETWEEN ?1 AND ?2";
     t[stmt::offset_upsert] =
         "INSERT INTO idem_offsets(consumer_group, topic, partition_id, next_offset, updated_at) "
@@ -222,7 +243,6 @@ inline statement_table sqlite_statements() {
 inline statement_table postgres_statements(std::string_view prefix) {
     const std::string s(prefix);
     const std::string claims = s + "idem_claims";
-    const std::string letters = s + "idem_dead_letters";
     const std::string locks = s + "idem_locks";
     const std::string outbox = s + "idem_outbox";
     const std::string cols(outbox_columns);
@@ -256,10 +276,6 @@ inline statement_table postgres_statements(std::string_view prefix) {
     t[stmt::record_update] =
         "UPDATE " + claims + " SET outcome = $3, reason = $4 WHERE scope = $1 AND message_id = $2";
     t[stmt::claim_delete] = "DELETE FROM " + claims + " WHERE scope = $1 AND message_id = $2";
-    t[stmt::dead_letter_insert] =
-        "INSERT INTO " + letters +
-        "(scope, message_id, delivery_count, reason, payload, created_at, origin, "
-        "origin_position) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
     // SKIP LOCKED: a row a consumer holds now stays for the next run instead of waiting.
     t[stmt::purge_claims] = "DELETE FROM " + claims +
                             " WHERE (scope, message_id) IN (SELECT scope, message_id FROM " +
@@ -312,6 +328,13 @@ inline statement_table postgres_statements(std::string_view prefix) {
                              "counted_at = EXCLUDED.counted_at RETURNING attempts";
     t[stmt::attempt_find] =
         "SELECT attempts FROM " + attempts + " WHERE scope = $1 AND message_id = $2";
+    t[stmt::attempt_failure] =
+        "INSERT INTO " + attempts +
+        " AS a(scope, message_id, attempts, counted_at, first_failed_at, last_failed_at, "
+        "last_failure) VALUES ($1, $2, 0, $3::bigint, $3::bigint, $3::bigint, $4) "
+        "ON CONFLICT (scope, message_id) DO UPDATE SET counted_at = EXCLUDED.counted_at, "
+        "first_failed_at = COALESCE(a.first_failed_at, EXCLUDED.first_failed_at), "
+        "last_failed_at = EXCLUDED.last_failed_at, last_failure = EXCLUDED.last_failure";
     t[stmt::purge_attempts] = "DELETE FROM " + attempts +
                               " WHERE (scope, message_id) IN (SELECT scope, message_id FROM " +
                               attempts +
@@ -375,9 +398,6 @@ inline statement_table mysql_statements() {
         "SELECT outcome, fingerprint FROM idem_claims" + claim + " LOCK IN SHARE MODE";
     t[stmt::record_update] = "UPDATE idem_claims SET outcome = ?3, reason = ?4" + claim;
     t[stmt::claim_delete] = "DELETE FROM idem_claims" + claim;
-    t[stmt::dead_letter_insert] =
-        "INSERT INTO idem_dead_letters(scope, message_id, delivery_count, reason, payload, "
-        "created_at, origin, origin_position) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
     t[stmt::purge_claims] = "DELETE FROM idem_claims WHERE claimed_at BETWEEN ?1 AND ?2";
     t[stmt::purge_outbox] =
         "DELETE FROM idem_outbox WHERE sent_at BETWEEN ?1 AND ?2 AND parked = 0";
@@ -393,6 +413,10 @@ inline statement_table mysql_statements() {
     t[stmt::attempt_delete] =
         "DELETE FROM idem_attempts WHERE attempt_key = " + mysql_claim_key("?1", "?2") +
         " AND scope = ?1 AND message_id = ?2";
+    t[stmt::dead_letter_insert] =
+        dead_letter_insert_text("idem_", "?",
+                                " WHERE attempt_key = " + mysql_claim_key("?1", "?2") +
+                                    " AND scope = ?1 AND message_id = ?2");
     t[stmt::outbox_rearm] =
         "UPDATE idem_outbox SET destination = ?1, payload = ?3, sent_at = NULL, attempts = 0, "
         "last_error = X'', next_attempt_at = ?4, created_at = ?4, lease_until = NULL, "
@@ -429,6 +453,11 @@ inline statement_table mysql_statements() {
     t[stmt::attempt_find] =
         "SELECT attempts FROM idem_attempts WHERE attempt_key = " + mysql_claim_key("?1", "?2") +
         " AND scope = ?1 AND message_id = ?2";
+    t[stmt::attempt_failure] =
+        "INSERT INTO idem_attempts(scope, message_id, attempts, counted_at, first_failed_at, "
+        "last_failed_at, last_failure) VALUES (?1, ?2, 0, ?3, ?3, ?3, ?4) "
+        "ON DUPLICATE KEY UPDATE counted_at = ?3, "
+        "first_failed_at = COALESCE(first_failed_at, ?3), last_failed_at = ?3, last_failure = ?4";
     t[stmt::purge_attempts] = "DELETE FROM idem_attempts WHERE counted_at BETWEEN ?1 AND ?2";
     t[stmt::offset_upsert] =
         "INSERT INTO idem_offsets(consumer_group, topic, partition_id, next_offset, updated_at) "

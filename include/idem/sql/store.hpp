@@ -97,8 +97,7 @@ class basic_store {
     /// @brief One cheap check that the store answers now, for idem::probe_store() (the circuit
     /// breaker's probe): PostgreSQL runs `SELECT 1` (a round trip; a connection found dead is
     /// reconnected once), SQLite `BEGIN IMMEDIATE` + `ROLLBACK` (another writer holding the
-    /// database past the busy timeout answers store_timeout).
-    /// @throws store_unavailable, store_timeout; usage_error as begin() does.
+    /// database past the busy timeout: store_timeout). @throws store_unavailable, usage_error.
     void ping() {
         Lock lock(*this, "ping()");
         if constexpr (has_driver_ping<Driver>::value) {
@@ -133,10 +132,9 @@ class basic_store {
     /// included, in one statement committed on its own (an upsert: attempts + 1). For brokers
     /// without a delivery count (Kafka): call it BEFORE begin(), so a worker that dies in the
     /// effect has still counted the attempt and the poison limit ends a message that kills
-    /// every worker. Processes and hosts counting the same id at once each get their own
-    /// number. The counter stays until purge() finds it older than the retention.
-    /// @throws store_unavailable, store_timeout; usage_error as begin() does (also on a thread
-    /// that holds a transaction of this store: count before begin()).
+    /// every worker. Racing counters of one id each get their own number; the counter stays
+    /// until purge() finds it older than the retention. @throws store_unavailable,
+    /// store_timeout; usage_error as begin() does (also on a thread holding a transaction).
     std::uint32_t count_attempt(std::string_view scope, std::string_view id) {
         Lock lock(*this, "count_attempt()");
         std::optional<std::int64_t> count;
@@ -152,6 +150,16 @@ class basic_store {
                 fmt::format("idem {}: count_attempt(): the count was not returned", Driver::name));
         }
         return to_count(*count);
+    }
+
+    /// @brief Records a failure of the effect of (@p scope, @p id) in its attempt row (committed
+    /// on its own; cleared by its redrive, purged with the counts): a later dead letter of it
+    /// carries @p failure and when the first and last were. @throws as count_attempt().
+    void note_failure(std::string_view scope, std::string_view id, std::string_view failure,
+                      std::chrono::seconds /*keep_for*/) {
+        Lock lock(*this, "note_failure()");
+        driver_.run(stmt::attempt_failure, "note_failure", access::write, no_rows{}, Blob{scope},
+                    Blob{id}, now_ms(), Blob{failure});
     }
 
     /// @brief The attempts count_attempt() counted for (@p scope, @p id); 0 when none.
@@ -213,16 +221,12 @@ class basic_store {
         return redrive_core::list(*this, selection);
     }
 
-    /// @brief Brings the dead letters @p selection takes back, each exactly once, in one
-    /// transaction per entry (sql/redrive.hpp): the entry is marked redriven, the claim that
-    /// still records it as dead_lettered is deleted with its attempt count (a fresh poison
-    /// limit), and an outbox intent re-publishes the payload to RedriveOptions::destination
-    /// with the message id as its key; the relay ships it and the handler processes it as new.
-    /// An entry redriven before, or whose claim records another outcome now, is reported and
-    /// left alone; redrives racing on other threads or connections redrive each entry once.
-    /// A dry run judges and changes nothing.
-    /// @throws usage_error for an empty destination. A failed entry's transaction is reported
-    /// (RedriveStatus::failed) and rolled back.
+    /// @brief Brings the dead letters @p selection takes back, each exactly once
+    /// (contract/redrive.hpp), in one transaction per entry (sql/redrive.hpp): the entry marked
+    /// redriven, the claim still dead_lettered deleted with its attempt count (a fresh poison
+    /// limit), an outbox intent re-publishing the payload under the message id; racing
+    /// redrives redrive each entry once. @throws usage_error for a bad rate or a refused
+    /// destination; a failed entry is reported (RedriveStatus::failed) and rolled back.
     RedriveReport redrive(const DeadLetterSelection& selection, const RedriveOptions& options) {
         return redrive_core::redrive(*this, selection, options);
     }

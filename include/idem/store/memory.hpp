@@ -169,6 +169,12 @@ class MemoryStore {
             if (stored.created_at == std::chrono::system_clock::time_point{}) {
                 stored.created_at = store_->now();
             }
+            auto failed = store_->attempts_.find(ClaimView{letter.scope, letter.message_id});
+            if (failed != store_->attempts_.end()) {  // its failures, as recorded
+                stored.failure = failed->second.failure;
+                stored.first_failed_at = failed->second.first_failed_at;
+                stored.last_failed_at = failed->second.last_failed_at;
+            }
             stored.id = ++store_->dead_letter_sequence_;  // as the SQL stores: the row's own
             stored.redrive_count = 0;
             stored.redriven_at.reset();
@@ -435,14 +441,7 @@ class MemoryStore {
         const auto at = now();
         const auto cutoff = at - older_than;
         PurgeResult result;
-        for (auto it = claims_.begin(); it != claims_.end();) {
-            if (it->second.claimed_at < cutoff) {
-                it = claims_.erase(it);
-                ++result.claims;
-            } else {
-                ++it;
-            }
-        }
+        result.claims = erase_where(claims_, [&](const auto& c) { return c.claimed_at < cutoff; });
         // No transaction is open (we hold its mutex), so no undo entry points into outbox_.
         const auto sent_before_cutoff = [&](const OutboxEntry& entry) {
             return entry.row.sent_at && *entry.row.sent_at < cutoff && !entry.row.parked;
@@ -453,22 +452,10 @@ class MemoryStore {
         const auto kept = std::remove_if(outbox_.begin(), outbox_.end(), sent_before_cutoff);
         result.sent_intents = static_cast<std::size_t>(outbox_.end() - kept);
         outbox_.erase(kept, outbox_.end());
-        for (auto it = held_locks_.begin(); it != held_locks_.end();) {
-            if (it->second.expires_at < at) {
-                it = held_locks_.erase(it);
-                ++result.expired_locks;
-            } else {
-                ++it;
-            }
-        }
-        for (auto it = attempts_.begin(); it != attempts_.end();) {
-            if (it->second.counted_at < cutoff) {
-                it = attempts_.erase(it);
-                ++result.attempt_counts;
-            } else {
-                ++it;
-            }
-        }
+        result.expired_locks =
+            erase_where(held_locks_, [&](const HeldLock& l) { return l.expires_at < at; });
+        result.attempt_counts =
+            erase_where(attempts_, [&](const AttemptCount& a) { return a.counted_at < cutoff; });
         result.batches = 1;
         if (options.on_batch) options.on_batch(result);
         return result;
@@ -485,16 +472,25 @@ class MemoryStore {
                 "this store; count before begin()");
         }
         std::lock_guard<std::mutex> lock(mutex_);
-        auto it = attempts_.find(ClaimView{scope, id});
-        if (it == attempts_.end()) {
-            it = attempts_.emplace(ClaimKey{std::string(scope), std::string(id)}, AttemptCount{})
-                     .first;
-        }
-        if (it->second.attempts < std::numeric_limits<std::uint32_t>::max()) {
-            ++it->second.attempts;
-        }
-        it->second.counted_at = now();
-        return it->second.attempts;
+        AttemptCount& count = attempts_[ClaimKey{std::string(scope), std::string(id)}];
+        if (count.attempts < std::numeric_limits<std::uint32_t>::max()) ++count.attempts;
+        count.counted_at = now();
+        return count.attempts;
+    }
+
+    /// @brief Records a failure of the effect of (@p scope, @p id): a later dead letter of it
+    /// carries @p failure and when the first and the last were (@p keep_for: for stores that
+    /// expire it). Skipped on a thread that holds a transaction of this store.
+    void note_failure(std::string_view scope, std::string_view id, std::string_view failure,
+                      std::chrono::seconds /*keep_for*/) {
+        if (owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) return;
+        // The record is the attempt count's: purged with it, cleared by a redrive.
+        std::lock_guard<std::mutex> lock(mutex_);
+        AttemptCount& count = attempts_[ClaimKey{std::string(scope), std::string(id)}];
+        count.counted_at = now();
+        if (!count.first_failed_at) count.first_failed_at = count.counted_at;
+        count.last_failed_at = count.counted_at;
+        count.failure = std::string(failure);
     }
 
     /// @brief The attempts count_attempt() counted for (@p scope, @p id); 0 when none.
@@ -530,10 +526,7 @@ class MemoryStore {
     }
 
     /// Every committed dead letter, oldest first (redriven entries too: redriven_at is set).
-    [[nodiscard]] std::vector<DeadLetter> dead_letters() {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return dead_letters_;
-    }
+    [[nodiscard]] std::vector<DeadLetter> dead_letters() { return dead_letters({}); }
 
     /// The committed dead letters @p selection takes, oldest first (contract/redrive.hpp).
     [[nodiscard]] std::vector<DeadLetter> dead_letters(const DeadLetterSelection& selection) {
@@ -551,7 +544,6 @@ class MemoryStore {
     /// marked redriven, the claim still dead_lettered removed with its attempt count, and an
     /// outbox intent re-publishes the payload under the message id. An injected commit fault
     /// (Fault::commit) fails the entry with nothing changed; Fault::begin fails it as well.
-    /// @throws usage_error for an empty destination.
     RedriveReport redrive(const DeadLetterSelection& selection, const RedriveOptions& options) {
         options.validate("idem::MemoryStore: redrive()");
         return detail::run_redrive(
@@ -561,9 +553,8 @@ class MemoryStore {
             },
             [this](std::int64_t id) -> std::optional<DeadLetter> {
                 std::lock_guard<std::mutex> lock(mutex_);
-                for (const DeadLetter& letter : dead_letters_) {
+                for (const DeadLetter& letter : dead_letters_)
                     if (letter.id == id) return letter;
-                }
                 return std::nullopt;
             },
             [&](const DeadLetter& letter) { return redrive_one(letter, options); });
@@ -742,11 +733,9 @@ class MemoryStore {
     }
 
     void take_fault(Fault fault) {
-        if (fault_pending(fault)) {
-            throw injected_fault(fault == Fault::begin
-                                     ? "idem::MemoryStore: injected failure in begin()"
-                                     : "idem::MemoryStore: injected failure in claim()");
-        }
+        if (!fault_pending(fault)) return;
+        throw injected_fault(fmt::format("idem::MemoryStore: injected failure in {}()",
+                                         fault == Fault::begin ? "begin" : "claim"));
     }
 
     std::optional<std::string> get_locked(std::string_view collection, std::string_view key) const {
@@ -771,6 +760,15 @@ class MemoryStore {
         throw usage_error(fmt::format("idem::MemoryStore: no outbox intent with id {}", id));
     }
 
+    /// Erases the entries of @p map whose value @p expired says so; answers how many.
+    template <class Map, class Expired>
+    static std::size_t erase_where(Map& map, Expired&& expired) {
+        std::size_t erased = 0;
+        for (auto it = map.begin(); it != map.end();)
+            it = expired(it->second) ? (++erased, map.erase(it)) : std::next(it);
+        return erased;
+    }
+
     std::size_t count_locked(std::string_view collection) const {
         auto c = collections_.find(collection);
         return c == collections_.end() ? 0 : c->second.size();
@@ -783,6 +781,8 @@ class MemoryStore {
     struct AttemptCount {
         std::uint32_t attempts = 0;
         std::chrono::system_clock::time_point counted_at{};
+        std::string failure{};  ///< the last note_failure()'s, and when the first and last were
+        std::optional<std::chrono::system_clock::time_point> first_failed_at{}, last_failed_at{};
     };
     std::map<ClaimKey, AttemptCount, ClaimOrder> attempts_;
     std::vector<DeadLetter> dead_letters_;

@@ -166,6 +166,14 @@ class RedisStore {
         return redis::dead_letters(context_, selection);
     }
 
+    /// @brief Records a failure of the effect of (@p scope, @p id) in a hash in its claim's slot
+    /// (one script), kept @p keep_for and cleared by its redrive: a later dead letter of it
+    /// carries @p failure and when the first and the last were. @throws store_error.
+    void note_failure(std::string_view scope, std::string_view id, std::string_view failure,
+                      std::chrono::seconds keep_for) {
+        redis::note_failure(context_, scope, id, failure, keep_for);
+    }
+
     /// @brief Brings the dead letters @p selection takes back, each exactly once, by one script
     /// per entry on its claim's hash slot (store/redis/redrive.hpp): the claim that still records
     /// it as dead_lettered is deleted (with its attempt count: a fresh poison limit), an outbox
@@ -174,8 +182,8 @@ class RedisStore {
     /// ships the intents (lease_outbox()). An entry redriven before, or whose claim records
     /// another outcome now, is reported and left alone; concurrent redrives redrive each entry
     /// once. A dry run judges and changes nothing.
-    /// @throws usage_error for an empty destination. A failed entry is reported
-    /// (RedriveStatus::failed) with nothing of it written.
+    /// @throws usage_error for a bad rate. A failed entry is reported (RedriveStatus::failed)
+    /// with nothing of it written.
     RedriveReport redrive(const DeadLetterSelection& selection, const RedriveOptions& options) {
         return redis::redrive(context_, outbox_, selection, options);
     }

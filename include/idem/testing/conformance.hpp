@@ -117,7 +117,8 @@ REGISTER_TYPED_TEST_SUITE_P(
     ConcurrentRedrivesWriteOneIntentPerMessage, FailedRedriveLeavesNothingAndARerunRedrivesOnce,
     MessageParkedAgainKeepsItsHistory, SelectionTakesScopeIdsReasonTimeAndLimitOldestFirst,
     ListingWalksEveryEntryPastManyPages, PurgeDeletesOnlyTheSelectedEntriesAndKeepsTheirClaims,
-    ARateSpacesTheRedrives, WithoutADestinationEachMessageGoesBackToItsOrigin);
+    ARateSpacesTheRedrives, WithoutADestinationEachMessageGoesBackToItsOrigin,
+    ADeadLetterSaysHowAndWhenItsEffectFailed, ABatchNotesEachFailedEffect);
 // Optional: a store without redrive() (examples/journal_store) does not
 // instantiate it, and GoogleTest must not fail it for that.
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(IdemRedriveConformance);

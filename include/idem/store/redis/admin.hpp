@@ -140,6 +140,11 @@ inline std::optional<StoredDeadLetter> dead_letter_of(const Reply& entry) {
         if (name == "seq") item.seq = static_cast<std::uint32_t>(parse_int(value));
         if (name == "origin") item.letter.origin = value;
         if (name == "origin_position") item.letter.origin_position = value;
+        if (name == "failure") item.letter.failure = value;
+        if (name == "first_failed_at" && !value.empty())
+            item.letter.first_failed_at = from_unix_ms(parse_int(value));
+        if (name == "last_failed_at" && !value.empty())
+            item.letter.last_failed_at = from_unix_ms(parse_int(value));
     }
     return item;
 }

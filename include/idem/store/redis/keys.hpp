@@ -74,6 +74,11 @@ class KeyLayout {
     [[nodiscard]] std::string dead_letter(std::string_view scope, std::string_view id) const {
         return tagged('d', scope, id);
     }
+    /// The failures noted for (scope, id) (note_failure()): a hash in the claim's slot, whose kind
+    /// letter the scripts put in place of the claim's or the dead letters' ('f').
+    [[nodiscard]] std::string failures(std::string_view scope, std::string_view id) const {
+        return tagged('f', scope, id);
+    }
     /// The outbox intent that re-publishes (scope, id) after a redrive: a hash in the claim's slot.
     [[nodiscard]] std::string outbox(std::string_view scope, std::string_view id) const {
         return tagged('o', scope, id);

@@ -11,12 +11,14 @@
 /// version is announced to the outbox index first (store/redis/outbox.hpp). Link idem::redis.
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -59,6 +61,9 @@ redis.call('HSET', KEYS[3], 'id', ARGV[4], 'destination', ARGV[3], 'key', ARGV[5
            'payload', payload, 'created_at', now, 'sent_at', '', 'attempts', '0',
            'last_error', '', 'next_attempt_at', '0', 'parked', '0', 'leased_until', '0')
 redis.call('DEL', KEYS[1])
+-- Its noted failures too (KeyLayout::failures(): 'f' for the claim's 'c'): a fresh history.
+local tag = string.find(KEYS[1], '{', 1, true)
+redis.call('DEL', string.sub(KEYS[1], 1, tag - 2) .. 'f' .. string.sub(KEYS[1], tag))
 redis.call('XADD', KEYS[2], '*', 'redriven', ARGV[1], 'at', now, 'count', marks + 1)
 return 1
 )";
@@ -174,6 +179,32 @@ inline std::optional<DeadLetter> reread_letter(StoreContext& store,
         if (now.entry == stored.entry) return std::move(now.letter);
     }
     return std::nullopt;
+}
+
+/// KEYS: the message's failures hash. ARGV: now ('' for the server's clock), the failure's
+/// text, how long to keep the hash (ms). The first failure's time is kept, the last replaced.
+inline const Script& note_failure_script() {
+    static const std::string source = lua({lua_now}) + R"(
+local now = now_text(ARGV[1])
+redis.call('HSETNX', KEYS[1], 'first', now)
+redis.call('HSET', KEYS[1], 'last', now, 'failure', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+)";
+    static const Script script{"note_failure", source.c_str()};
+    return script;
+}
+
+/// RedisStore::note_failure(): see its documentation.
+inline void note_failure(StoreContext& store, std::string_view scope, std::string_view id,
+                         std::string_view failure, std::chrono::seconds keep_for) {
+    const std::string key = store.keys.failures(scope, id);
+    const auto keep_ms = std::chrono::duration_cast<std::chrono::milliseconds>(keep_for).count();
+    Reply reply = store.router.on_key(key, [&](Connection& c) {
+        return c.eval(note_failure_script(), {key},
+                      {store.now_arg(), std::string(failure), std::to_string(keep_ms)});
+    });
+    store.check_script(reply, "note_failure");
 }
 
 /// One letter's redrive script; true when it redrove it.

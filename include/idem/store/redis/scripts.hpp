@@ -116,11 +116,16 @@ add_letter = function(key, scope, id, count, reason, payload, created_at, order_
   local t = redis.call('TIME')
   if created_at == '' then created_at = now_text(ARGV[1], t) end
   letter_seq = letter_seq + 1
+  -- The failures noted for the message (KeyLayout::failures(): 'f' for the letters' 'd').
+  local tag = string.find(key, '{', 1, true)
+  local failed = redis.call('HMGET', string.sub(key, 1, tag - 2) .. 'f' .. string.sub(key, tag),
+                            'failure', 'first', 'last')
   redis.call('XADD', key, '*', 'scope', scope, 'id', id, 'delivery_count', count,
              'reason', reason, 'payload', payload, 'created_at', created_at,
              'order_us', order_us or (t[1] .. string.format('%06d', t[2])),
              'seq', seq or letter_seq, 'origin', origin or '',
-             'origin_position', origin_position or '')
+             'origin_position', origin_position or '', 'failure', failed[1] or '',
+             'first_failed_at', failed[2] or '', 'last_failed_at', failed[3] or '')
 end
 )";
 

@@ -587,3 +587,53 @@ TYPED_TEST_P(IdemRedriveConformance, WithoutADestinationEachMessageGoesBackToIts
     EXPECT_EQ(named.entries[0].status, idem::RedriveStatus::redriven);
     EXPECT_EQ(this->store().outbox_rows().size(), 3u);
 }
+
+TYPED_TEST_P(IdemRedriveConformance, ADeadLetterSaysHowAndWhenItsEffectFailed) {
+    auto handler = this->consumer();  // its effect throws "gateway 503"
+    const auto started = this->env.now;
+    EXPECT_EQ(handler.handle(idem::Delivery{"f-1", 1u}, std::string("f-1")).disposition,
+              idem::Disposition::failed);
+    this->env.now = started + std::chrono::minutes(1);
+    EXPECT_EQ(handler.handle(idem::Delivery{"f-1", 2u}, std::string("f-1")).disposition,
+              idem::Disposition::failed);
+    this->env.now = started + std::chrono::minutes(2);
+    this->park(handler, "f-1");
+    auto letters = this->store().dead_letters(this->ids({"f-1"}));
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_NE(letters[0].failure.find("gateway 503"), std::string::npos) << letters[0].failure;
+    ASSERT_TRUE(letters[0].first_failed_at.has_value());
+    EXPECT_EQ(*letters[0].first_failed_at, started);
+    ASSERT_TRUE(letters[0].last_failed_at.has_value());
+    EXPECT_GE(*letters[0].last_failed_at, started + std::chrono::minutes(1));
+    EXPECT_LE(*letters[0].last_failed_at, started + std::chrono::minutes(2));
+
+    // Its redrive clears the history: parked again, the new entry keeps none from before.
+    ASSERT_EQ(this->store()
+                  .redrive(this->ids({"f-1"}), this->to_orders())
+                  .count(idem::RedriveStatus::redriven),
+              1u);
+    this->env.now = started + std::chrono::minutes(10);
+    this->park(handler, "f-1");
+    letters = this->store().dead_letters(this->ids({"f-1"}));
+    ASSERT_EQ(letters.size(), 2u);
+    EXPECT_EQ(*letters[0].first_failed_at, started) << "the older entry keeps its history";
+    EXPECT_FALSE(letters[1].first_failed_at &&
+                 *letters[1].first_failed_at < started + std::chrono::minutes(10));
+}
+
+TYPED_TEST_P(IdemRedriveConformance, ABatchNotesEachFailedEffect) {
+    auto handler = this->consumer();  // its effect throws "gateway 503"
+    const std::vector<idem::Delivery> deliveries{{"b-1", 1u}, {"b-2", 1u}};
+    const std::vector<std::string> bodies{"b-1", "b-2"};
+    for (const idem::Outcome& outcome : handler.handle_batch(deliveries, bodies))
+        EXPECT_EQ(outcome.disposition, idem::Disposition::failed) << outcome.reason;
+    this->park(handler, "b-1");
+    this->park(handler, "b-2");
+    const auto letters = this->store().dead_letters(this->ids({}));
+    ASSERT_EQ(letters.size(), 2u);
+    for (const idem::DeadLetter& letter : letters) {
+        EXPECT_NE(letter.failure.find("gateway 503"), std::string::npos) << letter.message_id;
+        ASSERT_TRUE(letter.first_failed_at.has_value()) << letter.message_id;
+        EXPECT_EQ(*letter.first_failed_at, this->env.now);
+    }
+}
