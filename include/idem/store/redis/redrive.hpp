@@ -38,7 +38,7 @@ namespace redis {
 /// the server's), destination, the intent's version id, the message id. 1: redriven; 0: nothing
 /// to do (the letter is gone or redriven before, or the claim records no dead letter now).
 inline const std::string& redrive_source() {
-    static const std::string source = lua({lua_now}) + R"(
+    static const std::string source = lua({lua_now, lua_sibling}) + R"(
 local letter, marks = nil, 0
 for _, e in ipairs(redis.call('XRANGE', KEYS[2], '-', '+')) do
   local f = e[2]
@@ -61,9 +61,7 @@ redis.call('HSET', KEYS[3], 'id', ARGV[4], 'destination', ARGV[3], 'key', ARGV[5
            'payload', payload, 'created_at', now, 'sent_at', '', 'attempts', '0',
            'last_error', '', 'next_attempt_at', '0', 'parked', '0', 'leased_until', '0')
 redis.call('DEL', KEYS[1])
--- Its noted failures too (KeyLayout::failures(): 'f' for the claim's 'c'): a fresh history.
-local tag = string.find(KEYS[1], '{', 1, true)
-redis.call('DEL', string.sub(KEYS[1], 1, tag - 2) .. 'f' .. string.sub(KEYS[1], tag))
+redis.call('DEL', sibling(KEYS[1], 'f'))  -- its noted failures too: a fresh history
 redis.call('XADD', KEYS[2], '*', 'redriven', ARGV[1], 'at', now, 'count', marks + 1)
 return 1
 )";

@@ -104,11 +104,21 @@ local function release(key, prefix)
 end
 )";
 
+/// Lua: sibling(key, kind), the key of another kind in the same hash slot (KeyLayout): @p key's
+/// kind letter, the one before the hash tag, replaced by @p kind ('c' the claim, 'd' its dead
+/// letters, 'f' its noted failures). Include it before the snippets that use it.
+inline constexpr const char* lua_sibling = R"(
+local function sibling(key, kind)
+  local tag = string.find(key, '{', 1, true)
+  return string.sub(key, 1, tag - 2) .. kind .. string.sub(key, tag)
+end
+)";
+
 /// Adds a dead letter to a stream: assigns `add_letter` (declared by the caller; needs
-/// lua_now). The clock is read only here, once a letter. After created_at, `order_us` and `seq`
-/// order the letters of all streams as written: the commit's time and the letter's rank in its
-/// transaction (given by the client, the same across the slots of one commit), else the
-/// server's microseconds and the rank in this script.
+/// lua_now and lua_sibling). The clock is read only here, once a letter. After created_at,
+/// `order_us` and `seq` order the letters of all streams as written: the commit's time and the
+/// letter's rank in its transaction (given by the client, the same across the slots of one commit),
+/// else the server's microseconds and the rank in this script.
 inline constexpr const char* lua_add_letter = R"(
 local letter_seq = 0
 add_letter = function(key, scope, id, count, reason, payload, created_at, order_us, seq,
@@ -116,10 +126,8 @@ add_letter = function(key, scope, id, count, reason, payload, created_at, order_
   local t = redis.call('TIME')
   if created_at == '' then created_at = now_text(ARGV[1], t) end
   letter_seq = letter_seq + 1
-  -- The failures noted for the message (KeyLayout::failures(): 'f' for the letters' 'd').
-  local tag = string.find(key, '{', 1, true)
-  local failed = redis.call('HMGET', string.sub(key, 1, tag - 2) .. 'f' .. string.sub(key, tag),
-                            'failure', 'first', 'last')
+  -- The failures noted for the message (KeyLayout::failures()); lua_sibling comes first.
+  local failed = redis.call('HMGET', sibling(key, 'f'), 'failure', 'first', 'last')
   redis.call('XADD', key, '*', 'scope', scope, 'id', id, 'delivery_count', count,
              'reason', reason, 'payload', payload, 'created_at', created_at,
              'order_us', order_us or (t[1] .. string.format('%06d', t[2])),
@@ -210,7 +218,7 @@ i = letters_at + 10 * n_letters
 local n_commands = tonumber(ARGV[i]); i = i + 1
 local add_letter
 if n_letters > 0 then
-)") + lua_now + lua_add_letter +
+)") + lua_now + lua_sibling + lua_add_letter +
                                       R"(
 end
 for k = 1, n_commands do
@@ -220,7 +228,8 @@ for k = 1, n_commands do
   i = i + 1 + argc
   if type(result) == 'table' and result.err then
     if k == 1 then return {'command_failed', '1', result.err} end
-)" + lua_now + lua_fields + lua_add_letter +
+)" + lua_now + lua_fields + lua_sibling +
+                                      lua_add_letter +
                                       R"(
     -- Redis cannot undo commands 1..k-1: park the claims so a redelivery does not apply them a
     -- second time, and leave a dead letter for a human.
@@ -228,11 +237,8 @@ for k = 1, n_commands do
                 (k - 1) .. ' had been applied (Redis cannot roll back): ' .. result.err
     for c = 1, n_claims do
       redis.call('SET', KEYS[c], 'done||dead_lettered|' .. rest[c] .. why, 'KEEPTTL')
-      -- The claim's dead letters: its key with 'd' for 'c' before the hash tag (same slot).
-      local tag = string.find(KEYS[c], '{', 1, true)
-      local letters = string.sub(KEYS[c], 1, tag - 2) .. 'd' .. string.sub(KEYS[c], tag)
       local _, scope, id = fields(rest[c])
-      add_letter(letters, scope, id, string.match(rest[c], '^%d+'), why, '', '')
+      add_letter(sibling(KEYS[c], 'd'), scope, id, string.match(rest[c], '^%d+'), why, '', '')
     end
     return {'partial', tostring(k), why}
   end
@@ -319,7 +325,8 @@ for k = 1, tonumber(ARGV[9]) do
       return {'command_failed', '1', result.err}
     end
     local add_letter
-)" + lua_now + lua_fields + lua_add_letter +
+)" + lua_now + lua_fields + lua_sibling +
+                                      lua_add_letter +
                                       R"(
     -- Redis cannot undo writes 1..k-1: park the claim so a redelivery does not apply them again.
     local why = 'Redis command ' .. k .. ' of the commit (' .. ARGV[i + 1] .. ') failed after ' ..
