@@ -19,7 +19,7 @@
 /// @brief Version of the tables the SQL stores (SqliteStore, PostgresStore, MysqlStore) create
 /// and migrate to, recorded in their `idem_schema` table; a database with a newer one is refused.
 /// The same number as idem::sql::schema_version and each SQL store's `schema_version`.
-#define IDEM_SQL_SCHEMA_VERSION 5
+#define IDEM_SQL_SCHEMA_VERSION 6
 /// @brief Version of the layout of RedisStore's keys and claim records
 /// (idem/store/redis/record.hpp, keys.hpp); the same number as idem::RedisStore::schema_version.
 /// It is not written to Redis: a worker does not detect a record of another layout, so a change

@@ -89,6 +89,7 @@ class IdempotentHandler {
         detail::Measure measure;
         Outcome outcome =
             detail::handle_one(runner_, delivery, body, nullptr, watch.on() ? &measure : nullptr);
+        runner_.recall_failure(delivery, outcome);
         runner_.report(delivery, body, outcome, watch.elapsed(), measure);
         return outcome;
     }
@@ -107,6 +108,7 @@ class IdempotentHandler {
         detail::Measure measure;
         Outcome outcome =
             detail::handle_one(runner_, delivery, body, &hook, watch.on() ? &measure : nullptr);
+        runner_.recall_failure(delivery, outcome);
         runner_.report(delivery, body, outcome, watch.elapsed(), measure);
         return outcome;
     }

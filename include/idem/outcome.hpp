@@ -150,6 +150,14 @@ inline std::ostream& operator<<(std::ostream& out, FailureCause c) {
     return FailureCause::other;
 }
 
+/// @brief How a message's effect failed before it was parked, as its store recorded it
+/// (Store::note_failure()): the last failure's text and when the first and the last were.
+struct NotedFailure {
+    std::string text;                               ///< the last failed outcome's reason
+    std::chrono::system_clock::time_point first{};  ///< when the first failure was noted
+    std::chrono::system_clock::time_point last{};   ///< when the last one was
+};
+
 /// @brief The result of IdempotentHandler::handle(): a disposition and a human-readable reason.
 struct Outcome {
     Disposition disposition = Disposition::failed;  ///< what happened (the contract table)
@@ -169,6 +177,10 @@ struct Outcome {
     /// (ClaimResult::attempts on a lease store, DeliveryCounter::store), else the broker's. A
     /// broker's dead-letter copy carries it (envelope::delivery_count).
     std::optional<std::uint32_t> delivery_count{};
+    /// For a dead-lettered outcome (or a duplicate of a dead-lettered message): how its effect
+    /// failed before, where the store keeps a record of it (Store::noted_failure()), as its
+    /// DeadLetter record carries it; a broker's dead-letter copy carries it too.
+    std::optional<NotedFailure> noted_failure{};
 
     /// @brief True for a failed outcome caused by a store that cannot be reached or does not
     /// answer: retrying the next message now would fail the same way, so a consumer loop pauses

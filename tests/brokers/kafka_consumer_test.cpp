@@ -460,6 +460,44 @@ TEST(KafkaConsumerOrder, ARetriedRecordKeepsPartitionOrder) {
     consumer.close();
 }
 
+// A record whose effect keeps failing is parked at the poison limit (the store's count: Kafka
+// keeps none); its DLT copy says how the effect failed and when, as the store's entry does.
+TEST(KafkaDeadLetters, TheCopySaysHowTheEffectFailed) {
+    idem::testing::TempDir dir;
+    idem::SqliteStore store{dir.file("failed.db")};
+    const std::string topic = unique("t");
+    cluster->create_topic(topic, 1);
+    cluster->create_topic(topic + ".DLT", 1);
+    produce(topic, 0, 1);
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 3;
+    auto handler = idem::make_handler(
+        store, idem::Policy{"failing", policy},
+        [&](auto&, const KafkaMessage&) -> void { throw std::runtime_error("gateway 503"); });
+    KafkaConsumerOptions options{{topic}, unique("g")};
+    options.poll_wait = 100ms;
+    options.redelivery_backoff.initial = 20ms;
+    options.redelivery_backoff.max = 50ms;
+    KafkaConsumer consumer{client_config(), options, handler};
+    ASSERT_TRUE(eventually([&] {
+        consumer.poll_once();
+        return handler.counters().dead_lettered == 1;
+    }));
+    consumer.close();
+    const auto kept = store.dead_letters();
+    ASSERT_EQ(kept.size(), 1u);
+    EXPECT_NE(kept[0].failure.find("gateway 503"), std::string::npos) << kept[0].failure;
+    ASSERT_TRUE(kept[0].first_failed_at && kept[0].last_failed_at);
+    const auto letters = read_all(topic + ".DLT", 1);
+    ASSERT_EQ(letters.size(), 1u);
+    EXPECT_EQ(letters[0].header("idem-delivery-count").value_or(""), "3");
+    EXPECT_EQ(letters[0].header("idem-failure").value_or(""), kept[0].failure);
+    EXPECT_EQ(letters[0].header("idem-first-failed-at").value_or(""),
+              std::to_string(idem::to_unix_ms(*kept[0].first_failed_at)));
+    EXPECT_EQ(letters[0].header("idem-last-failed-at").value_or(""),
+              std::to_string(idem::to_unix_ms(*kept[0].last_failed_at)));
+}
+
 // Offsets in the store: a member SIGKILLed after its commit (its Kafka offset commit never
 // sent); the next owner starts at the offset stored with the last effect, so no committed record
 // reaches the handler again, and each partition's stored offset equals its effects.

@@ -433,6 +433,14 @@ TEST_F(JetStreamTest, PoisonAtTheLimitIsPublishedToTheDeadLetterSubjectThenTermi
     ASSERT_EQ(kept.size(), 1u);
     EXPECT_EQ(kept[0].origin, stream_ + ".orders") << "the subject: where a redrive sends it back";
     EXPECT_EQ(kept[0].origin_position, "stream " + stream_ + " sequence 1");
+    // How its effect failed, and when (Unix ms), as the store's entry says.
+    EXPECT_NE(kept[0].failure.find("gateway down"), std::string::npos) << kept[0].failure;
+    ASSERT_TRUE(kept[0].first_failed_at && kept[0].last_failed_at);
+    EXPECT_EQ(letter.header("idem-failure"), kept[0].failure);
+    EXPECT_EQ(letter.header("idem-first-failed-at"),
+              std::to_string(idem::to_unix_ms(*kept[0].first_failed_at)));
+    EXPECT_EQ(letter.header("idem-last-failed-at"),
+              std::to_string(idem::to_unix_ms(*kept[0].last_failed_at)));
 
     std::lock_guard<std::mutex> lock(reports_mutex);
     ASSERT_FALSE(reports.empty());

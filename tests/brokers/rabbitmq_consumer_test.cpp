@@ -370,6 +370,14 @@ TEST_F(RabbitConsumerTest, PoisonAtTheLimitGoesToTheDeadLetterExchangeConfirmedT
     EXPECT_EQ(parked.front().payload, "bad order");
     EXPECT_EQ(parked.front().origin, "poison") << "the queue: where a redrive sends it back";
     EXPECT_EQ(parked.front().origin_position, "");
+    // How its effect failed, and when, as the store's entry says (times as AMQP longs).
+    EXPECT_NE(parked.front().failure.find("gateway says no"), std::string::npos);
+    ASSERT_TRUE(parked.front().first_failed_at && parked.front().last_failed_at);
+    EXPECT_EQ(header_text(letter, "idem-failure"), parked.front().failure);
+    EXPECT_EQ(letter.header_integer("idem-first-failed-at"),
+              std::optional<std::int64_t>(idem::to_unix_ms(*parked.front().first_failed_at)));
+    EXPECT_EQ(letter.header_integer("idem-last-failed-at"),
+              std::optional<std::int64_t>(idem::to_unix_ms(*parked.front().last_failed_at)));
 }
 
 TEST_F(RabbitConsumerTest, TheDeadLetterCopyOfTheBodyGoesThroughThePolicysRedactor) {

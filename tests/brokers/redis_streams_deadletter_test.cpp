@@ -63,6 +63,29 @@ TEST_F(StreamConsumerTest, PoisonReachesTheDeadLetterStreamAtMaxDeliveriesAndIsA
     const auto stored = store.dead_letters();  // the store keeps its own copy
     ASSERT_EQ(stored.size(), 1u);
     EXPECT_EQ(stored[0].payload, R"([["order","42"],["amount","12.50"]])");
+    expect_same_failures(letters[0], stored[0], "gateway down");
+}
+
+// The copy the RedisStore's commit writes (the commit hook) says how the effect failed, as the
+// store's own entry does.
+TEST_F(StreamConsumerTest, TheCommitsDeadLetterCopySaysHowTheEffectFailed) {
+    idem::RedisStore store{endpoint(), store_options(100ms)};
+    idem::PolicyOptions policy;
+    policy.max_deliveries = 3;
+    auto handler = idem::make_handler(
+        store, idem::Policy{"capture", policy},
+        [&](auto&, const StreamEntry&) -> void { throw std::runtime_error("gateway 503"); });
+    RedisStreamConsumer consumer{endpoint(), fast_options("orders"), handler};
+    ASSERT_TRUE(consumer.acks_in_commit());
+    const Fields fields{{"order", "9"}};
+    xadd("orders", fields);
+    ASSERT_TRUE(poll_until(consumer, [&] { return consumer.stats().dead_lettered == 1; }));
+    EXPECT_EQ(consumer.stats().acked_in_commit, 1u);
+    const auto letters = dead_letters();
+    ASSERT_EQ(letters.size(), 1u);
+    const auto stored = store.dead_letters();
+    ASSERT_EQ(stored.size(), 1u);
+    expect_same_failures(letters[0], stored[0], "gateway 503");
 }
 
 TEST_F(StreamConsumerTest, HealthReportsPendingEntriesAndTheDeadLetterDepth) {

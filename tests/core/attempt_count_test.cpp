@@ -187,6 +187,8 @@ TEST(AttemptCountSchema, AVersionOneSqliteDatabaseIsMigratedToCountAttempts) {
                                    "failure", "first_failed_at", "last_failed_at"}) {
             store.execute(std::string("ALTER TABLE idem_dead_letters DROP COLUMN ") + column);
         }
+        for (const char* column : {"scope", "message_id"})  // nor version 6's intent's writer
+            store.execute(std::string("ALTER TABLE idem_outbox DROP COLUMN ") + column);
         store.execute("UPDATE idem_schema SET version = 1");
     }
     idem::SqliteStore store{path};  // migrated through versions 2, 3 and 4

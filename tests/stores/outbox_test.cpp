@@ -205,6 +205,32 @@ TYPED_TEST(Outbox, ProcessedCommitsLedgerRowAndIntentTogether) {
     EXPECT_FALSE(rows[0].parked);
 }
 
+// Each intent records the message whose effect wrote it, in a batch too (each message's own),
+// and an intent added outside any claim records none: a message's story lists its intents.
+TYPED_TEST(Outbox, EachIntentSaysWhichMessageWroteIt) {
+    auto settle = this->settlement();
+    ASSERT_EQ(settle.handle(Delivery{"msg-1", 1u}, Payment{"1", "acct-7", 100}).disposition,
+              Disposition::processed);
+    const std::vector<Delivery> deliveries{{"msg-2", 1u}, {"msg-3", 1u}};
+    const std::vector<Payment> payments{{"2", "acct-7", 200}, {"3", "acct-7", 300}};
+    for (const auto& outcome : settle.handle_batch(deliveries, payments))
+        ASSERT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
+    this->add_intents(1, "loose-");
+
+    for (const char* n : {"1", "2", "3"}) {
+        const auto rows = this->store().outbox_rows("settle-payment", std::string("msg-") + n);
+        ASSERT_EQ(rows.size(), 1u) << n;
+        EXPECT_EQ(rows[0].idempotency_key, std::string("wire-") + n);
+        EXPECT_EQ(rows[0].scope, "settle-payment");
+        EXPECT_EQ(rows[0].message_id, std::string("msg-") + n);
+    }
+    EXPECT_TRUE(this->store().outbox_rows("other-scope", "msg-1").empty());
+    const OutboxRow* loose = this->row(this->store().outbox_rows(), "loose-1");
+    ASSERT_NE(loose, nullptr);
+    EXPECT_EQ(loose->scope, "");
+    EXPECT_EQ(loose->message_id, "");
+}
+
 TYPED_TEST(Outbox, EffectThrowingAfterTheOutboxWriteLeavesNeither) {
     auto crashing = this->settlement(/*throw_after_outbox=*/true);
     auto outcome = crashing.handle(Delivery{"msg-42", 1u}, Payment{"42", "acct-7", 12'500});

@@ -167,6 +167,7 @@ void check_upgraded(Store& store, int version,
     EXPECT_FALSE(rows[2].sent_at.has_value());
     EXPECT_EQ(rows[2].attempts, 9u);
     EXPECT_EQ(rows[2].last_error, "refused");
+    EXPECT_EQ(rows[0].message_id, "") << "an intent older than version 6 names no writer";
 
     EXPECT_FALSE(store.stored_offset("g", "t", 0).has_value());
     EXPECT_TRUE(idem_test::commit_offset(store, "g", "t", 0, 12));
@@ -189,6 +190,10 @@ void check_upgraded(Store& store, int version,
     EXPECT_EQ(redriven.disposition, idem::Disposition::processed) << redriven.reason;
     EXPECT_EQ(effects, 2);
     EXPECT_EQ(store.dead_letters()[0].redrive_count, 1u);
+    // The redrive's intent names the message it re-publishes (version 6).
+    const auto intents = store.outbox_rows("capture", "m-parked");
+    ASSERT_EQ(intents.size(), 1u);
+    EXPECT_EQ(intents[0].idempotency_key, "m-parked");
 
     // A message parked after the upgrade keeps where the broker held it.
     idem::Delivery at_limit{"m-parked-now", 99u};

@@ -82,6 +82,8 @@ TEST_F(SqliteStoreTest, VersionTwoDatabaseIsMigratedToStoredOffsets) {
         }
         for (const char* column : {"last_failure", "first_failed_at", "last_failed_at"})
             raw.exec(std::string("ALTER TABLE idem_attempts DROP COLUMN ") + column);
+        for (const char* column : {"scope", "message_id"})  // nor version 6's intent's writer
+            raw.exec(std::string("ALTER TABLE idem_outbox DROP COLUMN ") + column);
         raw.exec("UPDATE idem_schema SET version = 2");
     }
     SqliteStore migrated{file()};

@@ -87,8 +87,10 @@ struct DeadLetterEntry {
 
 inline DeadLetterEntry split_dead_letter(const StreamEntry& entry) {
     DeadLetterEntry out;
+    // The envelope: six idem-* fields, nine when it says how the effect failed.
+    const bool failures = entry.fields.size() > 4 && entry.fields[4].first == "idem-failure";
     std::size_t i = 0;
-    for (; i < entry.fields.size() && i < 6; ++i) {  // the envelope: six idem-* fields
+    for (; i < entry.fields.size() && i < (failures ? 9u : 6u); ++i) {
         EXPECT_EQ(entry.fields[i].first.rfind("idem-", 0), 0u) << entry.fields[i].first;
         out.meta.insert(entry.fields[i]);
     }
@@ -105,6 +107,21 @@ inline void expect_letter(const DeadLetterEntry& letter, const std::string& reas
     for (const auto& [name, value] : meta)
         EXPECT_EQ(letter.meta.at(name), value) << name;
     EXPECT_EQ(letter.original, original);
+}
+
+/// The dead-letter stream's @p copy and the store's @p entry of one message say the same about
+/// how its effect failed: the text (containing @p failure) and when the first and last were.
+inline void expect_same_failures(const DeadLetterEntry& copy, const idem::DeadLetter& entry,
+                                 const std::string& failure) {
+    EXPECT_NE(entry.failure.find(failure), std::string::npos) << entry.failure;
+    ASSERT_TRUE(entry.first_failed_at && entry.last_failed_at);
+    EXPECT_LE(*entry.first_failed_at, *entry.last_failed_at);
+    ASSERT_EQ(copy.meta.count("idem-failure"), 1u);
+    EXPECT_EQ(copy.meta.at("idem-failure"), entry.failure);
+    EXPECT_EQ(copy.meta.at("idem-first-failed-at"),
+              std::to_string(idem::to_unix_ms(*entry.first_failed_at)));
+    EXPECT_EQ(copy.meta.at("idem-last-failed-at"),
+              std::to_string(idem::to_unix_ms(*entry.last_failed_at)));
 }
 
 /// The effect of the RedisStore scenarios: INCR effects:<order> in the store's commit.

@@ -205,9 +205,24 @@ TYPED_TEST(IdemTool, ListsShowsRedrivesOnceAndPurgesDeadLetters) {
     relay.run_once();
     EXPECT_EQ(outcomes, (std::vector<idem::Disposition>{idem::Disposition::processed,
                                                         idem::Disposition::processed}));
+    // Its whole story: processed now, the entry it was parked under (redriven), the failures
+    // noted before (the redrive cleared the record: none since), and the redrive's intent, sent.
     const Ran claim = this->tool({"claims", "show", "orders", "m-1", "--json"});
     ASSERT_EQ(claim.status, 0) << claim.out;
     EXPECT_TRUE(has(claim.out, "\"outcome\":\"processed\"")) << claim.out;
+    EXPECT_TRUE(has(claim.out, "\"failure\":null")) << claim.out;
+    EXPECT_EQ(occurrences(claim.out, "\"entry\":"), 2u)
+        << "one dead letter, one intent: " << claim.out;
+    EXPECT_TRUE(has(claim.out, "\"redrive_count\":1")) << claim.out;
+    EXPECT_TRUE(has(claim.out, "\"outbox\":[{")) << claim.out;
+    EXPECT_TRUE(has(claim.out, "\"destination\":\"orders-in\",\"idempotency_key\":\"m-1\""))
+        << claim.out;
+    EXPECT_FALSE(has(claim.out, "\"sent_at\":null")) << "the relay sent it: " << claim.out;
+    const Ran story = this->tool({"claims", "show", "orders", "m-1"});
+    ASSERT_EQ(story.status, 0) << story.out;
+    EXPECT_TRUE(has(story.out, "claim: processed")) << story.out;
+    EXPECT_TRUE(has(story.out, "dead letter ")) << story.out;
+    EXPECT_TRUE(has(story.out, "to orders-in  key m-1  sent ")) << story.out;
 
     // Parked now: only m-3; with --all the two redriven entries too.
     listed = this->tool({"dead-letters", "list", "--json"});

@@ -77,7 +77,7 @@ Commands:
   dead-letters show      one message's dead letters, claim and attempt count
   dead-letters redrive   bring the selected messages back, each exactly once
   dead-letters purge     delete the selected dead letters (their claims stay)
-  claims show            one message's claim
+  claims show            one message's story
   purge                  delete claims (and sent intents, expired locks, attempt counts) by age
   stats                  dead letters counted by scope and reason
 
@@ -108,8 +108,10 @@ Lists the dead letters the selection takes: still parked ones only, or with --al
 entries too.
 )"},
     {"dead-letters show", R"(usage: idem dead-letters show SCOPE ID [--json]
-Shows one message's story: each dead-letter entry (with its payload, where the broker held it,
-and how and when its effect failed before it was parked), its claim and its store attempt count.
+Shows one message's story: its claim, the attempts the store counted, how its effect failed
+since its last redrive, each dead-letter entry (parked and redriven, with its payload, where the
+broker held it, and how and when its effect failed before it was parked) and the outbox intents
+its attempts wrote (its effect's and its redrives'). The same as claims show.
 )"},
     {"dead-letters redrive", R"(usage: idem dead-letters redrive [--destination DEST] [SELECTION]
                             [--rate N] [--dry-run] [--json]
@@ -132,7 +134,9 @@ re-published copy is still answered duplicate. Refuses an empty selection unless
   --dry-run            say what would be deleted, delete nothing
 )"},
     {"claims show", R"(usage: idem claims show SCOPE ID [--json]
-Shows the claim the store holds for message ID in SCOPE: its outcome, reason and time.
+Shows message ID of SCOPE's story: its claim (outcome, reason, time), the attempts the store
+counted, how its effect failed since its last redrive, its dead-letter entries and the outbox
+intents its attempts wrote (its effect's and its redrives'). The same as dead-letters show.
 )"},
     {"purge", R"(usage: idem purge --older-than AGE [--batch-rows N] [--rows-per-second N]
                   [--time-budget SECONDS] [--json]
@@ -421,6 +425,10 @@ class Store {
     virtual std::optional<idem::ClaimRecord> find_claim(const std::string& scope,
                                                         const std::string& id) = 0;
     virtual std::uint32_t attempts(const std::string& scope, const std::string& id) = 0;
+    virtual std::optional<idem::NotedFailure> noted_failure(const std::string& scope,
+                                                            const std::string& id) = 0;
+    virtual std::vector<idem::OutboxRow> outbox_rows(const std::string& scope,
+                                                     const std::string& id) = 0;
     virtual idem::PurgeResult purge(Clock::duration older_than, const idem::PurgeOptions&) = 0;
 };
 
@@ -446,6 +454,14 @@ class StoreOf final : public Store {
     }
     std::uint32_t attempts(const std::string& scope, const std::string& id) override {
         return store_.attempts(scope, id);
+    }
+    std::optional<idem::NotedFailure> noted_failure(const std::string& scope,
+                                                    const std::string& id) override {
+        return store_.noted_failure(scope, id);
+    }
+    std::vector<idem::OutboxRow> outbox_rows(const std::string& scope,
+                                             const std::string& id) override {
+        return store_.outbox_rows(scope, id);
     }
     idem::PurgeResult purge(Clock::duration older_than, const idem::PurgeOptions& o) override {
         return store_.purge(older_than, o);
@@ -682,47 +698,6 @@ int list_letters(Context& c) {
     return exit_done;
 }
 
-int show_letters(Context& c) {
-    const auto scope = c.args.word();
-    const auto id = c.args.word();
-    if (!scope || !id) throw usage_problem("dead-letters show wants SCOPE and ID");
-    c.args.finish();
-    idem::DeadLetterSelection selection;
-    selection.scope = *scope;
-    selection.message_ids = {*id};
-    Store& store = c.store();
-    const auto letters = store.dead_letters(selection);
-    const auto claim = store.find_claim(*scope, *id);
-    const std::uint32_t attempts = store.attempts(*scope, *id);
-    if (c.json) {
-        std::string out = "{\"dead_letters\":" + letters_json(letters, true) + ",\"claim\":";
-        out += claim ? fmt::format("{{\"outcome\":{},\"reason\":{},\"claimed_at\":{}}}",
-                                   json_string(idem::to_string(claim->disposition)),
-                                   json_string(claim->reason),
-                                   json_string(iso_time(claim->claimed_at)))
-                     : std::string("null");
-        fmt::print("{},\"attempts\":{}}}\n", out, attempts);
-    } else {
-        for (const auto& letter : letters) {
-            fmt::print("{}\n  payload: {}\n", letter_line(letter), shown_payload(letter.payload));
-            if (letter.first_failed_at && letter.last_failed_at) {
-                fmt::print("  failed from {} to {}, last: {}\n", iso_time(*letter.first_failed_at),
-                           iso_time(*letter.last_failed_at), letter.failure);
-            }
-        }
-        if (letters.empty()) fmt::print("no dead letter for {} in {}\n", *id, *scope);
-        if (claim) {
-            fmt::print("claim: {} at {}{}\n", idem::to_string(claim->disposition),
-                       iso_time(claim->claimed_at),
-                       claim->reason.empty() ? "" : " (" + claim->reason + ")");
-        } else {
-            fmt::print("claim: none\n");
-        }
-        fmt::print("attempts counted by the store: {}\n", attempts);
-    }
-    return exit_done;
-}
-
 int redrive(Context& c) {
     idem::RedriveOptions options;
     options.destination = c.args.value("--destination").value_or("");
@@ -824,28 +799,85 @@ int purge_letters(Context& c) {
     return exit_done;
 }
 
-int show_claim(Context& c) {
+std::string outbox_json(const idem::OutboxRow& row) {
+    return fmt::format(
+        "{{\"entry\":{},\"destination\":{},\"idempotency_key\":{},\"created_at\":{},"
+        "\"sent_at\":{},\"attempts\":{},\"last_error\":{},\"parked\":{}}}",
+        row.id, json_string(row.destination), json_string(row.idempotency_key),
+        json_string(iso_time(row.created_at)), optional_time_json(row.sent_at), row.attempts,
+        json_string(row.last_error), row.parked);
+}
+
+std::string outbox_line(const idem::OutboxRow& row) {
+    const std::string state =
+        row.parked    ? fmt::format("parked after {} attempts: {}", row.attempts, row.last_error)
+        : row.sent_at ? "sent " + iso_time(*row.sent_at)
+                      : fmt::format("unsent ({} failed sends{}{})", row.attempts,
+                                    row.last_error.empty() ? "" : ", last: ", row.last_error);
+    return fmt::format("{:>6}  {}  to {}  key {}  {}", row.id, iso_time(row.created_at),
+                       row.destination, row.idempotency_key, state);
+}
+
+/// One message's story, for `dead-letters show` and `claims show`: its claim, the attempts the
+/// store counted, the failures noted since its last redrive, its dead-letter entries (parked
+/// and redriven) and the outbox intents its attempts wrote (its effect's, its redrives').
+int show_message(Context& c, const char* verb) {
     const auto scope = c.args.word();
     const auto id = c.args.word();
-    if (!scope || !id) throw usage_problem("claims show wants SCOPE and ID");
+    if (!scope || !id) throw usage_problem(std::string(verb) + " wants SCOPE and ID");
     c.args.finish();
-    const auto claim = c.store().find_claim(*scope, *id);
+    idem::DeadLetterSelection selection;
+    selection.scope = *scope;
+    selection.message_ids = {*id};
+    Store& store = c.store();
+    const auto claim = store.find_claim(*scope, *id);
+    const std::uint32_t attempts = store.attempts(*scope, *id);
+    const auto failure = store.noted_failure(*scope, *id);
+    const auto letters = store.dead_letters(selection);
+    const auto intents = store.outbox_rows(*scope, *id);
     if (c.json) {
-        fmt::print("{}\n",
-                   claim ? fmt::format("{{\"scope\":{},\"message_id\":{},\"outcome\":{},"
-                                       "\"reason\":{},\"claimed_at\":{}}}",
-                                       json_string(claim->scope), json_string(claim->message_id),
-                                       json_string(idem::to_string(claim->disposition)),
-                                       json_string(claim->reason),
-                                       json_string(iso_time(claim->claimed_at)))
-                         : std::string("null"));
-    } else if (claim) {
-        fmt::print("{} {}: {} at {}{}\n", claim->scope, claim->message_id,
-                   idem::to_string(claim->disposition), iso_time(claim->claimed_at),
+        std::string out = fmt::format(
+            "{{\"scope\":{},\"message_id\":{},\"claim\":", json_string(*scope), json_string(*id));
+        out += claim ? fmt::format("{{\"outcome\":{},\"reason\":{},\"claimed_at\":{}}}",
+                                   json_string(idem::to_string(claim->disposition)),
+                                   json_string(claim->reason),
+                                   json_string(iso_time(claim->claimed_at)))
+                     : std::string("null");
+        out += fmt::format(",\"attempts\":{},\"failure\":", attempts);
+        out += failure
+                   ? fmt::format("{{\"text\":{},\"first_failed_at\":{},\"last_failed_at\":{}}}",
+                                 json_string(failure->text), json_string(iso_time(failure->first)),
+                                 json_string(iso_time(failure->last)))
+                   : std::string("null");
+        out += ",\"dead_letters\":" + letters_json(letters, true) + ",\"outbox\":[";
+        for (std::size_t i = 0; i < intents.size(); ++i)
+            out += (i ? "," : "") + outbox_json(intents[i]);
+        fmt::print("{}]}}\n", out);
+        return exit_done;
+    }
+    if (claim) {
+        fmt::print("claim: {} at {}{}\n", idem::to_string(claim->disposition),
+                   iso_time(claim->claimed_at),
                    claim->reason.empty() ? "" : " (" + claim->reason + ")");
     } else {
         fmt::print("no claim for {} in {}\n", *id, *scope);
     }
+    fmt::print("attempts counted by the store: {}\n", attempts);
+    if (failure) {
+        fmt::print("failing from {} to {}, last: {}\n", iso_time(failure->first),
+                   iso_time(failure->last), failure->text);
+    }
+    for (const auto& letter : letters) {
+        fmt::print("dead letter {}\n  payload: {}\n", letter_line(letter),
+                   shown_payload(letter.payload));
+        if (letter.first_failed_at && letter.last_failed_at) {
+            fmt::print("  failed from {} to {}, last: {}\n", iso_time(*letter.first_failed_at),
+                       iso_time(*letter.last_failed_at), letter.failure);
+        }
+    }
+    if (letters.empty()) fmt::print("no dead letter for {} in {}\n", *id, *scope);
+    for (const auto& intent : intents)
+        fmt::print("outbox {}\n", outbox_line(intent));
     return exit_done;
 }
 
@@ -967,10 +999,10 @@ int run(std::vector<std::string> argv) {
                         return *opened;
                     }};
     if (name == "dead-letters list") return list_letters(context);
-    if (name == "dead-letters show") return show_letters(context);
+    if (name == "dead-letters show") return show_message(context, "dead-letters show");
     if (name == "dead-letters redrive") return redrive(context);
     if (name == "dead-letters purge") return purge_letters(context);
-    if (name == "claims show") return show_claim(context);
+    if (name == "claims show") return show_message(context, "claims show");
     if (name == "purge") return purge_claims(context);
     return stats(context);
 }

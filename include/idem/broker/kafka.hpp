@@ -334,7 +334,7 @@ class KafkaConsumer final : public broker::ConsumerBase<KafkaConsumer, KafkaCons
                 retry_in_place(item, settlement.delay);
                 break;
             case broker::Settlement::Kind::dead_letter_then_ack:
-                produce_dead_letter(delivery, body, outcome.reason);
+                produce_dead_letter(delivery, body, outcome);
                 store_position(item);
                 mark_done(item);
                 break;
@@ -373,7 +373,7 @@ class KafkaConsumer final : public broker::ConsumerBase<KafkaConsumer, KafkaCons
     /// Produces the copy and waits for its delivery report; throws (the record stays
     /// unsettled, read again) when the cluster does not confirm it.
     void produce_dead_letter(const Delivery& delivery, const KafkaMessage& body,
-                             const std::string& reason) {
+                             const Outcome& outcome) {
         if (!producer_) {
             kafka::Config config = options_.dead_letter_producer.value_or(kafka::Config{});
             if (!options_.dead_letter_producer) {
@@ -386,8 +386,7 @@ class KafkaConsumer final : public broker::ConsumerBase<KafkaConsumer, KafkaCons
         // one (a redactor that throws leaves the record unsettled); the reason is the handler's.
         // The count the handler judged (broker::as_judged): the store's attempts, since Kafka
         // keeps no count.
-        kafka::Headers headers = envelope::common_fields(
-            reason, dispatch().scope(), delivery.message_id, delivery.delivery_count.value());
+        kafka::Headers headers = envelope::fields_of(outcome, delivery, dispatch().scope());
         headers.emplace_back(envelope::original_topic, body.topic);
         headers.emplace_back(envelope::original_partition, std::to_string(body.partition));
         headers.emplace_back(envelope::original_offset, std::to_string(body.offset));

@@ -413,7 +413,7 @@ class JetStreamConsumer final
                 }  // else unsettled: AckWait brings it back
                 break;
             case broker::Settlement::Kind::dead_letter_then_ack:
-                publish_dead_letter(delivery, body, outcome.reason);
+                publish_dead_letter(delivery, body, outcome);
                 item.message.term();
                 break;
             case broker::Settlement::Kind::ack:
@@ -427,13 +427,12 @@ class JetStreamConsumer final
     /// terminated) when no stream confirms it. Its own Nats-Msg-Id makes a second publish of
     /// the same dead letter (a crash before the Term) a no-op within the duplicate window.
     void publish_dead_letter(const Delivery& delivery, const JetStreamMessage& body,
-                             const std::string& reason) {
+                             const Outcome& outcome) {
         // The body (data and every original header value) through the policy's redactor
         // (PolicyOptions::redact_payload), when it has one; a redactor that throws
         // (redaction_failed) leaves the message unsettled. The reason is the handler's, which
         // redacts the texts it puts there.
-        nats::Headers headers = envelope::common_fields(
-            reason, dispatch().scope(), delivery.message_id, delivery.delivery_count.value());
+        nats::Headers headers = envelope::fields_of(outcome, delivery, dispatch().scope());
         headers.emplace_back(envelope::original_stream, body.stream);
         headers.emplace_back(envelope::original_sequence, std::to_string(body.stream_sequence));
         headers.emplace_back(envelope::original_subject, body.subject);

@@ -288,6 +288,11 @@ class PipelinedLoop {
     /// to @p out; its transaction ends here (rolled back unless its commit went through).
     void settle(std::vector<Settled>& out, Held&& held, Outcome outcome,
                 std::vector<Report>* later = nullptr) {
+        {
+            Transaction ended = std::move(held.tx);
+            (void)ended;
+        }
+        handler_->runner_.recall_failure(held.delivery, outcome);
         Report report{std::move(held.report), held.delivery, outcome, held.handled_in,
                       held.measure};
         if (later != nullptr) {
@@ -299,8 +304,6 @@ class PipelinedLoop {
             held.hook && held.hook->acked_in_commit && outcome.disposition != Disposition::failed;
         out.push_back(
             Settled{std::move(held.tag), std::move(held.delivery), std::move(outcome), acked});
-        Transaction ended = std::move(held.tx);
-        (void)ended;
     }
 
     Handler* handler_;

@@ -369,7 +369,7 @@ class RabbitMqConsumer final
             case Kind::ack:
                 return acked(connection_.ack(message), Kind::ack);
             case Kind::dead_letter_then_ack:
-                publish_dead_letter(message, delivery, outcome.reason);
+                publish_dead_letter(message, delivery, outcome);
                 return acked(connection_.ack(message), Kind::dead_letter_then_ack);
             case Kind::redeliver:
                 break;
@@ -413,8 +413,13 @@ class RabbitMqConsumer final
 
     /// To the dead-letter exchange, confirmed: only then may the original be acked.
     void publish_dead_letter(const RabbitMessage& message, const Delivery& delivery,
-                             const std::string& reason) {
-        rabbitmq::Publish p = republish_of(message, delivery, reason);
+                             const Outcome& outcome) {
+        rabbitmq::Publish p = republish_of(message, delivery, outcome.reason);
+        if (const auto& noted = outcome.noted_failure) {  // times as longs, like the count
+            p.headers.emplace_back(envelope::failure, noted->text);
+            p.headers.emplace_back(envelope::first_failed_at, to_unix_ms(noted->first));
+            p.headers.emplace_back(envelope::last_failed_at, to_unix_ms(noted->last));
+        }
         p.exchange = options_.dead_letter;
         p.routing_key = options_.dead_letter_routing_key;
         // The body through the policy's redactor (PolicyOptions::redact_payload), when it has

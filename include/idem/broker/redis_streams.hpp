@@ -211,7 +211,7 @@ class RedisStreamConsumer final
     broker::Settlement::Kind settle(Item&, const StreamEntry& entry, const Delivery& delivery,
                                     const Outcome& outcome, const broker::Settlement& settlement) {
         if (settlement.kind == broker::Settlement::Kind::dead_letter_then_ack) {
-            dead_letter_and_ack(entry, delivery, outcome.reason);
+            dead_letter_and_ack(entry, delivery, outcome);
         } else if (settlement.kind == broker::Settlement::Kind::ack) {
             checked({"XACK", options_.stream, options_.group, entry.id}, "XACK");
         } else if (auto command = due_after(entry, settlement)) {
@@ -259,7 +259,7 @@ class RedisStreamConsumer final
                     }
                     break;
                 case broker::Settlement::Kind::dead_letter_then_ack:
-                    commands.push_back(dead_letter_eval(*s.message, s.delivery, s.outcome.reason));
+                    commands.push_back(dead_letter_eval(*s.message, s.delivery, s.outcome));
                     break;
                 case broker::Settlement::Kind::ack:
                     xack.push_back(s.message->id);
@@ -425,34 +425,33 @@ class RedisStreamConsumer final
         return out;
     }
 
+    /// The dead-letter script's ARGV for the entry: group, entry id, then the copy's fields.
+    std::vector<std::string> dead_letter_args(const StreamEntry& entry, const Delivery& delivery,
+                                              const Outcome& outcome) const {
+        std::vector<std::string> xadd = redis::stream_dead_letter_command(
+            options_.dead_letter, options_.stream, entry.id, redacted(entry.fields), outcome.reason,
+            dispatch().scope(), delivery.message_id, delivery.delivery_count.value(),
+            outcome.noted_failure);
+        xadd.erase(xadd.begin());  // XADD <key> * <fields...> → group, entry id, <fields...>
+        xadd[0] = options_.group;
+        xadd[1] = entry.id;
+        return xadd;
+    }
+
     /// The dead-letter script as one command of a pipeline (EVAL: no script cache to miss).
     std::vector<std::string> dead_letter_eval(const StreamEntry& entry, const Delivery& delivery,
-                                              const std::string& reason) const {
-        std::vector<std::string> xadd = redis::stream_dead_letter_command(
-            options_.dead_letter, options_.stream, entry.id, redacted(entry.fields), reason,
-            dispatch().scope(), delivery.message_id, delivery.delivery_count.value());
-        std::vector<std::string> command{"EVAL",
-                                         redis::stream_dead_letter_ack_source,
-                                         "2",
-                                         options_.dead_letter,
-                                         options_.stream,
-                                         options_.group,
-                                         entry.id};
-        command.insert(command.end(), std::make_move_iterator(xadd.begin() + 3),
-                       std::make_move_iterator(xadd.end()));
+                                              const Outcome& outcome) const {
+        std::vector<std::string> command{"EVAL", redis::stream_dead_letter_ack_source, "2",
+                                         options_.dead_letter, options_.stream};
+        for (std::string& arg : dead_letter_args(entry, delivery, outcome))
+            command.push_back(std::move(arg));
         return command;
     }
 
     /// Adds the entry to the dead-letter stream and acks it, atomically: either both or neither.
     void dead_letter_and_ack(const StreamEntry& entry, const Delivery& delivery,
-                             const std::string& reason) {
-        std::vector<std::string> xadd = redis::stream_dead_letter_command(
-            options_.dead_letter, options_.stream, entry.id, redacted(entry.fields), reason,
-            dispatch().scope(), delivery.message_id, delivery.delivery_count.value());
-        // XADD <key> * <fields...> → ARGV: group, entry id, <fields...>
-        std::vector<std::string> args{options_.group, entry.id};
-        args.insert(args.end(), std::make_move_iterator(xadd.begin() + 3),
-                    std::make_move_iterator(xadd.end()));
+                             const Outcome& outcome) {
+        const std::vector<std::string> args = dead_letter_args(entry, delivery, outcome);
         redis::Reply reply = connection_.eval(redis::stream_dead_letter_ack_script(),
                                               {options_.dead_letter, options_.stream}, args);
         if (reply.is_error()) {

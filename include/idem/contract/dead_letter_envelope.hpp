@@ -3,8 +3,9 @@
 /// @brief The dead-letter envelope: the names of the fields (Redis Streams) or headers
 /// (RabbitMQ, NATS JetStream, Kafka) idem adds to the copy of a message it parks at the broker,
 /// written once for every broker. The copy keeps the original's payload and headers; the
-/// envelope says why it was parked and where it came from. The same message's DeadLetter record
-/// in the store (records.hpp) carries the same reason, scope, id and count.
+/// envelope says why it was parked, how its effect failed and where it came from. The same
+/// message's DeadLetter record in the store (records.hpp) carries the same reason, scope, id,
+/// count and failures.
 
 #include <cstdint>
 #include <optional>
@@ -14,6 +15,9 @@
 #include <vector>
 
 #include "idem/config.hpp"
+#include "idem/contract/time.hpp"
+#include "idem/delivery.hpp"
+#include "idem/outcome.hpp"
 
 IDEM_BEGIN_NAMESPACE
 
@@ -32,6 +36,14 @@ inline constexpr const char* message_id = "idem-message-id";
 /// carries (Outcome::delivery_count): the store's attempt count where the store counts attempts
 /// (a lease store such as Redis; Kafka, whose broker keeps no count), else the broker's.
 inline constexpr const char* delivery_count = "idem-delivery-count";
+/// How its effect last failed before it was parked (DeadLetter::failure), where the store
+/// noted it (Store::note_failure()); absent when none was noted.
+inline constexpr const char* failure = "idem-failure";
+/// When the first of those failures was noted: Unix milliseconds, as every idem store keeps
+/// times (DeadLetter::first_failed_at); absent with idem-failure.
+inline constexpr const char* first_failed_at = "idem-first-failed-at";
+/// When the last one was (DeadLetter::last_failed_at), Unix milliseconds.
+inline constexpr const char* last_failed_at = "idem-last-failed-at";
 
 // Where the original was. Redis Streams: the stream key and the entry id; NATS JetStream: the
 // stream, its sequence and the subject; RabbitMQ: the queue; Kafka: topic, partition, offset.
@@ -56,18 +68,32 @@ inline constexpr const char* original_offset = "idem-original-offset";
 /// is kept under this prefix and its name: `idem-original-header-Nats-Msg-Id`.
 inline constexpr const char* original_header_prefix = "idem-original-header-";
 
-/// @brief The fields every broker's copy starts with, in this order: reason, scope, message id
-/// and, where the broker keeps one, the delivery count.
+/// @brief The fields every broker's copy starts with, in this order: reason, scope, message id,
+/// the delivery count and, when the store noted how the effect failed, the failure and when
+/// the first and the last were.
 [[nodiscard]] inline std::vector<std::pair<std::string, std::string>> common_fields(
-    std::string_view why, std::string_view policy_scope, std::string_view id,
-    std::optional<std::uint32_t> count) {
+    std::string_view why, std::string_view policy_scope, std::string_view id, std::uint32_t count,
+    const std::optional<NotedFailure>& noted) {
     std::vector<std::pair<std::string, std::string>> fields{
         {reason, std::string(why)},
         {scope, std::string(policy_scope)},
         {message_id, std::string(id)},
+        {delivery_count, std::to_string(count)},
     };
-    if (count) fields.emplace_back(delivery_count, std::to_string(*count));
+    if (noted) {
+        fields.emplace_back(failure, noted->text);
+        fields.emplace_back(first_failed_at, std::to_string(to_unix_ms(noted->first)));
+        fields.emplace_back(last_failed_at, std::to_string(to_unix_ms(noted->last)));
+    }
     return fields;
+}
+
+/// @brief common_fields() of a dead-lettered @p outcome of @p delivery (the count it was judged
+/// by: broker::as_judged) under @p policy_scope.
+[[nodiscard]] inline std::vector<std::pair<std::string, std::string>> fields_of(
+    const Outcome& outcome, const Delivery& delivery, std::string_view policy_scope) {
+    return common_fields(outcome.reason, policy_scope, delivery.message_id,
+                         delivery.delivery_count.value(), outcome.noted_failure);
 }
 
 }  // namespace envelope

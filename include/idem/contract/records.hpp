@@ -157,6 +157,11 @@ struct OutboxRow {
     /// The earliest time the relay may lease it again (a failed send's backoff).
     std::chrono::system_clock::time_point next_attempt_at{};
     bool parked = false;  ///< gave up after too many failures; a human looks at it
+    /// The message whose attempt wrote it (the claim its effect ran under, or the redrive that
+    /// re-publishes it): its policy scope and id; empty when written outside any (a store of
+    /// an older schema, an intent added with no claim in the transaction).
+    std::string scope{};
+    std::string message_id{};  ///< see scope
 };
 
 /// @brief Answer of Store::purge(older_than): what it deleted. Dead letters, unsent intents and
@@ -258,6 +263,18 @@ struct DeadLetter {
     std::optional<std::chrono::system_clock::time_point> first_failed_at{};
     /// When the store recorded the last of those failures (unset when none was).
     std::optional<std::chrono::system_clock::time_point> last_failed_at{};
+
+    /// @brief Takes the failures the store noted (failure, first_failed_at, last_failed_at).
+    void take(const NotedFailure& noted) {
+        failure = noted.text;
+        first_failed_at = noted.first;
+        last_failed_at = noted.last;
+    }
+    /// @brief The failures it carries, as noted; nothing when it carries none.
+    [[nodiscard]] std::optional<NotedFailure> noted() const {
+        if (!last_failed_at) return std::nullopt;
+        return NotedFailure{failure, first_failed_at.value_or(*last_failed_at), *last_failed_at};
+    }
 };
 
 IDEM_END_NAMESPACE

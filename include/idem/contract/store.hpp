@@ -36,6 +36,8 @@
 /// Store::note_failure(scope, id, failure, keep_for)      has_note_failure        dead letters'
 ///     (the effect's failure, committed on its own after the attempt; a later  failure history
 ///     dead letter of the id carries the last one and when the first and last were)
+/// Store::noted_failure(scope, id)                        has_noted_failure       broker dead-
+///     -> optional<NotedFailure>  (what note_failure() kept)                       letter copies
 /// Store::count_attempt(scope, id) -> std::uint32_t       has_count_attempt       brokers without
 ///     (attempts + 1, committed on its own before begin())                         a delivery count
 /// Tx::rollback()                                         has_rollback            probe_store
@@ -61,6 +63,8 @@
 /// std::vector<DeadLetter> dead_letters(const DeadLetterSelection& selection);
 /// RedriveReport redrive(const DeadLetterSelection& selection, const RedriveOptions& options);
 /// std::vector<OutboxRow> Store::outbox_rows();        // inspection, oldest first
+/// // the intents the attempts of one message wrote (its effect's, its redrives'), oldest first
+/// std::vector<OutboxRow> Store::outbox_rows(std::string_view scope, std::string_view id);
 /// // a lock held outside any transaction (a long batch job, another system)
 /// bool Store::hold_lock(std::string_view key, std::string_view owner,
 ///                       std::chrono::milliseconds expire_after);
@@ -70,6 +74,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -253,6 +258,16 @@ struct has_note_failure<
     S, std::void_t<decltype(std::declval<S&>().note_failure(
            std::string_view{}, std::string_view{}, std::string_view{}, std::chrono::seconds{}))>>
     : std::true_type {};
+
+/// A store that reads back what note_failure() recorded, for a broker's dead-letter copy.
+template <class, class = void>
+struct has_noted_failure : std::false_type {};
+template <class S>
+struct has_noted_failure<S, std::void_t<decltype(std::declval<S&>().noted_failure(
+                                std::string_view{}, std::string_view{}))>>
+    : std::is_convertible<decltype(std::declval<S&>().noted_failure(std::string_view{},
+                                                                    std::string_view{})),
+                          std::optional<NotedFailure>> {};
 
 template <class, class = void>
 struct has_rollback : std::false_type {};

@@ -7,6 +7,7 @@
 /// its commit (broker/pipeline.hpp's PipelinedLoop). How a message is kept apart from the others in
 /// its transaction is its strategy's (handler/strategy.hpp); calling the effect is effect.hpp's.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -265,6 +266,27 @@ class AttemptRunner {
                 store_->note_failure(policy_.scope(), delivery.message_id, outcome.reason,
                                      policy_.retention());
             } catch (...) {  // the failure stands; only its record is missing
+            }
+        }
+    }
+
+    /// How a parked message's effect failed before (Store::noted_failure()), for the broker's
+    /// dead-letter copy: read once the attempt's transaction is over, for a dead-lettered outcome
+    /// or a duplicate of one, past the first attempt only (a failure is noted after an attempt,
+    /// so a message parked at its first has none). A store that cannot answer now leaves the
+    /// copy without it.
+    void recall_failure(const Delivery& delivery, Outcome& outcome) noexcept {
+        if constexpr (has_noted_failure<Store>::value) {
+            if (outcome.disposition != Disposition::dead_lettered &&
+                !outcome.duplicate_of_dead_letter()) {
+                return;
+            }
+            const std::uint32_t count =
+                std::max(outcome.delivery_count.value_or(0), delivery.delivery_count.value());
+            if (outcome.noted_failure || count <= 1 || unclaimable_reason(delivery)) return;
+            try {
+                outcome.noted_failure = store_->noted_failure(policy_.scope(), delivery.message_id);
+            } catch (...) {  // the letter stands; only its history is missing
             }
         }
     }

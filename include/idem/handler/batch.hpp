@@ -156,16 +156,19 @@ std::vector<Outcome> handle_many(AttemptRunner<Store, Effect>& p, const Delivery
     return outcomes;
 }
 
-/// The report of each message of a batch, each with its share of the batch's time.
+/// The report of each message of a batch, each with its share of the batch's time (a parked
+/// message's outcome first takes how its effect failed: AttemptRunner::recall_failure()).
 template <class Store, class Effect, class Body>
 void report_batch(AttemptRunner<Store, Effect>& p, const std::vector<Delivery>& deliveries,
-                  const std::vector<Body>& bodies, const std::vector<Outcome>& outcomes,
+                  const std::vector<Body>& bodies, std::vector<Outcome>& outcomes,
                   const Stopwatch& watch, const std::vector<Measure>& measures) noexcept {
     const auto share = watch.share(outcomes.size());
     const Measure none;
-    for (std::size_t i = 0; i < outcomes.size(); ++i)
+    for (std::size_t i = 0; i < outcomes.size(); ++i) {
+        p.recall_failure(deliveries[i], outcomes[i]);
         p.report(deliveries[i], bodies[i], outcomes[i], share,
                  measures.empty() ? none : measures[i]);
+    }
 }
 
 }  // namespace detail

@@ -84,13 +84,15 @@ struct StreamAck {
 inline std::vector<std::string> stream_dead_letter_command(
     const std::string& dead_letter_stream, std::string_view stream, const std::string& entry_id,
     const std::vector<std::pair<std::string, std::string>>& fields, std::string_view reason,
-    std::string_view scope, std::string_view message_id, std::uint32_t delivery_count) {
+    std::string_view scope, std::string_view message_id, std::uint32_t delivery_count,
+    const std::optional<NotedFailure>& noted) {
     std::vector<std::string> command{"XADD", dead_letter_stream, "*"};
     auto add = [&](std::string name, std::string value) {
         command.push_back(std::move(name));
         command.push_back(std::move(value));
     };
-    for (auto& [name, value] : envelope::common_fields(reason, scope, message_id, delivery_count))
+    for (auto& [name, value] :
+         envelope::common_fields(reason, scope, message_id, delivery_count, noted))
         add(std::move(name), std::move(value));
     add(envelope::original_stream, std::string(stream));
     add(envelope::original_entry_id, entry_id);

@@ -124,6 +124,14 @@ class OwnClaims {
 
     /// The claims, in the order they were made (commit() marks those without an outcome 'claimed').
     [[nodiscard]] const std::vector<Claim>& claims() const noexcept { return claims_; }
+    /// The claim whose effect runs now: the first without an outcome (outcomes are recorded in
+    /// claim order); null when there is none.
+    [[nodiscard]] const Claim* current() const noexcept {
+        for (const Claim& claim : claims_) {
+            if (claim.recorded_depth < 0) return &claim;
+        }
+        return nullptr;
+    }
     /// How many claims the transaction holds.
     [[nodiscard]] std::size_t size() const noexcept { return claims_.size(); }
 

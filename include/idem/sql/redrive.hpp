@@ -14,6 +14,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -56,6 +57,38 @@ DeadLetter read_dead_letter(const Row& row) {
 /// The dead letters' listing and redrive of basic_store<Driver> (its friend: it takes the
 /// store's lock and runs the driver's statements).
 struct redrive_core {
+    /// basic_store::outbox_rows(): the outbox columns @p statement selects with @p args.
+    template <class Store, class... Args>
+    static std::vector<OutboxRow> outbox_rows(Store& store, stmt statement, const Args&... args) {
+        typename Store::Lock lock(store, "outbox_rows()");
+        std::vector<OutboxRow> rows;
+        store.driver_.run(
+            statement, "outbox_rows", access::read,
+            [&](const auto& row) { rows.push_back(read_outbox_row(row)); }, args...);
+        return rows;
+    }
+
+    /// The attempt row of (scope, id): its count (0 when none) and the failures noted in it.
+    template <class Store>
+    static std::pair<std::uint32_t, std::optional<NotedFailure>> attempt_row(Store& store,
+                                                                             std::string_view scope,
+                                                                             std::string_view id) {
+        std::pair<std::uint32_t, std::optional<NotedFailure>> found{0, std::nullopt};
+        typename Store::Lock lock(store, "the attempt row");
+        store.driver_.run(
+            stmt::attempt_find, "attempts", access::read,
+            [&](const auto& row) {
+                found.first = to_count(row.int64(0));
+                if (row.is_null(3)) return;  // no failure noted
+                const auto last = from_unix_ms(row.int64(3));
+                found.second =
+                    NotedFailure{row.is_null(1) ? std::string() : row.bytes(1),
+                                 row.is_null(2) ? last : from_unix_ms(row.int64(2)), last};
+            },
+            Blob{scope}, Blob{id});
+        return found;
+    }
+
     /// basic_store::dead_letters(selection): the selected entries, oldest first. Read in pages
     /// of @p page_rows by id (each page under the store's lock, so consumers get their turn);
     /// the scope and the time range are filtered by the database, the ids and the reason here;
@@ -188,7 +221,8 @@ struct redrive_core {
         driver.query(stmt::attempt_delete, "redrive", no_rows{}, scope, id);
         const OutboxIntent intent = redrive_intent(letter, redrive_destination(letter, options));
         if (driver.query(stmt::outbox_insert, "redrive", no_rows{}, intent.destination,
-                         Blob{intent.idempotency_key}, Blob{intent.payload}, now_ms) != 1) {
+                         Blob{intent.idempotency_key}, Blob{intent.payload}, now_ms, scope,
+                         id) != 1) {
             driver.query(stmt::outbox_rearm, "redrive", no_rows{}, intent.destination,
                          Blob{intent.idempotency_key}, Blob{intent.payload}, now_ms);
         }

@@ -100,6 +100,12 @@ inline std::vector<std::string> sqlite_schema_ddl(int from_version) {
         ddl.push_back("ALTER TABLE idem_attempts ADD COLUMN first_failed_at INTEGER");
         ddl.push_back("ALTER TABLE idem_attempts ADD COLUMN last_failed_at INTEGER");
     }
+    if (from_version < 6) {
+        // Version 6: the message whose attempt wrote an outbox intent (its story, idem claims
+        // show). Found by a scan: an operator's lookup, not worth an index on every insert.
+        ddl.push_back("ALTER TABLE idem_outbox ADD COLUMN scope BLOB NOT NULL DEFAULT x''");
+        ddl.push_back("ALTER TABLE idem_outbox ADD COLUMN message_id BLOB NOT NULL DEFAULT x''");
+    }
     return ddl;
 }
 
@@ -170,6 +176,12 @@ inline std::vector<std::string> postgres_schema_ddl(std::string_view prefix, int
                       "idem_attempts ADD COLUMN IF NOT EXISTS last_failure BYTEA, "
                       "ADD COLUMN IF NOT EXISTS first_failed_at BIGINT, "
                       "ADD COLUMN IF NOT EXISTS last_failed_at BIGINT");
+    }
+    if (from_version < 6) {
+        ddl.push_back("ALTER TABLE " + s +
+                      "idem_outbox ADD COLUMN IF NOT EXISTS scope BYTEA NOT NULL DEFAULT "
+                      "''::bytea, ADD COLUMN IF NOT EXISTS message_id BYTEA NOT NULL DEFAULT "
+                      "''::bytea");
     }
     return ddl;
 }
@@ -246,6 +258,10 @@ inline std::vector<std::string> mysql_schema_ddl(int from_version) {
         ddl.push_back(
             "ALTER TABLE idem_attempts ADD COLUMN last_failure BLOB NULL, "
             "ADD COLUMN first_failed_at BIGINT NULL, ADD COLUMN last_failed_at BIGINT NULL");
+    }
+    if (from_version < 6) {
+        ddl.push_back(
+            "ALTER TABLE idem_outbox ADD COLUMN scope BLOB NULL, ADD COLUMN message_id BLOB NULL");
     }
     return ddl;
 }

@@ -41,19 +41,19 @@ enum class stmt : std::size_t {
     /// after_id, any_scope (1: every scope), scope, created_from, created_before, rows → the
     /// dead-letter columns of the next page, by id (a cursor: ids after after_id)
     dead_letter_page,
-    lock_advisory,       ///< a transaction-scoped lock on a 64-bit key (PostgreSQL) → bool
-    lock_live,           ///< key, now → a row (or true) when an unexpired held lock exists
-    lock_hold,           ///< key, owner, expires_at, now (+ dialect-specific) → 1 affected: ours
-    lock_release,        ///< key, owner
-    outbox_insert,       ///< destination, key, payload, created_at; nothing on a known key
-    outbox_lease,        ///< lease_until, now, limit → the outbox columns
-    outbox_sent,         ///< id, sent_at
-    outbox_failed,       ///< id, last_error, next_attempt_at, parked
-    outbox_all,          ///< → the outbox columns, by id
-    attempt_count,       ///< scope, id, counted_at: attempts + 1 (1 for a new row) → attempts;
-                         ///< a dialect without RETURNING answers no row: attempt_count_read
+    lock_advisory,  ///< a transaction-scoped lock on a 64-bit key (PostgreSQL) → bool
+    lock_live,      ///< key, now → a row (or true) when an unexpired held lock exists
+    lock_hold,      ///< key, owner, expires_at, now (+ dialect-specific) → 1 affected: ours
+    lock_release,   ///< key, owner
+    outbox_insert,  ///< destination, key, payload, created_at, scope, id; nothing on a known key
+    outbox_lease,   ///< lease_until, now, limit → the outbox columns
+    outbox_sent,    ///< id, sent_at
+    outbox_failed,  ///< id, last_error, next_attempt_at, parked
+    outbox_all,     ///< → the outbox columns, by id
+    attempt_count,  ///< scope, id, counted_at: attempts + 1 (1 for a new row) → attempts;
+                    ///< a dialect without RETURNING answers no row: attempt_count_read
     attempt_count_read,  ///< → the attempts attempt_count just wrote on this connection
-    attempt_find,        ///< scope, id → attempts
+    attempt_find,        ///< scope, id → attempts, last_failure, first/last_failed_at
     purge_attempts,      ///< from, through (counted in [from, through])
     offset_upsert,       ///< group, topic, partition, next_offset, updated_at: the greatest wins
     offset_find,         ///< group, topic, partition → next_offset
@@ -73,6 +73,7 @@ enum class stmt : std::size_t {
     outbox_rearm,          ///< destination, key, payload, now: unsent again, created_at now
     dead_letter_delete,    ///< id: the entry removed (purge_dead_letters())
     attempt_failure,  ///< scope, id, now, failure: noted in the id's attempt row (new: 0 attempts)
+    outbox_of,        ///< scope, id → the outbox columns of the intents its attempts wrote, by id
     count,
 };
 
@@ -82,7 +83,7 @@ inline constexpr std::size_t statement_count = static_cast<std::size_t>(stmt::co
 /// The result columns of outbox_lease and outbox_all, in this order.
 inline constexpr std::string_view outbox_columns =
     "id, destination, idempotency_key, payload, created_at, sent_at, attempts, last_error, "
-    "next_attempt_at, parked";
+    "next_attempt_at, parked, scope, message_id";
 
 /// The result columns of dead_letter_page and dead_letter_find, in this order.
 inline constexpr std::string_view dead_letter_columns =
@@ -159,6 +160,8 @@ inline void redrive_statements(statement_table& t, const std::string& prefix,
     t[stmt::attempt_delete] = fmt::format("DELETE FROM {}attempts{}", prefix, one_message);
     t[stmt::dead_letter_delete] = fmt::format("DELETE FROM {} WHERE id = {}", letters, p(1));
     t[stmt::dead_letter_insert] = dead_letter_insert_text(prefix, sign, one_message);
+    t[stmt::outbox_of] =
+        fmt::format("SELECT {} FROM {}outbox{} ORDER BY id", outbox_columns, prefix, one_message);
     t[stmt::outbox_rearm] = fmt::format(
         "UPDATE {0}outbox SET destination = {1}, payload = {3}, sent_at = NULL, attempts = 0, "
         "last_error = '', next_attempt_at = {4}, created_at = {4}, lease_until = NULL, {5} "
@@ -203,7 +206,8 @@ inline statement_table sqlite_statements() {
     t[stmt::lock_release] = "DELETE FROM idem_locks WHERE lock_key = ?1 AND owner = ?2";
     t[stmt::outbox_insert] =
         "INSERT INTO idem_outbox(destination, idempotency_key, payload, created_at, "
-        "next_attempt_at) VALUES (?1, ?2, ?3, ?4, ?4) ON CONFLICT(idempotency_key) DO NOTHING";
+        "next_attempt_at, scope, message_id) VALUES (?1, ?2, ?3, ?4, ?4, ?5, ?6) "
+        "ON CONFLICT(idempotency_key) DO NOTHING";
     t[stmt::outbox_lease] =
         "UPDATE idem_outbox SET lease_until = ?1 WHERE id IN (SELECT id FROM idem_outbox "
         "WHERE sent_at IS NULL AND parked = 0 AND next_attempt_at <= ?2 "
@@ -219,7 +223,8 @@ inline statement_table sqlite_statements() {
         "ON CONFLICT(scope, message_id) DO UPDATE SET attempts = attempts + 1, "
         "counted_at = excluded.counted_at RETURNING attempts";
     t[stmt::attempt_find] =
-        "SELECT attempts FROM idem_attempts WHERE scope = ?1 AND message_id = ?2";
+        "SELECT attempts, last_failure, first_failed_at, last_failed_at FROM idem_attempts WHERE "
+        "scope = ?1 AND message_id = ?2";
     t[stmt::attempt_failure] =
         "INSERT INTO idem_attempts(scope, message_id, attempts, counted_at, first_failed_at, "
         "last_failed_at, last_failure) VALUES (?1, ?2, 0, ?3, ?3, ?3, ?4) "
@@ -306,8 +311,9 @@ inline statement_table postgres_statements(std::string_view prefix) {
     t[stmt::lock_release] = "DELETE FROM " + locks + " WHERE lock_key = $1 AND owner = $2";
     t[stmt::outbox_insert] = "INSERT INTO " + outbox +
                              "(destination, idempotency_key, payload, created_at, "
-                             "next_attempt_at, attempts, last_error, parked) VALUES ($1, $2, $3, "
-                             "$4, $4, 0, '', false) ON CONFLICT (idempotency_key) DO NOTHING";
+                             "next_attempt_at, attempts, last_error, parked, scope, message_id) "
+                             "VALUES ($1, $2, $3, $4, $4, 0, '', false, $5, $6) "
+                             "ON CONFLICT (idempotency_key) DO NOTHING";
     t[stmt::outbox_lease] = "UPDATE " + outbox +
                             " SET lease_until = $1 WHERE id IN (SELECT id FROM " + outbox +
                             " WHERE sent_at IS NULL AND NOT parked AND next_attempt_at <= $2 "
@@ -326,8 +332,8 @@ inline statement_table postgres_statements(std::string_view prefix) {
                              "VALUES ($1, $2, 1, $3::bigint) ON CONFLICT (scope, message_id) "
                              "DO UPDATE SET attempts = a.attempts + 1, "
                              "counted_at = EXCLUDED.counted_at RETURNING attempts";
-    t[stmt::attempt_find] =
-        "SELECT attempts FROM " + attempts + " WHERE scope = $1 AND message_id = $2";
+    t[stmt::attempt_find] = "SELECT attempts, last_failure, first_failed_at, last_failed_at FROM " +
+                            attempts + " WHERE scope = $1 AND message_id = $2";
     t[stmt::attempt_failure] =
         "INSERT INTO " + attempts +
         " AS a(scope, message_id, attempts, counted_at, first_failed_at, last_failed_at, "
@@ -432,8 +438,8 @@ inline statement_table mysql_statements() {
     t[stmt::lock_release] = "DELETE FROM idem_locks" + lock + " AND owner = ?2";
     t[stmt::outbox_insert] =
         "INSERT INTO idem_outbox(destination, idempotency_key, payload, created_at, "
-        "next_attempt_at, attempts, last_error, parked) VALUES (?1, ?2, ?3, ?4, ?4, 0, X'', 0) "
-        "ON DUPLICATE KEY UPDATE id = id";
+        "next_attempt_at, attempts, last_error, parked, scope, message_id) "
+        "VALUES (?1, ?2, ?3, ?4, ?4, 0, X'', 0, ?5, ?6) ON DUPLICATE KEY UPDATE id = id";
     t[stmt::outbox_lease] = "SELECT " + cols +
                             " FROM idem_outbox WHERE sent_at IS NULL AND parked = 0 AND "
                             "next_attempt_at <= ?2 AND (lease_until IS NULL OR lease_until <= ?2) "
@@ -451,8 +457,9 @@ inline statement_table mysql_statements() {
         "ON DUPLICATE KEY UPDATE attempts = LAST_INSERT_ID(attempts + 1), counted_at = ?3";
     t[stmt::attempt_count_read] = "SELECT LAST_INSERT_ID()";
     t[stmt::attempt_find] =
-        "SELECT attempts FROM idem_attempts WHERE attempt_key = " + mysql_claim_key("?1", "?2") +
-        " AND scope = ?1 AND message_id = ?2";
+        "SELECT attempts, last_failure, first_failed_at, last_failed_at FROM idem_attempts WHERE "
+        "attempt_key = " +
+        mysql_claim_key("?1", "?2") + " AND scope = ?1 AND message_id = ?2";
     t[stmt::attempt_failure] =
         "INSERT INTO idem_attempts(scope, message_id, attempts, counted_at, first_failed_at, "
         "last_failed_at, last_failure) VALUES (?1, ?2, 0, ?3, ?3, ?3, ?4) "

@@ -164,12 +164,12 @@ class basic_store {
 
     /// @brief The attempts count_attempt() counted for (@p scope, @p id); 0 when none.
     [[nodiscard]] std::uint32_t attempts(std::string_view scope, std::string_view id) {
-        Lock lock(*this, "attempts()");
-        std::int64_t count = 0;
-        driver_.run(
-            stmt::attempt_find, "attempts", access::read,
-            [&](const auto& row) { count = row.int64(0); }, Blob{scope}, Blob{id});
-        return to_count(count);
+        return redrive_core::attempt_row(*this, scope, id).first;
+    }
+    /// @brief What note_failure() recorded for (@p scope, @p id), if anything.
+    [[nodiscard]] std::optional<NotedFailure> noted_failure(std::string_view scope,
+                                                            std::string_view id) {
+        return redrive_core::attempt_row(*this, scope, id).second;
     }
 
     /// @brief The committed claim of (scope, id), if any.
@@ -307,11 +307,12 @@ class basic_store {
 
     /// @brief Every committed outbox intent, oldest first.
     [[nodiscard]] std::vector<OutboxRow> outbox_rows() {
-        Lock lock(*this, "outbox_rows()");
-        std::vector<OutboxRow> rows;
-        driver_.run(stmt::outbox_all, "outbox_rows", access::read,
-                    [&](const auto& row) { rows.push_back(read_outbox_row(row)); });
-        return rows;
+        return redrive_core::outbox_rows(*this, stmt::outbox_all);
+    }
+    /// @brief The committed intents the attempts of message (@p scope, @p id) wrote (its
+    /// effect's, its redrives'), oldest first. A scan of the outbox: for operators.
+    [[nodiscard]] std::vector<OutboxRow> outbox_rows(std::string_view scope, std::string_view id) {
+        return redrive_core::outbox_rows(*this, stmt::outbox_of, Blob{scope}, Blob{id});
     }
 
   protected:
@@ -594,21 +595,20 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
     bool add_outbox(const OutboxIntent& intent) {
         Driver& driver = open("add_outbox()");
         Driver::check_outbox(intent);
+        const OwnClaims::Claim none{}, *writer = own_claims_.current();  // whose effect runs now
+        if (writer == nullptr) writer = &none;
         return driver.query(stmt::outbox_insert, "add_outbox", no_rows{}, intent.destination,
-                            Blob{intent.idempotency_key}, Blob{intent.payload},
-                            store_->now_ms()) == 1;
+                            Blob{intent.idempotency_key}, Blob{intent.payload}, store_->now_ms(),
+                            Blob{writer->scope}, Blob{writer->id}) == 1;
     }
 
-    /// @brief The commit-hook capability (contract/commit_hook.hpp; the handler calls it right
-    /// after begin()): true for a hook whose request is a StoredOffset
-    /// (contract/stored_offset.hpp). The commit then upserts its offset in the same database
-    /// transaction as the claims and the effect's writes, the greatest offset winning (a stored
-    /// offset never moves back), and sets CommitHook::acked_in_commit once the commit succeeded.
-    /// Not for a hook whose message (its scope and message id) this transaction parks as a dead
-    /// letter, claims as a duplicate, or claimed and gave back (a batch message that failed or
-    /// deferred): that offset is not written, acked_in_commit stays false. A transaction holding
-    /// nothing but hooks commits them. False, and nothing changes, for any other request.
-    /// @p hook must outlive the transaction.
+    /// @brief The commit-hook capability (contract/commit_hook.hpp; called right after begin()):
+    /// true for a StoredOffset hook (contract/stored_offset.hpp). The commit upserts its offset
+    /// with the claims and the effect's writes (the greatest wins: it never moves back) and sets
+    /// CommitHook::acked_in_commit once it succeeded; not for a message this transaction parks,
+    /// claims as a duplicate, or claimed and gave back (a failed or deferred batch message). A
+    /// transaction holding nothing but hooks commits them. False, nothing changed, for any other
+    /// request. @p hook must outlive the transaction.
     bool attach(CommitHook& hook) {
         open("attach()");
         return offsets_.attach(hook);

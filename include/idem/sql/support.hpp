@@ -51,6 +51,8 @@ OutboxRow read_outbox_row(const Row& row) {
     out.last_error = row.bytes(7);
     out.next_attempt_at = from_unix_ms(row.int64(8));
     out.parked = row.boolean(9);
+    if (!row.is_null(10)) out.scope = row.bytes(10);  // NULL: a MySQL row of version 5
+    if (!row.is_null(11)) out.message_id = row.bytes(11);
     return out;
 }
 

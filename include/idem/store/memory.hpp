@@ -46,10 +46,10 @@ struct MemoryStoreOptions {
     Clock clock;
 };
 
-/// @brief In-memory store: transactions really roll back, and are serialised by one mutex (like
-/// SQLite's BEGIN IMMEDIATE), so it is thread-safe. The effect writes to simple collections
-/// through the transaction (put/get/erase/count) and those writes commit or roll back with the
-/// claim. It keeps stored offsets (contract/stored_offset.hpp) as the SQL stores do.
+/// @brief In-memory store: transactions really roll back, serialised by one mutex (like SQLite's
+/// BEGIN IMMEDIATE), so it is thread-safe. The effect's writes to simple collections through the
+/// transaction (put/get/erase/count) commit or roll back with the claim. It keeps stored offsets
+/// (contract/stored_offset.hpp) as the SQL stores do.
 ///
 /// @code
 /// idem::MemoryStore store;
@@ -57,8 +57,8 @@ struct MemoryStoreOptions {
 /// @endcode
 class MemoryStore {
     using ClaimKey = std::pair<std::string, std::string>;  ///< scope, id
-    /// Orders by id first (a scope is usually the same for every claim, so comparing it first
-    /// compares equal bytes at every node), and finds by string_views without copying them.
+    /// Orders by id first (the scope is usually the same: comparing it first compares equal
+    /// bytes at every node); finds by string_views without copying them.
     struct ClaimOrder {
         using is_transparent = void;
         template <class A, class B>
@@ -95,6 +95,12 @@ class MemoryStore {
         std::string collection;
         std::string key;
         std::optional<std::string> previous_value;
+
+        static Undo value(std::string_view collection, std::string_view key,
+                          std::optional<std::string> previous) {
+            return Undo{Kind::value_changed, {}, {}, std::string(collection), std::string(key),
+                        std::move(previous)};
+        }
     };
 
   public:
@@ -170,11 +176,8 @@ class MemoryStore {
                 stored.created_at = store_->now();
             }
             auto failed = store_->attempts_.find(ClaimView{letter.scope, letter.message_id});
-            if (failed != store_->attempts_.end()) {  // its failures, as recorded
-                stored.failure = failed->second.failure;
-                stored.first_failed_at = failed->second.first_failed_at;
-                stored.last_failed_at = failed->second.last_failed_at;
-            }
+            if (failed != store_->attempts_.end() && failed->second.failed)
+                stored.take(*failed->second.failed);      // its failures, as recorded
             stored.id = ++store_->dead_letter_sequence_;  // as the SQL stores: the row's own
             stored.redrive_count = 0;
             stored.redriven_at.reset();
@@ -207,11 +210,10 @@ class MemoryStore {
             offsets_.release_savepoint();
         }
 
-        /// @brief Stored offsets (contract/stored_offset.hpp): true for a hook whose request is
-        /// a StoredOffset; its commit stores the offset (the greatest wins) and sets
-        /// acked_in_commit, as the SQL stores' (sql/store.hpp) do: not for a message this
-        /// transaction parks as a dead letter, claims as a duplicate or rolls back to a
-        /// savepoint. @p hook must outlive the transaction.
+        /// @brief Stored offsets (contract/stored_offset.hpp): true for a StoredOffset hook; its
+        /// commit stores the offset (the greatest wins) and sets acked_in_commit, as the SQL
+        /// stores do, except for a message this transaction parks, claims as a duplicate or
+        /// rolls back to a savepoint. @p hook must outlive the transaction.
         bool attach(CommitHook& hook) {
             active();
             return offsets_.attach(hook);
@@ -243,9 +245,8 @@ class MemoryStore {
             finish();
         }
 
-        /// @brief Overlap lock for the rest of this transaction. Transactions on one MemoryStore
-        /// never overlap, so only a lock held with MemoryStore::hold_lock() (another job, another
-        /// system) can refuse it.
+        /// @brief Overlap lock for the rest of this transaction: transactions never overlap, so
+        /// only a lock held with MemoryStore::hold_lock() can refuse it.
         bool try_lock(std::string_view key, std::chrono::milliseconds /*expire_after*/) {
             active();
             return !store_->lock_held_by_other(key, {});
@@ -260,8 +261,16 @@ class MemoryStore {
             row.destination = intent.destination;
             row.idempotency_key = intent.idempotency_key;
             row.payload = intent.payload;
-            row.created_at = store_->now();
-            row.next_attempt_at = row.created_at;
+            row.created_at = row.next_attempt_at = store_->now();
+            for (const Undo& u : undo_) {  // whose effect runs now: the first claim in progress
+                auto claim = store_->claims_.find(u.claim_key);  // (a claim given back: gone)
+                if (u.kind != Undo::Kind::claim_inserted || claim == store_->claims_.end() ||
+                    claim->second.disposition != Disposition::in_progress) {
+                    continue;
+                }
+                std::tie(row.scope, row.message_id) = u.claim_key;
+                break;
+            }
             store_->outbox_keys_.insert(row.idempotency_key);
             store_->outbox_.push_back(OutboxEntry{std::move(row), {}});
             undo_.push_back(Undo{Undo::Kind::outbox_added, {}, {}, {}, {}, {}});
@@ -276,18 +285,9 @@ class MemoryStore {
             auto& values = store_->collections_[std::string(collection)];
             auto it = values.find(key);
             std::optional<std::string> previous;
-            if (it != values.end()) {
-                previous = it->second;
-                it->second = std::string(value);
-            } else {
-                values.emplace(std::string(key), std::string(value));
-            }
-            undo_.push_back(Undo{Undo::Kind::value_changed,
-                                 {},
-                                 {},
-                                 std::string(collection),
-                                 std::string(key),
-                                 std::move(previous)});
+            if (it != values.end()) previous = std::exchange(it->second, std::string(value));
+            if (!previous) values.emplace(std::string(key), std::string(value));
+            undo_.push_back(Undo::value(collection, key, std::move(previous)));
         }
         /// Removes collection[key] if present; returns whether it was.
         bool erase(std::string_view collection, std::string_view key) {
@@ -295,12 +295,7 @@ class MemoryStore {
             auto& values = store_->collections_[std::string(collection)];
             auto it = values.find(key);
             if (it == values.end()) return false;
-            undo_.push_back(Undo{Undo::Kind::value_changed,
-                                 {},
-                                 {},
-                                 std::string(collection),
-                                 std::string(key),
-                                 it->second});
+            undo_.push_back(Undo::value(collection, key, it->second));
             values.erase(it);
             return true;
         }
@@ -328,8 +323,7 @@ class MemoryStore {
             }
         }
 
-        /// Looks at the last few entries only (the claim is usually the one just before): a
-        /// miss merely keeps a copy that was not needed.
+        /// Looks at the last few entries only: a miss merely keeps a copy not needed.
         bool inserted_since_savepoint(const ClaimKey& key) const noexcept {
             const std::size_t mark = savepoints_.empty() ? 0 : savepoints_.back();
             const std::size_t floor = undo_.size() > 8 ? std::max(mark, undo_.size() - 8) : mark;
@@ -395,9 +389,8 @@ class MemoryStore {
         detail::OffsetHooks offsets_;
     };
 
-    /// @brief Starts a transaction; blocks while another thread holds one.
-    /// @throws usage_error when this thread already holds a transaction on this store (a nested
-    /// begin() would deadlock); injected_fault when a begin fault was injected.
+    /// @brief Starts a transaction; blocks while another thread holds one. @throws usage_error
+    /// on a thread holding one already (it would deadlock); injected_fault for a begin fault.
     Transaction begin() {
         if (owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
             throw usage_error(
@@ -422,33 +415,27 @@ class MemoryStore {
         faults_[static_cast<std::size_t>(fault)] = 0;
     }
 
-    /// @brief Deletes claims, sent outbox intents and attempt counters older than clock() -
-    /// @p older_than, and the held locks that have expired. Dead letters, unsent and parked
-    /// intents, and stored offsets stay. @p options are checked; the run is one step (nothing
-    /// to pace in memory), unless should_stop already says stop.
+    /// @brief Deletes claims, sent intents and attempt counters older than clock() - @p older_than
+    /// and the expired held locks; dead letters, unsent and parked intents and stored offsets
+    /// stay. One step (nothing to pace in memory), unless options.should_stop says stop.
     PurgeResult purge(std::chrono::system_clock::duration older_than,
                       const PurgeOptions& options = {}) {
-        if (older_than.count() < 0) {
+        if (older_than.count() < 0)
             throw usage_error("idem::MemoryStore: purge() needs a non-negative age");
-        }
         options.validate("idem::MemoryStore: purge()");
-        if (options.should_stop && options.should_stop()) {
-            PurgeResult stopped;
-            stopped.complete = false;
-            return stopped;
-        }
+        PurgeResult result;
+        result.complete = !(options.should_stop && options.should_stop());
+        if (!result.complete) return result;
         std::lock_guard<std::mutex> lock(mutex_);
         const auto at = now();
         const auto cutoff = at - older_than;
-        PurgeResult result;
         result.claims = erase_where(claims_, [&](const auto& c) { return c.claimed_at < cutoff; });
         // No transaction is open (we hold its mutex), so no undo entry points into outbox_.
         const auto sent_before_cutoff = [&](const OutboxEntry& entry) {
             return entry.row.sent_at && *entry.row.sent_at < cutoff && !entry.row.parked;
         };
-        for (const auto& entry : outbox_) {
+        for (const auto& entry : outbox_)
             if (sent_before_cutoff(entry)) outbox_keys_.erase(entry.row.idempotency_key);
-        }
         const auto kept = std::remove_if(outbox_.begin(), outbox_.end(), sent_before_cutoff);
         result.sent_intents = static_cast<std::size_t>(outbox_.end() - kept);
         outbox_.erase(kept, outbox_.end());
@@ -462,9 +449,8 @@ class MemoryStore {
     }
 
     /// @brief Counts one more attempt at (@p scope, @p id) and returns the count, this one
-    /// included. Kept apart from transactions: a transaction rolled back afterwards leaves the
-    /// count (as the SQL stores' own short commit does). Call it before begin().
-    /// @throws usage_error on a thread that holds a transaction of this store.
+    /// included; a transaction rolled back afterwards leaves it (as the SQL stores' short commit
+    /// does). @throws usage_error on a thread that holds a transaction of this store.
     std::uint32_t count_attempt(std::string_view scope, std::string_view id) {
         if (owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
             throw usage_error(
@@ -478,9 +464,8 @@ class MemoryStore {
         return count.attempts;
     }
 
-    /// @brief Records a failure of the effect of (@p scope, @p id): a later dead letter of it
-    /// carries @p failure and when the first and the last were (@p keep_for: for stores that
-    /// expire it). Skipped on a thread that holds a transaction of this store.
+    /// @brief Records a failure of the effect of (@p scope, @p id) for its later dead letter
+    /// (@p keep_for: for stores that expire it); skipped on a thread holding a transaction.
     void note_failure(std::string_view scope, std::string_view id, std::string_view failure,
                       std::chrono::seconds /*keep_for*/) {
         if (owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) return;
@@ -488,9 +473,19 @@ class MemoryStore {
         std::lock_guard<std::mutex> lock(mutex_);
         AttemptCount& count = attempts_[ClaimKey{std::string(scope), std::string(id)}];
         count.counted_at = now();
-        if (!count.first_failed_at) count.first_failed_at = count.counted_at;
-        count.last_failed_at = count.counted_at;
-        count.failure = std::string(failure);
+        if (!count.failed) count.failed = NotedFailure{{}, count.counted_at, {}};
+        count.failed->last = count.counted_at;
+        count.failed->text = std::string(failure);
+    }
+
+    /// @brief What note_failure() recorded for (@p scope, @p id); nothing on a thread that holds
+    /// a transaction of this store.
+    [[nodiscard]] std::optional<NotedFailure> noted_failure(std::string_view scope,
+                                                            std::string_view id) {
+        if (owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) return {};
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = attempts_.find(ClaimView{scope, id});
+        return it == attempts_.end() ? std::nullopt : it->second.failed;
     }
 
     /// @brief The attempts count_attempt() counted for (@p scope, @p id); 0 when none.
@@ -500,15 +495,13 @@ class MemoryStore {
         return it == attempts_.end() ? 0 : it->second.attempts;
     }
 
-    /// @brief The next offset to read that a commit stored for (@p group, @p topic,
-    /// @p partition) (contract/stored_offset.hpp); nullopt when none was.
+    /// @brief The next offset to read a commit stored for (@p group, @p topic, @p partition).
     [[nodiscard]] std::optional<std::int64_t> stored_offset(std::string_view group,
                                                             std::string_view topic,
                                                             std::int32_t partition) {
         std::lock_guard<std::mutex> lock(mutex_);
         auto it = offsets_.find(OffsetKey{std::string(group), std::string(topic), partition});
-        if (it == offsets_.end()) return std::nullopt;
-        return it->second;
+        return it == offsets_.end() ? std::nullopt : std::optional<std::int64_t>(it->second);
     }
 
     /// @brief Whether this store's transactions do @p hook in their commit: a StoredOffset.
@@ -521,8 +514,7 @@ class MemoryStore {
                                                         std::string_view id) {
         std::lock_guard<std::mutex> lock(mutex_);
         auto it = claims_.find(ClaimView{scope, id});
-        if (it == claims_.end()) return std::nullopt;
-        return it->second;
+        return it == claims_.end() ? std::nullopt : std::optional<ClaimRecord>(it->second);
     }
 
     /// Every committed dead letter, oldest first (redriven entries too: redriven_at is set).
@@ -539,11 +531,10 @@ class MemoryStore {
         return letters;
     }
 
-    /// @brief Brings the selected dead letters back, each exactly once, as the SQL stores do
-    /// (sql/store.hpp's redrive()): per entry, serialised with every transaction, the entry is
-    /// marked redriven, the claim still dead_lettered removed with its attempt count, and an
-    /// outbox intent re-publishes the payload under the message id. An injected commit fault
-    /// (Fault::commit) fails the entry with nothing changed; Fault::begin fails it as well.
+    /// @brief Brings the selected dead letters back, each exactly once, as the SQL stores do:
+    /// per entry, the entry marked redriven, the claim still dead_lettered removed with its
+    /// attempt count, an outbox intent re-publishing the payload under the message id. An
+    /// injected Fault::commit or Fault::begin fails the entry with nothing changed.
     RedriveReport redrive(const DeadLetterSelection& selection, const RedriveOptions& options) {
         options.validate("idem::MemoryStore: redrive()");
         return detail::run_redrive(
@@ -638,9 +629,16 @@ class MemoryStore {
     [[nodiscard]] std::vector<OutboxRow> outbox_rows() {
         std::lock_guard<std::mutex> lock(mutex_);
         std::vector<OutboxRow> rows;
-        rows.reserve(outbox_.size());
         for (const auto& entry : outbox_)
             rows.push_back(entry.row);
+        return rows;
+    }
+    /// @brief The intents the attempts of message (@p scope, @p id) wrote, oldest first.
+    [[nodiscard]] std::vector<OutboxRow> outbox_rows(std::string_view scope, std::string_view id) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        std::vector<OutboxRow> rows;
+        for (const auto& entry : outbox_)
+            if (entry.row.scope == scope && entry.row.message_id == id) rows.push_back(entry.row);
         return rows;
     }
 
@@ -693,6 +691,7 @@ class MemoryStore {
         const OutboxIntent intent = redrive_intent(letter, redrive_destination(letter, options));
         if (outbox_keys_.count(intent.idempotency_key) == 0) {
             tx.add_outbox(intent);
+            std::tie(outbox_.back().row.scope, outbox_.back().row.message_id) = key;
             tx.undo_.clear();  // kept: the redrive's change, as the rest
             return true;
         }
@@ -781,8 +780,7 @@ class MemoryStore {
     struct AttemptCount {
         std::uint32_t attempts = 0;
         std::chrono::system_clock::time_point counted_at{};
-        std::string failure{};  ///< the last note_failure()'s, and when the first and last were
-        std::optional<std::chrono::system_clock::time_point> first_failed_at{}, last_failed_at{};
+        std::optional<NotedFailure> failed{};  ///< what note_failure() recorded
     };
     std::map<ClaimKey, AttemptCount, ClaimOrder> attempts_;
     std::vector<DeadLetter> dead_letters_;

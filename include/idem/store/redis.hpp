@@ -173,6 +173,11 @@ class RedisStore {
                       std::chrono::seconds keep_for) {
         redis::note_failure(context_, scope, id, failure, keep_for);
     }
+    /// @brief What note_failure() recorded for (@p scope, @p id), if it is still kept.
+    [[nodiscard]] std::optional<NotedFailure> noted_failure(std::string_view scope,
+                                                            std::string_view id) {
+        return redis::noted_failure(context_, scope, id);
+    }
 
     /// @brief Brings the dead letters @p selection takes back, each exactly once, by one script
     /// per entry on its claim's hash slot (store/redis/redrive.hpp): the claim that still records
@@ -213,6 +218,10 @@ class RedisStore {
     }
     /// @brief Every outbox intent (a message's latest redrive), oldest first.
     std::vector<OutboxRow> outbox_rows() { return outbox_.rows(); }
+    /// @brief The intents the attempts of message (@p scope, @p id) wrote: its redrive's.
+    std::vector<OutboxRow> outbox_rows(std::string_view scope, std::string_view id) {
+        return outbox_.rows_of(scope, id);
+    }
 
     /// @brief Deletes claims claimed before clock() - @p older_than (never a live lease), outbox
     /// intents sent before it and expired locks. Redis also expires claims by itself (each record's
@@ -369,10 +378,17 @@ class RedisStore::Transaction {
         }
     }
 
-    /// Queues @p letter; commit() stores it.
+    /// Queues @p letter; commit() stores it. With a commit hook attached (a stream's dead-letter
+    /// copy written by the commit), the failures noted for it are read now for that copy: only
+    /// past its first attempt (a failure is noted after an attempt, so the first has none).
     void dead_letter(const DeadLetter& letter) {
         active();
-        state_.add_letter(letter);
+        DeadLetter queued = letter;
+        if (!state_.hooks().empty() && !queued.last_failed_at && queued.delivery_count > 1) {
+            if (auto noted = store_->noted_failure(letter.scope, letter.message_id))
+                queued.take(*noted);
+        }
+        state_.add_letter(std::move(queued));
     }
 
     /// @brief Queues a Redis write (binary-safe arguments: text, idem::Blob, integers) that runs

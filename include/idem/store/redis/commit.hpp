@@ -94,14 +94,22 @@ std::size_t encode_commit(Args& a, const StoreContext& store, std::string_view t
 /// is left to the caller.
 inline std::vector<CommitHook*> hook_commands(const TransactionState& tx, Commands& out);
 
-/// The delivery count of @p tx's dead letter of (scope, id) — the count the handler judged —
-/// or @p broker_count when it has none: a stream's dead-letter copy says what the store's says.
-inline std::uint32_t parked_count(const TransactionState& tx, std::string_view scope,
-                                  std::string_view id, std::uint32_t broker_count) {
+/// The XADD of @p hook's stream entry's dead-letter copy, parked for @p reason. The count and
+/// the noted failures are those of @p tx's dead letter of the message (the count the handler
+/// judged), else the broker's count: a stream's copy says what the store's entry says.
+inline std::vector<std::string> stream_copy(const TransactionState& tx, const CommitHook& hook,
+                                            const StreamAck& ack, const std::string& reason) {
+    const DeadLetter* parked = nullptr;
     for (const DeadLetter& letter : tx.letters()) {
-        if (letter.scope == scope && letter.message_id == id) return letter.delivery_count;
+        if (letter.scope == hook.scope && letter.message_id == hook.message_id) {
+            parked = &letter;
+            break;
+        }
     }
-    return broker_count;
+    return stream_dead_letter_command(
+        ack.dead_letter_destination(), ack.stream, ack.entry_id, ack.fields, reason, hook.scope,
+        hook.message_id, parked != nullptr ? parked->delivery_count : ack.delivery_count,
+        parked != nullptr ? parked->noted() : std::nullopt);
 }
 
 /// hook_commands() for ONE attached hook (a single message's commit, the RedisStreamConsumer's
@@ -128,10 +136,7 @@ inline std::vector<CommitHook*> one_hook_command(const TransactionState& tx, Com
         dead_letter_reason = &found->reason;
     }
     if (dead_letter_reason != nullptr) {  // never XACKed without its copy
-        out.add(stream_dead_letter_command(
-            ack->dead_letter_destination(), ack->stream, ack->entry_id, ack->fields,
-            *dead_letter_reason, hook.scope, hook.message_id,
-            parked_count(tx, hook.scope, hook.message_id, ack->delivery_count)));
+        out.add(stream_copy(tx, hook, *ack, *dead_letter_reason));
     }
     out.add({"XACK", ack->stream, ack->group, ack->entry_id});
     return {&hook};
@@ -163,10 +168,7 @@ inline std::vector<CommitHook*> hook_commands(const TransactionState& tx, Comman
     auto add = [&](CommitHook& hook, const std::string* dead_letter_reason) {
         const StreamAck& ack = *hook.request_as<StreamAck>();
         if (dead_letter_reason != nullptr) {  // never XACKed without its copy
-            out.add(stream_dead_letter_command(
-                ack.dead_letter_destination(), ack.stream, ack.entry_id, ack.fields,
-                *dead_letter_reason, hook.scope, hook.message_id,
-                parked_count(tx, hook.scope, hook.message_id, ack.delivery_count)));
+            out.add(stream_copy(tx, hook, ack, *dead_letter_reason));
         }
         xacks.add({"XACK", ack.stream, ack.group, ack.entry_id});
         acked.push_back(&hook);

@@ -125,6 +125,8 @@ inline OutboxRow outbox_row_of(const std::vector<Reply>& fields, std::size_t fir
         if (name == "last_error") row.last_error = value;
         if (name == "next_attempt_at") row.next_attempt_at = from_unix_ms(parse_int(value));
         if (name == "parked") row.parked = value == "1";
+        if (name == "scope") row.scope = value;
+        if (name == "message_id") row.message_id = value;
     }
     return row;
 }
@@ -207,6 +209,19 @@ class Outbox {
         std::sort(rows.begin(), rows.end(),
                   [](const OutboxRow& a, const OutboxRow& b) { return a.id < b.id; });
         return rows;
+    }
+
+    /// The intent of message (@p scope, @p id): a redrive's, the only kind a Redis store writes.
+    std::vector<OutboxRow> rows_of(std::string_view scope, std::string_view id) {
+        const std::string key = store_.keys.outbox(scope, id);
+        Reply fields = store_.checked_on(
+            key,
+            [&](Connection& c) {
+                return c.command({"HGETALL", key});
+            },
+            "HGETALL");
+        if (fields.elements.empty()) return {};
+        return {outbox_row_of(fields.elements)};
     }
 
     /// Deletes the intents sent before @p cutoff_ms; answers how many.

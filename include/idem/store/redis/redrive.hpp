@@ -35,7 +35,8 @@ IDEM_BEGIN_NAMESPACE
 namespace redis {
 
 /// KEYS: the claim, its dead letters, its outbox intent. ARGV: the letter's entry id, now ('':
-/// the server's), destination, the intent's version id, the message id. 1: redriven; 0: nothing
+/// the server's), destination, the intent's version id, the message id, its scope (the intent
+/// records whose it is). 1: redriven; 0: nothing
 /// to do (the letter is gone or redriven before, or the claim records no dead letter now).
 inline const std::string& redrive_source() {
     static const std::string source = lua({lua_now, lua_sibling}) + R"(
@@ -59,7 +60,8 @@ end
 local now = now_text(ARGV[2])
 redis.call('HSET', KEYS[3], 'id', ARGV[4], 'destination', ARGV[3], 'key', ARGV[5],
            'payload', payload, 'created_at', now, 'sent_at', '', 'attempts', '0',
-           'last_error', '', 'next_attempt_at', '0', 'parked', '0', 'leased_until', '0')
+           'last_error', '', 'next_attempt_at', '0', 'parked', '0', 'leased_until', '0',
+           'scope', ARGV[6], 'message_id', ARGV[5])
 redis.call('DEL', KEYS[1])
 redis.call('DEL', sibling(KEYS[1], 'f'))  -- its noted failures too: a fresh history
 redis.call('XADD', KEYS[2], '*', 'redriven', ARGV[1], 'at', now, 'count', marks + 1)
@@ -205,6 +207,21 @@ inline void note_failure(StoreContext& store, std::string_view scope, std::strin
     store.check_script(reply, "note_failure");
 }
 
+/// RedisStore::noted_failure(): the failures hash read back (HMGET).
+inline std::optional<NotedFailure> noted_failure(StoreContext& store, std::string_view scope,
+                                                 std::string_view id) {
+    const std::string key = store.keys.failures(scope, id);
+    Args hmget;
+    hmget.add("HMGET").add(key).add("failure").add("first").add("last");
+    Reply reply = store.checked_on(
+        key, [&](Connection& c) { return c.command(hmget); }, "HMGET");
+    if (reply.elements.size() != 3 || reply.elements[2].is_nil()) return std::nullopt;
+    const auto last = from_unix_ms(parse_int(reply.elements[2].str));
+    const Reply& first = reply.elements[1];
+    return NotedFailure{reply.elements[0].str,
+                        first.is_nil() ? last : from_unix_ms(parse_int(first.str)), last};
+}
+
 /// One letter's redrive script; true when it redrove it.
 inline bool redrive_step(StoreContext& store, Outbox& outbox, const StoredDeadLetter& stored,
                          const std::string& destination) {
@@ -216,7 +233,7 @@ inline bool redrive_step(StoreContext& store, Outbox& outbox, const StoredDeadLe
     Reply reply = store.router.on_key(claim, [&](Connection& c) {
         return c.eval(redrive_script(), {claim, letters, intent},
                       {stored.entry, store.now_arg(), destination, std::to_string(version),
-                       letter.message_id});
+                       letter.message_id, letter.scope});
     });
     store.check_script(reply, "redrive");
     return reply.integer == 1;

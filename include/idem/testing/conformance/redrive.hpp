@@ -88,13 +88,16 @@ class RedriveConformance : public StoreConformance<Env> {
     /// @p origin and @p position: where the broker held it (Delivery::origin).
     template <class Handler>
     void park(Handler& handler, const std::string& id, const std::string& origin = {},
-              const std::string& position = {}) {
+              const std::string& position = {}, idem::Outcome* parked = nullptr) {
         idem::Delivery delivery{id, 5u};
         delivery.origin = origin;
         delivery.origin_position = position;
         for (int attempt = 1; attempt <= 5; ++attempt) {
-            const idem::Outcome outcome = handler.handle(delivery, id);
-            if (outcome.disposition == idem::Disposition::dead_lettered) return;
+            idem::Outcome outcome = handler.handle(delivery, id);
+            if (outcome.disposition == idem::Disposition::dead_lettered) {
+                if (parked != nullptr) *parked = std::move(outcome);
+                return;
+            }
             ASSERT_EQ(outcome.disposition, idem::Disposition::failed) << outcome.reason;
         }
         FAIL() << id << " was not parked after 5 deliveries at the limit";
@@ -143,6 +146,9 @@ class RedriveConformance : public StoreConformance<Env> {
     /// tests of that skip a store that does not.
     static constexpr bool notes_failures =
         idem::has_note_failure<typename StoreConformance<Env>::Store>::value;
+    /// Whether it reads them back (noted_failure()) for a broker's dead-letter copy.
+    static constexpr bool recalls_failures =
+        idem::has_noted_failure<typename StoreConformance<Env>::Store>::value;
 
     std::optional<idem::Disposition> claim_of(const std::string& id) {
         auto claim = this->store().find_claim(scope, id);
@@ -603,7 +609,8 @@ TYPED_TEST_P(IdemRedriveConformance, ADeadLetterSaysHowAndWhenItsEffectFailed) {
     EXPECT_EQ(handler.handle(idem::Delivery{"f-1", 2u}, std::string("f-1")).disposition,
               idem::Disposition::failed);
     this->env.now = started + std::chrono::minutes(2);
-    this->park(handler, "f-1");
+    idem::Outcome parked;
+    this->park(handler, "f-1", {}, {}, &parked);
     auto letters = this->store().dead_letters(this->ids({"f-1"}));
     ASSERT_EQ(letters.size(), 1u);
     EXPECT_NE(letters[0].failure.find("gateway 503"), std::string::npos) << letters[0].failure;
@@ -612,6 +619,19 @@ TYPED_TEST_P(IdemRedriveConformance, ADeadLetterSaysHowAndWhenItsEffectFailed) {
     ASSERT_TRUE(letters[0].last_failed_at.has_value());
     EXPECT_GE(*letters[0].last_failed_at, started + std::chrono::minutes(1));
     EXPECT_LE(*letters[0].last_failed_at, started + std::chrono::minutes(2));
+    if (TestFixture::recalls_failures) {
+        // The outcome a broker's dead-letter copy is made from says the same, and so does that
+        // of a duplicate of the parked message (whose copy the consumer sends again).
+        const idem::Outcome duplicate = handler.handle(idem::Delivery{"f-1", 6u}, "f-1");
+        EXPECT_TRUE(duplicate.duplicate_of_dead_letter()) << duplicate.reason;
+        for (const idem::Outcome* outcome :
+             std::vector<const idem::Outcome*>{&parked, &duplicate}) {
+            ASSERT_TRUE(outcome->noted_failure.has_value()) << outcome->reason;
+            EXPECT_EQ(outcome->noted_failure->text, letters[0].failure);
+            EXPECT_EQ(outcome->noted_failure->first, *letters[0].first_failed_at);
+            EXPECT_EQ(outcome->noted_failure->last, *letters[0].last_failed_at);
+        }
+    }
 
     // Its redrive clears the history: parked again, the new entry keeps none from before.
     ASSERT_EQ(this->store()
