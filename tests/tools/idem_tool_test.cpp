@@ -274,6 +274,12 @@ TYPED_TEST(IdemTool, RedrivesEachMessageBackToItsOriginWithoutADestination) {
     EXPECT_TRUE(has(listed.out, "\"origin\":\"\",\"origin_position\":\"\"")) << listed.out;
     listed = this->tool({"dead-letters", "list", "--id", "m-1"});
     EXPECT_TRUE(has(listed.out, "from orders-in 1700000000000-5")) << listed.out;
+    // Selected by how the effect failed.
+    listed = this->tool({"dead-letters", "list", "--failure", "gateway 503", "--json"});
+    ASSERT_EQ(listed.status, 0) << listed.out;
+    EXPECT_TRUE(has(listed.out, "\"message_id\":\"m-1\"")) << listed.out;
+    listed = this->tool({"dead-letters", "list", "--failure", "timed out"});
+    EXPECT_TRUE(has(listed.out, "0 dead letter(s)")) << listed.out;
 
     // No --destination: m-1 back to its origin, m-2 left parked (exit 1: not all done).
     const Ran redriven = this->tool({"dead-letters", "redrive", "--json"});

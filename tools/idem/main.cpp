@@ -90,6 +90,7 @@ constexpr const char* selection_usage =
   --scope SCOPE        the handler's policy scope
   --id ID              this message id (repeatable)
   --reason TEXT        reasons containing TEXT
+  --failure TEXT       the effect's last failure before it was parked contains TEXT
   --since TIME         parked at or after TIME
   --before TIME        parked before TIME
   --limit N            at most N entries
@@ -290,6 +291,7 @@ idem::DeadLetterSelection parse_selection(Arguments& args) {
     selection.scope = args.value("--scope").value_or("");
     selection.message_ids = args.values("--id");
     selection.reason_contains = args.value("--reason").value_or("");
+    selection.failure_contains = args.value("--failure").value_or("");
     if (auto since = args.value("--since")) selection.created_from = parse_time("--since", *since);
     if (auto before = args.value("--before")) {
         selection.created_before = parse_time("--before", *before);
@@ -303,8 +305,8 @@ idem::DeadLetterSelection parse_selection(Arguments& args) {
 
 bool selection_is_empty(const idem::DeadLetterSelection& selection) {
     return selection.scope.empty() && selection.message_ids.empty() &&
-           selection.reason_contains.empty() && !selection.created_from &&
-           !selection.created_before && selection.limit == 0;
+           selection.reason_contains.empty() && selection.failure_contains.empty() &&
+           !selection.created_from && !selection.created_before && selection.limit == 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -767,8 +769,8 @@ int purge_letters(Context& c) {
     c.args.finish();
     if (selection_is_empty(selection) && !everything) {
         throw usage_problem(
-            "dead-letters purge wants a selection (--scope, --id, --reason, --since, --before, "
-            "--limit) or --everything");
+            "dead-letters purge wants a selection (--scope, --id, --reason, --failure, --since, "
+            "--before, --limit) or --everything");
     }
     Store& store = c.store();
     std::vector<idem::DeadLetter> purged;

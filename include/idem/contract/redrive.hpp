@@ -47,6 +47,10 @@ struct DeadLetterSelection {
     std::vector<std::string> message_ids{};
     /// Only entries whose reason contains this text; empty: any reason.
     std::string reason_contains{};
+    /// Only entries whose effect's last failure before it was parked (DeadLetter::failure)
+    /// contains this text, e.g. a gateway's error code: the messages one fault parked; empty:
+    /// any (an entry without a recorded failure too).
+    std::string failure_contains{};
     /// Only entries parked at or after this time.
     std::optional<std::chrono::system_clock::time_point> created_from{};
     /// Only entries parked before this time.
@@ -62,6 +66,10 @@ struct DeadLetterSelection {
             return false;
         }
         if (!reason_contains.empty() && letter.reason.find(reason_contains) == std::string::npos) {
+            return false;
+        }
+        if (!failure_contains.empty() &&
+            letter.failure.find(failure_contains) == std::string::npos) {
             return false;
         }
         if (created_from && letter.created_at < *created_from) return false;

@@ -619,6 +619,12 @@ TYPED_TEST_P(IdemRedriveConformance, ADeadLetterSaysHowAndWhenItsEffectFailed) {
     ASSERT_TRUE(letters[0].last_failed_at.has_value());
     EXPECT_GE(*letters[0].last_failed_at, started + std::chrono::minutes(1));
     EXPECT_LE(*letters[0].last_failed_at, started + std::chrono::minutes(2));
+    // Selected by how it failed: the messages one fault parked.
+    idem::DeadLetterSelection by_failure = this->ids({});
+    by_failure.failure_contains = "gateway 503";
+    EXPECT_EQ(this->store().dead_letters(by_failure).size(), 1u);
+    by_failure.failure_contains = "timed out";
+    EXPECT_TRUE(this->store().dead_letters(by_failure).empty());
     if (TestFixture::recalls_failures) {
         // The outcome a broker's dead-letter copy is made from says the same, and so does that
         // of a duplicate of the parked message (whose copy the consumer sends again).
