@@ -225,7 +225,8 @@ TYPED_TEST(Outbox, EachIntentSaysWhichMessageWroteIt) {
         EXPECT_EQ(rows[0].message_id, std::string("msg-") + n);
     }
     EXPECT_TRUE(this->store().outbox_rows("other-scope", "msg-1").empty());
-    const OutboxRow* loose = this->row(this->store().outbox_rows(), "loose-1");
+    const auto all = this->store().outbox_rows();  // row() points into it
+    const OutboxRow* loose = this->row(all, "loose-1");
     ASSERT_NE(loose, nullptr);
     EXPECT_EQ(loose->scope, "");
     EXPECT_EQ(loose->message_id, "");
