@@ -15,6 +15,7 @@
 #include <iostream>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -381,9 +382,6 @@ TEST_F(RedisClusterTest, WarmUpLoadsTheScriptsOnEveryMaster) {
     EXPECT_EQ(masters.size(), 3u);
 }
 
-// A local effect's one script runs on its claim's slot when every write is in that slot too;
-// a write elsewhere sends nothing in one step (not_attempted) and the ordinary path takes the
-// message: claim, effect again (local: no trace), commit per slot. Both apply once.
 // A store's very first transaction queues a write before anything reached the cluster (begin()
 // and write() do no I/O): its place is recorded when it is queued, so the commit still sends it
 // with its claim's slot group.
@@ -402,7 +400,10 @@ TEST_F(RedisClusterTest, AWriteQueuedBeforeTheStoreFirstReachedTheClusterCommits
     EXPECT_EQ(again.claim(scope, "m-1").status, idem::ClaimStatus::duplicate);
 }
 
-TEST_F(RedisClusterTest, ALocalEffectRunsInItsClaimsSlotOrTakesTheOrdinaryPath) {
+// A local effect's one script runs on its claim's slot when every write is in that slot too;
+// with a write elsewhere the transaction claims, then commits per slot: the effect runs once
+// either way, and both apply once. A redelivery of the second is a duplicate in two steps too.
+TEST_F(RedisClusterTest, ALocalEffectRunsInItsClaimsSlotOrInTwoSteps) {
     idem::RedisStore store(node(0));
     store.warm_up();
     const std::string scope = "local";
@@ -424,14 +425,66 @@ TEST_F(RedisClusterTest, ALocalEffectRunsInItsClaimsSlotOrTakesTheOrdinaryPath) 
     before = store.round_trips();
     outcome = handler.handle(Delivery{"m-2", 1u}, elsewhere);
     EXPECT_EQ(outcome.disposition, Disposition::processed) << outcome.reason;
-    EXPECT_GE(store.round_trips() - before, 2u) << "the ordinary path: claim, then commit";
-    EXPECT_EQ(runs, 3) << "run before the claim, then again on the ordinary path";
+    EXPECT_GE(store.round_trips() - before, 2u) << "two steps: claim, then commit per slot";
+    EXPECT_EQ(runs, 2) << "each ran once: the claim came after, not a second run";
 
     EXPECT_EQ(handler.handle(Delivery{"m-1", 2u}, same_slot).disposition, Disposition::duplicate);
     EXPECT_EQ(handler.handle(Delivery{"m-2", 2u}, elsewhere).disposition, Disposition::duplicate);
+    EXPECT_EQ(runs, 4) << "a redelivery runs the local effect once and drops its writes";
     const auto effects = read_all({same_slot, elsewhere});
     EXPECT_EQ(effects.at(same_slot), "1");
     EXPECT_EQ(effects.at(elsewhere), "1");
+}
+
+// The two steps answer as the one script: a throw counts the attempt and leaves the id free, a
+// rejection keeps the claim without the writes, a takeover at the limit applies nothing and is
+// parked by the ordinary path without running the effect.
+TEST_F(RedisClusterTest, ALocalEffectsTwoStepsAnswerAsTheOneScript) {
+    idem::RedisStore store(node(0));
+    store.warm_up();
+    const std::string scope = "local2";
+    idem::PolicyOptions options;
+    options.max_deliveries = 3;
+    int runs = 0;
+    auto handler = idem::make_handler(
+        store, idem::Policy{scope, options},
+        idem::local_effect([&runs](auto& tx, const std::string& what) -> idem::EffectResult {
+            ++runs;
+            tx.write("INCR", "fx-two-steps");  // never in the claims' slots below
+            if (what == "throw" && runs == 1) throw std::runtime_error("gateway said no");
+            if (what == "reject") return idem::EffectResult::rejected("stale");
+            return idem::EffectResult::applied();
+        }));
+    ASSERT_NE(hash_slot("fx-two-steps"), hash_slot(store.claim_key(scope, "t-1")));
+    auto failed = handler.handle(Delivery{"t-1", 1u}, std::string("throw"));
+    EXPECT_EQ(failed.disposition, Disposition::failed) << failed.reason;
+    EXPECT_EQ(failed.cause, idem::FailureCause::effect_threw);
+    EXPECT_FALSE(store.find_claim(scope, "t-1").has_value());
+    EXPECT_EQ(store.attempts(scope, "t-1"), 1u);
+    EXPECT_EQ(handler.handle(Delivery{"t-1", 2u}, std::string("throw")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(store.attempts(scope, "t-1"), 2u);
+    EXPECT_EQ(runs, 2);
+    EXPECT_EQ(read_all({"fx-two-steps"}).at("fx-two-steps"), "1");
+
+    ASSERT_NE(hash_slot("fx-two-steps"), hash_slot(store.claim_key(scope, "r-1")));
+    EXPECT_EQ(handler.handle(Delivery{"r-1", 1u}, std::string("reject")).disposition,
+              Disposition::rejected);
+    EXPECT_EQ(store.find_claim(scope, "r-1")->disposition, Disposition::rejected);
+    EXPECT_EQ(runs, 3);
+    EXPECT_EQ(read_all({"fx-two-steps"}).at("fx-two-steps"), "1");
+
+    // Two attempts released (the broker's count lags): the third is a takeover at the limit.
+    ASSERT_NE(hash_slot("fx-two-steps"), hash_slot(store.claim_key(scope, "p-1")));
+    for (int attempt = 0; attempt < 2; ++attempt) {
+        auto tx = store.begin();
+        ASSERT_EQ(tx.claim(scope, "p-1").status, idem::ClaimStatus::claimed);
+    }
+    auto parked = handler.handle(Delivery{"p-1", 2u}, std::string("apply"));
+    EXPECT_EQ(parked.disposition, Disposition::dead_lettered) << parked.reason;
+    EXPECT_EQ(runs, 4) << "once before the claim; the ordinary path parked it before the effect";
+    EXPECT_EQ(store.find_claim(scope, "p-1")->disposition, Disposition::dead_lettered);
+    EXPECT_EQ(read_all({"fx-two-steps"}).at("fx-two-steps"), "1");
 }
 
 // The PipelinedLoop on a cluster: a commit goes with the next claim in one round trip only when

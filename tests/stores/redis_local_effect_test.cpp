@@ -128,6 +128,51 @@ TEST_F(RedisLocalEffectTest, RejectedKeepsTheClaimWithoutTheWritesAndAThrowIsACo
     EXPECT_EQ(client().integer({"HGET", "views", "home"}), 1);
 }
 
+// A deferral and a malformed message need the claim before their answer (a finished id is a
+// duplicate, not deferred; a malformed one is parked with its claim): the ordinary path takes
+// them and replays the effect's answer. The effect runs once per delivery, never twice.
+TEST_F(RedisLocalEffectTest, ADeferralOrAMalformedMessageRunsTheEffectOnce) {
+    int runs = 0;
+    bool defer = true;
+    auto handler = idem::make_handler(
+        store(), idem::Policy{"views"},
+        idem::local_effect([&](auto& tx, const std::string& page) -> idem::EffectResult {
+            ++runs;
+            tx.write("HINCRBY", "views", page, 1);
+            if (page == "garbled") throw idem::malformed_message("no page name");
+            if (defer) return idem::EffectResult::deferred("catalogue not loaded", 2s);
+            return idem::EffectResult::applied();
+        }));
+    auto deferred = handler.handle(Delivery{"d-1", 1u}, std::string("home"));
+    EXPECT_EQ(deferred.disposition, Disposition::deferred) << deferred.reason;
+    EXPECT_EQ(deferred.retry_after, std::optional<std::chrono::milliseconds>(2s));
+    EXPECT_EQ(runs, 1);
+    EXPECT_FALSE(store().find_claim("views", "d-1").has_value());  // nothing kept, not the claim
+    EXPECT_FALSE(client().integer({"HGET", "views", "home"}).has_value());
+
+    defer = false;
+    EXPECT_EQ(handler.handle(Delivery{"d-1", 2u}, std::string("home")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(runs, 2);
+    defer = true;  // a finished id is a duplicate, whatever the effect answers now
+    EXPECT_EQ(handler.handle(Delivery{"d-1", 3u}, std::string("home")).disposition,
+              Disposition::duplicate);
+    EXPECT_EQ(runs, 3);
+    EXPECT_EQ(client().integer({"HGET", "views", "home"}), 1);
+
+    auto malformed = handler.handle(Delivery{"g-1", 1u}, std::string("garbled"));
+    EXPECT_EQ(malformed.disposition, Disposition::dead_lettered) << malformed.reason;
+    EXPECT_NE(malformed.reason.find("no page name"), std::string::npos) << malformed.reason;
+    EXPECT_EQ(runs, 4);
+    EXPECT_EQ(store().find_claim("views", "g-1")->disposition, Disposition::dead_lettered);
+    ASSERT_EQ(store().dead_letters().size(), 1u);
+    EXPECT_EQ(store().dead_letters()[0].payload, "garbled");
+    EXPECT_FALSE(client().integer({"HGET", "views", "garbled"}).has_value());
+    EXPECT_EQ(handler.handle(Delivery{"g-1", 2u}, std::string("garbled")).disposition,
+              Disposition::duplicate);
+    EXPECT_EQ(runs, 5);
+}
+
 // Redis cannot undo a write: one failing after another was applied parks the claim (as the
 // two-step commit does), so the redelivery is a duplicate and the applied write stays single.
 TEST_F(RedisLocalEffectTest, AWriteFailingAfterOneWasAppliedParksTheClaim) {

@@ -83,8 +83,10 @@ enum class ClaimAndCommitStatus {
     duplicate,    ///< a finished run recorded it: nothing applied
     in_progress,  ///< another live worker holds it: nothing applied
     at_limit,     ///< a takeover would reach max_attempts: nothing applied
-    /// the store cannot do these writes in one step with the claim (a Redis Cluster: a write
-    /// outside the claim's hash slot): nothing claimed, nothing applied; take the ordinary path
+    /// the store cannot do these writes in one step with the claim: nothing claimed, nothing
+    /// applied; the handler takes the ordinary path and runs the effect again there. None of
+    /// idem's stores answers it (a Redis Cluster write outside the claim's hash slot goes in
+    /// two steps instead), so that an effect runs at most once per attempt.
     not_attempted,
 };
 

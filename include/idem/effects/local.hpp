@@ -49,9 +49,10 @@ class LocalEffect {
 /// in_progress, as ever. The poison check keeps its meaning: a delivery whose count is at the
 /// limit (or 0), or one older than the gateway's keys, takes the ordinary path (claim → poison
 /// check → effect), so a poison body never runs the effect; a takeover whose attempt count
-/// would reach the limit applies nothing and goes the ordinary way too. A deferral, a
-/// malformed_message and a reused id (fingerprint differs) also take the ordinary path, which
-/// runs the effect again with the claim held (it is local: running it twice costs only time).
+/// would reach the limit applies nothing and goes the ordinary way too. A deferral and a
+/// malformed_message also take the ordinary path, which replays the effect's answer with the
+/// claim held, and a reused id (fingerprint differs) is dead-lettered there before any effect:
+/// the effect runs at most once per delivery.
 /// A stream ack attached as a commit hook rides in the same script. On any other store (and in
 /// handle_batch) the wrapper changes nothing: claim → effect → commit.
 ///

@@ -425,8 +425,9 @@ class AttemptRunner {
         return parked;
     }
 
-    /// The effect (or the reconcile callback, for a message older than the gateway's keys), in
-    /// the effect's savepoint when the strategy undoes by one. What it throws ends here: a
+    /// The effect (or the reconcile callback, for a message older than the gateway's keys; or
+    /// the answer of an effect that ran ahead of its claim, replayed), in the effect's savepoint
+    /// when the strategy undoes by one. What it throws ends here: a
     /// contained failure undoes the message alone, otherwise the transaction fails.
     template <class Strategy, class Body>
     Attempt effect_step(Transaction& tx, const Delivery& delivery, const Body& body,
@@ -434,7 +435,9 @@ class AttemptRunner {
         if constexpr (effect_savepoint_v<Strategy>) tx.savepoint();
         EffectResult result = EffectResult::applied();
         try {
-            if (auto too_old = older_than_gateway_keys(delivery)) {
+            if constexpr (Strategy::ran_ahead) {
+                result = strategy.ran.replay();  // it ran before the claim: not again
+            } else if (auto too_old = older_than_gateway_keys(delivery)) {
                 std::optional<EffectResult> reconciled;
                 {
                     const EffectTimer timer(measure);

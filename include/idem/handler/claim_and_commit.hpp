@@ -2,7 +2,8 @@
 /// @file
 /// @brief handle() of a local effect on a store that claims and commits in one step (Redis):
 /// the effect runs first, with no claim held, and its writes go with the claim in ONE
-/// claim_and_commit() call; the answers that need the ordinary path's steps fall back to it.
+/// claim_and_commit() call; the answers that need the ordinary path's steps fall back to it,
+/// with the effect's answer when it has one (the effect is not run twice).
 
 #include <chrono>
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include "idem/effect.hpp"
 #include "idem/error.hpp"
 #include "idem/handler/attempt.hpp"
+#include "idem/handler/strategy.hpp"
 #include "idem/handler/timing.hpp"
 #include "idem/outcome.hpp"
 
@@ -35,21 +37,29 @@ inline constexpr bool runs_before_claim =
     chain_only_transaction_writes<Effect>() &&
     has_claim_and_commit<typename AttemptRunner<Store, Effect>::Transaction>::value;
 
-/// The effect, then ONE claim_and_commit() with its writes. Nothing (the ordinary path takes
+/// What claim_and_commit_first() ended with: the message's outcome, or none (the ordinary path
+/// takes the message) with, when the effect already ran and gave an answer that keeps none of
+/// its writes (a deferral, a malformed message), that answer for the ordinary path to replay
+/// (RanAheadStrategy): the effect runs at most once per attempt.
+struct FirstStep {
+    std::optional<Outcome> outcome;
+    std::optional<EffectRanAhead> ran;
+};
+
+/// The effect, then ONE claim_and_commit() with its writes. No outcome (the ordinary path takes
 /// the message, claim first) when the message needs its claim before the effect: a count at
 /// the poison limit or 0 (the effect must not run), a message older than the gateway's keys;
-/// or when the answer needs the ordinary path's steps: a deferral, a malformed message, a
-/// reused id (fingerprint differs), a takeover at the limit, a store that cannot send these
-/// writes with the claim (not_attempted: a Redis Cluster write outside the claim's hash
-/// slot). The effect is local, so running it again there leaves no trace.
+/// or when the answer needs the ordinary path's steps: a deferral or a malformed message (their
+/// answer replayed there, after the claim), a reused id (fingerprint differs) or a takeover at
+/// the limit (both end before the effect there). A store that answers not_attempted (none of
+/// idem's) has the effect run again on the ordinary path.
 template <class Store, class Effect, class Body>
-std::optional<Outcome> claim_and_commit_first(AttemptRunner<Store, Effect>& p,
-                                              const Delivery& delivery, const Body& body,
-                                              CommitHook* hook, Measure* measure) {
+FirstStep claim_and_commit_first(AttemptRunner<Store, Effect>& p, const Delivery& delivery,
+                                 const Body& body, CommitHook* hook, Measure* measure) {
     using Transaction = typename AttemptRunner<Store, Effect>::Transaction;
     const std::uint32_t count = delivery.delivery_count.value();
     if (count == 0 || count >= p.policy().max_deliveries() || p.older_than_gateway_keys(delivery)) {
-        return std::nullopt;
+        return {};
     }
     Transaction tx = p.begin(hook, hook != nullptr ? 1 : 0);
     const std::string fingerprint = p.fingerprint_of(body);
@@ -79,10 +89,10 @@ std::optional<Outcome> claim_and_commit_first(AttemptRunner<Store, Effect>& p,
                 request.reason = reason;
                 break;
             case EffectResult::Kind::deferred:  // a duplicate is not deferred: claim first
-                return std::nullopt;
+                return {std::nullopt, EffectRanAhead{std::move(result), nullptr}};
         }
-    } catch (const malformed_message&) {
-        return std::nullopt;  // parked with its claim by the ordinary path
+    } catch (const malformed_message&) {  // parked with its claim by the ordinary path
+        return {std::nullopt, EffectRanAhead{EffectResult::applied(), std::current_exception()}};
     } catch (const store_error&) {
         throw;  // failed, as on the ordinary path
     } catch (const std::exception& e) {
@@ -98,20 +108,20 @@ std::optional<Outcome> claim_and_commit_first(AttemptRunner<Store, Effect>& p,
     if (measure != nullptr) measure->commit_in = since(sent);
     switch (answer.status) {
         case ClaimAndCommitStatus::committed:
-            if (threw) return threw;
-            return Outcome{*request.outcome, std::move(reason)};
+            if (threw) return {std::move(threw), std::nullopt};
+            return {Outcome{*request.outcome, std::move(reason)}, std::nullopt};
         case ClaimAndCommitStatus::duplicate:
             if (reused_id(answer.claim, fingerprint)) {
-                return std::nullopt;  // dead-lettered as a reused id by the ordinary path
+                return {};  // dead-lettered as a reused id by the ordinary path
             }
-            return duplicate_outcome(answer.claim);
+            return {duplicate_outcome(answer.claim), std::nullopt};
         case ClaimAndCommitStatus::in_progress:
-            return in_progress_outcome(answer.claim);
+            return {in_progress_outcome(answer.claim), std::nullopt};
         case ClaimAndCommitStatus::at_limit:
         case ClaimAndCommitStatus::not_attempted:
-            return std::nullopt;
+            return {};
     }
-    return std::nullopt;
+    return {};
 }
 
 }  // namespace detail

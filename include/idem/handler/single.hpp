@@ -68,7 +68,8 @@ Outcome record_without_effect(AttemptRunner<Store, Effect>& p, const Delivery& d
 }
 
 /// handle(): validate, then one attempt in its own transaction (or, for a local effect on a
-/// store that can, the effect and one claim_and_commit()).
+/// store that can, the effect and one claim_and_commit(); when that cannot settle the message,
+/// the attempt replays the effect's answer rather than running it again).
 template <class Store, class Effect, class Body>
 Outcome handle_one(AttemptRunner<Store, Effect>& p, const Delivery& as_delivered, const Body& body,
                    CommitHook* hook, Measure* measure) {
@@ -79,23 +80,29 @@ Outcome handle_one(AttemptRunner<Store, Effect>& p, const Delivery& as_delivered
     std::optional<Delivery> storage;
     try {
         const Delivery& delivery = p.counted(as_delivered, storage);
+        auto one_attempt = [&](auto strategy) {
+            Attempt attempted;
+            {
+                Transaction tx = p.begin(hook, hook != nullptr ? 1 : 0);
+                attempted = p.attempt(tx, delivery, body, strategy, measure);
+                if (!attempted.needs_second_transaction) {
+                    p.commit_if_stored(tx, attempted.outcome, measure);
+                    // or tx rolls back: nothing stored
+                    return std::move(attempted.outcome);
+                }
+            }  // rolled back: the effect's writes are gone, the claim with them
+            return record_without_effect(p, delivery, body, std::move(attempted.outcome), hook,
+                                         measure);
+        };
         if constexpr (runs_before_claim<Store, Effect>) {
-            if (auto done = claim_and_commit_first(p, delivery, body, hook, measure))
-                return with_judged_count(std::move(*done), delivery);
-        }
-        Attempt attempted;
-        {
-            Transaction tx = p.begin(hook, hook != nullptr ? 1 : 0);
-            attempted = p.attempt(tx, delivery, body, SingleStrategy<Transaction>{}, measure);
-            if (!attempted.needs_second_transaction) {
-                p.commit_if_stored(tx, attempted.outcome, measure);
-                // or tx rolls back: nothing stored
-                return with_judged_count(std::move(attempted.outcome), delivery);
+            FirstStep first = claim_and_commit_first(p, delivery, body, hook, measure);
+            if (first.outcome) return with_judged_count(std::move(*first.outcome), delivery);
+            if (first.ran) {
+                return with_judged_count(one_attempt(RanAheadStrategy<Transaction>{*first.ran}),
+                                         delivery);
             }
-        }  // rolled back: the effect's writes are gone, the claim with them
-        return with_judged_count(
-            record_without_effect(p, delivery, body, std::move(attempted.outcome), hook, measure),
-            delivery);
+        }
+        return with_judged_count(one_attempt(SingleStrategy<Transaction>{}), delivery);
     } catch (const std::exception& e) {
         return p.failure(e);
     } catch (...) {

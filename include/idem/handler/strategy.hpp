@@ -2,14 +2,18 @@
 /// @file
 /// @brief The strategies of one attempt (attempt.hpp): how a message is kept apart from the
 /// others in its transaction (isolate / keep / drop), where its claim comes from, and how it
-/// keeps its claim without the effect's writes (Undo). Alone, in a batch, or claimed ahead
-/// (PipelinedLoop) differ only here, chosen at compile time.
+/// keeps its claim without the effect's writes (Undo), and whether the effect already ran.
+/// Alone, in a batch, claimed ahead (PipelinedLoop) or with the effect run ahead of the claim
+/// (a local effect's claim-and-commit) differ only here, chosen at compile time.
 
+#include <exception>
 #include <string_view>
+#include <utility>
 
 #include "idem/config.hpp"
 #include "idem/contract/records.hpp"
 #include "idem/contract/store.hpp"
+#include "idem/effect.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace detail {
@@ -29,6 +33,7 @@ struct SingleStrategy {
     static constexpr Undo undo =
         cheap_savepoints<Tx>::value ? Undo::effect_savepoint : Undo::second_transaction;
     static constexpr bool contains_failures = false;  ///< a failure ends the transaction
+    static constexpr bool ran_ahead = false;          ///< the attempt runs the effect
     void isolate(Tx& /*tx*/) noexcept {}
     void keep(Tx& /*tx*/) noexcept {}
     void drop(Tx& /*tx*/) noexcept {}
@@ -45,6 +50,7 @@ template <class Tx>
 struct BatchSavepointStrategy {
     static constexpr Undo undo = Undo::effect_savepoint;
     static constexpr bool contains_failures = true;  ///< a failed message rolls back alone
+    static constexpr bool ran_ahead = false;
     void isolate(Tx& tx) { tx.savepoint(); }
     void keep(Tx& tx) { tx.release_savepoint(); }
     void drop(Tx& tx) { tx.rollback_to_savepoint(); }
@@ -61,6 +67,7 @@ template <class Tx>
 struct BatchUnclaimStrategy {
     static constexpr Undo undo = Undo::effect_savepoint;
     static constexpr bool contains_failures = true;
+    static constexpr bool ran_ahead = false;
     const ClaimResult& claimed;  ///< this message's answer from claim_many
     std::string_view scope;
     std::string_view id;
@@ -82,6 +89,7 @@ template <class Tx>
 struct PreclaimedStrategy {
     static constexpr Undo undo = Undo::effect_savepoint;
     static constexpr bool contains_failures = false;
+    static constexpr bool ran_ahead = false;
     const ClaimResult& claimed;
     void isolate(Tx& /*tx*/) noexcept {}
     void keep(Tx& /*tx*/) noexcept {}
@@ -90,6 +98,30 @@ struct PreclaimedStrategy {
     ClaimResult claim(ClaimNow&& /*claim_now*/) const {
         return claimed;
     }
+};
+
+/// @brief What a local effect gave when it ran ahead of its claim (handler/claim_and_commit.hpp)
+/// and the one-step claim and commit could not take it: its result, or what it threw. Only for
+/// answers whose writes the claim does not keep (a deferral, a malformed message), so nothing is
+/// lost by replaying the answer instead of the effect.
+struct EffectRanAhead {
+    EffectResult result = EffectResult::applied();
+    std::exception_ptr thrown;  ///< set: the effect threw this (a malformed_message)
+    /// The effect's answer again, or its exception thrown again, for the attempt's handling.
+    [[nodiscard]] EffectResult replay() const {
+        if (thrown) std::rethrow_exception(thrown);
+        return result;
+    }
+};
+
+/// @brief handle() of a message whose local effect already ran (EffectRanAhead): handle()'s
+/// steps (claim, fingerprint, poison check), but the effect's answer is replayed, not run again:
+/// the effect runs at most once per attempt.
+template <class Tx>
+struct RanAheadStrategy : SingleStrategy<Tx> {
+    static constexpr bool ran_ahead = true;
+    const EffectRanAhead& ran;
+    explicit RanAheadStrategy(const EffectRanAhead& answer) : ran(answer) {}
 };
 
 template <class Strategy>

@@ -512,8 +512,8 @@ class RedisStore::Transaction {
     /// duplicate or in_progress (with the lease's time left), or at_limit when a takeover would
     /// reach request.max_attempts. An unset outcome (the effect threw) counts the attempt and
     /// leaves the id free. Ends the transaction. Only on a transaction that holds nothing yet.
-    /// On a Redis Cluster only when every write is in the claim's slot: otherwise nothing is
-    /// sent (not_attempted) and the handler takes the ordinary path.
+    /// On a Redis Cluster with a write outside the claim's slot, in two steps with the same
+    /// answers (claim_then_commit()): never not_attempted, so the effect is not run again.
     /// @throws commit_failed when a queued write failed (as commit()); store_unavailable /
     /// store_timeout when Redis could not be reached (outcome unknown: a redelivery finds it).
     ClaimAndCommitResult claim_and_commit(const ClaimAndCommit& request) {
@@ -525,6 +525,7 @@ class RedisStore::Transaction {
         }
         redis::StoreContext& store = context();
         redis::ClaimAndCommitSent sent = redis::claim_and_commit_round_trip(store, state_, request);
+        if (!sent.attempted) return claim_then_commit(request);
         finish();
         return redis::read_claim_and_commit(store, sent);
     }
@@ -622,6 +623,28 @@ class RedisStore::Transaction {
         }
     }
     /// Ends a commit: done, or (@p error) rolled back and @p error thrown.
+    /// claim_and_commit() when the writes are not all in the claim's Cluster slot: this
+    /// transaction claims, and only a new claim under the limit records the outcome and commits
+    /// (per slot, as commit()); anything else ends it rolled back, the effect's writes unapplied,
+    /// a failed effect's attempt counted by its claim.
+    ClaimAndCommitResult claim_then_commit(const ClaimAndCommit& request) {
+        ClaimAndCommitResult result;
+        result.claim = claim(request.scope, request.message_id, request.fingerprint);
+        if (result.claim.status == ClaimStatus::duplicate) {
+            result.status = ClaimAndCommitStatus::duplicate;
+        } else if (result.claim.status == ClaimStatus::in_progress) {
+            result.status = ClaimAndCommitStatus::in_progress;
+        } else if (result.claim.attempts.value_or(1) >= request.max_attempts) {
+            result.status = ClaimAndCommitStatus::at_limit;
+        } else if (request.outcome) {
+            record_outcome(request.scope, request.message_id, *request.outcome, request.reason);
+            commit();
+            return result;  // committed
+        }  // else the effect threw: committed means the attempt is counted, the id left free
+        rollback();
+        return result;
+    }
+
     void end_commit(const std::exception_ptr& error) {
         if (!error) {
             finish();
