@@ -53,8 +53,23 @@ class PullSubscription {
 
     PullSubscription(const PullSubscription&) = delete;
     PullSubscription& operator=(const PullSubscription&) = delete;
-    /// Frees the subscription; the durable consumer stays on the server (cnats >= 3.4).
-    ~PullSubscription() = default;
+    /// @brief Frees the subscription; the durable consumer stays on the server (it was bound,
+    /// not created, so unsubscribing leaves it). First it unsubscribes and, on a live
+    /// connection, waits for one PING/PONG (at most a second): the connection's reader is then
+    /// past every message the server sent to this subscription (the late "request timeout"
+    /// status of an expired pull request), so none is being read while it is freed. cnats
+    /// before 3.6 could read such a message into a subscription being freed. Never throws.
+    ~PullSubscription() {
+        if (!subscription_) return;
+        (void)natsSubscription_Unsubscribe(subscription_.get());
+        natsConnection* connection = connection_->native();
+        if (connection != nullptr &&
+            natsConnection_Status(connection) == NATS_CONN_STATUS_CONNECTED) {
+            const auto bound =
+                std::min(connection_->endpoint().request_timeout, std::chrono::milliseconds(1000));
+            (void)natsConnection_FlushTimeout(connection, bound.count());
+        }
+    }
 
     /// @brief The stream the consumer reads.
     [[nodiscard]] const std::string& stream() const noexcept { return stream_; }
