@@ -315,6 +315,100 @@ TEST_F(RedisServerClockTest, ATakeoverRestartsTheRetentionAndKeepsTheFirstClaime
     EXPECT_EQ(record->claimed_at, idem::to_unix_ms(claim->claimed_at));
 }
 
+// ---- a paced purge
+// ------------------------------------------------------------------------------- purge() walks the
+// keyspace a SCAN page at a time (PurgeOptions::batch_rows keys looked at per page), so a run holds
+// one page of keys whatever the store's size, pauses between pages and stops when asked.
+
+/// @p n claims "<prefix>-<i>" processed now, each its own handle().
+template <class Handler>
+void process(Handler& handler, const std::string& prefix, int n) {
+    for (int i = 0; i < n; ++i) {
+        ASSERT_EQ(handler.handle(Delivery{prefix + "-" + std::to_string(i), 1u}, std::string("x"))
+                      .disposition,
+                  Disposition::processed)
+            << prefix << i;
+    }
+}
+
+TEST_F(RedisStoreTest, APacedPurgeDeletesExactlyTheExpiredRowsPageByPage) {
+    auto& s = store();
+    const auto t0 = now();
+    auto handler =
+        idem::make_handler(s, idem::Policy{"ledger"}, [](auto&, const std::string& body) {
+            if (body == "p") throw idem::malformed_message("unreadable");
+        });
+    process(handler, "old", 600);
+    for (const char* id : {"poison-sent", "poison-unsent", "poison-kept"}) {
+        ASSERT_EQ(handler.handle(Delivery{id, 1u}, std::string("p")).disposition,
+                  Disposition::dead_lettered);
+    }
+    idem::DeadLetterSelection two;
+    two.scope = "ledger";
+    two.message_ids = {"poison-sent", "poison-unsent"};
+    idem::RedriveOptions to_orders;
+    to_orders.destination = "orders";
+    ASSERT_EQ(s.redrive(two, to_orders).count(idem::RedriveStatus::redriven), 2u);
+    const auto leased = s.lease_outbox(1, 30s);
+    ASSERT_EQ(leased.size(), 1u);
+    s.mark_outbox_sent(leased[0].id);
+    now() = t0 + idem::days(10);
+    process(handler, "new", 50);
+
+    now() = t0 + idem::days(15);
+    idem::PurgeOptions options;
+    options.batch_rows = 100;
+    options.duty_cycle = 1.0;  // no pause: this test counts rows, not time
+    std::vector<std::size_t> claims_after_page;
+    options.on_batch = [&](const idem::PurgeResult& so_far) {
+        claims_after_page.push_back(so_far.claims);
+    };
+    const auto result = s.purge(idem::days(14), options);
+    EXPECT_TRUE(result.complete);
+    EXPECT_EQ(result.claims, 601u) << "600 old claims and the parked one's";
+    EXPECT_EQ(result.sent_intents, 1u);
+    EXPECT_EQ(result.batches, claims_after_page.size());
+    EXPECT_GE(result.batches, 5u) << "about 700 keys, 100 looked at per page";
+    std::size_t largest_page = 0;
+    for (std::size_t i = 0; i < claims_after_page.size(); ++i) {
+        largest_page =
+            std::max(largest_page, claims_after_page[i] - (i == 0 ? 0 : claims_after_page[i - 1]));
+    }
+    EXPECT_LT(largest_page, 601u) << "one page deleted everything: not paged";
+    for (int i = 0; i < 600; i += 37)
+        EXPECT_FALSE(s.find_claim("ledger", "old-" + std::to_string(i)).has_value()) << i;
+    for (int i = 0; i < 50; ++i)
+        EXPECT_TRUE(s.find_claim("ledger", "new-" + std::to_string(i)).has_value()) << i;
+    EXPECT_EQ(s.dead_letters(idem::DeadLetterSelection{}).size(), 3u)
+        << "dead letters are never purged";
+    const auto kept = s.outbox_rows();
+    ASSERT_EQ(kept.size(), 1u) << "the unsent intent stays, the sent one goes";
+    EXPECT_FALSE(kept[0].sent_at.has_value());
+    EXPECT_EQ(s.purge(idem::days(14), options).rows(), 0u);
+}
+
+TEST_F(RedisStoreTest, AStoppedPurgeLeavesTheRestForTheNextRun) {
+    auto& s = store();
+    const auto t0 = now();
+    auto handler = idem::make_handler(s, idem::Policy{"ledger"}, [](auto&, const std::string&) {});
+    process(handler, "m", 400);
+    now() = t0 + idem::days(15);
+    idem::PurgeOptions options;
+    options.batch_rows = 50;
+    std::size_t pages = 0;
+    options.on_batch = [&](const idem::PurgeResult&) { ++pages; };
+    options.should_stop = [&] { return pages >= 2; };
+    const auto first = s.purge(idem::days(14), options);
+    EXPECT_FALSE(first.complete);
+    EXPECT_EQ(first.batches, 2u);
+    EXPECT_GT(first.claims, 0u);
+    EXPECT_LT(first.claims, 400u);
+    options.should_stop = nullptr;
+    const auto second = s.purge(idem::days(14), options);
+    EXPECT_TRUE(second.complete);
+    EXPECT_EQ(first.claims + second.claims, 400u);
+}
+
 // ---- fuzz regressions (tests/fuzz/corpus/redis_record, redis_dead_letter) ----------------------
 // A stored value is outside bytes: a corrupt or hostile record must read as no record, or as
 // numbers held at their limits, never overflow or throw (fuzz.redis_record found each of these).

@@ -224,20 +224,22 @@ class RedisStore {
     }
 
     /// @brief Deletes claims claimed before clock() - @p older_than (never a live lease), outbox
-    /// intents sent before it and expired locks. Redis also expires claims by itself (each record's
-    /// TTL is the retention); this is for a clock the server does not share (tests) and for
-    /// reporting. Dead letters are kept. @p options are checked and the run is timed, but not
-    /// paced: the sweep is SCAN batches of scripts, and the claims' own expiry does the retention.
+    /// intents sent before it and expired locks. Redis also expires claims by itself (each
+    /// record's TTL is the retention); this is for a clock the server does not share (tests) and
+    /// for claims kept longer than the purge's age. Dead letters are kept. Paced as PurgeOptions
+    /// says: a batch is one SCAN page per master (about `batch_rows` keys looked at) and the
+    /// scripts over the keys it found, so a run holds one page of keys whatever the keyspace.
     PurgeResult purge(std::chrono::system_clock::duration older_than,
                       const PurgeOptions& options = {}) {
         options.validate("idem::RedisStore: purge()");
-        const auto started = std::chrono::steady_clock::now();
-        PurgeResult result = redis::purge(context_, older_than);
-        result.sent_intents = outbox_.purge_sent(
+        const std::int64_t cutoff_ms =
             context_.now_ms() -
-            std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count());
-        result.batches = 1;
-        result.elapsed = std::chrono::steady_clock::now() - started;
+            std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count();
+        const detail::PurgePacer pacer(options);
+        PurgeResult result;
+        redis::purge(context_, cutoff_ms, options.batch_rows, pacer, result);
+        if (result.complete) outbox_.purge_sent(cutoff_ms, options.batch_rows, pacer, result);
+        pacer.finish(result);
         return result;
     }
 

@@ -17,6 +17,7 @@
 
 #include "idem/config.hpp"
 #include "idem/contract/store.hpp"
+#include "idem/detail/purge_pacer.hpp"
 #include "idem/error.hpp"
 #include "idem/store/redis/context.hpp"
 #include "idem/store/redis/record.hpp"
@@ -159,28 +160,62 @@ inline bool written_before(const StoredDeadLetter& a, const StoredDeadLetter& b)
     return a.seq < b.seq;
 }
 
-/// Deletes the claims claimed before the store's now - @p older_than (never a live lease) and
-/// the expired locks.
-inline PurgeResult purge(StoreContext& store, std::chrono::system_clock::duration older_than) {
-    PurgeResult result;
+/// Runs @p script over every key matching @p pattern, page by page: a page is one SCAN (about
+/// @p count keys looked at) on each master whose scan is not over, then the script over the keys
+/// it found (run_in_batches), each reply handed to @p take, then the pacer's pause. Only a page's
+/// keys are held, whatever the keyspace's size. Stops early (the result marked incomplete) when
+/// the pacer says so; a key SCAN returns twice just meets the script twice.
+template <class Take>
+void sweep(StoreContext& store, const std::string& pattern, std::size_t count, const Script& script,
+           const std::vector<std::string>& args, const detail::PurgePacer& pacer,
+           PurgeResult& result, Take&& take) {
+    struct Scan {
+        std::string cursor = "0";
+        bool over = false;
+    };
+    std::vector<Scan> scans;  // one per master, in on_each_master's order
+    const std::string page = std::to_string(count);
+    for (bool going = true; going;) {
+        if (!pacer.may_go_on(result)) return;
+        const auto started = detail::PurgePacer::clock::now();
+        std::vector<std::string> keys;
+        std::size_t at = 0;
+        going = false;
+        store.router.on_each_master([&](Connection& c) {
+            if (at == scans.size()) scans.emplace_back();  // a master not seen before
+            Scan& scan = scans[at++];
+            if (scan.over) return 0;
+            Reply reply = c.checked({"SCAN", scan.cursor, "MATCH", pattern, "COUNT", page}, "SCAN");
+            if (reply.elements.size() != 2) throw store_error("idem: Redis SCAN: unexpected reply");
+            scan.cursor = std::move(reply.elements[0].str);
+            scan.over = scan.cursor == "0";
+            going = going || !scan.over;
+            for (auto& key : reply.elements[1].elements)
+                keys.push_back(std::move(key.str));
+            return 0;
+        });
+        for (const Reply& reply : run_in_batches(store, script, keys, args))
+            take(reply);
+        pacer.after_batch(result, detail::PurgePacer::clock::now() - started);
+    }
+}
+
+/// Deletes the claims claimed before @p cutoff_ms (never a live lease) and the locks expired by
+/// the store's now, a SCAN page of about @p page keys at a time, paced by @p pacer.
+inline void purge(StoreContext& store, std::int64_t cutoff_ms, std::size_t page,
+                  const detail::PurgePacer& pacer, PurgeResult& result) {
     const std::string now = store.now_arg();
-    const std::int64_t cutoff_ms =
-        (now.empty() ? store.server_now_ms() : parse_int(now)) -
-        std::chrono::duration_cast<std::chrono::milliseconds>(older_than).count();
-    for (const Reply& reply :
-         run_in_batches(store, purge_claims_script(), scan(store, store.keys.pattern('c')),
-                        {std::to_string(cutoff_ms), now})) {
-        store.check_script(reply, "purge");
-        if (reply.elements.size() == 2) {
-            result.claims += static_cast<std::size_t>(reply.elements[0].integer);
-        }
-    }
-    for (const Reply& reply :
-         run_in_batches(store, purge_locks_script(), scan(store, store.keys.pattern('l')), {now})) {
-        store.check_script(reply, "purge");
-        result.expired_locks += static_cast<std::size_t>(reply.integer);
-    }
-    return result;
+    sweep(store, store.keys.pattern('c'), page, purge_claims_script(),
+          {std::to_string(cutoff_ms), now}, pacer, result, [&](const Reply& reply) {
+              store.check_script(reply, "purge");
+              if (reply.elements.size() == 2)
+                  result.claims += static_cast<std::size_t>(reply.elements[0].integer);
+          });
+    sweep(store, store.keys.pattern('l'), page, purge_locks_script(), {now}, pacer, result,
+          [&](const Reply& reply) {
+              store.check_script(reply, "purge");
+              result.expired_locks += static_cast<std::size_t>(reply.integer);
+          });
 }
 
 /// Takes the lock @p key for @p owner; false when another owner holds it and it has not expired.

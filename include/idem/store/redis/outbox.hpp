@@ -224,16 +224,15 @@ class Outbox {
         return {outbox_row_of(fields.elements)};
     }
 
-    /// Deletes the intents sent before @p cutoff_ms; answers how many.
-    std::size_t purge_sent(std::int64_t cutoff_ms) {
-        std::size_t deleted = 0;
-        for (const Reply& reply :
-             run_in_batches(store_, outbox_purge_script(), scan(store_, store_.keys.pattern('o')),
-                            {std::to_string(cutoff_ms)})) {
-            store_.check_script(reply, "outbox purge");
-            deleted += static_cast<std::size_t>(reply.integer);
-        }
-        return deleted;
+    /// Deletes the intents sent before @p cutoff_ms into result.sent_intents, a SCAN page of
+    /// about @p page keys at a time, paced by @p pacer.
+    void purge_sent(std::int64_t cutoff_ms, std::size_t page, const detail::PurgePacer& pacer,
+                    PurgeResult& result) {
+        sweep(store_, store_.keys.pattern('o'), page, outbox_purge_script(),
+              {std::to_string(cutoff_ms)}, pacer, result, [&](const Reply& reply) {
+                  store_.check_script(reply, "outbox purge");
+                  result.sent_intents += static_cast<std::size_t>(reply.integer);
+              });
     }
 
   private:
