@@ -44,7 +44,23 @@ TEST_F(SqliteStoreTest, WalIsOnByDefaultAndOptionsApply) {
     SqliteStore plain{file("plain.db"), options};
     EXPECT_EQ(plain.query_text("PRAGMA journal_mode"), "delete");
     EXPECT_EQ(plain.query_int("PRAGMA synchronous"), 1);  // NORMAL
-    EXPECT_EQ(plain.query_int("PRAGMA busy_timeout"), 1234);
+    // The owned connection waits in idem's own busy handler (short sleeps up to busy_timeout,
+    // BusyDatabaseGivesStoreTimeout), so SQLite's pragma reads 0; a borrowed connection, which
+    // outlives the store, gets SQLite's own handler with the same timeout.
+    EXPECT_EQ(plain.query_int("PRAGMA busy_timeout"), 0);
+    EXPECT_EQ(plain.query_int("PRAGMA mmap_size"), 0) << "no map unless asked";
+    options.mmap_size = std::int64_t{1} << 30;
+    SqliteStore mapped{file("mapped.db"), options};
+    EXPECT_EQ(mapped.query_int("PRAGMA mmap_size"), std::int64_t{1} << 30);
+    claim_and_commit(mapped, "s", "m-1");
+    EXPECT_TRUE(mapped.find_claim("s", "m-1").has_value());
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(file("borrowed.db").c_str(), &db), SQLITE_OK);
+    {
+        SqliteStore borrowed{db, options};
+        EXPECT_EQ(borrowed.query_int("PRAGMA busy_timeout"), 1234);
+    }
+    sqlite3_close(db);
 }
 
 TEST_F(SqliteStoreTest, NewerSchemaVersionIsRefusedWithAClearMessage) {

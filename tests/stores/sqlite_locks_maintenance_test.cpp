@@ -1,6 +1,8 @@
 // SqliteStore on real database files: values, overlap locks, a busy database, purge, a
 // borrowed connection and several stores or threads on one file.
 
+#include <thread>
+
 #include "support/sqlite_test_env.hpp"
 
 namespace idem_test::sqlite_store {
@@ -204,6 +206,26 @@ TEST_F(SqliteStoreTest, BusyDatabaseGivesStoreTimeout) {
 
     other.exec("ROLLBACK");
     claim_and_commit(store, "s", "m-1");  // nothing left locked on our side
+}
+
+// A writer waiting for the lock takes it once it is free, well before its busy timeout.
+TEST_F(SqliteStoreTest, AWaitingWriterTakesTheLockOnceItIsFree) {
+    SqliteOptions options;
+    options.busy_timeout = 10s;
+    SqliteStore store{file(), options};
+    RawDb other{file()};
+    other.exec("BEGIN IMMEDIATE");
+    std::thread release([&] {
+        std::this_thread::sleep_for(50ms);
+        other.exec("ROLLBACK");
+    });
+    const auto started = std::chrono::steady_clock::now();
+    claim_and_commit(store, "s", "m-1");
+    const auto waited = std::chrono::steady_clock::now() - started;
+    release.join();
+    EXPECT_GE(waited, 40ms) << "it did not wait for the lock";
+    EXPECT_LT(waited, 5s) << "it waited on after the lock was free";
+    EXPECT_TRUE(store.find_claim("s", "m-1").has_value());
 }
 
 TEST_F(SqliteStoreTest, PurgeDeletesOnlyClaimsOlderThanTheRetention) {

@@ -12,6 +12,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -25,6 +27,14 @@
 
 IDEM_BEGIN_NAMESPACE
 namespace sql {
+
+/// Whether a driver has after_purge_batch() (SQLite: a checkpoint after each batch).
+template <class Driver, class = void>
+struct has_after_purge_batch : std::false_type {};
+template <class Driver>
+struct has_after_purge_batch<Driver,
+                             std::void_t<decltype(std::declval<Driver&>().after_purge_batch())>>
+    : std::true_type {};
 
 /// The purge of basic_store<Driver> (its friend: it takes the store's lock and runs the
 /// driver's statements).
@@ -83,6 +93,8 @@ struct paced_purge {
                     before, static_cast<std::int64_t>(batch_rows - 1));
                 const std::int64_t through = last ? *last : before - 1;
                 deleted = store.driver_.run(range, what, access::write, no_rows{}, from, through);
+                if constexpr (has_after_purge_batch<typename Store::driver_type>::value)
+                    store.driver_.after_purge_batch();
             }
             counter += static_cast<std::size_t>(deleted);
             pacer.after_batch(result, detail::PurgePacer::clock::now() - started);

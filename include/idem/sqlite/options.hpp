@@ -4,6 +4,7 @@
 /// idem/store/sqlite.hpp).
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 
 #include "idem/config.hpp"
@@ -22,6 +23,13 @@ struct SqliteOptions {
     bool wal = true;
     /// `PRAGMA synchronous`; SQLite's default is left alone unless set.
     std::optional<Synchronous> synchronous{};
+    /// `PRAGMA mmap_size`, bytes: read the database through a memory map of up to this size
+    /// (SQLite's build caps it, 2 GB on Debian) instead of read() calls; 0 leaves SQLite's
+    /// default, no map. With 10M claims (a 0.9 GB file) a map over the whole file cut the p99
+    /// of a claim + commit by about a third at the same throughput (docs/performance.md). The
+    /// map is address space; its pages are the OS page cache's. SQLite's caveat: an I/O error
+    /// on a mapped page arrives as SIGBUS, not as an error code.
+    std::int64_t mmap_size = 0;
     /// Time source for claimed_at / created_at / purge(); empty = system_clock::now.
     Clock clock{};
 };
