@@ -50,6 +50,9 @@ struct Config {
     /// The scale cases (bench/scale_cases.cpp) run only when --filter names them.
     bool retained_10m = false;            ///< --retained-10m: the 10M-claim level too
     std::size_t scale_messages = 20'000;  ///< --scale-messages: per retained/purge sample
+    /// --sqlite-pragma (repeatable): run on each SQLite store of the scale cases as it opens
+    /// ("cache_size=-65536", "mmap_size=1073741824"): the knobs measured one by one.
+    std::vector<std::string> sqlite_pragmas;
 };
 
 Config& config();

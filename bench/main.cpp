@@ -44,9 +44,11 @@ const char* const usage_text =
     "  --keep               keep the temp dir with the SQLite files\n"
     "  --retained-10m       the <store>_retained cases also fill 10,000,000 claims (minutes)\n"
     "  --scale-messages N   messages per sample of the retained and purge cases (20000)\n"
+    "  --sqlite-pragma P    run PRAGMA P on each SQLite store of those cases (repeatable)\n"
     "Opt-in cases (run only when --filter names them): <store>_retained_1m, _10m,\n"
     "  <store>_purge_under_load, <store>_workers, rss_flat_<store> (sqlite, postgres, mysql,\n"
-    "  redis; rss_flat_memory too), e.g. --filter 'retained|purge|workers|rss_flat_'\n"
+    "  redis; rss_flat_memory too), redis_expiry_under_load,\n"
+    "  e.g. --filter 'retained|purge|expiry|workers|rss_flat_'\n"
     "  --profile NAME       run one side of a case for --messages N (default 20000) and exit,\n"
     "                       for valgrind --tool=callgrind --toggle-collect='*profiled_loop*':\n"
     "                       memory_single, memory_observed, sqlite_single, sqlite_batch,\n"
@@ -84,6 +86,7 @@ const std::vector<std::string> bench_names{"rss_flat",
                                            "e2e_kafka_postgres (built with the kafka component)",
                                            "<store>_retained_1m, _10m (opt-in: --filter)",
                                            "<store>_purge_under_load (opt-in: --filter)",
+                                           "redis_expiry_under_load (opt-in: --filter)",
                                            "<store>_workers (opt-in: --filter)",
                                            "rss_flat_<store> (opt-in: --filter)"};
 
@@ -147,6 +150,8 @@ int main(int argc, char** argv) {
             rss_messages = count_arg(value());
         } else if (arg == "--retained-10m") {
             cfg.retained_10m = true;
+        } else if (arg == "--sqlite-pragma") {
+            cfg.sqlite_pragmas.push_back(value());
         } else if (arg == "--scale-messages") {
             scale_messages = std::max<std::size_t>(count_arg(value()), 100);
         } else if (arg == "--keep") {

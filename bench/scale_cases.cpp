@@ -5,8 +5,9 @@
 //                    (one INSERT ... SELECT, Redis: a Lua loop of SETs), against the same store
 //                    empty: throughput, p50/p99, bytes per retained claim. 10M: --retained-10m
 //                    (or a filter naming _10m)
-//   <store>_purge_under_load   one consumer at full speed while store.purge() deletes 1M expired
-//                    claims on its own connection, against the same consumer without a purge
+//   <store>_purge_under_load   one consumer at full speed while store.purge() (default
+//                    PurgeOptions) deletes 1M expired claims on its own connection, against the
+//                    same consumer without a purge
 //   <store>_workers  1, 2 and 4 worker processes (fork) on one server, ids unique and ids
 //                    contended; every effect counted at the end
 //   rss_flat_<store> the rss_flat run (handle_batch of 100, RSS sampled) on every store
@@ -106,32 +107,46 @@ constexpr int timing_rounds = 3;
 /// The SQL stores: @p count claims of scope "bench", ids "k" + 15 hex digits + @p suffix, evenly
 /// spread over the range the live ids (spread_id) fall in and generated in key order (the
 /// insert appends), claimed at @p claimed_at.
-std::string sqlite_fill_sql(std::size_t count, char suffix, std::int64_t claimed_at) {
+/// The SQL for the key number of the @p i-th row filled: @p i itself (rows in key order, all at
+/// one time) or, when the rows are @p spread_ms apart in time, a permutation of 0..count-1 (7919
+/// is a prime that divides no count used here), so the rows go in in time order with keys in no
+/// order, as a consumer's claims do (PostgreSQL's heap is then in time order, as in production).
+std::string key_index(const char* i, std::size_t count, std::int64_t spread_ms) {
+    if (spread_ms == 0) return i;
+    return fmt::format("(({} * 7919) % {})", i, count);
+}
+
+std::string sqlite_fill_sql(std::size_t count, char suffix, std::int64_t claimed_at,
+                            std::int64_t spread_ms = 0) {
     const std::uint64_t step = (1ULL << 60) / count;
     return fmt::format(
         "WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i < {}) "
         "INSERT INTO idem_claims(scope, message_id, claimed_at, outcome, reason, fingerprint) "
-        "SELECT CAST('{}' AS BLOB), CAST(printf('k%015x{}', i * {}) AS BLOB), {}, 'processed', "
-        "'', x'' FROM c",
-        count - 1, scope, suffix, step, claimed_at);
+        "SELECT CAST('{}' AS BLOB), CAST(printf('k%015x{}', {} * {}) AS BLOB), {} + i * {}, "
+        "'processed', '', x'' FROM c",
+        count - 1, scope, suffix, key_index("i", count, spread_ms), step, claimed_at, spread_ms);
 }
 
-std::string postgres_fill_sql(std::size_t count, char suffix, std::int64_t claimed_at) {
+std::string postgres_fill_sql(std::size_t count, char suffix, std::int64_t claimed_at,
+                              std::int64_t spread_ms = 0) {
     const std::uint64_t step = (1ULL << 60) / count;
     return fmt::format(
         "INSERT INTO idem_claims(scope, message_id, claimed_at, outcome, reason, fingerprint) "
-        "SELECT convert_to('{}', 'UTF8'), convert_to('k' || lpad(to_hex(i * {}::bigint), 15, "
-        "'0') || '{}', 'UTF8'), {}, 'processed', '', ''::bytea FROM generate_series(0, {}) i",
-        scope, step, suffix, claimed_at, count - 1);
+        "SELECT convert_to('{}', 'UTF8'), convert_to('k' || lpad(to_hex({} * {}::bigint), 15, "
+        "'0') || '{}', 'UTF8'), {} + i * {}, 'processed', '', ''::bytea FROM "
+        "generate_series(0, {}) i",
+        scope, key_index("i::bigint", count, spread_ms), step, suffix, claimed_at, spread_ms,
+        count - 1);
 }
 
-std::string mysql_fill_sql(std::size_t count, char suffix, std::int64_t claimed_at) {
+std::string mysql_fill_sql(std::size_t count, char suffix, std::int64_t claimed_at,
+                           std::int64_t spread_ms = 0) {
     const std::uint64_t step = (1ULL << 60) / count;
     return fmt::format(
         "INSERT INTO idem_claims(scope, message_id, claimed_at, outcome, reason, fingerprint) "
-        "SELECT '{}', CONCAT('k', LPAD(LOWER(HEX(seq * {})), 15, '0'), '{}'), {}, 'processed', "
-        "'', '' FROM seq_0_to_{}",
-        scope, step, suffix, claimed_at, count - 1);
+        "SELECT '{}', CONCAT('k', LPAD(LOWER(HEX({} * {})), 15, '0'), '{}'), {} + seq * {}, "
+        "'processed', '', '' FROM seq_0_to_{}",
+        scope, key_index("seq", count, spread_ms), step, suffix, claimed_at, spread_ms, count - 1);
 }
 
 long long sqlite_bytes(idem::SqliteStore& store) {
@@ -316,7 +331,20 @@ idem::SqliteStore open_sqlite(const std::string& file) {
     return idem::SqliteStore{(config().sqlite_dir / file).string(), options};
 }
 
-const char* const sqlite_setup = "WAL, synchronous=NORMAL, file on /tmp (ext4), cache_size -2000";
+/// @p store with the --sqlite-pragma knobs run on it.
+idem::SqliteStore& with_knobs(idem::SqliteStore& store) {
+    for (const auto& pragma : config().sqlite_pragmas)
+        store.execute("PRAGMA " + pragma);
+    return store;
+}
+
+/// The SQLite cases' setup, with the --sqlite-pragma knobs.
+std::string sqlite_setup() {
+    std::string setup = "WAL, synchronous=NORMAL, file on /tmp (ext4), cache_size -2000";
+    for (const auto& pragma : config().sqlite_pragmas)
+        setup += ", then PRAGMA " + pragma;
+    return setup;
+}
 const char* const postgres_setup =
     "fixture: shared_buffers=16MB, fsync=off, cluster on /dev/shm; VACUUM ANALYZE after the fill";
 const char* const mysql_setup =
@@ -330,13 +358,15 @@ void retained_sqlite() {
     std::filesystem::remove(config().sqlite_dir / "retained_empty.db");
     auto store = open_sqlite("retained.db");
     auto empty = open_sqlite("retained_empty.db");
+    with_knobs(store);
+    with_knobs(empty);
     run_retained(
         "sqlite", store, empty,
         [&](int pass, std::size_t count) {
             store.execute(sqlite_fill_sql(count, pass == 0 ? '0' : '8', now_ms()));
             store.execute("PRAGMA wal_checkpoint(TRUNCATE)");
         },
-        [&] { return sqlite_bytes(store); }, sqlite_setup,
+        [&] { return sqlite_bytes(store); }, sqlite_setup(),
         "(page_count - freelist_count) * page_size: the database, claims table and indexes");
 }
 
@@ -425,6 +455,12 @@ void retained_redis() {
 // ---------------------------------------------------------------------------------------------
 // <store>_purge_under_load
 
+/// The first expired claim's time: 1M claims a millisecond apart (in an order unrelated to their
+/// ids, as a consumer's claims are), the last of them two days old.
+std::int64_t expired_from() {
+    return now_ms() - 2 * day_ms - static_cast<std::int64_t>(million);
+}
+
 /// Samples pg_stat_activity and pg_locks on its own connection every 5 ms while alive.
 class PgLockSampler {
   public:
@@ -509,6 +545,10 @@ void run_purge(const std::string& store_name, Store& consumer_store, Store& purg
                const std::function<void()>& fill_expired, const std::function<void()>& start_watch,
                const std::function<void(Json&)>& extra, const std::string& setup) {
     const std::string name = store_name + "_purge_under_load";
+    // The defaults, as a consumer's Purger runs them, but for a time budget: the rates and the
+    // consumer's ratio are those of the first 60 s (a paced purge of 1M rows takes minutes).
+    idem::PurgeOptions options;
+    options.time_budget = std::chrono::seconds(60);
     auto handler = idem::make_handler(consumer_store, idem::Policy{scope}, no_effect);
     std::uint64_t seq = 0;
     note(name + ": filling 1,000,000 expired claims");
@@ -527,7 +567,7 @@ void run_purge(const std::string& store_name, Store& consumer_store, Store& purg
     std::thread purge_thread([&] {
         const auto start = Clock::now();
         try {
-            purged = purger.purge(std::chrono::hours(24));
+            purged = purger.purge(std::chrono::hours(24), options);
         } catch (const std::exception& e) {
             purge_error = e.what();
         }
@@ -548,7 +588,11 @@ void run_purge(const std::string& store_name, Store& consumer_store, Store& purg
         .integer("expired_claims_purged", static_cast<long long>(purged.claims))
         .num("purge_s", purge_s, 2)
         .num("purge_claims_per_s", purge_rate)
-        .integer("purge_batch_rows", 5000)
+        .integer("purge_batch_rows", static_cast<long long>(options.batch_rows))
+        .num("purge_duty_cycle", options.duty_cycle, 2)
+        .integer("purge_batches", static_cast<long long>(purged.batches))
+        .num("purge_time_budget_s", std::chrono::duration<double>(options.time_budget).count(), 0)
+        .boolean("purge_complete", purged.complete)
         .num("consumer_msgs_per_s_alone", alone)
         .num("consumer_msgs_per_s_before", before.msgs_per_s)
         .num("consumer_msgs_per_s_after", after.msgs_per_s)
@@ -572,14 +616,16 @@ void purge_sqlite() {
     std::filesystem::remove(config().sqlite_dir / "purge.db");
     auto consumer = open_sqlite("purge.db");
     auto purger = open_sqlite("purge.db");
+    with_knobs(consumer);
+    with_knobs(purger);
     run_purge(
         "sqlite", consumer, purger,
         [&] {
-            consumer.execute(sqlite_fill_sql(million, '0', now_ms() - 2 * day_ms));
+            consumer.execute(sqlite_fill_sql(million, '0', expired_from(), 1));
             consumer.execute("PRAGMA wal_checkpoint(TRUNCATE)");
         },
         [] {}, [](Json&) {},
-        std::string(sqlite_setup) +
+        sqlite_setup() +
             "; two connections to one file (the consumer's and the purge's), one writer at a "
             "time: max_commit_us_during_purge is the writer starvation");
 }
@@ -595,7 +641,7 @@ void purge_postgres() {
     run_purge(
         "postgres", consumer, purger,
         [&] {
-            server.exec(postgres_fill_sql(million, '0', now_ms() - 2 * day_ms));
+            server.exec(postgres_fill_sql(million, '0', expired_from(), 1));
             server.exec("VACUUM ANALYZE idem_claims");
         },
         [&] { sampler = std::make_unique<PgLockSampler>(server.conninfo()); },
@@ -623,9 +669,122 @@ void purge_mysql() {
     client.query("TRUNCATE TABLE idem_claims");
     run_purge(
         "mysql", consumer, purger,
-        [&] { client.query(mysql_fill_sql(million, '0', now_ms() - 2 * day_ms)); }, [] {},
-        [](Json&) {}, mysql_setup);
+        [&] { client.query(mysql_fill_sql(million, '0', expired_from(), 1)); }, [] {}, [](Json&) {},
+        mysql_setup);
     client.query("TRUNCATE TABLE idem_claims");
+}
+
+void purge_redis() {
+    if (!opted_in("redis_purge_under_load")) return;
+    PinScope pin;
+    auto server = own_redis();
+    idem::RedisStore consumer{endpoint_of(*server)};
+    idem::RedisStore purger{endpoint_of(*server)};
+    RawRedis raw{server->host(), server->port()};
+    const idem::redis::KeyLayout keys{"idem:"};
+    run_purge(
+        "redis", consumer, purger,
+        [&] {
+            // The template: a claim + commit now, its times "~<retention>" before its expiry;
+            // copies expiring two days sooner were claimed two days ago.
+            const std::string id = spread_id(~std::uint64_t{0});
+            auto handler = idem::make_handler(consumer, idem::Policy{scope}, no_effect);
+            require_processed(handler.handle(idem::Delivery{id, 1u}, Order{id, 0}), "template");
+            const std::string key = keys.claim(scope, id);
+            auto value = raw.command({"GET", key});
+            auto ttl = raw.command({"PTTL", key});
+            if (value->type != REDIS_REPLY_STRING) throw std::runtime_error("no template record");
+            redis_fill(raw, key.substr(0, key.size() - id.size() - 1),
+                       std::string(value->str, value->len), id, 0, million,
+                       ttl->integer - 2 * day_ms);
+        },
+        [] {}, [](Json&) {},
+        std::string(redis_setup) +
+            "; 1M claims claimed 2 days ago (their keys' expiry still 12 days away), the "
+            "consumer and the purge on two connections");
+}
+
+/// redis_expiry_under_load: Redis's own retention. The consumer alone; 1M claims filled (copies
+/// of a real record) all expiring at one moment; the consumer from that moment until the server's
+/// active expiry has deleted 99 % of them (INFO stats expired_keys, polled every 20 ms on its own
+/// connection); alone again.
+void expiry_redis() {
+    if (!opted_in("redis_expiry_under_load")) return;
+    const std::string name = "redis_expiry_under_load";
+    PinScope pin;
+    auto server = own_redis();
+    idem::RedisStore consumer{endpoint_of(*server)};
+    RawRedis raw{server->host(), server->port()};
+    RawRedis watch{server->host(), server->port()};
+    const idem::redis::KeyLayout keys{"idem:"};
+    auto handler = idem::make_handler(consumer, idem::Policy{scope}, no_effect);
+    std::uint64_t seq = 0;
+    const std::size_t n = config().scale_messages;
+    timed(handler, seq, n / 5);  // warm-up, and the template below
+    note(name + ": consumer alone");
+    const Timing before = timed(handler, seq, n);
+    const std::string id = spread_id(1);
+    const std::string key = keys.claim(scope, id);
+    auto value = raw.command({"GET", key});
+    if (value->type != REDIS_REPLY_STRING) throw std::runtime_error("no template record");
+    constexpr long long expire_in_ms = 40'000;
+    note(name + ": filling 1,000,000 claims that expire together in 40 s");
+    const auto fill_start = Clock::now();
+    const long long fill_at = now_ms();
+    redis_fill(raw, key.substr(0, key.size() - id.size() - 1), std::string(value->str, value->len),
+               id, 0, million, expire_in_ms);
+    const double fill_s = seconds_since(fill_start);
+    // INFO stats' expired_keys counts the keys the server deleted by expiry (the consumer's
+    // own claims expire in 14 days: none of them).
+    const auto expired_keys = [&] {
+        auto reply = watch.command({"INFO", "stats"});
+        const std::string text(reply->str, reply->len);
+        const auto at = text.find("expired_keys:");
+        return at == std::string::npos ? 0LL : std::stoll(text.substr(at + 13));
+    };
+    const long long expired_before = expired_keys();
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::max(0LL, fill_at + expire_in_ms - now_ms())));
+    note(name + ": consumer while they expire");
+    std::atomic<bool> busy{true};
+    double expiry_s = 0;
+    std::thread watcher([&] {
+        const auto start = Clock::now();
+        while (expired_keys() - expired_before < static_cast<long long>(million / 100 * 99) &&
+               seconds_since(start) < 600)
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        expiry_s = seconds_since(start);
+        busy = false;
+    });
+    const Timing during = consume_while(handler, seq, busy, 1000);
+    watcher.join();
+    note(name + ": consumer alone, after");
+    const Timing after = timed(handler, seq, n);
+    const double alone = (before.msgs_per_s + after.msgs_per_s) / 2;
+    const double ratio = during.msgs_per_s / alone;
+    const double expiry_rate = 0.99 * static_cast<double>(million) / expiry_s;
+    Json line;
+    line.str("bench", name)
+        .str("store", "redis")
+        .integer("claims_expired", static_cast<long long>(million))
+        .num("fill_s", fill_s)
+        .num("expiry_s", expiry_s, 2)
+        .num("expired_claims_per_s", expiry_rate)
+        .num("consumer_msgs_per_s_alone", alone)
+        .num("consumer_msgs_per_s_before", before.msgs_per_s)
+        .num("consumer_msgs_per_s_after", after.msgs_per_s)
+        .num("consumer_msgs_per_s_during_expiry", during.msgs_per_s)
+        .num("ratio_during_vs_alone", ratio, 3)
+        .num("expiry_vs_ingest", expiry_rate / during.msgs_per_s, 1)
+        .num("p99_us_alone", before.p99_us)
+        .num("p99_us_during_expiry", during.p99_us)
+        .num("max_commit_us_alone", std::max(before.max_us, after.max_us))
+        .num("max_commit_us_during_expiry", during.max_us)
+        .str("expiry_is", "from the moment they expire until 99 % are gone (INFO expired_keys)")
+        .str("setup", std::string(redis_setup) + "; default active expiry (hz 10, effort 1)")
+        .str("target", "ratio_during_vs_alone >= 0.80 and expiry_vs_ingest >= 10")
+        .boolean("met", ratio >= 0.80 && expiry_rate / during.msgs_per_s >= 10);
+    emit(line);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -972,8 +1131,9 @@ void rss_cases() {
     if (opted_in("rss_flat_sqlite")) {
         std::filesystem::remove(config().sqlite_dir / "rss_all.db");
         auto store = open_sqlite("rss_all.db");
+        with_knobs(store);
         rss_run(
-            "sqlite", store, [] {}, sqlite_setup);
+            "sqlite", store, [] {}, sqlite_setup());
     }
     if (opted_in("rss_flat_postgres")) {
         auto& server = postgres_server();
@@ -1019,6 +1179,8 @@ void run_scale_cases() {
     guard("sqlite_purge_under_load", purge_sqlite);
     guard("postgres_purge_under_load", purge_postgres);
     guard("mysql_purge_under_load", purge_mysql);
+    guard("redis_purge_under_load", purge_redis);
+    guard("redis_expiry_under_load", expiry_redis);
     guard("postgres_workers", workers_postgres);
     guard("mysql_workers", workers_mysql);
     guard("redis_workers", workers_redis);

@@ -12,10 +12,11 @@
 #   scripts/bench.sh --quick              a fast smoke run (2 rounds, short samples)
 #   scripts/bench.sh --filter 'sqlite'    only the cases whose name matches (--list: the names)
 #   scripts/bench.sh --no-pin             do not pin client and servers to one CPU
-#   scripts/bench.sh --filter 'retained|purge_under_load|_workers|rss_flat_'
+#   scripts/bench.sh --filter 'retained|purge_under_load|expiry_under_load|_workers|rss_flat_'
 #                                         the opt-in scale cases (only run when --filter names
 #                                         them; --retained-10m adds the 10M-claim level, minutes
-#                                         per store; see docs/performance.md "Cost at scale")
+#                                         per store; --sqlite-pragma P runs PRAGMA P on their
+#                                         SQLite stores; see docs/performance.md "Cost at scale")
 #   scripts/bench.sh --profile [N] [CASE...]  callgrind profiles (instruction counts) of the hot
 #                                         path of each CASE and its raw twin, N messages each
 #                                         (default 20000; CASEs default: memory_single

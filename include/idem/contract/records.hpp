@@ -194,14 +194,16 @@ struct PurgeResult {
 /// is one delete statement in a transaction of its own, over the next `batch_rows` rows in the
 /// time column's order (a cursor: a batch walks only its own rows, never the ones deleted
 /// before it); between two batches the purge sleeps, so the writers it shares the database with
-/// get their turn. The defaults keep the purge to a fifth of the wall-clock time.
+/// get their turn. The defaults keep the purge to a tenth of the wall-clock time: beside a
+/// consumer at full speed it kept 0.8 of that consumer's rate or more on SQLite, PostgreSQL,
+/// MariaDB and Redis (docs/performance.md, "Purge under load").
 struct PurgeOptions {
     /// Rows per delete statement (and transaction), at least 1. Smaller batches hold locks
     /// (SQLite: the single writer's) for less time each.
     std::size_t batch_rows = 1000;
     /// The share of wall-clock time the purge may spend deleting, in (0, 1]: after a batch that
     /// took t it sleeps t * (1 / duty_cycle - 1). 1: no sleep.
-    double duty_cycle = 0.2;
+    double duty_cycle = 0.1;
     /// At most this many rows per second over the run (0: no cap), by sleeping between batches.
     double max_rows_per_second = 0;
     /// Stop after this long (0: no budget); PurgeResult::complete says whether it finished.
