@@ -174,16 +174,31 @@ long long redis_used_memory(RawRedis& redis) {
     return at == std::string::npos ? 0 : std::stoll(text.substr(at + 12));
 }
 
-/// Redis: SET of @p count records in the store's own format, copied from @p templ (the record
-/// a claim + commit of the 17-byte id @p templ_id left): the same header (lengths, `~<retention>`
-/// times), the id swapped for "r" + 16 digits. A Lua loop, 50,000 SETs per EVAL.
-void redis_fill(RawRedis& redis, const std::string& key_prefix, const std::string& templ,
-                const std::string& templ_id, std::size_t from, std::size_t count, long long ttl) {
-    if (templ.size() < templ_id.size() ||
-        templ.compare(templ.size() - templ_id.size(), templ_id.size(), templ_id) != 0) {
-        throw std::runtime_error("redis_fill: the record does not end with its id");
-    }
-    const std::string head = templ.substr(0, templ.size() - templ_id.size());
+/// A record a real claim + commit of @p id left on a store with the key prefix "idem:", as the
+/// copies redis_fill() writes start from.
+struct RedisTemplate {
+    std::string key_prefix;  ///< the claim key before the id and its closing brace
+    std::string head;        ///< the record before the id (lengths, `~<retention>` times)
+    long long ttl_ms = 0;    ///< the record's expiry, from now (PTTL)
+};
+
+/// The record of @p id (claimed and committed already), read with GET and PTTL.
+RedisTemplate redis_template(RawRedis& redis, const std::string& id) {
+    const std::string key = idem::redis::KeyLayout{"idem:"}.claim(scope, id);
+    auto value = redis.command({"GET", key});
+    auto ttl = redis.command({"PTTL", key});
+    if (value->type != REDIS_REPLY_STRING) throw std::runtime_error("no template record");
+    const std::string record(value->str, value->len);
+    if (record.size() < id.size() || record.compare(record.size() - id.size(), id.size(), id) != 0)
+        throw std::runtime_error("redis_template: the record does not end with its id");
+    return RedisTemplate{key.substr(0, key.size() - id.size() - 1),
+                         record.substr(0, record.size() - id.size()), ttl->integer};
+}
+
+/// Redis: SET of @p count copies of @p templ (the same header, the id swapped for "r" + 16
+/// digits, from @p from), each expiring in @p ttl ms. A Lua loop, 50,000 SETs per EVAL.
+void redis_fill(RawRedis& redis, const RedisTemplate& templ, std::size_t from, std::size_t count,
+                long long ttl) {
     const char* script =
         "local n = 0 "
         "for i = tonumber(ARGV[2]), tonumber(ARGV[3]) do "
@@ -194,8 +209,8 @@ void redis_fill(RawRedis& redis, const std::string& key_prefix, const std::strin
     constexpr std::size_t chunk = 50'000;
     for (std::size_t at = from; at < from + count; at += chunk) {
         const std::size_t last = std::min(at + chunk, from + count) - 1;
-        redis.command({"EVAL", script, "0", head, std::to_string(at), std::to_string(last),
-                       key_prefix, std::to_string(ttl)});
+        redis.command({"EVAL", script, "0", templ.head, std::to_string(at), std::to_string(last),
+                       templ.key_prefix, std::to_string(ttl)});
     }
 }
 
@@ -435,18 +450,11 @@ void retained_redis() {
     idem::RedisStore store{endpoint_of(*server)};
     idem::RedisStore empty{endpoint_of(*empty_server)};
     RawRedis raw{server->host(), server->port()};
-    const idem::redis::KeyLayout keys{"idem:"};
     run_retained(
         "redis", store, empty,
         [&](int pass, std::size_t count) {
-            const std::string id = spread_id(1);  // claimed and committed first
-            const std::string key = keys.claim(scope, id);
-            auto value = raw.command({"GET", key});
-            auto ttl = raw.command({"PTTL", key});
-            if (value->type != REDIS_REPLY_STRING) throw std::runtime_error("no template record");
-            redis_fill(raw, key.substr(0, key.size() - id.size() - 1),
-                       std::string(value->str, value->len), id, pass == 0 ? 0 : million, count,
-                       ttl->integer);
+            const auto templ = redis_template(raw, spread_id(1));  // claimed and committed first
+            redis_fill(raw, templ, pass == 0 ? 0 : million, count, templ.ttl_ms);
         },
         [&] { return redis_used_memory(raw); }, redis_setup,
         "INFO memory used_memory (the whole server; delta per claim)");
@@ -681,7 +689,6 @@ void purge_redis() {
     idem::RedisStore consumer{endpoint_of(*server)};
     idem::RedisStore purger{endpoint_of(*server)};
     RawRedis raw{server->host(), server->port()};
-    const idem::redis::KeyLayout keys{"idem:"};
     run_purge(
         "redis", consumer, purger,
         [&] {
@@ -690,13 +697,8 @@ void purge_redis() {
             const std::string id = spread_id(~std::uint64_t{0});
             auto handler = idem::make_handler(consumer, idem::Policy{scope}, no_effect);
             require_processed(handler.handle(idem::Delivery{id, 1u}, Order{id, 0}), "template");
-            const std::string key = keys.claim(scope, id);
-            auto value = raw.command({"GET", key});
-            auto ttl = raw.command({"PTTL", key});
-            if (value->type != REDIS_REPLY_STRING) throw std::runtime_error("no template record");
-            redis_fill(raw, key.substr(0, key.size() - id.size() - 1),
-                       std::string(value->str, value->len), id, 0, million,
-                       ttl->integer - 2 * day_ms);
+            const auto templ = redis_template(raw, id);
+            redis_fill(raw, templ, 0, million, templ.ttl_ms - 2 * day_ms);
         },
         [] {}, [](Json&) {},
         std::string(redis_setup) +
@@ -716,23 +718,18 @@ void expiry_redis() {
     idem::RedisStore consumer{endpoint_of(*server)};
     RawRedis raw{server->host(), server->port()};
     RawRedis watch{server->host(), server->port()};
-    const idem::redis::KeyLayout keys{"idem:"};
     auto handler = idem::make_handler(consumer, idem::Policy{scope}, no_effect);
     std::uint64_t seq = 0;
     const std::size_t n = config().scale_messages;
     timed(handler, seq, n / 5);  // warm-up, and the template below
     note(name + ": consumer alone");
     const Timing before = timed(handler, seq, n);
-    const std::string id = spread_id(1);
-    const std::string key = keys.claim(scope, id);
-    auto value = raw.command({"GET", key});
-    if (value->type != REDIS_REPLY_STRING) throw std::runtime_error("no template record");
+    const auto templ = redis_template(raw, spread_id(1));
     constexpr long long expire_in_ms = 40'000;
     note(name + ": filling 1,000,000 claims that expire together in 40 s");
     const auto fill_start = Clock::now();
     const long long fill_at = now_ms();
-    redis_fill(raw, key.substr(0, key.size() - id.size() - 1), std::string(value->str, value->len),
-               id, 0, million, expire_in_ms);
+    redis_fill(raw, templ, 0, million, expire_in_ms);
     const double fill_s = seconds_since(fill_start);
     // INFO stats' expired_keys counts the keys the server deleted by expiry (the consumer's
     // own claims expire in 14 days: none of them).

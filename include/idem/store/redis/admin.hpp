@@ -67,17 +67,24 @@ inline std::optional<ClaimRecord> find_claim(StoreContext& store, std::string_vi
     return record;
 }
 
+/// One `SCAN cursor MATCH pattern COUNT count` on @p c: appends the keys it found to @p keys and
+/// answers the next cursor ("0": the scan is over).
+inline std::string scan_page(Connection& c, const std::string& cursor, const std::string& pattern,
+                             const std::string& count, std::vector<std::string>& keys) {
+    Reply reply = c.checked({"SCAN", cursor, "MATCH", pattern, "COUNT", count}, "SCAN");
+    if (reply.elements.size() != 2) throw store_error("idem: Redis SCAN: unexpected reply");
+    for (auto& key : reply.elements[1].elements)
+        keys.push_back(std::move(key.str));
+    return std::move(reply.elements[0].str);
+}
+
 /// Every key matching @p pattern, on every master, each once.
 inline std::vector<std::string> scan(StoreContext& store, const std::string& pattern) {
     std::vector<std::string> keys;
     store.router.on_each_master([&](Connection& c) {
         std::string cursor = "0";
         do {
-            Reply reply = c.checked({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, "SCAN");
-            if (reply.elements.size() != 2) throw store_error("idem: Redis SCAN: unexpected reply");
-            cursor = reply.elements[0].str;
-            for (auto& key : reply.elements[1].elements)
-                keys.push_back(std::move(key.str));
+            cursor = scan_page(c, cursor, pattern, "1000", keys);
         } while (cursor != "0");
         return 0;
     });
@@ -185,13 +192,9 @@ void sweep(StoreContext& store, const std::string& pattern, std::size_t count, c
             if (at == scans.size()) scans.emplace_back();  // a master not seen before
             Scan& scan = scans[at++];
             if (scan.over) return 0;
-            Reply reply = c.checked({"SCAN", scan.cursor, "MATCH", pattern, "COUNT", page}, "SCAN");
-            if (reply.elements.size() != 2) throw store_error("idem: Redis SCAN: unexpected reply");
-            scan.cursor = std::move(reply.elements[0].str);
+            scan.cursor = scan_page(c, scan.cursor, pattern, page, keys);
             scan.over = scan.cursor == "0";
             going = going || !scan.over;
-            for (auto& key : reply.elements[1].elements)
-                keys.push_back(std::move(key.str));
             return 0;
         });
         for (const Reply& reply : run_in_batches(store, script, keys, args))
