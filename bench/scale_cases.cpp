@@ -486,6 +486,18 @@ class PgLockSampler {
         done_ = true;
         if (thread_.joinable()) thread_.join();
     }
+    /// Stops, then adds the samples to the bench row @p line.
+    void add_figures(Json& line) {
+        stop();
+        line.integer("lock_samples", samples)
+            .integer("samples_with_lock_wait", samples_with_lock_wait)
+            .integer("samples_with_ungranted_lock", samples_with_ungranted)
+            .integer("max_backends_waiting_on_lock", max_lock_waiters)
+            .integer("samples_with_active_wait_event", samples_with_any_wait)
+            .str("lock_sampling",
+                 "pg_stat_activity (wait_event_type = 'Lock') and pg_locks (NOT granted), "
+                 "every 5 ms during the purge, own connection");
+    }
     long long samples = 0;
     long long samples_with_lock_wait = 0;  ///< a client backend waiting on a heavyweight lock
     long long samples_with_ungranted = 0;  ///< pg_locks had a row not granted
@@ -599,6 +611,7 @@ void run_purge(const std::string& store_name, Store& consumer_store, Store& purg
         .integer("purge_batch_rows", static_cast<long long>(options.batch_rows))
         .num("purge_duty_cycle", options.duty_cycle, 2)
         .integer("purge_batches", static_cast<long long>(purged.batches))
+        .integer("purge_partitions_dropped", static_cast<long long>(purged.partitions_dropped))
         .num("purge_time_budget_s", std::chrono::duration<double>(options.time_budget).count(), 0)
         .boolean("purge_complete", purged.complete)
         .num("consumer_msgs_per_s_alone", alone)
@@ -653,19 +666,43 @@ void purge_postgres() {
             server.exec("VACUUM ANALYZE idem_claims");
         },
         [&] { sampler = std::make_unique<PgLockSampler>(server.conninfo()); },
-        [&](Json& line) {
-            sampler->stop();
-            line.integer("lock_samples", sampler->samples)
-                .integer("samples_with_lock_wait", sampler->samples_with_lock_wait)
-                .integer("samples_with_ungranted_lock", sampler->samples_with_ungranted)
-                .integer("max_backends_waiting_on_lock", sampler->max_lock_waiters)
-                .integer("samples_with_active_wait_event", sampler->samples_with_any_wait)
-                .str("lock_sampling",
-                     "pg_stat_activity (wait_event_type = 'Lock') and pg_locks (NOT granted), "
-                     "every 5 ms during the purge, own connection");
-        },
-        postgres_setup);
+        [&](Json& line) { sampler->add_figures(line); }, postgres_setup);
     server.exec("TRUNCATE idem_claims");
+}
+
+void purge_postgres_partitioned() {
+    if (!opted_in("postgres_partitioned_purge_under_load")) return;
+    auto& server = postgres_server();
+    PinScope pin;
+    const std::string db = "idem_bench_partitioned";
+    server.exec("DROP DATABASE IF EXISTS " + db + " WITH (FORCE)", "postgres");
+    server.exec("CREATE DATABASE " + db, "postgres");
+    idem::PostgresOptions daily;
+    daily.claim_partition_span = std::chrono::hours(24);
+    {
+        // A store opened three days ago made the partitions of the days the expired claims
+        // were made in (and of the days since).
+        idem::PostgresOptions back = daily;
+        back.clock = [] { return std::chrono::system_clock::now() - std::chrono::hours(72); };
+        idem::PostgresStore opener{server.conninfo(db), back};
+    }
+    {
+        idem::PostgresStore consumer{server.conninfo(db), daily};
+        idem::PostgresStore purger{server.conninfo(db), daily};
+        std::unique_ptr<PgLockSampler> sampler;
+        run_purge(
+            "postgres_partitioned", consumer, purger,
+            [&] {
+                server.exec(postgres_fill_sql(million, '0', expired_from(), 1), db);
+                server.exec("VACUUM ANALYZE idem_claims", db);
+            },
+            [&] { sampler = std::make_unique<PgLockSampler>(server.conninfo(db)); },
+            [&](Json& line) { sampler->add_figures(line); },
+            std::string(postgres_setup) +
+                "; claims in a partition per day (PostgresOptions::claim_partition_span 24 h): "
+                "the purge drops the days that have expired");
+    }
+    server.exec("DROP DATABASE IF EXISTS " + db + " WITH (FORCE)", "postgres");
 }
 
 void purge_mysql() {
@@ -1175,6 +1212,7 @@ void run_scale_cases() {
     guard("redis_retained", retained_redis);
     guard("sqlite_purge_under_load", purge_sqlite);
     guard("postgres_purge_under_load", purge_postgres);
+    guard("postgres_partitioned_purge_under_load", purge_postgres_partitioned);
     guard("mysql_purge_under_load", purge_mysql);
     guard("redis_purge_under_load", purge_redis);
     guard("redis_expiry_under_load", expiry_redis);

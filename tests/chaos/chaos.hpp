@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "idem/mysql/options.hpp"
+#include "idem/postgres/options.hpp"
 #include "idem/redis/endpoint.hpp"
 
 #include <sys/types.h>
@@ -133,6 +134,17 @@ struct Options {
     /// Server stores: the server stopped (SIGSTOP, a hang) or SIGKILLed and restarted on its data
     /// (a refusal), alternately; SQLite: the driver holds an exclusive lock on the database.
     std::chrono::milliseconds store_outage{0};
+    /// --claim-partition-minutes (--store postgres): the claims in partitions of this many
+    /// minutes (PostgresOptions::claim_partition_span), one made ahead, so the workers' stores
+    /// make the next ones while the run goes on. 0: one claims table.
+    int claim_partition_minutes = 0;
+    /// The PostgresOptions of the run's stores.
+    [[nodiscard]] idem::PostgresOptions postgres_options() const {
+        idem::PostgresOptions options;
+        options.claim_partition_span = std::chrono::minutes(claim_partition_minutes);
+        options.claim_partitions_ahead = 1;
+        return options;
+    }
     double kill_rate = 0.02;                       ///< per window, per delivery
     std::chrono::milliseconds kill_interval{250};  ///< mean time between driver kills; 0: none
     bool kill_interval_given = false;              ///< else each broker's default (defaults())

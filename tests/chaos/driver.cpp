@@ -241,7 +241,8 @@ int run_driver(const Options& o) {
                 "CREATE TABLE captures(order_id BIGINT NOT NULL, gateway_reference TEXT NOT "
                 "NULL)");
             db = pg->conninfo();
-            idem::PostgresStore store{db};  // creates idem's tables once, before the workers race
+            // Creates idem's tables once, before the workers race (in partitions if asked).
+            idem::PostgresStore store{db, o.postgres_options()};
             break;
         }
         case StoreKind::mysql: {
@@ -697,7 +698,14 @@ int run_driver(const Options& o) {
                                   redrive_end->redriven, redrive_end->left.size())
                     : std::string();
     const std::string outage_field =
-        outages ? fmt::format("\"store_outages\":{},", outages->count()) : std::string();
+        (outages ? fmt::format("\"store_outages\":{},", outages->count()) : std::string()) +
+        (o.claim_partition_minutes > 0 && pg
+             ? fmt::format("\"claim_partition_minutes\":{},\"claim_partitions\":{},",
+                           o.claim_partition_minutes,
+                           pg->query_value("SELECT count(*) FROM pg_inherits WHERE inhparent = "
+                                           "'idem_claims'::regclass")
+                               .value_or("?"))
+             : std::string());
     if (cluster) {
         if (master_killed) {
             std::printf(

@@ -313,6 +313,10 @@ inline std::vector<std::string> worker_args(const Options& o, int redis_port, co
     if (o.store_outage.count() > 0) {
         args.insert(args.end(), {"--store-outage-ms", std::to_string(o.store_outage.count())});
     }
+    if (o.claim_partition_minutes > 0) {
+        args.insert(args.end(),
+                    {"--claim-partition-minutes", std::to_string(o.claim_partition_minutes)});
+    }
     return args;
 }
 

@@ -18,7 +18,7 @@ constexpr const char* usage =
     "                  [--broker redis|rabbitmq|nats|kafka] [--offsets kafka|store]\n"
     "                  [--messages N] [--workers K] [--seed S]\n"
     "                  [--naive | --pipelined | --batch] [--kill-rate P] [--kill-interval-ms MS]\n"
-    "                  [--store-outage-ms MS] [--visibility-ms MS]\n"
+    "                  [--store-outage-ms MS] [--claim-partition-minutes N] [--visibility-ms MS]\n"
     "                  [--latency-ms MS] [--inflight-ms MS] [--max-deliveries N] [--timeout S]\n"
     "                  [--backoff-ms MS] [--chain A:B] [--redrive]\n"
     "\n"
@@ -50,6 +50,9 @@ constexpr const char* usage =
     "                    (a refusal; --store redis then gets a redis-server of its own); sqlite:\n"
     "                    the driver holds BEGIN EXCLUSIVE on the database (the workers' busy\n"
     "                    timeout is MS/4, so they see store_timeout). Not with redis-cluster\n"
+    "  --claim-partition-minutes  (--store postgres) the claims in partitions of N minutes,\n"
+    "                    one made ahead: the workers' stores make the next ones while the run\n"
+    "                    goes on\n"
     "  --kill-rate       probability that a worker kills itself at each crash window of each\n"
     "                    delivery (default 0.02)\n"
     "  --kill-interval-ms  mean time between the driver's SIGKILLs of a random worker (default\n"
@@ -229,6 +232,8 @@ chaos::Options parse(int argc, char** argv) {
             o.redrive = true;
         } else if (arg == "--store-outage-ms") {
             o.store_outage = milliseconds(number(arg, value(), 0, 600'000));
+        } else if (arg == "--claim-partition-minutes") {
+            o.claim_partition_minutes = static_cast<int>(number(arg, value(), 1, 10'000));
         } else if (arg == "--kill-rate") {
             const std::string text = value();
             std::size_t used = 0;
@@ -300,6 +305,9 @@ chaos::Options parse(int argc, char** argv) {
     if (o.store_outage.count() > 0 && (o.chain || o.store == chaos::StoreKind::redis_cluster)) {
         throw std::invalid_argument(
             "--store-outage-ms is for one broker's run on sqlite, postgres, mysql or redis");
+    }
+    if (o.claim_partition_minutes > 0 && o.store != chaos::StoreKind::postgres) {
+        throw std::invalid_argument("--claim-partition-minutes is for --store postgres");
     }
     if (o.redrive && (o.chain || o.pipelined || o.offsets_in_store)) {
         throw std::invalid_argument(

@@ -736,7 +736,8 @@ int run_worker(const Options& options) {
             }
             case StoreKind::postgres: {
                 auto store = with_retries("PostgresStore", [&] {
-                    return std::make_unique<idem::PostgresStore>(options.db);
+                    return std::make_unique<idem::PostgresStore>(options.db,
+                                                                 options.postgres_options());
                 });
                 return consume(*store, options, endpoint, random);
             }

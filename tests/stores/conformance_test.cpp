@@ -37,7 +37,7 @@ using Stores = ::testing::Types<idem_test::MemoryEnv
 #endif
 #if IDEM_HAS_POSTGRES
                                 ,
-                                idem_test::PostgresEnv
+                                idem_test::PostgresEnv, idem_test::PostgresPartitionedEnv
 #endif
 #if IDEM_HAS_REDIS
                                 ,
@@ -78,7 +78,7 @@ using RedriveStores = ::testing::Types<idem_test::MemoryEnv
 #endif
 #if IDEM_HAS_POSTGRES
                                        ,
-                                       idem_test::PostgresEnv
+                                       idem_test::PostgresEnv, idem_test::PostgresPartitionedEnv
 #endif
 #if IDEM_HAS_REDIS
                                        ,

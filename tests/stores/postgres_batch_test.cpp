@@ -208,7 +208,32 @@ TEST_F(PostgresStoreTest, ABatchWithDuplicatesAFailureAndAHeldIdCommitsTheRest) 
 
 // ---- exactly once under threads ------------------------------------------------------------
 
-TEST_F(PostgresStoreTest, EightStoresDeliveringTheSameThousandIdsApplyEachEffectOnce) {
+// Each run twice: on one claims table (its unique key) and on claims in partitions (each id's
+// advisory lock; no unique key spans partitions).
+class PostgresRaceTest : public PostgresStoreTest {
+  protected:
+    static idem::PostgresOptions partitioned(idem::PostgresOptions options = {}) {
+        options.claim_partition_span = std::chrono::hours(24);
+        return options;
+    }
+    void eight_stores_deliver_the_same_ids(const idem::PostgresOptions& options);
+    void four_stores_deliver_the_same_ids_in_batches(idem::PostgresOptions options);
+};
+
+TEST_F(PostgresRaceTest, EightStoresDeliveringTheSameThousandIdsApplyEachEffectOnce) {
+    eight_stores_deliver_the_same_ids({});
+}
+TEST_F(PostgresRaceTest, EightStoresOnPartitionedClaimsApplyEachEffectOnce) {
+    eight_stores_deliver_the_same_ids(partitioned());
+}
+TEST_F(PostgresRaceTest, FourStoresDeliveringTheSameIdsInBatchesApplyEachEffectOnce) {
+    four_stores_deliver_the_same_ids_in_batches({});
+}
+TEST_F(PostgresRaceTest, FourStoresOnPartitionedClaimsInBatchesApplyEachEffectOnce) {
+    four_stores_deliver_the_same_ids_in_batches(partitioned());
+}
+
+void PostgresRaceTest::eight_stores_deliver_the_same_ids(const idem::PostgresOptions& options) {
     constexpr int kThreads = 8;
     constexpr int kIds = 1000;
     idem::PolicyOptions patient;
@@ -220,7 +245,7 @@ TEST_F(PostgresStoreTest, EightStoresDeliveringTheSameThousandIdsApplyEachEffect
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) {
         threads.emplace_back([&, t] {
-            PostgresStore s(conninfo());
+            PostgresStore s(conninfo(), options);
             auto handler = idem::make_handler(s, idem::Policy{"capture", patient}, writer());
             std::vector<int> order(kIds);
             for (int i = 0; i < kIds; ++i)
@@ -252,7 +277,7 @@ TEST_F(PostgresStoreTest, EightStoresDeliveringTheSameThousandIdsApplyEachEffect
     expect_each_effect_once(kIds, kThreads, processed, duplicates, retried, "8 stores x 1,000 ids");
 }
 
-TEST_F(PostgresStoreTest, FourStoresDeliveringTheSameIdsInBatchesApplyEachEffectOnce) {
+void PostgresRaceTest::four_stores_deliver_the_same_ids_in_batches(idem::PostgresOptions options) {
     // Overlapping batches wait on one another's claims; a lock_timeout shorter than a batch's
     // effects makes some of them give up (in_progress after claiming one by one), and those ids
     // are redelivered later.
@@ -261,7 +286,7 @@ TEST_F(PostgresStoreTest, FourStoresDeliveringTheSameIdsInBatchesApplyEachEffect
     constexpr std::size_t kBatch = 20;
     idem::PolicyOptions patient;
     patient.max_deliveries = 100000;
-    idem::PostgresOptions impatient;
+    idem::PostgresOptions impatient = std::move(options);
     impatient.lock_timeout = 20ms;
     std::atomic<long> processed{0}, duplicates{0}, retried{0};
     // Opened one after another: the first creates the idem schema, and a store opening while

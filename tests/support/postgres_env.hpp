@@ -20,10 +20,24 @@
 
 namespace idem_test {
 
-struct PostgresEnv {
-    using Store = idem::PostgresStore;
+/// The claims in one table (PostgreSQL's default).
+struct PostgresOneTable {
     static constexpr const char* name = "postgres";
+    static constexpr std::chrono::minutes span{0};
+};
+/// The claims in partitions of a day (PostgresOptions::claim_partition_span).
+struct PostgresPartitioned {
+    static constexpr const char* name = "postgres_partitioned";
+    static constexpr std::chrono::minutes span{24 * 60};
+};
+
+template <class Config>
+struct BasicPostgresEnv {
+    using Store = idem::PostgresStore;
+    static constexpr const char* name = Config::name;
     static constexpr bool needs_postgres = true;
+    /// Claims go a partition at a time (the conformance suite's purge test).
+    static constexpr std::chrono::milliseconds purge_granularity{Config::span};
 
     /// The conformance suite skips (or, in CI, fails) without the server.
     static bool available(std::string* why) {
@@ -34,7 +48,7 @@ struct PostgresEnv {
     time_point now = test_epoch();
     std::unique_ptr<Store> store;
 
-    PostgresEnv() {
+    BasicPostgresEnv() {
         if (!idem::testing::PostgresServer::available()) return;
         auto& server = idem::testing::shared_postgres();
         database = server.fresh_database();
@@ -57,6 +71,7 @@ struct PostgresEnv {
     std::unique_ptr<Store> another_store() {
         idem::PostgresOptions options;
         options.clock = [this] { return now; };
+        options.claim_partition_span = Config::span;
         return std::make_unique<Store>(idem::testing::shared_postgres().conninfo(database),
                                        options);
     }
@@ -75,9 +90,9 @@ struct PostgresEnv {
             "DROP TRIGGER refuse_intents ON idem_outbox; DROP FUNCTION refuse_intents();",
             database);
     }
-    PostgresEnv(const PostgresEnv&) = delete;
-    PostgresEnv& operator=(const PostgresEnv&) = delete;
-    ~PostgresEnv() {
+    BasicPostgresEnv(const BasicPostgresEnv&) = delete;
+    BasicPostgresEnv& operator=(const BasicPostgresEnv&) = delete;
+    ~BasicPostgresEnv() {
         store.reset();  // closes its connection before the database goes
         if (database.empty()) return;
         try {
@@ -108,5 +123,8 @@ struct PostgresEnv {
     void stop_server() { idem::testing::shared_postgres().kill9(); }
     void start_server() { idem::testing::shared_postgres().start(); }
 };
+
+using PostgresEnv = BasicPostgresEnv<PostgresOneTable>;
+using PostgresPartitionedEnv = BasicPostgresEnv<PostgresPartitioned>;
 
 }  // namespace idem_test

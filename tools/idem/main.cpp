@@ -904,15 +904,19 @@ int purge_claims(Context& c) {
     if (c.json) {
         fmt::print(
             "{{\"claims\":{},\"sent_intents\":{},\"expired_locks\":{},\"attempt_counts\":{},"
-            "\"batches\":{},\"complete\":{},\"seconds\":{:.3f}}}\n",
+            "\"batches\":{},\"partitions_dropped\":{},\"complete\":{},\"seconds\":{:.3f}}}\n",
             result.claims, result.sent_intents, result.expired_locks, result.attempt_counts,
-            result.batches, result.complete, seconds);
+            result.batches, result.partitions_dropped, result.complete, seconds);
     } else {
         fmt::print(
-            "purged {} claims, {} sent intents, {} expired locks, {} attempt counts in {} "
+            "purged {} claims{}, {} sent intents, {} expired locks, {} attempt counts in {} "
             "batches, {:.1f} s{}\n",
-            result.claims, result.sent_intents, result.expired_locks, result.attempt_counts,
-            result.batches, seconds, result.complete ? "" : " (stopped by its time budget)");
+            result.claims,
+            result.partitions_dropped > 0
+                ? fmt::format(" ({} partitions dropped)", result.partitions_dropped)
+                : std::string(),
+            result.sent_intents, result.expired_locks, result.attempt_counts, result.batches,
+            seconds, result.complete ? "" : " (stopped by its time budget)");
     }
     return exit_done;
 }

@@ -174,6 +174,9 @@ struct PurgeResult {
     std::size_t expired_locks = 0;   ///< locks held with hold_lock() that have expired
     std::size_t attempt_counts = 0;  ///< count_attempt() counters last counted before the cutoff
     std::size_t batches = 0;         ///< delete statements run (each its own transaction)
+    /// Claim partitions dropped whole (PostgresOptions::claim_partition_span); their claims
+    /// are counted in `claims`.
+    std::size_t partitions_dropped = 0;
     /// False when the run stopped before it was done (its time budget, or should_stop): what
     /// is left is purged by the next run.
     bool complete = true;

@@ -55,6 +55,16 @@ class Claims {
   private:
     D& driver() noexcept { return static_cast<D&>(*this); }
 
+    /// The advisory lock key of a claim of partitioned claims: the scope's length, the scope
+    /// and the id hashed, so no two (scope, id) pairs are written alike.
+    static std::int64_t claim_lock_key(std::string_view scope, std::string_view id) {
+        std::string key = std::to_string(scope.size());
+        key.push_back(':');
+        key.append(scope);
+        key.append(id);
+        return postgres::advisory_key("idem claim", key);
+    }
+
     /// One id not claimed by this transaction before: insert, or read the stored claim. With
     /// @p guarded, inside its own savepoint, so a lock timeout leaves the transaction usable.
     ClaimResult insert_claim(sql::OwnClaims& claims, std::int64_t now, std::string_view scope,
@@ -87,11 +97,19 @@ ClaimResult Claims<D>::insert_claim(sql::OwnClaims& claims, std::int64_t now,
     // Rarely more than one pass: only when the row we waited for vanished again (purge).
     for (int attempt = 0; attempt < 3; ++attempt) {
         if (guarded) d.queued_.push_back(d.control(claim_savepoint_sql_, "claim"));
-        auto exchange = d.tx_exchange(D::vec(d.own(sql::stmt::claim_insert, "claim", Blob{scope},
-                                                   Blob{id}, now, Blob{fingerprint})));
-        const PGresult* inserted = exchange.result(0);
-        if (!postgres::succeeded(inserted)) {
-            if (postgres::sqlstate(inserted) == "55P03") {
+        std::vector<Command> commands;
+        const bool locked = d.claims_partitioned();
+        if (locked) {
+            commands.push_back(d.own(sql::stmt::claim_lock, "claim", claim_lock_key(scope, id)));
+        }
+        commands.push_back(d.own(locked ? sql::stmt::claim_insert_locked : sql::stmt::claim_insert,
+                                 "claim", Blob{scope}, Blob{id}, now, Blob{fingerprint}));
+        const std::size_t last = commands.size() - 1;
+        auto exchange = d.tx_exchange(std::move(commands));
+        for (std::size_t k = 0; k <= last; ++k) {
+            const PGresult* answer = exchange.result(k);
+            if (postgres::succeeded(answer)) continue;
+            if (postgres::sqlstate(answer) == "55P03") {
                 // Another live transaction holds this id past lock_timeout, and PostgreSQL
                 // aborted ours: back to the savepoint, or the caller rolls it back.
                 ClaimResult result;
@@ -107,8 +125,9 @@ ClaimResult Claims<D>::insert_claim(sql::OwnClaims& claims, std::int64_t now,
                     d.lock_timeout_.count());
                 return result;
             }
-            d.fail(exchange.command(0), inserted, "claim");
+            d.fail(exchange.command(k), answer, "claim");
         }
+        const PGresult* inserted = exchange.result(last);
         if (postgres::affected_rows(inserted) == 1) {
             claims.add(scope, id, fingerprint);
             end_guard();
@@ -170,16 +189,39 @@ std::vector<ClaimResult> Claims<D>::claim_many(sql::OwnClaims& claims, std::stri
         if (!fingerprints.empty()) distinct_fingerprints.push_back(fingerprint(i));
     }
 
-    // One round trip (with the queued BEGIN): the savepoint and the INSERT of every id.
+    // One round trip (with the queued BEGIN): the savepoint, the ids' locks when the claims are
+    // partitioned, and the INSERT of every id.
     d.queued_.push_back(d.control(claim_savepoint_sql_, "claim_many"));
-    Command insert = d.own(sql::stmt::claim_rows, "claim_many", Blob{scope}, now);
+    std::vector<Command> commands;
+    const bool locked = d.claims_partitioned();
+    if (locked) {
+        // In key order: two batches wait on one another in one order, never in a cycle.
+        std::vector<std::int64_t> keys;
+        keys.reserve(distinct.size());
+        for (std::string_view id : distinct)
+            keys.push_back(claim_lock_key(scope, id));
+        std::sort(keys.begin(), keys.end());
+        Command lock = d.own(sql::stmt::claim_locks, "claim_many");
+        postgres::add_int8_array(lock, keys);
+        commands.push_back(std::move(lock));
+    }
+    Command insert = d.own(locked ? sql::stmt::claim_rows_locked : sql::stmt::claim_rows,
+                           "claim_many", Blob{scope}, now);
     postgres::add_bytea_array(insert, distinct);
     postgres::add_bytea_array(insert, distinct_fingerprints);
-    auto exchange = d.tx_exchange(D::vec(std::move(insert)));
-    const PGresult* inserted = exchange.result(0);
-    if (!postgres::succeeded(inserted)) {
-        if (postgres::sqlstate(inserted) != "55P03")
-            d.fail(exchange.command(0), inserted, "claim_many");
+    commands.push_back(std::move(insert));
+    const std::size_t last = commands.size() - 1;
+    auto exchange = d.tx_exchange(std::move(commands));
+    const PGresult* inserted = exchange.result(last);
+    const PGresult* refused = nullptr;  // the first statement that failed
+    for (std::size_t k = 0; k <= last && refused == nullptr; ++k) {
+        if (!postgres::succeeded(exchange.result(k))) {
+            refused = exchange.result(k);
+            if (postgres::sqlstate(refused) != "55P03")
+                d.fail(exchange.command(k), refused, "claim_many");
+        }
+    }
+    if (refused != nullptr) {
         // It waited past lock_timeout for an id another transaction holds; which one, the
         // error does not say. Undo the INSERT, then claim one id at a time, each in its own
         // savepoint. A repeated copy of an id held elsewhere is not waited for twice.

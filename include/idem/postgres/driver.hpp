@@ -3,7 +3,8 @@
 /// @brief idem::postgres::Driver: PostgreSQL under the SQL store written once (sql/store.hpp).
 /// Its session is a postgres::Connection (postgres/connection.hpp); the driver keeps idem's and
 /// the effect's statements, the transaction (what it queues for the next round trip, its first
-/// failure) and lock_timeout; the claims are postgres::Claims' (postgres/claims.hpp), mixed in.
+/// failure) and lock_timeout; the claims are postgres::Claims' (postgres/claims.hpp), their
+/// partitions postgres::Partitions' (postgres/partitions.hpp), mixed in.
 /// SQLSTATEs map to exceptions as postgres/libpq.hpp says.
 
 #include <libpq-fe.h>
@@ -35,6 +36,7 @@
 #include "idem/postgres/connection.hpp"
 #include "idem/postgres/libpq.hpp"
 #include "idem/postgres/options.hpp"
+#include "idem/postgres/partitions.hpp"
 #include "idem/sql/driver.hpp"
 #include "idem/sql/own_claims.hpp"
 #include "idem/sql/schema.hpp"
@@ -58,7 +60,7 @@ class TransactionFace {
 };
 
 /// The PostgreSQL driver (the contract: sql/driver.hpp); its claims are postgres::Claims'.
-class Driver : public Claims<Driver> {
+class Driver : public Claims<Driver>, public Partitions<Driver> {
   public:
     /// Names the backend in messages ("idem postgres: ...").
     static constexpr std::string_view name = "postgres";
@@ -314,6 +316,7 @@ class Driver : public Claims<Driver> {
 
   private:
     friend class Claims<Driver>;
+    friend class Partitions<Driver>;
 
     /// The commands of one round trip and their results (null: skipped after an error).
     struct Exchange {
@@ -448,6 +451,7 @@ inline void Driver::init(const PostgresOptions& options) {
         throw usage_error("idem postgres: lock_timeout is longer than PostgreSQL allows");
     }
     lock_timeout_ = options.lock_timeout;
+    configure_partitions(options);
     if (options.schema.empty() || options.schema.find('\0') != std::string::npos) {
         throw usage_error("idem postgres: PostgresOptions::schema must be a non-empty name");
     }

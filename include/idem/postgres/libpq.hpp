@@ -49,6 +49,8 @@ inline constexpr Oid int2_oid = 21;
 inline constexpr Oid int4_oid = 23;
 /// OID of `bytea[]`.
 inline constexpr Oid bytea_array_oid = 1001;
+/// OID of `bigint[]`.
+inline constexpr Oid int8_array_oid = 1016;
 
 /// The most parameters one statement can have: the protocol's limit.
 inline constexpr std::size_t max_parameters = 65535;  // the protocol's limit
@@ -235,6 +237,20 @@ inline void add_blob(Command& command, std::string_view bytes) {
     command.nulls.push_back(0);
     command.formats.push_back(1);
     command.types.push_back(bytea_oid);
+}
+
+/// Appends a `bigint[]` parameter, in text (`{1,-2,3}`).
+inline void add_int8_array(Command& command, const std::vector<std::int64_t>& items) {
+    std::string out = "{";
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        if (i > 0) out.push_back(',');
+        out += std::to_string(items[i]);
+    }
+    out.push_back('}');
+    command.values.push_back(std::move(out));
+    command.nulls.push_back(0);
+    command.formats.push_back(0);
+    command.types.push_back(int8_array_oid);
 }
 
 /// Appends a `bytea[]` parameter in PostgreSQL's binary array format (one dimension, no NULLs).

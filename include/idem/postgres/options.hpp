@@ -24,6 +24,17 @@ struct PostgresOptions {
     /// Prepare idem's and the effect's statements once per session. Switch off behind a pooler
     /// in transaction mode that cannot keep prepared statements (PgBouncer before 1.21).
     bool prepare_statements = true;
+    /// Claims kept in one partition per span of claimed_at (PostgreSQL 11+ declarative range
+    /// partitions, UTC-aligned: 24 h gives a partition per day), so that purge() drops whole
+    /// partitions instead of deleting rows one by one. 0 (the default): one table, purge()
+    /// deletes rows. A store given a span converts an existing unpartitioned table once (the
+    /// table becomes its first partition, dropped when all of it has expired); a store opened
+    /// on partitioned claims uses them whatever its own setting. See docs/postgres.md.
+    std::chrono::minutes claim_partition_span{0};
+    /// Partitions kept created beyond the current one, at least 1: the store adds them ahead
+    /// of time (at open, before a transaction once the clock nears the last one, and in
+    /// purge()), so that no claim waits for one.
+    int claim_partitions_ahead = 3;
     /// Time source for claimed_at / created_at / purge() / locks / outbox; empty = system_clock.
     Clock clock{};
     /// Receives the server's notices and warnings on the store's connection (`RAISE NOTICE` in

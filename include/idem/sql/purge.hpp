@@ -58,8 +58,13 @@ struct paced_purge {
             in_batches(store, bound, range, what, before, options.batch_rows, pacer, result,
                        counter);
         };
-        table(stmt::purge_claims_bound, stmt::purge_claims, "purge (claims)", cutoff,
-              result.claims);
+        bool by_partition = false;
+        if constexpr (has_claim_partitions<Driver>::value)
+            by_partition = drop_partitions(store, at, cutoff, pacer, result);
+        if (!by_partition) {
+            table(stmt::purge_claims_bound, stmt::purge_claims, "purge (claims)", cutoff,
+                  result.claims);
+        }
         table(stmt::purge_outbox_bound, stmt::purge_outbox, "purge (sent outbox intents)", cutoff,
               result.sent_intents);
         table(stmt::purge_locks_bound, stmt::purge_locks, "purge (expired locks)", at,
@@ -71,6 +76,33 @@ struct paced_purge {
     }
 
   private:
+    /// Claims kept in partitions: drops each partition whose every claim is before @p cutoff,
+    /// one batch each. @return false when the driver's claims are one table.
+    template <class Store>
+    static bool drop_partitions(Store& store, std::int64_t at, std::int64_t cutoff,
+                                const detail::PurgePacer& pacer, PurgeResult& result) {
+        using Partitions = decltype(store.driver_.expired_claim_partitions(at, cutoff));
+        Partitions expired;
+        {
+            typename Store::Lock lock(store, "purge()");
+            if (!store.driver_.claims_partitioned()) return false;
+            expired = store.driver_.expired_claim_partitions(at, cutoff);
+        }
+        for (const auto& partition : expired) {
+            if (!pacer.may_go_on(result)) return true;
+            const auto started = detail::PurgePacer::clock::now();
+            std::size_t claims = 0;
+            {
+                typename Store::Lock lock(store, "purge()");
+                claims = store.driver_.drop_claim_partition(partition);
+            }
+            result.claims += claims;
+            ++result.partitions_dropped;
+            pacer.after_batch(result, detail::PurgePacer::clock::now() - started);
+        }
+        return true;
+    }
+
     /// Deletes one table's rows whose time is before @p before, @p batch_rows at a time: each
     /// batch first finds the time of its last row (from the cursor, in time order), then deletes
     /// [cursor, that time] in a statement committed on its own; the cursor moves past it. Rows

@@ -74,6 +74,13 @@ enum class stmt : std::size_t {
     dead_letter_delete,    ///< id: the entry removed (purge_dead_letters())
     attempt_failure,  ///< scope, id, now, failure: noted in the id's attempt row (new: 0 attempts)
     outbox_of,        ///< scope, id → the outbox columns of the intents its attempts wrote, by id
+    // Partitioned claims (PostgreSQL): no unique index spans the partitions, so a claim takes
+    // the id's transaction-scoped advisory lock first, then inserts only where no partition
+    // holds the id (a new statement, so it sees a claim that committed while it waited).
+    claim_lock,           ///< key: the id's advisory lock, waited for
+    claim_locks,          ///< keys (sorted): each id's advisory lock, in that order
+    claim_insert_locked,  ///< as claim_insert, under claim_lock
+    claim_rows_locked,    ///< as claim_rows, under claim_locks → message_id
     count,
 };
 
@@ -278,6 +285,21 @@ inline statement_table postgres_statements(std::string_view prefix) {
     // $1 scope, $2 the ids.
     t[stmt::claim_rows_outcome] = "SELECT message_id, outcome, fingerprint FROM " + claims +
                                   " WHERE scope = $1 AND message_id = ANY($2::bytea[])";
+    t[stmt::claim_lock] = "SELECT pg_advisory_xact_lock($1::bigint)";
+    // An aggregate, so the locks are taken once each, in the array's order, with one row back.
+    t[stmt::claim_locks] = "SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS k";
+    t[stmt::claim_insert_locked] =
+        "INSERT INTO " + claims +
+        "(scope, message_id, claimed_at, outcome, reason, fingerprint) "
+        "SELECT $1::bytea, $2::bytea, $3::bigint, 'processed', '', $4::bytea WHERE NOT EXISTS "
+        "(SELECT 1 FROM " +
+        claims + " WHERE scope = $1 AND message_id = $2)";
+    t[stmt::claim_rows_locked] =
+        "INSERT INTO " + claims +
+        "(scope, message_id, claimed_at, outcome, reason, fingerprint) "
+        "SELECT $1::bytea, u.id, $2::bigint, 'processed', '', coalesce(u.fp, ''::bytea) "
+        "FROM unnest($3::bytea[], $4::bytea[]) AS u(id, fp) WHERE NOT EXISTS (SELECT 1 FROM " +
+        claims + " AS c WHERE c.scope = $1 AND c.message_id = u.id) RETURNING message_id";
     t[stmt::record_update] =
         "UPDATE " + claims + " SET outcome = $3, reason = $4 WHERE scope = $1 AND message_id = $2";
     t[stmt::claim_delete] = "DELETE FROM " + claims + " WHERE scope = $1 AND message_id = $2";

@@ -90,6 +90,8 @@ class basic_store {
     /// a transaction or this thread already holds a transaction of this store.
     [[nodiscard]] Transaction begin() {
         Lock lock(*this, "begin()");
+        if constexpr (has_claim_partitions<Driver>::value)
+            driver_.keep_claim_partitions_ahead(now_ms());
         driver_.begin("begin()");
         return Transaction(*this, std::move(lock));
     }
@@ -116,8 +118,10 @@ class basic_store {
     /// @brief Deletes claims whose claimed_at is older than clock() - @p older_than, outbox
     /// intents sent before that cutoff, attempt counters last counted before it, and locks held
     /// with hold_lock() that have expired, paced by @p options (PurgeOptions: its defaults keep
-    /// the purge to a fifth of the wall-clock time beside live consumers). Each batch is one
-    /// statement in its own transaction over the next `batch_rows` rows in time order, starting
+    /// the purge to a tenth of the wall-clock time beside live consumers). Claims kept in
+    /// partitions (PostgresOptions::claim_partition_span) go a whole partition at a time, once
+    /// every claim in it is older than the cutoff (PurgeResult::partitions_dropped). Each batch is
+    /// one statement in its own transaction over the next `batch_rows` rows in time order, starting
     /// where the last batch ended (no batch walks the rows deleted before it). Dead letters,
     /// unsent and parked intents, and stored offsets (positions, not claims) are kept.
     /// PurgeResult::complete is false when the time budget or should_stop ended the run early.
@@ -351,6 +355,7 @@ class basic_store {
     explicit basic_store(Clock clock, Args&&... args)
         : driver_(std::forward<Args>(args)...), clock_(std::move(clock)) {
         ensure_schema(driver_);
+        if constexpr (has_claim_partitions<Driver>::value) driver_.open_claim_partitions(now_ms());
     }
     ~basic_store() {
         // In a fork()ed child that never reopened it, the connection is the parent's: dropped

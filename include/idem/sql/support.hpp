@@ -85,6 +85,13 @@ struct has_fork_hooks<D, std::void_t<decltype(std::declval<const D&>().owns_conn
                                      decltype(std::declval<D&>().reopen_after_fork()),
                                      decltype(std::declval<D&>().forget_inherited())>>
     : std::true_type {};
+/// Whether a driver keeps its claims in partitions (PostgreSQL: postgres/partitions.hpp).
+template <class, class = void>
+struct has_claim_partitions : std::false_type {};
+template <class D>
+struct has_claim_partitions<
+    D, std::void_t<decltype(std::declval<D&>().keep_claim_partitions_ahead(std::int64_t()))>>
+    : std::true_type {};
 template <class, class = void>
 struct has_driver_ping : std::false_type {};
 template <class D>

@@ -39,6 +39,10 @@
 ///   static bool available(std::string* why)  false when the store's server is missing: the
 ///                              tests are skipped with `why`, and fail instead under CI=true
 ///   static constexpr bool local_effects = true  every effect is declared idem::local_effect
+///   static constexpr std::chrono::milliseconds purge_granularity  the store purges claims a
+///                              whole span at a time (spans of this length, aligned to
+///                              conformance_epoch()): the purge test lets a claim stay until
+///                              its span has expired
 ///   stop_server(), start_server()  take the store's server down (kill it; for a store with no
 ///                              server, make it unreachable another way, e.g. MemoryStore::
 ///                              inject(Fault::begin, n)) and bring it back: the probe test

@@ -80,6 +80,18 @@ struct has_held_locks<
                    decltype(bool{std::declval<S&>().release_lock(
                        std::string_view{}, std::string_view{})})>> : std::true_type {};
 
+/// A store that purges claims a whole span at a time (PostgreSQL's claim partitions) names the
+/// span: `static constexpr std::chrono::milliseconds purge_granularity`, spans aligned to
+/// conformance_epoch(). A claim then stays until every claim of its span has expired.
+template <class Env, class = void>
+struct purge_granularity {
+    static constexpr std::chrono::milliseconds value{0};
+};
+template <class Env>
+struct purge_granularity<Env, std::void_t<decltype(Env::purge_granularity)>> {
+    static constexpr std::chrono::milliseconds value{Env::purge_granularity};
+};
+
 /// A message with a stable part (id, amount) and a part each send changes (sent_at).
 struct Order {
     std::string id;
@@ -133,6 +145,9 @@ class StoreConformance : public ::testing::Test {
     static constexpr bool can_fail_commit = conformance::can_fail_commit<Env, Transaction>::value;
     static constexpr bool has_overlap_lock =
         has_try_lock<Transaction>::value && conformance::has_held_locks<Store>::value;
+    /// The span purge() removes claims by (0: one claim at a time).
+    static constexpr std::chrono::milliseconds purge_granularity =
+        conformance::purge_granularity<Env>::value;
     /// Whether the store keeps offsets (idem/contract/stored_offset.hpp): the offsets tests.
     static constexpr bool has_stored_offsets = idem::has_stored_offsets<Store>::value;
 
