@@ -136,6 +136,27 @@ TEST_F(PostgresPartitionsTest, PartitionsAreKeptAheadOfTheClock) {
     EXPECT_EQ(count("SELECT count(*) FROM effects"), 1);
 }
 
+TEST_F(PostgresPartitionsTest, APartitionAnalyzedWhileEmptyIsAnalyzedOnceItHoldsClaims) {
+    auto s = store(daily());
+    auto handler = idem::make_handler(*s, idem::Policy{"s"}, writer());
+    // The whole table analyzed: the partitions made ahead have statistics of no rows, and
+    // PostgreSQL would plan the lookups in them as sequential scans.
+    exec("ANALYZE idem_claims");
+    const std::string tomorrow =
+        "SELECT reltuples::bigint FROM pg_class WHERE relname = 'idem_claims_p20231115_0000'";
+    EXPECT_EQ(count(tomorrow), 0);
+    advance(kDay + 1h);
+    ASSERT_EQ(handler.handle(Delivery{"a", 1u}, std::string("a")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(count(tomorrow), 0);  // it was empty when the store looked
+    advance(2s);
+    ASSERT_EQ(handler.handle(Delivery{"b", 1u}, std::string("b")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(count(tomorrow), 1);  // analyzed with its first claim in it
+    EXPECT_EQ(handler.handle(Delivery{"a", 2u}, std::string("a")).disposition,
+              Disposition::duplicate);
+}
+
 TEST_F(PostgresPartitionsTest, AStoreWithoutASpanUsesThePartitionsThatAreThere) {
     auto partitioned = store(daily());
     auto plain = store(clocked());  // no span of its own

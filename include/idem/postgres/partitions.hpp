@@ -145,6 +145,12 @@ class Partitions {
     /// Creates the partitions that [align_down(now), + (ahead + 1) spans) lacks (inside the
     /// schema lock).
     void add_partitions(std::int64_t now);
+    /// A partition analyzed while it was empty (an ANALYZE of the whole claims table analyzes
+    /// the ones made ahead, and the current one if it has no claim yet) makes PostgreSQL plan
+    /// the claims' lookups in it as sequential scans, and a cached plan keeps them while the
+    /// partition fills. When the current partition holds claims and its statistics still say
+    /// empty, it is analyzed, which also replans the cached statements.
+    void check_current_statistics(std::int64_t now);
     void exec(const std::string& sql, std::string_view what) {
         driver().run(driver().control(sql, what));
     }
@@ -154,6 +160,7 @@ class Partitions {
     std::int64_t span_ms_ = 0;  // in use (0: the claims are one table)
     std::int64_t covered_until_ = std::numeric_limits<std::int64_t>::min();
     std::int64_t refresh_at_ = std::numeric_limits<std::int64_t>::min();
+    std::int64_t statistics_check_at_ = std::numeric_limits<std::int64_t>::min();
 };
 
 template <class D>
@@ -332,7 +339,9 @@ void Partitions<D>::add_partitions(std::int64_t now) {
 
 template <class D>
 void Partitions<D>::keep_claim_partitions_ahead(std::int64_t now) {
-    if (span_ms_ == 0 || now < refresh_at_) return;
+    if (span_ms_ == 0) return;
+    if (now >= statistics_check_at_) check_current_statistics(now);
+    if (now < refresh_at_) return;
     D& d = driver();
     try {
         in_schema_transaction("creating idem claim partitions", d.lock_timeout_,
@@ -344,6 +353,31 @@ void Partitions<D>::keep_claim_partitions_ahead(std::int64_t now) {
             return;
         }
         throw;
+    }
+}
+
+template <class D>
+void Partitions<D>::check_current_statistics(std::int64_t now) {
+    D& d = driver();
+    // Looked at again a second later: one catalog query, so an ANALYZE of the whole table
+    // costs the claims at most a second of sequential scans.
+    statistics_check_at_ = now + 1000;
+    const std::string table =
+        d.table_prefix_ + quote_identifier(claim_partition_name(align_down(now)));
+    const std::string what = "checking the current claim partition's statistics";
+    try {
+        d.ready(what);
+        Result found =
+            d.run(d.adhoc("SELECT c.reltuples::float8 = 0 FROM pg_catalog.pg_class c "
+                          "WHERE c.oid = to_regclass($1)",
+                          what, table));
+        // Not ours (the converted table), or planned as not empty: nothing to do.
+        if (PQntuples(found.get()) < 1 || !binary_bool(found.get(), 0, 0)) return;
+        Result rows = d.run(d.adhoc("SELECT EXISTS (SELECT 1 FROM " + table + ")", what));
+        if (!binary_bool(rows.get(), 0, 0)) return;  // still empty
+        exec("ANALYZE " + table, what);
+    } catch (const store_error&) {
+        // Not the owner, or the server is away: the claims go on; asked again later.
     }
 }
 
