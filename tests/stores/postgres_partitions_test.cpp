@@ -223,6 +223,24 @@ TEST_F(PostgresPartitionsTest, AnUnpartitionedTableIsConvertedWithItsClaims) {
               Disposition::duplicate);
 }
 
+TEST_F(PostgresPartitionsTest, AStoreRunningWhileTheTableIsConvertedFailsOneClaimThenUsesThem) {
+    auto plain = store(clocked());
+    auto before = idem::make_handler(*plain, idem::Policy{"s"}, writer());
+    ASSERT_EQ(before.handle(Delivery{"m-1", 1u}, std::string("m-1")).disposition,
+              Disposition::processed);
+    auto converting = store(daily());  // converts the table under the running store
+    EXPECT_EQ(claims_kind(), "p");
+    // Its claim finds no unique index: failed, not acked, nothing written.
+    EXPECT_EQ(before.handle(Delivery{"m-2", 1u}, std::string("m-2")).disposition,
+              Disposition::failed);
+    // The next transaction learns the partitions.
+    EXPECT_EQ(before.handle(Delivery{"m-2", 2u}, std::string("m-2")).disposition,
+              Disposition::processed);
+    EXPECT_EQ(before.handle(Delivery{"m-1", 2u}, std::string("m-1")).disposition,
+              Disposition::duplicate);
+    EXPECT_EQ(count("SELECT count(*) FROM effects"), 2);
+}
+
 TEST_F(PostgresPartitionsTest, PurgeDropsExactlyTheExpiredPartitionsAndKeepsTheRest) {
     auto s = store(daily());
     auto handler = idem::make_handler(*s, idem::Policy{"s"}, writer());

@@ -125,6 +125,8 @@ ClaimResult Claims<D>::insert_claim(sql::OwnClaims& claims, std::int64_t now,
                     d.lock_timeout_.count());
                 return result;
             }
+            // 42P10: no unique index for ON CONFLICT: the claims were made partitions since.
+            if (postgres::sqlstate(answer) == "42P10") d.claims_table_changed();
             d.fail(exchange.command(k), answer, "claim");
         }
         const PGresult* inserted = exchange.result(last);
@@ -217,6 +219,7 @@ std::vector<ClaimResult> Claims<D>::claim_many(sql::OwnClaims& claims, std::stri
     for (std::size_t k = 0; k <= last && refused == nullptr; ++k) {
         if (!postgres::succeeded(exchange.result(k))) {
             refused = exchange.result(k);
+            if (postgres::sqlstate(refused) == "42P10") d.claims_table_changed();
             if (postgres::sqlstate(refused) != "55P03")
                 d.fail(exchange.command(k), refused, "claim_many");
         }

@@ -112,6 +112,10 @@ class Partitions {
     /// store_timeout (the next purge drops it).
     std::size_t drop_claim_partition(const ClaimPartition& partition);
 
+    /// A claim found the claims table not as this store knew it (another process converted it
+    /// to partitions: no unique index for its ON CONFLICT); the next transaction learns it anew.
+    void claims_table_changed() noexcept { relearn_ = true; }
+
   protected:
     /// From PostgresOptions (validated here). @throws usage_error.
     void configure_partitions(const PostgresOptions& options) {
@@ -161,6 +165,7 @@ class Partitions {
     std::int64_t covered_until_ = std::numeric_limits<std::int64_t>::min();
     std::int64_t refresh_at_ = std::numeric_limits<std::int64_t>::min();
     std::int64_t statistics_check_at_ = std::numeric_limits<std::int64_t>::min();
+    bool relearn_ = false;  // claims_table_changed()
 };
 
 template <class D>
@@ -339,6 +344,10 @@ void Partitions<D>::add_partitions(std::int64_t now) {
 
 template <class D>
 void Partitions<D>::keep_claim_partitions_ahead(std::int64_t now) {
+    if (relearn_) {
+        relearn_ = false;
+        open_claim_partitions(now);
+    }
     if (span_ms_ == 0) return;
     if (now >= statistics_check_at_) check_current_statistics(now);
     if (now < refresh_at_) return;
