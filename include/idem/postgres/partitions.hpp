@@ -269,16 +269,17 @@ void Partitions<D>::convert_claims(std::int64_t now) {
     // No claim goes in (or is read) while the rows move under the new table.
     exec("LOCK TABLE " + table + " IN ACCESS EXCLUSIVE MODE", what);
     Result newest = d.run(d.adhoc("SELECT max(claimed_at)::bigint FROM " + table, what));
-    const bool empty = PQgetisnull(newest.get(), 0, 0) != 0;
-    if (empty) {
+    std::string legacy;  // the old table, kept as the first partition when it holds claims
+    std::int64_t first_new = 0;
+    if (PQgetisnull(newest.get(), 0, 0) != 0) {
         exec("DROP TABLE " + table, what);
     } else {
         // The old table becomes the partition of everything before the first new one, which
         // starts after its newest claim (and not before now).
         const std::int64_t last = std::max(binary_int(newest.get(), 0, 0) + 1, now);
-        const std::int64_t first_new = align_down(last - 1) + span_ms_;
-        const std::string legacy = "idem_claims_p_before_" + claim_partition_name(first_new).substr(
-                                                                 sizeof "idem_claims_p" - 1);
+        first_new = align_down(last - 1) + span_ms_;
+        legacy = "idem_claims_p_before_" +
+                 claim_partition_name(first_new).substr(sizeof "idem_claims_p" - 1);
         exec("ALTER TABLE " + table + " RENAME TO " + quote_identifier(legacy), what);
         exec("ALTER TABLE " + prefix + quote_identifier(legacy) +
                  " RENAME CONSTRAINT idem_claims_pkey TO " + quote_identifier(legacy + "_pkey"),
@@ -286,17 +287,6 @@ void Partitions<D>::convert_claims(std::int64_t now) {
         exec("ALTER INDEX IF EXISTS " + prefix + "idem_claims_claimed_at RENAME TO " +
                  quote_identifier(legacy + "_claimed_at"),
              what);
-        exec("CREATE TABLE " + table +
-                 "(scope BYTEA NOT NULL, message_id BYTEA NOT NULL, claimed_at BIGINT NOT NULL, "
-                 "outcome TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', "
-                 "fingerprint BYTEA NOT NULL DEFAULT ''::bytea) PARTITION BY RANGE (claimed_at)",
-             what);
-        exec("CREATE INDEX idem_claims_message ON " + table + "(scope, message_id)", what);
-        exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {}{} FOR VALUES FROM (MINVALUE) TO ({})",
-                         table, prefix, quote_identifier(legacy), first_new),
-             what);
-        add_partitions(now);
-        return;
     }
     exec("CREATE TABLE " + table +
              "(scope BYTEA NOT NULL, message_id BYTEA NOT NULL, claimed_at BIGINT NOT NULL, "
@@ -304,6 +294,11 @@ void Partitions<D>::convert_claims(std::int64_t now) {
              "fingerprint BYTEA NOT NULL DEFAULT ''::bytea) PARTITION BY RANGE (claimed_at)",
          what);
     exec("CREATE INDEX idem_claims_message ON " + table + "(scope, message_id)", what);
+    if (!legacy.empty()) {
+        exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {}{} FOR VALUES FROM (MINVALUE) TO ({})",
+                         table, prefix, quote_identifier(legacy), first_new),
+             what);
+    }
     add_partitions(now);
 }
 
