@@ -3,7 +3,8 @@
 /// @brief The SQL stores' paced purge, written once (sql::paced_purge): basic_store::purge()
 /// (sql/store.hpp) deletes each table's expired rows in batches, one statement and one
 /// transaction each, over a time-ordered cursor, pacing itself beside live consumers
-/// (detail::PurgePacer, PurgeOptions).
+/// (detail::PurgePacer, PurgeOptions). Claims kept in partitions (a driver with claim partitions:
+/// PostgreSQL's, postgres/partitions.hpp) go instead a whole expired partition per batch.
 
 #include <chrono>
 #include <cstddef>

@@ -115,18 +115,13 @@ class basic_store {
         }
     }
 
-    /// @brief Deletes claims whose claimed_at is older than clock() - @p older_than, outbox
-    /// intents sent before that cutoff, attempt counters last counted before it, and locks held
-    /// with hold_lock() that have expired, paced by @p options (PurgeOptions: its defaults keep
-    /// the purge to a tenth of the wall-clock time beside live consumers). Claims kept in
-    /// partitions (PostgresOptions::claim_partition_span) go a whole partition at a time, once
-    /// every claim in it is older than the cutoff (PurgeResult::partitions_dropped). Each batch is
-    /// one statement in its own transaction over the next `batch_rows` rows in time order, starting
-    /// where the last batch ended (no batch walks the rows deleted before it). Dead letters,
-    /// unsent and parked intents, and stored offsets (positions, not claims) are kept.
-    /// PurgeResult::complete is false when the time budget or should_stop ended the run early.
-    /// @throws usage_error when @p older_than is negative or an option is invalid;
-    /// store_unavailable, store_timeout (what was deleted before stays deleted).
+    /// @brief Deletes claims claimed before clock() - @p older_than, intents sent before that
+    /// cutoff, attempt counters last counted before it and expired hold_lock() locks, paced by
+    /// @p options (sql/purge.hpp: batches of one statement each, in time order from where the
+    /// last one ended; partitioned claims go a whole partition at a time). Dead letters, unsent
+    /// and parked intents and stored offsets are kept. PurgeResult::complete is false when the
+    /// time budget or should_stop ended the run. @throws usage_error for a negative age or a
+    /// bad option; store_unavailable, store_timeout (what was deleted stays deleted).
     PurgeResult purge(std::chrono::system_clock::duration older_than,
                       const PurgeOptions& options = {}) {
         return paced_purge::run(*this, older_than, options);
