@@ -93,8 +93,6 @@ class Partitions {
   public:
     /// Whether the claims are partitioned (the table decides, once open_claim_partitions() ran).
     [[nodiscard]] bool claims_partitioned() const noexcept { return span_ms_ > 0; }
-    /// The span of the partitions in use, in ms (0: not partitioned).
-    [[nodiscard]] std::int64_t claim_partition_span_ms() const noexcept { return span_ms_; }
 
     /// After the schema: converts the claims to partitions when a span is asked for and they
     /// are not yet, learns whether they are, and creates the partitions from @p now's on.
