@@ -23,7 +23,8 @@
 #              fuzz, each IDEM_FUZZ_SECONDS (15) over its seed corpus, about 2 CPU minutes in
 #              all. The gcc configurations do not register them. This is also the C++20 and the
 #              clang build of every test: a configuration of its own for them only repeated these
-#              minutes
+#              minutes. Its build starts in the background at the lowest priority once gcc17's
+#              build is done, on the CPU gcc17's tests (which mostly wait) leave idle
 #     tsan     clang++ C++17, ThreadSanitizer: the tests labelled `concurrency`
 #     format   clang-format --dry-run -Werror over include/ tests/ examples/ bench/ tools/
 #   scripts/test.sh --quick          gcc17 only
@@ -69,13 +70,15 @@ while (($#)); do
             esac
             shift ;;
         --config=*) set -- --config "${1#--config=}" "${@:2}"; continue ;;
+        --asan-build-only) configs=(asan_build) ;;  # start_asan_prebuild's background build
         -h | --help) usage; exit 0 ;;
         *) echo "test.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
     esac
     shift
 done
 
-"$ROOT/scripts/deps.sh"
+# The background asan build has what it needs: the run that started it installed it.
+[[ "${configs[*]}" == asan_build ]] || "$ROOT/scripts/deps.sh"
 
 # ---------------------------------------------------------------------------------------------
 if [[ -t 1 ]]; then
@@ -153,6 +156,7 @@ run_gcc17() {
     # own, beside the ctest of every other test (two at a time, as everywhere), so their ten
     # minutes no longer queue behind the other chaos runs' lock.
     local dir="$ROOT/build/gcc17" rc=0 kafka_rc=0 kafka_pid
+    start_asan_prebuild
     # The GoogleTest binaries list their tests when ctest starts (DISCOVERY_MODE PRE_TEST), into
     # one file per binary: listed once here, first, or the two ctests would both write them at
     # once, and a file written twice registers every test of its binary twice.
@@ -176,11 +180,45 @@ run_core() {
     run_ctest core -- --no-tests=error
 }
 
-run_asan() {
+configure_and_build_asan() {
     local flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
     # Line tables only: a sanitizer's report names file and line, and the build is faster.
     configure_and_build asan clang++ 20 -DCMAKE_CXX_FLAGS="$flags" \
         -DCMAKE_CXX_FLAGS_DEBUG=-gline-tables-only -DIDEM_BUILD_FUZZERS=ON -DIDEM_BUILD_CHAOS=OFF
+}
+
+# The asan build, started in the background at the lowest priority (nice 19, its own process
+# group) once gcc17's build is done, when asan is to run: gcc17's tests mostly wait on servers
+# and brokers, and the build takes the CPU they leave idle instead of as many minutes of its
+# own after them. run_asan waits for it, then builds in the foreground (nothing left to do, or
+# the rest, and any error shown there).
+ASAN_PREBUILD="$ROOT/build/asan-prebuild"
+start_asan_prebuild() {
+    [[ " ${configs[*]} " == *" asan "* ]] || return 0
+    rm -f "$ASAN_PREBUILD.rc"
+    setsid bash -c 'renice -n 19 -p $$ >/dev/null; exec "$@"' prebuild \
+        "$ROOT/scripts/test.sh" --asan-build-only >"$ASAN_PREBUILD.log" 2>&1 &
+    echo $! >"$ASAN_PREBUILD.pid"
+}
+wait_asan_prebuild() {
+    [[ -f "$ASAN_PREBUILD.pid" ]] || return 0
+    local pid
+    pid="$(cat "$ASAN_PREBUILD.pid")"
+    while kill -0 "$pid" 2>/dev/null; do sleep 2; done
+    rm -f "$ASAN_PREBUILD.pid"
+    say "asan: the build started beside gcc17's tests ended: $(tail -n 1 "$ASAN_PREBUILD.log")"
+}
+stop_asan_prebuild() {
+    [[ -f "$ASAN_PREBUILD.pid" ]] || return 0
+    kill -- "-$(cat "$ASAN_PREBUILD.pid")" 2>/dev/null || true
+    rm -f "$ASAN_PREBUILD.pid"
+}
+
+run_asan_build() { configure_and_build_asan; }
+
+run_asan() {
+    wait_asan_prebuild
+    configure_and_build_asan
     export ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
     run_ctest asan -- -LE 'chaos|package|install|configure'
@@ -250,6 +288,7 @@ for config in "${configs[@]}"; do
     if ((rc != 0)); then
         summary+=("$(printf '%-8s FAILED  %8s  %s' "$config" "$elapsed" "$detail")")
         print_summary
+        stop_asan_prebuild
         echo "[test.sh] FAILED in configuration '$config' (exit $rc); rerun it with: scripts/test.sh --config $config"
         exit 1
     fi
