@@ -48,7 +48,7 @@ const char* const usage_text =
     "Opt-in cases (run only when --filter names them): <store>_retained_1m, _10m,\n"
     "  <store>_purge_under_load, <store>_workers, rss_flat_<store> (sqlite, postgres, mysql,\n"
     "  redis; rss_flat_memory too), redis_expiry_under_load,\n"
-    "  postgres_partitioned_purge_under_load,\n"
+    "  postgres_partitioned_purge_under_load, mysql_partitioned_purge_under_load,\n"
     "  e.g. --filter 'retained|purge|expiry|workers|rss_flat_'\n"
     "  --profile NAME       run one side of a case for --messages N (default 20000) and exit,\n"
     "                       for valgrind --tool=callgrind --toggle-collect='*profiled_loop*':\n"

@@ -149,6 +149,20 @@ std::string mysql_fill_sql(std::size_t count, char suffix, std::int64_t claimed_
         scope, key_index("seq", count, spread_ms), step, suffix, claimed_at, spread_ms, count - 1);
 }
 
+/// The same claims for partitioned claims, whose claim_key the insert writes (the table checks
+/// it: mysql/partitions.hpp).
+std::string mysql_partitioned_fill_sql(std::size_t count, char suffix, std::int64_t claimed_at,
+                                       std::int64_t spread_ms = 0) {
+    const std::uint64_t step = (1ULL << 60) / count;
+    return fmt::format(
+        "INSERT INTO idem_claims(scope, message_id, claim_key, claimed_at, outcome, reason, "
+        "fingerprint) SELECT s, i, {}, t, 'processed', '', '' FROM (SELECT '{}' AS s, "
+        "CONCAT('k', LPAD(LOWER(HEX({} * {})), 15, '0'), '{}') AS i, {} + seq * {} AS t "
+        "FROM seq_0_to_{}) AS c",
+        idem::sql::mysql_claim_key("s", "i"), scope, key_index("seq", count, spread_ms), step,
+        suffix, claimed_at, spread_ms, count - 1);
+}
+
 long long sqlite_bytes(idem::SqliteStore& store) {
     const auto pages = store.query_int("PRAGMA page_count").value_or(0);
     const auto free_pages = store.query_int("PRAGMA freelist_count").value_or(0);
@@ -705,6 +719,44 @@ void purge_postgres_partitioned() {
     server.exec("DROP DATABASE IF EXISTS " + db + " WITH (FORCE)", "postgres");
 }
 
+void purge_mysql_partitioned() {
+    if (!opted_in("mysql_partitioned_purge_under_load")) return;
+    PinScope pin;
+    const std::string db = "idem_bench_partitioned";
+    auto admin = long_mysql_client();
+    admin.query("DROP DATABASE IF EXISTS " + db);
+    admin.query("CREATE DATABASE " + db);
+    idem::MysqlEndpoint endpoint = mysql_endpoint();
+    endpoint.database = db;
+    idem::MysqlOptions daily;
+    daily.claim_partition_span = std::chrono::hours(24);
+    {
+        // A store opened three days ago made the partitions of the days the expired claims
+        // were made in (and of the days since).
+        idem::MysqlOptions back = daily;
+        back.clock = [] { return std::chrono::system_clock::now() - std::chrono::hours(72); };
+        idem::MysqlStore opener{endpoint, back};
+    }
+    {
+        idem::MysqlStore consumer{endpoint, daily};
+        idem::MysqlStore purger{endpoint, daily};
+        auto& server = mariadb_server();
+        idem::testing::MariadbClient client{server.host(), server.port(), db, server.user(),
+                                            std::chrono::seconds(3600)};
+        run_purge(
+            "mysql_partitioned", consumer, purger,
+            [&] {
+                client.query(mysql_partitioned_fill_sql(million, '0', expired_from(), 1));
+                client.query("ANALYZE TABLE idem_claims");
+            },
+            [] {}, [](Json&) {},
+            std::string(mysql_setup) +
+                "; claims in a partition per day (MysqlOptions::claim_partition_span 24 h): the "
+                "purge drops the days that have expired");
+    }
+    admin.query("DROP DATABASE IF EXISTS " + db);
+}
+
 void purge_mysql() {
     if (!opted_in("mysql_purge_under_load")) return;
     PinScope pin;
@@ -1214,6 +1266,7 @@ void run_scale_cases() {
     guard("postgres_purge_under_load", purge_postgres);
     guard("postgres_partitioned_purge_under_load", purge_postgres_partitioned);
     guard("mysql_purge_under_load", purge_mysql);
+    guard("mysql_partitioned_purge_under_load", purge_mysql_partitioned);
     guard("redis_purge_under_load", purge_redis);
     guard("redis_expiry_under_load", expiry_redis);
     guard("postgres_workers", workers_postgres);

@@ -134,16 +134,20 @@ struct Options {
     /// Server stores: the server stopped (SIGSTOP, a hang) or SIGKILLed and restarted on its data
     /// (a refusal), alternately; SQLite: the driver holds an exclusive lock on the database.
     std::chrono::milliseconds store_outage{0};
-    /// --claim-partition-minutes (--store postgres): the claims in partitions of this many
-    /// minutes (PostgresOptions::claim_partition_span), one made ahead, so the workers' stores
-    /// make the next ones while the run goes on. 0: one claims table.
+    /// --claim-partition-minutes (--store postgres or mysql): the claims in partitions of this
+    /// many minutes (claim_partition_span), one made ahead, so the workers' stores make the next
+    /// ones while the run goes on. 0: one claims table.
     int claim_partition_minutes = 0;
-    /// The PostgresOptions of the run's stores.
-    [[nodiscard]] idem::PostgresOptions postgres_options() const {
-        idem::PostgresOptions options;
+    /// The PostgresOptions or MysqlOptions of the run's stores.
+    template <class Options>
+    [[nodiscard]] Options store_options() const {
+        Options options;
         options.claim_partition_span = std::chrono::minutes(claim_partition_minutes);
         options.claim_partitions_ahead = 1;
         return options;
+    }
+    [[nodiscard]] idem::PostgresOptions postgres_options() const {
+        return store_options<idem::PostgresOptions>();
     }
     double kill_rate = 0.02;                       ///< per window, per delivery
     std::chrono::milliseconds kill_interval{250};  ///< mean time between driver kills; 0: none

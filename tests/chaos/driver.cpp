@@ -252,7 +252,9 @@ int run_driver(const Options& o) {
                 "CREATE TABLE captures(order_id BIGINT NOT NULL, gateway_reference TEXT NOT "
                 "NULL) ENGINE=InnoDB");
             db = fmt::format("{}:{}/idem_test", maria->host(), maria->port());
-            idem::MysqlStore store{mysql_endpoint_of(db)};  // idem's tables, before the race
+            idem::MysqlStore store{
+                mysql_endpoint_of(db),
+                o.store_options<idem::MysqlOptions>()};  // idem's tables, before the race
             break;
         }
         case StoreKind::redis:
@@ -699,12 +701,19 @@ int run_driver(const Options& o) {
                     : std::string();
     const std::string outage_field =
         (outages ? fmt::format("\"store_outages\":{},", outages->count()) : std::string()) +
-        (o.claim_partition_minutes > 0 && pg
-             ? fmt::format("\"claim_partition_minutes\":{},\"claim_partitions\":{},",
-                           o.claim_partition_minutes,
-                           pg->query_value("SELECT count(*) FROM pg_inherits WHERE inhparent = "
-                                           "'idem_claims'::regclass")
-                               .value_or("?"))
+        (o.claim_partition_minutes > 0
+             ? fmt::format(
+                   "\"claim_partition_minutes\":{},\"claim_partitions\":{},",
+                   o.claim_partition_minutes,
+                   pg ? pg->query_value("SELECT count(*) FROM pg_inherits WHERE inhparent = "
+                                        "'idem_claims'::regclass")
+                            .value_or("?")
+                   : maria ? maria->client()
+                                 .value("SELECT COUNT(*) FROM information_schema.PARTITIONS WHERE "
+                                        "TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'idem_claims' "
+                                        "AND PARTITION_NAME IS NOT NULL")
+                                 .value_or("?")
+                           : std::string("?"))
              : std::string());
     if (cluster) {
         if (master_killed) {

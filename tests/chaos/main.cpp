@@ -50,7 +50,8 @@ constexpr const char* usage =
     "                    (a refusal; --store redis then gets a redis-server of its own); sqlite:\n"
     "                    the driver holds BEGIN EXCLUSIVE on the database (the workers' busy\n"
     "                    timeout is MS/4, so they see store_timeout). Not with redis-cluster\n"
-    "  --claim-partition-minutes  (--store postgres) the claims in partitions of N minutes,\n"
+    "  --claim-partition-minutes  (--store postgres, mysql) the claims in partitions of N "
+    "minutes,\n"
     "                    one made ahead: the workers' stores make the next ones while the run\n"
     "                    goes on\n"
     "  --kill-rate       probability that a worker kills itself at each crash window of each\n"
@@ -306,8 +307,9 @@ chaos::Options parse(int argc, char** argv) {
         throw std::invalid_argument(
             "--store-outage-ms is for one broker's run on sqlite, postgres, mysql or redis");
     }
-    if (o.claim_partition_minutes > 0 && o.store != chaos::StoreKind::postgres) {
-        throw std::invalid_argument("--claim-partition-minutes is for --store postgres");
+    if (o.claim_partition_minutes > 0 && o.store != chaos::StoreKind::postgres &&
+        o.store != chaos::StoreKind::mysql) {
+        throw std::invalid_argument("--claim-partition-minutes is for --store postgres or mysql");
     }
     if (o.redrive && (o.chain || o.pipelined || o.offsets_in_store)) {
         throw std::invalid_argument(

@@ -759,7 +759,8 @@ int run_worker(const Options& options) {
             }
             case StoreKind::mysql: {
                 auto store = with_retries("MysqlStore", [&] {
-                    return std::make_unique<idem::MysqlStore>(mysql_endpoint_of(options.db));
+                    return std::make_unique<idem::MysqlStore>(
+                        mysql_endpoint_of(options.db), options.store_options<idem::MysqlOptions>());
                 });
                 return consume(*store, options, endpoint, random);
             }

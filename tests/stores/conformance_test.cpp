@@ -30,24 +30,26 @@ namespace {
 using Stores = ::testing::Types<idem_test::RedisClusterEnv>;
 using DurableStores = Stores;
 #else
-using Stores = ::testing::Types<idem_test::MemoryEnv
+using Stores =
+    ::testing::Types<idem_test::MemoryEnv
 #if IDEM_HAS_SQLITE
-                                ,
-                                idem_test::SqliteEnv
+                     ,
+                     idem_test::SqliteEnv
 #endif
 #if IDEM_HAS_POSTGRES
-                                ,
-                                idem_test::PostgresEnv, idem_test::PostgresPartitionedEnv
+                     ,
+                     idem_test::PostgresEnv, idem_test::PostgresPartitionedEnv
 #endif
 #if IDEM_HAS_REDIS
-                                ,
-                                idem_test::RedisEnv, idem_test::RedisLocalEnv
+                     ,
+                     idem_test::RedisEnv, idem_test::RedisLocalEnv
 #endif
 #if IDEM_HAS_MYSQL
-                                ,
-                                idem_test::MysqlEnv, idem_test::MysqlReadCommittedEnv
+                     ,
+                     idem_test::MysqlEnv, idem_test::MysqlReadCommittedEnv,
+                     idem_test::MysqlPartitionedEnv, idem_test::MysqlPartitionedReadCommittedEnv
 #endif
-                                >;
+                     >;
 #if IDEM_HAS_SQLITE
 // Every store but the memory fake keeps its data across a restart: the durability suite.
 using DurableStores = ::testing::Types<idem_test::SqliteEnv
@@ -71,24 +73,26 @@ using DurableStores = ::testing::Types<idem_test::SqliteEnv
 using RedriveStores = Stores;
 #else
 // The stores with redrive() (contract/redrive.hpp): every store.
-using RedriveStores = ::testing::Types<idem_test::MemoryEnv
+using RedriveStores =
+    ::testing::Types<idem_test::MemoryEnv
 #if IDEM_HAS_SQLITE
-                                       ,
-                                       idem_test::SqliteEnv
+                     ,
+                     idem_test::SqliteEnv
 #endif
 #if IDEM_HAS_POSTGRES
-                                       ,
-                                       idem_test::PostgresEnv, idem_test::PostgresPartitionedEnv
+                     ,
+                     idem_test::PostgresEnv, idem_test::PostgresPartitionedEnv
 #endif
 #if IDEM_HAS_REDIS
-                                       ,
-                                       idem_test::RedisEnv, idem_test::RedisLocalEnv
+                     ,
+                     idem_test::RedisEnv, idem_test::RedisLocalEnv
 #endif
 #if IDEM_HAS_MYSQL
-                                       ,
-                                       idem_test::MysqlEnv, idem_test::MysqlReadCommittedEnv
+                     ,
+                     idem_test::MysqlEnv, idem_test::MysqlReadCommittedEnv,
+                     idem_test::MysqlPartitionedEnv, idem_test::MysqlPartitionedReadCommittedEnv
 #endif
-                                       >;
+                     >;
 #endif
 
 // Every store fits the Store concept: the C++17 trait, and the C++20 concept where available.

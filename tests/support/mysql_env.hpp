@@ -51,6 +51,8 @@ template <class Traits>
 struct BasicMysqlEnv {
     using Store = idem::MysqlStore;
     static constexpr const char* name = Traits::name;
+    /// Claims go a partition at a time (the conformance suite's purge test).
+    static constexpr std::chrono::milliseconds purge_granularity{Traits::span};
 
     /// The conformance suite skips (or, in CI, fails) without the server.
     static bool available(std::string* why) { return idem::testing::MariadbServer::available(why); }
@@ -81,6 +83,7 @@ struct BasicMysqlEnv {
         idem::MysqlOptions options;
         options.clock = [this] { return now; };
         options.isolation = Traits::isolation;
+        options.claim_partition_span = Traits::span;
         return std::make_unique<Store>(mariadb_endpoint(database), options);
     }
     /// The redrive suite: a trigger refuses the redrive's outbox intent, its transaction's last
@@ -156,14 +159,31 @@ struct BasicMysqlEnv {
 struct MysqlDefaults {
     static constexpr const char* name = "mysql";
     static constexpr std::optional<idem::MysqlIsolation> isolation{};  // InnoDB: REPEATABLE READ
+    static constexpr std::chrono::minutes span{0};                     // one table
 };
 struct MysqlReadCommitted {
     static constexpr const char* name = "mysql_read_committed";
     static constexpr std::optional<idem::MysqlIsolation> isolation =
         idem::MysqlIsolation::read_committed;
+    static constexpr std::chrono::minutes span{0};
+};
+/// The claims in partitions of a day (MysqlOptions::claim_partition_span), under both
+/// isolation levels: the claim's read differs (mysql/partitions.hpp).
+struct MysqlPartitioned {
+    static constexpr const char* name = "mysql_partitioned";
+    static constexpr std::optional<idem::MysqlIsolation> isolation{};
+    static constexpr std::chrono::minutes span{24 * 60};
+};
+struct MysqlPartitionedReadCommitted {
+    static constexpr const char* name = "mysql_partitioned_read_committed";
+    static constexpr std::optional<idem::MysqlIsolation> isolation =
+        idem::MysqlIsolation::read_committed;
+    static constexpr std::chrono::minutes span{24 * 60};
 };
 
 using MysqlEnv = BasicMysqlEnv<MysqlDefaults>;
 using MysqlReadCommittedEnv = BasicMysqlEnv<MysqlReadCommitted>;
+using MysqlPartitionedEnv = BasicMysqlEnv<MysqlPartitioned>;
+using MysqlPartitionedReadCommittedEnv = BasicMysqlEnv<MysqlPartitionedReadCommitted>;
 
 }  // namespace idem_test

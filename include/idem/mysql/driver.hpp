@@ -36,6 +36,7 @@
 #include "idem/mysql/errors.hpp"
 #include "idem/mysql/literals.hpp"
 #include "idem/mysql/options.hpp"
+#include "idem/mysql/partitions.hpp"
 #include "idem/mysql/row.hpp"
 #include "idem/outcome.hpp"
 #include "idem/sql/bind_traits.hpp"
@@ -61,8 +62,9 @@ class TransactionFace {
     }
 };
 
-/// The MySQL / MariaDB driver (the contract: sql/driver.hpp).
-class Driver {
+/// The MySQL / MariaDB driver (the contract: sql/driver.hpp); claims in partitions are
+/// mysql::Partitions' (mysql/partitions.hpp), mixed in.
+class Driver : public Partitions<Driver> {
   public:
     /// Names the backend in messages ("idem mysql: ...").
     static constexpr std::string_view name = "mysql";
@@ -214,6 +216,7 @@ class Driver {
         if (code != 0) raise(code, Kind::idem, what, "START TRANSACTION");
         tx_open_ = true;
         rolled_back_ = false;
+        snapshot_taken_ = false;
         tx_error_.clear();
     }
 
@@ -231,6 +234,7 @@ class Driver {
     std::int64_t query(sql::stmt which, std::string_view what, OnRow&& on_row,
                        const Args&... args) {
         refuse_if_rolled_back(what);
+        snapshot_taken_ = true;  // a read under REPEATABLE READ fixes the snapshot
         return must(render_own(which, args...), Kind::idem, what, on_row);
     }
 
@@ -259,6 +263,7 @@ class Driver {
     ClaimResult claim(sql::OwnClaims& own, std::string_view scope, std::string_view id,
                       std::string_view fingerprint, std::int64_t now_ms) {
         refuse_if_rolled_back("claim");
+        if (claims_partitioned()) return claim_in_partitions(own, scope, id, fingerprint, now_ms);
         const std::string insert =
             render_own(sql::stmt::claim_insert, Blob{scope}, Blob{id}, now_ms, Blob{fingerprint});
         // Rarely more than one pass: only when the row we waited for vanished again (purge).
@@ -273,6 +278,9 @@ class Driver {
                 result.status = ClaimStatus::in_progress;
                 return result;
             }
+            // The claims were made partitions since (the key is the claim's to write).
+            if (code == er_no_default_for_field || code == er_constraint_failed)
+                claims_table_changed();
             if (code != 0) raise(code, Kind::idem, "claim", {});
             if (inserted == 1) {
                 own.add(scope, id, fingerprint);
@@ -294,6 +302,8 @@ class Driver {
                                         const std::vector<std::string_view>& ids,
                                         const std::vector<std::string>& fingerprints,
                                         std::int64_t now_ms) {
+        if (claims_partitioned())
+            return claim_many_in_partitions(own, scope, ids, fingerprints, now_ms);
         return sql::claim_each(*this, own, scope, ids, fingerprints, now_ms);
     }
 
@@ -496,6 +506,7 @@ class Driver {
     }
 
   private:
+    friend class Partitions<Driver>;
     enum class Kind { idem, user };  // which exception a server error becomes
 
     void init(const MysqlOptions& options) {
@@ -512,6 +523,7 @@ class Driver {
                 "idem mysql: read_timeout must be longer than lock_wait_timeout, or a claim "
                 "waiting for a row lock would be cut off as a lost connection");
         }
+        configure_partitions(options);
         options_ = options;
     }
 
@@ -725,6 +737,7 @@ class Driver {
             if (rolled_back_timeout_) throw store_timeout(message);
             throw store_unavailable(message);
         }
+        if (where != sql::context::alone) snapshot_taken_ = true;  // the effect's SQL may read
         return must(text, Kind::user, what, on_row);
     }
 
@@ -762,8 +775,9 @@ class Driver {
     bool tx_open_ = false;      ///< a transaction of this driver is running
     bool rolled_back_ = false;  ///< the server rolled it back (deadlock …): refuse, fail commit
     bool rolled_back_timeout_ = false;
-    bool schema_locked_ = false;  ///< GET_LOCK('idem_schema:<db>') held
-    std::string tx_error_;        ///< first failure inside the transaction
+    bool snapshot_taken_ = false;  ///< a read may have fixed a REPEATABLE READ snapshot
+    bool schema_locked_ = false;   ///< GET_LOCK('idem_schema:<db>') held
+    std::string tx_error_;         ///< first failure inside the transaction
     std::string last_message_;
 };
 

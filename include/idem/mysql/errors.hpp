@@ -21,6 +21,23 @@ inline constexpr unsigned er_dup_fieldname = 1060;
 /// ER_DUP_KEYNAME: ALTER TABLE ... ADD KEY of a key the table has.
 inline constexpr unsigned er_dup_keyname = 1061;
 
+// Claims in partitions (mysql/partitions.hpp).
+/// ER_NO_DEFAULT_FOR_FIELD: an insert without a column that has no default (a claim without
+/// its key, written as for one table, on claims in partitions, in strict mode).
+inline constexpr unsigned er_no_default_for_field = 1364;
+/// ER_CONSTRAINT_FAILED: a CHECK constraint refused the row (the same claim, without strict
+/// mode).
+inline constexpr unsigned er_constraint_failed = 4025;
+/// ER_DROP_PARTITION_NON_EXISTENT: no such partition (another process dropped it).
+inline constexpr unsigned er_no_such_partition = 1507;
+/// ER_UNKNOWN_PARTITION: a `PARTITION (name)` selection of a partition that is not there.
+inline constexpr unsigned er_unknown_partition = 1735;
+/// ER_RANGE_NOT_INCREASING: an added range partition is not past the last one (another
+/// process added it).
+inline constexpr unsigned er_range_not_increasing = 1493;
+/// ER_SAME_NAME_PARTITION: a partition of that name exists (another process added it).
+inline constexpr unsigned er_same_name_partition = 1517;
+
 /// The connection is gone: the server went away, closed or killed it, or cannot be reached.
 inline bool is_lost(unsigned code) noexcept {
     switch (code) {

@@ -47,6 +47,17 @@ struct MysqlOptions {
     std::chrono::seconds read_timeout{30};
     /// MYSQL_OPT_WRITE_TIMEOUT; 0: the client library's default.
     std::chrono::seconds write_timeout{30};
+    /// Claims kept in one range partition per span of claimed_at (UTC-aligned: 24 h gives a
+    /// partition per day), so that purge() drops whole partitions instead of deleting rows one
+    /// by one. 0 (the default): one table, purge() deletes rows. A store given a span converts
+    /// the claims once (an ALTER TABLE that copies them: their rows become the first
+    /// partition's); a store opened on partitioned claims uses them whatever its own setting.
+    /// MariaDB only (`ALTER TABLE ... NOWAIT`). See docs/mysql.md.
+    std::chrono::minutes claim_partition_span{0};
+    /// Partitions kept created beyond the current one, at least 1: the store adds them ahead
+    /// of time (at open, before a transaction once the clock nears the last one, and in
+    /// purge()), so that no claim waits for one.
+    int claim_partitions_ahead = 3;
     /// Time source for claimed_at / created_at / purge() / locks / outbox; empty = system_clock.
     Clock clock{};
 };

@@ -19,7 +19,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <ctime>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -32,17 +31,13 @@
 #include "idem/error.hpp"
 #include "idem/postgres/libpq.hpp"
 #include "idem/postgres/options.hpp"
+#include "idem/sql/partitions.hpp"
 
 IDEM_BEGIN_NAMESPACE
 namespace postgres {
 
-/// One partition of the claims: its table's name and the claimed_at range [from, to) it holds
-/// (from is the lowest int64 for the converted table's `MINVALUE`).
-struct ClaimPartition {
-    std::string name;  ///< the table's name, unquoted, in the store's schema
-    std::int64_t from = std::numeric_limits<std::int64_t>::min();  ///< first claimed_at in it
-    std::int64_t to = std::numeric_limits<std::int64_t>::max();    ///< first one past it
-};
+/// One partition of the claims (the name is its table's, in the store's schema).
+using ClaimPartition = sql::ClaimPartition;
 
 /// The bounds of a range partition as pg_get_expr() writes them
 /// (`FOR VALUES FROM ('1') TO ('2')`, `FROM (MINVALUE)`). @return false for any other text.
@@ -78,13 +73,7 @@ inline bool parse_partition_bounds(std::string_view text, ClaimPartition& partit
 /// The table of the partition starting at @p from_ms: `idem_claims_p` and its UTC start,
 /// `idem_claims_p20261205_0000`.
 inline std::string claim_partition_name(std::int64_t from_ms) {
-    const std::int64_t seconds =
-        from_ms >= 0 ? from_ms / 1000 : -((-from_ms + 999) / 1000);  // floor
-    const std::time_t t = static_cast<std::time_t>(seconds);
-    std::tm utc{};
-    ::gmtime_r(&t, &utc);
-    return fmt::format("idem_claims_p{:04}{:02}{:02}_{:02}{:02}", utc.tm_year + 1900,
-                       utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min);
+    return "idem_claims_p" + sql::claim_partition_stamp(from_ms);
 }
 
 /// @brief The claim partitions of postgres::Driver @p D (a base of it, which it befriends).
@@ -117,13 +106,8 @@ class Partitions {
   protected:
     /// From PostgresOptions (validated here). @throws usage_error.
     void configure_partitions(const PostgresOptions& options) {
-        if (options.claim_partition_span.count() < 0)
-            throw usage_error("idem postgres: claim_partition_span must not be negative");
-        if (options.claim_partitions_ahead < 1)
-            throw usage_error("idem postgres: claim_partitions_ahead must be at least 1");
-        wanted_span_ms_ =
-            std::chrono::duration_cast<std::chrono::milliseconds>(options.claim_partition_span)
-                .count();
+        wanted_span_ms_ = sql::checked_partition_span("postgres", options.claim_partition_span,
+                                                      options.claim_partitions_ahead);
         ahead_ = options.claim_partitions_ahead;
     }
 
@@ -132,8 +116,7 @@ class Partitions {
     [[nodiscard]] std::string claims_table() { return driver().table_prefix_ + "idem_claims"; }
 
     [[nodiscard]] std::int64_t align_down(std::int64_t at) const noexcept {
-        const std::int64_t q = at / span_ms_;
-        return (at % span_ms_ < 0 ? q - 1 : q) * span_ms_;
+        return sql::align_to_span(at, span_ms_);
     }
     /// 'p' (partitioned), 'r' (a table) or "" (none) for the claims table.
     std::string claims_kind();

@@ -74,13 +74,14 @@ enum class stmt : std::size_t {
     dead_letter_delete,    ///< id: the entry removed (purge_dead_letters())
     attempt_failure,  ///< scope, id, now, failure: noted in the id's attempt row (new: 0 attempts)
     outbox_of,        ///< scope, id → the outbox columns of the intents its attempts wrote, by id
-    // Partitioned claims (PostgreSQL): no unique index spans the partitions, so a claim takes
-    // the id's transaction-scoped advisory lock first, then inserts only where no partition
-    // holds the id (a new statement, so it sees a claim that committed while it waited).
-    claim_lock,           ///< key: the id's advisory lock, waited for
-    claim_locks,          ///< keys (sorted): each id's advisory lock, in that order
-    claim_insert_locked,  ///< as claim_insert, under claim_lock
-    claim_rows_locked,    ///< as claim_rows, under claim_locks → message_id
+    // Partitioned claims: no unique index spans the partitions, so a claim takes a lock of its
+    // id first (PostgreSQL: a transaction-scoped advisory lock; MySQL: the row of the id's
+    // bucket in idem_claim_locks), then inserts only where no partition holds the id.
+    claim_lock,            ///< PostgreSQL: key; MySQL: scope, id. The id's lock, waited for
+    claim_locks,           ///< PostgreSQL: keys (sorted): each id's advisory lock, in that order
+    claim_insert_locked,   ///< as claim_insert, under claim_lock (MySQL: inserts)
+    claim_rows_locked,     ///< as claim_rows, under claim_locks → message_id
+    claim_outcome_locked,  ///< MySQL: as claim_outcome, under claim_lock: a consistent read
     count,
 };
 
@@ -393,6 +394,15 @@ inline std::string mysql_claim_key(std::string_view scope, std::string_view id) 
     return "UNHEX(SHA2(CONCAT(LPAD(LENGTH(" + s + "), 10, '0'), " + s + ", " + i + "), 256))";
 }
 
+/// The bucket of a claim's id, 0 to 65535 (MySQL's partitioned claims: the row of
+/// idem_claim_locks a claim locks), from the first 16 bits of its claim key's hash.
+inline std::string mysql_claim_bucket(std::string_view scope, std::string_view id) {
+    const std::string s(scope);
+    const std::string i(id);
+    return "CONV(LEFT(SHA2(CONCAT(LPAD(LENGTH(" + s + "), 10, '0'), " + s + ", " + i +
+           "), 256), 4), 16, 10)";
+}
+
 /// The hash of an idem_offsets row's key (group, topic, partition), as its offset_key column.
 inline std::string mysql_offset_key(std::string_view group, std::string_view topic,
                                     std::string_view partition) {
@@ -424,6 +434,16 @@ inline statement_table mysql_statements() {
     // and miss a claim that committed while the INSERT waited.
     t[stmt::claim_outcome] =
         "SELECT outcome, fingerprint FROM idem_claims" + claim + " LOCK IN SHARE MODE";
+    // Partitioned claims (mysql/partitions.hpp): the bucket's row is locked (an existing row
+    // of a unique key: no gap lock), then the claim read and inserted with its key.
+    t[stmt::claim_lock] =
+        "SELECT bucket FROM idem_claim_locks WHERE bucket = " + mysql_claim_bucket("?1", "?2") +
+        " FOR UPDATE";
+    t[stmt::claim_outcome_locked] = "SELECT outcome, fingerprint FROM idem_claims" + claim;
+    t[stmt::claim_insert_locked] =
+        "INSERT INTO idem_claims(scope, message_id, claim_key, claimed_at, outcome, reason, "
+        "fingerprint) VALUES (?1, ?2, " +
+        mysql_claim_key("?1", "?2") + ", ?3, 'processed', X'', ?4)";
     t[stmt::record_update] = "UPDATE idem_claims SET outcome = ?3, reason = ?4" + claim;
     t[stmt::claim_delete] = "DELETE FROM idem_claims" + claim;
     t[stmt::purge_claims] = "DELETE FROM idem_claims WHERE claimed_at BETWEEN ?1 AND ?2";
