@@ -390,7 +390,8 @@ void Partitions<D>::keep_claim_partitions_ahead(std::int64_t now) {
     try {
         d.ready("adding idem claim partitions");
         // Without waiting while a whole span is left; then up to a second of the claims'.
-        add_partitions(now, now >= covered_until_ - span_ms_);
+        // (covered_until_ starts at the lowest int64: compared, never subtracted from.)
+        add_partitions(now, now + span_ms_ >= covered_until_);
     } catch (const store_error&) {
         // The claims still have a partition: try again in a while.
         if (now < covered_until_) {
