@@ -1,12 +1,13 @@
 // idem::rabbitmq::Connection against a real RabbitMQ broker (started once for this binary): the
 // delivery-count header of quorum queues through real redeliveries, headers and properties kept
 // byte for byte, publisher confirms (and a publish no queue takes), the stale-channel rule, and
-// how a classic queue answers the quorum check.
+// how a classic queue answers the quorum check; the test fixture's rabbitmqctl.
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <variant>
 
@@ -159,6 +160,24 @@ TEST_F(RabbitmqClient, AClassicQueueFailsTheQuorumRedeclare) {
         EXPECT_NE(std::string(e.what()).find("x-queue-type"), std::string::npos) << e.what();
     }
     EXPECT_FALSE(connection->channel_open(ch));
+}
+
+// The test fixture's rabbitmqctl: what the chaos run asks when AMQP cannot say (unacked counts).
+TEST_F(RabbitmqClient, TheFixturesCtlListsQueuesAndAFailureSaysHowItEnded) {
+    fresh_quorum_queue("client-ctl");
+    auto& server = idem::testing::shared_rabbitmq();
+    const std::string listed = server.ctl({"list_queues", "name", "messages_ready"});
+    // The counts lag behind AMQP by seconds (the chaos run waits them out); the queue is there.
+    EXPECT_NE(listed.find("\nclient-ctl\t"), std::string::npos) << listed;
+    try {
+        server.ctl({"list_queues", "no_such_column"});
+        FAIL() << "rabbitmqctl accepted an unknown column";
+    } catch (const std::runtime_error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("list_queues no_such_column failed (exit code "), std::string::npos)
+            << what;
+        EXPECT_NE(what.find("no_such_column"), what.rfind("no_such_column")) << what;
+    }
 }
 
 // ---- fuzz findings (tests/fuzz/corpus/amqp_table) -----------------------------------------------

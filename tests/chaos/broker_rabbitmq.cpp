@@ -19,6 +19,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -166,11 +167,25 @@ class RabbitmqRun final : public BrokerRun {
         return name.rfind(std::string(retry_name) + ".", 0) == 0;
     }
 
-    /// rabbitmqctl list_queues: name, ready, unacked per queue.
+    /// rabbitmqctl list_queues: name, ready, unacked per queue. A failed call is tried twice more
+    /// (CI once saw one fail with nothing printed on a loaded machine, and the whole run with it):
+    /// the count is a question to the broker, not part of what is tested.
     std::vector<std::tuple<std::string, long, long>> ctl_queues() {
+        std::string text;
+        for (int attempt = 1;; ++attempt) {
+            try {
+                text = server_.ctl(
+                    {"list_queues", "name", "messages_ready", "messages_unacknowledged"});
+                break;
+            } catch (const std::runtime_error& e) {
+                std::fprintf(stderr, "idem_chaos: list_queues, attempt %d of 3: %s\n", attempt,
+                             e.what());
+                if (attempt == 3) throw;
+                std::this_thread::sleep_for(1s);
+            }
+        }
         std::vector<std::tuple<std::string, long, long>> out;
-        std::istringstream lines(
-            server_.ctl({"list_queues", "name", "messages_ready", "messages_unacknowledged"}));
+        std::istringstream lines(text);
         for (std::string line; std::getline(lines, line);) {
             std::istringstream row(line);
             std::string name;

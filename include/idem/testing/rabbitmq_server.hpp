@@ -189,8 +189,17 @@ class RabbitmqServer : public ServerProcess {
         std::string text = read_text(out);
         std::error_code ec;
         std::filesystem::remove(out, ec);
-        if (!status || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
-            throw std::runtime_error("RabbitmqServer: rabbitmqctl failed: " + tail(text));
+        if (!status) {
+            throw std::runtime_error("RabbitmqServer: rabbitmqctl " + args_text(args) +
+                                     " did not finish within " + std::to_string(limit.count()) +
+                                     " s (killed): " + tail(text));
+        }
+        if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+            const std::string how = WIFEXITED(*status)
+                                        ? "exit code " + std::to_string(WEXITSTATUS(*status))
+                                        : "signal " + std::to_string(WTERMSIG(*status));
+            throw std::runtime_error("RabbitmqServer: rabbitmqctl " + args_text(args) +
+                                     " failed (" + how + "): " + tail(text));
         }
         return text;
     }
@@ -208,6 +217,13 @@ class RabbitmqServer : public ServerProcess {
     pid_t epmd_pid_ = -1;
     Watchdog epmd_watchdog_;
     pid_t owner_ = ::getpid();
+
+    static std::string args_text(const std::vector<std::string>& args) {
+        std::string out;
+        for (const std::string& a : args)
+            out += (out.empty() ? "" : " ") + a;
+        return out;
+    }
 
     static std::string node_name(int port) {
         return "rabbit-" + std::to_string(port) + "@localhost";
