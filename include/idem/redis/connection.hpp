@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/detail/process_id.hpp"
 #include "idem/error.hpp"
 #include "idem/redis/endpoint.hpp"
 #include "idem/redis/reply.hpp"
@@ -76,7 +77,7 @@ class Connection {
     [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return endpoint_; }
     /// Whether a socket is open (one inherited across fork() does not count: it is the parent's).
     [[nodiscard]] bool connected() const noexcept {
-        return context_ != nullptr && pid_ == ::getpid();
+        return context_ != nullptr && pid_ == idem::detail::current_pid();
     }
     /// The address of the server connected to (with Sentinels: the master they named at the
     /// last connect); meaningful while connected().
@@ -312,7 +313,7 @@ class Connection {
     }
 
     void ensure_connected() {
-        if (context_ && pid_ == ::getpid()) return;
+        if (context_ && pid_ == idem::detail::current_pid()) return;
         if (context_) forget_inherited();
         // With Sentinels: wherever they say the master is now.
         MasterAddress address{endpoint_.host, endpoint_.port};
@@ -334,7 +335,7 @@ class Connection {
         }
         redisSetTimeout(context.get(), to_timeval(endpoint_.command_timeout));
         context_ = std::move(context);
-        pid_ = ::getpid();
+        pid_ = idem::detail::current_pid();
         peer_ = address;
         ++connects_;
         ++round_trips_;  // the TCP handshake

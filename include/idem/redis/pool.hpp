@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "idem/config.hpp"
+#include "idem/detail/process_id.hpp"
 #include "idem/error.hpp"
 #include "idem/redis/connection.hpp"
 #include "idem/redis/endpoint.hpp"
@@ -122,7 +123,7 @@ class Pool {
     /// After fork(), the pool (its idle connections, its count of those in use) is the parent's:
     /// the child starts an empty pool. Called with mutex_ held.
     void forget_inherited() noexcept {
-        const pid_t pid = ::getpid();
+        const pid_t pid = idem::detail::current_pid();
         if (pid == pid_) return;
         pid_ = pid;
         idle_.clear();  // each closes only this process's copy of its socket
@@ -142,7 +143,7 @@ class Pool {
     std::condition_variable free_;
     std::vector<Idle> idle_;
     std::size_t in_use_ = 0;
-    pid_t pid_ = ::getpid();
+    pid_t pid_ = idem::detail::current_pid();
 };
 
 }  // namespace redis

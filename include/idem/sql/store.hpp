@@ -28,7 +28,6 @@
 #include <type_traits>
 
 #include <sys/types.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -39,6 +38,7 @@
 #include "idem/contract/store.hpp"
 #include "idem/contract/stored_offset.hpp"
 #include "idem/detail/offset_hooks.hpp"
+#include "idem/detail/process_id.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
 #include "idem/sql/driver.hpp"
@@ -355,7 +355,7 @@ class basic_store {
     ~basic_store() {
         // In a fork()ed child that never reopened it, the connection is the parent's: dropped
         // without a word to the server or the file (no Terminate, no checkpoint).
-        if (connection_pid_ != ::getpid()) forget_inherited();
+        if (connection_pid_ != idem::detail::current_pid()) forget_inherited();
     }
 
     /// The driver, for a face's backend-specific members (the connection accessor).
@@ -384,7 +384,7 @@ class basic_store {
         }
         mutex_.lock();
         owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
-        const pid_t pid = ::getpid();
+        const pid_t pid = idem::detail::current_pid();
         if (pid != connection_pid_) {
             try {
                 adopt_after_fork(what, pid);
@@ -423,7 +423,9 @@ class basic_store {
     void forget_inherited() noexcept {
         if constexpr (has_fork_hooks<Driver>::value) driver_.forget_inherited();
     }
-    [[nodiscard]] bool inherited() const noexcept { return connection_pid_ != ::getpid(); }
+    [[nodiscard]] bool inherited() const noexcept {
+        return connection_pid_ != idem::detail::current_pid();
+    }
     void unlock() noexcept {
         owner_.store(std::thread::id{}, std::memory_order_relaxed);
         mutex_.unlock();
@@ -437,7 +439,8 @@ class basic_store {
     Clock clock_;
     std::mutex mutex_;
     std::atomic<std::thread::id> owner_{};
-    pid_t connection_pid_ = ::getpid();  ///< the process whose connection driver_ holds
+    pid_t connection_pid_ =
+        idem::detail::current_pid();  ///< the process whose connection driver_ holds
 };
 
 /// @brief One transaction on the store's connection, holding the store's mutex.
