@@ -242,6 +242,36 @@ TEST_F(MysqlStoreTest, TheEffectsWritesShareTheClaimsCommit) {
     EXPECT_EQ(client().value("SELECT reference FROM captures"), "ch_42");
 }
 
+// MySQL replaces a savepoint of the same name where PostgreSQL stacks them: nested savepoints
+// are named per depth, and a release sends nothing (the marker stays until the same depth's next
+// SAVEPOINT or the transaction's end).
+TEST_F(MysqlStoreTest, NestedSavepointsUndoOnlyTheirOwnWrites) {
+    auto s = store();
+    auto tx = s->begin();
+    tx.execute("INSERT INTO captures VALUES (1, 'outer')");
+    tx.savepoint();
+    tx.execute("INSERT INTO captures VALUES (2, 'first')");
+    tx.savepoint();
+    tx.execute("INSERT INTO captures VALUES (3, 'inner')");
+    tx.rollback_to_savepoint();  // 3 gone
+    tx.savepoint();
+    tx.execute("INSERT INTO captures VALUES (4, 'kept')");
+    tx.release_savepoint();      // 4 kept
+    tx.rollback_to_savepoint();  // 2 and 4 gone
+    tx.savepoint();
+    tx.execute("INSERT INTO captures VALUES (5, 'again')");
+    tx.savepoint();
+    tx.execute("INSERT INTO captures VALUES (6, 'deeper')");
+    tx.release_savepoint();
+    tx.release_savepoint();  // 5 and 6 kept
+    tx.savepoint();
+    tx.execute("INSERT INTO captures VALUES (7, 'last')");
+    tx.rollback_to_savepoint();  // 7 gone; 5 and 6 stay (released, not rolled back)
+    tx.commit();
+    EXPECT_EQ(client().value("SELECT GROUP_CONCAT(order_id ORDER BY order_id) FROM captures"),
+              "1,5,6");
+}
+
 TEST_F(MysqlStoreTest, DdlOrCommitInsideTheEffectIsRefused) {
     auto s = store();
     auto handler = idem::make_handler(*s, idem::Policy{"ddl"},
