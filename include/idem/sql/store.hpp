@@ -22,10 +22,9 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
-
-#include <type_traits>
 
 #include <sys/types.h>
 
@@ -355,7 +354,7 @@ class basic_store {
     ~basic_store() {
         // In a fork()ed child that never reopened it, the connection is the parent's: dropped
         // without a word to the server or the file (no Terminate, no checkpoint).
-        if (connection_pid_ != idem::detail::current_pid()) forget_inherited();
+        if (inherited()) forget_inherited();
     }
 
     /// The driver, for a face's backend-specific members (the connection accessor).
@@ -384,7 +383,7 @@ class basic_store {
         }
         mutex_.lock();
         owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
-        const pid_t pid = idem::detail::current_pid();
+        const pid_t pid = this_process();
         if (pid != connection_pid_) {
             try {
                 adopt_after_fork(what, pid);
@@ -423,9 +422,8 @@ class basic_store {
     void forget_inherited() noexcept {
         if constexpr (has_fork_hooks<Driver>::value) driver_.forget_inherited();
     }
-    [[nodiscard]] bool inherited() const noexcept {
-        return connection_pid_ != idem::detail::current_pid();
-    }
+    static pid_t this_process() noexcept { return idem::detail::current_pid(); }
+    [[nodiscard]] bool inherited() const noexcept { return connection_pid_ != this_process(); }
     void unlock() noexcept {
         owner_.store(std::thread::id{}, std::memory_order_relaxed);
         mutex_.unlock();
@@ -439,8 +437,7 @@ class basic_store {
     Clock clock_;
     std::mutex mutex_;
     std::atomic<std::thread::id> owner_{};
-    pid_t connection_pid_ =
-        idem::detail::current_pid();  ///< the process whose connection driver_ holds
+    pid_t connection_pid_ = this_process();  ///< the process whose connection driver_ holds
 };
 
 /// @brief One transaction on the store's connection, holding the store's mutex.
