@@ -85,9 +85,10 @@ enum class DeliveryCounter : std::uint8_t {
     /// delivery_count is the broker's (Redis Streams, RabbitMQ quorum queues, NATS JetStream).
     broker,
     /// The broker keeps no count (Kafka). An IdempotentHandler counts each attempt in its store
-    /// instead, in a write committed on its own BEFORE the attempt's transaction (the store's
-    /// count_attempt(); a lease store counts the claims it hands out, which serves the same), so
-    /// a message that kills every worker is still parked after max_deliveries attempts.
+    /// instead, in a write committed BEFORE the attempt's effect runs: on its own (the store's
+    /// count_attempt()), or in the commit of the message before it (CountAhead); a lease store
+    /// counts the claims it hands out, which serves the same. So a message that kills every
+    /// worker is still parked after max_deliveries attempts.
     /// delivery_count then says how often this consumer has tried it (its redelivery backoff).
     store,
 };

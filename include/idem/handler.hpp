@@ -20,6 +20,7 @@
 #include "idem/contract/commit_hook.hpp"
 #include "idem/contract/records.hpp"
 #include "idem/contract/store.hpp"
+#include "idem/count_ahead.hpp"
 #include "idem/delivery.hpp"
 #include "idem/effect.hpp"
 #include "idem/error.hpp"
@@ -83,15 +84,7 @@ class IdempotentHandler {
     /// @brief Handles one delivery; the returned Outcome says whether to ack (should_ack()).
     template <class Body>
     Outcome handle(const Delivery& delivery, const Body& body) {
-        static_assert(detail::check_effect<Effect, Transaction, Body>(),
-                      "idem: effect does not fit (see above)");
-        const detail::Stopwatch watch(runner_.observed());
-        detail::Measure measure;
-        Outcome outcome =
-            detail::handle_one(runner_, delivery, body, nullptr, watch.on() ? &measure : nullptr);
-        runner_.recall_failure(delivery, outcome);
-        runner_.report(delivery, body, outcome, watch.elapsed(), measure);
-        return outcome;
+        return handle_one(delivery, body, nullptr, nullptr);
     }
 
     /// @brief handle() for a broker that can ack inside the store's commit: @p hook
@@ -101,16 +94,24 @@ class IdempotentHandler {
     /// false and should_ack(outcome).
     template <class Body>
     Outcome handle(const Delivery& delivery, const Body& body, CommitHook& hook) {
-        static_assert(detail::check_effect<Effect, Transaction, Body>(),
-                      "idem: effect does not fit (see above)");
         runner_.bind_hook(hook, delivery);
-        const detail::Stopwatch watch(runner_.observed());
-        detail::Measure measure;
-        Outcome outcome =
-            detail::handle_one(runner_, delivery, body, &hook, watch.on() ? &measure : nullptr);
-        runner_.recall_failure(delivery, outcome);
-        runner_.report(delivery, body, outcome, watch.elapsed(), measure);
-        return outcome;
+        return handle_one(delivery, body, &hook, nullptr);
+    }
+
+    /// @brief handle() for a broker that keeps no delivery count (DeliveryCounter::store), in a
+    /// loop that knows the next delivery: @p ahead (count_ahead.hpp) names it, and its attempt
+    /// is counted in this message's commit rather than in a commit of its own.
+    template <class Body>
+    Outcome handle(const Delivery& delivery, const Body& body, CountAhead& ahead) {
+        return handle_one(delivery, body, nullptr, &ahead);
+    }
+
+    /// @brief Both: the commit hook and the count ahead.
+    template <class Body>
+    Outcome handle(const Delivery& delivery, const Body& body, CommitHook& hook,
+                   CountAhead& ahead) {
+        runner_.bind_hook(hook, delivery);
+        return handle_one(delivery, body, &hook, &ahead);
     }
 
     /// @brief Handles many deliveries in ONE store transaction: each message in its own
@@ -182,6 +183,20 @@ class IdempotentHandler {
     void set_clock(Clock clock) { runner_.set_clock(std::move(clock)); }
 
   private:
+    template <class Body>
+    Outcome handle_one(const Delivery& delivery, const Body& body, CommitHook* hook,
+                       CountAhead* ahead) {
+        static_assert(detail::check_effect<Effect, Transaction, Body>(),
+                      "idem: effect does not fit (see above)");
+        const detail::Stopwatch watch(runner_.observed());
+        detail::Measure measure;
+        Outcome outcome = detail::handle_one(runner_, delivery, body, hook,
+                                             watch.on() ? &measure : nullptr, ahead);
+        runner_.recall_failure(delivery, outcome);
+        runner_.report(delivery, body, outcome, watch.elapsed(), measure);
+        return outcome;
+    }
+
     // The pipelined loop is another way to run this handler's attempts (each commit sent with
     // the next claim): it drives the same runner, step by step.
     template <class Handler, class Tag>

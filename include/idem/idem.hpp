@@ -12,6 +12,7 @@
 #include "idem/contract/redrive.hpp"
 #include "idem/contract/store.hpp"
 #include "idem/contract/time.hpp"
+#include "idem/count_ahead.hpp"
 #include "idem/delivery.hpp"
 #include "idem/effects/fingerprint.hpp"
 #include "idem/effects/gateway_key.hpp"

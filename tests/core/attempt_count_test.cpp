@@ -327,6 +327,124 @@ TYPED_TEST(AttemptCountAcrossProcesses, ProcessesRacingOnOneIdEachGetTheirOwnNum
     }
 }
 
+// ---- CountAhead: the next delivery's attempt counted in the commit before it ----
+
+idem::Delivery store_counted(const std::string& id) {
+    idem::Delivery delivery{id, 1u};
+    delivery.counted_by = idem::DeliveryCounter::store;
+    return delivery;
+}
+
+#if IDEM_HAS_SQLITE
+static_assert(idem::has_tx_count_attempt<idem::SqliteStore::Transaction>::value,
+              "a SQL transaction counts an attempt in its commit");
+#endif
+static_assert(!idem::has_tx_count_attempt<idem::MemoryStore::Transaction>::value,
+              "the memory store counts apart (its count is never rolled back)");
+
+// The handler counts the next delivery's attempt inside this one's transaction: after the
+// first handle() the second's count is on record, and the second handle() takes it instead of
+// counting again.
+TYPED_TEST(AttemptCountAcrossProcesses, TheNextDeliveryIsCountedInTheCommitBeforeIt) {
+    auto& store = this->store();
+    auto handler = idem::make_handler(
+        store, idem::Policy{"orders"},
+        [&](auto& tx, const std::string& body) { TypeParam::write_effect(tx, body); });
+    idem::CountAhead ahead;
+    ahead.next(store_counted("b"));
+    EXPECT_EQ(handler.handle(store_counted("a"), std::string("a"), ahead).disposition,
+              idem::Disposition::processed);
+    EXPECT_EQ(store.attempts("orders", "a"), 1u);
+    EXPECT_EQ(store.attempts("orders", "b"), 1u) << "counted in a's commit";
+    ahead.none();
+    const idem::Outcome b = handler.handle(store_counted("b"), std::string("b"), ahead);
+    EXPECT_EQ(b.disposition, idem::Disposition::processed);
+    EXPECT_EQ(store.attempts("orders", "b"), 1u) << "not counted a second time";
+    EXPECT_EQ(this->env.effect_rows(), 2u);
+}
+
+// No commit, no count ahead: a failed (rolled back) or duplicate message leaves the next one to
+// count itself; a count made for another id is dropped, and that id counts itself when it comes.
+TYPED_TEST(AttemptCountAcrossProcesses, WithoutACommitOrForAnotherIdTheNextCountsItself) {
+    auto& store = this->store();
+    auto handler =
+        idem::make_handler(store, idem::Policy{"orders"}, [&](auto& tx, const std::string& body) {
+            if (body == "fails") throw std::runtime_error("no");
+            TypeParam::write_effect(tx, body);
+        });
+    idem::CountAhead ahead;
+    ahead.next(store_counted("b"));
+    EXPECT_EQ(handler.handle(store_counted("a"), std::string("fails"), ahead).disposition,
+              idem::Disposition::failed);
+    EXPECT_EQ(store.attempts("orders", "b"), 0u) << "rolled back with a's transaction";
+    EXPECT_EQ(handler.handle(store_counted("b"), std::string("b"), ahead).disposition,
+              idem::Disposition::processed);
+    EXPECT_EQ(store.attempts("orders", "b"), 1u);
+
+    ahead.next(store_counted("c"));  // b again: a duplicate commits nothing
+    EXPECT_EQ(handler.handle(store_counted("b"), std::string("b"), ahead).disposition,
+              idem::Disposition::duplicate);
+    EXPECT_EQ(store.attempts("orders", "c"), 0u);
+
+    ahead.next(store_counted("d"));  // d counted in e's commit, then c comes instead
+    EXPECT_EQ(handler.handle(store_counted("e"), std::string("e"), ahead).disposition,
+              idem::Disposition::processed);
+    EXPECT_EQ(store.attempts("orders", "d"), 1u);
+    ahead.none();
+    EXPECT_EQ(handler.handle(store_counted("c"), std::string("c"), ahead).disposition,
+              idem::Disposition::processed);
+    EXPECT_EQ(store.attempts("orders", "c"), 1u);
+    EXPECT_EQ(handler.handle(store_counted("d"), std::string("d"), ahead).disposition,
+              idem::Disposition::processed);
+    EXPECT_EQ(store.attempts("orders", "d"), 2u) << "d's first count was not its attempt's";
+}
+
+// The poison limit still ends a message that kills every worker when its attempts are counted
+// ahead: each worker handles a message of its own and then the poison one, whose count committed
+// with that message; the worker dies in the poison's effect, the count stays, and the third
+// attempt parks it without running it.
+TYPED_TEST(AttemptCountAcrossProcesses, AWorkerKilledInAnEffectCountedAheadHasCountedIt) {
+    auto& store = this->store();
+    store.count_attempt("orders", "warm-up");  // the schema and connection exist before fork
+    idem::PolicyOptions options;
+    options.max_deliveries = 3;
+    for (int crash = 1; crash <= 2; ++crash) {
+        const auto killed = idem::testing::killed_while([&](auto die) {
+            auto& worker = this->worker_store();
+            auto handler = idem::make_handler(worker, idem::Policy{"orders", options},
+                                              [&](auto& tx, const std::string& body) {
+                                                  if (body == "poison") die("killed");
+                                                  TypeParam::write_effect(tx, body);
+                                              });
+            idem::CountAhead ahead;
+            const std::string before = "before-" + std::to_string(crash);
+            ahead.next(store_counted("poison"));
+            if (handler.handle(store_counted(before), before, ahead).disposition !=
+                idem::Disposition::processed) {
+                die("the message before was not processed");
+            }
+            ahead.none();
+            (void)handler.handle(store_counted("poison"), std::string("poison"), ahead);
+            die("the poison message did not kill the worker");
+        });
+        ASSERT_TRUE(WIFSIGNALED(killed.status)) << killed.report;
+        EXPECT_EQ(killed.report, "killed\n");
+        EXPECT_EQ(store.attempts("orders", "poison"), static_cast<std::uint32_t>(crash));
+    }
+    EXPECT_EQ(store.attempts("orders", "poison"), 2u);
+    int runs = 0;
+    auto handler = idem::make_handler(store, idem::Policy{"orders", options},
+                                      [&](auto& tx, const std::string& body) {
+                                          ++runs;
+                                          TypeParam::write_effect(tx, body);
+                                      });
+    const idem::Outcome parked = handler.handle(store_counted("poison"), std::string("poison"));
+    EXPECT_EQ(parked.disposition, idem::Disposition::dead_lettered) << parked.reason;
+    EXPECT_NE(parked.reason.find("attempt 3"), std::string::npos) << parked.reason;
+    EXPECT_EQ(runs, 0);
+    EXPECT_EQ(this->env.effect_rows(), 2u) << "before-1 and before-2";
+}
+
 #endif  // the SQL stores
 
 }  // namespace

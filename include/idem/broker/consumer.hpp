@@ -28,6 +28,7 @@
 #include "idem/broker/settlement.hpp"
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
+#include "idem/count_ahead.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/outcome.hpp"
@@ -59,11 +60,10 @@ namespace broker {
 ///   must outlive the call. What cannot be read is left unknown, or thrown (reported through
 ///   on_error, no report this time).
 ///
-/// Optional hooks, each with a default in the base that says what it is for: commit_hook_of,
-/// settle_all, unhandled, handling and handled, pipelines, in_progress_delay, blocked,
-/// acked_in_commit, commit_publishes_dead_letters and idle. A broker without a delivery count
-/// that settles by committing offsets in order (KafkaConsumer) fits the same hooks: kafka.hpp
-/// says how.
+/// Optional hooks, each with a default in the base saying what it is for: commit_hook_of,
+/// settle_all, unhandled, handling, handled, pipelines, in_progress_delay, blocked,
+/// acked_in_commit, commit_publishes_dead_letters, idle. A broker without a delivery count that
+/// settles by committing offsets in order (KafkaConsumer) fits them: kafka.hpp says how.
 ///
 /// poll_once() and run() belong to one thread at a time; request_stop(), stop_requested() and
 /// stats() may be called from any thread (request_stop() also from a signal handler).
@@ -319,7 +319,7 @@ class ConsumerBase {
                 break;
             }
             if (adapter().blocked(batch[i])) continue;
-            handle_one(batch[i]);
+            handle_one(batch, i);
             ++handled;
         }
         return handled;
@@ -328,7 +328,7 @@ class ConsumerBase {
     /// The delivery of @p raw, counted as read or redelivered.
     Delivery delivery_counted(const Raw& raw) {
         Delivery delivery = adapter().delivery_of(raw);
-        count_delivery(delivery);
+        counters_.delivered(delivery);
         return delivery;
     }
 
@@ -343,12 +343,21 @@ class ConsumerBase {
         count(broker::settlement_of(outcome, delivery, rules(true)).kind, /*in_commit=*/true);
     }
 
-    void handle_one(Raw& raw) {
+    void handle_one(std::vector<Raw>& batch, std::size_t i) {
+        Raw& raw = batch[i];
         const Delivery delivery = delivery_counted(raw);
+        const bool ahead = delivery.counted_by == DeliveryCounter::store;
+        if (ahead) {  // a broker without a count: the next one's attempt counted in this commit
+            ahead_.next_of(
+                batch.begin() + i + 1, batch.end(),
+                [&](const Raw& r) { return adapter().blocked(r); },
+                [&](const Raw& r) { return adapter().delivery_of(r); });
+        }
         const Message& message = adapter().message_of(raw);
         std::optional<CommitHook> hook = hook_for(raw, delivery);
         adapter().handling(&raw, 1);
-        const Outcome outcome = dispatch_.call(delivery, message, hook ? &*hook : nullptr);
+        const Outcome outcome =
+            dispatch_.call(delivery, message, hook ? &*hook : nullptr, ahead ? &ahead_ : nullptr);
         adapter().handled();
         note(outcome);
         if (hook && hook->acked_in_commit) {
@@ -377,13 +386,16 @@ class ConsumerBase {
             deliveries.push_back(adapter().delivery_of(raw));
             if (acks_in_commit_) hooks.push_back(adapter().commit_hook_of(raw, deliveries.back()));
         }
-        std::vector<Message> moved;
-        if constexpr (!std::is_same_v<Raw, Message>) {
+        std::vector<Message> moved;  // the bodies moved out, unless a Raw is its own body
+        const std::vector<Message>* bodies = &moved;
+        if constexpr (std::is_same_v<Raw, Message>) {
+            bodies = &batch;
+        } else {
             moved.reserve(batch.size());
             for (Raw& raw : batch)
                 moved.push_back(adapter().message_of(std::move(raw)));
         }
-        const std::vector<Message>& messages = messages_of(batch, moved);
+        const std::vector<Message>& messages = *bodies;
 
         adapter().handling(batch.data(), batch.size());
         std::vector<Outcome> outcomes;
@@ -406,7 +418,7 @@ class ConsumerBase {
         std::vector<ToSettle<Message>> settling;
         settling.reserve(outcomes.size());
         for (std::size_t i = 0; i < outcomes.size(); ++i) {
-            count_delivery(deliveries[i]);
+            counters_.delivered(deliveries[i]);
             if (!hooks.empty() && hooks[i].acked_in_commit) {
                 count_in_commit(outcomes[i], deliveries[i]);
                 adapter().acked_in_commit(batch[i], outcomes[i]);
@@ -475,20 +487,8 @@ class ConsumerBase {
         return handled;
     }
 
-    void count_delivery(const Delivery& delivery) noexcept { counters_.delivered(delivery); }
-
-    static const std::vector<Message>& messages_of(const std::vector<Raw>& batch,
-                                                   const std::vector<Message>& moved) noexcept {
-        if constexpr (std::is_same_v<Raw, Message>) {
-            (void)moved;
-            return batch;
-        } else {
-            (void)batch;
-            return moved;
-        }
-    }
-
     Dispatch<Message> dispatch_;
+    CountAhead ahead_;  ///< store-counted deliveries, one at a time: the next one's count
     bool acks_in_commit_;
     CircuitBreaker breaker_;  ///< after options_ and dispatch_: built from both
     std::atomic<bool> stop_{false};

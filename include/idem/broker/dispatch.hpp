@@ -22,6 +22,7 @@
 #include "idem/config.hpp"
 #include "idem/contract/commit_hook.hpp"
 #include "idem/contract/store.hpp"
+#include "idem/count_ahead.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/handler.hpp"
@@ -43,8 +44,9 @@ class Dispatch {
   public:
     /// A plain handler: the outcome it returns decides the settlement.
     using Handler = std::function<Outcome(const Delivery&, const Message&)>;
-    /// One delivery to the handler, with the commit hook the store may do (null when none).
-    using One = std::function<Outcome(const Delivery&, const Message&, CommitHook*)>;
+    /// One delivery to the handler, with the commit hook the store may do and the count ahead
+    /// (each null when none).
+    using One = std::function<Outcome(const Delivery&, const Message&, CommitHook*, CountAhead*)>;
     /// A poll's deliveries to the handler at once, with their commit hooks (null when none).
     using Many = std::function<std::vector<Outcome>(
         const std::vector<Delivery>&, const std::vector<Message>&, std::vector<CommitHook>*)>;
@@ -54,7 +56,8 @@ class Dispatch {
         if (!handler) throw usage_error(fmt::format("{}: the handler is empty", who));
         Dispatch d;
         d.one_ = [handler = std::move(handler)](const Delivery& delivery, const Message& message,
-                                                CommitHook*) { return handler(delivery, message); };
+                                                CommitHook*,
+                                                CountAhead*) { return handler(delivery, message); };
         return d;
     }
 
@@ -62,8 +65,12 @@ class Dispatch {
     template <class Store, class Effect>
     static Dispatch idempotent(IdempotentHandler<Store, Effect>& handler) {
         Dispatch d;
-        d.one_ = [&handler](const Delivery& delivery, const Message& message,
-                            CommitHook* hook) -> Outcome {
+        d.one_ = [&handler](const Delivery& delivery, const Message& message, CommitHook* hook,
+                            CountAhead* ahead) -> Outcome {
+            if (ahead != nullptr) {
+                if (hook != nullptr) return handler.handle(delivery, message, *hook, *ahead);
+                return handler.handle(delivery, message, *ahead);
+            }
             if (hook != nullptr) return handler.handle(delivery, message, *hook);
             return handler.handle(delivery, message);
         };
@@ -84,11 +91,12 @@ class Dispatch {
         return d;
     }
 
-    /// The handler's outcome for one delivery; one that throws counts as failed.
-    [[nodiscard]] Outcome call(const Delivery& delivery, const Message& message,
-                               CommitHook* hook) const {
+    /// The handler's outcome for one delivery; one that throws counts as failed. @p ahead: the
+    /// consumer's CountAhead, naming the delivery it hands out next (null: none).
+    [[nodiscard]] Outcome call(const Delivery& delivery, const Message& message, CommitHook* hook,
+                               CountAhead* ahead = nullptr) const {
         try {
-            return one_(delivery, message, hook);
+            return one_(delivery, message, hook, ahead);
         } catch (const std::exception& e) {
             return failed_outcome(fmt::format("handler threw: {}", e.what()), failure_cause_of(e));
         } catch (...) {

@@ -40,6 +40,8 @@
 ///     -> optional<NotedFailure>  (what note_failure() kept)                       letter copies
 /// Store::count_attempt(scope, id) -> std::uint32_t       has_count_attempt       brokers without
 ///     (attempts + 1, committed on its own before begin())                         a delivery count
+/// Tx::count_attempt(scope, id) -> std::uint32_t          has_tx_count_attempt    CountAhead
+///     (the same count, committed with the transaction: the next delivery's)
 /// Tx::rollback()                                         has_rollback            probe_store
 /// Tx::attach(CommitHook&) -> bool                        has_attach              handle(.., hook)
 ///     (contract/commit_hook.hpp: the broker's request done in the commit)
@@ -246,6 +248,17 @@ template <class S>
 struct has_count_attempt<S, std::void_t<decltype(std::declval<S&>().count_attempt(
                                 std::string_view{}, std::string_view{}))>>
     : std::is_convertible<decltype(std::declval<S&>().count_attempt(std::string_view{},
+                                                                    std::string_view{})),
+                          std::uint32_t> {};
+
+/// A transaction that counts an attempt of another message in its own commit (SQL stores): the
+/// attempt a CountAhead names, counted with the message before it (count_ahead.hpp).
+template <class, class = void>
+struct has_tx_count_attempt : std::false_type {};
+template <class T>
+struct has_tx_count_attempt<T, std::void_t<decltype(std::declval<T&>().count_attempt(
+                                   std::string_view{}, std::string_view{}))>>
+    : std::is_convertible<decltype(std::declval<T&>().count_attempt(std::string_view{},
                                                                     std::string_view{})),
                           std::uint32_t> {};
 

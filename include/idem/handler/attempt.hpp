@@ -147,13 +147,18 @@ class AttemptRunner {
     /// write of its own committed before the attempt's transaction begins (so a worker that
     /// dies in the effect has counted it), and returns the delivery in @p storage with that
     /// count. A lease store counts the claims it hands out (ClaimResult::attempts) and needs no
-    /// extra write. @throws what count_attempt() throws (the attempt then fails: no ack).
-    const Delivery& counted(const Delivery& delivery, std::optional<Delivery>& storage) {
+    /// extra write. @p counted_before: the count the commit before this one made for it
+    /// (CountAhead), used instead of a write. @throws what count_attempt() throws (the
+    /// attempt then fails: no ack).
+    const Delivery& counted(const Delivery& delivery, std::optional<Delivery>& storage,
+                            std::optional<std::uint32_t> counted_before = std::nullopt) {
         if (delivery.counted_by != DeliveryCounter::store) return delivery;
         if constexpr (has_count_attempt<Store>::value) {
             if (unclaimable_reason(delivery)) return delivery;  // parked without a claim
             storage.emplace(delivery);
-            storage->delivery_count = store_->count_attempt(policy_.scope(), delivery.message_id);
+            storage->delivery_count =
+                counted_before ? *counted_before
+                               : store_->count_attempt(policy_.scope(), delivery.message_id);
             return *storage;
         } else if constexpr (has_default_lease<Store>::value) {
             return delivery;  // the claim's own attempt count (check_poison)
@@ -163,6 +168,17 @@ class AttemptRunner {
                 "counts no attempts (it has neither count_attempt() nor leases), so the poison "
                 "limit could never be reached");
         }
+    }
+
+    /// The attempt of @p next_id (the delivery a CountAhead says comes next) counted in @p tx,
+    /// so that it commits with this message; none where the store counts no attempts apart
+    /// (a lease store) or its transaction cannot (has_tx_count_attempt).
+    std::optional<std::uint32_t> count_ahead([[maybe_unused]] Transaction& tx,
+                                             [[maybe_unused]] const std::string& next_id) {
+        if constexpr (has_count_attempt<Store>::value && has_tx_count_attempt<Transaction>::value) {
+            if (!next_id.empty()) return tx.count_attempt(policy_.scope(), next_id);
+        }
+        return std::nullopt;
     }
 
     /// Stamps @p hook with the claim it belongs to, for the store to match it to its work.

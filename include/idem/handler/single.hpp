@@ -5,6 +5,7 @@
 /// and a rejected or malformed message on a store whose savepoints cost a statement is recorded
 /// in a second transaction.
 
+#include <cstdint>
 #include <exception>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 #include "idem/contract/commit_hook.hpp"
 #include "idem/contract/records.hpp"
 #include "idem/contract/store.hpp"
+#include "idem/count_ahead.hpp"
 #include "idem/delivery.hpp"
 #include "idem/error.hpp"
 #include "idem/handler/attempt.hpp"
@@ -69,25 +71,39 @@ Outcome record_without_effect(AttemptRunner<Store, Effect>& p, const Delivery& d
 
 /// handle(): validate, then one attempt in its own transaction (or, for a local effect on a
 /// store that can, the effect and one claim_and_commit(); when that cannot settle the message,
-/// the attempt replays the effect's answer rather than running it again).
+/// the attempt replays the effect's answer rather than running it again). With @p ahead, the
+/// delivery it names next has its attempt counted in this attempt's commit, and this one uses
+/// the count the commit before made for it.
 template <class Store, class Effect, class Body>
 Outcome handle_one(AttemptRunner<Store, Effect>& p, const Delivery& as_delivered, const Body& body,
-                   CommitHook* hook, Measure* measure) {
+                   CommitHook* hook, Measure* measure, CountAhead* ahead = nullptr) {
     using Transaction = typename AttemptRunner<Store, Effect>::Transaction;
+    std::optional<std::uint32_t> counted_before;
+    std::string next_id;
+    if (ahead != nullptr) {  // both are for this call alone
+        counted_before = ahead->take_counted(as_delivered.message_id);
+        next_id = ahead->take_next();
+    }
     if (auto reason = unclaimable_reason(as_delivered)) {
         return park_malformed_delivery(p, as_delivered, body, std::move(*reason), hook, measure);
     }
     std::optional<Delivery> storage;
     try {
-        const Delivery& delivery = p.counted(as_delivered, storage);
+        const Delivery& delivery = p.counted(as_delivered, storage, counted_before);
         auto one_attempt = [&](auto strategy) {
             Attempt attempted;
             {
                 Transaction tx = p.begin(hook, hook != nullptr ? 1 : 0);
                 attempted = p.attempt(tx, delivery, body, strategy, measure);
                 if (!attempted.needs_second_transaction) {
+                    // The next attempt is counted only where this commit happens (else it
+                    // counts itself): it must be on record before the next effect runs.
+                    std::optional<std::uint32_t> next_count;
+                    if (writes_something(attempted.outcome.disposition))
+                        next_count = p.count_ahead(tx, next_id);
                     p.commit_if_stored(tx, attempted.outcome, measure);
                     // or tx rolls back: nothing stored
+                    if (next_count) ahead->counted(std::move(next_id), *next_count);
                     return std::move(attempted.outcome);
                 }
             }  // rolled back: the effect's writes are gone, the claim with them

@@ -68,6 +68,33 @@ struct redrive_core {
         return rows;
     }
 
+    /// One more attempt at (@p scope, @p id), the count returned (this one included): on its own,
+    /// committed at once (@p tx null: basic_store::count_attempt), or inside @p tx, committed with
+    /// it (basic_transaction::count_attempt: CountAhead). A dialect without RETURNING answers the
+    /// upsert with no row, and the count is read back on the same connection.
+    template <class Driver, class Tx>
+    static std::uint32_t count_attempt(Driver& driver, Tx* tx, std::string_view scope,
+                                       std::string_view id, std::int64_t now_ms) {
+        std::optional<std::int64_t> count;
+        const auto take = [&](const auto& row) { count = row.int64(0); };
+        const auto ask = [&](stmt which, const auto&... args) {
+            if (tx != nullptr) {
+                driver.query(which, "count_attempt", take, args...);
+            } else {
+                driver.run(which, "count_attempt",
+                           which == stmt::attempt_count ? access::write : access::read, take,
+                           args...);
+            }
+        };
+        ask(stmt::attempt_count, Blob{scope}, Blob{id}, now_ms);
+        if (!count) ask(stmt::attempt_count_read);
+        if (!count || *count < 1) {
+            throw store_unavailable(
+                fmt::format("idem {}: count_attempt(): the count was not returned", Driver::name));
+        }
+        return to_count(*count);
+    }
+
     /// The attempt row of (scope, id): its count (0 when none) and the failures noted in it.
     template <class Store>
     static std::pair<std::uint32_t, std::optional<NotedFailure>> attempt_row(Store& store,

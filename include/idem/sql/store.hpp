@@ -135,19 +135,8 @@ class basic_store {
     /// store_timeout; usage_error as begin() does (also on a thread holding a transaction).
     std::uint32_t count_attempt(std::string_view scope, std::string_view id) {
         Lock lock(*this, "count_attempt()");
-        std::optional<std::int64_t> count;
-        driver_.run(
-            stmt::attempt_count, "count_attempt", access::write,
-            [&](const auto& row) { count = row.int64(0); }, Blob{scope}, Blob{id}, now_ms());
-        if (!count) {  // a dialect without RETURNING (sql/statements.hpp)
-            driver_.run(stmt::attempt_count_read, "count_attempt", access::read,
-                        [&](const auto& row) { count = row.int64(0); });
-        }
-        if (!count || *count < 1) {
-            throw store_unavailable(
-                fmt::format("idem {}: count_attempt(): the count was not returned", Driver::name));
-        }
-        return to_count(*count);
+        return redrive_core::count_attempt(
+            driver_, static_cast<basic_transaction<Driver>*>(nullptr), scope, id, now_ms());
     }
 
     /// @brief Records a failure of the effect of (@p scope, @p id) in its attempt row (committed
@@ -531,6 +520,13 @@ class basic_transaction : public Driver::template transaction_face<basic_transac
         if (own_claims_.record(scope, id, disposition, reason, savepoints_)) return;
         driver.write(stmt::record_update, "record_outcome", Blob{scope}, Blob{id},
                      to_string(disposition), Driver::text(reason));
+    }
+
+    /// @brief count_attempt() inside this transaction: one more attempt at (@p scope, @p id),
+    /// committed with it (a CountAhead's next delivery, counted with the message before).
+    std::uint32_t count_attempt(std::string_view scope, std::string_view id) {
+        return redrive_core::count_attempt(open("count_attempt()"), this, scope, id,
+                                           store_->now_ms());
     }
 
     /// @brief Inserts a dead letter (created_at from the store's clock when left default).
