@@ -191,9 +191,9 @@ struct Record {
 };
 
 /// 128 random bits as hex: the token that fences one transaction's leases (and owns its overlap
-/// locks). Drawn from the kernel every time: a generator seeded in the process would hand every
-/// fork()ed child its parent's sequence, and two workers with one token take each other's leases
-/// and locks as their own.
+/// locks). Kernel bytes, read ahead per thread and per process (detail::pooled_random_bytes): a
+/// generator seeded in the process would hand every fork()ed child its parent's sequence, and two
+/// workers with one token take each other's leases and locks as their own.
 inline std::string new_lease_token() {
     return detail::os_random_hex(16);
 }
