@@ -1,11 +1,13 @@
 // broker::ConsumerBase driven through a fake adapter: no server, every hook. The adapter reads
 // from a deque, records each hook the base calls, and settles by recording; the store is the
-// MemoryStore, its fault injection standing in for an outage.
+// MemoryStore, its fault injection standing in for an outage (SQLite where a transaction counts
+// the next delivery's attempt).
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -17,6 +19,10 @@
 #include "idem/broker/consumer.hpp"
 #include "idem/handler.hpp"
 #include "idem/store/memory.hpp"
+#if IDEM_HAS_SQLITE
+#include "idem/store/sqlite.hpp"
+#include "idem/testing/temp_dir.hpp"
+#endif
 
 namespace {
 
@@ -80,6 +86,7 @@ class FakeConsumer final
     std::optional<std::chrono::milliseconds> in_progress_answer;
     bool commit_publishes_answer = true;
     std::function<void(const std::string&)> after_settle;  ///< e.g. request_stop()
+    std::function<void(const FakeRaw&)> on_handling;       ///< before one delivery's handler
 
   private:
     static FakeOptions validated(FakeOptions options) {
@@ -132,7 +139,10 @@ class FakeConsumer final
         Base::settle_all(batch, settling);
     }
     void unhandled(std::vector<FakeRaw>&, std::size_t from) { unhandled_from.push_back(from); }
-    void handling(FakeRaw*, std::size_t) { ++handling_calls; }
+    void handling(FakeRaw* first, std::size_t count) {
+        ++handling_calls;
+        if (on_handling && count == 1) on_handling(*first);
+    }
     void handled() { ++handled_calls; }
     [[nodiscard]] bool pipelines() const noexcept { return pipeline_answer; }
     [[nodiscard]] std::optional<std::chrono::milliseconds> in_progress_delay() const noexcept {
@@ -338,5 +348,32 @@ TEST(ConsumerBase, ADeadLetterOfAStoreCountedDeliveryCarriesTheStoresCount) {
     ASSERT_EQ(letters.size(), 1u);
     EXPECT_EQ(letters[0].delivery_count, 3u) << "the same count in the store";
 }
+
+#if IDEM_HAS_SQLITE
+// A broker without a count (Kafka's way), one at a time: each delivery's commit counts the
+// attempt of the next one the base hands out (a blocked one is passed over), so that count is on
+// record before the next handler call begins, and that call does not count again.
+TEST(ConsumerBase, AStoreCountedDeliverysCommitCountsTheNextOnesAttempt) {
+    idem::testing::TempDir dir;
+    idem::SqliteStore store{dir.file("ahead.db")};
+    Counting counting;
+    auto handler = idem::make_handler(store, policy_of(3), counting.effect());
+    FakeConsumer consumer{fast_options(), handler};
+    std::vector<std::uint32_t> on_record;  // at handling(): what the store has counted for it
+    consumer.on_handling = [&](const FakeRaw& raw) {
+        on_record.push_back(store.attempts("fake", raw.id));
+    };
+    consumer.queue = {{"a", 1, "a", false, true},
+                      {"b", 1, "b", /*blocked=*/true, true},
+                      {"c", 1, "c", false, true},
+                      {"d", 1, "d", false, true}};
+    EXPECT_EQ(consumer.poll_once(), 3u);
+    EXPECT_EQ(on_record, (std::vector<std::uint32_t>{0, 1, 1}))
+        << "a counts itself; c is counted in a's commit, d in c's";
+    for (const char* id : {"a", "c", "d"})
+        EXPECT_EQ(store.attempts("fake", id), 1u) << id;
+    EXPECT_EQ(store.attempts("fake", "b"), 0u) << "a blocked delivery is not counted";
+}
+#endif
 
 }  // namespace

@@ -246,9 +246,10 @@ idem::KafkaConsumerOptions kafka_consumer_options(const Options& options,
     idem::KafkaConsumerOptions consumer_options{{topic}, group_name};
     consumer_options.id_field = id_header;
     consumer_options.dead_letter = dead_topic;
-    // One record at a time: a killed worker leaves at most the record in hand. --batch: up to
-    // batch_size_in_batches records of one partition per poll, in one handle_batch().
-    consumer_options.batch_size = options.batch ? batch_size_in_batches : 1;
+    // One record at a time (--poll records per poll, 1 unless given: a killed worker then leaves
+    // at most the record in hand). --batch: up to batch_size_in_batches records of one partition
+    // per poll, in one handle_batch().
+    consumer_options.batch_size = options.batch ? batch_size_in_batches : options.poll;
     consumer_options.handle_in_batches = options.batch;
     consumer_options.poll_wait = std::chrono::milliseconds(100);
     consumer_options.redelivery_backoff = settings.backoff;

@@ -125,6 +125,10 @@ struct Options {
     /// the worker gives the KafkaConsumer the IdempotentHandler itself) instead of committed to
     /// Kafka after the store's commit.
     bool offsets_in_store = false;
+    /// --poll (--broker kafka, one at a time): records per poll. Above 1, each record handed to
+    /// the IdempotentHandler itself (--offsets store) has its attempt counted in the commit of
+    /// the one before (CountAhead).
+    std::size_t poll = 1;
     /// --batch: the worker gives the IdempotentHandler itself to the broker's consumer with
     /// handle_in_batches (batch_size_in_batches per poll): each poll's deliveries in ONE
     /// handle_batch() transaction, then settled. Counted as --pipelined is (SettleCounter).

@@ -308,6 +308,7 @@ inline std::vector<std::string> worker_args(const Options& o, int redis_port, co
     if (o.naive) args.emplace_back("--naive");
     if (o.pipelined) args.emplace_back("--pipelined");
     if (o.offsets_in_store) args.insert(args.end(), {"--offsets", "store"});
+    if (o.poll != 1) args.insert(args.end(), {"--poll", std::to_string(o.poll)});
     if (o.batch) args.emplace_back("--batch");
     if (o.redrive) args.emplace_back("--redrive");
     if (o.store_outage.count() > 0) {

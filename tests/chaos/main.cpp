@@ -17,7 +17,8 @@ constexpr const char* usage =
     "usage: idem_chaos [--store sqlite|postgres|redis|mysql|redis-cluster]\n"
     "                  [--broker redis|rabbitmq|nats|kafka] [--offsets kafka|store]\n"
     "                  [--messages N] [--workers K] [--seed S]\n"
-    "                  [--naive | --pipelined | --batch] [--kill-rate P] [--kill-interval-ms MS]\n"
+    "                  [--naive | --pipelined | --batch] [--poll N] [--kill-rate P]\n"
+    "                  [--kill-interval-ms MS]\n"
     "                  [--store-outage-ms MS] [--claim-partition-minutes N] [--visibility-ms MS]\n"
     "                  [--latency-ms MS] [--inflight-ms MS] [--max-deliveries N] [--timeout S]\n"
     "                  [--backoff-ms MS] [--chain A:B] [--redrive]\n"
@@ -43,6 +44,9 @@ constexpr const char* usage =
     "  --batch           the workers' consumers handle each poll's deliveries together\n"
     "                    (handle_in_batches, 8 per poll): the IdempotentHandler itself is given\n"
     "                    to the consumer, one handle_batch() transaction per poll; any broker\n"
+    "  --poll            (--broker kafka, without --batch) records per poll, handled one at a\n"
+    "                    time (default 1); with --offsets store each record's attempt is then\n"
+    "                    counted in the commit of the one before it (CountAhead)\n"
     "  --store-outage-ms  makes the workers' store unreachable for MS, again and again at\n"
     "                    random moments (seeded; one every ~max(MS, 2000) ms, never overlapping)\n"
     "                    while workers are killed too. postgres, mysql, redis: the store's server\n"
@@ -229,6 +233,8 @@ chaos::Options parse(int argc, char** argv) {
             o.pipelined = true;
         } else if (arg == "--batch") {
             o.batch = true;
+        } else if (arg == "--poll") {
+            o.poll = static_cast<std::size_t>(number(arg, value(), 1, 100));
         } else if (arg == "--redrive") {
             o.redrive = true;
         } else if (arg == "--store-outage-ms") {
@@ -294,6 +300,9 @@ chaos::Options parse(int argc, char** argv) {
           o.store != chaos::StoreKind::mysql))) {
         throw std::invalid_argument(
             "--offsets store is for the idem handler on --broker kafka with an SQL store");
+    }
+    if (o.poll != 1 && (o.broker != chaos::BrokerKind::kafka || o.batch)) {
+        throw std::invalid_argument("--poll is for --broker kafka, one record at a time");
     }
     if (o.chain && (o.pipelined || o.offsets_in_store || o.store != chaos::StoreKind::sqlite)) {
         throw std::invalid_argument("--chain runs on SQLite, without --pipelined or --offsets");
