@@ -10,6 +10,7 @@
 #include <sqlite3.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -230,6 +231,49 @@ inline void require_processed(const idem::Outcome& outcome, const char* what) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// --profile: one side of a case alone, for callgrind (--toggle-collect='*profiled_loop*')
+
+/// The idem side: n messages through handler.handle, or through handle_batch batch_size at a
+/// time (generic lambdas, so that profile_with() takes them for any handler).
+inline constexpr auto loop_single = [](auto& handler, std::uint64_t& seq, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i)
+        require_processed(handle_next(handler, seq), "profile");
+};
+inline constexpr auto loop_batch = [](auto& handler, std::uint64_t& seq, std::size_t n) {
+    std::vector<idem::Delivery> deliveries;
+    std::vector<Order> bodies;
+    for (std::size_t i = 0; i < n; i += batch_size) {
+        next_batch(seq, deliveries, bodies);
+        for (const auto& outcome : handler.handle_batch(deliveries, bodies))
+            require_processed(outcome, "profile");
+    }
+};
+
+/// The one function callgrind collects in (--toggle-collect='*profiled_loop*'); the warm-up runs
+/// the same loop outside it.
+template <class Loop, class Target>
+__attribute__((noinline)) void profiled_loop(Loop& loop, Target& target, std::uint64_t& seq,
+                                             std::size_t n) {
+    loop(target, seq, n);
+}
+
+/// 1,000 messages of @p loop on @p target untimed, then @p messages in profiled_loop; prints
+/// {"profile": name, "messages", "seconds"}.
+template <class Loop, class Target>
+int profile_with(Loop loop, Target& target, const std::string& name, std::size_t messages) {
+    std::uint64_t seq = 0;
+    loop(target, seq, 1000);  // warm-up: statements prepared, scripts loaded, caches filled
+    const auto start = std::chrono::steady_clock::now();
+    profiled_loop(loop, target, seq, messages);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    emit(Json()
+             .str("profile", name)
+             .integer("messages", static_cast<long long>(messages))
+             .num("seconds", took.count(), 3));
+    return 0;
+}
+
 /// The raw twin of one message on RawSqlite or RawPostgres: BEGIN, INSERT claim, INSERT effect,
 /// COMMIT.
 template <class Raw>
@@ -412,5 +456,11 @@ void run_scale_cases();
 /// --profile NAME: the idem side of one case, N messages, in a function callgrind can isolate
 /// (valgrind --tool=callgrind --toggle-collect='*profiled_loop*').
 int run_profile(const std::string& name, std::size_t messages);
+/// --profile of redis_cluster_single, redis_cluster_batch and their raw twins
+/// (store_cases.cpp: a 3-master cluster of the profile's own).
+int run_cluster_profile(const std::string& name, std::size_t messages);
+/// A replica of @p server (AOF always, as the master), in sync when this returns: the
+/// replicas_to_ack case's and its profile's.
+std::unique_ptr<idem::testing::RedisServer> synced_replica(idem::testing::RedisServer& server);
 
 }  // namespace idem_bench

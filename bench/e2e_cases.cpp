@@ -372,23 +372,6 @@ void run_rss_case() {
 
 namespace {
 
-/// The idem side: n messages through handler.handle, or through handle_batch batch_size at a
-/// time (generic lambdas, so that profile_with() takes them for any handler).
-constexpr auto loop_single = [](auto& handler, std::uint64_t& seq, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i)
-        require_processed(handle_next(handler, seq), "profile");
-};
-
-constexpr auto loop_batch = [](auto& handler, std::uint64_t& seq, std::size_t n) {
-    std::vector<idem::Delivery> deliveries;
-    std::vector<Order> bodies;
-    for (std::size_t i = 0; i < n; i += batch_size) {
-        next_batch(seq, deliveries, bodies);
-        for (const auto& outcome : handler.handle_batch(deliveries, bodies))
-            require_processed(outcome, "profile");
-    }
-};
-
 /// The raw twins, for the same instruction counts without idem.
 void loop_raw_memory(idem::MemoryStore& store, std::uint64_t& seq, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) {
@@ -410,27 +393,6 @@ void loop_raw_sqlite(RawSqlite& raw, std::uint64_t& seq, std::size_t n) {
 void loop_raw_sqlite_batch(RawSqlite& raw, std::uint64_t& seq, std::size_t n) {
     for (std::size_t i = 0; i < n; i += batch_size)
         raw_batch(raw, seq);
-}
-
-/// The one function callgrind collects in (--toggle-collect='*profiled_loop*'); the warm-up runs
-/// the same loop outside it.
-template <class Loop, class Target>
-__attribute__((noinline)) void profiled_loop(Loop& loop, Target& target, std::uint64_t& seq,
-                                             std::size_t n) {
-    loop(target, seq, n);
-}
-
-template <class Loop, class Handler>
-int profile_with(Loop loop, Handler& handler, const std::string& name, std::size_t messages) {
-    std::uint64_t seq = 0;
-    loop(handler, seq, 1000);  // warm-up: statements prepared, caches filled
-    const auto start = Clock::now();
-    profiled_loop(loop, handler, seq, messages);
-    emit(Json()
-             .str("profile", name)
-             .integer("messages", static_cast<long long>(messages))
-             .num("seconds", seconds_since(start), 3));
-    return 0;
 }
 
 }  // namespace
@@ -580,6 +542,85 @@ int run_profile(const std::string& name, std::size_t messages) {
                  .num("seconds", seconds_since(start), 3));
         return 0;
     }
+    if (name == "redis_batch") {
+        idem::RedisStore store{redis_endpoint()};
+        auto handler = idem::make_handler(store, idem::Policy{scope}, redis_claim_only_effect);
+        return profile_with(loop_batch, handler, name, messages);
+    }
+    if (name == "redis_batch_raw") {  // 100 SET NX, pipelined
+        auto& server = redis_server();
+        RawRedis raw{server.host(), server.port()};
+        auto loop = [](RawRedis& r, std::uint64_t& seq, std::size_t n) {
+            std::vector<std::string> keys;
+            for (std::size_t i = 0; i < n; i += batch_size) {
+                keys.clear();
+                for (int k = 0; k < batch_size; ++k)
+                    keys.push_back("raw:" + message_id(++seq));
+                if (r.set_nx_pipelined(keys) != keys.size()) {
+                    throw std::runtime_error("profile: SET NX refused a new key");
+                }
+            }
+        };
+        return profile_with(loop, raw, name, messages);
+    }
+    if (name == "redis_replicas_to_ack") {  // twin: redis_single (the same, no WAIT)
+        const auto replica = synced_replica(redis_server());
+        idem::RedisOptions options;
+        options.replicas_to_ack = 1;
+        options.replicas_timeout = std::chrono::milliseconds(1000);
+        idem::RedisStore store{redis_endpoint(), options};
+        auto handler = idem::make_handler(store, idem::Policy{scope}, redis_claim_only_effect);
+        return profile_with(loop_single, handler, name, messages);
+    }
+    if (name == "redis_stream_pipelined") {
+        // As the case: XREADGROUP COUNT 100 on a connection of its own (entries added before),
+        // each entry through a PipelinedLoop with its XACK as the commit hook. Twin:
+        // redis_single_raw.
+        auto& server = redis_server();
+        idem::RedisStore store{redis_endpoint()};
+        store.warm_up();
+        auto handler = idem::make_handler(store, idem::Policy{scope}, redis_claim_only_effect);
+        const std::string stream = "profile:pipelined";
+        RawRedis reader{server.host(), server.port()};
+        reader.command({"DEL", stream});
+        reader.command({"XGROUP", "CREATE", stream, "g", "0", "MKSTREAM"});
+        for (std::uint64_t first = 1; first <= 1000 + messages; first += 100) {
+            std::vector<std::vector<std::string>> adds;
+            for (std::uint64_t i = first; i < first + 100; ++i)
+                adds.push_back({"XADD", stream, "*", "order", message_id(i)});
+            reader.pipeline(adds);
+        }
+        auto pipelined = idem::pipelined_loop(handler);
+        auto check = [](const auto& settled) {
+            for (const auto& s : settled) {
+                if (s.outcome.disposition != idem::Disposition::processed || !s.acked_in_commit)
+                    throw std::runtime_error("profile: an entry was not processed and acked");
+            }
+        };
+        auto loop = [&](auto& l, std::uint64_t& seq, std::size_t n) {
+            for (std::size_t done = 0; done < n;) {
+                auto reply = reader.command(
+                    {"XREADGROUP", "GROUP", "g", "c", "COUNT", "100", "STREAMS", stream, ">"});
+                const redisReply* items = reply->element[0]->element[1];
+                for (std::size_t i = 0; i < items->elements; ++i) {
+                    const redisReply* item = items->element[i];
+                    const redisReply* fields = item->element[1];
+                    std::string entry_id(item->element[0]->str, item->element[0]->len);
+                    std::string id(fields->element[1]->str, fields->element[1]->len);
+                    ++seq;
+                    idem::CommitHook hook{
+                        idem::redis::StreamAck{store.endpoint(), stream, "g", entry_id}};
+                    check(l.handle(idem::Delivery{id, 1u}, Order{id, 1}, std::move(entry_id),
+                                   std::move(hook)));
+                }
+                check(l.flush());  // before the next read, as a loop does
+                done += items->elements;
+                if (items->elements == 0) throw std::runtime_error("profile: the stream ran dry");
+            }
+        };
+        return profile_with(loop, pipelined, name, messages);
+    }
+    if (name.rfind("redis_cluster_", 0) == 0) return run_cluster_profile(name, messages);
     if (name == "postgres_single") {
         const std::string conninfo = postgres_server().conninfo();
         idem::PostgresStore store{conninfo};
@@ -590,10 +631,12 @@ int run_profile(const std::string& name, std::size_t messages) {
     note(
         "--profile: one of memory_single, memory_observed, sqlite_single, sqlite_batch, "
         "redis_single, redis_single_write, redis_single_local, redis_stream_consumer, "
-        "redis_loop_local_one_step, redis_loop_local_pipelined, "
-        "postgres_single, or "
+        "redis_stream_pipelined, redis_batch, redis_replicas_to_ack, "
+        "redis_loop_local_one_step, redis_loop_local_pipelined, redis_cluster_single, "
+        "redis_cluster_batch, postgres_single, or "
         "memory_single_raw, sqlite_single_raw, sqlite_batch_raw, redis_single_raw, "
-        "redis_single_local_raw");
+        "redis_single_local_raw, redis_batch_raw, redis_cluster_single_raw, "
+        "redis_cluster_batch_raw");
     return 2;
 }
 

@@ -610,6 +610,20 @@ Json redis_server_time(RawRedis& raw, Handler& handler, LocalHandler& local_hand
 
 }  // namespace
 
+std::unique_ptr<idem::testing::RedisServer> synced_replica(idem::testing::RedisServer& server) {
+    RawRedis master{server.host(), server.port()};
+    master.command({"CONFIG", "SET", "repl-diskless-sync-delay", "0"});
+    auto replica = std::make_unique<idem::testing::RedisServer>(idem::testing::RedisServer::Setup{
+        idem::testing::RedisServer::aof_always,
+        {"--replicaof", server.host(), std::to_string(server.port())},
+        {}});
+    for (int i = 0; master.command({"WAIT", "1", "100"})->integer < 1; ++i) {
+        if (i > 200) throw std::runtime_error("synced_replica: the replica did not sync");
+        master.command({"SET", "replica-probe", "1"});
+    }
+    return replica;
+}
+
 void run_redis_cases() {
     const bool single = selected("redis_single");
     const bool batch = selected("redis_batch");
@@ -859,17 +873,7 @@ void run_redis_cases() {
     }
     if (replicas) {
         // A replica of the bench's server, in sync before the case and stopped after it.
-        RawRedis master{server.host(), server.port()};
-        master.command({"CONFIG", "SET", "repl-diskless-sync-delay", "0"});
-        idem::testing::RedisServer replica{idem::testing::RedisServer::Setup{
-            idem::testing::RedisServer::aof_always,
-            {"--replicaof", server.host(), std::to_string(server.port())},
-            {}}};
-        for (int i = 0; master.command({"WAIT", "1", "100"})->integer < 1; ++i) {
-            if (i > 200)
-                throw std::runtime_error("redis_replicas_to_ack: the replica did not sync");
-            master.command({"SET", "replica-probe", "1"});
-        }
+        const auto replica = synced_replica(server);
         Json line;
         compare("redis_replicas_to_ack", "redis", 1, line);
         add_pinning(line, pin.active(), server_pid);
@@ -998,6 +1002,45 @@ class RawCluster {
 };
 
 }  // namespace
+
+int run_cluster_profile(const std::string& name, std::size_t messages) {
+    idem::testing::RedisCluster cluster;
+    if (name == "redis_cluster_single" || name == "redis_cluster_batch") {
+        idem::RedisEndpoint one_node;
+        one_node.host = cluster.host();
+        one_node.port = cluster.port(0);
+        idem::RedisStore store{one_node};
+        auto handler = idem::make_handler(store, idem::Policy{scope}, redis_claim_only_effect);
+        if (name == "redis_cluster_single")
+            return profile_with(loop_single, handler, name, messages);
+        return profile_with(loop_batch, handler, name, messages);
+    }
+    RawCluster raw{cluster};
+    if (name == "redis_cluster_single_raw") {
+        auto loop = [](RawCluster& r, std::uint64_t& seq, std::size_t n) {
+            for (std::size_t i = 0; i < n; ++i) {
+                if (!r.set_nx("raw:" + message_id(++seq)))
+                    throw std::runtime_error("profile: SET NX refused a new key");
+            }
+        };
+        return profile_with(loop, raw, name, messages);
+    }
+    if (name == "redis_cluster_batch_raw") {
+        auto loop = [](RawCluster& r, std::uint64_t& seq, std::size_t n) {
+            std::vector<std::string> keys;
+            for (std::size_t i = 0; i < n; i += batch_size) {
+                keys.clear();
+                for (int k = 0; k < batch_size; ++k)
+                    keys.push_back("raw:" + message_id(++seq));
+                if (r.set_nx_pipelined(keys) != keys.size())
+                    throw std::runtime_error("profile: SET NX refused a new key");
+            }
+        };
+        return profile_with(loop, raw, name, messages);
+    }
+    note("--profile: no cluster case " + name);
+    return 2;
+}
 
 void run_redis_cluster_cases() {
     const bool single = selected("redis_cluster_single");

@@ -12,6 +12,11 @@
 #   scripts/bench.sh --quick              a fast smoke run (2 rounds, short samples)
 #   scripts/bench.sh --filter 'sqlite'    only the cases whose name matches (--list: the names)
 #   scripts/bench.sh --no-pin             do not pin client and servers to one CPU
+#   scripts/bench.sh --no-instructions    no callgrind pass: by default, after the timed run, each
+#                                         redis row with a ratio gets both sides' client
+#                                         instructions per message (idem_instructions_per_msg,
+#                                         raw_instructions_per_msg, instr_ratio; 2,000 messages
+#                                         a side; not with --quick)
 #   scripts/bench.sh --filter 'retained|purge_under_load|expiry_under_load|_workers|rss_flat_'
 #                                         the opt-in scale cases (only run when --filter names
 #                                         them; --retained-10m adds the 10M-claim level, minutes
@@ -53,6 +58,7 @@ BUILD=build/bench
 # --against REV [--ab-runs N]: taken out here, the other options go to both builds' idem_bench.
 AGAINST=""
 AB_RUNS=3
+INSTRUCTIONS=1
 args=()
 while (($#)); do
     case "$1" in
@@ -60,6 +66,10 @@ while (($#)); do
             [[ $# -ge 2 ]] || { echo "bench.sh: --against needs a revision" >&2; exit 2; }
             AGAINST="$2"
             shift 2
+            ;;
+        --no-instructions)
+            INSTRUCTIONS=0
+            shift
             ;;
         --ab-runs)
             [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || { echo "bench.sh: --ab-runs needs a count" >&2; exit 2; }
@@ -147,7 +157,8 @@ fi
 
 twin_of() {
     case "$1" in
-        redis_stream_consumer | redis_single_write) echo redis_single_raw ;;
+        redis_stream_consumer | redis_stream_pipelined | redis_single_write) echo redis_single_raw ;;
+        redis_replicas_to_ack) echo redis_single ;;  # its raw side: the same handler, no WAIT
         redis_loop_local_*) echo redis_single_local_raw ;;
         *) echo "${1}_raw" ;;
     esac
@@ -269,4 +280,44 @@ if [[ "${1:-}" == "--profile" ]]; then
     exit 0
 fi
 
-exec "$BIN" "$@"
+# The redis rows with a ratio, each with a --profile of both sides: after the timed run (never
+# during it), callgrind counts each side's client instructions per message, and the row gets
+# idem_instructions_per_msg, raw_instructions_per_msg and instr_ratio (deterministic: a
+# regression shows in them when the machine is busy too).
+PROFILED_REDIS=" redis_single redis_single_write redis_batch redis_replicas_to_ack redis_single_local
+ redis_loop_local_one_step redis_loop_local_pipelined redis_stream_pipelined redis_stream_consumer
+ redis_cluster_single redis_cluster_batch "
+INSTRUCTION_MESSAGES=2000
+with_instructions() {
+    local out line name twin idem raw
+    out="$(mktemp -d "${TMPDIR:-/tmp}/idem-instructions-XXXXXX")"
+    while IFS= read -r line; do
+        name="$(sed -n 's/^{"bench":"\(redis_[a-z_]*\)".*"ratio":[0-9].*}$/\1/p' <<<"$line")"
+        if [[ -n "$name" && "$PROFILED_REDIS" == *" $name "* ]]; then
+            twin="$(twin_of "$name")"
+            echo "bench.sh: callgrind $name and $twin, $INSTRUCTION_MESSAGES messages each" >&2
+            idem="$(collect "$name" "$INSTRUCTION_MESSAGES" "$out")"
+            raw="$(collect "$twin" "$INSTRUCTION_MESSAGES" "$out")"
+            if [[ -n "$idem" && -n "$raw" && "$raw" -gt 0 ]]; then
+                line="${line%\}}$(awk -v i="$idem" -v r="$raw" -v m="$INSTRUCTION_MESSAGES" 'BEGIN {
+                    printf ",\"idem_instructions_per_msg\":%d,\"raw_instructions_per_msg\":%d,", i / m, r / m
+                    printf "\"instr_ratio\":%.3f,\"instructions_measured\":\"callgrind, %d messages a side\"}", i / r, m
+                }')"
+            else
+                line="${line%\}},\"instructions_error\":\"callgrind collected nothing (see $out)\"}"
+            fi
+        fi
+        printf '%s\n' "$line"
+    done
+}
+
+quick=0
+for arg in "$@"; do [[ "$arg" == --quick ]] && quick=1; done
+if ((INSTRUCTIONS == 0 || quick)) || ! command -v valgrind >/dev/null 2>&1; then
+    ((INSTRUCTIONS == 0 || quick)) || echo "bench.sh: no valgrind: the redis rows go without instructions" >&2
+    exec "$BIN" "$@"
+fi
+rows="$(mktemp "${TMPDIR:-/tmp}/idem-bench-XXXXXX")"
+"$BIN" "$@" >"$rows"
+with_instructions <"$rows"
+rm -f "$rows"

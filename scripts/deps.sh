@@ -40,6 +40,7 @@ IDEM_DEB_PACKAGES=(
     librdkafka-dev      # librdkafka 2.0, idem::kafka's client library (and its mock cluster)
     python3             # the doc tests' extractor (tests/doctest/doctest.py)
     doxygen             # the API reference (docs/Doxyfile; ctest docs.reference in gcc17)
+    valgrind            # callgrind: the instructions per message of the bench's redis rows
 )
 
 check_only=0
