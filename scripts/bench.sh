@@ -284,16 +284,16 @@ fi
 # during it), callgrind counts each side's client instructions per message, and the row gets
 # idem_instructions_per_msg, raw_instructions_per_msg and instr_ratio (deterministic: a
 # regression shows in them when the machine is busy too).
-PROFILED_REDIS=" redis_single redis_single_write redis_batch redis_replicas_to_ack redis_single_local
- redis_loop_local_one_step redis_loop_local_pipelined redis_stream_pipelined redis_stream_consumer
- redis_cluster_single redis_cluster_batch "
+PROFILED_REDIS=(redis_single redis_single_write redis_batch redis_replicas_to_ack redis_single_local
+    redis_loop_local_one_step redis_loop_local_pipelined redis_stream_pipelined redis_stream_consumer
+    redis_cluster_single redis_cluster_batch)
 INSTRUCTION_MESSAGES=2000
 with_instructions() {
     local out line name twin idem raw
     out="$(mktemp -d "${TMPDIR:-/tmp}/idem-instructions-XXXXXX")"
     while IFS= read -r line; do
         name="$(sed -n 's/^{"bench":"\(redis_[a-z_]*\)".*"ratio":[0-9].*}$/\1/p' <<<"$line")"
-        if [[ -n "$name" && "$PROFILED_REDIS" == *" $name "* ]]; then
+        if [[ -n "$name" && " ${PROFILED_REDIS[*]} " == *" $name "* ]]; then
             twin="$(twin_of "$name")"
             echo "bench.sh: callgrind $name and $twin, $INSTRUCTION_MESSAGES messages each" >&2
             idem="$(collect "$name" "$INSTRUCTION_MESSAGES" "$out")"
